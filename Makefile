@@ -1,0 +1,36 @@
+# ptxgen: every target does its own set-up (a venv in .venv with the project and
+# its test extras, ptxas from the nvidia-cuda-nvcc wheel).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: all setup test golden demo bench check-env clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+golden: $(STAMP)
+	PTXGEN_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py
+	@git --no-pager diff --stat -- tests/golden || true
+
+demo: $(STAMP)
+	$(PY) -m ptxgen demo
+
+bench: $(STAMP)
+	$(PY) -m ptxgen.bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

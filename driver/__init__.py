@@ -1,0 +1,1 @@
+"""cuda-python driver layer (installed as ptxgen.driver)."""

@@ -1,0 +1,363 @@
+"""The kernel builder: a cursor that appends checked instructions to a kernel.
+
+A :class:`KernelBuilder` owns one kernel's registers, parameters, shared
+arrays, directives and instruction list.  It is created by
+``Module.kernel(...)``; nothing in ptxgen is global, so several kernels can
+be built at once from different threads.
+
+Every instruction passes through :meth:`KernelBuilder.emit`, which checks it
+against the instruction table (:mod:`ptxgen.isa`) and the module's target,
+and records the user's source line for error messages and annotations.
+The instruction methods themselves (``add``, ``ld``, ``shfl_sync`` ...) live
+in :mod:`ptxgen.instructions`; structured control flow in
+:mod:`ptxgen.control`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from . import isa
+from . import types as T
+from .control import ControlFlowMixin
+from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
+from .instr import Comment, Instr, LabelDef, Vec
+from .instructions import InstructionsMixin
+from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
+                     SpecialReg, Symbol, Var)
+
+__all__ = ["KernelBuilder", "Param"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
+
+
+class Param:
+    """A declared kernel parameter."""
+
+    __slots__ = ("name", "type", "pointer_space", "align", "symbol")
+
+    def __init__(self, name, ty, pointer_space=None, align=None):
+        self.name = name
+        self.type = ty
+        self.pointer_space = pointer_space
+        self.align = align
+        self.symbol = Symbol(name, "param", ty, ty=ty)
+
+    def render_decl(self) -> str:
+        s = f".param .{self.type.name}"
+        if self.pointer_space is not None:
+            s += f" .ptr .{self.pointer_space}"
+            if self.align:
+                s += f" .align {self.align}"
+        return f"{s} {self.name}"
+
+
+class _Dims:
+    """``k.tid.x`` style access to a special register triple."""
+
+    __slots__ = ("kb", "base")
+
+    def __init__(self, kb, base):
+        self.kb = kb
+        self.base = base
+
+    def _get(self, c):
+        return self.kb.mov(SpecialReg(f"%{self.base}.{c}", T.u32))
+
+    x = property(lambda self: self._get("x"))
+    y = property(lambda self: self._get("y"))
+    z = property(lambda self: self._get("z"))
+
+
+class KernelBuilder(InstructionsMixin, ControlFlowMixin):
+    """Builds one ``.entry`` kernel.
+
+    Parameters
+    ----------
+    module : ptxgen.Module
+        The module the kernel belongs to (gives the target).
+    name : str
+        The kernel's PTX name.
+    maxntid, reqntid : tuple of int, optional
+        ``.maxntid`` / ``.reqntid`` launch bounds (1 to 3 dimensions).
+    minnctapersm : int, optional
+        ``.minnctapersm`` occupancy hint (needs ``maxntid`` or ``reqntid``).
+    """
+
+    def __init__(self, module, name, *, maxntid=None, reqntid=None, minnctapersm=None):
+        if not _IDENT.match(name):
+            raise PtxBuildError(f"kernel name {name!r} is not a valid PTX identifier")
+        self.module = module
+        self.target = module.target
+        self.name = name
+        self.maxntid = _dims3(maxntid, "maxntid")
+        self.reqntid = _dims3(reqntid, "reqntid")
+        if minnctapersm is not None and self.maxntid is None and self.reqntid is None:
+            raise PtxBuildError(".minnctapersm needs .maxntid or .reqntid as well")
+        self.minnctapersm = minnctapersm
+        self.params: list[Param] = []
+        self.shared: list[Symbol] = []
+        self.body: list = []
+        self._reg_counts: dict[T.PtxType, int] = {}
+        self._defined: set[int] = set()      # id() of written registers
+        self._labels: dict[str, Label] = {}
+        self._placed: set[str] = set()
+        self._branches: list[tuple[Label, object]] = []
+        self._label_seq = 0
+        self._guards: list = []
+        self._loops: list = []
+        self._open_blocks = 0
+        self.finished = False
+        self.loc = caller_loc()
+        self.tid = _Dims(self, "tid")
+        self.ntid = _Dims(self, "ntid")
+        self.ctaid = _Dims(self, "ctaid")
+        self.nctaid = _Dims(self, "nctaid")
+
+    # ------------------------------------------------------------------ regs
+    def reg(self, ty: T.PtxType) -> Reg:
+        """A fresh write-once register of type ``ty``."""
+        return Reg(self, self._check_reg_type(ty), self._next_index(ty))
+
+    def var(self, ty: T.PtxType, init=None) -> Var:
+        """A mutable register, optionally initialised (``mov``) to ``init``."""
+        v = Var(self, self._check_reg_type(ty), self._next_index(ty))
+        if init is not None:
+            self.assign(v, init)
+        return v
+
+    def ptr_reg(self, elem: T.PtxType, space: str = "global") -> Ptr:
+        return Ptr(self, self._next_index(T.u64), T.type_by_name(elem), space)
+
+    def _check_reg_type(self, ty):
+        ty = T.type_by_name(ty)
+        if not ty.can_be_register:
+            raise PtxTypeError(f"PTX has no {ty.name} registers; load {ty.name} "
+                               "values into a 16- or 32-bit register")
+        return ty
+
+    def _next_index(self, ty) -> int:
+        n = self._reg_counts.get(ty, 0) + 1
+        self._reg_counts[ty] = n
+        return n
+
+    def reg_counts(self) -> list[tuple[T.PtxType, int]]:
+        """(type, count) for the register declarations, in type order."""
+        return [(t, self._reg_counts[t]) for t in T.ALL_TYPES if t in self._reg_counts]
+
+    # ---------------------------------------------------------------- params
+    def param(self, name: str, ty) -> Reg:
+        """Declare a scalar parameter and return a register holding its value."""
+        p = self._declare_param(name, T.type_by_name(ty))
+        r = self.reg(p.type)
+        self.emit("ld", ["param"], [p.type], [r, Address(p.symbol, 0, "param")])
+        return r
+
+    def param_ptr(self, name: str, elem, space: str = "global", align: int | None = None) -> Ptr:
+        """Declare a pointer parameter (``.param .u64 .ptr .global``) and return
+        a :class:`Ptr` to ``elem`` values in ``space``, converted from the
+        generic address with ``cvta.to``."""
+        elem = T.type_by_name(elem)
+        if space not in ("global", "shared", "const", "local"):
+            raise PtxBuildError(f"pointer space {space!r} is not one of global, shared, const, local")
+        p = self._declare_param(name, T.u64, pointer_space=space, align=align or elem.bytes)
+        raw = self.reg(T.u64)
+        self.emit("ld", ["param"], [T.u64], [raw, Address(p.symbol, 0, "param")])
+        out = self.ptr_reg(elem, space)
+        self.emit("cvta", ["to", space], [T.u64], [out, raw])
+        return out
+
+    def _declare_param(self, name, ty, pointer_space=None, align=None) -> Param:
+        if not _IDENT.match(name):
+            raise PtxBuildError(f"parameter name {name!r} is not a valid PTX identifier")
+        if any(p.name == name for p in self.params):
+            raise PtxBuildError(f"parameter {name!r} is declared twice")
+        if ty.is_pred or ty.bits < 16 and not ty.is_int:
+            raise PtxTypeError(f"a kernel parameter cannot be {ty.name}")
+        p = Param(name, ty, pointer_space, align)
+        self.params.append(p)
+        return p
+
+    def param_symbol(self, name: str) -> Symbol:
+        for p in self.params:
+            if p.name == name:
+                return p.symbol
+        raise PtxBuildError(f"kernel {self.name} has no parameter {name!r}")
+
+    # ---------------------------------------------------------------- shared
+    def shared_array(self, name: str, elem, count: int, align: int | None = None) -> Symbol:
+        """A static ``.shared`` array of ``count`` ``elem`` values."""
+        elem = T.type_by_name(elem)
+        if not isinstance(count, int) or count <= 0:
+            raise PtxBuildError(f"shared array {name!r} needs a positive count, got {count!r}")
+        return self._add_shared(name, elem, count, align or elem.bytes)
+
+    def dynamic_shared(self, name: str, elem, align: int = 16) -> Symbol:
+        """The ``.extern .shared`` array sized at launch time."""
+        if any(s.count is None for s in self.shared):
+            raise PtxBuildError("a kernel has at most one dynamic shared array")
+        return self._add_shared(name, T.type_by_name(elem), None, align)
+
+    def _add_shared(self, name, elem, count, align):
+        if not _IDENT.match(name):
+            raise PtxBuildError(f"shared array name {name!r} is not a valid PTX identifier")
+        if align & (align - 1):
+            raise PtxBuildError(f"alignment {align} of {name!r} is not a power of two")
+        if any(s.name == name for s in self.shared):
+            raise PtxBuildError(f"shared array {name!r} is declared twice")
+        sym = Symbol(name, "shared", elem, count, align, kernel=self)
+        self.shared.append(sym)
+        return sym
+
+    @property
+    def static_shared_bytes(self) -> int:
+        return sum(s.nbytes for s in self.shared if s.count is not None)
+
+    # --------------------------------------------------------------- emitting
+    def emit(self, op: str, mods, types, operands, *, guard=None, dsts=None) -> Instr:
+        """Append one instruction after checking it against the table.
+
+        This is the single path every instruction takes; the instruction
+        methods build their operands and call it.
+        """
+        if self.finished:
+            raise PtxBuildError(f"kernel {self.name} is already finished")
+        sp = isa.spec(op)
+        mods = tuple(mods)
+        types = tuple(types)
+        loc = caller_loc()
+        err = sp.check_mods(mods) or sp.check_types(types)
+        if err:
+            raise PtxTypeError(err, loc)
+        need_sm, need_ptx = sp.requirement(mods, types)
+        if not self.target.supports(need_sm, need_ptx):
+            full = ".".join([op, *mods, *(t.name for t in types)])
+            raise TargetError(
+                f"{full} needs sm_{need_sm} and PTX ISA {need_ptx[0]}.{need_ptx[1]}; "
+                f"target {self.target.name} has sm_{self.target.sm} and "
+                f"PTX ISA {self.target.version_text}", loc)
+        if guard is None and self._guards:
+            guard = self._guards[-1]
+        ndst = dsts if dsts is not None else _count_dsts(sp)
+        ins = Instr(op, mods, types, operands, guard, loc, ndst)
+        self._check_operands(sp, ins, loc)
+        for r in ins.written():
+            self._define(r, loc, guarded=guard is not None)
+        self.body.append(ins)
+        return ins
+
+    def _define(self, r, loc, guarded):
+        if not isinstance(r, Reg):
+            raise PtxBuildError(f"cannot write to read-only operand {r.render()}", loc)
+        if r.kb is not self:
+            raise PtxBuildError(f"register {r.name} belongs to kernel {r.kb.name}, "
+                                f"not {self.name}", loc)
+        key = id(r)
+        if key in self._defined and not r.mutable:
+            raise PtxBuildError(
+                f"register {r.name} is written twice; make it with k.var(...) "
+                "if its value changes", loc)
+        self._defined.add(key)
+
+    def _use(self, o, loc):
+        if isinstance(o, Reg):
+            if o.kb is not self:
+                raise PtxBuildError(f"register {o.name} belongs to kernel {o.kb.name}, "
+                                    f"not {self.name}", loc)
+            if id(o) not in self._defined:
+                raise PtxBuildError(f"register {o.name} ({o.type}) is read before "
+                                    "anything writes it", loc)
+        elif isinstance(o, SpecialReg) and o.min_sm > self.target.sm:
+            raise TargetError(f"{o.name} needs sm_{o.min_sm}", loc)
+
+    def _check_operands(self, sp, ins, loc):
+        from .checks import check_operands
+        check_operands(self, sp, ins, loc)
+        for o in ins.read():
+            self._use(o, loc)
+
+    def comment(self, text: str):
+        """Put a ``// comment`` line in the emitted body."""
+        self.body.append(Comment(text.replace("\n", " "), caller_loc()))
+
+    # ---------------------------------------------------------------- labels
+    def label(self, name: str | None = None) -> Label:
+        """A new label; place it with :meth:`place` and jump with :meth:`bra`.
+
+        Without ``name`` a unique one is made."""
+        if name is None:
+            return self._auto_label("L")
+        if not _IDENT.match(name.lstrip("$")):
+            raise PtxBuildError(f"label name {name!r} is not a valid PTX identifier")
+        if name in self._labels:
+            return self._labels[name]
+        lab = Label(name, caller_loc())
+        self._labels[name] = lab
+        return lab
+
+    def _auto_label(self, hint: str) -> Label:
+        self._label_seq += 1
+        name = f"$L_{hint}_{self._label_seq}"
+        lab = Label(name, caller_loc())
+        self._labels[name] = lab
+        return lab
+
+    def place(self, label: Label):
+        """Place ``label`` at the current point."""
+        loc = caller_loc()
+        if label.name in self._placed:
+            raise PtxBuildError(f"label {label.name} is placed twice", loc)
+        if self._labels.get(label.name) is not label:
+            raise PtxBuildError(f"label {label.name} was not made by kernel {self.name}", loc)
+        self._placed.add(label.name)
+        self.body.append(LabelDef(label, loc))
+
+    def bra(self, label: Label, *, guard=None, uni=False):
+        """Branch to ``label`` (``@guard`` when given)."""
+        if not isinstance(label, Label):
+            raise PtxTypeError(f"bra needs a Label, got {label!r}")
+        ins = self.emit("bra", ["uni"] if uni else [], [], [label], guard=guard, dsts=0)
+        self._branches.append((label, ins.loc))
+        return ins
+
+    # ------------------------------------------------------------- finishing
+    def finish(self):
+        """Run the whole-kernel checks; called by the module before emission."""
+        if self.finished:
+            return self
+        from .checks import verify_kernel
+        verify_kernel(self)
+        self.finished = True
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is None:
+            self.finish()
+        return False
+
+
+def _count_dsts(sp) -> int:
+    n = 0
+    for code in sp.operands:
+        if code in ("d", "D", "d2", "p", "V", "fD"):
+            n += 1
+        else:
+            break
+    return n
+
+
+def _dims3(d, what):
+    if d is None:
+        return None
+    if isinstance(d, int):
+        d = (d,)
+    d = tuple(int(x) for x in d)
+    if not 1 <= len(d) <= 3 or any(x <= 0 for x in d):
+        raise PtxBuildError(f".{what} needs 1 to 3 positive sizes, got {d}")
+    return d + (1,) * (3 - len(d))
+
+
+_ = (Imm, NotPred, Operand, Vec)

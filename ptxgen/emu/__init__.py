@@ -1,0 +1,1 @@
+"""CPU emulator for ptxgen PTX."""

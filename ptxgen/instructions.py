@@ -1,0 +1,653 @@
+"""Instruction methods of the kernel builder.
+
+Each method picks the opcode form from its operands' types, makes the
+destination register, and hands the instruction to ``KernelBuilder.emit``
+(which checks it against the table).  Python keywords get a trailing
+underscore (``and_``, ``or_``, ``not_``).  Every method takes ``guard=`` (a
+predicate register, or ``~p`` for ``@!p``) and, where it makes a value,
+``out=`` to write into an existing :class:`~ptxgen.values.Var`.
+"""
+
+from __future__ import annotations
+
+from . import types as T
+from .checks import wide_of
+from .errors import PtxBuildError, PtxTypeError
+from .instr import Vec
+from .values import (Address, Imm, NotPred, Operand, Ptr, Reg, SpecialReg,
+                     Symbol, as_operand)
+
+__all__ = ["InstructionsMixin"]
+
+FULL_MASK = 0xFFFFFFFF
+
+
+def _type_of(x):
+    return x.type if isinstance(x, Operand) else None
+
+
+class InstructionsMixin:
+    # ----------------------------------------------------------- helpers
+    def _unify(self, opname, *xs) -> T.PtxType:
+        """The common type of the operands; strict: registers must agree."""
+        tys = [_type_of(x) for x in xs if isinstance(x, (Reg, SpecialReg))]
+        tys += [x.type for x in xs if isinstance(x, Imm)]
+        if not tys:
+            raise PtxTypeError(f"{opname}: at least one operand must be a register")
+        ty = tys[0]
+        for other in tys[1:]:
+            if other is not ty:
+                raise PtxTypeError(
+                    f"{opname} got {ty.name} and {other.name} operands; convert one "
+                    f"explicitly (x.to({ty.name}) or x.to({other.name}))")
+        return ty
+
+    def _out(self, ty, out):
+        if out is None:
+            return self.reg(ty)
+        if not isinstance(out, Reg):
+            raise PtxTypeError(f"out= must be a register, got {out!r}")
+        if not T.compatible(out.type, ty):
+            raise PtxTypeError(f"out= register {out.name} is {out.type.name}, "
+                               f"the result is {ty.name}")
+        return out
+
+    def _src(self, x, ty):
+        if isinstance(x, (int, float)) and _is_half(ty):
+            return self.const(ty, x)
+        return as_operand(x, ty)
+
+    def _bits_type(self, ty):
+        return {16: T.b16, 32: T.b32, 64: T.b64}[ty.bits] if not ty.is_pred else T.pred
+
+    # -------------------------------------------------------------- moves
+    def mov(self, src, ty=None, *, out=None, guard=None):
+        """Copy ``src`` (register, special register, immediate, or a shared
+        symbol's address) into a new register."""
+        if isinstance(src, Symbol):
+            ty = ty or src.type
+        ty = T.type_by_name(ty) if ty is not None else _type_of(src)
+        if ty is None:
+            raise PtxTypeError(f"mov of {src!r} needs ty=")
+        if isinstance(src, (int, float)) and _is_half(ty):
+            return self.const(ty, src) if out is None else self.assign(out, src)
+        d = self._out(ty, out)
+        s = as_operand(src, ty) if not isinstance(src, Symbol) else src
+        self.emit("mov", [], [self._bits_type(ty) if _is_half(ty) else ty], [d, s], guard=guard)
+        return d
+
+    def const(self, ty, value):
+        """A register holding the constant ``value`` of type ``ty`` (f16/bf16
+        and the packed types are written by their bit patterns)."""
+        ty = T.type_by_name(ty)
+        if ty.is_float and (ty.bits == 16 or ty.is_packed):
+            bits = _half_bits(ty, value)
+            d = self.reg(ty)
+            self.emit("mov", [], [self._bits_type(ty)], [d, Imm(bits, self._bits_type(ty))])
+            return d
+        return self.mov(as_operand(value, ty), ty)
+
+    def assign(self, var, value, *, guard=None):
+        """``var = value`` for a :class:`Var` (``mov``)."""
+        if not getattr(var, "mutable", False):
+            raise PtxBuildError(f"{getattr(var, 'name', var)} is not a Var; only "
+                                "k.var(...) registers can be assigned")
+        ty = var.type
+        if isinstance(value, Reg) and value.type is not ty and not T.compatible(value.type, ty):
+            raise PtxTypeError(f"cannot assign {value.type.name} {value.name} to "
+                               f"{ty.name} {var.name}")
+        if isinstance(value, (int, float)) and _is_half(ty):
+            value = Imm(_half_bits(ty, value), self._bits_type(ty))
+        s = as_operand(value, ty)
+        mty = self._bits_type(ty) if _is_half(ty) else ty
+        self.emit("mov", [], [mty], [var, s], guard=guard)
+        return var
+
+    def bitcast(self, ty, x, *, out=None):
+        """Reinterpret ``x`` as ``ty`` of the same width (``mov.bN``)."""
+        ty = T.type_by_name(ty)
+        if ty.bits != x.type.bits:
+            raise PtxTypeError(f"bitcast from {x.type.name} to {ty.name} changes the width")
+        d = self._out(ty, out)
+        self.emit("mov", [], [self._bits_type(ty)], [d, x])
+        return d
+
+    def pack(self, ty, *parts):
+        """``mov.bN d, {a, b, ...}``: join registers into one of type ``ty``."""
+        ty = T.type_by_name(ty)
+        d = self.reg(ty)
+        self.emit("mov", [], [self._bits_type(ty)], [d, Vec(parts)])
+        return d
+
+    def unpack(self, x, ty, n=2):
+        """``mov.bN {a, b, ...}, x``: split ``x`` into ``n`` registers of ``ty``."""
+        ty = T.type_by_name(ty)
+        parts = tuple(self.reg(ty) for _ in range(n))
+        self.emit("mov", [], [self._bits_type(x.type)], [Vec(parts), x], dsts=1)
+        return parts
+
+    # --------------------------------------------------------- arithmetic
+    def _binary(self, op, a, b, out, guard, mods=(), ity=None):
+        ty = self._unify(op, a, b)
+        d = self._out(ty, out)
+        self.emit(op, mods, [ity or ty], [d, self._src(a, ty), self._src(b, ty)], guard=guard)
+        return d
+
+    def add(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, guard=None):
+        return self._binary("add", a, b, out, guard, _fmods(rnd, ftz, sat))
+
+    def sub(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, guard=None):
+        return self._binary("sub", a, b, out, guard, _fmods(rnd, ftz, sat))
+
+    def mul(self, a, b, *, out=None, rnd=None, ftz=False, sat=False, guard=None):
+        """``a * b``: ``mul.lo`` for integers (low half), ``mul`` for floats."""
+        ty = self._unify("mul", a, b)
+        mods = ("lo",) if ty.is_int else _fmods(rnd, ftz, sat)
+        return self._binary("mul", a, b, out, guard, mods)
+
+    def mul_hi(self, a, b, *, out=None, guard=None):
+        return self._binary("mul", a, b, out, guard, ("hi",))
+
+    def mul_wide(self, a, b, *, out=None, guard=None):
+        """``mul.wide``: the full product, twice the operands' width."""
+        ty = self._unify("mul.wide", a, b)
+        d = self._out(wide_of(ty), out)
+        self.emit("mul", ["wide"], [ty], [d, self._src(a, ty), self._src(b, ty)], guard=guard)
+        return d
+
+    def mad(self, a, b, c, *, out=None, wide=False, guard=None):
+        """Integer ``a * b + c`` (``mad.lo``, or ``mad.wide`` with a wide ``c``)."""
+        ty = self._unify("mad", a, b)
+        if not ty.is_int:
+            raise PtxTypeError(f"mad is for integers; use fma for {ty.name}")
+        cty = wide_of(ty) if wide else ty
+        if isinstance(c, Reg) and c.type is not cty:
+            raise PtxTypeError(f"mad{'.wide' if wide else ''} addend must be {cty.name}, "
+                               f"got {c.type.name}")
+        d = self._out(cty, out)
+        self.emit("mad", ["wide" if wide else "lo"], [ty],
+                  [d, self._src(a, ty), self._src(b, ty), self._src(c, cty)], guard=guard)
+        return d
+
+    def fma(self, a, b, c, *, out=None, rnd="rn", ftz=False, sat=False, relu=False, guard=None):
+        """Fused ``a * b + c`` for floats and packed halves (``fma.rn``)."""
+        ty = self._unify("fma", a, b, c)
+        d = self._out(ty, out)
+        mods = [rnd] + (["ftz"] if ftz else []) + (["sat"] if sat else []) + (["relu"] if relu else [])
+        self.emit("fma", mods, [ty], [d, self._src(a, ty), self._src(b, ty), self._src(c, ty)],
+                  guard=guard)
+        return d
+
+    def div(self, a, b, *, out=None, approx=False, full=False, rnd=None, ftz=False, guard=None):
+        """Division: IEEE ``div.rn`` for floats unless ``approx``/``full``."""
+        ty = self._unify("div", a, b)
+        if ty.is_float:
+            mods = ["approx" if approx else "full" if full else (rnd or "rn")]
+            if ftz:
+                mods.append("ftz")
+        else:
+            mods = []
+        return self._binary("div", a, b, out, guard, mods)
+
+    def rem(self, a, b, *, out=None, guard=None):
+        ty = self._unify("rem", a, b)
+        if not ty.is_int:
+            raise PtxTypeError(f"rem (%) needs integers, got {ty.name}")
+        return self._binary("rem", a, b, out, guard)
+
+    def min(self, a, b, *, out=None, guard=None):
+        return self._binary("min", a, b, out, guard)
+
+    def max(self, a, b, *, out=None, guard=None):
+        return self._binary("max", a, b, out, guard)
+
+    def neg(self, a, *, out=None, guard=None):
+        if a.type.kind == "u":
+            raise PtxTypeError(f"neg of unsigned {a.type.name} {a.name}; convert to signed first")
+        d = self._out(a.type, out)
+        self.emit("neg", [], [a.type], [d, a], guard=guard)
+        return d
+
+    def abs(self, a, *, out=None, guard=None):
+        d = self._out(a.type, out)
+        self.emit("abs", [], [a.type], [d, a], guard=guard)
+        return d
+
+    def popc(self, a, *, out=None):
+        d = self._out(T.u32, out)
+        self.emit("popc", [], [T.u32, self._bits_type(a.type)], [d, a])
+        return d
+
+    def clz(self, a, *, out=None):
+        d = self._out(T.u32, out)
+        self.emit("clz", [], [T.u32, self._bits_type(a.type)], [d, a])
+        return d
+
+    # ----------------------------------------------------- special functions
+    def _unary_f(self, op, a, mods, out, guard):
+        ty = a.type
+        d = self._out(ty, out)
+        self.emit(op, mods, [ty], [d, a], guard=guard)
+        return d
+
+    def rcp(self, a, *, approx=False, ftz=False, out=None, guard=None):
+        """``1/a``: ``rcp.rn`` (IEEE) or ``rcp.approx``."""
+        return self._unary_f("rcp", a, ["approx" if approx else "rn"] + (["ftz"] if ftz else []),
+                             out, guard)
+
+    def sqrt(self, a, *, approx=False, ftz=False, out=None, guard=None):
+        return self._unary_f("sqrt", a, ["approx" if approx else "rn"] + (["ftz"] if ftz else []),
+                             out, guard)
+
+    def rsqrt(self, a, *, ftz=False, out=None, guard=None):
+        """``rsqrt.approx`` (max relative error 2^-22.9 for f32)."""
+        return self._unary_f("rsqrt", a, ["approx"] + (["ftz"] if ftz else []), out, guard)
+
+    def ex2(self, a, *, ftz=False, out=None, guard=None):
+        """``2**a`` with ``ex2.approx`` (max relative error 2^-22 for f32)."""
+        return self._unary_f("ex2", a, ["approx"] + (["ftz"] if ftz else []), out, guard)
+
+    def lg2(self, a, *, ftz=False, out=None, guard=None):
+        return self._unary_f("lg2", a, ["approx"] + (["ftz"] if ftz else []), out, guard)
+
+    def sin(self, a, *, ftz=False, out=None, guard=None):
+        return self._unary_f("sin", a, ["approx"] + (["ftz"] if ftz else []), out, guard)
+
+    def cos(self, a, *, ftz=False, out=None, guard=None):
+        return self._unary_f("cos", a, ["approx"] + (["ftz"] if ftz else []), out, guard)
+
+    def tanh(self, a, *, out=None, guard=None):
+        return self._unary_f("tanh", a, ["approx"], out, guard)
+
+    # ------------------------------------------------------------ logic/bits
+    def _logic(self, op, a, b, out, guard):
+        ty = self._unify(op, a, b)
+        if ty.is_float:
+            raise PtxTypeError(f"{op} is a bitwise operation; bitcast {ty.name} first")
+        return self._binary(op, a, b, out, guard, (), self._bits_type(ty))
+
+    def and_(self, a, b, *, out=None, guard=None):
+        return self._logic("and", a, b, out, guard)
+
+    def or_(self, a, b, *, out=None, guard=None):
+        return self._logic("or", a, b, out, guard)
+
+    def xor(self, a, b, *, out=None, guard=None):
+        return self._logic("xor", a, b, out, guard)
+
+    def not_(self, a, *, out=None, guard=None):
+        if a.type.is_float:
+            raise PtxTypeError(f"not is a bitwise operation; bitcast {a.type.name} first")
+        d = self._out(a.type, out)
+        self.emit("not", [], [self._bits_type(a.type)], [d, a], guard=guard)
+        return d
+
+    def _shift_amount(self, b):
+        if isinstance(b, Reg) and b.type.bits != 32:
+            raise PtxTypeError(f"a shift amount must be a 32-bit register, got {b.type.name}")
+        return as_operand(b, T.u32)
+
+    def shl(self, a, b, *, out=None, guard=None):
+        if a.type.is_float or a.type.is_pred:
+            raise PtxTypeError(f"shl needs an integer, got {a.type.name}")
+        d = self._out(a.type, out)
+        self.emit("shl", [], [self._bits_type(a.type)], [d, a, self._shift_amount(b)], guard=guard)
+        return d
+
+    def shr(self, a, b, *, out=None, guard=None):
+        """Shift right: arithmetic for signed types, logical otherwise."""
+        if a.type.is_float or a.type.is_pred:
+            raise PtxTypeError(f"shr needs an integer, got {a.type.name}")
+        d = self._out(a.type, out)
+        self.emit("shr", [], [a.type], [d, a, self._shift_amount(b)], guard=guard)
+        return d
+
+    def bfe(self, a, pos, length, *, out=None):
+        """Extract ``length`` bits at ``pos`` (sign-extended for signed types)."""
+        d = self._out(a.type, out)
+        self.emit("bfe", [], [a.type], [d, a, as_operand(pos, T.u32), as_operand(length, T.u32)])
+        return d
+
+    def bfi(self, field, base, pos, length, *, out=None):
+        """Insert the low ``length`` bits of ``field`` into ``base`` at ``pos``."""
+        ty = self._unify("bfi", field, base)
+        d = self._out(ty, out)
+        self.emit("bfi", [], [self._bits_type(ty)],
+                  [d, self._src(field, ty), self._src(base, ty),
+                   as_operand(pos, T.u32), as_operand(length, T.u32)])
+        return d
+
+    def prmt(self, a, b, selector, *, mode=None, out=None):
+        """Byte permute of the 8 bytes of ``{b, a}`` by ``selector``."""
+        d = self._out(a.type, out)
+        self.emit("prmt", [mode] if mode else [], [T.b32],
+                  [d, a, as_operand(b, T.b32), as_operand(selector, T.b32)])
+        return d
+
+    def dp4a(self, a, b, c, *, signed_a=False, signed_b=False, out=None):
+        """Four-way byte dot product plus ``c`` (u32 if both unsigned, else s32)."""
+        ta, tb = (T.s32 if signed_a else T.u32), (T.s32 if signed_b else T.u32)
+        acc = T.u32 if not (signed_a or signed_b) else T.s32
+        d = self._out(acc, out)
+        self.emit("dp4a", [], [ta, tb], [d, a, as_operand(b, T.b32), as_operand(c, acc)])
+        return d
+
+    def dp2a(self, a, b, c, *, hi=False, signed_a=False, signed_b=False, out=None):
+        ta, tb = (T.s32 if signed_a else T.u32), (T.s32 if signed_b else T.u32)
+        acc = T.u32 if not (signed_a or signed_b) else T.s32
+        d = self._out(acc, out)
+        self.emit("dp2a", ["hi" if hi else "lo"], [ta, tb],
+                  [d, a, as_operand(b, T.b32), as_operand(c, acc)])
+        return d
+
+    # -------------------------------------------------- compare and select
+    def setp(self, cmp, a, b, *, combine=None, with_=None, out=None, ftz=False, guard=None):
+        """``setp.cmp``: a predicate; ``combine=('and', q)`` chains a predicate."""
+        ty = self._unify(f"setp.{cmp}", a, b)
+        d = self._out(T.pred, out)
+        mods = [cmp]
+        ops = [d, self._src(a, ty), self._src(b, ty)]
+        if combine is not None:
+            bop, q = combine
+            mods.append(bop)
+            ops.append(q)
+        if ftz:
+            mods.append("ftz")
+        self.emit("setp", mods, [ty], ops, guard=guard)
+        return d
+
+    def select(self, p, a, b, *, out=None):
+        """``p ? a : b`` (``selp``)."""
+        ty = self._unify("selp", a, b)
+        d = self._out(ty, out)
+        self.emit("selp", [], [ty], [d, self._src(a, ty), self._src(b, ty), p])
+        return d
+
+    def pand(self, p, q):
+        """Predicate and: ``and.pred``."""
+        return self._binary("and", p, q, None, None)
+
+    def por(self, p, q):
+        return self._binary("or", p, q, None, None)
+
+    # --------------------------------------------------------- conversion
+    def cvt(self, ty, x, *, rnd=None, sat=False, ftz=False, out=None, guard=None):
+        """Convert ``x`` to ``ty``.
+
+        Rounding defaults follow C: ``.rn`` into a narrower float or from an
+        integer to a float, ``.rzi`` (truncation) from a float to an integer;
+        widening float and integer conversions take none.
+        """
+        ty = T.type_by_name(ty)
+        src = x.type
+        if src.is_packed or ty.is_packed:
+            raise PtxTypeError("cvt does not take packed half types; use unpack/pack")
+        if rnd is None:
+            if ty.is_float and src.is_float and ty.bits < src.bits:
+                rnd = "rn"
+            elif ty.is_float and src.is_int:
+                rnd = "rn"
+            elif ty.is_int and src.is_float:
+                rnd = "rzi"
+            elif ty.is_float and src.is_float and ty.bits == src.bits and ty is not src:
+                rnd = "rn"
+        d = self._out(ty, out)
+        mods = ([rnd] if rnd else []) + (["ftz"] if ftz else []) + (["sat"] if sat else [])
+        self.emit("cvt", mods, [ty, src], [d, x], guard=guard)
+        return d
+
+    def cvta(self, x, space, *, to=True):
+        d = self.reg(T.u64)
+        self.emit("cvta", (["to"] if to else []) + [space], [T.u64], [d, x])
+        return d
+
+    # -------------------------------------------------------------- memory
+    def element(self, base, i) -> Address:
+        """Address of element ``i`` of a :class:`Ptr` or shared :class:`Symbol`."""
+        elem = base.elem
+        size = elem.bytes
+        space = base.space
+        if isinstance(i, int):
+            return Address(base, i * size, space, elem)
+        if not isinstance(i, Reg) or not i.type.is_int:
+            raise PtxTypeError(f"an index must be an integer register or int, got {i!r}")
+        if isinstance(base, Symbol):
+            if i.type.bits != 32:
+                raise PtxTypeError(f"index a shared array with a 32-bit register, got {i.type.name}")
+            b = self.mov(base)
+            a = self.mad(i, size, b.bitcast(i.type) if b.type is not i.type else b)
+            return Address(a, 0, space, elem)
+        if i.type.bits == 32:
+            a = self.reg(T.u64)
+            self.emit("mad", ["wide"], [i.type], [a, i, Imm(size, i.type), base])
+        elif i.type.bits == 64:
+            a = self.mad(i, size, base.bitcast(i.type) if i.type is not base.type else base)
+        else:
+            raise PtxTypeError(f"an index must be 32 or 64 bits, got {i.type.name}")
+        return Address(a, 0, space, elem)
+
+    def ptr_add(self, p: Ptr, i) -> Ptr:
+        """``p + i`` in elements, as a new :class:`Ptr`."""
+        addr = self.element(p, i)
+        out = self.ptr_reg(p.elem, p.space)
+        if addr.offset:
+            self.emit("add", [], [T.u64], [out, addr.base, Imm(addr.offset, T.u64)])
+        else:
+            self.emit("mov", [], [T.u64], [out, addr.base])
+        return out
+
+    def _mem_mods(self, addr, *, sem=None, scope=None, cache=None, nc=False, evict=None,
+                  prefetch=None, vec=1, volatile=False):
+        mods = []
+        if volatile:
+            mods.append("volatile")
+        if sem:
+            mods.append(sem)
+        if scope:
+            mods.append(scope)
+        if addr.space != "generic":
+            mods.append(addr.space)
+        if cache:
+            mods.append(cache)
+        if nc:
+            if addr.space != "global":
+                raise PtxBuildError(".nc loads read .global memory only")
+            mods.append("nc")
+        if evict:
+            mods.append(evict)
+        if prefetch:
+            mods.append(prefetch)
+        if vec not in (1, 2, 4):
+            raise PtxBuildError(f"vector width must be 1, 2 or 4, got {vec}")
+        if vec > 1:
+            mods.append(f"v{vec}")
+        return mods
+
+    def _as_addr(self, addr):
+        if isinstance(addr, Ptr):
+            return Address(addr, 0, addr.space, addr.elem)
+        if not isinstance(addr, Address):
+            raise PtxTypeError(f"a memory operand must be an Address (p[i]), got {addr!r}")
+        return addr
+
+    def ld(self, addr, ty=None, *, vec=1, nc=False, cache=None, evict=None, prefetch=None,
+           sem=None, scope=None, volatile=False, guard=None, out=None):
+        """Load ``vec`` values of ``ty`` (default: the pointer's element type).
+
+        Returns one register, or a tuple of ``vec`` registers.  8-bit types
+        load into 32-bit registers (zero- or sign-extended).
+        """
+        addr = self._as_addr(addr)
+        ty = T.type_by_name(ty) if ty is not None else addr.elem
+        if ty is None:
+            raise PtxTypeError("ld needs ty= for an untyped address")
+        rty = ty if ty.bits >= 16 else (T.s32 if ty.is_signed else T.u32)
+        mods = self._mem_mods(addr, sem=sem, scope=scope, cache=cache, nc=nc, evict=evict,
+                              prefetch=prefetch, vec=vec, volatile=volatile)
+        if vec == 1:
+            d = self._out(rty, out)
+            dst = d
+        else:
+            d = tuple(self.reg(rty) for _ in range(vec))
+            dst = Vec(d)
+        self.emit("ld", mods, [self._bits_type(ty) if _is_half(ty) else ty], [dst, addr],
+                  guard=guard)
+        return d
+
+    def st(self, addr, value, ty=None, *, cache=None, evict=None, sem=None, scope=None,
+           volatile=False, guard=None):
+        """Store a register (or a tuple of registers with ``.v2``/``.v4``)."""
+        addr = self._as_addr(addr)
+        vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        ty = T.type_by_name(ty) if ty is not None else addr.elem
+        if ty is None:
+            ty = _type_of(vals[0])
+        regs = tuple(v if isinstance(v, Reg) else self.const(ty, v) if ty.bits >= 16
+                     else self.const(T.u32, v) for v in vals)
+        mods = self._mem_mods(addr, cache=cache, evict=evict, sem=sem, scope=scope,
+                              vec=len(regs), volatile=volatile)
+        src = regs[0] if len(regs) == 1 else Vec(regs)
+        ity = self._bits_type(ty) if _is_half(ty) else ty
+        return self.emit("st", mods, [ity], [addr, src], guard=guard, dsts=0)
+
+    def atom(self, op, addr, value, cmp=None, *, ty=None, sem=None, scope=None, guard=None):
+        """Atomic ``op`` (add, min, max, inc, dec, and, or, xor, exch, cas) at
+        ``addr``; returns the old value.  ``cas`` compares with ``cmp``."""
+        addr = self._as_addr(addr)
+        ty = self._atom_type(op, addr, value, ty)
+        d = self.reg(ty if not ty.is_bits else T.u32 if ty.bits == 32 else T.u64)
+        ops = [d, addr, self._src(value, ty)]
+        if op == "cas":
+            if cmp is None:
+                raise PtxBuildError("atom cas needs the compare value (cmp=...)")
+            ops = [d, addr, self._src(cmp, ty), self._src(value, ty)]
+        mods = [m for m in (sem, scope) if m] + [addr.space, op]
+        self.emit("atom", mods, [ty], ops, guard=guard)
+        return d
+
+    def red(self, op, addr, value, *, ty=None, sem=None, scope=None, guard=None):
+        """Reduction to memory (``red``): like :meth:`atom` without a result."""
+        addr = self._as_addr(addr)
+        ty = self._atom_type(op, addr, value, ty)
+        mods = [m for m in (sem, scope) if m] + [addr.space, op]
+        return self.emit("red", mods, [ty], [addr, self._src(value, ty)], guard=guard, dsts=0)
+
+    def _atom_type(self, op, addr, value, ty):
+        ty = T.type_by_name(ty) if ty is not None else (addr.elem or _type_of(value))
+        if op in ("and", "or", "xor", "cas", "exch") and ty.is_int:
+            ty = self._bits_type(ty)
+        if op in ("inc", "dec") and ty is not T.u32:
+            raise PtxTypeError(f"atom.{op} works on u32 only, got {ty.name}")
+        return ty
+
+    # ------------------------------------------------ sync and communication
+    def bar_sync(self, barrier=0, count=None, *, guard=None):
+        """``bar.sync barrier[, count]``: block-wide barrier."""
+        ops = [as_operand(barrier, T.u32)] + ([as_operand(count, T.u32)] if count is not None else [])
+        return self.emit("bar", ["sync"], [], ops, guard=guard, dsts=0)
+
+    def membar(self, level="gl"):
+        return self.emit("membar", [level], [], [], dsts=0)
+
+    def fence(self, sem="acq_rel", scope="gpu"):
+        return self.emit("fence", [sem, scope], [], [], dsts=0)
+
+    def shfl_sync(self, mode, value, lane, clamp=None, mask=FULL_MASK, *, out=None):
+        """``shfl.sync.mode.b32``: ``mode`` is up, down, bfly or idx.
+
+        ``clamp`` defaults to 0 for ``up`` and 31 (0x1f) otherwise."""
+        if value.type.bits != 32:
+            raise PtxTypeError(f"shfl.sync moves 32-bit values, got {value.type.name}")
+        if clamp is None:
+            clamp = 0 if mode == "up" else 0x1F
+        d = self._out(value.type, out)
+        self.emit("shfl", ["sync", mode], [T.b32],
+                  [d, value, as_operand(lane, T.u32), as_operand(clamp, T.u32),
+                   as_operand(mask, T.u32)])
+        return d
+
+    def shfl_down(self, value, delta, mask=FULL_MASK):
+        return self.shfl_sync("down", value, delta, mask=mask)
+
+    def shfl_up(self, value, delta, mask=FULL_MASK):
+        return self.shfl_sync("up", value, delta, mask=mask)
+
+    def shfl_xor(self, value, lanemask, mask=FULL_MASK):
+        return self.shfl_sync("bfly", value, lanemask, mask=mask)
+
+    def shfl_idx(self, value, lane, mask=FULL_MASK):
+        return self.shfl_sync("idx", value, lane, mask=mask)
+
+    def vote_sync(self, mode, p, mask=FULL_MASK):
+        """``vote.sync.{all,any,uni}.pred`` or ``vote.sync.ballot.b32``."""
+        if mode == "ballot":
+            d = self.reg(T.u32)
+            self.emit("vote", ["sync", "ballot"], [T.b32], [d, p, as_operand(mask, T.u32)])
+        else:
+            d = self.reg(T.pred)
+            self.emit("vote", ["sync", mode], [T.pred], [d, p, as_operand(mask, T.u32)])
+        return d
+
+    # -------------------------------------------------------- tensor cores
+    def mma_m16n8k16(self, a, b, c, *, ab_type=T.f16):
+        """``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}``.
+
+        ``a``: 4 b32 registers (8 halves), ``b``: 2, ``c``: 4 f32; returns
+        the 4 f32 registers of ``d``, laid out as the PTX ISA specifies."""
+        ab_type = T.type_by_name(ab_type)
+        d = tuple(self.reg(T.f32) for _ in range(4))
+        self.emit("mma", ["sync", "aligned", "m16n8k16", "row", "col"],
+                  [T.f32, ab_type, ab_type, T.f32], [Vec(d), Vec(a), Vec(b), Vec(c)])
+        return d
+
+    # ------------------------------------------------------------- control
+    def ret(self, *, guard=None):
+        return self.emit("ret", [], [], [], guard=guard, dsts=0)
+
+    def exit(self, *, guard=None):
+        return self.emit("exit", [], [], [], guard=guard, dsts=0)
+
+    # ------------------------------------------------- special registers
+    @property
+    def laneid(self):
+        return self.mov(SpecialReg("%laneid", T.u32))
+
+    @property
+    def warpid(self):
+        return self.mov(SpecialReg("%warpid", T.u32))
+
+    def clock64(self):
+        return self.mov(SpecialReg("%clock64", T.u64))
+
+    def global_id(self, dim="x"):
+        """``ctaid * ntid + tid`` along ``dim`` (a u32 register)."""
+        c = getattr(self.ctaid, dim)
+        n = getattr(self.ntid, dim)
+        t = getattr(self.tid, dim)
+        return self.mad(c, n, t)
+
+
+def _is_half(ty) -> bool:
+    return ty.is_float and (ty.bits == 16 or ty.is_packed)
+
+
+def _fmods(rnd, ftz, sat):
+    return tuple(m for m, on in ((rnd, rnd), ("ftz", ftz), ("sat", sat)) if on)
+
+
+def _half_bits(ty, value) -> int:
+    import numpy as np
+    vals = value if isinstance(value, (tuple, list)) else (value,) * (2 if ty.is_packed else 1)
+    out = 0
+    for i, v in enumerate(vals):
+        if ty.name.startswith("bf16"):
+            b = int(np.array(v, dtype=np.float32).view(np.uint32))
+            # round to nearest even into the top 16 bits
+            b = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+        else:
+            b = int(np.array(v, dtype=np.float16).view(np.uint16))
+        out |= (b & 0xFFFF) << (16 * i)
+    return out
+
+
+_ = NotPred

@@ -1,0 +1,242 @@
+"""The instruction table: one entry per PTX opcode ptxgen can build.
+
+The builder checks every instruction against its :class:`OpSpec` (modifiers,
+type suffixes, operand kinds, minimum sm and PTX ISA version); the emitter
+renders it from the same record; the CPU emulator (``ptxgen.emu``) keys its
+semantics on the same opcode names, and a test fails if an entry here has no
+semantics there.
+
+Operand kinds (``OpSpec.operands``), one code per operand:
+
+``d``  destination register of the instruction type ``T``
+``D``  destination of ``T``, or twice ``T``'s width with ``.wide``
+``s``  source of ``T`` (register, immediate or special register)
+``C``  source of ``T``, or twice ``T``'s width with ``.wide``
+``d2`` / ``s2``  destination / source of the second type suffix
+``u``  source of 32-bit unsigned integer kind (shift amounts, lanes, masks)
+``p``  destination predicate;  ``q``  source predicate (``!p`` allowed)
+``m``  memory operand ``[addr]``;  ``l``  label
+``V``  destination: one register or a ``{...}`` vector of ``T`` (``.v2``/``.v4``)
+``W``  source: one register or a ``{...}`` vector of ``T``
+``fA``/``fB``/``fC``/``fD``  mma.sync fragments (vectors of registers)
+A trailing ``?`` marks an optional operand.
+"""
+
+from __future__ import annotations
+
+from .types import type_by_name
+
+__all__ = ["OpSpec", "TABLE", "spec", "ROUNDING_F", "ROUNDING_I",
+           "CMP_OPS", "BOOL_OPS"]
+
+ROUNDING_F = ("rn", "rz", "rm", "rp")          # float rounding
+ROUNDING_I = ("rni", "rzi", "rmi", "rpi")      # round to integer
+CMP_OPS = ("eq", "ne", "lt", "le", "gt", "ge",
+           "lo", "ls", "hi", "hs",
+           "equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan")
+BOOL_OPS = ("and", "or", "xor")
+SCOPES = ("cta", "cluster", "gpu", "sys")
+
+INT = ("u16", "u32", "u64", "s16", "s32", "s64")
+INT32_64 = ("u32", "u64", "s32", "s64")
+BITS = ("b16", "b32", "b64")
+BITS_PRED = ("pred", "b16", "b32", "b64")
+FLT = ("f32", "f64")
+HALF = ("f16", "f16x2", "bf16", "bf16x2")
+ALLNUM = INT + FLT
+# ld/st move half types with the bit types of their width (ld.b16, ld.b32)
+MEM = ("b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64",
+       "s8", "s16", "s32", "s64", "f32", "f64")
+
+
+class OpSpec:
+    """One opcode: what it accepts and what it needs from the target."""
+
+    __slots__ = ("name", "operands", "types", "mods", "min_sm", "min_ptx",
+                 "type_sm", "doc")
+
+    def __init__(self, name, operands, types, mods=(), min_sm=20, min_ptx=(1, 0),
+                 type_sm=None, doc=""):
+        self.name = name
+        #: operand kind codes, see module docstring
+        self.operands = tuple(operands.split()) if isinstance(operands, str) else tuple(operands)
+        #: allowed type names per type-suffix slot (a tuple of tuples)
+        self.types = tuple(tuple(t) for t in types)
+        #: ordered modifier groups; each group a tuple of alternatives
+        self.mods = tuple(tuple(g) for g in mods)
+        self.min_sm = min_sm
+        self.min_ptx = min_ptx
+        #: extra (min_sm, min_ptx) needs for particular type names
+        self.type_sm = dict(type_sm or {})
+        self.doc = doc
+
+    def check_mods(self, mods) -> str | None:
+        """Return an error text if ``mods`` are not a valid ordered choice."""
+        gi = 0
+        for m in mods:
+            while gi < len(self.mods) and m not in self.mods[gi]:
+                gi += 1
+            if gi == len(self.mods):
+                allowed = " ".join("{" + "|".join(g) + "}" for g in self.mods) or "none"
+                where = "out of order or unknown" if any(m in g for g in self.mods) else "unknown"
+                return f"{self.name}: modifier .{m} is {where}; allowed, in order: {allowed}"
+            gi += 1
+        return None
+
+    def check_types(self, tys) -> str | None:
+        if len(tys) != len(self.types):
+            return (f"{self.name} takes {len(self.types)} type suffix(es), "
+                    f"got {len(tys)}")
+        for i, (t, allowed) in enumerate(zip(tys, self.types)):
+            if t.name not in allowed:
+                return (f"{self.name} does not take .{t.name}"
+                        + (f" in type slot {i + 1}" if len(self.types) > 1 else "")
+                        + f"; allowed: {', '.join(allowed)}")
+        return None
+
+    def requirement(self, mods, tys) -> tuple[int, tuple[int, int]]:
+        """The (sm, ptx version) this particular form needs."""
+        sm, ptx = self.min_sm, self.min_ptx
+        for key in [t.name for t in tys] + list(mods):
+            if key in self.type_sm:
+                s2, p2 = self.type_sm[key]
+                sm, ptx = max(sm, s2), max(ptx, p2)
+        return sm, ptx
+
+    def __repr__(self) -> str:
+        return f"OpSpec({self.name})"
+
+
+def _table(*specs: OpSpec) -> dict[str, OpSpec]:
+    out = {}
+    for s in specs:
+        assert s.name not in out, s.name
+        for slot in s.types:
+            for t in slot:
+                type_by_name(t)
+        out[s.name] = s
+    return out
+
+
+_HALF_SM = {"bf16": (90, (7, 8)), "bf16x2": (90, (7, 8)),
+            "f16": (53, (4, 2)), "f16x2": (53, (4, 2))}
+_FMA_HALF_SM = {"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0)),
+                "f16": (53, (4, 2)), "f16x2": (53, (4, 2))}
+
+TABLE: dict[str, OpSpec] = _table(
+    # -- data movement -------------------------------------------------------
+    OpSpec("mov", "V W", [BITS_PRED + ALLNUM + HALF], doc="copy; {a,b} packs/unpacks"),
+    OpSpec("cvt", "d s2", [INT + FLT + HALF[::2], INT + FLT + HALF[::2]],
+           [ROUNDING_F + ROUNDING_I, ("ftz",), ("sat",)],
+           type_sm={"bf16": (80, (7, 0))}, doc="convert between types"),
+    OpSpec("cvta", "d s", [("u32", "u64")], [("to",), ("global", "shared", "local", "const", "param")],
+           doc="generic <-> state-space address"),
+    OpSpec("ld", "V m", [MEM],
+           [("weak", "relaxed", "acquire", "volatile"), SCOPES,
+            ("global", "shared", "param", "local", "const"),
+            ("ca", "cg", "cs", "lu", "cv"), ("nc",),
+            ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
+             "L1::evict_last", "L1::no_allocate"),
+            ("L2::64B", "L2::128B", "L2::256B"), ("v2", "v4")],
+           type_sm={"relaxed": (70, (6, 0)), "acquire": (70, (6, 0)),
+                    "L1::no_allocate": (70, (7, 4)), "L1::evict_last": (70, (7, 4)),
+                    "L1::evict_first": (70, (7, 4)), "L1::evict_normal": (70, (7, 4)),
+                    "L1::evict_unchanged": (70, (7, 4)),
+                    "L2::64B": (75, (7, 4)), "L2::128B": (75, (7, 4)), "L2::256B": (80, (7, 4))},
+           doc="load; .nc = read-only non-coherent path"),
+    OpSpec("st", "m W", [MEM],
+           [("weak", "relaxed", "release", "volatile"), SCOPES,
+            ("global", "shared", "param", "local"),
+            ("wb", "cg", "cs", "wt"),
+            ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
+             "L1::evict_last", "L1::no_allocate"),
+            ("v2", "v4")],
+           type_sm={"relaxed": (70, (6, 0)), "release": (70, (6, 0))}, doc="store"),
+    # -- integer and float arithmetic -----------------------------------------
+    OpSpec("add", "d s s", [ALLNUM + HALF], [ROUNDING_F, ("ftz",), ("sat",)],
+           type_sm=_HALF_SM),
+    OpSpec("sub", "d s s", [ALLNUM + HALF], [ROUNDING_F, ("ftz",), ("sat",)],
+           type_sm=_HALF_SM),
+    OpSpec("mul", "D s s", [ALLNUM + HALF], [("lo", "hi", "wide"), ROUNDING_F, ("ftz",), ("sat",)],
+           type_sm=_HALF_SM),
+    OpSpec("mad", "D s s C", [INT + FLT], [("lo", "hi", "wide"), ROUNDING_F, ("ftz",), ("sat",)]),
+    OpSpec("fma", "d s s s", [FLT + HALF], [ROUNDING_F, ("ftz",), ("sat",), ("relu",)],
+           type_sm=_FMA_HALF_SM),
+    OpSpec("div", "d s s", [ALLNUM], [("approx", "full") + ROUNDING_F, ("ftz",)]),
+    OpSpec("rem", "d s s", [INT]),
+    OpSpec("neg", "d s", [("s16", "s32", "s64") + FLT + HALF], [("ftz",)],
+           type_sm={"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
+    OpSpec("abs", "d s", [("s16", "s32", "s64") + FLT + HALF], [("ftz",)],
+           type_sm={"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
+    OpSpec("min", "d s s", [ALLNUM + HALF], [("ftz",), ("NaN",)],
+           type_sm={"f16": (80, (7, 0)), "f16x2": (80, (7, 0)),
+                    "bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
+    OpSpec("max", "d s s", [ALLNUM + HALF], [("ftz",), ("NaN",)],
+           type_sm={"f16": (80, (7, 0)), "f16x2": (80, (7, 0)),
+                    "bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
+    OpSpec("popc", "d s2", [("u32",), ("b32", "b64")]),
+    OpSpec("clz", "d s2", [("u32",), ("b32", "b64")]),
+    # -- special functions ------------------------------------------------------
+    OpSpec("rcp", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)]),
+    OpSpec("sqrt", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)]),
+    OpSpec("rsqrt", "d s", [FLT], [("approx",), ("ftz",)]),
+    OpSpec("ex2", "d s", [("f32",)], [("approx",), ("ftz",)]),
+    OpSpec("lg2", "d s", [("f32",)], [("approx",), ("ftz",)]),
+    OpSpec("sin", "d s", [("f32",)], [("approx",), ("ftz",)]),
+    OpSpec("cos", "d s", [("f32",)], [("approx",), ("ftz",)]),
+    OpSpec("tanh", "d s", [("f32",)], [("approx",)], min_sm=75, min_ptx=(7, 0)),
+    # -- logic and bits -----------------------------------------------------------
+    OpSpec("and", "d s s", [BITS_PRED]),
+    OpSpec("or", "d s s", [BITS_PRED]),
+    OpSpec("xor", "d s s", [BITS_PRED]),
+    OpSpec("not", "d s", [BITS_PRED]),
+    OpSpec("shl", "d s u", [BITS]),
+    OpSpec("shr", "d s u", [BITS + INT]),
+    OpSpec("bfe", "d s u u", [INT32_64]),
+    OpSpec("bfi", "d s s u u", [("b32", "b64")]),
+    OpSpec("prmt", "d s s s", [("b32",)], [("f4e", "b4e", "rc8", "ecl", "ecr", "rc16")]),
+    OpSpec("dp4a", "d2 s s s2", [("u32", "s32"), ("u32", "s32")], min_sm=61, min_ptx=(5, 0)),
+    OpSpec("dp2a", "d2 s s s2", [("u32", "s32"), ("u32", "s32")], [("lo", "hi")],
+           min_sm=61, min_ptx=(5, 0)),
+    # -- comparison and selection -----------------------------------------------
+    OpSpec("setp", "p s s q?", [ALLNUM + BITS + HALF[::2]], [CMP_OPS, BOOL_OPS, ("ftz",)],
+           type_sm={"bf16": (90, (7, 8))}),
+    OpSpec("selp", "d s s q", [ALLNUM + BITS + HALF[::2]]),
+    # -- control flow ------------------------------------------------------------
+    OpSpec("bra", "l", [], [("uni",)]),
+    OpSpec("ret", "", []),
+    OpSpec("exit", "", []),
+    # -- synchronisation and communication --------------------------------------
+    OpSpec("bar", "u? u?", [], [("cta",), ("sync", "arrive", "red"), ("aligned",)],
+           doc="bar.sync barrier[, count]"),
+    OpSpec("membar", "", [], [("cta", "gl", "sys")]),
+    OpSpec("fence", "", [], [("sc", "acq_rel"), SCOPES], min_sm=70, min_ptx=(6, 0)),
+    OpSpec("atom", "d m s s?", [INT32_64 + ("b32", "b64", "f32", "f64", "f16x2", "bf16x2")],
+           [("relaxed", "acquire", "release", "acq_rel"), SCOPES, ("global", "shared"),
+            ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch")],
+           type_sm={"relaxed": (70, (6, 3)), "acquire": (70, (6, 3)),
+                    "release": (70, (6, 3)), "acq_rel": (70, (6, 3)),
+                    "cta": (60, (5, 0)), "gpu": (60, (5, 0)), "sys": (60, (5, 0)),
+                    "f64": (60, (5, 0)), "f16x2": (60, (6, 3)), "bf16x2": (90, (7, 8))}),
+    OpSpec("red", "m s", [INT32_64 + ("b32", "b64", "f32", "f64", "f16x2", "bf16x2")],
+           [("relaxed", "release"), SCOPES, ("global", "shared"),
+            ("add", "min", "max", "inc", "dec", "and", "or", "xor")],
+           type_sm={"relaxed": (70, (6, 3)), "release": (70, (6, 3)),
+                    "cta": (60, (5, 0)), "gpu": (60, (5, 0)), "sys": (60, (5, 0)),
+                    "f64": (60, (5, 0)), "f16x2": (60, (6, 3)), "bf16x2": (90, (7, 8))}),
+    OpSpec("shfl", "d s u u u", [("b32",)], [("sync",), ("up", "down", "bfly", "idx")],
+           min_sm=30, min_ptx=(6, 0)),
+    OpSpec("vote", "d q u", [("pred", "b32")], [("sync",), ("all", "any", "uni", "ballot")],
+           min_sm=30, min_ptx=(6, 0)),
+    # -- tensor cores ------------------------------------------------------------
+    OpSpec("mma", "fD fA fB fC", [("f32",), ("f16", "bf16"), ("f16", "bf16"), ("f32",)],
+           [("sync",), ("aligned",), ("m16n8k16",), ("row",), ("col",)],
+           min_sm=80, min_ptx=(7, 0), doc="mma.sync.aligned.m16n8k16.row.col"),
+)
+
+
+def spec(name: str) -> OpSpec:
+    try:
+        return TABLE[name]
+    except KeyError:
+        raise KeyError(f"{name!r} is not in ptxgen's instruction table") from None

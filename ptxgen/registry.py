@@ -1,0 +1,128 @@
+"""The kernel registry: kernel families and their canonical specs.
+
+A family module registers itself with :func:`register`; the CLI and the
+golden/ptxas tests iterate :func:`canonical_specs`.  Families are discovered
+through the ``ptxgen.kernels`` entry-point group (the built-in ones from
+``ptxgen.kernels``), so ptxgen itself never imports a kernel module by name
+and other packages can add families the same way.
+"""
+
+from __future__ import annotations
+
+import threading
+from importlib.metadata import entry_points
+from typing import Callable
+
+import attrs
+
+__all__ = ["Family", "register", "families", "family", "canonical_specs",
+           "spec_fields", "spec_with"]
+
+_lock = threading.Lock()
+_families: dict[str, "Family"] = {}
+_loaded = False
+
+
+@attrs.frozen
+class Family:
+    """A kernel family: its spec class, builder and canonical specs.
+
+    ``canonical`` maps a short name (the one ``python -m ptxgen dump`` takes
+    and the golden file is named after) to a spec instance.
+    """
+
+    name: str
+    spec_cls: type
+    build: Callable
+    canonical: dict = attrs.field(factory=dict, eq=False)
+    doc: str = ""
+
+
+def register(name: str, spec_cls: type, build: Callable, canonical: dict, doc: str = "") -> Family:
+    """Add a family; names of families and canonical specs must be unique."""
+    fam = Family(name, spec_cls, build, dict(canonical), doc)
+    with _lock:
+        if name in _families and _families[name].build is not build:
+            raise ValueError(f"kernel family {name!r} is registered twice")
+        for cname in canonical:
+            for other in _families.values():
+                if other.name != name and cname in other.canonical:
+                    raise ValueError(f"canonical spec {cname!r} of {name!r} is already "
+                                     f"registered by {other.name!r}")
+        _families[name] = fam
+    return fam
+
+
+def _load():
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for ep in sorted(entry_points(group="ptxgen.kernels"), key=lambda e: e.name):
+        ep.load()
+
+
+def families() -> dict[str, Family]:
+    _load()
+    return dict(sorted(_families.items()))
+
+
+def family(name: str) -> Family:
+    fams = families()
+    try:
+        return fams[name]
+    except KeyError:
+        raise KeyError(f"no kernel family {name!r}; families: {', '.join(fams)}") from None
+
+
+def canonical_specs() -> dict[str, tuple[Family, object]]:
+    """Every canonical spec, by its unique name, sorted."""
+    out = {}
+    for fam in families().values():
+        for cname, spec in fam.canonical.items():
+            out[cname] = (fam, spec)
+    return dict(sorted(out.items()))
+
+
+def spec_fields(spec_cls) -> dict[str, attrs.Attribute]:
+    return {a.name: a for a in attrs.fields(spec_cls)}
+
+
+def spec_with(spec, overrides: dict[str, str]):
+    """A copy of ``spec`` with fields set from ``key=value`` strings.
+
+    Values are converted to the field's current type (int, float, bool,
+    str, or a tuple of ints written ``1,2,3``); unknown keys raise KeyError
+    listing the valid ones, bad values raise ValueError."""
+    fields = spec_fields(type(spec))
+    changes = {}
+    for key, raw in overrides.items():
+        if key not in fields:
+            raise KeyError(f"{type(spec).__name__} has no field {key!r}; "
+                           f"valid: {', '.join(fields)}")
+        cur = getattr(spec, key)
+        changes[key] = _convert(key, raw, cur)
+    try:
+        return attrs.evolve(spec, **changes)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"invalid spec: {e}") from None
+
+
+def _convert(key, raw, cur):
+    try:
+        if isinstance(cur, bool):
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if isinstance(cur, int):
+            return int(raw, 0)
+        if isinstance(cur, float):
+            return float(raw)
+        if isinstance(cur, tuple):
+            return tuple(int(x, 0) for x in raw.split(",") if x)
+        return raw
+    except ValueError:
+        raise ValueError(f"{key}={raw!r}: expected a {type(cur).__name__} "
+                         f"like {cur!r}") from None

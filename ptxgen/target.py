@@ -1,0 +1,66 @@
+"""Compilation targets: the ``.target`` and ``.version`` a module is emitted for.
+
+Each target's PTX ISA version is the one its compiler release introduced it
+with, well inside what a CUDA 13.0 driver (PTX ISA 9.0) accepts.  An
+instruction that needs a newer sm or ISA than the target offers is refused
+when it is built.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET"]
+
+
+class Target:
+    """An sm architecture with the PTX ISA version ptxgen emits for it."""
+
+    __slots__ = ("name", "sm", "ptx_version", "arch_specific")
+
+    def __init__(self, name: str, sm: int, ptx_version: tuple[int, int],
+                 arch_specific: bool = False):
+        self.name = name
+        self.sm = sm
+        self.ptx_version = ptx_version
+        self.arch_specific = arch_specific
+
+    @property
+    def version_text(self) -> str:
+        return f"{self.ptx_version[0]}.{self.ptx_version[1]}"
+
+    def supports(self, min_sm: int, min_ptx: tuple[int, int]) -> bool:
+        return self.sm >= min_sm and self.ptx_version >= min_ptx
+
+    def __repr__(self) -> str:
+        return f"Target({self.name}, .version {self.version_text})"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __reduce__(self):
+        return (get_target, (self.name,))
+
+
+# PTX ISA 7.8 (CUDA 11.8) is the first with sm_89 and sm_90 and the bf16
+# arithmetic forms; 8.0 (CUDA 12.0) adds sm_90a.  A CUDA 13.0 driver accepts
+# up to 9.0.
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    Target("sm_80", 80, (7, 8)),
+    Target("sm_86", 86, (7, 8)),
+    Target("sm_89", 89, (7, 8)),
+    Target("sm_90", 90, (7, 8)),
+    Target("sm_90a", 90, (8, 0), arch_specific=True),
+)}
+
+DEFAULT_TARGET = "sm_80"
+
+
+def get_target(t: "str | Target | None") -> Target:
+    """Return the :class:`Target` named ``t`` (``"sm_90"``), or the default."""
+    if isinstance(t, Target):
+        return t
+    if t is None:
+        t = DEFAULT_TARGET
+    try:
+        return TARGETS[t]
+    except KeyError:
+        raise ValueError(f"unknown target {t!r}; supported: {', '.join(TARGETS)}") from None

@@ -1,0 +1,88 @@
+"""The command line: list, dump, check, errors and exit codes."""
+
+import subprocess
+import sys
+
+import pytest
+
+from ptxgen import registry
+from ptxgen.cli import main
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "ptxgen", *args], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_list_shows_every_canonical_spec(capsys):
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in registry.canonical_specs():
+        assert name in out
+
+
+def test_dump_matches_builder_and_honours_overrides(capsys):
+    fam, spec = registry.canonical_specs()["vector_add"]
+    assert main(["dump", "vector_add", "--set", "block=128", "--target", "sm_90",
+                 "--color", "never"]) == 0
+    out = capsys.readouterr().out
+    import attrs
+    assert out == fam.build(attrs.evolve(spec, block=128, target="sm_90")).to_ptx()
+    assert ".maxntid 128, 1, 1" in out and ".target sm_90" in out
+
+
+def test_dump_to_file_and_annotate(tmp_path):
+    f = tmp_path / "k.ptx"
+    assert main(["dump", "block_reduce", "--annotate", "-o", str(f)]) == 0
+    assert "// reduce.py:" in f.read_text()
+
+
+def test_dump_colour_always():
+    pytest.importorskip("pygments")
+    rc, out, _ = run("dump", "vector_add", "--color", "always")
+    assert rc == 0 and "\x1b[" in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("dump", "no_such_kernel"), "unknown kernel 'no_such_kernel'; valid: "),
+    (("dump", "vector_add", "--set", "blok=64"), "has no field 'blok'; valid: dtype, block, target"),
+    (("dump", "vector_add", "--set", "block=33"), "block must be a multiple of 32"),
+    (("dump", "vector_add", "--set", "block=abc"), "expected a int"),
+    (("dump", "vector_add", "--set", "noequals"), "--set takes key=value"),
+])
+def test_usage_errors_exit_2(args, needle):
+    rc, out, err = run(*args)
+    assert rc == 2 and needle in err and out == ""
+
+
+def test_unknown_target_is_argparse_error():
+    rc, _, err = run("dump", "vector_add", "--target", "sm_70")
+    assert rc == 2 and "invalid choice: 'sm_70'" in err
+
+
+def test_check_reports_resources():
+    from ptxgen.ptxas import PtxasNotFound, find_ptxas
+    try:
+        find_ptxas()
+    except PtxasNotFound:
+        pytest.skip("no ptxas")
+    rc, out, err = run("check", "block_reduce", "--target", "sm_90")
+    assert rc == 0, err
+    assert "assembles for sm_90" in out
+    line = next(l for l in out.splitlines() if l.startswith("block_reduce_sum_f32"))
+    regs, spill_st, spill_ld, stack, shared, local = map(int, line.split()[1:])
+    assert regs > 0 and spill_st == 0 and shared == 32 and local == 0
+
+
+def test_check_bad_ptx_file_exits_1(tmp_path):
+    from ptxgen.ptxas import PtxasNotFound, find_ptxas
+    try:
+        find_ptxas()
+    except PtxasNotFound:
+        pytest.skip("no ptxas")
+    fam, spec = registry.canonical_specs()["vector_add"]
+    text = fam.build(spec).to_ptx().replace("add.f32", "add.f33")
+    f = tmp_path / "bad.ptx"
+    f.write_text(text)
+    rc, out, err = run("check", str(f))
+    assert rc == 1 and "add.f33" in err and "PTX line" in err

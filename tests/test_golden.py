@@ -1,0 +1,39 @@
+"""Golden PTX: the emitted text of every registered canonical spec equals
+tests/golden/<name>.ptx.  `make golden` (PTXGEN_UPDATE_GOLDEN=1) rewrites
+them after a reviewed change."""
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+
+from ptxgen import registry
+
+GOLDEN = Path(__file__).parent / "golden"
+UPDATE = os.environ.get("PTXGEN_UPDATE_GOLDEN") == "1"
+SPECS = registry.canonical_specs()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_golden_ptx(name):
+    fam, spec = SPECS[name]
+    text = fam.build(spec).to_ptx()
+    path = GOLDEN / f"{name}.ptx"
+    if UPDATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"no golden file {path}; run `make golden` and review it"
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(
+            expected.splitlines(True), text.splitlines(True),
+            fromfile=f"golden/{name}.ptx", tofile=f"emitted {name}"))
+        pytest.fail(f"emitted PTX of {name} differs from its golden file:\n{diff}", pytrace=False)
+
+
+def test_no_stale_golden_files():
+    names = {p.stem for p in GOLDEN.glob("*.ptx")}
+    stale = sorted(names - set(SPECS))
+    assert not stale, f"golden files with no canonical spec: {stale} (delete them)"
