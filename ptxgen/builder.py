@@ -19,6 +19,7 @@ import re
 
 from . import isa
 from . import types as T
+from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
 from .instr import Comment, Instr, LabelDef, Vec
@@ -130,7 +131,8 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         return Ptr(self, self._next_index(T.u64), T.type_by_name(elem), space)
 
     def _check_reg_type(self, ty):
-        ty = T.type_by_name(ty)
+        if ty.__class__ is not T.PtxType:
+            ty = T.type_by_name(ty)
         if not ty.can_be_register:
             raise PtxTypeError(f"PTX has no {ty.name} registers; load {ty.name} "
                                "values into a 16- or 32-bit register")
@@ -222,10 +224,33 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         """
         if self.finished:
             raise PtxBuildError(f"kernel {self.name} is already finished")
-        sp = isa.spec(op)
         mods = tuple(mods)
         types = tuple(types)
         loc = caller_loc()
+        if guard is None and self._guards:
+            guard = self._guards[-1]
+        sp = isa.TABLE.get(op) or isa.spec(op)
+        ndst = dsts if dsts is not None else sp.ndst
+        ins = Instr(op, mods, types, operands, guard, loc, ndst)
+        # The table checks depend only on the form and the operands' kinds and
+        # types, so a form seen before with the same signature is known good.
+        key = (op, mods, types, self.target, ndst, _signature(operands))
+        if key not in _VALIDATED:
+            self._check_form(sp, ins, loc)
+            _VALIDATED[key] = True
+        defined = self._defined
+        for o in ins.read():
+            if o.__class__ is Reg or o.__class__ is Var or o.__class__ is Ptr:
+                if o.kb is self and id(o) in defined:
+                    continue
+            self._use(o, loc)
+        for r in ins.written():
+            self._define(r, loc, guarded=guard is not None)
+        self.body.append(ins)
+        return ins
+
+    def _check_form(self, sp, ins, loc):
+        op, mods, types = ins.op, ins.mods, ins.types
         err = sp.check_mods(mods) or sp.check_types(types)
         if err:
             raise PtxTypeError(err, loc)
@@ -236,15 +261,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
                 f"{full} needs sm_{need_sm} and PTX ISA {need_ptx[0]}.{need_ptx[1]}; "
                 f"target {self.target.name} has sm_{self.target.sm} and "
                 f"PTX ISA {self.target.version_text}", loc)
-        if guard is None and self._guards:
-            guard = self._guards[-1]
-        ndst = dsts if dsts is not None else _count_dsts(sp)
-        ins = Instr(op, mods, types, operands, guard, loc, ndst)
-        self._check_operands(sp, ins, loc)
-        for r in ins.written():
-            self._define(r, loc, guarded=guard is not None)
-        self.body.append(ins)
-        return ins
+        check_operands(self, sp, ins, loc)
 
     def _define(self, r, loc, guarded):
         if not isinstance(r, Reg):
@@ -269,12 +286,6 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
                                     "anything writes it", loc)
         elif isinstance(o, SpecialReg) and o.min_sm > self.target.sm:
             raise TargetError(f"{o.name} needs sm_{o.min_sm}", loc)
-
-    def _check_operands(self, sp, ins, loc):
-        from .checks import check_operands
-        check_operands(self, sp, ins, loc)
-        for o in ins.read():
-            self._use(o, loc)
 
     def comment(self, text: str):
         """Put a ``// comment`` line in the emitted body."""
@@ -325,7 +336,6 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         """Run the whole-kernel checks; called by the module before emission."""
         if self.finished:
             return self
-        from .checks import verify_kernel
         verify_kernel(self)
         self.finished = True
         return self
@@ -339,14 +349,25 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         return False
 
 
-def _count_dsts(sp) -> int:
-    n = 0
-    for code in sp.operands:
-        if code in ("d", "D", "d2", "p", "V", "fD"):
-            n += 1
+_VALIDATED: dict = {}
+
+
+def _signature(operands) -> tuple:
+    """What the table checks look at: each operand's kind and type."""
+    out = []
+    for o in operands:
+        cls = o.__class__
+        if cls is Vec:
+            out.append((cls, tuple((x.__class__, x.type) for x in o.items)))
+        elif cls is Address:
+            b = o.base
+            out.append((cls, o.space, b.__class__, b.type,
+                        b.space if b.__class__ is Symbol else None))
+        elif cls is Label:
+            out.append(cls)
         else:
-            break
-    return n
+            out.append((cls, o.type))
+    return tuple(out)
 
 
 def _dims3(d, what):

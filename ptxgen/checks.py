@@ -76,7 +76,7 @@ def check_operands(kb, sp, ins, loc):
         return
     for i, (code, o) in enumerate(zip(codes, ops)):
         code = code.rstrip("?")
-        what = f"{ins.opcode} operand {i + 1}"
+        what = _What(ins, i)
         if code in ("d", "s"):
             want = t1
         elif code in ("D", "C"):
@@ -116,6 +116,20 @@ def check_operands(kb, sp, ins, loc):
         elif not _fits(o, want, widen_ok=widen):
             raise PtxTypeError(f"{what}: {ins.opcode} got a {_opnd_type(o)} operand "
                                f"{_desc(o)} where {want.name} is expected", loc)
+
+
+class _What:
+    """``"add.f32 operand 2"``, rendered only when an error needs it."""
+
+    __slots__ = ("ins", "i")
+
+    def __init__(self, ins, i):
+        self.ins, self.i = ins, i
+
+    def __str__(self) -> str:
+        return f"{self.ins.opcode} operand {self.i + 1}"
+
+    __format__ = lambda self, spec: str(self)  # noqa: E731
 
 
 def _opnd_type(o) -> str:

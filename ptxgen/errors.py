@@ -39,12 +39,19 @@ class SourceLoc:
         return f"SourceLoc({self.filename!r}, {self.lineno})"
 
 
+_internal: dict[str, bool] = {}
+
+
 def caller_loc() -> SourceLoc | None:
     """The innermost frame whose file is not part of the ptxgen DSL package."""
     f = sys._getframe(1)
+    internal = _internal
     while f is not None:
         fn = f.f_code.co_filename
-        if not fn.startswith(_PKG_DIR) and fn not in _SKIP_FILES:
+        inside = internal.get(fn)
+        if inside is None:
+            inside = internal[fn] = fn.startswith(_PKG_DIR) or fn in _SKIP_FILES
+        if not inside:
             return SourceLoc(fn, f.f_lineno)
         f = f.f_back
     return None

@@ -7,7 +7,7 @@ An :class:`Instr` is plain data; rendering it to PTX text is
 
 from __future__ import annotations
 
-from .values import Operand
+from .values import Address, NotPred, Operand
 
 __all__ = ["Instr", "LabelDef", "Comment", "Vec", "render_operand"]
 
@@ -73,14 +73,20 @@ class Instr:
         """Operands this instruction reads (registers inside addresses too)."""
         out = []
         for o in self.operands[self.dsts:]:
-            out.extend(_leaves(o))
+            cls = o.__class__
+            if cls is Address:
+                out.append(o.base)
+            elif cls is Vec or cls is NotPred:
+                out.extend(_leaves(o))
+            else:
+                out.append(o)
         if self.guard is not None:
             out.extend(_leaves(self.guard))
         return out
 
     def render(self) -> str:
         g = f"@{self.guard.render()} " if self.guard is not None else ""
-        ops = ", ".join(render_operand(o) for o in self.operands)
+        ops = ", ".join([o.render() for o in self.operands])
         return f"{g}{self.opcode}" + (f" \t{ops};" if ops else ";")
 
     def __repr__(self) -> str:
@@ -88,7 +94,6 @@ class Instr:
 
 
 def _leaves(o):
-    from .values import Address, NotPred
     if isinstance(o, Vec):
         out = []
         for x in o.items:

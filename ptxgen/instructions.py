@@ -30,16 +30,20 @@ class InstructionsMixin:
     # ----------------------------------------------------------- helpers
     def _unify(self, opname, *xs) -> T.PtxType:
         """The common type of the operands; strict: registers must agree."""
-        tys = [_type_of(x) for x in xs if isinstance(x, (Reg, SpecialReg))]
-        tys += [x.type for x in xs if isinstance(x, Imm)]
-        if not tys:
-            raise PtxTypeError(f"{opname}: at least one operand must be a register")
-        ty = tys[0]
-        for other in tys[1:]:
-            if other is not ty:
+        ty = None
+        for x in xs:
+            if isinstance(x, (Reg, SpecialReg, Imm)):
+                other = x.type
+                if ty is None:
+                    ty = other
+                    continue
+                if other is ty:
+                    continue
                 raise PtxTypeError(
                     f"{opname} got {ty.name} and {other.name} operands; convert one "
                     f"explicitly (x.to({ty.name}) or x.to({other.name}))")
+        if ty is None:
+            raise PtxTypeError(f"{opname}: at least one operand must be a register")
         return ty
 
     def _out(self, ty, out):

@@ -49,11 +49,15 @@ MEM = ("b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64",
        "s8", "s16", "s32", "s64", "f32", "f64")
 
 
+#: operand codes of written operands (they come first)
+DEST_CODES = frozenset({"d", "D", "d2", "p", "V", "fD"})
+
+
 class OpSpec:
     """One opcode: what it accepts and what it needs from the target."""
 
     __slots__ = ("name", "operands", "types", "mods", "min_sm", "min_ptx",
-                 "type_sm", "doc")
+                 "type_sm", "doc", "ndst")
 
     def __init__(self, name, operands, types, mods=(), min_sm=20, min_ptx=(1, 0),
                  type_sm=None, doc=""):
@@ -69,6 +73,12 @@ class OpSpec:
         #: extra (min_sm, min_ptx) needs for particular type names
         self.type_sm = dict(type_sm or {})
         self.doc = doc
+        #: how many leading operands are written
+        self.ndst = 0
+        for code in self.operands:
+            if code not in DEST_CODES:
+                break
+            self.ndst += 1
 
     def check_mods(self, mods) -> str | None:
         """Return an error text if ``mods`` are not a valid ordered choice."""

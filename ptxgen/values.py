@@ -98,7 +98,7 @@ class Reg(Operand):
     counters and accumulators.
     """
 
-    __slots__ = ("kb", "type", "index", "__weakref__")
+    __slots__ = ("kb", "type", "index", "name", "__weakref__")
     readonly = False
     mutable = False
 
@@ -106,10 +106,7 @@ class Reg(Operand):
         self.kb = kb
         self.type = ty
         self.index = index
-
-    @property
-    def name(self) -> str:
-        return f"{self.type.reg_prefix}{self.index}"
+        self.name = f"{ty.reg_prefix}{index}"
 
     def render(self) -> str:
         return self.name
