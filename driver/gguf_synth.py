@@ -1,0 +1,276 @@
+"""Write a synthetic Llama-architecture GGUF with random, quantized weights.
+
+The file has the metadata and tensor names llama.cpp uses for
+``general.architecture = llama``; weights are Gaussian (std 1/sqrt(fan_in)),
+norm weights near 1, quantized with :mod:`ptxgen.kernels.quants` and stored in
+GGUF's conventions (a numpy [out, in] weight is a GGUF tensor with
+ne = [in, out]), so that ``gguf.GGUFReader`` and ``gguf.quants.dequantize``
+read it back. Tensors are generated and written one at a time.
+
+Large tensors (more than ``pool_weights`` weights) are assembled from blocks
+drawn at random from a pool of quantized Gaussian blocks of the same format,
+row length and scale: every block is a real quantizer output, but a
+Llama-3-8B-shaped file takes minutes instead of an hour of quantizing.
+
+CLI::
+
+    python -m ptxgen.driver.gguf_synth OUT.gguf --preset tiny|llama3-8b [--qtype Q4_K] [--seed N]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+import attrs
+import numpy as np
+
+from ptxgen.kernels import quants
+
+__all__ = ["PRESETS", "SynthInfo", "write_synthetic_llama", "main"]
+
+PRESETS: dict[str, dict] = {
+    "tiny": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
+                 context_length=2048, rope_theta=10000.0),
+    "llama3-8b": dict(n_layers=32, hidden=4096, ffn=14336, n_heads=32, n_kv_heads=8,
+                      vocab=128256, context_length=8192, rope_theta=500000.0),
+}
+
+# llama.cpp's general.file_type values (LLAMA_FTYPE_*) for the main weight type
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_K": 15, "Q6_K": 18}
+_FLOAT_TYPES = {"F32": (np.float32,), "F16": (np.float16,)}
+
+
+@attrs.frozen
+class SynthInfo:
+    """What :func:`write_synthetic_llama` wrote.
+
+    ``tensors`` holds (name, type name, numpy shape [out, in]) in file order.
+    """
+
+    path: Path
+    seed: int
+    n_bytes: int
+    seconds: float
+    tensors: tuple
+
+
+def _type_name(t) -> str:
+    if isinstance(t, str) and t.upper() in _FLOAT_TYPES:
+        return t.upper()
+    return quants.qtype_of(t).name
+
+
+def _tensor_plan(*, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, head_dim,
+                 qtype, output_qtype, embd_qtype, tie_embeddings):
+    """(name, type, shape [out, in] or [n], kind) in llama.cpp's file order."""
+    q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
+    plan = [("token_embd.weight", embd_qtype, (vocab, hidden), "embd")]
+    for i in range(n_layers):
+        b = f"blk.{i}."
+        plan += [
+            (b + "attn_norm.weight", "F32", (hidden,), "norm"),
+            (b + "attn_q.weight", qtype, (q_dim, hidden), "w"),
+            (b + "attn_k.weight", qtype, (kv_dim, hidden), "w"),
+            (b + "attn_v.weight", qtype, (kv_dim, hidden), "w"),
+            (b + "attn_output.weight", qtype, (hidden, q_dim), "w"),
+            (b + "ffn_norm.weight", "F32", (hidden,), "norm"),
+            (b + "ffn_gate.weight", qtype, (ffn, hidden), "w"),
+            (b + "ffn_up.weight", qtype, (ffn, hidden), "w"),
+            (b + "ffn_down.weight", qtype, (hidden, ffn), "w"),
+        ]
+    plan.append(("output_norm.weight", "F32", (hidden,), "norm"))
+    if not tie_embeddings:
+        plan.append(("output.weight", output_qtype, (vocab, hidden), "w"))
+    return plan
+
+
+def _nbytes(tname: str, shape) -> int:
+    if tname in _FLOAT_TYPES:
+        return int(np.prod(shape)) * np.dtype(_FLOAT_TYPES[tname][0]).itemsize
+    return int(np.prod(shape[:-1])) * quants.row_bytes(tname, shape[-1])
+
+
+class _Generator:
+    """Makes each tensor's bytes; keeps block pools for large quantized tensors."""
+
+    def __init__(self, rng: np.random.Generator, pool_weights: int):
+        self.rng = rng
+        self.pool_weights = pool_weights
+        self.pools: dict = {}
+
+    def gaussian(self, shape, std) -> np.ndarray:
+        x = self.rng.standard_normal(shape, dtype=np.float32)
+        x *= np.float32(std)
+        return x
+
+    def tensor(self, tname: str, shape, kind: str) -> np.ndarray:
+        if kind == "norm":
+            x = 1.0 + 0.05 * self.rng.standard_normal(shape, dtype=np.float32)
+            return x.astype(_FLOAT_TYPES[tname][0])
+        std = 1.0 / np.sqrt(shape[-1])
+        if tname in _FLOAT_TYPES:
+            return self.gaussian(shape, std).astype(_FLOAT_TYPES[tname][0])
+        q = quants.qtype_of(tname)
+        rows, k = shape
+        if rows * k <= self.pool_weights:
+            return quants.quantize(self.gaussian(shape, std), q)
+        key = (q.name, k)
+        pool = self.pools.get(key)
+        if pool is None:
+            n_rows = max(1, self.pool_weights // k)
+            raw = quants.quantize(self.gaussian((n_rows, k), std), q)
+            # one record per block so that a gather copies whole blocks
+            pool = raw.reshape(-1, q.type_size).view(f"V{q.type_size}").ravel()
+            self.pools[key] = pool
+        idx = self.rng.integers(0, pool.size, size=rows * (k // q.block_size))
+        return pool[idx].view(np.uint8).reshape(rows, quants.row_bytes(q, k))
+
+
+def write_synthetic_llama(
+    path, *, n_layers: int, hidden: int, ffn: int, n_heads: int, n_kv_heads: int,
+    vocab: int, context_length: int = 2048, rope_theta: float = 10000.0,
+    rms_eps: float = 1e-5, qtype="Q4_K", output_qtype="Q6_K", embd_qtype=None,
+    tie_embeddings: bool = False, seed: Optional[int] = None,
+    pool_weights: int = 1 << 21, name: str = "synthetic-llama",
+    progress: Optional[Callable[[int, int, str], None]] = None,
+) -> SynthInfo:
+    """Write a random Llama GGUF to ``path``.
+
+    Parameters
+    ----------
+    n_layers, hidden, ffn, n_heads, n_kv_heads, vocab : int
+        Model shape; head_dim = hidden / n_heads.
+    context_length, rope_theta, rms_eps
+        Written as llama.context_length, llama.rope.freq_base and
+        llama.attention.layer_norm_rms_epsilon.
+    qtype : str
+        Type of the layer weights ("Q4_K", "Q6_K", "Q8_0", "F16", "F32").
+    output_qtype, embd_qtype : str
+        Types of output.weight and token_embd.weight (embd defaults to ``qtype``).
+    tie_embeddings : bool
+        Leave out output.weight (readers fall back to token_embd).
+    seed : int, optional
+        Random seed; drawn from the OS when None (the one used is returned).
+    pool_weights : int
+        Quantized tensors with more weights than this are assembled from a
+        pool of this many quantized weights (see the module docstring).
+    progress : callable(done, total, tensor_name), optional
+        Called after each tensor is written.
+
+    Returns
+    -------
+    SynthInfo
+    """
+    import gguf
+
+    t0 = time.perf_counter()
+    for k, v in dict(n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
+                     n_kv_heads=n_kv_heads, vocab=vocab, context_length=context_length).items():
+        if int(v) <= 0:
+            raise ValueError(f"{k} must be positive, got {v}")
+    if hidden % n_heads:
+        raise ValueError(f"hidden={hidden} is not divisible by n_heads={n_heads}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
+    head_dim = hidden // n_heads
+    if head_dim % 2:
+        raise ValueError(f"head_dim={head_dim} must be even for RoPE")
+    qtype, output_qtype = _type_name(qtype), _type_name(output_qtype)
+    embd_qtype = qtype if embd_qtype is None else _type_name(embd_qtype)
+    if seed is None:
+        seed = int.from_bytes(os.urandom(8), "little") >> 1
+    rng = np.random.default_rng(seed)
+
+    plan = _tensor_plan(n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
+                        n_kv_heads=n_kv_heads, vocab=vocab, head_dim=head_dim, qtype=qtype,
+                        output_qtype=output_qtype, embd_qtype=embd_qtype,
+                        tie_embeddings=tie_embeddings)
+    for tname_, tq, shape, _ in plan:       # refuse bad row lengths before writing anything
+        try:
+            _nbytes(tq, shape)
+        except ValueError as e:
+            raise ValueError(f"{tname_} {shape} cannot be stored as {tq}: {e}") from None
+
+    path = Path(path)
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_name(name)
+    w.add_file_type(_FILE_TYPE[qtype])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_vocab_size(vocab)
+    w.add_context_length(context_length)
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(ffn)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(n_heads)
+    w.add_head_count_kv(n_kv_heads)
+    w.add_layer_norm_rms_eps(rms_eps)
+    w.add_rope_freq_base(rope_theta)
+
+    n_bytes = 0
+    for tname_, tq, shape, _ in plan:
+        nb = _nbytes(tq, shape)
+        n_bytes += nb
+        if tq in _FLOAT_TYPES:
+            w.add_tensor_info(tname_, shape, np.dtype(_FLOAT_TYPES[tq][0]), nb)
+        else:
+            raw_shape = (shape[0], quants.row_bytes(tq, shape[1]))
+            w.add_tensor_info(tname_, raw_shape, np.dtype(np.uint8), nb,
+                              raw_dtype=gguf.GGMLQuantizationType[tq])
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        gen = _Generator(rng, int(pool_weights))
+        for i, (tname_, tq, shape, kind) in enumerate(plan):
+            data = gen.tensor(tq, shape, kind)
+            w.write_tensor_data(data)
+            del data
+            if progress is not None:
+                progress(i + 1, len(plan), tname_)
+    finally:
+        w.close()
+    info = tuple((n, t, s) for n, t, s, _ in plan)
+    return SynthInfo(path=path, seed=seed, n_bytes=n_bytes,
+                     seconds=time.perf_counter() - t0, tensors=info)
+
+
+def main(argv=None) -> int:
+    """Command line: ``python -m ptxgen.driver.gguf_synth OUT.gguf --preset tiny``."""
+    ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.gguf_synth",
+                                 description="Write a synthetic Llama GGUF with random quantized weights.")
+    ap.add_argument("out", help="output .gguf path")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--qtype", default="Q4_K", help="layer weight type (Q4_K, Q6_K, Q8_0, F16, F32)")
+    ap.add_argument("--output-qtype", default="Q6_K", help="type of output.weight")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    kw = dict(PRESETS[a.preset])
+    if a.layers is not None:
+        kw["n_layers"] = a.layers
+
+    def report(done, total, tname):
+        if not a.quiet:
+            print(f"\r[{done}/{total}] {tname:<28}", end="", file=sys.stderr, flush=True)
+
+    try:
+        info = write_synthetic_llama(a.out, qtype=a.qtype, output_qtype=a.output_qtype,
+                                     seed=a.seed, progress=report, **kw)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not a.quiet:
+        print(file=sys.stderr)
+    print(f"wrote {info.path} ({info.n_bytes / 1e6:.1f} MB of tensors, {len(info.tensors)} tensors, "
+          f"seed {info.seed}) in {info.seconds:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
