@@ -22,7 +22,7 @@ from . import types as T
 from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
-from .instr import Comment, Instr, LabelDef, Vec
+from .instr import Comment, Instr, LabelDef, Vec, _leaves
 from .instructions import InstructionsMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
                      SpecialReg, Symbol, Var)
@@ -224,13 +224,17 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         """
         if self.finished:
             raise PtxBuildError(f"kernel {self.name} is already finished")
-        mods = tuple(mods)
-        types = tuple(types)
         loc = caller_loc()
         if guard is None and self._guards:
             guard = self._guards[-1]
-        sp = isa.TABLE.get(op) or isa.spec(op)
-        ndst = dsts if dsts is not None else sp.ndst
+        sp = _TABLE.get(op) or isa.spec(op)
+        ndst = sp.ndst if dsts is None else dsts
+        if mods.__class__ is not tuple:
+            mods = tuple(mods)
+        if types.__class__ is not tuple:
+            types = tuple(types)
+        if operands.__class__ is not tuple:
+            operands = tuple(operands)
         ins = Instr(op, mods, types, operands, guard, loc, ndst)
         # The table checks depend only on the form and the operands' kinds and
         # types, so a form seen before with the same signature is known good.
@@ -239,13 +243,34 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             self._check_form(sp, ins, loc)
             _VALIDATED[key] = True
         defined = self._defined
-        for o in ins.read():
-            if o.__class__ is Reg or o.__class__ is Var or o.__class__ is Ptr:
+        for o in operands[ndst:]:
+            cls = o.__class__
+            if cls is Reg or cls is Var or cls is Ptr:
                 if o.kb is self and id(o) in defined:
                     continue
-            self._use(o, loc)
-        for r in ins.written():
-            self._define(r, loc, guarded=guard is not None)
+                self._use(o, loc)
+            elif cls is Imm or cls is Label or cls is Symbol:
+                continue
+            elif cls is Address:
+                if o.base.__class__ is not Symbol:
+                    self._use(o.base, loc)
+            else:
+                for x in _leaves(o):
+                    self._use(x, loc)
+        if guard is not None:
+            for x in _leaves(guard):
+                self._use(x, loc)
+        for r in operands[:ndst]:
+            cls = r.__class__
+            if cls is Reg or cls is Ptr:
+                if r.kb is self and id(r) not in defined:
+                    defined.add(id(r))
+                    continue
+            elif cls is Var and r.kb is self:
+                defined.add(id(r))
+                continue
+            for x in (r.items if cls is Vec else (r,)):
+                self._define(x, loc, guarded=guard is not None)
         self.body.append(ins)
         return ins
 
@@ -350,6 +375,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
 
 
 _VALIDATED: dict = {}
+_TABLE = isa.TABLE
 
 
 def _signature(operands) -> tuple:

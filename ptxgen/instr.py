@@ -45,9 +45,9 @@ class Instr:
 
     def __init__(self, op, mods, types, operands, guard=None, loc=None, dsts=1):
         self.op = op
-        self.mods = tuple(mods)
-        self.types = tuple(types)
-        self.operands = tuple(operands)
+        self.mods = mods if mods.__class__ is tuple else tuple(mods)
+        self.types = types if types.__class__ is tuple else tuple(types)
+        self.operands = operands if operands.__class__ is tuple else tuple(operands)
         self.guard = guard
         self.loc = loc
         #: how many leading operands are written (0 for st/red/bar/bra)

@@ -15,7 +15,7 @@ from .checks import wide_of
 from .errors import PtxBuildError, PtxTypeError
 from .instr import Vec
 from .values import (Address, Imm, NotPred, Operand, Ptr, Reg, SpecialReg,
-                     Symbol, as_operand)
+                     Symbol, Var, as_operand)
 
 __all__ = ["InstructionsMixin"]
 
@@ -57,6 +57,8 @@ class InstructionsMixin:
         return out
 
     def _src(self, x, ty):
+        if x.__class__ is Reg or x.__class__ is Var:
+            return x
         if isinstance(x, (int, float)) and _is_half(ty):
             return self.const(ty, x)
         return as_operand(x, ty)
@@ -133,8 +135,8 @@ class InstructionsMixin:
     # --------------------------------------------------------- arithmetic
     def _binary(self, op, a, b, out, guard, mods=(), ity=None):
         ty = self._unify(op, a, b)
-        d = self._out(ty, out)
-        self.emit(op, mods, [ity or ty], [d, self._src(a, ty), self._src(b, ty)], guard=guard)
+        d = self.reg(ty) if out is None else self._out(ty, out)
+        self.emit(op, mods, (ity or ty,), (d, self._src(a, ty), self._src(b, ty)), guard=guard)
         return d
 
     def add(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, guard=None):
@@ -636,6 +638,8 @@ def _is_half(ty) -> bool:
 
 
 def _fmods(rnd, ftz, sat):
+    if not (rnd or ftz or sat):
+        return ()
     return tuple(m for m, on in ((rnd, rnd), ("ftz", ftz), ("sat", sat)) if on)
 
 
