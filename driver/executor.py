@@ -1,0 +1,291 @@
+"""The graph executor: tensor ops -> kernel launches -> one CUDA graph.
+
+A :class:`ComputeGraph` is a list of tensor ops in topological order (each
+op's inputs exist before it).  Every op lowers to one or more kernel
+launches (:class:`Launch`): a kernel family spec, a grid, a block and an
+argument list whose entries are buffers or scalars.  Buffers are of three
+kinds:
+
+``weight``      uploaded once (model parameters),
+``state``       persistent device memory (KV cache, position, token ids),
+``activation``  per-step intermediates, placed by :func:`plan_activations`
+                into one arena, reusing bytes whose tensor is dead.
+
+:class:`Executor` compiles each distinct spec once, allocates the arena and
+resolves every argument to a device pointer.  ``run_eager()`` issues the
+launches one by one from Python; ``capture()`` records the same sequence
+into a CUDA graph that ``replay()`` launches with one call.  Because every
+argument is a fixed pointer or constant, and per-token values (position,
+KV length, token id) live in ``state`` buffers that kernels read and the
+graph itself advances, eager and replay run exactly the same kernels on
+exactly the same memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import attrs
+import numpy as np
+
+__all__ = ["Buffer", "BufRef", "Launch", "Op", "ComputeGraph", "plan_activations", "Executor"]
+
+_ALIGN = 256
+
+
+@attrs.define(eq=False)
+class Buffer:
+    """A device buffer of the graph (identity matters, not value)."""
+
+    name: str
+    shape: tuple
+    dtype: Any
+    kind: str = "activation"          # weight | state | activation
+    data: Any = None                  # host data to upload (weight/state)
+    nbytes: int = 0
+    offset: int | None = None         # arena offset of an activation
+
+    def at(self, byte_offset: int) -> "BufRef":
+        """A launch argument pointing ``byte_offset`` bytes into this buffer."""
+        if not 0 <= byte_offset < self.nbytes:
+            raise ValueError(f"offset {byte_offset} is outside buffer {self.name!r} "
+                             f"({self.nbytes} bytes)")
+        return BufRef(self, byte_offset)
+
+    def __attrs_post_init__(self):
+        if self.kind not in ("weight", "state", "activation"):
+            raise ValueError(f"buffer {self.name!r}: unknown kind {self.kind!r}")
+        self.dtype = np.dtype(self.dtype)
+        if not self.nbytes:
+            self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@attrs.frozen(eq=False)
+class BufRef:
+    """A pointer into a buffer at a byte offset (e.g. one word of a state
+    buffer)."""
+
+    buffer: Buffer
+    offset: int
+
+
+def _buffers_of(args):
+    for a in args:
+        if isinstance(a, Buffer):
+            yield a
+        elif isinstance(a, BufRef):
+            yield a.buffer
+
+
+@attrs.frozen
+class Launch:
+    """One kernel launch of an op: ``family.build(spec)[kernel](*args)``."""
+
+    family: str
+    spec: Any
+    kernel: str
+    grid: tuple
+    block: tuple
+    args: tuple
+    shared: int = 0
+
+
+@attrs.define(eq=False)
+class Op:
+    """A tensor op: its kind (``MulMat``, ``RmsNorm`` ...), the buffers it
+    reads and writes, and the launches it lowers to."""
+
+    kind: str
+    name: str
+    inputs: tuple
+    outputs: tuple
+    launches: tuple
+
+
+class ComputeGraph:
+    """Tensor ops in execution (topological) order."""
+
+    def __init__(self):
+        self.buffers: list[Buffer] = []
+        self.ops: list[Op] = []
+        self._names: set[str] = set()
+
+    def buffer(self, name, shape, dtype, kind="activation", data=None, nbytes=0) -> Buffer:
+        if name in self._names:
+            raise ValueError(f"buffer name {name!r} is used twice")
+        self._names.add(name)
+        b = Buffer(name, tuple(shape), dtype, kind, data, nbytes)
+        self.buffers.append(b)
+        return b
+
+    def add(self, kind: str, name: str, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
+            launches: Sequence[Launch]) -> Op:
+        known = set(map(id, self.buffers))
+        for b in list(inputs) + list(outputs):
+            if id(b) not in known:
+                raise ValueError(f"op {name}: buffer {b.name!r} is not part of this graph")
+        for L in launches:
+            for a in _buffers_of(L.args):
+                if id(a) not in known:
+                    raise ValueError(f"op {name}: launch argument {a.name!r} is not part of this graph")
+        op = Op(kind, name, tuple(inputs), tuple(outputs), tuple(launches))
+        self.ops.append(op)
+        return op
+
+    @property
+    def launch_count(self) -> int:
+        return sum(len(op.launches) for op in self.ops)
+
+    def summary(self) -> str:
+        """A printable table: ops by kind, launches, buffer bytes by kind."""
+        by_kind: dict[str, list[int]] = {}
+        for op in self.ops:
+            c = by_kind.setdefault(op.kind, [0, 0])
+            c[0] += 1
+            c[1] += len(op.launches)
+        lines = [f"{'op':<16}{'count':>8}{'launches':>10}"]
+        for kind, (n, nl) in by_kind.items():
+            lines.append(f"{kind:<16}{n:>8}{nl:>10}")
+        lines.append(f"{'total':<16}{len(self.ops):>8}{self.launch_count:>10}")
+        for kind in ("weight", "state", "activation"):
+            bs = [b for b in self.buffers if b.kind == kind]
+            lines.append(f"{kind} buffers: {len(bs)}, {sum(b.nbytes for b in bs) / 1e6:.2f} MB")
+        arena = plan_activations(self)
+        lines.append(f"activation arena after reuse: {arena / 1e6:.3f} MB")
+        return "\n".join(lines)
+
+
+def plan_activations(graph: ComputeGraph) -> int:
+    """Give every activation an arena offset, reusing the bytes of tensors
+    whose last use is over (greedy first fit in op order).  Returns the
+    arena size in bytes."""
+    acts = [b for b in graph.buffers if b.kind == "activation"]
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for t, op in enumerate(graph.ops):
+        touched = list(op.inputs) + list(op.outputs)
+        for L in op.launches:
+            touched += list(_buffers_of(L.args))
+        for b in touched:
+            if b.kind == "activation":
+                first.setdefault(id(b), t)
+                last[id(b)] = t
+    live: list[tuple[int, int, int]] = []   # (offset, end, last_use)
+    size = 0
+    for b in sorted(acts, key=lambda b: (first.get(id(b), 0), -b.nbytes)):
+        if id(b) not in first:
+            b.offset = None
+            continue
+        t0 = first[id(b)]
+        live = [x for x in live if x[2] >= t0]
+        need = -(-b.nbytes // _ALIGN) * _ALIGN
+        off = 0
+        for lo, hi, _ in sorted(live):
+            if off + need <= lo:
+                break
+            off = max(off, hi)
+        b.offset = off
+        live.append((off, off + need, last[id(b)]))
+        size = max(size, off + need)
+    return size
+
+
+class Executor:
+    """Compiles, allocates and runs a :class:`ComputeGraph` on a backend.
+
+    Parameters
+    ----------
+    graph : ComputeGraph
+    backend : object
+        ``ptxgen.driver.backend.CudaBackend`` or ``EmuBackend``: module
+        loading, launches, arrays.
+    families : dict
+        Family name -> module with ``build(spec)`` (the kernels/ modules).
+    """
+
+    def __init__(self, graph: ComputeGraph, backend, families: dict, progress=None):
+        self.graph = graph
+        self.backend = backend
+        self.families = families
+        self.arena_bytes = plan_activations(graph)
+        self._modules: dict = {}
+        self.arrays: dict[int, Any] = {}
+        self._graph_exec = None
+        self._alloc(progress)
+        self._compile()
+        self._resolved = [self._resolve(L) for op in graph.ops for L in op.launches]
+
+    # ------------------------------------------------------------- set-up
+    def _alloc(self, progress):
+        be = self.backend
+        self.arena = be.empty((max(self.arena_bytes, _ALIGN),), np.uint8)
+        persistent = [b for b in self.graph.buffers if b.kind != "activation"]
+        total = sum(b.nbytes for b in persistent)
+        done = 0
+        for b in persistent:
+            if b.data is not None:
+                arr = be.from_numpy(np.ascontiguousarray(b.data))
+            else:
+                arr = be.empty((b.nbytes,), np.uint8)
+                be.fill_zero(arr)
+            self.arrays[id(b)] = arr
+            done += b.nbytes
+            if progress is not None:
+                progress(done, total, b.name)
+
+    def _compile(self):
+        for op in self.graph.ops:
+            for L in op.launches:
+                key = (L.family, L.spec)
+                if key not in self._modules:
+                    fam = self.families[L.family]
+                    self._modules[key] = self.backend.load(fam.build(L.spec))
+
+    def ptr(self, b: Buffer) -> int:
+        if b.kind == "activation":
+            if b.offset is None:
+                raise ValueError(f"activation {b.name!r} is never used by an op")
+            return self.backend.ptr(self.arena) + b.offset
+        return self.backend.ptr(self.arrays[id(b)])
+
+    def _resolve(self, L: Launch):
+        fn = self._modules[(L.family, L.spec)].function(L.kernel)
+        args = tuple(self.ptr(a) if isinstance(a, Buffer)
+                     else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
+                     else a for a in L.args)
+        return fn, L.grid, L.block, args, L.shared
+
+    # ------------------------------------------------------------- running
+    def run_eager(self, stream=None):
+        """One launch per op, from Python."""
+        launch = self.backend.launch
+        for fn, grid, block, args, shared in self._resolved:
+            launch(fn, grid, block, *args, shared=shared, stream=stream)
+
+    def capture(self, stream):
+        """Record the eager launch sequence into a CUDA graph (once)."""
+        self._graph_exec = self.backend.capture(stream, lambda: self.run_eager(stream))
+        return self._graph_exec
+
+    def replay(self, stream):
+        if self._graph_exec is None:
+            raise RuntimeError("capture() the graph before replay()")
+        self.backend.replay(self._graph_exec, stream)
+
+    # ---------------------------------------------------------- buffers I/O
+    def read(self, b: Buffer) -> np.ndarray:
+        """Copy a buffer to the host (activations read from the arena)."""
+        if b.kind == "activation":
+            raw = self.backend.to_numpy(self.arena)[b.offset:b.offset + b.nbytes]
+        else:
+            raw = self.backend.to_numpy(self.arrays[id(b)]).view(np.uint8).reshape(-1)[:b.nbytes]
+        return raw.view(b.dtype).reshape(b.shape).copy()
+
+    def write(self, b: Buffer, value: np.ndarray):
+        """Overwrite a state buffer from the host."""
+        if b.kind != "state":
+            raise ValueError(f"only state buffers are written from the host, not {b.name!r}")
+        data = np.ascontiguousarray(value, dtype=b.dtype).reshape(-1).view(np.uint8)
+        if data.nbytes != b.nbytes:
+            raise ValueError(f"{b.name}: {data.nbytes} bytes given, buffer holds {b.nbytes}")
+        self.backend.copy_from_host(self.arrays[id(b)], data)
