@@ -5,6 +5,8 @@ Each module holds one family: a frozen spec, ``build(spec)`` returning a
 canonical specs it registers for the CLI and the golden tests.
 """
 
-from . import reduce, vector_add  # noqa: F401  (registration side effects)
+from . import (argmax, decode_state, embedding, flash_decode, gemv,  # noqa: F401
+               kv_append, reduce, rmsnorm, rope, swiglu, vector_add)
 
-__all__ = ["vector_add", "reduce"]
+__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemv", "kv_append",
+           "reduce", "rmsnorm", "rope", "swiglu", "vector_add"]

@@ -160,8 +160,8 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         a :class:`Ptr` to ``elem`` values in ``space``, converted from the
         generic address with ``cvta.to``."""
         elem = T.type_by_name(elem)
-        if space not in ("global", "shared", "const", "local"):
-            raise PtxBuildError(f"pointer space {space!r} is not one of global, shared, const, local")
+        if space not in ("global", "shared", "const"):
+            raise PtxBuildError(f"pointer space {space!r} is not one of global, shared, const")
         p = self._declare_param(name, T.u64, pointer_space=space, align=align or elem.bytes)
         raw = self.reg(T.u64)
         self.emit("ld", ["param"], [T.u64], [raw, Address(p.symbol, 0, "param")])
@@ -276,7 +276,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
 
     def _check_form(self, sp, ins, loc):
         op, mods, types = ins.op, ins.mods, ins.types
-        err = sp.check_mods(mods) or sp.check_types(types)
+        err = sp.check_mods(mods) or sp.check_types(types) or sp.check_combination(mods, types)
         if err:
             raise PtxTypeError(err, loc)
         need_sm, need_ptx = sp.requirement(mods, types)

@@ -527,7 +527,7 @@ class InstructionsMixin:
             if cmp is None:
                 raise PtxBuildError("atom cas needs the compare value (cmp=...)")
             ops = [d, addr, self._src(cmp, ty), self._src(value, ty)]
-        mods = [m for m in (sem, scope) if m] + [addr.space, op]
+        mods = [m for m in (sem, scope) if m] + [addr.space, op] + _noftz(op, ty)
         self.emit("atom", mods, [ty], ops, guard=guard)
         return d
 
@@ -535,7 +535,7 @@ class InstructionsMixin:
         """Reduction to memory (``red``): like :meth:`atom` without a result."""
         addr = self._as_addr(addr)
         ty = self._atom_type(op, addr, value, ty)
-        mods = [m for m in (sem, scope) if m] + [addr.space, op]
+        mods = [m for m in (sem, scope) if m] + [addr.space, op] + _noftz(op, ty)
         return self.emit("red", mods, [ty], [addr, self._src(value, ty)], guard=guard, dsts=0)
 
     def _atom_type(self, op, addr, value, ty):
@@ -631,6 +631,11 @@ class InstructionsMixin:
         n = getattr(self.ntid, dim)
         t = getattr(self.tid, dim)
         return self.mad(c, n, t)
+
+
+def _noftz(op, ty) -> list:
+    """Packed-half atomic adds must say ``.noftz`` (PTX ISA, atom)."""
+    return ["noftz"] if op == "add" and ty.is_packed else []
 
 
 def _is_half(ty) -> bool:

@@ -57,10 +57,10 @@ class OpSpec:
     """One opcode: what it accepts and what it needs from the target."""
 
     __slots__ = ("name", "operands", "types", "mods", "min_sm", "min_ptx",
-                 "type_sm", "doc", "ndst")
+                 "type_sm", "doc", "ndst", "exclude")
 
     def __init__(self, name, operands, types, mods=(), min_sm=20, min_ptx=(1, 0),
-                 type_sm=None, doc=""):
+                 type_sm=None, doc="", exclude=()):
         self.name = name
         #: operand kind codes, see module docstring
         self.operands = tuple(operands.split()) if isinstance(operands, str) else tuple(operands)
@@ -73,6 +73,8 @@ class OpSpec:
         #: extra (min_sm, min_ptx) needs for particular type names
         self.type_sm = dict(type_sm or {})
         self.doc = doc
+        #: (modifier, type name) pairs PTX does not define, e.g. div.approx.f64
+        self.exclude = frozenset(exclude)
         #: how many leading operands are written
         self.ndst = 0
         for code in self.operands:
@@ -91,6 +93,13 @@ class OpSpec:
                 where = "out of order or unknown" if any(m in g for g in self.mods) else "unknown"
                 return f"{self.name}: modifier .{m} is {where}; allowed, in order: {allowed}"
             gi += 1
+        return None
+
+    def check_combination(self, mods, tys) -> str | None:
+        for m in mods:
+            for t in tys:
+                if (m, t.name) in self.exclude:
+                    return f"PTX has no {self.name}.{m}.{t.name}"
         return None
 
     def check_types(self, tys) -> str | None:
@@ -139,11 +148,11 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("cvt", "d s2", [INT + FLT + HALF[::2], INT + FLT + HALF[::2]],
            [ROUNDING_F + ROUNDING_I, ("ftz",), ("sat",)],
            type_sm={"bf16": (80, (7, 0))}, doc="convert between types"),
-    OpSpec("cvta", "d s", [("u32", "u64")], [("to",), ("global", "shared", "local", "const", "param")],
+    OpSpec("cvta", "d s", [("u32", "u64")], [("to",), ("global", "shared", "const", "param")],
            doc="generic <-> state-space address"),
     OpSpec("ld", "V m", [MEM],
            [("weak", "relaxed", "acquire", "volatile"), SCOPES,
-            ("global", "shared", "param", "local", "const"),
+            ("global", "shared", "param", "const"),
             ("ca", "cg", "cs", "lu", "cv"), ("nc",),
             ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
              "L1::evict_last", "L1::no_allocate"),
@@ -156,7 +165,7 @@ TABLE: dict[str, OpSpec] = _table(
            doc="load; .nc = read-only non-coherent path"),
     OpSpec("st", "m W", [MEM],
            [("weak", "relaxed", "release", "volatile"), SCOPES,
-            ("global", "shared", "param", "local"),
+            ("global", "shared", "param"),
             ("wb", "cg", "cs", "wt"),
             ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
              "L1::evict_last", "L1::no_allocate"),
@@ -169,10 +178,12 @@ TABLE: dict[str, OpSpec] = _table(
            type_sm=_HALF_SM),
     OpSpec("mul", "D s s", [ALLNUM + HALF], [("lo", "hi", "wide"), ROUNDING_F, ("ftz",), ("sat",)],
            type_sm=_HALF_SM),
-    OpSpec("mad", "D s s C", [INT + FLT], [("lo", "hi", "wide"), ROUNDING_F, ("ftz",), ("sat",)]),
+    OpSpec("mad", "D s s C", [INT], [("lo", "hi", "wide"), ("sat",)],
+           doc="integer multiply-add; floats use fma"),
     OpSpec("fma", "d s s s", [FLT + HALF], [ROUNDING_F, ("ftz",), ("sat",), ("relu",)],
            type_sm=_FMA_HALF_SM),
-    OpSpec("div", "d s s", [ALLNUM], [("approx", "full") + ROUNDING_F, ("ftz",)]),
+    OpSpec("div", "d s s", [ALLNUM], [("approx", "full") + ROUNDING_F, ("ftz",)],
+           exclude=[("approx", "f64"), ("full", "f64")]),
     OpSpec("rem", "d s s", [INT]),
     OpSpec("neg", "d s", [("s16", "s32", "s64") + FLT + HALF], [("ftz",)],
            type_sm={"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
@@ -187,8 +198,10 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("popc", "d s2", [("u32",), ("b32", "b64")]),
     OpSpec("clz", "d s2", [("u32",), ("b32", "b64")]),
     # -- special functions ------------------------------------------------------
-    OpSpec("rcp", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)]),
-    OpSpec("sqrt", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)]),
+    OpSpec("rcp", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)],
+           exclude=[("approx", "f64")]),
+    OpSpec("sqrt", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)],
+           exclude=[("approx", "f64")]),
     OpSpec("rsqrt", "d s", [FLT], [("approx",), ("ftz",)]),
     OpSpec("ex2", "d s", [("f32",)], [("approx",), ("ftz",)]),
     OpSpec("lg2", "d s", [("f32",)], [("approx",), ("ftz",)]),
@@ -217,20 +230,21 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("ret", "", []),
     OpSpec("exit", "", []),
     # -- synchronisation and communication --------------------------------------
-    OpSpec("bar", "u? u?", [], [("cta",), ("sync", "arrive", "red"), ("aligned",)],
+    OpSpec("bar", "u? u?", [], [("cta",), ("sync", "arrive"), ("aligned",)],
            doc="bar.sync barrier[, count]"),
     OpSpec("membar", "", [], [("cta", "gl", "sys")]),
     OpSpec("fence", "", [], [("sc", "acq_rel"), SCOPES], min_sm=70, min_ptx=(6, 0)),
     OpSpec("atom", "d m s s?", [INT32_64 + ("b32", "b64", "f32", "f64", "f16x2", "bf16x2")],
            [("relaxed", "acquire", "release", "acq_rel"), SCOPES, ("global", "shared"),
-            ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch")],
+            ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch"),
+            ("noftz",)],
            type_sm={"relaxed": (70, (6, 3)), "acquire": (70, (6, 3)),
                     "release": (70, (6, 3)), "acq_rel": (70, (6, 3)),
                     "cta": (60, (5, 0)), "gpu": (60, (5, 0)), "sys": (60, (5, 0)),
                     "f64": (60, (5, 0)), "f16x2": (60, (6, 3)), "bf16x2": (90, (7, 8))}),
     OpSpec("red", "m s", [INT32_64 + ("b32", "b64", "f32", "f64", "f16x2", "bf16x2")],
            [("relaxed", "release"), SCOPES, ("global", "shared"),
-            ("add", "min", "max", "inc", "dec", "and", "or", "xor")],
+            ("add", "min", "max", "inc", "dec", "and", "or", "xor"), ("noftz",)],
            type_sm={"relaxed": (70, (6, 3)), "release": (70, (6, 3)),
                     "cta": (60, (5, 0)), "gpu": (60, (5, 0)), "sys": (60, (5, 0)),
                     "f64": (60, (5, 0)), "f16x2": (60, (6, 3)), "bf16x2": (90, (7, 8))}),

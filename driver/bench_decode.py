@@ -1,0 +1,282 @@
+"""GPU benchmark of the decode-step kernels beside their torch equivalents.
+
+Both sides are replayed from CUDA graphs: ours captured with
+:class:`ptxgen.driver.capture`, torch's with ``torch.cuda.CUDAGraph``; each
+graph holds ``REPS`` calls and a timing is the median over ``REPEATS``
+replays, divided by ``REPS``.  A device-to-device copy measured in the same
+run gives the bandwidth ceiling (bytes read + written per second).
+
+``python -m ptxgen.driver.bench_decode`` prints the table; :func:`run_all`
+returns the numbers (microseconds, TB/s).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import numpy as np
+
+REPS = 10
+REPEATS = 7
+#: flash-decode (warps, unroll, chunks, prefetch, blocks_per_sm) variants timed beside
+#: the default (w4 u8 c1, 3 blocks per SM)
+FD_VARIANTS = [(4, 2, 1, False, 4), (4, 4, 1, False, 2), (4, 4, 1, False, 3),
+               (4, 4, 2, False, 2), (4, 4, 1, True, 3), (4, 4, 1, True, 4),
+               (4, 2, 1, True, 4), (4, 8, 1, False, 4)]
+
+
+def _ours(fn, stream):
+    """Median µs per call of ``fn(stream)`` replayed from a ptxgen graph."""
+    import torch
+
+    from ptxgen.driver import Event, capture
+    torch.cuda.synchronize()                  # inputs made on torch's stream
+    fn(stream)                                # build, load, allocate outside capture
+    stream.synchronize()
+    with capture(stream) as g:
+        for _ in range(REPS):
+            fn(stream)
+    exe = g.instantiate()
+    exe.launch(stream)
+    stream.synchronize()
+    times = []
+    for _ in range(REPEATS):
+        a, b = Event(), Event()
+        a.record(stream)
+        exe.launch(stream)
+        b.record(stream)
+        times.append(a.elapsed_ms(b) * 1000.0 / REPS)
+    return statistics.median(times)
+
+
+def _torch(fn):
+    """Median µs per call of ``fn()`` replayed from a torch CUDA graph."""
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(REPEATS):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / REPS)
+    return statistics.median(times)
+
+
+def _dev(t):
+    from ptxgen.driver import as_device_array
+    return as_device_array(t)
+
+
+def _i32(torch, v):
+    return torch.tensor([v], dtype=torch.int32, device="cuda")
+
+
+def run_all(verbose: bool = True) -> dict:
+    """Run every benchmark; returns ``{name: {ours_us, torch_us, ...}}``."""
+    import torch
+    import torch.nn.functional as F
+
+    from ptxgen.driver import Stream, get_device
+    from . import ops_decode as ops
+
+    dev = get_device()
+    stream = Stream(non_blocking=True)
+    res: dict = {"device": dev.name, "sm_count": dev.sm_count}
+
+    # copy ceiling: 256 MiB device-to-device, read + write
+    nbytes = 256 << 20
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = _torch(lambda: dst.copy_(src))
+    copy_bw = 2 * nbytes / (t_copy * 1e-6) / 1e12
+    res["copy"] = {"torch_us": t_copy, "tbps": copy_bw}
+    del src, dst
+
+    def rec(name, ours, theirs, nbytes=None, **extra):
+        r = {"ours_us": ours, "torch_us": theirs, "ratio": ours / theirs, **extra}
+        if nbytes:
+            r["ours_tbps"] = nbytes / (ours * 1e-6) / 1e12
+            r["ours_frac_copy"] = r["ours_tbps"] / copy_bw
+        res[name] = r
+        if verbose:
+            print(f"  {name}: ours {ours:.2f} us, torch {theirs:.2f} us", flush=True)
+
+    n_q, n_kv, d, cap = 32, 8, 128, 32768
+
+    def bench_rmsnorm():
+        # RMSNorm
+        for rows, n in ((1, 4096), (1, 8192), (4096, 4096)):
+            x = torch.randn(rows, n, device="cuda")
+            w = torch.randn(n, device="cuda")
+            o = torch.empty_like(x)
+            dx, dw, do = _dev(x), _dev(w), _dev(o)
+            ours = _ours(lambda s: ops.rmsnorm(dx, dw, 1e-5, out=do, stream=s), stream)
+            theirs = _torch(lambda: F.rms_norm(x, (n,), w, 1e-5))
+            rec(f"rmsnorm_{rows}x{n}", ours, theirs, nbytes=2 * rows * n * 4)
+            sweep = {}
+            for b in (256, 512, 1024):
+                sweep[f"b{b}"] = _ours(lambda s: ops.rmsnorm(dx, dw, 1e-5, out=do, block=b,
+                                                            stream=s), stream)
+            res[f"rmsnorm_{rows}x{n}"]["variants_us"] = sweep
+            if verbose:
+                print("    variants:", {k: round(v, 2) for k, v in sweep.items()}, flush=True)
+
+    def bench_flash_decode():
+        # flash decode: 32 q / 8 kv heads, d=128, f16 cache of capacity 32768
+        kc = torch.randn(n_kv, cap, d, device="cuda", dtype=torch.float16)
+        vc = torch.randn(n_kv, cap, d, device="cuda", dtype=torch.float16)
+        q = torch.randn(n_q, d, device="cuda")
+        o = torch.empty(n_q, d, device="cuda")
+        dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
+        for L in (1024, 4096, 16384, 32768):
+            lens = _i32(torch, L)
+            dl = _dev(lens)
+            ours = _ours(lambda s: ops.flash_decode(dq, dk, dv, dl, out=do, stream=s), stream)
+            qt = q.half().view(1, n_q, 1, d)
+            kt = kc[:, :L].unsqueeze(0).contiguous()
+            vt = vc[:, :L].unsqueeze(0).contiguous()
+            theirs = _torch(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+            rec(f"flash_decode_L{L}", ours, theirs, nbytes=2 * n_kv * L * d * 2)
+            # variants of the split kernel (warps, unroll, blocks per SM) at the same length
+            sweep = {}
+            for w, u, c, bps in FD_VARIANTS:
+                name = f"w{w}u{u}c{c}b{bps}"
+                try:
+                    sweep[name] = _ours(lambda s: ops.flash_decode(
+                        dq, dk, dv, dl, out=do, warps=w, unroll=u, chunks=c, blocks_per_sm=bps,
+                        stream=s), stream)
+                except Exception as e:          # a variant that does not fit this device
+                    sweep[name] = repr(e)
+            if verbose:
+                print("    variants:", {k: (round(v, 2) if isinstance(v, float) else v)
+                                        for k, v in sweep.items()}, flush=True)
+            res[f"flash_decode_L{L}"]["variants_us"] = sweep
+            del kt, vt
+
+    def bench_rope():
+        # RoPE (Llama-3 scaling, neox) on 32 q + 8 k heads of 128
+        qr = torch.randn(n_q, d, device="cuda")
+        kr = torch.randn(n_kv, d, device="cuda")
+        pos = _i32(torch, 1234)
+        dqr, dkr, dpos = _dev(qr), _dev(kr), _dev(pos)
+        scal = dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_context=8192)
+        ours = _ours(lambda s: ops.rope(dqr, dkr, dpos, theta=500000.0, scaling=scal, stream=s),
+                     stream)
+        inv = torch.tensor(_rope_freqs(), device="cuda")
+
+        def torch_rope():
+            ang = pos.float() * inv
+            c, s_ = torch.cos(ang), torch.sin(ang)
+            for t in (qr, kr):
+                a, b = t[:, :64], t[:, 64:]
+                t.copy_(torch.cat((a * c - b * s_, a * s_ + b * c), dim=-1))
+        rec("rope_32q_8k_d128", ours, _torch(torch_rope))
+
+    def bench_swiglu():
+        # SwiGLU 14336
+        g = torch.randn(14336, device="cuda")
+        u = torch.randn(14336, device="cuda")
+        so = torch.empty_like(g)
+        dg, du, dso = _dev(g), _dev(u), _dev(so)
+        rec("swiglu_14336", _ours(lambda s: ops.swiglu(dg, du, out=dso, stream=s), stream),
+            _torch(lambda: F.silu(g) * u))
+
+    def bench_embedding():
+        # embedding: 1024-row tables of 4096 (random bytes: timing only)
+        tok = _i32(torch, 517)
+        tok64 = tok.long()
+        dtok = _dev(tok)
+        eo = torch.empty(4096, device="cuda")
+        deo = _dev(eo)
+        tf16 = torch.randn(1024, 4096, device="cuda", dtype=torch.float16)
+        formats = (("Q4_K", 16 * 144), ("Q6_K", 16 * 210), ("Q8_0", 128 * 34), ("f16", 0))
+        for qt_name, bpr in formats:
+            if qt_name == "f16":
+                table = _dev(tf16)
+            else:
+                table = _dev(torch.randint(0, 255, (1024 * bpr,), device="cuda",
+                                           dtype=torch.uint8))
+            ours = _ours(lambda s: ops.embedding(table, qt_name, dtok, out=deo, n=4096, stream=s),
+                         stream)
+            rec(f"embedding_{qt_name}_4096", ours,
+                _torch(lambda: torch.index_select(tf16, 0, tok64).float()))
+
+    def bench_kv_append():
+        # KV append (8 kv heads x 128, f16 cache)
+        kk = torch.randn(n_kv, d, device="cuda")
+        vv = torch.randn(n_kv, d, device="cuda")
+        kc = torch.zeros(n_kv, 4096, d, device="cuda", dtype=torch.float16)
+        vc = torch.zeros_like(kc)
+        pos = _i32(torch, 1234)
+        dkk, dvv, dk, dv, dpos = _dev(kk), _dev(vv), _dev(kc), _dev(vc), _dev(pos)
+        pos64 = pos.long()
+        rec("kv_append_8x128", _ours(lambda s: ops.kv_append(dkk, dvv, dk, dv, dpos, stream=s),
+                                     stream),
+            _torch(lambda: (kc.index_copy_(1, pos64, kk.half().unsqueeze(1)),
+                            vc.index_copy_(1, pos64, vv.half().unsqueeze(1)))))
+
+    def bench_argmax():
+        # argmax over 128256
+        xl = torch.randn(128256, device="cuda")
+        am = torch.empty(1, device="cuda", dtype=torch.int32)
+        dxl, dam = _dev(xl), _dev(am)
+        rec("argmax_128256", _ours(lambda s: ops.argmax(dxl, out=dam, stream=s), stream),
+            _torch(lambda: torch.argmax(xl)))
+
+    for fn_ in (bench_rmsnorm, bench_flash_decode, bench_rope, bench_swiglu, bench_embedding,
+                bench_kv_append, bench_argmax):
+        try:
+            fn_()
+        except Exception:                      # keep going: report what failed
+            import traceback
+            res.setdefault("errors", []).append(fn_.__name__)
+            print(f"!! {fn_.__name__} failed:", traceback.format_exc(), flush=True)
+
+    if verbose:
+        print(format_table(res))
+    return res
+
+
+def _rope_freqs():
+    from ptxgen.kernels import rope
+    spec = rope.RopeSpec(theta=500000.0, scaling="llama3")
+    return rope.inv_freq(spec).astype(np.float32).tolist()
+
+
+def format_table(res: dict) -> str:
+    lines = [f"device: {res.get('device')}  ({res.get('sm_count')} SMs); "
+             f"copy {res['copy']['tbps']:.2f} TB/s (r+w)",
+             f"{'kernel':28s} {'ours µs':>9s} {'torch µs':>9s} {'ours/torch':>10s} "
+             f"{'TB/s':>6s} {'of copy':>8s}"]
+    for name, r in res.items():
+        if not isinstance(r, dict) or "ours_us" not in r:
+            continue
+        bw = f"{r['ours_tbps']:.2f}" if "ours_tbps" in r else ""
+        fr = f"{100 * r['ours_frac_copy']:.0f}%" if "ours_frac_copy" in r else ""
+        lines.append(f"{name:28s} {r['ours_us']:9.2f} {r['torch_us']:9.2f} "
+                     f"{r['ratio']:10.2f} {bw:>6s} {fr:>8s}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    out = run_all()
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(out, f, indent=1)

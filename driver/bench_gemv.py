@@ -1,0 +1,207 @@
+"""Quantized GEMV benchmark: our kernels against copy bandwidth and cuBLAS f16.
+
+Run on a GPU with ``python -m ptxgen.driver.bench_gemv [out.json]`` or call
+:func:`run_all`.  Needs torch (for the copy/cuBLAS peers and the CUDA
+graphs).  For every shape (M x K) and qtype it reports our time (CUDA-graph
+replay of ``CALLS`` launches, median of ``REPEATS`` replays, rotating over
+enough weight copies to defeat the L2), bytes read per second, the share of
+a device-to-device copy's bandwidth measured in the same run, cuBLAS's f16
+GEMV time (``torch.mv``) and the ratio; then the fused gate/up SwiGLU kernel
+against two GEMVs plus a SwiGLU.  A few rows of each output are checked
+against the float64 reference (gguf-layout dequantisation in numpy).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from ptxgen.kernels import gemv as G
+from ptxgen.kernels import quants
+
+from . import ops_gemv
+
+__all__ = ["run_all", "SHAPES", "QTYPES"]
+
+SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096), (1024, 4096)]
+QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
+CALLS = 20
+REPEATS = 7
+L2_DEFEAT_BYTES = 256 << 20
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _random_weights(torch, qtype, m, k, gen):
+    """Random GGUF bytes with finite, sane f16 scales (on the device)."""
+    bw, bb = G.QTYPE_INFO[qtype]
+    nb = k // bw
+    w = torch.randint(0, 256, (m, nb, bb), dtype=torch.uint8, device="cuda", generator=gen)
+    scale = (torch.rand((m, nb, 2), device="cuda", generator=gen) * 0.02 + 0.001).half()
+    sb = scale.view(torch.uint8).view(m, nb, 4)
+    if qtype == "Q4_K":
+        w[:, :, 0:4] = sb
+    elif qtype == "Q6_K":
+        w[:, :, 208:210] = sb[:, :, 0:2]
+    else:
+        w[:, :, 0:2] = sb[:, :, 0:2]
+    return w.view(m, nb * bb)
+
+
+def _time_graph(torch, fn, calls=CALLS, repeats=REPEATS):
+    """Median seconds per call of ``fn(i)`` captured ``calls`` times in a graph."""
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for i in range(3):
+            fn(i)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for i in range(calls):
+            fn(i)
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3 / calls)
+    return statistics.median(times)
+
+
+def copy_bandwidth(torch, nbytes=1 << 30):
+    """Device-to-device copy bandwidth, bytes read + written per second."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    t = _time_graph(torch, lambda i: b.copy_(a), calls=5)
+    del a, b
+    return 2 * nbytes / t, t
+
+
+def _launcher(torch, qtype, k, epilogue="none", **knobs):
+    spec = ops_gemv.gemv_spec(qtype, k, epilogue, **knobs)
+    fn = ops_gemv._function(spec)
+
+    def go(ptrs, y, m):
+        grid, block, shared, rpc = G.launch_geometry(spec, m)
+        ops_gemv.launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
+                        stream=torch.cuda.current_stream())
+    return spec, go
+
+
+def _check_rows(torch, qtype, w, x, y, rows=8, extra=None):
+    """Relative error of ``rows`` sampled rows against the float64 reference."""
+    m = w.shape[0]
+    idx = np.unique(np.r_[0, m - 1, np.linspace(0, m - 1, rows).astype(int)])
+    wr = w[torch.as_tensor(idx, device="cuda")].cpu().numpy()
+    xh = x.cpu().numpy()
+    if extra is None:
+        ref = G.reference(qtype, wr, xh)
+    else:
+        wu = extra[torch.as_tensor(idx, device="cuda")].cpu().numpy()
+        ref = G.reference(qtype, wr, xh, w_up=wu, epilogue="swiglu")
+    got = y.cpu().numpy()[idx].astype(np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
+    """One row of the table (see the module docstring)."""
+    spec, go = _launcher(torch, qtype, k, **knobs)
+    nbytes = m * spec.row_bytes
+    copies = max(1, math.ceil(L2_DEFEAT_BYTES / nbytes))
+    ws = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
+    x = torch.randn(k, device="cuda", generator=gen)
+    ys = [torch.full((m,), float("nan"), device="cuda") for _ in range(min(copies, 4))]
+    t = _time_graph(torch, lambda i: go([ws[i % copies], x], ys[i % len(ys)], m))
+    go([ws[0], x], ys[0], m)
+    torch.cuda.synchronize()
+    err = _check_rows(torch, qtype, ws[0], x, ys[0])
+    del ws
+    read = nbytes + 4 * (k + m)
+    f16_bytes = 2 * m * k
+    fcopies = max(1, math.ceil(L2_DEFEAT_BYTES / f16_bytes))
+    wf = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float16) for _ in range(fcopies)]
+    xf = torch.randn(k, device="cuda", generator=gen, dtype=torch.float16)
+    yf = torch.empty(m, device="cuda", dtype=torch.float16)
+    tc = _time_graph(torch, lambda i: torch.mv(wf[i % fcopies], xf, out=yf))
+    del wf
+    torch.cuda.empty_cache()
+    return dict(qtype=qtype, m=m, k=k, spec=repr(spec), us=t * 1e6, bytes=read,
+                gbps=read / t / 1e9, copy_share=read / t / copy_bw, cublas_f16_us=tc * 1e6,
+                vs_cublas=t / tc, rel_err=err)
+
+
+def bench_swiglu(torch, qtype, m, k, gen, **knobs):
+    """Fused gate/up + SwiGLU against two GEMVs and torch's silu(g) * u."""
+    spec, fused = _launcher(torch, qtype, k, "swiglu", **knobs)
+    _, plain = _launcher(torch, qtype, k)
+    nbytes = 2 * m * spec.row_bytes
+    copies = max(1, math.ceil(L2_DEFEAT_BYTES / nbytes))
+    wg = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
+    wu = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
+    x = torch.randn(k, device="cuda", generator=gen) * 0.1
+    y = torch.full((m,), float("nan"), device="cuda")
+    g = torch.empty(m, device="cuda")
+    u = torch.empty(m, device="cuda")
+    tf = _time_graph(torch, lambda i: fused([wg[i % copies], wu[i % copies], x], y, m))
+    fused([wg[0], wu[0], x], y, m)
+    torch.cuda.synchronize()
+    err = _check_rows(torch, qtype, wg[0], x, y, extra=wu[0])
+
+    def split(i):
+        plain([wg[i % copies], x], g, m)
+        plain([wu[i % copies], x], u, m)
+        torch.mul(torch.nn.functional.silu(g), u, out=y)
+    ts = _time_graph(torch, split)
+    return dict(qtype=qtype, m=m, k=k, fused_us=tf * 1e6, split_us=ts * 1e6,
+                speedup=ts / tf, rel_err=err, bytes=nbytes)
+
+
+def run_all(shapes=SHAPES, qtypes=QTYPES, swiglu=True, verbose=True) -> dict:
+    """Run the whole benchmark; returns a dict (device, copy bandwidth, rows)."""
+    torch = _torch()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(time.time()))
+    bw, tcopy = copy_bandwidth(torch)
+    out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
+               copy_bw_gbps=bw / 1e9, copy_1gib_us=tcopy * 1e6, gemv=[], swiglu=[])
+    for qtype in qtypes:
+        for m, k in shapes:
+            out["gemv"].append(bench_shape(torch, qtype, m, k, bw, gen))
+            if verbose:
+                _print_row(out["gemv"][-1])
+    if swiglu:
+        for qtype in qtypes:
+            out["swiglu"].append(bench_swiglu(torch, qtype, 14336, 4096, gen))
+            if verbose:
+                r = out["swiglu"][-1]
+                print(f"swiglu {qtype} 14336x4096: fused {r['fused_us']:.1f} us, "
+                      f"2 gemv + swiglu {r['split_us']:.1f} us ({r['speedup']:.2f}x), "
+                      f"err {r['rel_err']:.1e}")
+    return out
+
+
+def _print_row(r):
+    print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} {r['us']:8.2f} us {r['gbps']:7.0f} GB/s "
+          f"{100 * r['copy_share']:5.1f}% copy  cuBLAS f16 {r['cublas_f16_us']:7.2f} us "
+          f"ratio {r['vs_cublas']:.3f}  err {r['rel_err']:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    res = run_all()
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(res, f, indent=1)

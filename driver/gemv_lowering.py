@@ -1,0 +1,45 @@
+"""Lowering of MulMat tensor ops to GEMV launches (used by the decode graph).
+
+``mul_mat`` adds ``y = W x`` (or ``y = W x + r`` with ``residual``; ``y`` may
+be ``r`` itself) and ``mul_mat_swiglu`` the fused ``silu(Wg x) * (Wu x)``.
+Weights stay in their GGUF format; Q4_K, Q6_K and Q8_0 are supported and
+any other type is refused by name.
+"""
+
+from __future__ import annotations
+
+from ptxgen.kernels import gemv
+
+from .executor import Launch
+
+__all__ = ["mul_mat", "mul_mat_swiglu", "FAMILIES"]
+
+FAMILIES = {"gemv": gemv}
+
+
+def _spec(t, epilogue, target):
+    if t.qtype not in gemv.QTYPE_INFO:
+        raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
+                         f"{', '.join(gemv.QTYPE_INFO)}")
+    m, k = t.shape
+    return gemv.default_spec(t.qtype, k, epilogue, target=target), m
+
+
+def mul_mat(g, name, w, t, x, y, *, residual=None, target="sm_80"):
+    spec, m = _spec(t, "residual" if residual is not None else "none", target)
+    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    args = (w, x) + ((residual,) if residual is not None else ()) + (y, m, rpc)
+    ins = [w, x] + ([residual] if residual is not None else [])
+    return g.add("MulMat", name, ins, [y],
+                 [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
+
+
+def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, target="sm_80"):
+    if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
+        raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
+                         "must have one type and shape to fuse")
+    spec, m = _spec(tg, "swiglu", target)
+    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    return g.add("MulMatSwiGLU", name, [wg, wu, x], [y],
+                 [Launch("gemv", spec, spec.kernel_name, grid, block,
+                         (wg, wu, x, y, m, rpc), shared)])

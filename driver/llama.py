@@ -1,0 +1,300 @@
+"""Llama decode from a GGUF file: the decode-step graph and greedy generation.
+
+:meth:`LlamaModel.from_gguf` validates the file (:mod:`.gguf_loader`),
+uploads every tensor in its own format, and builds the decode step as a
+:class:`~.executor.ComputeGraph`:
+
+    Embedding -> per layer [RmsNorm, MulMat q/k/v, Rope, KvAppend,
+    Attention (split + combine), MulMat+Add (o-proj), RmsNorm(+residual),
+    MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
+    (logits) -> Argmax -> StateAdvance
+
+Per-token state (token id, position, KV length, prompt length, the argmax
+and an overflow flag) is an ``int32[8]`` device buffer (see
+``kernels/decode_state.py``); the last launch of the step advances it, so
+the captured CUDA graph is replayed unchanged for every token.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+import attrs
+import numpy as np
+
+from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, kv_append,
+                            rmsnorm, rope)
+
+from .executor import ComputeGraph, Executor, Launch
+from .gguf_loader import GGUFError, LlamaFile
+from . import gemv_lowering
+
+__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
+
+FAMILIES = {
+    "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
+    "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
+    **gemv_lowering.FAMILIES,
+}
+
+
+class ContextOverflowError(RuntimeError):
+    """Generation would run past the KV cache's capacity."""
+
+
+@attrs.frozen
+class GenerateResult:
+    tokens: list
+    #: seconds per decode step (host-observed, after the first warm-up step)
+    step_seconds: list
+    launches_per_token: int
+    mode: str
+
+    @property
+    def tokens_per_second(self) -> float:
+        s = sorted(self.step_seconds)
+        return 1.0 / s[len(s) // 2] if s else float("nan")
+
+
+class LlamaModel:
+    """A Llama-architecture model on a backend, decoding one token per step.
+
+    Use :meth:`from_gguf`.  ``capacity`` is the KV-cache length (tokens).
+    """
+
+    def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
+                 target: str | None = None, progress: bool = True, sm_count: int | None = None):
+        self.file = file
+        self.hp = file.hparams
+        self.backend = backend
+        self.capacity = int(capacity or min(self.hp.context_length, 4096))
+        if self.capacity < 2:
+            raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
+        self.target = target or _backend_target(backend)
+        self.sm_count = sm_count or _backend_sm_count(backend)
+        self.graph = ComputeGraph()
+        self._build()
+        bar = _ProgressBar(file.weight_bytes, enabled=progress)
+        self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
+        bar.close()
+        self._stream = backend.stream()
+        self._captured = False
+
+    @classmethod
+    def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True, **kw):
+        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``)."""
+        from .backend import get_backend
+        be = get_backend(backend) if isinstance(backend, str) else backend
+        return cls(LlamaFile(path), be, capacity=capacity, progress=progress, **kw)
+
+    # ------------------------------------------------------------- the graph
+    def _weight(self, name):
+        t = self.file.tensor(name)
+        return self.graph.buffer(name, t.data.shape, t.data.dtype, "weight", t.data), t
+
+    def _build(self):
+        g, hp, tgt, cap = self.graph, self.hp, self.target, self.capacity
+        H, D = hp.hidden, hp.head_dim
+        self.state = g.buffer("state", (decode_state.STATE_WORDS,), np.int32, "state",
+                              decode_state.initial_state(0, 1))
+        self.prompt = g.buffer("prompt", (cap,), np.int32, "state", np.zeros(cap, np.int32))
+        self.history = g.buffer("history", (cap,), np.int32, "state", np.zeros(cap, np.int32))
+        token_ptr = self.state.at(4 * decode_state.TOKEN)
+        pos_ptr = self.state.at(4 * decode_state.POS)
+        kvlen_ptr = self.state.at(4 * decode_state.KV_LEN)
+
+        x = g.buffer("x", (H,), np.float32)
+        emb, et = self._weight("token_embd.weight")
+        es = embedding.EmbeddingSpec(qtype=et.qtype.replace("F32", "f32").replace("F16", "f16"),
+                                     target=tgt)
+        grid, block, sh = embedding.launch_geometry(es, H)
+        g.add("Embedding", "embd", [emb, self.state], [x],
+              [Launch("embedding", es, es.kernel_name, grid, block,
+                      (emb, token_ptr, x, H, hp.vocab), sh)])
+
+        rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
+        ropes = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
+                              **_rope_scaling(hp), target=tgt)
+        freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
+        kvs = kv_append.KvAppendSpec(head_dim=D, cache_dtype="f16", target=tgt)
+        fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
+                                           kv_dtype="f16", target=tgt)
+        n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
+        (sgrid, sblock), (cgrid, cblock) = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
+        sm_scale = 1.0 / math.sqrt(D)
+
+        h = g.buffer("h", (H,), np.float32)
+        q = g.buffer("q", (hp.q_dim,), np.float32)
+        k = g.buffer("k", (hp.kv_dim,), np.float32)
+        v = g.buffer("v", (hp.kv_dim,), np.float32)
+        att = g.buffer("att", (hp.q_dim,), np.float32)
+        part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
+        part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
+        act = g.buffer("ffn_act", (hp.ffn,), np.float32)
+        self.kv_caches = []
+        for i in range(hp.n_layers):
+            p = f"blk.{i}."
+            kc = g.buffer(p + "k_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
+            vc = g.buffer(p + "v_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
+            self.kv_caches.append((kc, vc))
+            self._norm(g, rs, x, p + "attn_norm.weight", h, H, hp.eps, p + "attn_norm")
+            for name, out in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
+                w, t = self._weight(p + name + ".weight")
+                gemv_lowering.mul_mat(g, p + name, w, t, h, out, target=tgt)
+            grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
+            g.add("Rope", p + "rope", [q, k, freqs, self.state], [q, k],
+                  [Launch("rope", ropes, ropes.kernel_name, grid, block,
+                          (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads), sh)])
+            grid, block, sh = kv_append.launch_geometry(kvs, hp.n_kv_heads)
+            g.add("KvAppend", p + "kv_append", [k, v, self.state], [kc, vc],
+                  [Launch("kv_append", kvs, kvs.kernel_name, grid, block,
+                          (k, v, kc, vc, pos_ptr, hp.n_kv_heads, cap), sh)])
+            g.add("Attention", p + "attention", [q, kc, vc, self.state], [att],
+                  [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
+                          (q, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale)),
+                   Launch("flash_decode", fds, fds.combine_name, cgrid, cblock,
+                          (part_o, part_ml, att, n_splits))])
+            w, t = self._weight(p + "attn_output.weight")
+            gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
+            self._norm(g, rs, x, p + "ffn_norm.weight", h, H, hp.eps, p + "ffn_norm")
+            wg, tg = self._weight(p + "ffn_gate.weight")
+            wu, tu = self._weight(p + "ffn_up.weight")
+            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act, target=tgt)
+            w, t = self._weight(p + "ffn_down.weight")
+            gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
+        self._norm(g, rs, x, "output_norm.weight", h, H, hp.eps, "output_norm")
+        self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
+        out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
+        w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
+        gemv_lowering.mul_mat(g, "output", w, t, h, self.logits, target=tgt)
+        ams = argmax.ArgmaxSpec(target=tgt)
+        grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
+        counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
+        g.add("Argmax", "argmax", [self.logits], [self.state],
+              [Launch("argmax", ams, ams.kernel_name, grid, block,
+                      (self.logits, hp.vocab, self.state.at(4 * decode_state.ARGMAX),
+                       scratch, counter), sh)])
+        ds = decode_state.DecodeStateSpec(target=tgt)
+        grid, block, sh = decode_state.launch_geometry(ds)
+        g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
+              [Launch("decode_state", ds, ds.kernel_name, grid, block,
+                      (self.state, self.prompt, self.history, cap), sh)])
+
+    def _norm(self, g, spec, x, wname, out, n, eps, name):
+        w, _ = self._weight(wname)
+        grid, block, sh = rmsnorm.launch_geometry(spec, 1)
+        g.add("RmsNorm", name, [x, w], [out],
+              [Launch("rmsnorm", spec, spec.kernel_name, grid, block, (x, w, out, n, eps), sh)])
+
+    # ----------------------------------------------------------- generation
+    def reset(self, prompt):
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("generate needs at least one prompt token")
+        bad = [t for t in prompt if not 0 <= t < self.hp.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
+        if len(prompt) > self.capacity:
+            raise ContextOverflowError(f"prompt of {len(prompt)} tokens exceeds the KV cache "
+                                       f"capacity of {self.capacity}")
+        ex = self.executor
+        ex.write(self.state, decode_state.initial_state(prompt[0], len(prompt)))
+        buf = np.zeros(self.capacity, np.int32)
+        buf[:len(prompt)] = prompt
+        ex.write(self.prompt, buf)
+        hist = np.zeros(self.capacity, np.int32)
+        hist[0] = prompt[0]
+        ex.write(self.history, hist)
+        self.backend.synchronize()
+
+    def step(self, mode: str = "graph"):
+        """Run one decode step (eager launches, or one graph replay)."""
+        if mode == "graph" and self.backend.can_capture:
+            if not self._captured:
+                self.executor.capture(self._stream)
+                self._captured = True
+            self.executor.replay(self._stream)
+        else:
+            self.executor.run_eager(self._stream)
+
+    def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
+                 return_logits: bool = False):
+        """Greedy decoding: feed ``token_ids``, then ``max_new_tokens`` more.
+
+        Returns a :class:`GenerateResult`; ``return_logits`` also returns the
+        logits of every step (a host copy per step, slower)."""
+        n_prompt = len(token_ids)
+        total = n_prompt + max_new_tokens
+        if total > self.capacity:
+            raise ContextOverflowError(
+                f"{n_prompt} prompt + {max_new_tokens} new tokens need {total} positions; "
+                f"the KV cache holds {self.capacity}")
+        self.reset(token_ids)
+        times, logits = [], []
+        for _ in range(total - 1):
+            t0 = time.perf_counter()
+            self.step(mode)
+            if return_logits:
+                logits.append(self.executor.read(self.logits).astype(np.float64))
+            else:
+                self.backend.synchronize(self._stream)
+            times.append(time.perf_counter() - t0)
+        state = self.executor.read(self.state)
+        if state[decode_state.OVERFLOW]:
+            raise ContextOverflowError("the decode step reported a KV-cache overflow")
+        hist = self.executor.read(self.history)[:total]
+        res = GenerateResult(tokens=[int(t) for t in hist[n_prompt:]],
+                             step_seconds=times[1:] if len(times) > 1 else times,
+                             launches_per_token=self.graph.launch_count,
+                             mode=mode if self.backend.can_capture else "eager")
+        return (res, logits) if return_logits else res
+
+    def summary(self) -> str:
+        return self.graph.summary()
+
+
+def _rope_scaling(hp) -> dict:
+    if hp.rope_scaling is None:
+        return {}
+    f, lo, hi, orig = hp.rope_scaling
+    return {"scaling": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
+            "original_context": orig}
+
+
+def _backend_target(backend) -> str:
+    if getattr(backend, "name", "") == "cuda":
+        return backend.device.target
+    return "sm_80"
+
+
+def _backend_sm_count(backend) -> int:
+    if getattr(backend, "name", "") == "cuda":
+        return int(backend.device.sm_count)
+    return 4
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr while weights upload."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total = max(total, 1)
+        self.enabled = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def update(self, done, total, name):
+        if not self.enabled:
+            return
+        frac = done / max(total, 1)
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\rloading weights [{bar:<30}] {done / 1e9:6.2f}/{total / 1e9:.2f} GB {name[:24]:<24}")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.enabled:
+            sys.stderr.write(f"\rloaded in {time.perf_counter() - self.t0:.1f} s" + " " * 60 + "\n")
+
+
+_ = GGUFError

@@ -1,0 +1,17 @@
+"""Python entry points that build (cached per spec) and launch one kernel.
+
+They accept ``ptxgen.driver.DeviceArray``, torch or cupy CUDA tensors
+(through ``__cuda_array_interface__``) and numpy arrays (copied).
+
+GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).
+Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
+:func:`flash_decode`, :func:`embedding`, :func:`kv_append`, :func:`argmax`
+(``driver/ops_decode.py``).
+"""
+
+from .ops_decode import (argmax, embedding, flash_decode, kv_append, rmsnorm, rope,
+                         swiglu)
+from .ops_gemv import gemv, gemv_spec, gemv_swiglu
+
+__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "rmsnorm", "rope", "swiglu", "flash_decode",
+           "embedding", "kv_append", "argmax"]

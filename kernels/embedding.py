@@ -1,0 +1,169 @@
+"""Embedding row gather: ``out[:] = dequantize(table[token_ptr[0], :])`` (f32).
+
+The token id is read from device memory (an int32), so a replayed CUDA
+graph gathers the current token.  An id outside ``[0, n_vocab)`` writes
+nothing.  The table is a row-major ``[n_vocab, n]`` tensor in one of:
+
+- ``f32`` / ``f16``: plain values (``cvt.f32.f16``);
+- ``Q8_0`` (34-byte blocks of 32): ``d:f16 | q:s8[32]``; ``w = d * q``;
+- ``Q4_K`` (144-byte blocks of 256): ``d:f16 | dmin:f16 | scales:u8[12] |
+  qs:u8[128]``; ``w = (d * sc) * q - (dmin * m)`` with GGML's 6-bit
+  ``get_scale_min_k4`` packing;
+- ``Q6_K`` (210-byte blocks of 256): ``ql:u8[128] | qh:u8[64] |
+  scales:s8[16] | d:f16``; ``w = (d * sc) * (q - 32)``.
+
+The float operations are those of ``gguf.quants.dequantize`` in the same
+order (``mul.rn``/``sub.rn``, no contraction), so the rows match it exactly.
+Launch: one thread per output element, ``grid = ceil(n / block)``; ``n``
+(a launch parameter) must be a multiple of the format's block size.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+import ptxgen
+from ptxgen import registry
+from ptxgen.target import TARGETS
+from ptxgen.types import f16, f32, s32, u8, u32
+
+#: format -> (weights per block, bytes per block)
+QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+
+
+@attrs.frozen
+class EmbeddingSpec:
+    """An embedding-gather kernel.
+
+    Parameters
+    ----------
+    qtype : {"f32", "f16", "Q8_0", "Q4_K", "Q6_K"}
+    block : int
+    target : str
+    """
+
+    qtype: str = attrs.field(default="Q4_K", validator=attrs.validators.in_(tuple(QTYPES)))
+    block: int = attrs.field(default=256)
+    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+
+    @block.validator
+    def _check_block(self, _, v):
+        if not (32 <= v <= 1024 and v % 32 == 0):
+            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"embedding_{self.qtype.lower()}"
+
+    def row_bytes(self, n: int) -> int:
+        """Bytes per table row of ``n`` weights (refuses a bad ``n``)."""
+        bs, ts = QTYPES[self.qtype]
+        if n <= 0 or n % bs:
+            raise ValueError(f"{self.qtype}: row length {n} is not a positive multiple of {bs}")
+        return n // bs * ts
+
+
+def _f16_at(k, addr):
+    return k.ld(addr, ty=f16, nc=True).to(f32)
+
+
+def _mul(k, a, b):
+    return k.mul(a, b, rnd="rn")
+
+
+def _q8_0(k, row, i):
+    blk = k.ptr_add(row, k.mul_wide(i >> 5, k.mov(34, u32)))
+    d = _f16_at(k, blk[0])
+    q = k.ld(blk[(i & 31) + 2], ty="s8", nc=True).to(f32)
+    return _mul(k, d, q)
+
+
+def _q4_k(k, row, i):
+    blk = k.ptr_add(row, k.mul_wide(i >> 8, k.mov(144, u32)))
+    j = i & 255
+    d = _f16_at(k, blk[0])
+    dmin = _f16_at(k, blk[2])
+    chunk = j >> 6                   # 64 weights share 32 bytes of qs
+    hi = (j >> 5) & 1                # low or high nibbles
+    sub = j >> 5                     # sub-block 0..7 (is = 2*chunk + hi)
+    byte = k.ld(blk[16 + (chunk << 5) + (j & 31)], ty=u8, nc=True)
+    q = k.bfe(byte, hi << 2, 4)
+    s = sub & 3
+    a = k.ld(blk[4 + s], ty=u8, nc=True)     # scales[is] (is < 4) / scales[is - 4]
+    b = k.ld(blk[8 + s], ty=u8, nc=True)     # scales[is + 4] / scales[is]
+    c = k.ld(blk[12 + s], ty=u8, nc=True)    # scales[is + 4] for is >= 4
+    low = sub < 4
+    sc = k.select(low, a & 63, (c & 15) | ((a >> 6) << 4))
+    mn = k.select(low, b & 63, (c >> 4) | ((b >> 6) << 4))
+    return _q4_k_value(k, d, dmin, sc, mn, q)
+
+
+def _q4_k_value(k, d, dmin, sc, mn, q):
+    ds = _mul(k, d, sc.to(f32))
+    dm = _mul(k, dmin, mn.to(f32))
+    return k.sub(_mul(k, ds, q.to(f32)), dm, rnd="rn")
+
+
+def _q6_k(k, row, i):
+    blk = k.ptr_add(row, k.mul_wide(i >> 8, k.mov(210, u32)))
+    j = i & 255
+    half = j >> 7
+    l = j & 127
+    g = l >> 5                       # which of the four 32-groups
+    l2 = l & 31
+    ql = k.ld(blk[(half << 6) + ((g & 1) << 5) + l2], ty=u8, nc=True)
+    qh = k.ld(blk[128 + (half << 5) + l2], ty=u8, nc=True)
+    lo4 = k.bfe(ql, (g >> 1) << 2, 4)
+    hi2 = k.bfe(qh, g << 1, 2)
+    q = (lo4 | (hi2 << 4)).bitcast(s32) - 32
+    sc = k.ld(blk[192 + (half << 3) + (l2 >> 4) + (g << 1)], ty="s8", nc=True)
+    d = _f16_at(k, blk[208])
+    return _mul(k, _mul(k, d, sc.to(f32)), q.to(f32))
+
+
+def build(spec: EmbeddingSpec) -> ptxgen.Module:
+    """PTX for ``spec``; parameters
+    ``table: u8*, token_ptr: s32*, out: f32*, n: u32, n_vocab: u32``."""
+    m = ptxgen.Module(spec.target)
+    bs, ts = QTYPES[spec.qtype]
+    with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        table = k.param_ptr("table", u8, align=4)
+        token_ptr = k.param_ptr("token_ptr", s32)
+        out = k.param_ptr("out", f32, align=4)
+        n = k.param("n", u32)
+        n_vocab = k.param("n_vocab", u32)
+        tok = k.ld(token_ptr[0])
+        i = k.global_id()
+        ok = k.setp("lt", i, n, combine=("and", tok >= 0))
+        ok = k.setp("lt", tok.bitcast(u32), n_vocab, combine=("and", ok))
+        with k.if_(ok):
+            row_bytes = (n // bs) * ts if bs > 1 else n * ts
+            row = k.ptr_add(table, k.mul_wide(tok.bitcast(u32), row_bytes))
+            if spec.qtype == "f32":
+                val = k.ld(row[i << 2], ty=f32, nc=True)
+            elif spec.qtype == "f16":
+                val = _f16_at(k, row[i << 1])
+            else:
+                val = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}[spec.qtype](k, row, i)
+            k.st(out[i], val)
+    return m
+
+
+def launch_geometry(spec: EmbeddingSpec, n: int):
+    """``(grid, block, shared_bytes)`` for a row of ``n`` weights."""
+    return ((n + spec.block - 1) // spec.block, 1, 1), (spec.block, 1, 1), 0
+
+
+def reference(table_rows: np.ndarray, token: int) -> np.ndarray:
+    """float64 copy of the already-dequantized row ``token``."""
+    return np.asarray(table_rows[token], dtype=np.float64)
+
+
+CANONICAL = {
+    "embedding_q4_k": EmbeddingSpec(),
+    "embedding_q6_k": EmbeddingSpec(qtype="Q6_K"),
+    "embedding_f16": EmbeddingSpec(qtype="f16"),
+}
+
+registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

@@ -1,0 +1,77 @@
+"""Quantized GEMV ``y = W x`` (Q4_K, Q6_K, Q8_0) with optional fused epilogues.
+
+``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``, rows of
+blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``)
+and ``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
+matrices).  K is a spec field (a multiple of the block size, else
+ValueError); M is a launch argument and arbitrary.
+
+Q4_K: :mod:`gemv_q4k` (x in registers, 16-byte weight loads).  Q6_K, Q8_0:
+:mod:`gemv_staged` (tiles staged through shared memory).  Design notes and
+measurements: docs/gemv.md.
+
+Launch: ``grid, block, shared, rpc = launch_geometry(spec, M)``; arguments
+``(w[, wu], x[, r], y, M, rpc)``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+import ptxgen
+from ptxgen import registry
+
+from .gemv_common import (EPILOGUES, QTYPE_INFO, GemvSpec, check_k, launch_geometry,
+                          reference, threads)
+from .gemv_q4k import build_q4k
+from .gemv_staged import build_staged
+
+__all__ = ["GemvSpec", "build", "launch_geometry", "reference", "default_spec",
+           "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "CANONICAL"]
+
+
+def build(spec: GemvSpec) -> ptxgen.Module:
+    """The PTX module (one kernel, ``spec.kernel_name``) for ``spec``."""
+    if spec.qtype == "Q4_K":
+        return build_q4k(spec)
+    return build_staged(spec)
+
+
+#: tuned knobs (sweep on H100 80GB HBM3, 2026-11-22; docs/gemv.md); the same
+#: for every target until other devices are measured
+_DEFAULTS = {
+    "Q4_K": dict(rows=8, max_ctas=2112, prefetch=False),
+    "Q6_K": dict(rows=2, tile=2048, max_ctas=2112),
+    "Q8_0": dict(rows=8, tile=2048, max_ctas=2112),
+}
+
+
+def default_spec(qtype: str, k: int, epilogue: str = "none",
+                 target: str = "sm_80", **overrides) -> GemvSpec:
+    """The spec with the default tuning knobs for ``qtype`` on ``target``.
+
+    Raises
+    ------
+    ValueError
+        Unknown qtype/epilogue, or ``k`` not a multiple of the block size.
+    """
+    qtype = qtype.upper() if isinstance(qtype, str) else qtype
+    check_k(qtype, k)
+    knobs = dict(_DEFAULTS[qtype])
+    if epilogue == "swiglu":
+        # two matrices' loads in flight: fewer rows (Q4_K at K > 8192 has 448+
+        # threads and spills at rows=2)
+        knobs["rows"] = {"Q4_K": 2 if k <= 8192 else 1, "Q6_K": 2, "Q8_0": 4}[qtype]
+    knobs.update(overrides)
+    return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
+
+
+CANONICAL = {
+    "gemv_q4_k": GemvSpec("Q4_K", 512),
+    "gemv_q6_k_swiglu": GemvSpec("Q6_K", 512, epilogue="swiglu"),
+    "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
+}
+
+registry.register("gemv", GemvSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+
+_ = attrs

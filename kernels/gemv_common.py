@@ -1,0 +1,255 @@
+"""Shared parts of the quantized GEMV kernels: spec, geometry, epilogues, references.
+
+``y = W @ x`` with ``W`` an ``[M, K]`` matrix stored as GGUF rows of
+quantized blocks (``uint8 [M, row_bytes]``), ``x`` and ``y`` float32.  One
+spec class, :class:`GemvSpec`, covers every format and epilogue; the
+format-specific builders live in :mod:`gemv_q4k` (Q4_K, direct 16-byte
+loads) and :mod:`gemv_staged` (Q6_K and Q8_0, staged through shared memory).
+
+Kernel parameters, in order::
+
+    w      u8*   weights (gate weights for swiglu)
+    wu     u8*   up weights                      (swiglu only)
+    x      f32*  activations, K values
+    r      f32*  residual, M values              (residual only)
+    y      f32*  output, M values
+    m      u32   rows
+    rpc    u32   rows per CTA (a multiple of ``spec.rows``; see launch_geometry)
+
+Launch: ``grid = ceil(M / rpc)`` CTAs of ``threads(spec)`` threads, no
+dynamic shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from ptxgen.target import TARGETS
+from ptxgen.types import f32
+
+__all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
+           "launch_geometry", "reference", "warp_sum", "silu_times", "write_outputs"]
+
+#: qtype -> (weights per block, bytes per block)
+QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+EPILOGUES = ("none", "residual", "swiglu")
+LOG2E = 1.4426950408889634
+
+
+def check_k(qtype: str, k: int) -> None:
+    """Raise ValueError unless ``k`` is a positive multiple of ``qtype``'s block."""
+    if qtype not in QTYPE_INFO:
+        raise ValueError(f"unsupported qtype {qtype!r}; supported: {', '.join(QTYPE_INFO)}")
+    bs = QTYPE_INFO[qtype][0]
+    if not isinstance(k, int) or isinstance(k, bool) or k <= 0 or k % bs:
+        raise ValueError(f"{qtype} GEMV: K={k!r} is not a positive multiple of the "
+                         f"{qtype} block size ({bs} weights)")
+
+
+def _check_k_field(inst, attr, value):
+    check_k(inst.qtype, value)
+
+
+def _pos_pow2(lo, hi):
+    def check(inst, attr, v):
+        if not isinstance(v, int) or not lo <= v <= hi or v & (v - 1):
+            raise ValueError(f"{attr.name} must be a power of two in {lo}..{hi}, got {v!r}")
+    return check
+
+
+@attrs.frozen
+class GemvSpec:
+    """A quantized GEMV kernel.
+
+    Parameters
+    ----------
+    qtype : {"Q4_K", "Q6_K", "Q8_0"}
+        Weight format.
+    k : int
+        Row length (a multiple of the block: 256, or 32 for Q8_0).  It is a
+        build-time constant so loops over K unroll; M is a launch argument.
+    epilogue : {"none", "residual", "swiglu"}
+        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``.
+    rows : int
+        Rows a CTA works on at once (their loads are all in flight together;
+        x is reused across them).
+    pieces : int
+        Q4_K: 32-weight pieces each thread owns (0 = as few as fit in 1024
+        threads).  Staged formats: ignored.
+    tile : int
+        Staged formats: weights per K tile (a multiple of the block).
+    load_width : int
+        Bytes per global load when staging (16, 8, 4 or 2; 0 = widest the
+        row and tile alignment allow).  Q4_K always loads 16 bytes.
+    prefetch : bool
+        Q4_K: load the next row group while computing this one (software
+        pipelining through loop-carried registers).
+    max_ctas : int
+        Upper bound on the grid; rows per CTA grow beyond it (x is loaded
+        once per CTA).
+    target : str
+        ``sm_80`` ... ``sm_90a``.
+    """
+
+    qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
+    k: int = attrs.field(validator=_check_k_field)
+    epilogue: str = attrs.field(default="none", validator=attrs.validators.in_(EPILOGUES))
+    rows: int = attrs.field(default=4, validator=_pos_pow2(1, 16))
+    pieces: int = attrs.field(default=0)
+    tile: int = attrs.field(default=2048)
+    load_width: int = attrs.field(default=0, validator=attrs.validators.in_((0, 2, 4, 8, 16)))
+    max_ctas: int = attrs.field(default=1056)
+    prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+
+    @pieces.validator
+    def _check_pieces(self, attr, v):
+        if not isinstance(v, int) or v < 0 or v > 8:
+            raise ValueError(f"pieces must be 0..8, got {v!r}")
+
+    @tile.validator
+    def _check_tile(self, attr, v):
+        bs = QTYPE_INFO[self.qtype][0]
+        if not isinstance(v, int) or v <= 0 or v % bs:
+            raise ValueError(f"tile must be a positive multiple of {bs}, got {v!r}")
+
+    @max_ctas.validator
+    def _check_ctas(self, attr, v):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"max_ctas must be a positive int, got {v!r}")
+
+    @property
+    def block_weights(self) -> int:
+        return QTYPE_INFO[self.qtype][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return QTYPE_INFO[self.qtype][1]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.k // self.block_weights * self.block_bytes
+
+    @property
+    def n_mats(self) -> int:
+        return 2 if self.epilogue == "swiglu" else 1
+
+    @property
+    def kernel_name(self) -> str:
+        epi = "" if self.epilogue == "none" else "_" + self.epilogue
+        return f"gemv_{self.qtype.lower()}_k{self.k}{epi}_r{self.rows}"
+
+
+def threads(spec: GemvSpec) -> int:
+    """Threads per CTA."""
+    if spec.qtype == "Q4_K":
+        from .gemv_q4k import q4k_layout
+        return q4k_layout(spec)[1]
+    from .gemv_staged import staged_layout
+    return staged_layout(spec)["threads"]
+
+
+def launch_geometry(spec: GemvSpec, m: int):
+    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows.
+
+    ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
+    ``spec.rows`` that keeps the grid within ``spec.max_ctas``.
+    """
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"M must be a positive int, got {m!r}")
+    groups = math.ceil(m / spec.rows)
+    per_cta = math.ceil(groups / spec.max_ctas)
+    rpc = per_cta * spec.rows
+    grid = math.ceil(m / rpc)
+    return (grid, 1, 1), (threads(spec), 1, 1), 0, rpc
+
+
+def warp_sum(k, v):
+    """Butterfly sum of an f32 over the 32 lanes (every lane gets the total)."""
+    for off in (16, 8, 4, 2, 1):
+        v = v + k.shfl_xor(v, off)
+    return v
+
+
+def silu_times(k, g, u):
+    """``silu(g) * u = g * u / (1 + 2^(-g log2 e))`` (ex2.approx, div.rn)."""
+    e = k.ex2(g * (-LOG2E))
+    return (g * u) / (e + 1.0)
+
+
+def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid):
+    """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
+
+    Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
+    the shared array ``red`` ([warps, mats*rows]); after a barrier thread
+    ``i < rows`` adds the warps' values for row ``row0 + i``, applies the
+    epilogue and stores it if the row is below ``row_end``.  A second barrier
+    lets ``red`` be reused.
+    """
+    nm, R = spec.n_mats, spec.rows
+    lane = tid & 31
+    warp = tid >> 5
+    sums = [[warp_sum(k, acc[mi][i]) for i in range(R)] for mi in range(nm)]
+    with k.if_(lane.eq(0)):
+        base = warp * (nm * R)
+        for mi in range(nm):
+            for i in range(R):
+                k.st(red[base + (mi * R + i)], sums[mi][i])
+    k.bar_sync(0)
+    row = row0 + tid
+    with k.if_(k.setp("lt", tid, R, combine=("and", row < row_end))):
+        tot = []
+        for mi in range(nm):
+            t = k.ld(red[tid + mi * R])
+            for w in range(1, warps):
+                t = t + k.ld(red[tid + (w * nm * R + mi * R)])
+            tot.append(t)
+        if spec.epilogue == "swiglu":
+            out = silu_times(k, tot[0], tot[1])
+        elif spec.epilogue == "residual":
+            # plain ld, not .nc: y may alias r (x += W.a) within this launch
+            out = tot[0] + k.ld(r[row])
+        else:
+            out = tot[0]
+        k.st(y[row], out)
+    k.bar_sync(0)
+
+
+def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None):
+    """float64 reference: gguf-dequantized weights (as float64) times x.
+
+    Parameters
+    ----------
+    spec_or_qtype : GemvSpec or str
+    w_raw : uint8 [M, row_bytes]
+        Weights (gate weights for swiglu).
+    x : float [K]
+    residual : float [M], optional
+    w_up : uint8 [M, row_bytes], optional
+        Up weights for swiglu.
+    epilogue : str, optional
+        Defaults to the spec's (or "none" for a bare qtype).
+    """
+    from .quants import dequantize
+    if isinstance(spec_or_qtype, GemvSpec):
+        qtype, epi = spec_or_qtype.qtype, spec_or_qtype.epilogue
+    else:
+        qtype, epi = spec_or_qtype, "none"
+    epi = epilogue or epi
+    x = np.asarray(x, dtype=np.float64)
+    m = w_raw.shape[0]
+    w = dequantize(np.ascontiguousarray(w_raw), qtype, (m, x.size)).astype(np.float64)
+    y = w @ x
+    if epi == "residual":
+        y = y + np.asarray(residual, dtype=np.float64)
+    elif epi == "swiglu":
+        wu = dequantize(np.ascontiguousarray(w_up), qtype, (m, x.size)).astype(np.float64)
+        u = wu @ x
+        y = y / (1.0 + np.exp(-y)) * u
+    return y
+
+
+_ = f32

@@ -1,0 +1,189 @@
+"""Q4_K GEMV: column-stationary threads, x in registers, 16-byte weight loads.
+
+Layout of a Q4_K super-block (144 bytes, 256 weights)::
+
+    0   f16 d      2  f16 dmin     4..15  packed 6-bit scales/mins (8 sub-blocks)
+    16..143  qs: group j (0..3) is qs[32j .. 32j+32): low nibbles are
+             sub-block 2j, high nibbles sub-block 2j+1
+
+A *piece* is 16 bytes of qs: piece ``c`` (0..7) of super-block ``sb`` holds
+weights ``64j + 16h + (0..16)`` (low nibbles) and ``+32`` (high nibbles),
+``j = c // 2``, ``h = c % 2``.  The K dimension has ``P = 8 K / 256``
+pieces; thread ``t`` of a CTA owns pieces ``t, t + T, ...`` for the whole
+kernel, so its 32 x values per piece are loaded once into registers.  The
+CTA then walks its rows ``spec.rows`` at a time: every thread issues one
+16-byte ``ld.global.nc.L1::no_allocate.v4`` for each row's piece and one for
+the super-block header (the 8 threads of a super-block read the same header,
+one transaction), all before the first use; lanes 0..31 read 4 consecutive
+super-blocks' qs, so a warp load is 4 runs of 128 contiguous bytes.
+
+Dequantisation without int->float conversions: a nibble ``q`` is placed in
+the mantissa of ``1 + q/16`` with one ``prmt`` (bytes prepared four at a
+time), so the dot product of a half piece is one fma per weight::
+
+    S = sum x_i (1 + q_i/16)           (f32 fma chain)
+    sum x_i w_i = 16 d sc (S - X) - dmin m X,     X = sum x_i (per thread, once)
+
+The 6-bit scales/mins are decoded with shifts and masks chosen per lane
+(``j < 2`` and ``j >= 2`` use different bits), no branches.  Partial sums
+are reduced over the CTA by :func:`gemv_common.write_outputs`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ptxgen
+from ptxgen.types import f16, f32, u8, u32, u64
+
+from .gemv_common import GemvSpec, write_outputs
+
+__all__ = ["build_q4k", "q4k_layout"]
+
+_SEL_BASE = 0x7044          # out = [0x00, 0x00, byte i of a, 0x3F]
+_ONE_EXP = 0x3F000000
+
+
+def q4k_layout(spec: GemvSpec) -> tuple[int, int, int]:
+    """``(pieces_per_thread, threads, total_pieces)`` for a Q4_K spec."""
+    total = spec.k // 256 * 8
+    ppt = spec.pieces or max(1, math.ceil(total / 1024))
+    thr = max(32, math.ceil(math.ceil(total / ppt) / 32) * 32)
+    if thr > 1024:
+        raise ValueError(f"Q4_K K={spec.k}: {ppt} pieces per thread need {thr} threads "
+                         f"(> 1024); raise pieces")
+    return ppt, thr, total
+
+
+def _piece_consts(k, x, tid, i, thr, total):
+    """Per-piece constants: byte offsets, lane masks, x registers and sums."""
+    p = tid + i * thr
+    valid = p < total
+    pc = k.min(p, total - 1)
+    sb = pc >> 3
+    c = pc & 7
+    j = c >> 1
+    hoff = sb * 144
+    qoff = hoff + (c << 4) + 16
+    s = (j & 1) << 4
+    hi = j >= 2
+    m_a = k.select(hi, k.mov(0, u32), k.mov(0x3F3F, u32))
+    m_a2 = k.select(hi, k.mov(0x3030, u32), k.mov(0, u32))
+    m_c = k.select(hi, k.mov(0x0F0F, u32), k.mov(0, u32))
+    xo = (sb << 8) + (j << 6) + ((c & 1) << 4)
+    xv = []
+    for half in (0, 32):
+        xa = x[xo + half] if half else x[xo]
+        vals = []
+        for v in range(4):
+            vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=True))
+        zero = k.mov(0.0, f32)
+        xv.append([k.select(valid, a, zero) for a in vals])
+    sums = []
+    for vals in xv:
+        t = vals[0]
+        for a in vals[1:]:
+            t = t + a
+        sums.append(t)
+    return dict(hoff=hoff.to(u64), qoff=qoff.to(u64), s=s, m_a=m_a, m_a2=m_a2,
+                m_c=m_c, x=xv, xs=sums)
+
+
+def _half_dot(k, words, xs, shift_left):
+    """S = sum x_i (1 + q_i/16) over the 16 nibbles of one half piece."""
+    acc = None
+    for w, word in enumerate(words):
+        t = (word << 3) if shift_left else (word >> 1)
+        pk = (t & 0x78787878) | 0x80808080
+        for b in range(4):
+            f = k.prmt(pk, _ONE_EXP, _SEL_BASE | (b << 8)).bitcast(f32)
+            xi = xs[4 * w + b]
+            acc = xi * f if acc is None else k.fma(xi, f, acc)
+    return acc
+
+
+def _piece_dot(k, hdr, qs, pc):
+    """Contribution of one piece of one row: sum over its 32 weights of x w."""
+    h0, h1, h2, h3 = hdr
+    d_h, dmin_h = k.unpack(h0, f16, 2)
+    d16 = d_h.to(f32) * 16.0
+    ndmin = -dmin_h.to(f32)
+    a = h1 >> pc["s"]
+    b = h2 >> pc["s"]
+    cc = h3 >> pc["s"]
+    sc = (a & pc["m_a"]) | ((a >> 2) & pc["m_a2"]) | (cc & pc["m_c"])
+    mn = (b & pc["m_a"]) | ((b >> 2) & pc["m_a2"]) | ((cc >> 4) & pc["m_c"])
+    sc_lo = (sc & 0xFF).to(f32)
+    sc_hi = (sc >> 8).to(f32)
+    m_lo = (mn & 0xFF).to(f32)
+    m_hi = (mn >> 8).to(f32)
+    x_lo, x_hi = pc["x"]
+    xs_lo, xs_hi = pc["xs"]
+    s_lo = _half_dot(k, qs, x_lo, True)
+    s_hi = _half_dot(k, qs, x_hi, False)
+    part = (d16 * sc_lo) * (s_lo - xs_lo)
+    part = k.fma(d16 * sc_hi, s_hi - xs_hi, part)
+    mx = k.fma(m_lo, xs_lo, m_hi * xs_hi)
+    return k.fma(ndmin, mx, part)
+
+
+def build_q4k(spec: GemvSpec) -> ptxgen.Module:
+    """Build the Q4_K GEMV kernel described by ``spec``."""
+    ppt, thr, total = q4k_layout(spec)
+    nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
+    warps = thr // 32
+    m = ptxgen.Module(spec.target)
+    with m.kernel(spec.kernel_name, reqntid=thr) as k:
+        ws = [k.param_ptr("w", u8, align=16)]
+        if nm == 2:
+            ws.append(k.param_ptr("wu", u8, align=16))
+        x = k.param_ptr("x", f32, align=16)
+        r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
+        y = k.param_ptr("y", f32)
+        mrows = k.param("m", u32)
+        rpc = k.param("rpc", u32)
+        red = k.shared_array("red", f32, warps * nm * R, align=16)
+
+        tid = k.tid.x
+        pcs = [_piece_consts(k, x, tid, i, thr, total) for i in range(ppt)]
+        bases = [[(k.ptr_add(w, pc["hoff"]), k.ptr_add(w, pc["qoff"])) for pc in pcs]
+                 for w in ws]
+        row0 = k.ctaid.x * rpc
+        row_end = k.min(mrows, row0 + rpc)
+        last = row_end - 1
+        def issue(rg):
+            """All loads of the row group at ``rg`` (rows clamped to the CTA's last)."""
+            out = []
+            for i in range(R):
+                off = k.mul_wide(k.min(rg + i, last), rb)
+                out.append([[(k.ld(hb[off], u32, vec=4, nc=True, evict="L1::no_allocate"),
+                              k.ld(qb[off], u32, vec=4, nc=True, evict="L1::no_allocate"))
+                             for hb, qb in bases[mi]] for mi in range(nm)])
+            return out
+
+        def regs_of(loads):
+            return [w for per_mat in loads for per_piece in per_mat for pair in per_piece
+                    for v in pair for w in v]
+
+        if spec.prefetch:
+            first = issue(row0)
+            cur = [k.var(u32, w) for w in regs_of(first)]
+        with k.for_range(row0, row_end, R) as rg:
+            if spec.prefetch:
+                nxt = issue(rg + R)
+                it = iter(cur)
+                loads = [[[(tuple(next(it) for _ in range(4)), tuple(next(it) for _ in range(4)))
+                           for _ in bases[mi]] for mi in range(nm)] for _ in range(R)]
+            else:
+                loads = issue(rg)
+            acc = [[None] * R for _ in range(nm)]
+            for i in range(R):
+                for mi in range(nm):
+                    for (hdr, qs), pc in zip(loads[i][mi], pcs):
+                        d = _piece_dot(k, hdr, qs, pc)
+                        acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
+            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid)
+            if spec.prefetch:
+                for v, w in zip(cur, regs_of(nxt)):
+                    k.assign(v, w)
+    return m

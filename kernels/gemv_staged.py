@@ -1,0 +1,200 @@
+"""Q6_K and Q8_0 GEMV: weight tiles staged through shared memory.
+
+Q6_K blocks (210 bytes) and Q8_0 blocks (34 bytes) are only 2-byte aligned
+inside a row, so a thread cannot read "its" block with wide loads.  Instead a
+CTA works on ``spec.rows`` consecutive rows at a time and walks K in tiles:
+
+1. copy: the rows' tile bytes (contiguous per row) are read with coalesced
+   ``ld.global.nc.L1::no_allocate`` loads of ``load_width`` bytes (16 when
+   the row and tile sizes allow) and stored to shared memory, all loads
+   issued before the first store;
+2. decode: each thread owns one *piece* of the tile (Q8_0: 8 weights of a
+   block; Q6_K: 16 weights, four runs of 4) for every row; it loads its x
+   values once per tile (lanes read consecutive 16 bytes) and reuses them
+   across the rows; the quants come from shared memory with 16-bit loads.
+
+Integer -> float without ``cvt``: Q6_K's 6-bit ``q`` goes into the mantissa
+of ``1 + q/64`` with one ``prmt`` (``sum x (q - 32) = 64 S - 96 X``); Q8_0's
+signed byte becomes ``2^23 + 128 + q`` by ``prmt`` and is made exact with
+one subtraction.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ptxgen
+from ptxgen.types import f16, f32, s8, u8, u16, u32
+
+from .gemv_common import GemvSpec, write_outputs
+
+__all__ = ["build_staged", "staged_layout"]
+
+_PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4}
+
+
+def staged_layout(spec: GemvSpec) -> dict:
+    """Tile geometry: blocks per tile, bytes, load width, threads."""
+    nb = spec.k // spec.block_weights
+    limit = max(1, spec.tile // spec.block_weights)
+    tb = max(d for d in range(1, min(nb, limit) + 1) if nb % d == 0)
+    tile_bytes = tb * spec.block_bytes
+    align = math.gcd(spec.row_bytes, tile_bytes)
+    if spec.load_width:
+        if align % spec.load_width:
+            raise ValueError(f"load_width {spec.load_width} does not divide the row/tile "
+                             f"alignment {align} of {spec.qtype} K={spec.k}")
+        lw = spec.load_width
+    else:
+        lw = next(w for w in (16, 8, 4, 2) if align % w == 0)
+    pieces = tb * _PIECES_PER_BLOCK[spec.qtype]
+    thr = max(32, math.ceil(pieces / 32) * 32)
+    if thr > 1024:
+        raise ValueError(f"{spec.qtype} tile of {tb} blocks has {pieces} pieces (> 1024 "
+                         "threads); lower tile")
+    return dict(tile_blocks=tb, tiles=nb // tb, tile_bytes=tile_bytes,
+                stride=math.ceil(tile_bytes / 16) * 16, lw=lw, pieces=pieces, threads=thr)
+
+
+def _u32_at(k, addr):
+    """A 32-bit little-endian word from a 2-byte aligned shared address."""
+    lo = k.ld(addr, u16)
+    hi = k.ld(addr + 2, u16)
+    return k.pack(u32, lo, hi)
+
+
+def _q8_piece(k, sm, x, tile_k0, tid, lay):
+    """Q8_0 piece ``tid``: block ``tid // 4``, weights ``8 (tid % 4) + (0..8)``."""
+    b = tid >> 2
+    qq = tid & 3
+    xi = tile_k0 + (b << 5) + (qq << 3)
+    xv = list(k.ld(x[xi], f32, vec=4, nc=True)) + list(k.ld(x[xi] + 16, f32, vec=4, nc=True))
+    boff = b * 34
+    return dict(x=xv, d_off=boff, q_off=boff + 2 + (qq << 3))
+
+
+def _q8_dot(k, spec, sm_row, pc):
+    d = k.ld(sm_row[pc["d_off"]], u16).bitcast(f16).to(f32)
+    acc = None
+    for w in range(2):
+        word = _u32_at(k, sm_row[pc["q_off"]] + 4 * w) ^ 0x80808080
+        for bi in range(4):
+            f = k.prmt(word, 0x4B000000, 0x7440 | bi).bitcast(f32) - 8388736.0
+            xi = pc["x"][4 * w + bi]
+            acc = xi * f if acc is None else k.fma(xi, f, acc)
+    return d * acc
+
+
+def _q6_piece(k, sm, x, tile_k0, tid, lay):
+    """Q6_K piece ``tid``: block ``tid // 16``, half ``n``, l-group ``g``."""
+    b = tid >> 4
+    n = (tid >> 3) & 1
+    g = tid & 7
+    xi = tile_k0 + (b << 8) + (n << 7) + (g << 2)
+    xv = [list(k.ld(x[xi] + 128 * s, f32, vec=4, nc=True)) for s in range(4)]
+    xs = []
+    for v in xv:
+        xs.append((v[0] + v[1]) + (v[2] + v[3]))
+    boff = b * 210
+    return dict(x=xv, xs=xs,
+                ql=boff + (n << 6) + (g << 2),
+                qh=boff + 128 + (n << 5) + (g << 2),
+                sc=boff + 192 + (n << 3) + (g >> 2),
+                d=boff + 208)
+
+
+def _q6_dot(k, spec, sm_row, pc):
+    d = k.ld(sm_row[pc["d"]], u16).bitcast(f16).to(f32)
+    ql = [_u32_at(k, sm_row[pc["ql"]]), _u32_at(k, sm_row[pc["ql"]] + 32)]
+    qh = _u32_at(k, sm_row[pc["qh"]])
+    scb = sm_row[pc["sc"]]
+    acc = None
+    for s in range(4):
+        sc = k.ld(scb + 2 * s, s8).to(f32)
+        nib = ql[s & 1] >> 4 if s >= 2 else ql[s & 1]
+        nib = nib & 0x0F0F0F0F
+        hb = ((qh >> (2 * s)) & 0x03030303) << 4
+        pk = ((nib | hb) << 1) | 0x80808080
+        ssum = None
+        for li in range(4):
+            f = k.prmt(pk, 0x3F000000, 0x7044 | (li << 8)).bitcast(f32)
+            xi = pc["x"][s][li]
+            ssum = xi * f if ssum is None else k.fma(xi, f, ssum)
+        t = k.fma(ssum, 64.0, pc["xs"][s] * -96.0)
+        acc = sc * t if acc is None else k.fma(sc, t, acc)
+    return d * acc
+
+
+_FORMATS = {"Q6_K": (_q6_piece, _q6_dot), "Q8_0": (_q8_piece, _q8_dot)}
+
+
+def build_staged(spec: GemvSpec) -> ptxgen.Module:
+    """Build the Q6_K or Q8_0 GEMV kernel described by ``spec``."""
+    lay = staged_layout(spec)
+    piece_fn, dot_fn = _FORMATS[spec.qtype]
+    nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
+    thr, lw, stride = lay["threads"], lay["lw"], lay["stride"]
+    warps = thr // 32
+    cpr = lay["tile_bytes"] // lw
+    lty = {16: u32, 8: u32, 4: u32, 2: u16}[lw]
+    vec = {16: 4, 8: 2, 4: 1, 2: 1}[lw]
+    m = ptxgen.Module(spec.target)
+    with m.kernel(spec.kernel_name, reqntid=thr) as k:
+        ws = [k.param_ptr("w", u8, align=16)]
+        if nm == 2:
+            ws.append(k.param_ptr("wu", u8, align=16))
+        x = k.param_ptr("x", f32, align=16)
+        r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
+        y = k.param_ptr("y", f32)
+        mrows = k.param("m", u32)
+        rpc = k.param("rpc", u32)
+        red = k.shared_array("red", f32, warps * nm * R, align=16)
+        sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
+
+        tid = k.tid.x
+        active = tid < lay["pieces"]
+        ptid = k.min(tid, lay["pieces"] - 1)
+        row0 = k.ctaid.x * rpc
+        row_end = k.min(mrows, row0 + rpc)
+        last = row_end - 1
+        zero = k.mov(0.0, f32)
+        with k.for_range(row0, row_end, R) as rg:
+            accs = [[k.var(f32, 0.0) for _ in range(R)] for _ in range(nm)]
+            srcs = []
+            for mi in range(nm):
+                for i in range(R):
+                    off = k.mul_wide(k.min(rg + i, last), rb)
+                    srcs.append(k.ptr_add(ws[mi], off))
+            with k.for_range(0, lay["tiles"]) as t:
+                tb_off = k.mul_wide(t, lay["tile_bytes"])
+                pending = []
+                for si, src in enumerate(srcs):
+                    base = k.ptr_add(src, tb_off)
+                    for n in range(math.ceil(cpr / thr)):
+                        ci = tid + n * thr
+                        ok = ci < cpr
+                        ga = base[k.mul_wide(ci, lw)]
+                        v = k.ld(ga, lty, vec=vec, nc=True, evict="L1::no_allocate", guard=ok)
+                        pending.append((ok, si * stride + n * thr * lw, v))
+                for ok, soff, v in pending:
+                    k.st(sm[tid * lw + soff] if lw > 1 else sm[tid + soff], v, lty, guard=ok)
+                k.bar_sync(0)
+                pc = piece_fn(k, sm, x, t * (lay["tile_blocks"] * spec.block_weights), ptid, lay)
+                for mi in range(nm):
+                    for i in range(R):
+                        base_sym = _RowView(k, sm, (mi * R + i) * stride)
+                        part = dot_fn(k, spec, base_sym, pc)
+                        accs[mi][i] += k.select(active, part, zero)
+                k.bar_sync(0)
+            write_outputs(k, spec, accs, red, warps, rg, row_end, y, r, tid)
+    return m
+
+
+class _RowView:
+    """``view[i]`` -> shared address of byte ``base + i`` (``i`` a u32 register)."""
+
+    def __init__(self, k, sym, base):
+        self.k, self.sym, self.base = k, sym, base
+
+    def __getitem__(self, i):
+        return self.sym[i] + self.base

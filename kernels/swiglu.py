@@ -1,0 +1,98 @@
+"""SwiGLU: ``out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]``.
+
+Layout: ``g``, ``u``, ``out`` are f32 vectors of any length ``n`` (a launch
+parameter).  Launch: each thread handles 4 consecutive elements,
+``grid = ceil(n / (4 * block))``; with all three pointers 16-byte aligned a
+full group of 4 is one ``ld.global.nc.v4`` per input, otherwise (and for
+the last ``n % 4`` elements) scalar loads.
+
+Accuracy: ``exp(-g)`` is ``ex2.approx(-g * log2(e))`` and the quotient is
+``div.rn``; relative error within 1e-5 of float64 for ``|g| < 50``
+(the rounding of ``g * log2 e`` grows with ``|g|``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+import ptxgen
+from ptxgen import registry
+from ptxgen.target import TARGETS
+from ptxgen.types import f32, u32
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+@attrs.frozen
+class SwiGluSpec:
+    """A SwiGLU kernel.
+
+    Parameters
+    ----------
+    block : int
+        Threads per block (a multiple of 32, at most 1024).
+    target : str
+    """
+
+    block: int = attrs.field(default=256)
+    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+
+    @block.validator
+    def _check_block(self, _, v):
+        if not (32 <= v <= 1024 and v % 32 == 0):
+            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"swiglu_f32_b{self.block}"
+
+
+def silu_mul(k, g, u):
+    """``g / (1 + 2**(-g log2 e)) * u`` in f32 (``div.rn``, ``mul.rn``)."""
+    e = k.ex2(k.mul(g, -LOG2E, rnd="rn"))
+    s = k.div(g, k.add(e, 1.0, rnd="rn"))
+    return k.mul(s, u, rnd="rn")
+
+
+def build(spec: SwiGluSpec) -> ptxgen.Module:
+    """PTX for ``spec``; parameters ``g, u, out, n: u32``."""
+    m = ptxgen.Module(spec.target)
+    with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        g = k.param_ptr("g", f32, align=16)
+        u = k.param_ptr("u", f32, align=16)
+        out = k.param_ptr("out", f32, align=16)
+        n = k.param("n", u32)
+        i0 = k.global_id() << 2
+        aligned = ((g | u | out) & 15).eq(0)
+        full = k.setp("le", i0 + 4, n, combine=("and", aligned))
+        with k.if_else(full) as (vec, scalar):
+            with vec:
+                gs = k.ld(g[i0], vec=4, nc=True)
+                us = k.ld(u[i0], vec=4, nc=True)
+                k.st(out[i0], tuple(silu_mul(k, a, b) for a, b in zip(gs, us)))
+            with scalar:
+                for j in range(4):
+                    i = i0 + j
+                    with k.if_(i < n):
+                        k.st(out[i], silu_mul(k, k.ld(g[i], nc=True), k.ld(u[i], nc=True)))
+    return m
+
+
+def launch_geometry(spec: SwiGluSpec, n: int):
+    """``(grid, block, shared_bytes)`` for ``n`` elements."""
+    per = 4 * spec.block
+    return (max(1, (n + per - 1) // per), 1, 1), (spec.block, 1, 1), 0
+
+
+def reference(g, u):
+    """float64 ``silu(g) * u``."""
+    g = np.asarray(g, dtype=np.float64)
+    return g / (1.0 + np.exp(-g)) * np.asarray(u, dtype=np.float64)
+
+
+CANONICAL = {"swiglu": SwiGluSpec()}
+
+registry.register("swiglu", SwiGluSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

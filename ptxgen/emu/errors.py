@@ -1,0 +1,91 @@
+"""Errors the emulator raises.
+
+Every run-time error names the PTX line (number and text), the block
+``(x, y, z)`` and the thread ``(x, y, z)`` where it happened::
+
+    MemoryFault: line 31 `st.global.f32 [%rd6], %f24;`, block (3, 0, 0),
+    thread (17, 0, 0): global store of 4 bytes at 0x400000001000 is 4 bytes
+    past the end of a 4096-byte allocation at 0x400000000000
+"""
+
+from __future__ import annotations
+
+__all__ = ["EmulatorError", "PtxParseError", "UnsupportedError", "MemoryFault",
+           "BarrierError", "RaceError", "UninitializedRegister", "WarpSyncError",
+           "LaunchConfigError",
+           "Fault"]
+
+
+class EmulatorError(Exception):
+    """Base of every error of :mod:`ptxgen.emu`.
+
+    Attributes
+    ----------
+    line : int or None
+        1-based PTX line number.
+    text : str or None
+        That line's instruction text.
+    block, thread : tuple of int or None
+        Where it happened.
+    """
+
+    def __init__(self, message, *, line=None, text=None, block=None, thread=None):
+        self.message = message
+        self.line = line
+        self.text = text
+        self.block = block
+        self.thread = thread
+        where = []
+        if line is not None:
+            where.append(f"line {line}" + (f" `{text}`" if text else ""))
+        if block is not None:
+            where.append(f"block {tuple(block)}")
+        if thread is not None:
+            where.append(f"thread {tuple(thread)}")
+        super().__init__((", ".join(where) + ": " if where else "") + message)
+
+
+class PtxParseError(EmulatorError):
+    """The PTX text has a construct the emulator does not know."""
+
+
+class UnsupportedError(EmulatorError):
+    """A form the table admits but the emulator cannot run (e.g. ``.local``)."""
+
+
+class MemoryFault(EmulatorError):
+    """Out-of-bounds or misaligned global/shared/param access."""
+
+
+class BarrierError(EmulatorError):
+    """A ``bar.sync`` that not all (non-exited) threads of the block reach."""
+
+
+class RaceError(EmulatorError):
+    """Two threads touch one shared-memory byte between two barriers and at
+    least one of them writes it."""
+
+
+class UninitializedRegister(EmulatorError):
+    """A register is read by a thread on whose path nothing has written it."""
+
+
+class WarpSyncError(EmulatorError):
+    """``shfl.sync``/``vote.sync``/``mma.sync`` whose member threads are not
+    all converged at the instruction."""
+
+
+class Fault(Exception):
+    """Internal: raised by an instruction's semantics; the executor adds the
+    line, block and thread and re-raises it as ``cls``."""
+
+    def __init__(self, cls, message, thread=None):
+        super().__init__(message)
+        self.cls = cls
+        self.message = message
+        #: linear thread index in the block (or None)
+        self.thread = thread
+
+
+class LaunchConfigError(EmulatorError, ValueError):
+    """A bad grid, block or shared-memory size for the kernel."""

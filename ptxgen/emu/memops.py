@@ -1,0 +1,343 @@
+"""Memory instructions: ``ld``, ``st``, ``atom``, ``red``.
+
+State spaces: ``.param`` reads the launch's packed parameter buffer;
+``.global``/``.const`` and generic addresses outside the shared window go
+to the global allocations (bounds- and alignment-checked); ``.shared`` and
+generic addresses inside the window go to the block's shared memory, and
+every shared access is logged for race detection.  8- and 16-bit memory
+types load into wider registers sign- or zero-extended and store
+truncated.  Atomics are applied one thread at a time in thread order when
+several threads hit one address (else all at once): the result equals a
+serial execution, as the hardware's does for some order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..isa import TABLE
+from ..types import type_by_name
+from .errors import Fault, MemoryFault, UnsupportedError
+from .floatops import decode, encode
+from .memory import MEMORY, SHARED_WINDOW, gather, scatter
+from .numerics import flush32, round_format
+from .operands import NAT, UINT, Op, finish_op, getter, semantics, setter, width
+
+__all__ = ["READ", "WRITE", "ATOMIC"]
+
+READ, WRITE, ATOMIC = 0, 1, 2
+_WINDOW_END = SHARED_WINDOW + (1 << 32)
+
+
+def _space(stmt):
+    for s in ("global", "shared", "param", "local", "const"):
+        if s in stmt.mods:
+            return s
+    return "generic"
+
+
+def _address(ctx, o, space):
+    """``st -> uint64 addresses`` (or a shared offset) for an address operand;
+    for ``.param`` the constant byte offset in the parameter buffer."""
+    if o[0] != "addr":
+        raise ctx.error(f"expected a memory operand [..], got {o!r}")
+    base, off = o[1], o[2]
+    if space == "param":
+        if base[0] != "sym" or base[1] not in ctx.params:
+            raise ctx.error("ld.param needs [parameter] or [parameter+offset]", UnsupportedError)
+        return ctx.kt.param_offsets[base[1]] + off, ctx.params[base[1]].size
+    if base[0] == "sym":
+        if base[1] not in ctx.shared_offsets:
+            raise ctx.error(f"{base[1]} is not a shared array")
+        val = ctx.shared_offsets[base[1]] + off
+        if space == "generic":
+            val += SHARED_WINDOW
+        const = np.uint64(val)
+        return (lambda st: const), None
+    if base[0] == "imm":
+        const = np.uint64(base[2] + off)
+        return (lambda st: const), None
+    i = ctx.reg(base[1])
+    rw = width(ctx.reg_types[i])
+    delta = np.uint64(off & 0xFFFFFFFFFFFFFFFF)
+    if rw == 64:
+        if off:
+            return (lambda st: st.regs[i] + delta), None
+        return (lambda st: st.regs[i]), None
+    if rw == 32:
+        return (lambda st: st.regs[i].astype(np.uint64) + delta), None
+    raise ctx.error(f"address register {base[1]} must be 32 or 64 bits")
+
+
+class _Access:
+    """One instruction's memory access for the executing threads."""
+
+    __slots__ = ("ctx_space", "size", "vec", "what", "op")
+
+    def __init__(self, space, size, vec, what, op):
+        self.ctx_space = space
+        self.size = size
+        self.vec = vec
+        self.what = what
+        self.op = op
+
+    def parts(self, st, addr, tids, kind):
+        """(buffer, byte offsets, selection) triples for ``addr``; logs shared
+        accesses for race detection."""
+        nbytes = self.size * self.vec
+        if addr.size and (addr % np.uint64(nbytes)).any():
+            j = int(np.flatnonzero(addr % np.uint64(nbytes))[0])
+            raise Fault(MemoryFault, f"misaligned {self.what} of {nbytes} bytes at "
+                        f"0x{int(addr[j]):x}", tids[j])
+        space = self.ctx_space
+        if space == "generic":
+            in_sh = (addr >= np.uint64(SHARED_WINDOW)) & (addr < np.uint64(_WINDOW_END))
+            if not in_sh.any():
+                space = "global"
+            elif in_sh.all():
+                space = "shared"
+                addr = addr - np.uint64(SHARED_WINDOW)
+            else:
+                out = []
+                for sel, sp in ((in_sh, "shared"), (~in_sh, "global")):
+                    a = addr[sel] - (np.uint64(SHARED_WINDOW) if sp == "shared" else np.uint64(0))
+                    sub = self._one(st, sp, a, tids[sel], kind)
+                    out += [(b, o, sel if s is None else _compose(sel, s)) for b, o, s in sub]
+                return out
+        return self._one(st, space, addr, tids, kind)
+
+    def _one(self, st, space, addr, tids, kind):
+        nbytes = self.size * self.vec
+        if space == "shared":
+            size = st.shared.size
+            bad = addr + np.uint64(nbytes) > np.uint64(size)
+            if bad.any():
+                j = int(np.flatnonzero(bad)[0])
+                raise Fault(MemoryFault, f"shared {self.what} of {nbytes} bytes at offset "
+                            f"{int(addr[j])} is outside the block's {size} bytes of shared memory",
+                            tids[j])
+            offs = addr.astype(np.int64)
+            if st.race_log is not None:
+                st.race_log.append((self.op, tids, offs, nbytes, kind))
+            return [(st.shared, offs, None)]
+        try:
+            parts, _ = MEMORY.locate(addr, nbytes, f"global {self.what}")
+        except Fault as f:
+            f.thread = tids[f.thread]
+            raise
+        return parts
+
+
+def _compose(outer, inner):
+    full = np.zeros(outer.shape, bool)
+    full[np.flatnonzero(outer)[inner]] = True
+    return full
+
+
+def _threads(st, m):
+    return st.all_tids if m is None else np.flatnonzero(m)
+
+
+def _addr_for(get, st, tids, m):
+    a = np.asarray(get(st), dtype=np.uint64)
+    if a.ndim == 0:
+        return np.full(tids.size, a, dtype=np.uint64)
+    return a if m is None else a[tids]
+
+
+@semantics("ld")
+def _ld(stmt, ctx):
+    ty = stmt.types[0]
+    space = _space(stmt)
+    if space == "local":
+        raise ctx.error("ld.local: the emulator has no local memory", UnsupportedError)
+    vec = 4 if "v4" in stmt.mods else 2 if "v2" in stmt.mods else 1
+    d = stmt.operands[0]
+    dsts = d[1] if d[0] == "vec" else [d]
+    if len(dsts) != vec:
+        raise ctx.error(f"ld with .v{vec} needs {vec} destination registers")
+    size = max(1, ty.bits // 8)
+    mem_ty = type_by_name(ty.name)
+    puts = [setter(ctx, o, mem_ty) for o in dsts]
+    nat = NAT[ty.name]
+    u = UINT[size * 8]
+    get, psize = _address(ctx, stmt.operands[1], space)
+    op = Op()
+    if space == "param":
+        off = get
+        if off + size * vec > ctx.kt.param_size:
+            raise ctx.error("ld.param reads past the end of the parameters")
+
+        def fn(st, m):
+            vals = np.frombuffer(st.params, dtype=u, count=vec, offset=off)
+            for put, v in zip(puts, vals):
+                put(st, np.full(st.n, v.view(nat)), m)
+    else:
+        acc = _Access(space, size, vec, "load", op)
+
+        def fn(st, m):
+            tids = _threads(st, m)
+            if tids.size == 0:
+                return
+            addr = _addr_for(get, st, tids, m)
+            words = [np.zeros(tids.size, u) for _ in range(vec)]
+            for buf, offs, sel in acc.parts(st, addr, tids, READ):
+                got = gather(buf, offs, size, vec)
+                for w, g in zip(words, got):
+                    if sel is None:
+                        w[:] = g
+                    else:
+                        w[sel] = g
+            for put, w in zip(puts, words):
+                if m is None:
+                    put(st, w.view(nat), None)
+                else:
+                    full = np.zeros(st.n, u)
+                    full[tids] = w
+                    put(st, full.view(nat), m)
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["ld"])
+
+
+@semantics("st")
+def _st(stmt, ctx):
+    ty = stmt.types[0]
+    space = _space(stmt)
+    if space in ("local", "param"):
+        raise ctx.error(f"st.{space} is not supported by the emulator", UnsupportedError)
+    vec = 4 if "v4" in stmt.mods else 2 if "v2" in stmt.mods else 1
+    s = stmt.operands[1]
+    srcs = s[1] if s[0] == "vec" else [s]
+    if len(srcs) != vec:
+        raise ctx.error(f"st with .v{vec} needs {vec} source registers")
+    size = max(1, ty.bits // 8)
+    gets = [getter(ctx, o, ty) for o in srcs]
+    u = UINT[size * 8]
+    get, _ = _address(ctx, stmt.operands[0], space)
+    op = Op()
+    acc = _Access(space, size, vec, "store", op)
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        addr = _addr_for(get, st, tids, m)
+        vals = []
+        for g in gets:
+            v = np.asarray(g(st))
+            v = v.view(u) if v.dtype.itemsize == size else v.astype(u)
+            if v.ndim == 0:
+                v = np.full(tids.size, v, dtype=u)
+            elif v.shape[0] != tids.size:
+                v = v[tids]
+            vals.append(v)
+        for buf, offs, sel in acc.parts(st, addr, tids, WRITE):
+            scatter(buf, offs, size, vals if sel is None else [v[sel] for v in vals])
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["st"])
+
+
+def _atom_fn(kind, ty):
+    """new = f(old, b, c) for one atomic operation, natural type of ``ty``."""
+    nat = NAT[ty.name]
+    if kind == "add":
+        if ty.name == "f32":
+            return lambda old, b, c: flush32(flush32(old) + flush32(b)).astype(np.float32)
+        if ty.name in ("f16x2", "bf16x2"):
+            fmt = ty.name[:-2]
+
+            def addx2(old, b, c):
+                lanes = [round_format(x + y, fmt, "rn") for x, y in zip(decode(old, ty), decode(b, ty))]
+                return encode(lanes, ty)
+            return addx2
+        return lambda old, b, c: (old + b).astype(nat)
+    if kind in ("min", "max"):
+        if ty.is_float:
+            f = np.fmin if kind == "min" else np.fmax
+        else:
+            f = np.minimum if kind == "min" else np.maximum
+        return lambda old, b, c: f(old, b).astype(nat)
+    if kind == "inc":
+        return lambda old, b, c: np.where(old >= b, nat(0), old + nat(1)).astype(nat)
+    if kind == "dec":
+        return lambda old, b, c: np.where((old == 0) | (old > b), b, old - nat(1)).astype(nat)
+    if kind in ("and", "or", "xor"):
+        f = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[kind]
+        return lambda old, b, c: f(old, b).astype(nat)
+    if kind == "exch":
+        return lambda old, b, c: np.asarray(b, dtype=nat)
+    if kind == "cas":
+        return lambda old, b, c: np.where(old.view(UINT[ty.bits]) == np.asarray(b, dtype=nat).view(UINT[ty.bits]),
+                                          c, old).astype(nat)
+    raise AssertionError(kind)
+
+
+def _atomic(stmt, ctx, has_dst):
+    ty = stmt.types[0]
+    space = _space(stmt)
+    kind = next(m for m in stmt.mods if m in ("add", "min", "max", "inc", "dec", "and", "or",
+                                               "xor", "cas", "exch"))
+    ops = stmt.operands
+    if has_dst:
+        put = setter(ctx, ops[0], ty)
+        ops = ops[1:]
+    get, _ = _address(ctx, ops[0], space)
+    b = getter(ctx, ops[1], ty)
+    c = getter(ctx, ops[2], ty) if len(ops) > 2 else (lambda st: None)
+    if kind == "cas" and len(ops) < 3:
+        raise ctx.error("atom.cas needs a compare and a new value")
+    size = width(ty) // 8
+    u = UINT[size * 8]
+    nat = NAT[ty.name]
+    f = _atom_fn(kind, ty)
+    op = Op()
+    acc = _Access(space, size, 1, "atomic", op)
+
+    def pick(v, tids, m):
+        v = np.asarray(v, dtype=nat) if v is not None else None
+        if v is None:
+            return None
+        if v.ndim == 0:
+            return np.full(tids.size, v, dtype=nat)
+        return v if m is None else v[tids]
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        addr = _addr_for(get, st, tids, m)
+        bv, cv = pick(b(st), tids, m), pick(c(st), tids, m)
+        olds = np.zeros(tids.size, nat)
+        for buf, offs, sel in acc.parts(st, addr, tids, ATOMIC):
+            ii = np.arange(tids.size) if sel is None else np.flatnonzero(sel)
+            if np.unique(offs).size == offs.size:
+                old = gather(buf, offs, size, 1)[0].view(nat)
+                new = f(old, bv[ii], None if cv is None else cv[ii])
+                scatter(buf, offs, size, [np.asarray(new, dtype=nat).view(u)])
+                olds[ii] = old
+                continue
+            for k, j in enumerate(ii):      # serial, in thread order
+                o = offs[k:k + 1]
+                old = gather(buf, o, size, 1)[0].view(nat)
+                new = f(old, bv[j:j + 1], None if cv is None else cv[j:j + 1])
+                scatter(buf, o, size, [np.asarray(new, dtype=nat).view(u)])
+                olds[j] = old[0]
+        if has_dst:
+            if m is None:
+                put(st, olds, None)
+            else:
+                full = np.zeros(st.n, nat)
+                full[tids] = olds
+                put(st, full, m)
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE[stmt.op])
+
+
+@semantics("atom")
+def _atom(stmt, ctx):
+    return _atomic(stmt, ctx, True)
+
+
+@semantics("red")
+def _red(stmt, ctx):
+    return _atomic(stmt, ctx, False)

@@ -1,0 +1,65 @@
+"""Shared-memory race detection between barriers.
+
+Every shared access of a barrier interval is logged as ``(op, threads,
+byte offsets, size, kind)``; at the next block-wide barrier (and at the end
+of the block) :func:`check_races` looks for a byte that two different
+threads touch where at least one access is a plain write, or an atomic
+meets a plain access.  Reads by many threads, and atomics by many threads,
+are fine.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import Fault, RaceError
+
+__all__ = ["check_races"]
+
+_KIND = {0: "reads", 1: "writes", 2: "atomically updates"}
+
+
+def check_races(log, coords):
+    """Raise a :class:`Fault` (RaceError) for the first racing byte in ``log``.
+
+    ``coords(linear_thread) -> (x, y, z)`` names threads in the message."""
+    if not log:
+        return
+    byte, tid, kind, entry = [], [], [], []
+    for e, (_, tids, offs, nbytes, k) in enumerate(log):
+        b = (offs[:, None] + np.arange(nbytes)).reshape(-1)
+        byte.append(b)
+        tid.append(np.repeat(tids, nbytes))
+        kind.append(np.full(b.size, k, np.int8))
+        entry.append(np.full(b.size, e, np.int32))
+    byte = np.concatenate(byte)
+    if byte.size == 0:
+        return
+    tid, kind, entry = np.concatenate(tid), np.concatenate(kind), np.concatenate(entry)
+    order = np.argsort(byte, kind="stable")
+    b, t, kd, en = byte[order], tid[order], kind[order], entry[order]
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    tmin = np.minimum.reduceat(t, starts)
+    tmax = np.maximum.reduceat(t, starts)
+    nonread = np.maximum.reduceat((kd != 0).astype(np.int8), starts)
+    nonatomic = np.maximum.reduceat((kd != 2).astype(np.int8), starts)
+    race = (tmin != tmax) & (nonread > 0) & (nonatomic > 0)
+    if not race.any():
+        return
+    g = int(np.flatnonzero(race)[0])
+    lo = starts[g]
+    hi = starts[g + 1] if g + 1 < starts.size else b.size
+    gk, gt, ge = kd[lo:hi], t[lo:hi], en[lo:hi]
+    # first access that is not a read (or any access if all are atomics), then
+    # the first access by another thread that conflicts with it
+    i = int(np.flatnonzero(gk != 0)[0])
+    others = (gt != gt[i]) & ((gk != 2) | (gk[i] != 2)) & ((gk != 0) | (gk[i] != 0))
+    j = int(np.flatnonzero(others)[0])
+    op_i, op_j = log[ge[i]][0], log[ge[j]][0]
+    msg = (f"shared-memory race on byte {int(b[lo])}: thread {coords(int(gt[i]))} "
+           f"{_KIND[int(gk[i])]} it at line {op_i.line} (`{op_i.text}`) and thread "
+           f"{coords(int(gt[j]))} {_KIND[int(gk[j])]} it at line {op_j.line} "
+           f"(`{op_j.text}`) with no bar.sync between")
+    f = Fault(RaceError, msg, int(gt[j]))
+    f.op = op_j
+    raise f

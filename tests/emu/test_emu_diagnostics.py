@@ -1,0 +1,217 @@
+"""Planted bugs are reported with the PTX line, the block and the thread."""
+
+import numpy as np
+import pytest
+
+import ptxgen
+from ptxgen import emu
+from ptxgen.types import f32, u32
+
+RNG = np.random.default_rng()
+
+
+def _line_of(text, needle):
+    """1-based numbers of the lines of ``text`` containing ``needle``."""
+    return [i + 1 for i, ln in enumerate(text.split("\n")) if needle in ln]
+
+
+def test_out_of_bounds_write_names_line_block_thread():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("copy_unguarded") as k:
+        x = k.param_ptr("x", f32)
+        y = k.param_ptr("y", f32)
+        k.param("n", u32)
+        i = k.global_id()
+        k.st(y[i], k.ld(x[i]))            # planted: no i < n guard
+    text = m.to_ptx()
+    n = int(RNG.integers(100, 200))
+    # a big enough source, an output exactly n long: the write runs off the end
+    x = emu.DeviceArray.from_numpy(RNG.standard_normal(256).astype(np.float32))
+    y = emu.DeviceArray.empty(n, np.float32)
+    mod = emu.Module.from_ptx(text)
+    with pytest.raises(emu.MemoryFault) as ei:
+        emu.launch(mod["copy_unguarded"], 2, 128, x, y, n)
+    e = ei.value
+    assert e.line in _line_of(text, "st.global.f32")
+    assert "st.global.f32" in e.text
+    first_bad = n
+    assert e.block == (first_bad // 128, 0, 0)
+    assert e.thread == (first_bad % 128, 0, 0)
+    assert "past the end" in str(e) and f"line {e.line}" in str(e)
+
+
+def test_missing_barrier_is_a_shared_race():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("neighbour") as k:
+        x = k.param_ptr("x", f32)
+        buf = k.shared_array("buf", f32, 64)
+        t = k.tid.x
+        k.st(buf[t], k.ld(x[t]))
+        # planted: no k.bar_sync(0) here
+        k.st(x[t], k.ld(buf[t ^ 1]))
+    text = m.to_ptx()
+    x = emu.DeviceArray.from_numpy(RNG.standard_normal(64).astype(np.float32))
+    with pytest.raises(emu.RaceError) as ei:
+        emu.launch(emu.Module.from_ptx(text)["neighbour"], 1, 64, x)
+    e = ei.value
+    assert e.line in _line_of(text, "ld.shared.f32") + _line_of(text, "st.shared.f32")
+    assert "st.shared.f32" in str(e) and "ld.shared.f32" in str(e)
+    assert e.block == (0, 0, 0)
+    assert "no bar.sync between" in str(e)
+
+
+def test_with_the_barrier_there_is_no_race():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("neighbour") as k:
+        x = k.param_ptr("x", f32)
+        buf = k.shared_array("buf", f32, 64)
+        t = k.tid.x
+        k.st(buf[t], k.ld(x[t]))
+        k.bar_sync(0)
+        k.st(x[t], k.ld(buf[t ^ 1]))
+    host = RNG.standard_normal(64).astype(np.float32)
+    x = emu.DeviceArray.from_numpy(host)
+    emu.launch(emu.Module.from_ptx(m)["neighbour"], 1, 64, x)
+    np.testing.assert_array_equal(x.to_numpy(), host[np.arange(64) ^ 1])
+
+
+def test_divergent_bar_sync():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("divergent") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        with k.if_(t < 16):
+            k.bar_sync(0)                 # planted: only half the block arrives
+        k.st(x[t], t)
+    text = m.to_ptx()
+    x = emu.DeviceArray.zeros(32, np.uint32)
+    with pytest.raises(emu.BarrierError) as ei:
+        emu.launch(emu.Module.from_ptx(text)["divergent"], 1, 32, x)
+    e = ei.value
+    assert f"line {_line_of(text, 'bar.sync')[0]}" in str(e)
+    assert e.thread[0] >= 16               # a thread that never reached it
+    assert e.block == (0, 0, 0)
+
+
+def test_two_different_barriers_are_divergent():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("two_bars") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        with k.if_else(t < 8) as (then, other):
+            with then:
+                k.bar_sync(0)
+            with other:
+                k.bar_sync(0)
+        k.st(x[t], t)
+    text = m.to_ptx()
+    with pytest.raises(emu.BarrierError, match="divergent barrier") as ei:
+        emu.launch(emu.Module.from_ptx(text)["two_bars"], 1, 32, emu.DeviceArray.zeros(32, np.uint32))
+    assert ei.value.line in _line_of(text, "bar.sync")
+
+
+def test_uninitialised_register_read():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("maybe") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        v = k.var(u32)
+        with k.if_(t < 5):
+            v.set(7)
+        k.st(x[t], v)                     # planted: threads >= 5 never wrote v
+    text = m.to_ptx()
+    with pytest.raises(emu.UninitializedRegister) as ei:
+        emu.launch(emu.Module.from_ptx(text)["maybe"], 1, 32, emu.DeviceArray.zeros(32, np.uint32))
+    e = ei.value
+    assert e.line in _line_of(text, "st.global.u32")
+    assert e.thread == (5, 0, 0)
+    assert "%r" in str(e)
+
+
+def test_handwritten_uninitialised_register():
+    text = """.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry k(
+\t.param .u64 .ptr .global .align 4 x
+)
+{
+\t.reg .u32 %r<4>;
+\t.reg .u64 %rd<3>;
+\tld.param.u64 %rd1, [x];
+\tadd.u32 %r1, %r2, 1;
+\tst.global.u32 [%rd1], %r1;
+\tret;
+}
+"""
+    with pytest.raises(emu.UninitializedRegister, match="%r2") as ei:
+        emu.launch(emu.Module.from_ptx(text)["k"], 1, 1, emu.DeviceArray.zeros(1, np.uint32))
+    assert ei.value.line == 11
+
+
+def test_shfl_with_a_lane_missing():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("half_shfl") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        with k.if_(t < 16):
+            k.st(x[t], k.shfl_xor(t, 1))   # full mask, half the warp
+    text = m.to_ptx()
+    with pytest.raises(emu.WarpSyncError, match="not converged") as ei:
+        emu.launch(emu.Module.from_ptx(text)["half_shfl"], 1, 32, emu.DeviceArray.zeros(32, np.uint32))
+    assert ei.value.line in _line_of(text, "shfl.sync")
+
+
+def test_misaligned_access():
+    text = """.version 7.8
+.target sm_80
+.address_size 64
+.visible .entry k(
+\t.param .u64 .ptr .global .align 4 x
+)
+{
+\t.reg .f32 %f<2>;
+\t.reg .u64 %rd<3>;
+\tld.param.u64 %rd1, [x];
+\tld.global.f32 %f1, [%rd1+2];
+\tret;
+}
+"""
+    with pytest.raises(emu.MemoryFault, match="misaligned") as ei:
+        emu.launch(emu.Module.from_ptx(text)["k"], 1, 1, emu.DeviceArray.zeros(4, np.float32))
+    assert ei.value.line == 11
+
+
+def test_out_of_bounds_shared_read():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("sh") as k:
+        x = k.param_ptr("x", f32)
+        buf = k.shared_array("buf", f32, 32)
+        t = k.tid.x
+        k.st(buf[t], 1.0)
+        k.bar_sync(0)
+        k.st(x[t], k.ld(buf[t + 1]))       # planted: thread 31 reads buf[32]
+    text = m.to_ptx()
+    with pytest.raises(emu.MemoryFault, match="shared") as ei:
+        emu.launch(emu.Module.from_ptx(text)["sh"], 1, 32, emu.DeviceArray.zeros(32, np.float32))
+    assert ei.value.thread == (31, 0, 0)
+    assert ei.value.line in _line_of(text, "ld.shared.f32")
+
+
+def test_early_exit_before_a_barrier_is_fine():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("early") as k:
+        x = k.param_ptr("x", u32)
+        n = k.param("n", u32)
+        buf = k.shared_array("buf", u32, 64)
+        t = k.tid.x
+        k.ret(guard=t >= n)               # these threads leave before the barrier
+        k.st(buf[t], t * 2)
+        k.bar_sync(0)
+        k.st(x[t], k.ld(buf[n - 1 - t]))
+    n = int(RNG.integers(1, 64))
+    x = emu.DeviceArray.from_numpy(np.full(64, 7, np.uint32))
+    emu.launch(emu.Module.from_ptx(m)["early"], 1, 64, x, n)
+    got = x.to_numpy()
+    np.testing.assert_array_equal(got[:n], 2 * (n - 1 - np.arange(n)))
+    assert (got[n:] == 7).all()

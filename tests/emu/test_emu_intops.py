@@ -1,0 +1,229 @@
+"""Integer, bit, comparison and selection semantics against Python
+reimplementations of the PTX ISA pseudocode."""
+
+import math
+
+import numpy as np
+import pytest
+
+from backends import run_map
+from ptxgen import isa
+from ptxgen import types as T
+
+RNG = np.random.default_rng()
+N = 257
+
+
+def rand(ty, n=N):
+    t = T.type_by_name(ty)
+    if t.is_signed:
+        return RNG.integers(-2 ** (t.bits - 1), 2 ** (t.bits - 1), n, dtype=np.int64).astype(t.np_dtype)
+    return RNG.integers(0, 2 ** t.bits, n, dtype=np.uint64).astype(t.np_dtype)
+
+
+def wrap(v, bits, signed):
+    v &= (1 << bits) - 1
+    return v - (1 << bits) if signed and v >> (bits - 1) else v
+
+
+@pytest.mark.parametrize("ty", ["u64", "s64", "u32", "s32", "s16"])
+def test_mul_hi_lo_wide(backend, ty):
+    t = T.type_by_name(ty)
+    a, b = rand(ty), rand(ty)
+    hi = run_map(backend, lambda k, x, y: k.mul_hi(x, y), [a, b], [ty, ty], ty)
+    lo = run_map(backend, lambda k, x, y: x * y, [a, b], [ty, ty], ty)
+    for x, y, h, l in zip(a.tolist(), b.tolist(), hi.tolist(), lo.tolist()):
+        assert h == wrap((x * y) >> t.bits, t.bits, t.is_signed)
+        assert l == wrap(x * y, t.bits, t.is_signed)
+    if t.bits == 32:
+        wide = run_map(backend, lambda k, x, y: k.mul_wide(x, y), [a, b], [ty, ty],
+                       ty[0] + "64")
+        assert wide.tolist() == [x * y for x, y in zip(a.tolist(), b.tolist())]
+
+
+@pytest.mark.parametrize("ty", ["s32", "u32", "s64", "u64"])
+def test_div_rem_truncate(backend, ty):
+    t = T.type_by_name(ty)
+    a, b = rand(ty), rand(ty)
+    b[b == 0] = 3
+    b[:20] = (RNG.integers(1, 50, 20) * (-1 if t.is_signed else 1)).astype(b.dtype)
+    q = run_map(backend, lambda k, x, y: k.div(x, y), [a, b], [ty, ty], ty)
+    r = run_map(backend, lambda k, x, y: x % y, [a, b], [ty, ty], ty)
+    for x, y, qq, rr in zip(a.tolist(), b.tolist(), q.tolist(), r.tolist()):
+        want = abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        assert qq == wrap(want, t.bits, t.is_signed)
+        assert rr == wrap(x - want * y, t.bits, t.is_signed)
+
+
+def test_add_sat_and_wrap(backend):
+    a, b = rand("s32"), rand("s32")
+    sat = run_map(backend, lambda k, x, y: k.add(x, y, sat=True), [a, b], ["s32"] * 2, "s32")
+    assert sat.tolist() == [max(-2 ** 31, min(2 ** 31 - 1, x + y)) for x, y in zip(a.tolist(), b.tolist())]
+    u, v = rand("u32"), rand("u32")
+    np.testing.assert_array_equal(run_map(backend, lambda k, x, y: x - y, [u, v], ["u32"] * 2, "u32"),
+                                  u - v)
+
+
+def ref_bfe(a, pos, ln, bits, signed):
+    pos, ln = pos & 0xFF, ln & 0xFF
+    ua = a & ((1 << bits) - 1)
+    sbit = 0 if (ln == 0 or not signed) else (ua >> min(pos + ln - 1, bits - 1)) & 1
+    d = 0
+    for i in range(bits):
+        bit = (ua >> (pos + i)) & 1 if (i < ln and pos + i <= bits - 1) else sbit
+        d |= bit << i
+    return wrap(d, bits, signed)
+
+
+@pytest.mark.parametrize("ty", ["u32", "s32", "u64", "s64"])
+def test_bfe(backend, ty):
+    t = T.type_by_name(ty)
+    a = rand(ty)
+    pos = RNG.integers(0, t.bits + 8, N).astype(np.uint32)
+    ln = RNG.integers(0, t.bits + 8, N).astype(np.uint32)
+    got = run_map(backend, lambda k, x, p, l: k.bfe(x, p, l), [a, pos, ln], [ty, "u32", "u32"], ty)
+    for x, p, l, g in zip(a.tolist(), pos.tolist(), ln.tolist(), got.tolist()):
+        assert g == ref_bfe(x, p, l, t.bits, t.is_signed), (x, p, l)
+
+
+@pytest.mark.parametrize("ty,bits", [("u32", 32), ("u64", 64)])
+def test_bfi(backend, ty, bits):
+    f, b = rand(ty), rand(ty)
+    pos = RNG.integers(0, bits + 4, N).astype(np.uint32)
+    ln = RNG.integers(0, bits + 4, N).astype(np.uint32)
+    got = run_map(backend, lambda k, x, y, p, l: k.bfi(x, y, p, l), [f, b, pos, ln],
+                  [ty, ty, "u32", "u32"], ty)
+    for x, y, p, l, g in zip(f.tolist(), b.tolist(), pos.tolist(), ln.tolist(), got.tolist()):
+        d = y
+        for i in range(l):
+            if p + i > bits - 1:
+                break
+            d = (d & ~(1 << (p + i))) | (((x >> i) & 1) << (p + i))
+        assert g == d
+
+
+_MODES = {
+    "f4e": [(0, 1, 2, 3), (1, 2, 3, 4), (2, 3, 4, 5), (3, 4, 5, 6)],
+    "b4e": [(0, 7, 6, 5), (1, 0, 7, 6), (2, 1, 0, 7), (3, 2, 1, 0)],
+    "rc8": [(0,) * 4, (1,) * 4, (2,) * 4, (3,) * 4],
+    "ecl": [(0, 1, 2, 3), (1, 1, 2, 3), (2, 2, 2, 3), (3, 3, 3, 3)],
+    "ecr": [(0, 0, 0, 0), (0, 1, 1, 1), (0, 1, 2, 2), (0, 1, 2, 3)],
+    "rc16": [(0, 1, 0, 1), (2, 3, 2, 3), (0, 1, 0, 1), (2, 3, 2, 3)],
+}
+
+
+@pytest.mark.parametrize("mode", [None] + list(_MODES))
+def test_prmt(backend, mode):
+    a, b, c = rand("u32"), rand("u32"), rand("u32")
+    got = run_map(backend, lambda k, x, y, z: k.prmt(x, y, z, mode=mode), [a, b, c],
+                  ["u32"] * 3, "u32")
+    for x, y, z, g in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):
+        src = x | (y << 32)
+        d = 0
+        for i in range(4):
+            if mode is None:
+                sel = (z >> (4 * i)) & 0xF
+                byte = (src >> (8 * (sel & 7))) & 0xFF
+                if sel & 8:
+                    byte = 0xFF if byte & 0x80 else 0
+            else:
+                byte = (src >> (8 * _MODES[mode][z & 3][i])) & 0xFF
+            d |= byte << (8 * i)
+        assert g == d
+
+
+@pytest.mark.parametrize("sa,sb", [(False, False), (True, False), (True, True)])
+def test_dp4a_dp2a(backend, sa, sb):
+    a, b, c = rand("u32"), rand("u32"), rand("s32" if (sa or sb) else "u32")
+    acc = "s32" if (sa or sb) else "u32"
+    ab = a.view(np.int8 if sa else np.uint8).reshape(-1, 4).astype(np.int64)
+    bb = b.view(np.int8 if sb else np.uint8).reshape(-1, 4).astype(np.int64)
+    got = run_map(backend, lambda k, x, y, z: k.dp4a(x, y, z, signed_a=sa, signed_b=sb),
+                  [a, b, c], ["u32", "u32", acc], acc)
+    want = ((ab * bb).sum(1) + c.astype(np.int64)) & 0xFFFFFFFF
+    np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.uint32))
+    ah = a.view(np.int16 if sa else np.uint16).reshape(-1, 2).astype(np.int64)
+    for hi in (False, True):
+        got = run_map(backend, lambda k, x, y, z: k.dp2a(x, y, z, hi=hi, signed_a=sa, signed_b=sb),
+                      [a, b, c], ["u32", "u32", acc], acc)
+        sel = bb[:, 2:] if hi else bb[:, :2]
+        want = ((ah * sel).sum(1) + c.astype(np.int64)) & 0xFFFFFFFF
+        np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.uint32))
+
+
+def test_popc_clz_shifts_neg_abs(backend):
+    a = rand("u32")
+    a[:3] = [0, 1, 0xFFFFFFFF]
+    assert run_map(backend, lambda k, x: k.popc(x), [a], ["u32"], "u32").tolist() == \
+        [bin(v).count("1") for v in a.tolist()]
+    assert run_map(backend, lambda k, x: k.clz(x), [a], ["u32"], "u32").tolist() == \
+        [32 - v.bit_length() for v in a.tolist()]
+    d = rand("u64")
+    assert run_map(backend, lambda k, x: k.clz(x), [d], ["u64"], "u32").tolist() == \
+        [64 - v.bit_length() for v in d.tolist()]
+    sh = RNG.integers(0, 40, N).astype(np.uint32)
+    assert run_map(backend, lambda k, x, s: x << s, [a, sh], ["u32", "u32"], "u32").tolist() == \
+        [(v << s) & 0xFFFFFFFF for v, s in zip(a.tolist(), sh.tolist())]
+    assert run_map(backend, lambda k, x, s: x >> s, [a, sh], ["u32", "u32"], "u32").tolist() == \
+        [v >> s for v, s in zip(a.tolist(), sh.tolist())]
+    s = rand("s32")
+    assert run_map(backend, lambda k, x, q: x >> q, [s, sh], ["s32", "u32"], "s32").tolist() == \
+        [v >> min(q, 31) for v, q in zip(s.tolist(), sh.tolist())]
+    s[0] = -2 ** 31
+    assert run_map(backend, lambda k, x: k.abs(x), [s], ["s32"], "s32").tolist() == \
+        [wrap(abs(v), 32, True) for v in s.tolist()]
+    assert run_map(backend, lambda k, x: -x, [s], ["s32"], "s32").tolist() == \
+        [wrap(-v, 32, True) for v in s.tolist()]
+
+
+def _cmp(op, x, y):
+    unord = math.isnan(x) or math.isnan(y)
+    if op == "num":
+        return not unord
+    if op == "nan":
+        return unord
+    base = op[:-1] if op.endswith("u") else op
+    r = {"eq": x == y, "ne": x != y, "lt": x < y, "le": x <= y, "gt": x > y, "ge": x >= y}[base]
+    if op.endswith("u"):
+        return unord or r
+    return (not unord) and r
+
+
+@pytest.mark.parametrize("cmp", [c for c in isa.CMP_OPS if c not in ("lo", "ls", "hi", "hs")])
+@pytest.mark.parametrize("ty", ["f32", "f16", "bf16"])
+def test_setp_float_incl_unordered(backend, cmp, ty):
+    x = RNG.integers(-3, 4, N).astype(np.float32)
+    y = RNG.integers(-3, 4, N).astype(np.float32)
+    x[::7], y[::11] = np.nan, np.nan
+    if ty == "f32":
+        xs, ys = x, y
+    elif ty == "f16":
+        xs, ys = x.astype(np.float16), y.astype(np.float16)
+    else:
+        xs, ys = ((v.view(np.uint32) >> 16).astype(np.uint16) for v in (x, y))
+    got = run_map(backend, lambda k, a, b: k.select(k.setp(cmp, a, b), k.const(T.u32, 1),
+                                                    k.const(T.u32, 0)),
+                  [xs, ys], [ty, ty], "u32")
+    assert got.tolist() == [int(_cmp(cmp, a, b)) for a, b in zip(x.tolist(), y.tolist())]
+
+
+@pytest.mark.parametrize("bop", ["and", "or", "xor"])
+def test_setp_combine_and_unsigned_compares(backend, bop):
+    a, b, c = rand("s32"), rand("s32"), rand("s32")
+    body = lambda k, x, y, z: k.select(  # noqa: E731
+        k.setp("lt", x, y, combine=(bop, k.setp("hi", z, y))), k.const(T.u32, 1), k.const(T.u32, 0))
+    got = run_map(backend, body, [a, b, c], ["s32"] * 3, "u32")
+    f = {"and": lambda p, q: p and q, "or": lambda p, q: p or q, "xor": lambda p, q: p != q}[bop]
+    for x, y, z, g in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):
+        assert g == int(f(x < y, (z & 0xFFFFFFFF) > (y & 0xFFFFFFFF)))
+
+
+def test_min_max_float_nan_and_zero(backend):
+    x = np.array([1.0, np.nan, np.nan, -0.0, 0.0, 2.0] * 10, np.float32)
+    y = np.array([np.nan, 3.0, np.nan, 0.0, -0.0, -5.0] * 10, np.float32)
+    mn = run_map(backend, lambda k, a, b: k.min(a, b), [x, y], ["f32"] * 2, "f32")[:6]
+    mx = run_map(backend, lambda k, a, b: k.max(a, b), [x, y], ["f32"] * 2, "f32")[:6]
+    np.testing.assert_array_equal(mn[[0, 1, 5]], [1.0, 3.0, -5.0])
+    assert np.isnan(mn[2]) and np.signbit(mn[3]) and np.signbit(mn[4])
+    np.testing.assert_array_equal(mx[[0, 1, 5]], [1.0, 3.0, 2.0])
+    assert not np.signbit(mx[3]) and not np.signbit(mx[4])

@@ -1,0 +1,41 @@
+"""Run every decode kernel once on small shapes (for compute-sanitizer).
+
+``compute-sanitizer --tool memcheck python3 tests/kernels/sanitize_decode.py``
+(and ``--tool racecheck``); prints OK when every launch finished.
+"""
+
+import numpy as np
+
+from ptxgen import driver
+from ptxgen.driver import ops_decode as ops
+from ptxgen.kernels import quants
+
+
+def main():
+    D = driver.DeviceArray.from_numpy
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)      # noqa: E731
+    i32 = lambda v: D(np.array([v], np.int32))                     # noqa: E731
+    ops.rmsnorm(D(f(3, 4099)), D(f(4099)), 1e-5)
+    ops.rmsnorm(D(f(2, 4096)), D(f(4096)), 1e-5, residual=D(f(2, 4096)))
+    ops.rope(D(f(32, 128)), D(f(8, 128)), i32(77), theta=500000.0,
+             scaling=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_context=8192))
+    ops.rope(D(f(6, 64)), D(f(2, 64)), i32(5), layout="interleaved")
+    ops.swiglu(D(f(14339)), D(f(14339)))
+    kc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
+    vc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
+    for L in (1, 7, 1000, 2048):
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
+    ops.kv_append(D(f(8, 128)), D(f(8, 128)), kc, vc, i32(2047))
+    for qt in ("Q4_K", "Q6_K", "Q8_0"):
+        raw = quants.quantize(f(3, 512), qt)
+        ops.embedding(D(raw.reshape(-1)), qt, i32(2), n=512)
+    ops.embedding(D(f(3, 100).astype(np.float16)), "f16", i32(1))
+    ops.argmax(D(f(128256)))
+    driver.get_device().synchronize()
+    print("OK")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Embedding row gather from f32/f16/Q8_0/Q4_K/Q6_K tables (token id on device)."""
+
+import numpy as np
+import pytest
+
+from ptxgen.kernels import embedding as E
+from ptxgen.kernels import quants
+
+
+def _table(qtype, n_vocab, n, rng):
+    w = rng.standard_normal((n_vocab, n)).astype(np.float32)
+    if qtype == "f32":
+        return w, w
+    if qtype == "f16":
+        h = w.astype(np.float16)
+        return h, h.astype(np.float32)
+    raw = quants.quantize(w, qtype)
+    return raw, _dequant(raw, qtype, n_vocab, n)
+
+
+def _dequant(raw, qtype, n_vocab, n):
+    try:                                     # gguf is the reference decoder
+        import gguf
+        from gguf.quants import dequantize
+        return dequantize(raw.reshape(n_vocab, -1), gguf.GGMLQuantizationType[qtype])
+    except ImportError:
+        return quants.dequantize(raw, qtype, (n_vocab, n))
+
+
+def _run(run, spec, table, token, n, n_vocab):
+    f = run.function(E.build, spec)
+    grid, block, _ = E.launch_geometry(spec, n)
+    dout = run.poisoned(n)
+    raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
+    run.launch(f, grid, block, run.array(raw), run.array(np.array([token], np.int32)), dout,
+               n, n_vocab)
+    return run.get(dout)
+
+
+@pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 512),
+                                     ("Q6_K", 256)])
+def test_embedding(run, qtype, n):
+    rng = np.random.default_rng(n)
+    n_vocab = 5
+    table, deq = _table(qtype, n_vocab, n, rng)
+    for token in (0, 3):
+        out = _run(run, E.EmbeddingSpec(qtype=qtype, block=64), table, token, n, n_vocab)
+        # same float32 operations as the reference decoder: exact
+        np.testing.assert_array_equal(out, deq[token])
+
+
+def test_embedding_bad_token_writes_nothing(run):
+    rng = np.random.default_rng(0)
+    table, _ = _table("Q8_0", 4, 64, rng)
+    for token in (-1, 4):
+        out = _run(run, E.EmbeddingSpec(qtype="Q8_0", block=64), table, token, 64, 4)
+        assert np.all(np.isnan(out))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16"])
+def test_embedding_gpu(gpu_run, qtype):
+    rng = np.random.default_rng(9)
+    n_vocab, n = 300, 4096
+    table, deq = _table(qtype, n_vocab, n, rng)
+    out = _run(gpu_run, E.EmbeddingSpec(qtype=qtype), table, 297, n, n_vocab)
+    np.testing.assert_array_equal(out, deq[297])
+
+
+def test_embedding_refuses():
+    with pytest.raises(ValueError):
+        E.EmbeddingSpec(qtype="Q5_K")
+    with pytest.raises(ValueError):
+        E.EmbeddingSpec(qtype="Q4_K").row_bytes(100)

@@ -1,0 +1,137 @@
+"""Flash decode (split-KV, GQA) against float64 attention over the same K/V."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ptxgen.kernels import flash_decode as F
+
+
+def rel_err(out, ref) -> float:
+    """``max|out - ref| / max|ref|`` in float64 (inf if ``out`` is not finite)."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-300))
+
+
+def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
+    n_kv, cap, d = kc.shape
+    n_q = q.shape[0]
+    split = run.function(F.build, spec, spec.split_name)
+    comb = run.function(F.build, spec, spec.combine_name)
+    (g1, b1), (g2, b2) = F.launch_geometry(spec, n_kv, n_splits)
+    part_o = run.poisoned((n_q, n_splits, d))
+    part_ml = run.poisoned((n_q, n_splits, 2))
+    out = run.poisoned((n_q, d))
+    dq, dk, dv = run.array(q), run.array(kc), run.array(vc)
+    results = []
+    for length in ([L] if np.isscalar(L) else L):      # one "graph": same args, new length
+        lens = run.array(np.array([length], np.int32))
+        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap, 1 / math.sqrt(d))
+        run.launch(comb, g2, b2, part_o, part_ml, out, n_splits)
+        results.append(run.get(out))
+    return results
+
+
+def _data(n_kv, G, cap, d, dtype, seed):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((n_kv * G, d)) * 2).astype(np.float32)
+    kc = rng.standard_normal((n_kv, cap, d)).astype(dtype)
+    vc = rng.standard_normal((n_kv, cap, d)).astype(dtype)
+    return q, kc, vc
+
+
+EMU_SPECS = [
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2),
+    F.FlashDecodeSpec(head_dim=128, group=2, warps=1, unroll=2),
+    F.FlashDecodeSpec(head_dim=64, group=1, kv_dtype="f32", warps=1, unroll=3),
+    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2),
+    F.FlashDecodeSpec(head_dim=64, group=2, kv_dtype="f32", warps=2, unroll=1, chunks=2),
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, prefetch=True),
+    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, prefetch=True),
+]
+
+
+@pytest.mark.parametrize("spec", EMU_SPECS, ids=lambda s: s.kernel_name)
+def test_flash_decode(run, spec):
+    n_kv, cap = 2, 100
+    dt = np.float16 if spec.kv_dtype == "f16" else np.float32
+    q, kc, vc = _data(n_kv, spec.group, cap, spec.head_dim, dt, spec.head_dim + spec.group)
+    lengths = [1, 7, 100, 33]
+    outs = _run(run, spec, q, kc, vc, lengths, n_splits=3)
+    for L, out in zip(lengths, outs):
+        err = rel_err(out, F.reference(q, kc, vc, L))
+        assert err <= 1e-4, (L, err)
+
+
+def test_flash_decode_empty_and_clamped(run):
+    spec = EMU_SPECS[0]
+    q, kc, vc = _data(1, 3, 20, 64, np.float16, 1)
+    zero, big = _run(run, spec, q, kc, vc, [0, 1000], n_splits=4)
+    assert np.all(zero == 0)
+    assert rel_err(big, F.reference(q, kc, vc, 20)) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("L", [1, 7, 1000, 4096, 32768])
+def test_flash_decode_gpu(gpu_run, L):
+    from ptxgen.driver import get_device
+    spec = F.FlashDecodeSpec()
+    n_kv, cap = 8, 32768
+    q, kc, vc = _data(n_kv, 4, cap, 128, np.float16, L)
+    S = F.choose_splits(spec, get_device().sm_count, n_kv, cap)
+    (out,) = _run(gpu_run, spec, q, kc, vc, L, S)
+    assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,G,dt", [(64, 5, "f16"), (128, 6, "f32"), (256, 2, "f16")])
+def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
+    spec = F.FlashDecodeSpec(head_dim=d, group=G, kv_dtype=dt, warps=2 if d == 256 else 4)
+    n_kv, cap = 3, 5000
+    q, kc, vc = _data(n_kv, G, cap, d, np.float16 if dt == "f16" else np.float32, d)
+    for L, out in zip([4999, 3], _run(gpu_run, spec, q, kc, vc, [4999, 3], 40)):
+        assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4
+
+
+@pytest.mark.parametrize("bad", [dict(head_dim=96), dict(group=0), dict(group=17),
+                                 dict(kv_dtype="bf16"), dict(warps=9), dict(unroll=0),
+                                 dict(head_dim=256, kv_dtype="f32"),
+                                 dict(head_dim=256, group=16, warps=8), dict(chunks=3)])
+def test_flash_decode_refuses(bad):
+    with pytest.raises(ValueError):
+        F.FlashDecodeSpec(**bad)
+
+
+def test_choose_splits():
+    spec = F.FlashDecodeSpec()
+    assert F.choose_splits(spec, 132, 8, 32768) == 50     # 3 blocks of 4 warps per SM
+    assert F.choose_splits(spec, 132, 8, 32768, 4) == 66
+    assert F.choose_splits(spec, 132, 8, 100) == 2        # capped by the capacity (64-key tiles)
+    assert F.choose_splits(spec, 1, 64, 4096) == 1
+
+
+def test_flash_decode_many_splits(run):
+    """More splits than keys: most blocks write neutral partials."""
+    spec = EMU_SPECS[0]
+    q, kc, vc = _data(1, 3, 100, 64, np.float16, 2)
+    for L, out in zip([100, 3], _run(run, spec, q, kc, vc, [100, 3], n_splits=37)):
+        assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps,unroll,chunks,prefetch",
+                         [(4, 2, 1, False), (4, 4, 1, False), (8, 2, 1, False),
+                          (8, 4, 1, False), (2, 4, 1, False), (4, 2, 2, False), (4, 4, 2, False),
+                          (8, 2, 2, False), (4, 4, 1, True), (4, 2, 1, True)])
+def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch):
+    from ptxgen.driver import get_device
+    spec = F.FlashDecodeSpec(warps=warps, unroll=unroll, chunks=chunks, prefetch=prefetch)
+    n_kv, cap = 8, 8192
+    q, kc, vc = _data(n_kv, 4, cap, 128, np.float16, warps * 10 + unroll)
+    for bps in (2, 8):
+        S = F.choose_splits(spec, get_device().sm_count, n_kv, cap, bps)
+        for L, out in zip([8192, 3001, 5], _run(gpu_run, spec, q, kc, vc, [8192, 3001, 5], S)):
+            assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, (L, bps)
