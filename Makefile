@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(PY) -m ptxgen demo
 
 bench: $(STAMP)
-	$(PY) -m ptxgen.bench $(BENCH_ARGS)
+	$(PY) -m ptxgen.driver.bench_all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

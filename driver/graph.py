@@ -191,8 +191,9 @@ class GraphExec:
         base = ctypes.addressof(buf)
         n = len(f.params)
         ptrs = (ctypes.c_void_p * max(n, 1))(*[base + off for off in f.packer.offsets])
-        p = d.CUDA_KERNEL_NODE_PARAMS()
-        p.func = node.func_handle
+        # start from the node's own recorded parameters so the function,
+        # kernel and context handles are the ones the driver captured
+        p = check(d.cuGraphKernelNodeGetParams(node.handle), "cuGraphKernelNodeGetParams")
         p.gridDimX, p.gridDimY, p.gridDimZ = g
         p.blockDimX, p.blockDimY, p.blockDimZ = b
         p.sharedMemBytes = sh

@@ -83,7 +83,7 @@ def check_operands(kb, sp, ins, loc):
             want = wide_of(t1) if wide else t1
         elif code in ("d2", "s2"):
             want = t2
-        elif code == "u":
+        elif code in ("u", "du"):
             want = T.u32
         elif code in ("p", "q"):
             if not _fits(o, T.pred) or isinstance(o, Imm):
@@ -106,7 +106,7 @@ def check_operands(kb, sp, ins, loc):
             continue
         else:  # pragma: no cover - table error
             raise AssertionError(f"unknown operand code {code}")
-        if code in ("d", "D", "d2") and not isinstance(o, Reg):
+        if code in ("d", "D", "d2", "du") and not isinstance(o, Reg):
             raise PtxTypeError(f"{what} is written, so it must be a register, "
                                f"got read-only {_desc(o)}", loc)
         widen = sp.name == "cvt" and code in ("d", "s2")

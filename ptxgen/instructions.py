@@ -221,12 +221,12 @@ class InstructionsMixin:
 
     def popc(self, a, *, out=None):
         d = self._out(T.u32, out)
-        self.emit("popc", [], [T.u32, self._bits_type(a.type)], [d, a])
+        self.emit("popc", [], [self._bits_type(a.type)], [d, a])
         return d
 
     def clz(self, a, *, out=None):
         d = self._out(T.u32, out)
-        self.emit("clz", [], [T.u32, self._bits_type(a.type)], [d, a])
+        self.emit("clz", [], [self._bits_type(a.type)], [d, a])
         return d
 
     # ----------------------------------------------------- special functions

@@ -13,6 +13,7 @@ Operand kinds (``OpSpec.operands``), one code per operand:
 ``s``  source of ``T`` (register, immediate or special register)
 ``C``  source of ``T``, or twice ``T``'s width with ``.wide``
 ``d2`` / ``s2``  destination / source of the second type suffix
+``du`` destination of type u32 whatever the instruction type (popc, clz)
 ``u``  source of 32-bit unsigned integer kind (shift amounts, lanes, masks)
 ``p``  destination predicate;  ``q``  source predicate (``!p`` allowed)
 ``m``  memory operand ``[addr]``;  ``l``  label
@@ -50,7 +51,7 @@ MEM = ("b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64",
 
 
 #: operand codes of written operands (they come first)
-DEST_CODES = frozenset({"d", "D", "d2", "p", "V", "fD"})
+DEST_CODES = frozenset({"d", "D", "d2", "du", "p", "V", "fD"})
 
 
 class OpSpec:
@@ -195,8 +196,8 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("max", "d s s", [ALLNUM + HALF], [("ftz",), ("NaN",)],
            type_sm={"f16": (80, (7, 0)), "f16x2": (80, (7, 0)),
                     "bf16": (80, (7, 0)), "bf16x2": (80, (7, 0))}),
-    OpSpec("popc", "d s2", [("u32",), ("b32", "b64")]),
-    OpSpec("clz", "d s2", [("u32",), ("b32", "b64")]),
+    OpSpec("popc", "du s", [("b32", "b64")], doc="population count into a u32"),
+    OpSpec("clz", "du s", [("b32", "b64")], doc="leading zeros into a u32"),
     # -- special functions ------------------------------------------------------
     OpSpec("rcp", "d s", [FLT], [("approx",) + ROUNDING_F, ("ftz",)],
            exclude=[("approx", "f64")]),
@@ -223,7 +224,12 @@ TABLE: dict[str, OpSpec] = _table(
            min_sm=61, min_ptx=(5, 0)),
     # -- comparison and selection -----------------------------------------------
     OpSpec("setp", "p s s q?", [ALLNUM + BITS + HALF[::2]], [CMP_OPS, BOOL_OPS, ("ftz",)],
-           type_sm={"bf16": (90, (7, 8))}),
+           type_sm={"bf16": (90, (7, 8))},
+           exclude=[(c, t) for c in ("lo", "ls", "hi", "hs")
+                    for t in ("s16", "s32", "s64", "f32", "f64", "f16", "bf16")]
+           + [(c, t) for c in ("equ", "neu", "ltu", "leu", "gtu", "geu", "num", "nan")
+              for t in INT + BITS]
+           + [(c, t) for c in ("lt", "le", "gt", "ge") for t in BITS]),
     OpSpec("selp", "d s s q", [ALLNUM + BITS + HALF[::2]]),
     # -- control flow ------------------------------------------------------------
     OpSpec("bra", "l", [], [("uni",)]),

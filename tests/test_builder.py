@@ -361,3 +361,18 @@ def test_threads_build_independently():
     with ThreadPoolExecutor(4) as ex:
         outs = list(ex.map(lambda _: fam.build(spec).to_ptx(), range(16)))
     assert all(o == expect for o in outs)
+
+
+def test_undefined_forms_refused():
+    """Forms PTX does not define are refused when built, not by ptxas later."""
+    m, k = _kernel()
+    a = k.param("a", s32)
+    x = k.param("x", f64)
+    with pytest.raises(PtxTypeError, match=r"PTX has no setp\.hi\.s32"):
+        k.setp("hi", a, a)
+    with pytest.raises(PtxTypeError, match=r"PTX has no div\.approx\.f64"):
+        k.div(x, x, approx=True)
+    with pytest.raises(PtxTypeError, match=r"mad does not take \.f64"):
+        k.emit("mad", ["lo"], [f64], [k.reg(f64), x, x, x])
+    r = k.popc(a.bitcast(b32))
+    assert r.type is u32 and "popc.b32" in m.to_ptx()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import TABLE
+from ..types import u32 as U32
 from . import floatops
 from .numerics import bf16_to_f32
 from .operands import NAT, SINT, UINT, Op, finish_op, getter, semantics, setter
@@ -187,13 +188,13 @@ def _smear(x, w):
 
 @semantics("popc", "clz")
 def _bits_count(stmt, ctx):
-    sty = stmt.types[1]
+    sty = stmt.types[0]
     w = sty.bits
     if stmt.op == "popc":
         f = lambda a: np.bitwise_count(np.asarray(a)).astype(np.uint32)  # noqa: E731
     else:
         f = lambda a: (w - np.bitwise_count(_smear(a, w)).astype(np.int64)).astype(np.uint32)  # noqa: E731
-    return elementwise(stmt, ctx, f, src_types=[sty])
+    return elementwise(stmt, ctx, f, src_types=[sty], dst_type=U32)
 
 
 # ------------------------------------------------------------------- logic
@@ -289,6 +290,8 @@ _PRMT_MODES = {
 def prmt(a, b, c, mode=None):
     """``prmt.b32{.mode}``: bytes of ``{b, a}`` (a = bytes 0-3) picked by ``c``."""
     a, b, c = (np.asarray(x, dtype=np.uint32) for x in (a, b, c))
+    if c.ndim == 0 and (a.ndim or b.ndim):
+        return _prmt_const(a, b, int(c), mode)
     a, b, c = np.broadcast_arrays(a, b, c)
     src = (a.astype(np.uint64) | (b.astype(np.uint64) << np.uint64(32)))
     out = np.zeros(a.shape, np.uint32)
@@ -306,6 +309,24 @@ def prmt(a, b, c, mode=None):
             byte = np.where(sel & np.uint32(8), sign, byte)
         out |= byte << np.uint32(8 * i)
     return out
+
+
+def _prmt_const(a, b, c, mode):
+    """prmt with one selector for all threads: a byte gather."""
+    a, b = np.broadcast_arrays(a, b)
+    src = np.empty(a.shape + (2,), "<u4")
+    src[..., 0] = a
+    src[..., 1] = b
+    src = src.view(np.uint8)                      # (..., 8) bytes, byte 0 of a first
+    if mode is None:
+        sel = [(c >> (4 * i)) & 0xF for i in range(4)]
+    else:
+        sel = list(_PRMT_MODES[mode][c & 3])
+    out = np.ascontiguousarray(src[..., [s & 7 for s in sel]])
+    for i, s in enumerate(sel):
+        if s & 8:
+            out[..., i] = np.where(out[..., i] & 0x80, np.uint8(0xFF), np.uint8(0))
+    return out.view("<u4")[..., 0].astype(np.uint32)
 
 
 @semantics("prmt")

@@ -86,8 +86,9 @@ def _int_to_pair(x, sty):
     return s, sign_dir(e)
 
 
-def _float_to_int(x64, dty, mode):
-    """Round float64 ``x64`` to an integer with ``mode``, saturating; NaN -> 0."""
+def _float_to_int(x64, dty, mode, src_bits=32):
+    """Round float64 ``x64`` to an integer with ``mode``, saturating; NaN -> 0
+    (except f64 -> s64, see below)."""
     lo, hi = _int_range(dty)
     r = round_int(x64, mode)
     nan = np.isnan(r)
@@ -99,7 +100,12 @@ def _float_to_int(x64, dty, mode):
     small = r < float(lo)
     out = np.where(big | small, 0.0, r).astype(nat)
     out = np.where(big, nat(hi), out)
-    return np.where(small, nat(lo), out).astype(nat)
+    out = np.where(small, nat(lo), out).astype(nat)
+    if dty.name == "s64" and src_bits == 64:
+        # the hardware (checked on an H100) gives INT64_MIN for NaN here,
+        # not the 0 that narrower conversions give
+        out = np.where(nan, nat(lo), out).astype(nat)
+    return out
 
 
 def convert(x, dty, sty, mods):
@@ -122,7 +128,7 @@ def convert(x, dty, sty, mods):
             if sat:
                 v = np.where(np.isnan(v), 0.0, np.clip(v, 0.0, 1.0))
             return encode([v], dty)
-        return _float_to_int(v, dty, rnd or "rzi")
+        return _float_to_int(v, dty, rnd or "rzi", sty.bits)
     # integer source
     if dty.is_float:
         s, d = _int_to_pair(x, sty)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import PtxParseError, UnsupportedError
+from ..isa import DEST_CODES
 
 __all__ = ["Op", "NAT", "UINT", "SINT", "Ctx", "SEMANTICS", "semantics", "getter",
            "setter", "width", "NORMAL", "BRA", "EXIT", "BAR"]
@@ -221,7 +222,7 @@ def reg_indices(o, ctx):
     return []
 
 
-_WRITE_CODES = ("d", "D", "d2", "p", "V", "fD")
+_WRITE_CODES = DEST_CODES   # the instruction table's written-operand codes
 
 
 def finish_op(op, stmt, ctx, spec):

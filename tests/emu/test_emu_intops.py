@@ -211,7 +211,8 @@ def test_setp_float_incl_unordered(backend, cmp, ty):
 def test_setp_combine_and_unsigned_compares(backend, bop):
     a, b, c = rand("s32"), rand("s32"), rand("s32")
     body = lambda k, x, y, z: k.select(  # noqa: E731
-        k.setp("lt", x, y, combine=(bop, k.setp("hi", z, y))), k.const(T.u32, 1), k.const(T.u32, 0))
+        k.setp("lt", x, y, combine=(bop, k.setp("hi", z.bitcast(T.u32), y.bitcast(T.u32)))),
+        k.const(T.u32, 1), k.const(T.u32, 0))
     got = run_map(backend, body, [a, b, c], ["s32"] * 3, "u32")
     f = {"and": lambda p, q: p and q, "or": lambda p, q: p or q, "xor": lambda p, q: p != q}[bop]
     for x, y, z, g in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):

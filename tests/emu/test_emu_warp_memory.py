@@ -304,7 +304,9 @@ def test_generic_addresses_of_shared_memory(emu_backend):
 # PTX ISA bounds for the approximate functions (f32), used as tolerances
 @pytest.mark.parametrize("fn,ref,lo,hi,rel,abs_", [
     ("ex2", np.exp2, -20, 20, 2.0 ** -22, 0),
-    ("lg2", np.log2, 1e-3, 1e3, 0, 2.0 ** -22),
+    # lg2: 2^-22 absolute near 1, relative 2^-22 away from it (an H100
+    # showed 8.8e-7 absolute error at log2(x) = 9.7)
+    ("lg2", np.log2, 1e-3, 1e3, 2.0 ** -22, 2.0 ** -22),
     ("sin", np.sin, -np.pi, np.pi, 0, 2.0 ** -20.5),
     ("cos", np.cos, -np.pi, np.pi, 0, 2.0 ** -20.5),
     ("rsqrt", lambda v: 1 / np.sqrt(v), 1e-3, 1e3, 2.0 ** -22, 0),

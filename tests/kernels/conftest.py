@@ -3,6 +3,9 @@ fixture (``"emu"`` or ``"cuda"``, from tests/conftest.py) or on a GPU."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import attrs
 import numpy as np
 import pytest
@@ -60,9 +63,94 @@ class Runner:
         return arr.to_numpy()
 
 
-@pytest.fixture
-def run(backend):
-    return Runner(backend)
+class DualRunner:
+    """Runs every launch on the emulator and on the GPU with the same inputs;
+    ``get`` compares the two results and returns the GPU's.
+
+    Integer results and exactly rounded float results must be bit-identical;
+    kernels that use ``.approx`` functions may differ by a few ulps, so the
+    comparison allows a relative difference of 1e-5 (of the largest value)
+    and records how many elements were bit-identical.
+    """
+
+    is_gpu = True
+
+    def __init__(self):
+        self.emu = Runner("emu")
+        self.gpu = Runner("cuda")
+
+    def target(self):
+        return self.gpu.target()
+
+    def function(self, build, spec, name=None):
+        return (self.emu.function(build, spec, name), self.gpu.function(build, spec, name))
+
+    def launch(self, fn, grid, block, *args):
+        self.emu.launch(fn[0], grid, block, *[a.emu if isinstance(a, _Pair) else a for a in args])
+        self.gpu.launch(fn[1], grid, block, *[a.gpu if isinstance(a, _Pair) else a for a in args])
+
+    def array(self, host):
+        return _Pair(self.emu.array(host), self.gpu.array(host))
+
+    def poisoned(self, shape, dtype=np.float32):
+        return _Pair(self.emu.poisoned(shape, dtype), self.gpu.poisoned(shape, dtype))
+
+    def get(self, arr):
+        e, g = arr.emu.to_numpy(), arr.gpu.to_numpy()
+        same = (e.view(np.uint8) == g.view(np.uint8)).reshape(e.shape[:1] + (-1,)).all(axis=-1) \
+            if e.ndim else np.array([e.tobytes() == g.tobytes()])
+        exact = float(np.mean(same))
+        if e.dtype.kind == "f":
+            assert np.array_equal(np.isnan(e), np.isnan(g)), "emulator and GPU differ in NaNs"
+            finite = ~np.isnan(g)
+            ef, gf = e[finite].astype(np.float64), g[finite].astype(np.float64)
+            scale = max(float(np.max(np.abs(gf))) if gf.size else 0.0, 1e-30)
+            rel = float(np.max(np.abs(ef - gf)) / scale) if gf.size else 0.0
+            assert rel <= 1e-5, f"emulator and GPU differ: max relative difference {rel:.3g}"
+        else:
+            rel = 0.0
+            assert exact == 1.0, "emulator and GPU integer results differ"
+        _COMPARISONS.append({"test": os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0],
+                             "dtype": str(e.dtype), "elements": int(e.size),
+                             "bit_identical_fraction": exact, "max_rel_diff": rel})
+        return g
+
+
+class _Pair:
+    """The same array on the emulator and on the GPU."""
+
+    def __init__(self, emu, gpu):
+        self.emu, self.gpu = emu, gpu
+
+    def view(self, *a, **kw):
+        return _Pair(self.emu.view(*a, **kw), self.gpu.view(*a, **kw))
+
+    def __getattr__(self, name):       # shape, dtype, size ... (same on both)
+        return getattr(self.gpu, name)
+
+
+_COMPARISONS: list = []
+
+
+def pytest_sessionfinish(session, exitstatus):
+    out = os.environ.get("PTXGEN_EMU_GPU_REPORT")
+    if out and _COMPARISONS:
+        with open(out, "w") as f:
+            json.dump(_COMPARISONS, f, indent=1)
+
+
+@pytest.fixture(params=["emu", pytest.param("cuda", marks=pytest.mark.gpu),
+                        pytest.param("emu_vs_cuda", marks=pytest.mark.gpu)])
+def run(request):
+    """A Runner on the emulator, on the GPU, or on both with their outputs
+    compared (the GPU cases skip cleanly where there is no GPU)."""
+    if request.param != "emu":
+        from backends import cuda_available
+        if not cuda_available():
+            pytest.skip("no NVIDIA GPU / driver available")
+    if request.param == "emu_vs_cuda":
+        return DualRunner()
+    return Runner(request.param)
 
 
 @pytest.fixture

@@ -1,0 +1,77 @@
+"""``make bench``: every benchmark in one run, results as JSON.
+
+``python -m ptxgen.driver.bench_all [OUT_DIR] [--skip model,...]`` runs the
+driver (launch, graph, module-load) benchmark, the GEMV, decode-kernel and
+Llama-decode benchmarks on the GPU, plus the CPU-side DSL emission and
+emulator speeds, and writes ``OUT_DIR/<name>.json`` for each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model")
+
+
+def _run(name):
+    if name == "emit":
+        from ptxgen.bench import measure
+        r = measure()
+        print(f"DSL emission: {r['per_second']:,.0f} instructions/s")
+        return r
+    if name == "emulator":
+        from ptxgen.emu import bench
+        return bench.main([])
+    if name == "driver":
+        from . import bench
+        return bench.run_all()
+    if name == "gemv":
+        from . import bench_gemv
+        return bench_gemv.run_all()
+    if name == "decode":
+        from . import bench_decode
+        return bench_decode.run_all()
+    if name == "model":
+        from . import bench_model
+        return bench_model.run_all()
+    raise ValueError(name)
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    skip = set()
+    if "--skip" in argv:
+        i = argv.index("--skip")
+        skip = set(argv[i + 1].split(","))
+        del argv[i:i + 2]
+    out_dir = argv[0] if argv else "bench-results"
+    os.makedirs(out_dir, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or "unknown"
+    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit}
+    failed = []
+    for name in PARTS:
+        if name in skip:
+            continue
+        print(f"\n=== {name} ===", flush=True)
+        try:
+            res = _run(name)
+        except Exception:
+            traceback.print_exc()
+            failed.append(name)
+            continue
+        with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
+            json.dump({"meta": meta, "result": res}, f, indent=1, default=str)
+    if failed:
+        print(f"failed parts: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Decode-step benchmark of a Llama-3-8B-shaped Q4_K model (GPU).
+
+``python -m ptxgen.driver.bench_model [OUT.json] [--gguf PATH]`` writes the
+synthetic model (32 layers, hidden 4096, FFN 14336, 32/8 heads, vocab
+128256; Q4_K weights, Q6_K output) unless ``--gguf`` names one, then times
+the decode step at contexts 128 and 4096 in eager mode (one Python launch
+per op) and graph mode (one CUDA-graph replay per token).
+
+The bandwidth floor of a step is the bytes it must read (every weight except
+the embedding table, of which one row is read, plus the K and V cache rows
+up to the context) over a device-to-device copy's bandwidth measured in the
+same run (bytes read + written / time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+__all__ = ["run_all"]
+
+
+def _copy_bandwidth(nbytes=1 << 30, reps=10) -> float:
+    from ptxgen import driver
+    from .errors import check
+    from cuda.bindings import driver as cu
+    a = driver.DeviceArray.empty((nbytes,), np.uint8)
+    b = driver.DeviceArray.empty((nbytes,), np.uint8)
+    s = driver.Stream()
+    times = []
+    for _ in range(reps + 2):
+        e0, e1 = driver.Event(), driver.Event()
+        e0.record(s)
+        check(cu.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, s.handle), "cuMemcpyDtoDAsync")
+        e1.record(s)
+        e1.synchronize()
+        times.append(e0.elapsed_ms(e1) / 1e3)
+    return 2 * nbytes / float(np.median(times[2:]))
+
+
+def _step_bytes(model, ctx: int) -> int:
+    hp = model.hp
+    f = model.file
+    total = 0
+    for name in f.names:
+        t = f.tensor(name)
+        if name == "token_embd.weight":
+            total += t.data.nbytes // t.data.shape[0]
+        else:
+            total += t.data.nbytes
+    total += 2 * hp.n_layers * hp.n_kv_heads * ctx * hp.head_dim * 2
+    return total
+
+
+def _set_context(model, ctx: int):
+    from ptxgen.kernels import decode_state as ds
+    st = np.zeros(ds.STATE_WORDS, np.int32)
+    st[ds.TOKEN] = 1
+    st[ds.POS] = ctx - 1
+    st[ds.KV_LEN] = ctx
+    st[ds.PROMPT_LEN] = 0
+    model.executor.write(model.state, st)
+    model.backend.synchronize()
+
+
+def _measure(model, ctx: int, mode: str, n: int = 30) -> float:
+    from ptxgen import driver
+    _set_context(model, ctx)
+    s = model._stream
+    for _ in range(3):
+        model.step(mode)
+    s.synchronize()
+    _set_context(model, ctx)
+    if mode == "graph":
+        e0, e1 = driver.Event(), driver.Event()
+        e0.record(s)
+        for _ in range(n):
+            model.step(mode)
+        e1.record(s)
+        e1.synchronize()
+        return e0.elapsed_ms(e1) / 1e3 / n
+    t0 = time.perf_counter()
+    for _ in range(n):
+        model.step(mode)
+    s.synchronize()
+    return (time.perf_counter() - t0) / n
+
+
+def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
+    from .gguf_synth import write_synthetic_llama
+    from .llama import LlamaModel
+    tmp = None
+    if gguf_path is None:
+        tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")
+        gguf_path = os.path.join(tmp, "llama3-8b-q4k.gguf")
+        t0 = time.perf_counter()
+        write_synthetic_llama(gguf_path, n_layers=32, hidden=4096, ffn=14336, n_heads=32,
+                              n_kv_heads=8, vocab=128256, context_length=8192,
+                              rope_theta=500000.0, qtype="Q4_K", output_qtype="Q6_K", seed=7)
+        print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
+                                 progress=False)
+    load_s = time.perf_counter() - t0
+    copy_bw = _copy_bandwidth()
+    out = {"device": model.backend.device.name, "copy_bandwidth_GBps": copy_bw / 1e9,
+           "launches_per_token": model.graph.launch_count, "load_seconds": load_s,
+           "weight_bytes": model.file.weight_bytes, "rows": []}
+    print(f"model loaded in {load_s:.1f} s; {model.graph.launch_count} launches per token; "
+          f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
+    print(f"{'context':>8}{'mode':>7}{'ms/token':>10}{'tokens/s':>10}{'GB read':>9}{'floor ms':>10}{'share':>8}")
+    for ctx in contexts:
+        nbytes = _step_bytes(model, ctx)
+        floor = nbytes / copy_bw
+        for mode in ("eager", "graph"):
+            t = _measure(model, ctx, mode)
+            row = {"context": ctx, "mode": mode, "seconds_per_token": t,
+                   "tokens_per_second": 1 / t, "bytes_per_token": nbytes,
+                   "floor_seconds": floor, "share_of_floor": floor / t}
+            out["rows"].append(row)
+            print(f"{ctx:>8}{mode:>7}{t * 1e3:>10.3f}{1 / t:>10.1f}{nbytes / 1e9:>9.2f}"
+                  f"{floor * 1e3:>10.3f}{floor / t:>8.1%}", flush=True)
+    if tmp:
+        os.remove(gguf_path)
+    return out
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    path = None
+    if "--gguf" in argv:
+        i = argv.index("--gguf")
+        path = argv[i + 1]
+        del argv[i:i + 2]
+    res = run_all(path)
+    if argv:
+        with open(argv[0], "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One GPU session, part 1: install, every gpu-marked test (the emulator is
+# compared with the GPU on every kernel test), compute-sanitizer on the
+# GEMV kernels, and the demo.  Results land in $OUT (or ./gpu-out).
+set -u
+OUT=${OUT:-gpu-out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
+git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+echo "== gpu tests"
+PTXGEN_EMU_GPU_REPORT="$OUT/emu_vs_gpu.json" timeout 330 python3 -m pytest -q -m gpu -p no:cacheprovider \
+  -o addopts="" tests > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"
+tail -25 "$OUT/gpu_tests.log"
+echo "== compute-sanitizer (GEMV, cuda cases)"
+for tool in memcheck racecheck; do
+  timeout 100 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/kernels/test_gemv.py -k "cuda and not emu_vs" > "$OUT/sanitizer_$tool.log" 2>&1
+  echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizer_$tool.log" | tail -3
+done
+echo "== demo"
+timeout 120 python3 -m ptxgen demo 2>&1 | tee "$OUT/demo.log" | tail -8
