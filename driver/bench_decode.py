@@ -22,6 +22,7 @@ REPS = 10
 REPEATS = 7
 #: flash-decode (warps, unroll, chunks, prefetch, blocks_per_sm) variants timed beside
 #: the default (w4 u8 c1, 3 blocks per SM)
+# (warps, unroll, chunks, prefetch, blocks per SM)
 FD_VARIANTS = [(4, 2, 1, False, 4), (4, 4, 1, False, 2), (4, 4, 1, False, 3),
                (4, 4, 2, False, 2), (4, 4, 1, True, 3), (4, 4, 1, True, 4),
                (4, 2, 1, True, 4), (4, 8, 1, False, 4)]
@@ -156,12 +157,12 @@ def run_all(verbose: bool = True) -> dict:
             rec(f"flash_decode_L{L}", ours, theirs, nbytes=2 * n_kv * L * d * 2)
             # variants of the split kernel (warps, unroll, blocks per SM) at the same length
             sweep = {}
-            for w, u, c, bps in FD_VARIANTS:
-                name = f"w{w}u{u}c{c}b{bps}"
+            for w, u, c, pf, bps in FD_VARIANTS:
+                name = f"w{w}u{u}c{c}{'p' if pf else ''}b{bps}"
                 try:
                     sweep[name] = _ours(lambda s: ops.flash_decode(
-                        dq, dk, dv, dl, out=do, warps=w, unroll=u, chunks=c, blocks_per_sm=bps,
-                        stream=s), stream)
+                        dq, dk, dv, dl, out=do, warps=w, unroll=u, chunks=c, prefetch=pf,
+                        blocks_per_sm=bps, stream=s), stream)
                 except Exception as e:          # a variant that does not fit this device
                     sweep[name] = repr(e)
             if verbose:
