@@ -120,15 +120,16 @@ class ComputeGraph:
 
     def add(self, kind: str, name: str, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
             launches: Sequence[Launch]) -> Op:
+        inputs, outputs = tuple(_buffers_of(inputs)), tuple(_buffers_of(outputs))
         known = set(map(id, self.buffers))
-        for b in list(inputs) + list(outputs):
+        for b in inputs + outputs:
             if id(b) not in known:
                 raise ValueError(f"op {name}: buffer {b.name!r} is not part of this graph")
         for L in launches:
             for a in _buffers_of(L.args):
                 if id(a) not in known:
                     raise ValueError(f"op {name}: launch argument {a.name!r} is not part of this graph")
-        op = Op(kind, name, tuple(inputs), tuple(outputs), tuple(launches))
+        op = Op(kind, name, inputs, outputs, tuple(launches))
         self.ops.append(op)
         return op
 

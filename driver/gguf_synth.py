@@ -137,6 +137,7 @@ def write_synthetic_llama(
     tie_embeddings: bool = False, seed: Optional[int] = None,
     pool_weights: int = 1 << 21, name: str = "synthetic-llama",
     progress: Optional[Callable[[int, int, str], None]] = None,
+    type_overrides: Optional[dict] = None,
 ) -> SynthInfo:
     """Write a random Llama GGUF to ``path``.
 
@@ -160,6 +161,9 @@ def write_synthetic_llama(
         pool of this many quantized weights (see the module docstring).
     progress : callable(done, total, tensor_name), optional
         Called after each tensor is written.
+    type_overrides : dict, optional
+        Tensor name -> type for tensors that differ from ``qtype`` (real
+        Q4_K_M files keep some attn_v / ffn_down weights in Q6_K).
 
     Returns
     -------
@@ -189,6 +193,13 @@ def write_synthetic_llama(
                         n_kv_heads=n_kv_heads, vocab=vocab, head_dim=head_dim, qtype=qtype,
                         output_qtype=output_qtype, embd_qtype=embd_qtype,
                         tie_embeddings=tie_embeddings)
+    if type_overrides:   # e.g. {"blk.0.attn_v.weight": "Q6_K"}, as Q4_K_M files mix types
+        names = {n for n, *_ in plan}
+        unknown = sorted(set(type_overrides) - names)
+        if unknown:
+            raise ValueError(f"type_overrides names unknown tensors: {', '.join(unknown)}")
+        plan = [(n, _type_name(type_overrides.get(n, tq)), shape, kind)
+                for n, tq, shape, kind in plan]
     for tname_, tq, shape, _ in plan:       # refuse bad row lengths before writing anything
         try:
             _nbytes(tq, shape)

@@ -4,7 +4,7 @@
 uploads every tensor in its own format, and builds the decode step as a
 :class:`~.executor.ComputeGraph`:
 
-    Embedding -> per layer [RmsNorm, MulMat q/k/v, Rope, KvAppend,
+    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked), Rope, KvAppend,
     Attention (split + combine), MulMat+Add (o-proj), RmsNorm(+residual),
     MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
     (logits) -> Argmax -> StateAdvance
@@ -25,10 +25,10 @@ import attrs
 import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, kv_append,
-                            rmsnorm, rope)
+                            rmsnorm, rope, swiglu)
 
 from .executor import ComputeGraph, Executor, Launch
-from .gguf_loader import GGUFError, LlamaFile
+from .gguf_loader import GGUFError, LlamaFile, RawTensor
 from . import gemv_lowering
 
 __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
@@ -36,6 +36,7 @@ __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
 FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
+    "swiglu": swiglu,
     **gemv_lowering.FAMILIES,
 }
 
@@ -126,9 +127,10 @@ class LlamaModel:
         sm_scale = 1.0 / math.sqrt(D)
 
         h = g.buffer("h", (H,), np.float32)
-        q = g.buffer("q", (hp.q_dim,), np.float32)
-        k = g.buffer("k", (hp.kv_dim,), np.float32)
-        v = g.buffer("v", (hp.kv_dim,), np.float32)
+        # q, k and v are consecutive slices of one buffer, so one GEMV over
+        # the stacked [Wq; Wk; Wv] can write all three when their types agree
+        qkv = g.buffer("qkv", (hp.q_dim + 2 * hp.kv_dim,), np.float32)
+        q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
         att = g.buffer("att", (hp.q_dim,), np.float32)
         part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
         part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
@@ -140,18 +142,16 @@ class LlamaModel:
             vc = g.buffer(p + "v_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
             self.kv_caches.append((kc, vc))
             self._norm(g, rs, x, p + "attn_norm.weight", h, H, hp.eps, p + "attn_norm")
-            for name, out in (("attn_q", q), ("attn_k", k), ("attn_v", v)):
-                w, t = self._weight(p + name + ".weight")
-                gemv_lowering.mul_mat(g, p + name, w, t, h, out, target=tgt)
+            self._qkv(g, p, h, qkv, (q, k, v), tgt)
             grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
-            g.add("Rope", p + "rope", [q, k, freqs, self.state], [q, k],
+            g.add("Rope", p + "rope", [qkv, freqs, self.state], [qkv],
                   [Launch("rope", ropes, ropes.kernel_name, grid, block,
                           (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads), sh)])
             grid, block, sh = kv_append.launch_geometry(kvs, hp.n_kv_heads)
-            g.add("KvAppend", p + "kv_append", [k, v, self.state], [kc, vc],
+            g.add("KvAppend", p + "kv_append", [qkv, self.state], [kc, vc],
                   [Launch("kv_append", kvs, kvs.kernel_name, grid, block,
                           (k, v, kc, vc, pos_ptr, hp.n_kv_heads, cap), sh)])
-            g.add("Attention", p + "attention", [q, kc, vc, self.state], [att],
+            g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att],
                   [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
                           (q, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale)),
                    Launch("flash_decode", fds, fds.combine_name, cgrid, cblock,
@@ -159,9 +159,7 @@ class LlamaModel:
             w, t = self._weight(p + "attn_output.weight")
             gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
             self._norm(g, rs, x, p + "ffn_norm.weight", h, H, hp.eps, p + "ffn_norm")
-            wg, tg = self._weight(p + "ffn_gate.weight")
-            wu, tu = self._weight(p + "ffn_up.weight")
-            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act, target=tgt)
+            self._gate_up(g, p, h, act, tgt)
             w, t = self._weight(p + "ffn_down.weight")
             gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
         self._norm(g, rs, x, "output_norm.weight", h, H, hp.eps, "output_norm")
@@ -182,6 +180,38 @@ class LlamaModel:
         g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
               [Launch("decode_state", ds, ds.kernel_name, grid, block,
                       (self.state, self.prompt, self.history, cap), sh)])
+
+    def _qkv(self, g, p, h, qkv, outs, tgt):
+        """Q, K, V projections: one GEMV over the stacked weights when the
+        three share a type (Q4_K_M files often keep attn_v in Q6_K)."""
+        ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
+        if len({t.qtype for t in ts}) == 1:
+            rows = sum(t.shape[0] for t in ts)
+            t = RawTensor(p + "attn_qkv.weight", ts[0].qtype, (rows, ts[0].shape[1]),
+                          np.concatenate([t.data for t in ts]))
+            w = g.buffer(t.name, t.data.shape, t.data.dtype, "weight", t.data)
+            gemv_lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, target=tgt)
+            return
+        for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
+            w, t = self._weight(p + name + ".weight")
+            gemv_lowering.mul_mat(g, p + name, w, t, h, out, target=tgt)
+
+    def _gate_up(self, g, p, h, act, tgt):
+        """silu(Wg h) * (Wu h): the fused GEMV when gate and up share a type,
+        else two GEMVs and a SwiGLU launch."""
+        wg, tg = self._weight(p + "ffn_gate.weight")
+        wu, tu = self._weight(p + "ffn_up.weight")
+        if tg.qtype == tu.qtype:
+            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act, target=tgt)
+            return
+        gate = g.buffer(p + "ffn_gate_out", (self.hp.ffn,), np.float32)
+        up = g.buffer(p + "ffn_up_out", (self.hp.ffn,), np.float32)
+        gemv_lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, target=tgt)
+        gemv_lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, target=tgt)
+        ss = swiglu.SwiGluSpec(target=tgt)
+        grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
+        g.add("SwiGLU", p + "swiglu", [gate, up], [act],
+              [Launch("swiglu", ss, ss.kernel_name, grid, block, (gate, up, act, self.hp.ffn), sh)])
 
     def _norm(self, g, spec, x, wname, out, n, eps, name):
         w, _ = self._weight(wname)

@@ -45,6 +45,20 @@ def test_emulator_decode_matches_reference(tiny):
     _check_logits(tiny, prompt, res, logits)
 
 
+def test_mixed_types_use_unfused_paths(tmp_path):
+    """attn_v and ffn_up in Q6_K (as Q4_K_M files do): Q, K, V are then three
+    GEMVs and gate/up two GEMVs plus a SwiGLU launch; results still match."""
+    path = str(tmp_path / "mixed.gguf")
+    write_synthetic_llama(path, **dict(TINY, n_layers=1),
+                          type_overrides={"blk.0.attn_v.weight": "Q6_K",
+                                          "blk.0.ffn_up.weight": "Q8_0"})
+    m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False)
+    kinds = [op.kind for op in m.graph.ops]
+    assert kinds.count("MulMat") == 3 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
+    res, logits = m.generate([5, 6], 1, return_logits=True)
+    _check_logits(path, [5, 6], res, logits)
+
+
 def test_context_overflow_refused(tiny):
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
     with pytest.raises(ContextOverflowError, match="need 6 positions; the KV cache holds 4"):
