@@ -139,16 +139,31 @@ class InstructionsMixin:
         self.emit(op, mods, (ity or ty,), (d, self._src(a, ty), self._src(b, ty)), guard=guard)
         return d
 
-    def add(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, guard=None):
-        return self._binary("add", a, b, out, guard, _fmods(rnd, ftz, sat))
+    # Float add/sub/mul carry an explicit rounding mode (``.rn`` unless
+    # ``rnd=`` says otherwise): PTX lets ptxas fuse a plain ``mul.f32`` and
+    # ``add.f32`` into one fma, which rounds differently; with ``.rn`` each
+    # is rounded as written, so the CPU emulator reproduces the GPU's bits.
+    # Write ``k.fma`` where a fused multiply-add is wanted, or pass
+    # ``rnd=None, contract=True`` to leave the choice to ptxas.
+    def _arith_mods(self, op, a, b, rnd, ftz, sat, contract):
+        ty = self._unify(op, a, b)
+        if ty.is_float and rnd is None and not contract:
+            rnd = "rn"
+        return ty, _fmods(rnd, ftz, sat)
 
-    def sub(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, guard=None):
-        return self._binary("sub", a, b, out, guard, _fmods(rnd, ftz, sat))
+    def add(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, contract=False, guard=None):
+        _, mods = self._arith_mods("add", a, b, rnd, ftz, sat, contract)
+        return self._binary("add", a, b, out, guard, mods)
 
-    def mul(self, a, b, *, out=None, rnd=None, ftz=False, sat=False, guard=None):
-        """``a * b``: ``mul.lo`` for integers (low half), ``mul`` for floats."""
-        ty = self._unify("mul", a, b)
-        mods = ("lo",) if ty.is_int else _fmods(rnd, ftz, sat)
+    def sub(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, contract=False, guard=None):
+        _, mods = self._arith_mods("sub", a, b, rnd, ftz, sat, contract)
+        return self._binary("sub", a, b, out, guard, mods)
+
+    def mul(self, a, b, *, out=None, rnd=None, ftz=False, sat=False, contract=False, guard=None):
+        """``a * b``: ``mul.lo`` for integers (low half), ``mul.rn`` for floats."""
+        ty, mods = self._arith_mods("mul", a, b, rnd, ftz, sat, contract)
+        if ty.is_int:
+            mods = ("lo",)
         return self._binary("mul", a, b, out, guard, mods)
 
     def mul_hi(self, a, b, *, out=None, guard=None):

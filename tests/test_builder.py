@@ -75,11 +75,21 @@ def test_operators_pick_opcodes():
     assert all(isinstance(o, ptxgen.values.Reg) for o in ops)
     text = m.to_ptx()
     for opcode in ("add.u32", "sub.u32", "mul.lo.u32", "div.u32", "rem.u32", "and.b32",
-                   "or.b32", "xor.b32", "shl.b32", "shr.u32", "not.b32", "mul.f32",
+                   "or.b32", "xor.b32", "shl.b32", "shr.u32", "not.b32", "mul.rn.f32",
                    "div.rn.f32", "neg.f32", "setp.lt.u32", "setp.ge.f32", "setp.eq.u32",
                    "setp.ne.u32"):
         assert f"\t{opcode} " in text, opcode
-    assert "mul.f32 \t%f2, %f1, 0f40000000;" in text
+    assert "mul.rn.f32 \t%f2, %f1, 0f40000000;" in text
+
+
+def test_float_arithmetic_is_rounded_as_written_unless_contraction_is_asked():
+    m, k = _kernel()
+    x = k.param("x", f32)
+    k.add(k.mul(x, x), x)
+    k.add(k.mul(x, x, contract=True), x, contract=True)
+    text = m.to_ptx()
+    assert "mul.rn.f32" in text and "add.rn.f32" in text
+    assert "\tmul.f32 " in text and "\tadd.f32 " in text
 
 
 def test_signed_shift_is_arithmetic():
@@ -252,13 +262,13 @@ def test_duplicate_and_undefined_labels():
 def test_target_refuses_missing_instruction():
     m, k = _kernel("sm_80")
     h = k.const(T.bf16x2, 1.0)
-    with pytest.raises(TargetError, match=r"add\.bf16x2 needs sm_90.*target sm_80") as ei:
+    with pytest.raises(TargetError, match=r"add\.rn\.bf16x2 needs sm_90.*target sm_80") as ei:
         h + h  # MARK-target
     assert ei.value.loc.lineno == _line_of("MARK-target")
     m9, k9 = _kernel("sm_90")
     h9 = k9.const(T.bf16x2, 1.0)
     h9 + h9
-    assert "add.bf16x2" in m9.to_ptx()
+    assert "add.rn.bf16x2" in m9.to_ptx()
 
 
 def test_python_truthiness_of_register_refused():

@@ -81,8 +81,8 @@ def test_check_bad_ptx_file_exits_1(tmp_path):
     except PtxasNotFound:
         pytest.skip("no ptxas")
     fam, spec = registry.canonical_specs()["vector_add"]
-    text = fam.build(spec).to_ptx().replace("add.f32", "add.f33")
+    text = fam.build(spec).to_ptx().replace("add.rn.f32", "add.rn.f33")
     f = tmp_path / "bad.ptx"
     f.write_text(text)
     rc, out, err = run("check", str(f))
-    assert rc == 1 and "add.f33" in err and "PTX line" in err
+    assert rc == 1 and "add.rn.f33" in err and "PTX line" in err
