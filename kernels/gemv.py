@@ -40,7 +40,7 @@ def build(spec: GemvSpec) -> ptxgen.Module:
 #: tuned knobs (sweep on H100 80GB HBM3, 2026-11-22; docs/gemv.md); the same
 #: for every target until other devices are measured
 _DEFAULTS = {
-    "Q4_K": dict(rows=8, max_ctas=2112, prefetch=False),
+    "Q4_K": dict(rows=8, max_ctas=2112, prefetch=False, early=True),
     "Q6_K": dict(rows=2, tile=2048, max_ctas=2112),
     "Q8_0": dict(rows=8, tile=2048, max_ctas=2112),
 }
@@ -62,6 +62,10 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         # two matrices' loads in flight: fewer rows (Q4_K at K > 8192 has 448+
         # threads and spills at rows=2)
         knobs["rows"] = {"Q4_K": 2 if k <= 8192 else 1, "Q6_K": 2, "Q8_0": 4}[qtype]
+        knobs.pop("early", None)    # not measured with two matrices
+    elif qtype == "Q4_K" and k > 8192:
+        # 448+ threads: 16 rows per group beat 8 at 4096x14336 (18.2 vs 21.3 us)
+        knobs["rows"] = 16
     knobs.update(overrides)
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 

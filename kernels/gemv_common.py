@@ -87,6 +87,16 @@ class GemvSpec:
     prefetch : bool
         Q4_K: load the next row group while computing this one (software
         pipelining through loop-carried registers).
+    stage : bool
+        Q4_K: park each row group's weight loads in shared memory (every
+        thread its own qs slot, headers once per super-block) behind a
+        ``bar.sync``, so the whole group is in flight without holding
+        registers (otherwise ptxas interleaves the loads with the math,
+        1-3 in flight per thread).  One piece per thread only.
+    early : bool
+        Q4_K: issue the first row group's weight loads before loading x.
+    l2_prefetch : bool
+        Q4_K: ``.L2::256B`` prefetch-size hint on the weight loads.
     max_ctas : int
         Upper bound on the grid; rows per CTA grow beyond it (x is loaded
         once per CTA).
@@ -103,6 +113,9 @@ class GemvSpec:
     load_width: int = attrs.field(default=0, validator=attrs.validators.in_((0, 2, 4, 8, 16)))
     max_ctas: int = attrs.field(default=1056)
     prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    stage: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    early: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    l2_prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
 
     @pieces.validator

@@ -55,8 +55,8 @@ def q4k_layout(spec: GemvSpec) -> tuple[int, int, int]:
     return ppt, thr, total
 
 
-def _piece_consts(k, x, tid, i, thr, total):
-    """Per-piece constants: byte offsets, lane masks, x registers and sums."""
+def _piece_offsets(k, tid, i, thr, total):
+    """Per-piece byte offsets and lane masks (no loads)."""
     p = tid + i * thr
     valid = p < total
     pc = k.min(p, total - 1)
@@ -71,6 +71,13 @@ def _piece_consts(k, x, tid, i, thr, total):
     m_a2 = k.select(hi, k.mov(0x3030, u32), k.mov(0, u32))
     m_c = k.select(hi, k.mov(0x0F0F, u32), k.mov(0, u32))
     xo = (sb << 8) + (j << 6) + ((c & 1) << 4)
+    return dict(hoff=hoff.to(u64), qoff=qoff.to(u64), s=s, m_a=m_a, m_a2=m_a2,
+                m_c=m_c, valid=valid, xo=xo, sb=sb, c=c)
+
+
+def _piece_x(k, x, pc):
+    """The piece's 32 x values (zero past K) and the sums of its two halves."""
+    xo, valid = pc["xo"], pc["valid"]
     xv = []
     for half in (0, 32):
         xa = x[xo + half] if half else x[xo]
@@ -85,8 +92,7 @@ def _piece_consts(k, x, tid, i, thr, total):
         for a in vals[1:]:
             t = t + a
         sums.append(t)
-    return dict(hoff=hoff.to(u64), qoff=qoff.to(u64), s=s, m_a=m_a, m_a2=m_a2,
-                m_c=m_c, x=xv, xs=sums)
+    pc["x"], pc["xs"] = xv, sums
 
 
 def _half_dot(k, words, xs, shift_left):
@@ -145,19 +151,23 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         red = k.shared_array("red", f32, warps * nm * R, align=16)
 
         tid = k.tid.x
-        pcs = [_piece_consts(k, x, tid, i, thr, total) for i in range(ppt)]
+        pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]
         bases = [[(k.ptr_add(w, pc["hoff"]), k.ptr_add(w, pc["qoff"])) for pc in pcs]
                  for w in ws]
         row0 = k.ctaid.x * rpc
         row_end = k.min(mrows, row0 + rpc)
         last = row_end - 1
+        l2 = "L2::256B" if spec.l2_prefetch else None
+
         def issue(rg):
             """All loads of the row group at ``rg`` (rows clamped to the CTA's last)."""
             out = []
             for i in range(R):
                 off = k.mul_wide(k.min(rg + i, last), rb)
-                out.append([[(k.ld(hb[off], u32, vec=4, nc=True, evict="L1::no_allocate"),
-                              k.ld(qb[off], u32, vec=4, nc=True, evict="L1::no_allocate"))
+                out.append([[(k.ld(hb[off], u32, vec=4, nc=True, evict="L1::no_allocate",
+                                   prefetch=l2),
+                              k.ld(qb[off], u32, vec=4, nc=True, evict="L1::no_allocate",
+                                   prefetch=l2))
                              for hb, qb in bases[mi]] for mi in range(nm)])
             return out
 
@@ -165,17 +175,45 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             return [w for per_mat in loads for per_piece in per_mat for pair in per_piece
                     for v in pair for w in v]
 
-        if spec.prefetch:
-            first = issue(row0)
-            cur = [k.var(u32, w) for w in regs_of(first)]
-        with k.for_range(row0, row_end, R) as rg:
+        if spec.stage:
+            if ppt != 1:
+                raise ValueError(f"Q4_K stage=True needs one piece per thread (K <= 32768), "
+                                 f"got {ppt}")
             if spec.prefetch:
-                nxt = issue(rg + R)
-                it = iter(cur)
-                loads = [[[(tuple(next(it) for _ in range(4)), tuple(next(it) for _ in range(4)))
-                           for _ in bases[mi]] for mi in range(nm)] for _ in range(R)]
-            else:
-                loads = issue(rg)
+                raise ValueError("Q4_K: prefetch and stage are exclusive")
+            nsb = math.ceil(total / 8)
+            sq = k.shared_array("sq", u32, R * nm * thr * 4, align=16)
+            sh = k.shared_array("sh", u32, R * nm * nsb * 4, align=16)
+            pc0 = pcs[0]
+            is_hdr = k.setp("eq", pc0["c"], 0, combine=("and", pc0["valid"]))
+
+        def stage_out(rg):
+            """Issue the group's loads and park them in shared memory (own qs slot;
+            headers once per super-block): no register holds them while in flight."""
+            loads = issue(rg)
+            for i in range(R):
+                for mi in range(nm):
+                    (hdr, qs), = loads[i][mi]
+                    slot = i * nm + mi
+                    k.st(sq[(tid + slot * thr) * 4], qs)
+                    k.st(sh[(pc0["sb"] + slot * nsb) * 4], hdr, guard=is_hdr)
+
+        def stage_in():
+            out = []
+            for i in range(R):
+                per = []
+                for mi in range(nm):
+                    slot = i * nm + mi
+                    qs = k.ld(sq[(tid + slot * thr) * 4], u32, vec=4)
+                    hdr = k.ld(sh[(pc0["sb"] + slot * nsb) * 4], u32, vec=4)
+                    per.append([(hdr, qs)])
+                out.append(per)
+            return out
+
+        def body(loads, rg):
+            if spec.stage:
+                k.bar_sync(0)
+                loads = stage_in()
             acc = [[None] * R for _ in range(nm)]
             for i in range(R):
                 for mi in range(nm):
@@ -183,7 +221,28 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                         d = _piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid)
-            if spec.prefetch:
+
+        issue_ = stage_out if spec.stage else issue
+        # early: the first group's weight loads go out before x's (latencies overlap)
+        first = issue_(row0) if (spec.early or spec.prefetch) else None
+        for pc in pcs:
+            _piece_x(k, x, pc)
+        if spec.prefetch:
+            cur = [k.var(u32, w) for w in regs_of(first)]
+            with k.for_range(row0, row_end, R) as rg:
+                nxt = issue(rg + R)
+                it = iter(cur)
+                loads = [[[(tuple(next(it) for _ in range(4)), tuple(next(it) for _ in range(4)))
+                           for _ in bases[mi]] for mi in range(nm)] for _ in range(R)]
+                body(loads, rg)
                 for v, w in zip(cur, regs_of(nxt)):
                     k.assign(v, w)
+        elif spec.early:
+            # peeled first group (every CTA has at least one row), then the rest
+            body(first, row0)
+            with k.for_range(row0 + R, row_end, R) as rg:
+                body(issue_(rg), rg)
+        else:
+            with k.for_range(row0, row_end, R) as rg:
+                body(issue_(rg), rg)
     return m
