@@ -10,8 +10,9 @@ kernel on either backend::
     emu.launch(mod["vector_add_f32"], grid, block, a, b, out, n)
     result = out.to_numpy()
 
-Blocks run one after another; the threads of a block run together as numpy
-arrays with per-thread PCs (min-PC scheduling), so divergence, barriers,
+Blocks run in batches of consecutive blocks (up to 64K threads); all the
+threads of a batch run together as numpy arrays with per-thread PCs (min-PC
+scheduling) and per-block shared memory and barriers, so divergence, barriers,
 warp shuffles/votes and mma.sync behave as on the GPU.  Out-of-bounds or
 misaligned accesses, reads of unwritten registers, barriers not all threads
 reach and shared-memory races raise :class:`EmulatorError` subclasses that

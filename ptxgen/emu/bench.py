@@ -33,7 +33,9 @@ def _reduce_case(n, grid):
 
     def check():
         want = rk.reference(x, grid, spec.block)
-        assert np.allclose(out.to_numpy(), want, rtol=1e-5, atol=1e-4)
+        # f32 partial sums of up to 2^20 values: the error scales with sum |x|
+        tol = 1e-4 + 2e-7 * float(np.abs(x).sum())
+        assert np.allclose(out.to_numpy(), want, rtol=1e-5, atol=tol)
     return f"block_reduce (256 thr, grid {grid}, n={n})", fn, run, check
 
 

@@ -83,7 +83,8 @@ class Fault(Exception):
         super().__init__(message)
         self.cls = cls
         self.message = message
-        #: linear thread index in the block (or None)
+        #: lane of the running batch of blocks (block * threads_per_block +
+        #: linear thread index in the block), or None
         self.thread = thread
 
 

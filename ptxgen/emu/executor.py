@@ -1,19 +1,30 @@
-"""SIMT execution of a compiled kernel, one block at a time.
+"""SIMT execution of a compiled kernel, a batch of blocks at a time.
 
-Threads of a block run together as numpy arrays.  Each thread has a PC;
-the scheduler always runs the group of threads at the *smallest* PC, so
-threads that diverge at a branch reconverge where their paths meet (the
-immediate post-dominator, for the structured code ptxgen emits), and a loop
-runs until its last thread leaves it.  The running group is a boolean mask
-plus one PC; threads that branch elsewhere are parked by PC.
+The blocks of a launch run in batches of consecutive blocks (linear block
+id order, ``x`` fastest); the threads of every block of a batch run
+together as numpy arrays of ``blocks_in_batch × threads_per_block``
+elements (lane ``b * T + t`` is thread ``t`` of the batch's block ``b``).
+Each thread has a PC; the scheduler always runs the group of threads at the
+*smallest* PC, so threads that diverge at a branch reconverge where their
+paths meet (the immediate post-dominator, for the structured code ptxgen
+emits), and a loop runs until its last thread leaves it.  The running group
+is a boolean mask plus one PC; threads that branch elsewhere are parked by
+PC.  Blocks that take the same path therefore run in lockstep: one numpy
+call per instruction for the whole batch.
 
-``bar.sync`` parks the arriving threads until every non-exited thread of
-the block has arrived at the same instruction; a thread arriving at a
-different ``bar.sync`` for the same barrier, or exiting while others wait,
-is a :class:`BarrierError`.  Between two block-wide barriers every
-shared-memory access is logged and, at the barrier, checked for a race
-(:mod:`ptxgen.emu.races`).  A register read by a thread for which no path
-has written it is an :class:`UninitializedRegister` error.
+Per-block state: shared memory is one flat buffer of ``blocks × bytes`` and
+a lane adds its block's base to every shared offset (bounds are checked
+against the block's own size); ``bar.sync`` parks the arriving threads
+until every non-exited thread *of their block* has arrived at the same
+instruction; a thread arriving at a different ``bar.sync`` for the same
+barrier, or exiting while others of its block wait, is a
+:class:`BarrierError`.  Between two block-wide barriers of a block every
+shared-memory access is logged and, at that block's barrier, checked for a
+race (:mod:`ptxgen.emu.races`).  A register read by a thread for which no
+path has written it is an :class:`UninitializedRegister` error.  Global
+memory is shared by all blocks and sequentially consistent: a store is
+complete for all its lanes before the next instruction runs; atomics are
+serialised in lane (= global thread id) order.
 """
 
 from __future__ import annotations
@@ -26,11 +37,19 @@ from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister)
 from .operands import BAR, BRA, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
 from .races import check_races
 
-__all__ = ["CompiledKernel", "compile_kernel", "run_grid", "MAX_STEPS"]
+__all__ = ["CompiledKernel", "compile_kernel", "run_grid", "batch_blocks", "MAX_STEPS",
+           "BATCH_THREADS", "BATCH_BYTES"]
 
 #: thread-instructions one block may run before the emulator gives up (an
-#: endless loop); about a minute of emulation
+#: endless loop, or a spin-wait on another block); a batch of B blocks may
+#: run B times as many
 MAX_STEPS = 2_000_000_000
+
+#: most threads (lanes) run together in one batch of blocks
+BATCH_THREADS = 1 << 16
+
+#: most bytes of registers + shared memory one batch may hold
+BATCH_BYTES = 256 << 20
 
 
 class CompiledKernel:
@@ -55,6 +74,9 @@ class CompiledKernel:
         self.static_shared = self.ctx.static_shared
         self.has_dynamic_shared = any(n is None for _, _, n in kt.shared)
         self.reg_widths = [width(t) for t in self.ctx.reg_types]
+        self.reg_names = list(self.ctx.reg_index)
+        #: register bytes per thread (values + written flags), for batch sizing
+        self.reg_bytes = sum(max(1, w // 8) + 1 for w in self.reg_widths)
         #: thread-instructions executed (sum over instructions of the threads
         #: in the running group), for the benchmark
         self.thread_instructions = 0
@@ -64,40 +86,65 @@ def compile_kernel(kt) -> CompiledKernel:
     return CompiledKernel(kt)
 
 
-class Geometry:
-    """Per-launch thread layout of a block (shared by all its blocks)."""
+def batch_blocks(k: CompiledKernel, nthreads: int, shared_bytes: int, nblocks: int) -> int:
+    """How many blocks of ``nthreads`` threads (and ``shared_bytes`` of shared
+    memory each) run together: at most :data:`BATCH_THREADS` threads and
+    :data:`BATCH_BYTES` of registers and shared memory, at least one block."""
+    per_block = nthreads * (k.reg_bytes + 64) + shared_bytes
+    b = min(nblocks, BATCH_THREADS // nthreads, BATCH_BYTES // max(1, per_block))
+    return max(1, b)
 
-    def __init__(self, block):
+
+class Geometry:
+    """Thread layout of a batch of ``nblocks`` blocks of shape ``block``."""
+
+    def __init__(self, block, nblocks=1):
         bx, by, bz = block
-        n = bx * by * bz
+        T = bx * by * bz
+        n = T * nblocks
         lin = np.arange(n)
+        t = lin % T if nblocks > 1 else lin
         self.n = n
+        self.T = T
+        self.nblocks = nblocks
         self.block = block
-        self.tid = {"x": (lin % bx).astype(np.uint32), "y": ((lin // bx) % by).astype(np.uint32),
-                    "z": (lin // (bx * by)).astype(np.uint32)}
-        self.lane = (lin % 32).astype(np.uint32)
-        self.warp = (lin // 32).astype(np.int64)
-        self.warp_base = (lin // 32) * 32
-        self.warp_starts = np.arange(0, n, 32)
+        self.tid = {"x": (t % bx).astype(np.uint32), "y": ((t // bx) % by).astype(np.uint32),
+                    "z": (t // (bx * by)).astype(np.uint32)}
+        lane = t % 32
+        self.lane = lane.astype(np.uint32)
+        wpb = (T + 31) // 32
+        self.blk = lin // T
+        self.warp = (self.blk * wpb + t // 32).astype(np.int64)
+        self.warp_in_block = (t // 32).astype(np.uint32)
+        self.warp_base = lin - lane
+        self.warp_end = np.minimum(self.warp_base + 32, (self.blk + 1) * T)
+        self.warp_starts = np.flatnonzero(lane == 0)
         self.lanebit = (np.uint32(1) << self.lane).astype(np.uint32)
         self.full = np.ones(n, bool)
         self.all_tids = lin
 
     def coords(self, j):
+        """(x, y, z) of thread ``j`` (a lane of the batch) in its block."""
         bx, by, _ = self.block
+        j = int(j) % self.T
         return (j % bx, (j // bx) % by, j // (bx * by))
 
 
 class BlockState:
-    """Registers, memory views and masks of the block being run."""
+    """Registers, memory views and masks of the batch of blocks being run."""
 
-    __slots__ = ("n", "regs", "written", "sreg", "shared", "params", "exited", "race_log",
-                 "all_tids", "full_mask", "lanebit", "warp_starts", "uniform_warps", "lane",
-                 "warp", "warp_base")
+    __slots__ = ("n", "regs", "written", "sreg", "shared", "shared_size", "shared_base",
+                 "params", "exited", "race_log", "all_tids", "full_mask", "lanebit",
+                 "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
+                 "block_threads", "nblocks", "blk", "ctaids")
 
-    def __init__(self, k, geo, ctaid, grid, params, shared_bytes, races):
+    def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races):
         n = geo.n
         self.n = n
+        self.block_threads = geo.T
+        self.nblocks = geo.nblocks
+        self.blk = geo.blk
+        self.ctaids = ctaids
         zeros = {w: np.zeros(n, UINT[w]) for w in (16, 32, 64)}
         zeros[1] = np.zeros(n, bool)
         self.regs = [zeros[w] for w in k.reg_widths]
@@ -106,13 +153,17 @@ class BlockState:
         s = {f"%tid.{c}": geo.tid[c] for c in "xyz"}
         for c, v in zip("xyz", geo.block):
             s[f"%ntid.{c}"] = np.uint32(v)
-        for c, v in zip("xyz", ctaid):
-            s[f"%ctaid.{c}"] = np.uint32(v)
+        for i, c in enumerate("xyz"):
+            col = ctaids[:, i]
+            if geo.nblocks == 1 or (col == col[0]).all():
+                s[f"%ctaid.{c}"] = np.uint32(col[0])
+            else:
+                s[f"%ctaid.{c}"] = col.astype(np.uint32)[geo.blk]
         for c, v in zip("xyz", grid):
             s[f"%nctaid.{c}"] = np.uint32(v)
         s["%laneid"] = geo.lane
-        s["%warpid"] = geo.warp.astype(np.uint32)
-        s["%nwarpid"] = np.uint32((n + 31) // 32)
+        s["%warpid"] = geo.warp_in_block
+        s["%nwarpid"] = np.uint32((geo.T + 31) // 32)
         s["%smid"] = np.uint32(0)
         s["%nsmid"] = np.uint32(1)
         s["%clock"] = np.uint32(0)
@@ -126,7 +177,10 @@ class BlockState:
         s["%lanemask_ge"] = (~((one << lane) - one)).astype(np.uint32)
         s["%lanemask_gt"] = (~((one << (lane + one)) - one)).astype(np.uint32)
         self.sreg = s
-        self.shared = np.full(k.static_shared + shared_bytes, 0xFF, np.uint8)
+        size = k.static_shared + shared_bytes
+        self.shared_size = size
+        self.shared = np.full(size * geo.nblocks, 0xFF, np.uint8)
+        self.shared_base = None if geo.nblocks == 1 else geo.blk * size
         self.params = params
         self.exited = np.zeros(n, bool)
         self.race_log = [] if races else None
@@ -134,34 +188,66 @@ class BlockState:
         self.full_mask = geo.full
         self.lanebit = geo.lanebit
         self.warp_starts = geo.warp_starts
-        self.uniform_warps = n % 32 == 0
+        self.uniform_warps = geo.T % 32 == 0
         self.lane = geo.lane
         self.warp = geo.warp
         self.warp_base = geo.warp_base
+        self.warp_end = geo.warp_end
 
 
 def run_grid(k: CompiledKernel, grid, block, args, shared=0, races=True):
-    """Run every block of the launch, in order."""
+    """Run every block of the launch, in batches of consecutive blocks."""
     params = k.packer.pack(tuple(args))
-    geo = Geometry(block)
+    gx, gy, gz = grid
+    total = gx * gy * gz
+    T = block[0] * block[1] * block[2]
+    per = batch_blocks(k, T, k.static_shared + shared, total)
+    geos = {}
     with np.errstate(all="ignore"):
-        for z in range(grid[2]):
-            for y in range(grid[1]):
-                for x in range(grid[0]):
-                    st = BlockState(k, geo, (x, y, z), grid, params, shared, races)
-                    _run_block(k, st, geo, (x, y, z))
+        for first in range(0, total, per):
+            nb = min(per, total - first)
+            geo = geos.get(nb)
+            if geo is None:
+                geo = geos[nb] = Geometry(block, nb)
+            lin = np.arange(first, first + nb)
+            ctaids = np.stack([lin % gx, (lin // gx) % gy, lin // (gx * gy)], axis=1)
+            st = BlockState(k, geo, ctaids, grid, params, shared, races)
+            _run_batch(k, st, geo)
 
 
-def _error(cls, msg, op, block, geo, thread):
+class _Wait:
+    """Threads waiting at one barrier id, per block of the batch."""
+
+    __slots__ = ("pc", "mask", "count")
+
+    def __init__(self, nblocks, n):
+        self.pc = np.full(nblocks, -1, np.int64)     # bar.sync pc each block waits at
+        self.mask = np.zeros(n, bool)                # waiting threads
+        self.count = np.zeros(nblocks, np.int64)     # arrivals so far
+
+
+def _error(cls, msg, op, st, geo, lane, blk=None):
+    """``cls`` naming the line, the block of ``lane`` (or batch block ``blk``)
+    and the thread."""
+    if lane is not None:
+        blk = int(lane) // geo.T
+    block = tuple(int(v) for v in st.ctaids[0 if blk is None else blk])
     return cls(msg, line=op.line or None, text=op.text if op.line else None, block=block,
-               thread=None if thread is None else geo.coords(int(thread)))
+               thread=None if lane is None else geo.coords(int(lane)))
 
 
 def _first(mask):
     return int(np.flatnonzero(mask)[0])
 
 
-def _run_block(k, st, geo, block):
+def _per_block(mask, geo):
+    """Count of ``mask`` lanes in each block of the batch."""
+    if geo.nblocks == 1:
+        return np.array([np.count_nonzero(mask)], np.int64)
+    return np.count_nonzero(mask.reshape(geo.nblocks, geo.T), axis=1)
+
+
+def _run_batch(k, st, geo):
     ops = k.ops
     n = geo.n
     written = st.written
@@ -171,8 +257,9 @@ def _run_block(k, st, geo, block):
     full = True
     nact = n
     parked = {}
-    waiting = {}      # barrier id -> [pc, waiting mask, arrivals]
+    waiting = {}      # barrier id -> _Wait
     steps = 0
+    limit = MAX_STEPS * geo.nblocks
     while True:
         if parked:
             p = parked.pop(pc, None)
@@ -193,7 +280,7 @@ def _run_block(k, st, geo, block):
             gi = op.guard
             if written[gi] is not None and (active & ~written[gi]).any():
                 raise _error(UninitializedRegister, "the guard predicate is read before any "
-                             "path writes it", op, block, geo, _first(active & ~written[gi]))
+                             "path writes it", op, st, geo, _first(active & ~written[gi]))
             g = regs[gi]
             if op.neg:
                 g = ~g
@@ -207,14 +294,13 @@ def _run_block(k, st, geo, block):
                 if w is not None:
                     bad = ~w if m is None else m & ~w
                     if bad.any():
-                        name = list(k.ctx.reg_index)[r]
-                        raise _error(UninitializedRegister, f"{name} is read before any path "
-                                     "writes it", op, block, geo, _first(bad))
+                        raise _error(UninitializedRegister, f"{k.reg_names[r]} is read before "
+                                     "any path writes it", op, st, geo, _first(bad))
             if m is None or m.any():
                 try:
                     op.fn(st, m)
                 except Fault as f:
-                    raise _error(f.cls, f.message, op, block, geo, f.thread) from None
+                    raise _error(f.cls, f.message, op, st, geo, f.thread) from None
                 for r in op.writes:
                     w = written[r]
                     if w is not None:
@@ -243,11 +329,7 @@ def _run_block(k, st, geo, block):
         elif kind == EXIT:
             e = active if m is None else m
             if waiting and e.any():
-                bid, (bpc, wmask, _) = next(iter(waiting.items()))
-                raise _error(BarrierError, f"thread exits while {int(np.count_nonzero(wmask))} "
-                             f"threads wait at bar.sync {bid} on line {ops[bpc].line} "
-                             f"(`{ops[bpc].text}`), which it never reached",
-                             op, block, geo, _first(e))
+                _check_exit(ops, op, st, geo, waiting, e)
             st.exited = st.exited | e
             active = active & ~e
             nact = int(np.count_nonzero(active))
@@ -262,70 +344,181 @@ def _run_block(k, st, geo, block):
                 pc += 1
         elif kind == BAR:
             arr = active if m is None else m
-            na = int(np.count_nonzero(arr))
-            if na == 0:
+            if not arr.any():
                 pc += 1
                 continue
-            gid, gcnt, arrive_only = op.extra
-            bids = np.broadcast_to(np.asarray(gid(st)), (n,))[arr]
-            bid = int(bids[0])
-            if (bids != bid).any():
-                raise _error(BarrierError, "bar.sync barrier id differs between threads",
-                             op, block, geo, _first(arr))
-            w = waiting.get(bid)
-            if w is None:
-                w = waiting[bid] = [pc, np.zeros(n, bool), 0]
-            elif w[0] != pc and not arrive_only:
-                other = ops[w[0]]
-                raise _error(BarrierError, f"divergent barrier: threads reach bar.sync {bid} "
-                             f"here while {int(np.count_nonzero(w[1]))} threads wait at line "
-                             f"{other.line} (`{other.text}`)", op, block, geo, _first(arr))
-            if not arrive_only:
-                w[1] = w[1] | arr
-            w[2] += na
-            alive = int(np.count_nonzero(~st.exited))
-            expected = alive if gcnt is None else int(np.asarray(gcnt(st)).reshape(-1)[0])
-            rest = active & ~arr
-            if w[2] >= expected:
-                del waiting[bid]
-                if st.race_log is not None and expected >= alive and not waiting:
-                    _races(k, st, geo, block)
-                target = w[0] + 1
-                if target == pc + 1:
-                    active = rest | w[1]
-                else:
-                    parked[target] = w[1] if target not in parked else parked[target] | w[1]
-                    active = rest | (arr if arrive_only else np.zeros(n, bool))
+            active = _barrier(k, op, st, geo, waiting, parked, active, arr)
+            nact = int(np.count_nonzero(active))
+            if nact == 0:
+                if not parked:
+                    raise _deadlock(ops, op, st, geo, waiting)
+                pc = min(parked)
+                active = parked.pop(pc)
                 nact = int(np.count_nonzero(active))
-                pc += 1
             else:
-                active = rest | (arr if arrive_only else np.zeros(n, bool))
-                nact = int(np.count_nonzero(active))
-                if nact == 0:
-                    if not parked:
-                        missing = ~st.exited & ~w[1]
-                        raise _error(BarrierError, f"deadlock: {int(np.count_nonzero(w[1]))} "
-                                     f"threads wait at bar.sync {bid} and the others never "
-                                     "arrive", op, block, geo,
-                                     _first(missing) if missing.any() else None)
-                    pc = min(parked)
-                    active = parked.pop(pc)
-                    nact = int(np.count_nonzero(active))
-                else:
-                    pc += 1
+                pc += 1
             full = nact == n
-        if steps > MAX_STEPS:
-            raise _error(EmulatorError, "too many instructions in one block (endless loop?)",
-                         op, block, geo, None)
+        if steps > limit:
+            who = active if active.any() else ~st.exited
+            lane = _first(who) if who.any() else None
+            raise _error(EmulatorError, f"too many instructions: more than {MAX_STEPS:,} "
+                         "thread-instructions per block (an endless loop, or a spin-wait on "
+                         "another block, which the emulator cannot run)", op, st, geo, lane)
     k.thread_instructions += steps
+    if waiting and any(w.count.any() for w in waiting.values()):
+        raise _deadlock(ops, ops[-1], st, geo, waiting)
     if st.race_log is not None:
-        _races(k, st, geo, block)
+        _races(k, st, geo, None)
 
 
-def _races(k, st, geo, block):
+def _check_exit(ops, op, st, geo, waiting, e):
+    """A thread may not exit while threads of its block wait at a barrier."""
+    for bid, w in waiting.items():
+        has = w.count > 0
+        if not has.any():
+            continue
+        bad = e & has[geo.blk] if geo.nblocks > 1 else e
+        if bad.any():
+            lane = _first(bad)
+            b = lane // geo.T
+            bpc = int(w.pc[b])
+            nw = int(np.count_nonzero(w.mask[b * geo.T:(b + 1) * geo.T]))
+            where = (f"bar.sync {bid} on line {ops[bpc].line} (`{ops[bpc].text}`)"
+                     if bpc >= 0 else f"barrier {bid}")
+            raise _error(BarrierError, f"thread exits while {nw} threads wait at {where}, "
+                         "which it never reached", op, st, geo, lane)
+
+
+def _deadlock(ops, op, st, geo, waiting):
+    for bid, w in waiting.items():
+        if not w.count.any():
+            continue
+        b = int(np.flatnonzero(w.count)[0])
+        lo, hi = b * geo.T, (b + 1) * geo.T
+        missing = ~st.exited[lo:hi] & ~w.mask[lo:hi]
+        nw = int(np.count_nonzero(w.mask[lo:hi]))
+        bpc = int(w.pc[b])
+        at = ops[bpc] if bpc >= 0 else op
+        return _error(BarrierError, f"deadlock: {nw} threads wait at bar.sync {bid} and the "
+                      "others never arrive", at, st, geo,
+                      lo + _first(missing) if missing.any() else None, blk=b)
+    return _error(BarrierError, "deadlock: no thread can run", op, st, geo, None)
+
+
+def _barrier(k, op, st, geo, waiting, parked, active, arr):
+    """Threads ``arr`` of the running group arrive at ``bar`` ``op``; returns
+    the threads that continue at the next instruction."""
+    ops = k.ops
+    n, B, T = geo.n, geo.nblocks, geo.T
+    pc = op.pc
+    gid, gcnt, arrive_only = op.extra
+    bidv = np.asarray(gid(st))
+    if bidv.ndim == 0:
+        groups = [(int(bidv), arr)]
+    else:
+        vals = np.broadcast_to(bidv, (n,)).astype(np.int64)
+        lo = np.where(arr, vals, np.iinfo(np.int64).max).reshape(B, T).min(axis=1)
+        hi = np.where(arr, vals, -1).reshape(B, T).max(axis=1)
+        bad = (hi >= 0) & (lo != hi)
+        if bad.any():
+            b = int(np.flatnonzero(bad)[0])
+            raise _error(BarrierError, "bar.sync barrier id differs between threads", op, st,
+                         geo, b * T + _first(arr[b * T:(b + 1) * T]))
+        groups = [(int(u), arr & (vals == u)) for u in np.unique(vals[arr])]
+    active = active & ~arr
+    if arrive_only:
+        active = active | arr
+    alive = None
+    for bid, a in groups:
+        cnt = _per_block(a, geo)
+        has = cnt > 0
+        w = waiting.get(bid)
+        if w is None:
+            w = waiting[bid] = _Wait(B, n)
+        if not arrive_only:
+            clash = has & (w.pc >= 0) & (w.pc != pc)
+            if clash.any():
+                b = int(np.flatnonzero(clash)[0])
+                other = ops[int(w.pc[b])]
+                nw = int(np.count_nonzero(w.mask[b * T:(b + 1) * T]))
+                raise _error(BarrierError, f"divergent barrier: threads reach bar.sync {bid} "
+                             f"here while {nw} threads wait at line {other.line} "
+                             f"(`{other.text}`)", op, st, geo,
+                             b * T + _first(a[b * T:(b + 1) * T]))
+            w.pc[has] = pc
+            w.mask |= a
+        w.count += cnt
+        if alive is None:
+            alive = _per_block(~st.exited, geo)
+        if gcnt is None:
+            expected = alive
+        else:
+            cv = np.broadcast_to(np.asarray(gcnt(st)), (n,))
+            firsts = np.argmax(a.reshape(B, T), axis=1) + np.arange(B) * T
+            expected = cv[firsts].astype(np.int64)
+        release = has & (w.count >= expected)
+        if not release.any():
+            continue
+        rel = release[geo.blk] if B > 1 else np.broadcast_to(release[0], (n,))
+        freed = w.mask & rel
+        targets = w.pc[release] + 1
+        w.mask = w.mask & ~rel
+        w.count[release] = 0
+        w.pc[release] = -1
+        if not w.count.any() and not w.mask.any():
+            del waiting[bid]
+        if st.race_log is not None:
+            # a block checks at a barrier all its threads pass (blocks with
+            # no thread left have no accesses to come: check them too)
+            full_bar = (release & (expected >= alive)) | (alive == 0)
+            for obid, ow in waiting.items():
+                if obid != bid:
+                    full_bar &= ow.count == 0
+            if full_bar.any():
+                _races(k, st, geo, None if full_bar.all() else full_bar)
+        if not freed.any():
+            continue
+        tset = np.unique(targets[targets > 0])
+        rb = np.flatnonzero(release)
+        for t in tset:
+            t = int(t)
+            if tset.size == 1:
+                sel = freed
+            else:
+                tb = np.zeros(B, bool)
+                tb[rb[targets == t]] = True
+                sel = freed & tb[geo.blk]
+            if t == pc + 1:
+                active = active | sel
+            else:
+                parked[t] = sel if t not in parked else parked[t] | sel
+    return active
+
+
+def _races(k, st, geo, blocks):
+    """Check (and drop) the logged shared accesses of the batch's blocks
+    ``blocks`` (a bool per block; ``None``: all)."""
+    log = st.race_log
+    if not log:
+        return
+    if blocks is None:
+        mine = log
+        keep = []
+    else:
+        mine, keep = [], []
+        for e in log:
+            op, tids, offs, nbytes, kind = e
+            sel = blocks[geo.blk[tids]]
+            if sel.all():
+                mine.append(e)
+            elif not sel.any():
+                keep.append(e)
+            else:
+                mine.append((op, tids[sel], offs[sel], nbytes, kind))
+                keep.append((op, tids[~sel], offs[~sel], nbytes, kind))
     try:
-        check_races(st.race_log, geo.coords)
+        check_races(mine, geo.coords, st.shared_size)
     except Fault as f:
-        raise _error(f.cls, f.message, f.op, block, geo, f.thread) from None
+        raise _error(f.cls, f.message, f.op, st, geo, f.thread) from None
     finally:
-        st.race_log.clear()
+        log[:] = keep

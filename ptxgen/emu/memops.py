@@ -6,9 +6,12 @@ to the global allocations (bounds- and alignment-checked); ``.shared`` and
 generic addresses inside the window go to the block's shared memory, and
 every shared access is logged for race detection.  8- and 16-bit memory
 types load into wider registers sign- or zero-extended and store
-truncated.  Atomics are applied one thread at a time in thread order when
-several threads hit one address (else all at once): the result equals a
-serial execution, as the hardware's does for some order.
+truncated.  Atomics are applied in thread order when several threads hit
+one address (in rounds: round ``r`` applies the ``r``-th access to every
+address at once; else all at once): the result equals a serial execution in
+lane order (= global thread id order within a batch of blocks), as the
+hardware's equals one for some order.  In a batch of blocks, each block's
+shared memory is its own window of the batch's flat buffer.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ class _Access:
     def _one(self, st, space, addr, tids, kind):
         nbytes = self.size * self.vec
         if space == "shared":
-            size = st.shared.size
+            size = st.shared_size
             bad = addr + np.uint64(nbytes) > np.uint64(size)
             if bad.any():
                 j = int(np.flatnonzero(bad)[0])
@@ -117,6 +120,8 @@ class _Access:
                             f"{int(addr[j])} is outside the block's {size} bytes of shared memory",
                             tids[j])
             offs = addr.astype(np.int64)
+            if st.shared_base is not None:      # a batch of blocks: each its own window
+                offs += st.shared_base if tids is st.all_tids else st.shared_base[tids]
             if st.race_log is not None:
                 st.race_log.append((self.op, tids, offs, nbytes, kind))
             return [(st.shared, offs, None)]
@@ -316,12 +321,21 @@ def _atomic(stmt, ctx, has_dst):
                 scatter(buf, offs, size, [np.asarray(new, dtype=nat).view(u)])
                 olds[ii] = old
                 continue
-            for k, j in enumerate(ii):      # serial, in thread order
-                o = offs[k:k + 1]
+            # serial in thread order per address: round r applies, at once,
+            # the r-th access to each address (addresses are independent)
+            order = np.argsort(offs, kind="stable")
+            so = offs[order]
+            starts = np.r_[True, so[1:] != so[:-1]]
+            grp = np.cumsum(starts) - 1
+            rank = np.empty(offs.size, np.int64)
+            rank[order] = np.arange(offs.size) - np.flatnonzero(starts)[grp]
+            for r in range(int(rank.max()) + 1):
+                sel = np.flatnonzero(rank == r)
+                o, jj = offs[sel], ii[sel]
                 old = gather(buf, o, size, 1)[0].view(nat)
-                new = f(old, bv[j:j + 1], None if cv is None else cv[j:j + 1])
+                new = f(old, bv[jj], None if cv is None else cv[jj])
                 scatter(buf, o, size, [np.asarray(new, dtype=nat).view(u)])
-                olds[j] = old[0]
+                olds[jj] = old
         if has_dst:
             if m is None:
                 put(st, olds, None)

@@ -19,10 +19,13 @@ __all__ = ["check_races"]
 _KIND = {0: "reads", 1: "writes", 2: "atomically updates"}
 
 
-def check_races(log, coords):
+def check_races(log, coords, block_bytes=None):
     """Raise a :class:`Fault` (RaceError) for the first racing byte in ``log``.
 
-    ``coords(linear_thread) -> (x, y, z)`` names threads in the message."""
+    ``coords(linear_thread) -> (x, y, z)`` names threads in the message.
+    Offsets are those of a batch's flat shared buffer (block ``b`` at
+    ``b * block_bytes``), so two blocks never share a byte; the message
+    gives the offset in the block (modulo ``block_bytes``)."""
     if not log:
         return
     byte, tid, kind, entry = [], [], [], []
@@ -56,7 +59,8 @@ def check_races(log, coords):
     others = (gt != gt[i]) & ((gk != 2) | (gk[i] != 2)) & ((gk != 0) | (gk[i] != 0))
     j = int(np.flatnonzero(others)[0])
     op_i, op_j = log[ge[i]][0], log[ge[j]][0]
-    msg = (f"shared-memory race on byte {int(b[lo])}: thread {coords(int(gt[i]))} "
+    byte = int(b[lo]) % block_bytes if block_bytes else int(b[lo])
+    msg = (f"shared-memory race on byte {byte}: thread {coords(int(gt[i]))} "
            f"{_KIND[int(gk[i])]} it at line {op_i.line} (`{op_i.text}`) and thread "
            f"{coords(int(gt[j]))} {_KIND[int(gk[j])]} it at line {op_j.line} "
            f"(`{op_j.text}`) with no bar.sync between")

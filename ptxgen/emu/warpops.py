@@ -107,13 +107,13 @@ def _shfl(stmt, ctx):
         j = np.where(ok, j, lane)
         src = st.warp_base + j
         ex = st.full_mask if m is None else m
-        valid = (src < st.n) & ((ex_bits[st.warp] >> j.astype(np.uint32)) & 1).astype(bool)
+        valid = (src < st.warp_end) & ((ex_bits[st.warp] >> j.astype(np.uint32)) & 1).astype(bool)
         bad = ex & ~valid
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
             raise Fault(WarpSyncError, f"shfl.sync reads lane {int(j[k])}, which does not "
                         "take part in this shfl (result undefined)", k)
-        src = np.where(valid, src, np.arange(st.n))
+        src = np.where(valid, src, st.all_tids)
         if a_reg is not None and st.written[a_reg] is not None:
             unw = ex & ~st.written[a_reg][src]
             if unw.any():
@@ -179,14 +179,15 @@ def _mma(stmt, ctx):
 
     def fn(st, m):
         ex = st.full_mask if m is None else m
-        if st.n % 32:
+        if st.block_threads % 32:
             raise Fault(WarpSyncError, "mma.sync needs whole warps (block size a multiple of 32)", 0)
         full = ex.reshape(-1, 32)
         part = full.any(axis=1)
         if (part & ~full.all(axis=1)).any():
             w = int(np.flatnonzero(part & ~full.all(axis=1))[0])
             lane = int(np.flatnonzero(~full[w])[0])
-            raise Fault(WarpSyncError, f"mma.sync.aligned: lane {lane} of warp {w} does not "
+            raise Fault(WarpSyncError, f"mma.sync.aligned: lane {lane} of warp "
+                        f"{w % (st.block_threads // 32)} does not "
                         "execute it with the rest of the warp", w * 32 + lane)
         nw = st.n // 32
         av = elems(ga, pa, st).reshape(nw, 32, 8)
