@@ -182,17 +182,35 @@ def swiglu(g, u, out=None, *, stream=None):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def _resident_cached(handle, block):
+    from .errors import check, cuda
+    d = cuda()
+    return int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(handle, block, 0),
+                     "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
+
+
+def _resident(fn, block) -> int:
+    """Blocks of ``fn`` one SM holds at once (the driver's occupancy)."""
+    try:
+        return max(1, _resident_cached(fn.handle, block))
+    except Exception:                      # an old driver binding: the spec's estimate
+        return None
+
+
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
-                 warps=4, unroll=8, chunks=1, prefetch=False, blocks_per_sm=None,
-                 stream=None):
+                 warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
+                 blocks_per_sm=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
     ``kv_len`` is a device int32 scalar (read by the kernel, so a replayed
     graph follows it); ``n_splits`` defaults to :func:`choose_splits` for
-    this device and the cache's capacity (fixed per shape).  ``warps``,
-    ``unroll``, ``chunks``, ``prefetch`` pick the split kernel's spec (see
-    :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`).
+    this device and the cache's capacity (fixed per shape), with
+    ``blocks_per_sm`` defaulting to the driver's occupancy of the split
+    kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
+    ``prefetch``, ``min_keys`` pick the split kernel's spec (None: the
+    :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec` default).
     """
     qa = _arr(q, "q")
     kc, vc = _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
@@ -207,13 +225,17 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     kv_dtype = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}.get(kc.dtype)
     if kv_dtype is None:
         raise TypeError(f"the KV cache must be float16 or float32, got {kc.dtype}")
-    spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, warps=warps,
-                               unroll=unroll, chunks=chunks, prefetch=prefetch,
-                               target=device_target())
+    knobs = {k_: v_ for k_, v_ in dict(warps=warps, unroll=unroll, chunks=chunks,
+                                        prefetch=prefetch, min_keys=min_keys).items()
+             if v_ is not None}
+    spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
+                               target=device_target(), **knobs)
     dev = get_device()
-    if n_splits is None:
-        n_splits = _fd.choose_splits(spec, dev.sm_count, n_kv, cap, blocks_per_sm)
     mod = _module(_fd.build, spec)
+    if n_splits is None:
+        if blocks_per_sm is None:
+            blocks_per_sm = _resident(mod.function(spec.split_name), 32 * spec.warps)
+        n_splits = _fd.choose_splits(spec, dev.sm_count, n_kv, cap, blocks_per_sm)
     part_o = _workspace(("fd_o", n_q, n_splits, d), (n_q, n_splits, d), np.float32)
     part_ml = _workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
     out = _out(out, (n_q, d))

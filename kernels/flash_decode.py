@@ -16,24 +16,27 @@ Layout
 Kernels (one module)
     ``split``: ``grid = (n_splits, n_kv_heads)``, ``block = 32 * warps``.
     Block ``(s, h)`` takes the ``s``-th chunk of ``[0, kv_len)``; the chunk
-    length is ``ceil(kv_len / n_splits)`` rounded up to the block's tile, so
-    the grid is fixed (graph-replay safe) while every length uses it; a
-    block whose chunk is empty writes neutral partials (``m = -1e30``,
-    ``l = 0``, ``o = 0``).  ``head_dim / 8`` lanes (f16; ``/ 4`` for f32)
+    length is ``max(ceil(kv_len / n_splits), min_keys)`` rounded up to the
+    block's row groups, so the grid is fixed (graph-replay safe) while every
+    length uses it; a block whose chunk is empty writes a neutral ``(m, l) =
+    (-1e30, 0)`` and exits (its ``o`` is never written).  ``head_dim / 8``
+    lanes (f16; ``/ 4`` for f32)
     share one key row: each loads 16 bytes of K and of V with
     ``ld.global.nc.v4``, so a warp streams whole rows and the K/V bytes are
     read once for all ``group`` query heads.  Scores are prescaled by
     ``sm_scale * log2(e)`` (folded into q) and exponentiated with
     ``ex2.approx``; each lane group keeps a running max, sum and ``o`` and
-    rescales once per tile of ``unroll`` keys.  The lane groups of a warp
+    rescales once per tile of ``unroll`` keys (with ``prefetch``, the next
+    tile's loads are in flight during this tile's math).  The lane groups of a warp
     are merged with shuffles, the warps through shared memory.
-    ``combine``: ``grid = n_q_heads``, ``block = head_dim * parts`` (512
-    threads): thread ``s`` reads split ``s``'s ``(m, l)``, the block
-    reduces ``M = max m_s`` and ``sum l_s 2^(m_s - M)``, the weights go to
-    shared memory, and thread ``(p, j)`` sums column ``j`` of splits
-    ``p, p + parts, ...`` with 8 loads in flight; the parts are added and
-    divided (``div.rn``); ``kv_len = 0`` gives 0.  At most ``MAX_SPLITS``
-    (512) splits.
+    ``combine``: ``grid = n_q_heads``, ``block = 512``: thread ``s`` reads
+    split ``s``'s ``(m, l)``, the block reduces ``M = max m_s`` and ``sum
+    l_s 2^(m_s - M)`` over the splits with ``l_s > 0``; thread ``(p, c)``
+    sums 16-byte column group ``c`` of splits ``p, p + P, ...`` (``P = 2048
+    / head_dim``), its first 6 loads issued before the reductions (one round
+    of loads for up to ``6 P`` splits), dead splits dropped; the parts are
+    added and divided (``div.rn``); ``kv_len = 0`` gives 0.  At most
+    ``MAX_SPLITS`` (512) splits.
 
 Accuracy: within 1e-4 (relative to the largest output) of float64
 attention over the same f16 K/V (``ex2.approx``: 2^-22 relative).
@@ -78,6 +81,13 @@ class FlashDecodeSpec:
     prefetch : bool
         Issue the next tile's K/V loads before this tile's math (register
         double buffering).
+    min_keys : int
+        Fewest keys a split takes: at short lengths only the first
+        ``ceil(kv_len / min_keys)`` splits work, the others exit at once and
+        the combine skips them (a power of two, 8..1024).
+    min_blocks : int
+        ``.minnctapersm`` hint for the split kernel (0: none): the driver's
+        JIT then keeps the registers low enough for that many blocks per SM.
     target : str
     """
 
@@ -85,9 +95,11 @@ class FlashDecodeSpec:
     group: int = attrs.field(default=4)
     kv_dtype: str = attrs.field(default="f16", validator=attrs.validators.in_(("f16", "f32")))
     warps: int = attrs.field(default=4)
-    unroll: int = attrs.field(default=8)
+    unroll: int = attrs.field(default=3)
     chunks: int = attrs.field(default=1, validator=attrs.validators.in_((1, 2)))
-    prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    min_keys: int = attrs.field(default=8)
+    min_blocks: int = attrs.field(default=0, validator=attrs.validators.in_(range(0, 33)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
 
     @group.validator
@@ -99,6 +111,11 @@ class FlashDecodeSpec:
     def _check_warps(self, _, v):
         if not (isinstance(v, int) and 1 <= v <= 8):
             raise ValueError(f"warps must be in 1..8, got {v!r}")
+
+    @min_keys.validator
+    def _check_min_keys(self, _, v):
+        if not (isinstance(v, int) and 8 <= v <= 1024 and v & (v - 1) == 0):
+            raise ValueError(f"min_keys must be a power of two in 8..1024, got {v!r}")
 
     @unroll.validator
     def _check_unroll(self, _, v):
@@ -138,14 +155,16 @@ class FlashDecodeSpec:
 
     @property
     def combine_parts(self) -> int:
-        """Split partitions of the combine block (``head_dim * parts`` threads)."""
-        return max(1, 512 // self.head_dim)
+        """Split partitions of the combine block (512 threads of 4 columns each)."""
+        return 512 * 4 // self.head_dim
 
     @property
     def kernel_name(self) -> str:
         return (f"flash_decode_d{self.head_dim}_g{self.group}_{self.kv_dtype}"
                 f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
-                + ("p" if self.prefetch else ""))
+                + ("p" if self.prefetch else "")
+                + (f"k{self.min_keys}" if self.min_keys != 8 else "")
+                + (f"m{self.min_blocks}" if self.min_blocks else ""))
 
     @property
     def split_name(self) -> str:
@@ -162,7 +181,8 @@ def _build_split(m, spec: FlashDecodeSpec):
     KW = 32 // LK
     nthreads = 32 * spec.warps
     cty = f16 if spec.kv_dtype == "f16" else f32
-    with m.kernel(spec.split_name, reqntid=nthreads) as k:
+    with m.kernel(spec.split_name, reqntid=nthreads,
+                  minnctapersm=spec.min_blocks or None) as k:
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", cty, align=16)
         vc = k.param_ptr("v_cache", cty, align=16)
@@ -186,16 +206,8 @@ def _build_split(m, spec: FlashDecodeSpec):
         nsplit = k.nctaid.x
         h = k.ctaid.y
 
-        # current length, clamped to [0, capacity]
-        raw = k.ld(kv_len_ptr[0])
-        L = k.min(k.max(raw, 0).bitcast(u32), cap)
-        per = (L + nsplit - 1) // nsplit
-        chunk = (per + (spec.tile - 1)) // spec.tile * spec.tile
-        start = split * chunk
-        end = k.min(start + chunk, L)
-        last = end - 1
-
-        # this lane's slice of q for every head of the group, prescaled
+        # this lane's slice of q for every head of the group, prescaled (loaded
+        # first: its latency overlaps the length's)
         c = k.mul(sm_scale, LOG2E, rnd="rn")
         qs = []
         for g in range(G):
@@ -205,6 +217,24 @@ def _build_split(m, spec: FlashDecodeSpec):
                 for v4 in range(E // 4):
                     vals += list(k.ld(q[qrow + off + 4 * v4], vec=4, nc=True))
             qs.append([k.mul(x, c, rnd="rn") for x in vals])
+
+        # current length, clamped to [0, capacity]
+        raw = k.ld(kv_len_ptr[0])
+        L = k.min(k.max(raw, 0).bitcast(u32), cap)
+        # chunk: ceil(L / n_splits), at least min_keys, rounded up to whole
+        # row groups; splits past the end write a neutral (m, l) and leave
+        # (the combine skips their o)
+        per = k.max((L + nsplit - 1) // nsplit, spec.min_keys)
+        chunk = (per + (RG - 1)) // RG * RG
+        start = split * chunk
+        with k.if_(start >= L):
+            with k.if_(tid < G):
+                pidx = (h * G + tid) * nsplit + split
+                k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
+            k.exit()
+        end = k.min(start + chunk, L)
+        last = end - 1
+
 
         m_run = [k.var(f32, NEG) for _ in range(G)]
         l_run = [k.var(f32, 0.0) for _ in range(G)]
@@ -347,44 +377,66 @@ def _block_reduce(k, v, op, scratch, nwarps):
 
 
 def _build_combine(m, spec: FlashDecodeSpec):
-    d, P = spec.head_dim, spec.combine_parts
-    nthreads = d * P
+    d = spec.head_dim
+    nthreads = 512
+    CG = d // 4                     # 16-byte column groups of a row
+    P = nthreads // CG              # split partitions (16 for d = 128)
     nwarps = nthreads // 32
-    U = 8
+    U = 6
     with m.kernel(spec.combine_name, reqntid=nthreads) as k:
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
         out = k.param_ptr("out", f32, align=16)
         nsplit = k.param("n_splits", u32)
         sm_w = k.shared_array("sm_w", f32, nthreads, align=16)
-        sm_acc = k.shared_array("sm_acc", f32, nthreads, align=16)
+        sm_acc = k.shared_array("sm_acc", f32, P * d, align=16)
         scratch = k.shared_array("sm_red", f32, max(nwarps, 4), align=16)
         qh = k.ctaid.x
         tid = k.tid.x
         first = qh * nsplit
         lastsplit = nsplit - 1
-        # thread s < n_splits holds split s: M = max m_s, w_s = 2^(m_s - M)
+        p = tid // CG
+        c = tid - p * CG
+        # one round of loads: split tid's (m, l) for the reductions, and the
+        # l of this thread's first U splits p, p + P, ... (l = 0: the split
+        # saw no key and its o was never written)
         has = tid < nsplit
         mi, li = k.ld(part_ml[(first + k.min(tid, lastsplit)) << 1], vec=2)
-        mi = k.select(has, mi, k.mov(NEG, f32))
+        first_s = [p + u * P for u in range(U)]
+        lu = [k.ld(part_ml[((first + k.min(s, lastsplit)) << 1) + 1]) for s in first_s]
+        oku = [(s < nsplit) & (x > 0.0) for s, x in zip(first_s, lu)]
+        # then their 16-byte rows of o (a dead split reads split 0's again, a
+        # cache hit, and drops it), in flight across the reductions
+        vu = [k.ld(part_o[(first + k.select(ok, k.min(s, lastsplit), k.mov(0, u32))) * d
+                          + 4 * c], vec=4)
+              for s, ok in zip(first_s, oku)]
+        # M = max m_s, w_s = 2^(m_s - M) (0 for a dead split), sum w_s l_s
+        live = has & (li > 0.0)
+        mi = k.select(live, mi, k.mov(NEG, f32))
         big = _block_reduce(k, mi, k.max, scratch, nwarps)
-        w = k.select(has, k.ex2(mi - big), k.mov(0.0, f32))
+        w = k.select(live, k.ex2(mi - big), k.mov(0.0, f32))
         k.st(sm_w[tid], w)
         total = _block_reduce(k, k.mul(w, li, rnd="rn"), lambda a, b: a + b, scratch, nwarps)
-        # thread (p, j) sums column j of splits p, p + P, ...: U loads in flight
-        p = tid // d
-        j = tid - p * d
-        acc = k.var(f32, 0.0)
-        with k.for_range(p, nsplit, P * U) as s0:
+        zero = k.mov(0.0, f32)
+        acc = [k.var(f32, 0.0) for _ in range(4)]
+        for s, ok, v in zip(first_s, oku, vu):
+            wu = k.select(ok, k.ld(sm_w[k.min(s, lastsplit)]), zero)
+            for e in range(4):
+                k.fma(wu, k.select(ok, v[e], zero), acc[e], out=acc[e])
+        # more than P * U splits: the rest, U loads in flight per round
+        with k.for_range(p + P * U, nsplit, P * U) as s0:
             vals = []
             for u in range(U):
                 s = s0 + u * P
                 sc = k.min(s, lastsplit)
-                wu = k.select(s < nsplit, k.ld(sm_w[sc]), k.mov(0.0, f32))
-                vals.append((wu, k.ld(part_o[(first + sc) * d + j])))
-            for wu, o in vals:
-                k.fma(wu, o, acc, out=acc)
-        k.st(sm_acc[tid], acc)
+                wu = k.ld(sm_w[sc])
+                ok = (s < nsplit) & (wu > 0.0)
+                v = k.ld(part_o[(first + k.select(ok, sc, k.mov(0, u32))) * d + 4 * c], vec=4)
+                vals.append((k.select(ok, wu, zero), ok, v))
+            for wu, ok, v in vals:
+                for e in range(4):
+                    k.fma(wu, k.select(ok, v[e], zero), acc[e], out=acc[e])
+        k.st(sm_acc[p * d + 4 * c], tuple(acc))
         k.bar_sync(0)
         with k.if_(tid < d):
             o = k.ld(sm_acc[tid])
@@ -407,17 +459,30 @@ def build(spec: FlashDecodeSpec) -> ptxgen.Module:
     return m
 
 
+def resident_blocks(spec: FlashDecodeSpec) -> int:
+    """Split blocks one SM holds at once, estimated from the registers the
+    CUDA 13 driver's JIT gave on an H100 (d = 128, group 4: 168 for unroll
+    8, 138 unroll 4, 157 unroll 3 + prefetch, 184 unroll 4 + prefetch, 234
+    unroll 8 + prefetch); ``min_blocks`` when set.  ``ops.flash_decode``
+    asks the driver instead."""
+    if spec.min_blocks:
+        return spec.min_blocks
+    uc = spec.unroll * spec.chunks
+    regs = 130 + 10 * uc if spec.prefetch else 104 + 8 * uc
+    regs = -(-regs // 8) * 8
+    return max(1, min(32 // spec.warps, 65536 // (regs * 32 * spec.warps)))
+
+
 def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacity: int,
                   blocks_per_sm: int | None = None) -> int:
-    """Split count for a fixed grid: ``blocks_per_sm`` blocks per SM over the
-    KV heads (default ``12 // warps``: 3 blocks of 4 warps, the resident
-    count of the default spec at 168 registers, best of the H100 sweep in
-    docs/kernels.md), never more splits than tiles in the cache's capacity,
-    nor more than ``MAX_SPLITS``."""
+    """Split count for a fixed grid: as many splits as fill ``blocks_per_sm``
+    blocks on every SM in **one** wave (``floor``: a 401st block on 400
+    slots would be a second wave; default :func:`resident_blocks`), never
+    more than ``ceil(capacity / min_keys)``, nor more than ``MAX_SPLITS``."""
     if blocks_per_sm is None:
-        blocks_per_sm = max(1, 12 // spec.warps)
-    target = -(-sm_count * blocks_per_sm // n_kv_heads)
-    return max(1, min(target, -(-capacity // spec.tile), MAX_SPLITS))
+        blocks_per_sm = resident_blocks(spec)
+    whole = sm_count * blocks_per_sm // n_kv_heads
+    return max(1, min(whole, -(-capacity // spec.min_keys), MAX_SPLITS))
 
 
 def launch_geometry(spec: FlashDecodeSpec, n_kv_heads: int, n_splits: int):
@@ -425,7 +490,7 @@ def launch_geometry(spec: FlashDecodeSpec, n_kv_heads: int, n_splits: int):
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     return (((n_splits, n_kv_heads, 1), (32 * spec.warps, 1, 1)),
-            ((n_kv_heads * spec.group, 1, 1), (spec.head_dim * spec.combine_parts, 1, 1)))
+            ((n_kv_heads * spec.group, 1, 1), (512, 1, 1)))
 
 
 def reference(q, k_cache, v_cache, kv_len: int, sm_scale: float | None = None):

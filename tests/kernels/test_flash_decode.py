@@ -51,6 +51,9 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=2, kv_dtype="f32", warps=2, unroll=1, chunks=2),
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, prefetch=True),
     F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, prefetch=True),
+    F.FlashDecodeSpec(head_dim=64, group=2, warps=2, unroll=2, prefetch=False, min_keys=64,
+                      min_blocks=2),
+    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=3, prefetch=True, min_keys=16),
 ]
 
 
@@ -99,7 +102,8 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
 @pytest.mark.parametrize("bad", [dict(head_dim=96), dict(group=0), dict(group=17),
                                  dict(kv_dtype="bf16"), dict(warps=9), dict(unroll=0),
                                  dict(head_dim=256, kv_dtype="f32"),
-                                 dict(head_dim=256, group=16, warps=8), dict(chunks=3)])
+                                 dict(head_dim=256, group=16, warps=8), dict(chunks=3),
+                                 dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
@@ -107,10 +111,13 @@ def test_flash_decode_refuses(bad):
 
 def test_choose_splits():
     spec = F.FlashDecodeSpec()
-    assert F.choose_splits(spec, 132, 8, 32768) == 50     # 3 blocks of 4 warps per SM
+    assert F.resident_blocks(spec) == 3
+    assert F.choose_splits(spec, 132, 8, 32768) == 49     # one wave: 392 of 396 slots
     assert F.choose_splits(spec, 132, 8, 32768, 4) == 66
-    assert F.choose_splits(spec, 132, 8, 100) == 2        # capped by the capacity (64-key tiles)
+    assert F.choose_splits(spec, 132, 8, 100) == 13       # capped by the capacity (8-key minimum)
+    assert F.choose_splits(F.FlashDecodeSpec(min_keys=64), 132, 8, 100) == 2
     assert F.choose_splits(spec, 1, 64, 4096) == 1
+    assert F.resident_blocks(F.FlashDecodeSpec(unroll=4, min_blocks=4)) == 4
 
 
 def test_flash_decode_many_splits(run):
