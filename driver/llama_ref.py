@@ -1,6 +1,6 @@
 """A float64 numpy reference forward pass for Llama-architecture GGUF files.
 
-Loads hyperparameters and tensors with ``gguf.GGUFReader``, decodes weights
+Loads hyperparameters and tensors through :mod:`.gguf_loader`, decodes weights
 with ``gguf.quants.dequantize`` (the reference decoder), and runs one token
 at a time with a KV cache, in float64. It is the oracle the GPU decode is
 checked against, so it follows llama.cpp's ``llama`` architecture:
@@ -20,38 +20,17 @@ synthetic one: a few MB); a Llama-3-8B-shaped file would need 64 GB.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Optional
 
-import attrs
 import numpy as np
+
+from .gguf_loader import SUPPORTED_TYPES, LlamaFile, LlamaHParams, layer_tensor_names
 
 __all__ = ["LlamaHParams", "LlamaReference", "load_llama_gguf",
            "rms_norm", "rope_norm", "attention", "silu", "SUPPORTED_TYPES"]
 
-SUPPORTED_TYPES = ("F32", "F16", "Q8_0", "Q4_K", "Q6_K")
 
-
-@attrs.frozen
-class LlamaHParams:
-    """Llama hyperparameters as read from ``llama.*`` GGUF metadata."""
-
-    n_layers: int
-    hidden: int
-    ffn: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab: int
-    context_length: int
-    rope_theta: float
-    rope_dim: int
-    rms_eps: float
-
-
-# ---------------------------------------------------------------------------
-# the maths, as free functions (tested on their own)
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """``x / sqrt(mean(x^2) + eps) * w`` over the last axis."""
@@ -114,112 +93,28 @@ def silu(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # loading
 
-def _field(reader, key: str, *, required: bool = True, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        if required:
-            raise ValueError(f"GGUF metadata key {key!r} is missing")
-        return default
-    v = f.contents()
-    return v
-
-
-def _open_reader(path):
-    import gguf
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {path}")
-    size = os.path.getsize(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except Exception as e:         # the reader raises ValueError/IndexError/... on bad bytes
-        raise ValueError(f"{path}: not a readable GGUF file ({size} bytes; truncated or "
-                         f"corrupt?): {type(e).__name__}: {e}") from e
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size or t.data.nbytes != int(t.n_bytes):
-            raise ValueError(f"{path}: truncated GGUF file: tensor {t.name!r} needs bytes up to "
-                             f"{end}, the file has {size}")
-    return reader
-
-
-def _hparams(reader, path) -> LlamaHParams:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: unsupported architecture {arch!r}: this reference "
-                         f"implements 'llama' only")
-    g = lambda k, **kw: _field(reader, f"llama.{k}", **kw)  # noqa: E731
-    hidden = int(g("embedding_length"))
-    n_heads = int(g("attention.head_count"))
-    n_kv = int(g("attention.head_count_kv", required=False, default=n_heads))
-    if hidden % n_heads or n_heads % n_kv:
-        raise ValueError(f"{path}: inconsistent heads: hidden={hidden}, heads={n_heads}, "
-                         f"kv heads={n_kv}")
-    head_dim = hidden // n_heads
-    rope_dim = int(g("rope.dimension_count", required=False, default=head_dim))
-    vocab = g("vocab_size", required=False)
-    if vocab is None:
-        emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-        if emb is None:
-            raise ValueError(f"{path}: missing tensor 'token_embd.weight'")
-        vocab = int(emb.shape[1])
-    return LlamaHParams(
-        n_layers=int(g("block_count")), hidden=hidden, ffn=int(g("feed_forward_length")),
-        n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, vocab=int(vocab),
-        context_length=int(g("context_length")),
-        rope_theta=float(g("rope.freq_base", required=False, default=10000.0)),
-        rope_dim=rope_dim, rms_eps=float(g("attention.layer_norm_rms_epsilon")))
-
-
-def _expected_shapes(hp: LlamaHParams) -> dict[str, tuple]:
-    q_dim, kv_dim = hp.n_heads * hp.head_dim, hp.n_kv_heads * hp.head_dim
-    s = {"token_embd.weight": (hp.vocab, hp.hidden), "output_norm.weight": (hp.hidden,),
-         "output.weight": (hp.vocab, hp.hidden)}
-    for i in range(hp.n_layers):
-        b = f"blk.{i}."
-        s.update({
-            b + "attn_norm.weight": (hp.hidden,), b + "attn_q.weight": (q_dim, hp.hidden),
-            b + "attn_k.weight": (kv_dim, hp.hidden), b + "attn_v.weight": (kv_dim, hp.hidden),
-            b + "attn_output.weight": (hp.hidden, q_dim), b + "ffn_norm.weight": (hp.hidden,),
-            b + "ffn_gate.weight": (hp.ffn, hp.hidden), b + "ffn_up.weight": (hp.ffn, hp.hidden),
-            b + "ffn_down.weight": (hp.hidden, hp.ffn)})
-    return s
-
-
 def load_llama_gguf(path) -> tuple[LlamaHParams, dict[str, np.ndarray]]:
     """Read a llama GGUF: hyperparameters and every needed tensor as float64.
 
+    The file is opened and validated by :class:`.gguf_loader.LlamaFile`;
+    weights are decoded by ``gguf.quants.dequantize``, independently of the
+    GPU kernels' decoding.
+
     Raises
     ------
-    ValueError
+    GGUFError (a ValueError)
         Not a readable/complete GGUF, an architecture other than llama, a
         missing tensor, a tensor of the wrong shape or of an unsupported type.
     """
-    import gguf
-
-    reader = _open_reader(path)
-    hp = _hparams(reader, path)
-    by_name = {t.name: t for t in reader.tensors}
-    weights: dict[str, np.ndarray] = {}
-    for name, shape in _expected_shapes(hp).items():
-        t = by_name.get(name)
-        if t is None:
-            if name == "output.weight":
-                continue                     # tied embeddings: use token_embd
-            raise ValueError(f"{path}: missing tensor {name!r}")
-        tname = t.tensor_type.name
-        if tname not in SUPPORTED_TYPES:
-            raise ValueError(f"{path}: tensor {name!r} has unsupported type {tname}; "
-                             f"supported: {', '.join(SUPPORTED_TYPES)}")
-        got = tuple(int(d) for d in reversed(list(t.shape)))
-        if got != shape:
-            raise ValueError(f"{path}: tensor {name!r} has shape {got} (numpy order), "
-                             f"expected {shape}")
-        w = gguf.quants.dequantize(t.data, t.tensor_type)
-        weights[name] = np.asarray(w, dtype=np.float64).reshape(shape)
-    if "output.weight" not in weights:
-        weights["output.weight"] = weights["token_embd.weight"]
+    f = LlamaFile(path)
+    hp = f.hparams
+    names = ["token_embd.weight", "output_norm.weight"]
+    for i in range(hp.n_layers):
+        names += layer_tensor_names(i)
+    if f.has("output.weight"):
+        names.append("output.weight")
+    weights = {n: f.dequantized(n).astype(np.float64) for n in names}
+    weights.setdefault("output.weight", weights["token_embd.weight"])
     return hp, weights
 
 
@@ -278,7 +173,7 @@ class LlamaReference:
         x = W["token_embd.weight"][tok].copy()
         for i in range(hp.n_layers):
             b = f"blk.{i}."
-            h = rms_norm(x, W[b + "attn_norm.weight"], hp.rms_eps)
+            h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
             q = (W[b + "attn_q.weight"] @ h).reshape(hp.n_heads, hp.head_dim)
             k = (W[b + "attn_k.weight"] @ h).reshape(hp.n_kv_heads, hp.head_dim)
             v = (W[b + "attn_v.weight"] @ h).reshape(hp.n_kv_heads, hp.head_dim)
@@ -288,11 +183,11 @@ class LlamaReference:
             self._v[i, :, p] = self._cache(v)
             a = attention(q, self._k[i, :, :p + 1], self._v[i, :, :p + 1])
             x = x + W[b + "attn_output.weight"] @ a.reshape(-1)
-            h = rms_norm(x, W[b + "ffn_norm.weight"], hp.rms_eps)
+            h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)
             g = silu(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
             x = x + W[b + "ffn_down.weight"] @ g
         self.pos = p + 1
-        h = rms_norm(x, W["output_norm.weight"], hp.rms_eps)
+        h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
 
     def generate(self, token_ids, max_new_tokens: int) -> list[int]:
