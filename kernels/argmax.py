@@ -24,8 +24,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f32, s32, u32, u64
+
+from .spec_fields import block_field, target_field
 
 
 @attrs.frozen
@@ -39,13 +40,9 @@ class ArgmaxSpec:
     target : str
     """
 
-    block: int = attrs.field(default=1024)
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    block: int = block_field(1024)
+    target: str = target_field()
 
-    @block.validator
-    def _check_block(self, _, v):
-        if not (32 <= v <= 1024 and v % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
 
     @property
     def kernel_name(self) -> str:

@@ -24,8 +24,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import s32
+
+from .spec_fields import target_field
 
 TOKEN, POS, KV_LEN, PROMPT_LEN, OVERFLOW, ARGMAX = range(6)
 STATE_WORDS = 8
@@ -33,7 +34,7 @@ STATE_WORDS = 8
 
 @attrs.frozen
 class DecodeStateSpec:
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    target: str = target_field()
 
     @property
     def kernel_name(self) -> str:

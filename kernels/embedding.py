@@ -25,8 +25,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
+
+from .spec_fields import block_field, target_field
 
 #: format -> (weights per block, bytes per block)
 QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
@@ -44,13 +45,9 @@ class EmbeddingSpec:
     """
 
     qtype: str = attrs.field(default="Q4_K", validator=attrs.validators.in_(tuple(QTYPES)))
-    block: int = attrs.field(default=256)
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    block: int = block_field(256)
+    target: str = target_field()
 
-    @block.validator
-    def _check_block(self, _, v):
-        if not (32 <= v <= 1024 and v % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
 
     @property
     def kernel_name(self) -> str:

@@ -27,8 +27,9 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.target import TARGETS
 from ptxgen.types import f32
+
+from .spec_fields import target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "warp_sum", "silu_times", "write_outputs"]
@@ -116,7 +117,7 @@ class GemvSpec:
     stage: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     early: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     l2_prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    target: str = target_field()
 
     @pieces.validator
     def _check_pieces(self, attr, v):

@@ -21,8 +21,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u32
+
+from .spec_fields import block_field, target_field
 
 
 @attrs.frozen
@@ -40,18 +41,14 @@ class KvAppendSpec:
 
     head_dim: int = attrs.field(default=128)
     cache_dtype: str = attrs.field(default="f16", validator=attrs.validators.in_(("f16", "f32")))
-    block: int = attrs.field(default=128)
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    block: int = block_field(128)
+    target: str = target_field()
 
     @head_dim.validator
     def _check_hd(self, _, v):
         if not (isinstance(v, int) and 4 <= v <= 512 and v % 4 == 0):
             raise ValueError(f"head_dim must be a multiple of 4 in 4..512, got {v!r}")
 
-    @block.validator
-    def _check_block(self, _, v):
-        if not (32 <= v <= 1024 and v % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
 
     @property
     def kernel_name(self) -> str:

@@ -26,15 +26,10 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f32, u32
 
 from .reduce import warp_sum
-
-
-def _check_block(_, attr, v):
-    if not (32 <= v <= 1024 and v % 32 == 0):
-        raise ValueError(f"{attr.name} must be a multiple of 32 in 32..1024, got {v}")
+from .spec_fields import block_field, target_field
 
 
 @attrs.frozen
@@ -56,10 +51,10 @@ class RmsNormSpec:
     """
 
     residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    block: int = attrs.field(default=256, validator=_check_block)
+    block: int = block_field(256)
     precise: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     cache_vec: int = attrs.field(default=4, validator=attrs.validators.in_((0, 1, 2, 4, 8)))
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    target: str = target_field()
 
     @property
     def kernel_name(self) -> str:

@@ -31,8 +31,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f32, s32, u32
+
+from .spec_fields import block_field, target_field
 
 TWO_PI = 2.0 * math.pi
 # 2*pi split for Cody-Waite reduction: C1 keeps 13 significant bits, so n * C1
@@ -76,18 +77,14 @@ class RopeSpec:
     low_freq_factor: float = attrs.field(default=1.0, validator=_positive)
     high_freq_factor: float = attrs.field(default=4.0, validator=_positive)
     original_context: int = attrs.field(default=8192, validator=_positive)
-    block: int = attrs.field(default=128)
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    block: int = block_field(128)
+    target: str = target_field()
 
     @head_dim.validator
     def _check_hd(self, _, v):
         if not (isinstance(v, int) and 8 <= v <= 512 and v % 2 == 0):
             raise ValueError(f"head_dim must be even in 8..512, got {v!r}")
 
-    @block.validator
-    def _check_block(self, _, v):
-        if not (32 <= v <= 1024 and v % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
 
     def __attrs_post_init__(self):
         if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:

@@ -20,8 +20,9 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 from ptxgen.types import f32, u32
+
+from .spec_fields import block_field, target_field
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -37,13 +38,9 @@ class SwiGluSpec:
     target : str
     """
 
-    block: int = attrs.field(default=256)
-    target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    block: int = block_field(256)
+    target: str = target_field()
 
-    @block.validator
-    def _check_block(self, _, v):
-        if not (32 <= v <= 1024 and v % 32 == 0):
-            raise ValueError(f"block must be a multiple of 32 in 32..1024, got {v}")
 
     @property
     def kernel_name(self) -> str:
