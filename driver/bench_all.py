@@ -22,7 +22,7 @@ def _run(name):
     if name == "emit":
         from ptxgen.bench import measure
         r = measure()
-        print(f"DSL emission: {r['per_second']:,.0f} instructions/s")
+        print(f"DSL emission: best {r['per_second']:,.0f}, median {r['median_per_second']:,.0f} instructions/s")
         return r
     if name == "emulator":
         from ptxgen.emu import bench

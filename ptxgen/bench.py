@@ -31,22 +31,27 @@ def _build(n_blocks: int) -> ptxgen.Module:
     return m
 
 
-def measure(n_blocks: int = 2000, repeats: int = 3) -> dict:
-    best = None
+def measure(n_blocks: int = 2000, repeats: int = 7) -> dict:
+    """Build and emit ``repeats`` times; report the best and the median."""
+    times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         m = _build(n_blocks)
         text = m.to_ptx()
-        dt = time.perf_counter() - t0
-        best = dt if best is None else min(best, dt)
+        times.append(time.perf_counter() - t0)
+    times.sort()
     n = m.instruction_count()
-    return {"instructions": n, "seconds": best, "per_second": n / best, "bytes": len(text)}
+    med = times[len(times) // 2]
+    return {"instructions": n, "seconds": times[0], "median_seconds": med,
+            "per_second": n / times[0], "median_per_second": n / med,
+            "slowest_per_second": n / times[-1], "bytes": len(text)}
 
 
 def main() -> None:
     r = measure()
-    print(f"built and emitted {r['instructions']} instructions ({r['bytes']} bytes of PTX) "
-          f"in {r['seconds'] * 1e3:.1f} ms: {r['per_second']:,.0f} instructions/s")
+    print(f"built and emitted {r['instructions']} instructions ({r['bytes']} bytes of PTX): "
+          f"best {r['per_second']:,.0f}/s, median {r['median_per_second']:,.0f}/s, "
+          f"slowest {r['slowest_per_second']:,.0f}/s over 7 runs")
 
 
 if __name__ == "__main__":
