@@ -7,7 +7,8 @@ replays, divided by ``REPS``.  A device-to-device copy measured in the same
 run gives the bandwidth ceiling (bytes read + written per second).
 
 ``python -m ptxgen.driver.bench_decode`` prints the table; :func:`run_all`
-returns the numbers (microseconds, TB/s).
+returns the numbers (microseconds, TB/s); ``--flash`` runs :func:`bench_flash`
+instead (flash decode only: fused vs separate combine vs SDPA, with numerics).
 """
 
 from __future__ import annotations
@@ -20,11 +21,17 @@ import numpy as np
 
 REPS = 10
 REPEATS = 7
-#: flash-decode (warps, unroll, chunks, prefetch, blocks_per_sm) variants timed beside
-#: the default (w4 u3 prefetch, min_keys 8, blocks per SM from the driver's occupancy:
-#: 3); blocks_per_sm above the occupancy makes more than one wave (slower, 2026-11-22)
-FD_VARIANTS = [(4, 8, 1, False, 3), (4, 2, 1, True, 3), (4, 4, 1, False, 3),
-               (4, 8, 1, True, 2), (8, 4, 1, False, 1), (4, 3, 1, True, 6)]
+#: flash-decode variants (``ops.flash_decode`` keyword arguments) timed beside the
+#: default (w4u3 prefetch, min_keys 8, blocks per SM from the driver's occupancy: 3,
+#: separate combine kernel); ``fused_muN``: one launch, the last split block of each KV
+#: head merging N splits per round; blocks_per_sm above the occupancy makes more than
+#: one wave (slower, 2026-11-22)
+FD_VARIANTS = {
+    "fused_mu16": dict(fused_combine=True),
+    "fused_mu4": dict(fused_combine=True, merge_unroll=4),
+    "w4u8b3": dict(unroll=8, prefetch=False, blocks_per_sm=3),
+    "w4u2pb3": dict(unroll=2, blocks_per_sm=3),
+}
 
 
 def _ours(fn, stream):
@@ -154,14 +161,12 @@ def run_all(verbose: bool = True) -> dict:
             vt = vc[:, :L].unsqueeze(0).contiguous()
             theirs = _torch(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
             rec(f"flash_decode_L{L}", ours, theirs, nbytes=2 * n_kv * L * d * 2)
-            # variants of the split kernel (warps, unroll, blocks per SM) at the same length
+            # variants (combine, merge, split kernel) at the same length
             sweep = {}
-            for w, u, c, pf, bps in FD_VARIANTS:
-                name = f"w{w}u{u}c{c}{'p' if pf else ''}b{bps}"
+            for name, kw in FD_VARIANTS.items():
                 try:
                     sweep[name] = _ours(lambda s: ops.flash_decode(
-                        dq, dk, dv, dl, out=do, warps=w, unroll=u, chunks=c, prefetch=pf,
-                        blocks_per_sm=bps, stream=s), stream)
+                        dq, dk, dv, dl, out=do, stream=s, **kw), stream)
                 except Exception as e:          # a variant that does not fit this device
                     sweep[name] = repr(e)
             if verbose:
@@ -254,6 +259,101 @@ def run_all(verbose: bool = True) -> dict:
     return res
 
 
+def _split_only(dq, dk, dv, dl, do, stream, **kw):
+    """A launch function of the separate-combine spec's split kernel alone
+    (partials only: the floor that the merge adds to)."""
+    import math
+
+    from ptxgen.kernels import flash_decode as fd
+
+    from . import ops_decode as ops
+    from .device import get_device
+    from .launch import launch
+    n_kv, cap, d = dk.shape
+    n_q = dq.size // d
+    spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, fused_combine=False,
+                              target=ops.device_target(), **kw)
+    fn = ops._module(fd.build, spec).function(spec.split_name)
+    S = fd.choose_splits(spec, get_device().sm_count, n_kv, cap,
+                         ops._resident(fn, 32 * spec.warps))
+    po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)
+    pml = ops._workspace(("fd_ml", n_q, S), (n_q, S, 2), np.float32)
+    (g1, b1), _ = fd.launch_geometry(spec, n_kv, S)
+    return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, do, 0, cap,
+                            1.0 / math.sqrt(d), stream=s)
+
+
+def bench_flash(verbose: bool = True) -> dict:
+    """Flash decode only (32 q / 8 KV heads, d = 128, f16 cache of 32768): the
+    default (separate combine, two launches), the fused merge at several
+    ``merge_unroll`` and the split kernel alone, beside SDPA (timed before and
+    after ours) at L = 1024, 4096, 16384, 32768; every output is checked
+    against float64 attention after its timed replays (``err``: max error
+    over the largest output)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ptxgen.driver import Stream, get_device
+    from ptxgen.kernels import flash_decode as fd
+    from . import ops_decode as ops
+
+    dev = get_device()
+    stream = Stream(non_blocking=True)
+    res: dict = {"device": dev.name, "sm_count": dev.sm_count}
+    nbytes = 256 << 20
+    src = torch.empty(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    copy_bw = 2 * nbytes / (_torch(lambda: dst.copy_(src)) * 1e-6) / 1e12
+    res["copy_tbps"] = copy_bw
+    del src, dst
+    n_q, n_kv, d, cap = 32, 8, 128, 32768
+    torch.manual_seed(0)
+    kc = torch.randn(n_kv, cap, d, device="cuda", dtype=torch.float16)
+    vc = torch.randn(n_kv, cap, d, device="cuda", dtype=torch.float16)
+    q = torch.randn(n_q, d, device="cuda") * 2
+    o = torch.empty(n_q, d, device="cuda")
+    kh, vh, qh = kc.cpu().numpy(), vc.cpu().numpy(), q.cpu().numpy()
+    dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
+    variants = {"sep": {}, **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u)
+                              for u in (1, 2, 4, 8)}}
+    for name, kw in variants.items():             # the JIT's registers, occupancy, splits
+        spec = fd.FlashDecodeSpec(target=ops.device_target(), **kw)
+        fn = ops._module(fd.build, spec).function(spec.split_name)
+        bps = ops._resident(fn, 32 * spec.warps)
+        res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,
+                     "n_splits": fd.choose_splits(spec, dev.sm_count, n_kv, cap, bps)}
+    if verbose:
+        print(json.dumps({k: res[k] for k in variants}), flush=True)
+    for L in (1024, 4096, 16384, 32768):
+        dl = _dev(_i32(torch, L))
+        ref = fd.reference(qh, kh, vh, L)
+        qt = q.half().view(1, n_q, 1, d)
+        kt = kc[:, :L].unsqueeze(0).contiguous()
+        vt = vc[:, :L].unsqueeze(0).contiguous()
+
+        def sdpa():
+            return F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True)
+        r = {"sdpa_us": _torch(sdpa)}
+        for name, kw in variants.items():
+            o.fill_(float("nan"))
+            r[name + "_us"] = _ours(lambda s: ops.flash_decode(dq, dk, dv, dl, out=do, stream=s,
+                                                               **kw), stream)
+            torch.cuda.synchronize()
+            out = o.cpu().numpy().astype(np.float64)
+            r[name + "_err"] = (float(np.max(np.abs(out - ref)) / np.max(np.abs(ref)))
+                                if np.all(np.isfinite(out)) else float("inf"))
+        r["split_only_us"] = _ours(_split_only(dq, dk, dv, dl, do, stream), stream)
+        r["sdpa_us_2"] = _torch(sdpa)
+        nb = 2 * n_kv * L * d * 2
+        r["sep_frac_copy"] = nb / (r["sep_us"] * 1e-6) / 1e12 / copy_bw
+        r["sdpa_frac_copy"] = nb / (min(r["sdpa_us"], r["sdpa_us_2"]) * 1e-6) / 1e12 / copy_bw
+        res[f"L{L}"] = r
+        if verbose:
+            print(f"L={L}: " + ", ".join(f"{k} {v:.3g}" for k, v in r.items()), flush=True)
+        del kt, vt
+    return res
+
+
 def _rope_freqs():
     from ptxgen.kernels import rope
     spec = rope.RopeSpec(theta=500000.0, scaling="llama3")
@@ -276,7 +376,10 @@ def format_table(res: dict) -> str:
 
 
 if __name__ == "__main__":
-    out = run_all()
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+    args = sys.argv[1:]
+    flash = "--flash" in args
+    args = [a for a in args if a != "--flash"]
+    out = bench_flash() if flash else run_all()
+    if args:
+        with open(args[0], "w") as f:
             json.dump(out, f, indent=1)

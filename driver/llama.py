@@ -5,7 +5,7 @@ uploads every tensor in its own format, and builds the decode step as a
 :class:`~.executor.ComputeGraph`:
 
     Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked), Rope, KvAppend,
-    Attention (split + combine), MulMat+Add (o-proj), RmsNorm(+residual),
+    Attention (split, last block merging), MulMat+Add (o-proj), RmsNorm(+residual),
     MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
     (logits) -> Argmax -> StateAdvance
 
@@ -123,7 +123,9 @@ class LlamaModel:
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
                                            kv_dtype="f16", target=tgt)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
-        (sgrid, sblock), (cgrid, cblock) = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
+        # ((split grid, block), combine): combine is None when the last split
+        # block of each KV head merges the partials (fused, one launch)
+        (sgrid, sblock), comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
         sm_scale = 1.0 / math.sqrt(D)
 
         h = g.buffer("h", (H,), np.float32)
@@ -134,6 +136,10 @@ class LlamaModel:
         att = g.buffer("att", (hp.q_dim,), np.float32)
         part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
         part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
+        # per-KV-head arrival counters of the fused merge: zero at upload, and
+        # every launch leaves them at zero (shared by the layers, which run in turn)
+        attn_counter = g.buffer("attn_counter", (hp.n_kv_heads,), np.uint32, "state",
+                                np.zeros(hp.n_kv_heads, np.uint32))
         act = g.buffer("ffn_act", (hp.ffn,), np.float32)
         self.kv_caches = []
         for i in range(hp.n_layers):
@@ -151,11 +157,13 @@ class LlamaModel:
             g.add("KvAppend", p + "kv_append", [qkv, self.state], [kc, vc],
                   [Launch("kv_append", kvs, kvs.kernel_name, grid, block,
                           (k, v, kc, vc, pos_ptr, hp.n_kv_heads, cap), sh)])
-            g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att],
-                  [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
-                          (q, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale)),
-                   Launch("flash_decode", fds, fds.combine_name, cgrid, cblock,
-                          (part_o, part_ml, att, n_splits))])
+            attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
+                           (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
+                            sm_scale))]
+            if comb is not None:
+                attn.append(Launch("flash_decode", fds, fds.combine_name, *comb,
+                                   (part_o, part_ml, att, n_splits)))
+            g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
             gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
             self._norm(g, rs, x, p + "ffn_norm.weight", h, H, hp.eps, p + "ffn_norm")

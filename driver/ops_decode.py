@@ -200,7 +200,7 @@ def _resident(fn, block) -> int:
 
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
-                 blocks_per_sm=None, stream=None):
+                 fused_combine=None, merge_unroll=None, blocks_per_sm=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -209,8 +209,12 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     this device and the cache's capacity (fixed per shape), with
     ``blocks_per_sm`` defaulting to the driver's occupancy of the split
     kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
-    ``prefetch``, ``min_keys`` pick the split kernel's spec (None: the
-    :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec` default).
+    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll`` pick the
+    spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
+    default: one launch, the last split block of each KV head merging the
+    partials; ``fused_combine=False`` launches the separate combine kernel).
+    The fused merge's per-KV-head counter is cached per shape and device,
+    zeroed once (each launch leaves it at zero).
     """
     qa = _arr(q, "q")
     kc, vc = _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
@@ -226,7 +230,9 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     if kv_dtype is None:
         raise TypeError(f"the KV cache must be float16 or float32, got {kc.dtype}")
     knobs = {k_: v_ for k_, v_ in dict(warps=warps, unroll=unroll, chunks=chunks,
-                                        prefetch=prefetch, min_keys=min_keys).items()
+                                        prefetch=prefetch, min_keys=min_keys,
+                                        fused_combine=fused_combine,
+                                        merge_unroll=merge_unroll).items()
              if v_ is not None}
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
                                target=device_target(), **knobs)
@@ -240,11 +246,13 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     part_ml = _workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
     out = _out(out, (n_q, d))
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    (g1, b1), (g2, b2) = _fd.launch_geometry(spec, n_kv, n_splits)
+    counter = _workspace(("fd_counter", n_kv), (n_kv,), np.uint32, zero=True)
+    (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
     launch(mod.function(spec.split_name), g1, b1, qa, kc, vc, _scalar_i32(kv_len, "kv_len"),
-           part_o, part_ml, cap, scale, stream=stream)
-    launch(mod.function(spec.combine_name), g2, b2, part_o, part_ml, out, n_splits,
-           stream=stream)
+           part_o, part_ml, out, counter, cap, scale, stream=stream)
+    if comb is not None:
+        launch(mod.function(spec.combine_name), *comb, part_o, part_ml, out, n_splits,
+               stream=stream)
     return out
 
 

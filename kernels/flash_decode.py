@@ -88,6 +88,14 @@ class FlashDecodeSpec:
     min_blocks : int
         ``.minnctapersm`` hint for the split kernel (0: none): the driver's
         JIT then keeps the registers low enough for that many blocks per SM.
+    fused_combine : bool
+        True: one launch; the last split block of each KV head (an
+        ``atom.add`` on ``counter[h]``) merges the partials of its ``group``
+        heads and writes ``out``.  False (default: measured faster on H100,
+        see docs/kernels.md): a separate ``combine`` kernel.
+    merge_unroll : int
+        Splits whose partials a thread of the fused merge loads per round
+        (1..32).
     target : str
     """
 
@@ -100,6 +108,9 @@ class FlashDecodeSpec:
     prefetch: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     min_keys: int = attrs.field(default=8)
     min_blocks: int = attrs.field(default=0, validator=attrs.validators.in_(range(0, 33)))
+    fused_combine: bool = attrs.field(default=False,
+                                      validator=attrs.validators.instance_of(bool))
+    merge_unroll: int = attrs.field(default=16)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
 
     @group.validator
@@ -116,6 +127,11 @@ class FlashDecodeSpec:
     def _check_min_keys(self, _, v):
         if not (isinstance(v, int) and 8 <= v <= 1024 and v & (v - 1) == 0):
             raise ValueError(f"min_keys must be a power of two in 8..1024, got {v!r}")
+
+    @merge_unroll.validator
+    def _check_merge_unroll(self, _, v):
+        if not (isinstance(v, int) and 1 <= v <= 32):
+            raise ValueError(f"merge_unroll must be in 1..32, got {v!r}")
 
     @unroll.validator
     def _check_unroll(self, _, v):
@@ -164,7 +180,8 @@ class FlashDecodeSpec:
                 f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
                 + ("p" if self.prefetch else "")
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
-                + (f"m{self.min_blocks}" if self.min_blocks else ""))
+                + (f"m{self.min_blocks}" if self.min_blocks else "")
+                + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
     def split_name(self) -> str:
@@ -189,9 +206,13 @@ def _build_split(m, spec: FlashDecodeSpec):
         kv_len_ptr = k.param_ptr("kv_len_ptr", s32)
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
+        out = k.param_ptr("out", f32, align=16)
+        counter = k.param_ptr("counter", u32)
         cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
         NW = spec.warps
+        fused = spec.fused_combine
+        merge = k.label("$L_merge") if fused else None
         sm_o = k.shared_array("sm_o", f32, NW * G * d, align=16)
         sm_m = k.shared_array("sm_m", f32, NW * G, align=16)
         sm_l = k.shared_array("sm_l", f32, NW * G, align=16)
@@ -231,7 +252,10 @@ def _build_split(m, spec: FlashDecodeSpec):
             with k.if_(tid < G):
                 pidx = (h * G + tid) * nsplit + split
                 k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
-            k.exit()
+            if fused:
+                k.bra(merge, uni=True)          # still counts towards the head's merge
+            else:
+                k.exit()
         end = k.min(start + chunk, L)
         last = end - 1
 
@@ -359,6 +383,77 @@ def _build_split(m, spec: FlashDecodeSpec):
             k.st(part_o[pidx * d + j], o)
             with k.if_(j.eq(0)):
                 k.st(part_ml[pidx << 1], (mx, lsum))
+        if fused:
+            k.place(merge)
+            _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
+
+
+def _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid):
+    """The last block of KV head ``h`` to finish merges the partials of all
+    splits for its ``group`` query heads into ``out`` (the argmax pattern:
+    every thread's partial stores, ``bar.sync``, then thread 0's release
+    fence and ``atom.add`` on ``counter[h]``; the last block acquires, reads
+    the partials from L2 and resets the counter for the next launch)."""
+    d, G, U = spec.head_dim, spec.group, spec.merge_unroll
+    nthreads = 32 * spec.warps
+    CG = d // 4                                 # 16-byte column groups of a row
+    flag = k.shared_array("sm_last", u32, 4, align=16)
+    k.bar_sync(0)                               # every partial of this block is stored
+    with k.if_(tid.eq(0)):
+        k.fence("acq_rel", "gpu")
+        old = k.atom("add", counter[h], 1)
+        k.st(flag[0], k.select((old + 1).eq(nsplit), k.mov(1, u32), k.mov(0, u32)))
+    k.bar_sync(0)
+    with k.if_(k.ld(flag[0]).eq(0)):
+        k.exit()
+    k.fence("acq_rel", "gpu")
+    with k.if_(tid.eq(0)):
+        k.st(counter[h], 0)                     # graph-replay safe: zero for the next launch
+    lastsplit = nsplit - 1
+    zero = k.mov(0.0, f32)
+    # thread item (g, c): column group c of query head h * G + g, an online
+    # merge over the splits (U splits' (m, l) and o loads in flight per round;
+    # a dead split, l = 0, never wrote o: weight 0 and o dropped)
+    with k.for_range(tid, G * CG, nthreads) as item:
+        g = item // CG
+        c = item - g * CG
+        first = (h * G + g) * nsplit
+        col = c << 2
+        M = k.var(f32, NEG)
+        Ls = k.var(f32, 0.0)
+        O = [k.var(f32, 0.0) for _ in range(4)]
+        with k.for_range(0, nsplit, U) as s0:
+            mls, os_, oks = [], [], []
+            for u in range(U):
+                s = s0 + u
+                sc = first + k.min(s, lastsplit)
+                mls.append(k.ld(part_ml[sc << 1], vec=2, cache="cg"))
+                os_.append(k.ld(part_o[sc * d + col], vec=4, cache="cg"))
+            ms = []
+            for u, (m_, l_) in enumerate(mls):
+                ok = (s0 + u < nsplit) & (l_ > 0.0)
+                oks.append(ok)
+                ms.append(k.select(ok, m_, k.mov(NEG, f32)))
+            mt = ms[0]
+            for x in ms[1:]:
+                mt = k.max(mt, x)
+            m_new = k.max(M, mt)
+            alpha = k.ex2(M - m_new)
+            ws = [k.select(ok, k.ex2(x - m_new), zero) for ok, x in zip(oks, ms)]
+            lsum = k.mul(Ls, alpha, rnd="rn")
+            for w, (_m, l_) in zip(ws, mls):
+                lsum = k.fma(w, l_, lsum)
+            k.assign(Ls, lsum)
+            for e in range(4):
+                acc = k.mul(O[e], alpha, rnd="rn")
+                for w, ok, o in zip(ws, oks, os_):
+                    acc = k.fma(w, k.select(ok, o[e], zero), acc)
+                k.assign(O[e], acc)
+            k.assign(M, m_new)
+        live = Ls > 0.0
+        den = k.max(Ls, 1e-30)
+        res = tuple(k.select(live, k.div(x, den), zero) for x in O)
+        k.st(out[(h * G + g) * d + col], res)
 
 
 def _block_reduce(k, v, op, scratch, nwarps):
@@ -447,15 +542,20 @@ def _build_combine(m, spec: FlashDecodeSpec):
 
 
 def build(spec: FlashDecodeSpec) -> ptxgen.Module:
-    """PTX with two kernels, ``spec.split_name`` and ``spec.combine_name``.
+    """PTX with ``spec.split_name`` (and ``spec.combine_name`` unless
+    ``spec.fused_combine``).
 
     split parameters: ``q, k_cache, v_cache, kv_len_ptr: s32*, part_o,
-    part_ml, capacity: u32, sm_scale: f32``; combine parameters:
-    ``part_o, part_ml, out, n_splits: u32``.
+    part_ml, out, counter: u32*, capacity: u32, sm_scale: f32`` (``out`` and
+    ``counter`` are unused, may be 0, without the fused combine; ``counter``
+    holds ``n_kv_heads`` u32 that are 0 before the first launch and 0 again
+    after every launch); combine parameters: ``part_o, part_ml, out,
+    n_splits: u32``.
     """
     m = ptxgen.Module(spec.target)
     _build_split(m, spec)
-    _build_combine(m, spec)
+    if not spec.fused_combine:
+        _build_combine(m, spec)
     return m
 
 
@@ -486,11 +586,15 @@ def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacit
 
 
 def launch_geometry(spec: FlashDecodeSpec, n_kv_heads: int, n_splits: int):
-    """``((split grid, block), (combine grid, block))``, no dynamic shared memory."""
+    """``((split grid, block), combine)``, no dynamic shared memory:
+    ``combine`` is ``(grid, block)`` of the separate combine kernel, or
+    ``None`` with ``spec.fused_combine`` (one launch)."""
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
-    return (((n_splits, n_kv_heads, 1), (32 * spec.warps, 1, 1)),
-            ((n_kv_heads * spec.group, 1, 1), (512, 1, 1)))
+    split = ((n_splits, n_kv_heads, 1), (32 * spec.warps, 1, 1))
+    if spec.fused_combine:
+        return split, None
+    return split, ((n_kv_heads * spec.group, 1, 1), (512, 1, 1))
 
 
 def reference(q, k_cache, v_cache, kv_len: int, sm_scale: float | None = None):

@@ -2,6 +2,7 @@
 
 import math
 
+import attrs
 import numpy as np
 import pytest
 
@@ -17,20 +18,28 @@ def rel_err(out, ref) -> float:
 
 
 def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
+    """Outputs for each length in ``L``, launched with the same arguments
+    (as a replayed graph would); the fused merge's counters must be back at
+    zero after every launch."""
     n_kv, cap, d = kc.shape
     n_q = q.shape[0]
     split = run.function(F.build, spec, spec.split_name)
-    comb = run.function(F.build, spec, spec.combine_name)
-    (g1, b1), (g2, b2) = F.launch_geometry(spec, n_kv, n_splits)
+    (g1, b1), comb_geo = F.launch_geometry(spec, n_kv, n_splits)
+    assert (comb_geo is None) == spec.fused_combine
+    comb = None if spec.fused_combine else run.function(F.build, spec, spec.combine_name)
     part_o = run.poisoned((n_q, n_splits, d))
     part_ml = run.poisoned((n_q, n_splits, 2))
     out = run.poisoned((n_q, d))
+    counter = run.array(np.zeros(n_kv, np.uint32))
     dq, dk, dv = run.array(q), run.array(kc), run.array(vc)
     results = []
     for length in ([L] if np.isscalar(L) else L):      # one "graph": same args, new length
         lens = run.array(np.array([length], np.int32))
-        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap, 1 / math.sqrt(d))
-        run.launch(comb, g2, b2, part_o, part_ml, out, n_splits)
+        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, out, counter, cap,
+                   1 / math.sqrt(d))
+        if comb is not None:
+            run.launch(comb, *comb_geo, part_o, part_ml, out, n_splits)
+        assert np.all(run.get(counter) == 0)
         results.append(run.get(out))
     return results
 
@@ -54,6 +63,14 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=2, warps=2, unroll=2, prefetch=False, min_keys=64,
                       min_blocks=2),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=3, prefetch=True, min_keys=16),
+    # one launch: the last split block of each KV head merges (fused_combine)
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, fused_combine=True),
+    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, prefetch=True,
+                      fused_combine=True),
+    F.FlashDecodeSpec(head_dim=64, group=5, warps=1, unroll=2, fused_combine=True,
+                      merge_unroll=2),
+    F.FlashDecodeSpec(head_dim=128, group=4, warps=2, unroll=3, prefetch=True,
+                      fused_combine=True, merge_unroll=3),
 ]
 
 
@@ -69,8 +86,9 @@ def test_flash_decode(run, spec):
         assert err <= 1e-4, (L, err)
 
 
-def test_flash_decode_empty_and_clamped(run):
-    spec = EMU_SPECS[0]
+@pytest.mark.parametrize("fused", [True, False])
+def test_flash_decode_empty_and_clamped(run, fused):
+    spec = attrs.evolve(EMU_SPECS[0], fused_combine=fused)
     q, kc, vc = _data(1, 3, 20, 64, np.float16, 1)
     zero, big = _run(run, spec, q, kc, vc, [0, 1000], n_splits=4)
     assert np.all(zero == 0)
@@ -78,10 +96,11 @@ def test_flash_decode_empty_and_clamped(run):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("L", [1, 7, 1000, 4096, 32768])
-def test_flash_decode_gpu(gpu_run, L):
+def test_flash_decode_gpu(gpu_run, L, fused):
     from ptxgen.driver import get_device
-    spec = F.FlashDecodeSpec()
+    spec = F.FlashDecodeSpec(fused_combine=fused)
     n_kv, cap = 8, 32768
     q, kc, vc = _data(n_kv, 4, cap, 128, np.float16, L)
     S = F.choose_splits(spec, get_device().sm_count, n_kv, cap)
@@ -103,7 +122,8 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
                                  dict(kv_dtype="bf16"), dict(warps=9), dict(unroll=0),
                                  dict(head_dim=256, kv_dtype="f32"),
                                  dict(head_dim=256, group=16, warps=8), dict(chunks=3),
-                                 dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33)])
+                                 dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33),
+                                 dict(merge_unroll=0), dict(merge_unroll=33)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
@@ -120,9 +140,11 @@ def test_choose_splits():
     assert F.resident_blocks(F.FlashDecodeSpec(unroll=4, min_blocks=4)) == 4
 
 
-def test_flash_decode_many_splits(run):
-    """More splits than keys: most blocks write neutral partials."""
-    spec = EMU_SPECS[0]
+@pytest.mark.parametrize("fused", [True, False])
+def test_flash_decode_many_splits(run, fused):
+    """More splits than keys: most blocks write neutral partials (and, fused,
+    any of them may be the last to arrive and merge)."""
+    spec = attrs.evolve(EMU_SPECS[0], fused_combine=fused)
     q, kc, vc = _data(1, 3, 100, 64, np.float16, 2)
     for L, out in zip([100, 3], _run(run, spec, q, kc, vc, [100, 3], n_splits=37)):
         assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
