@@ -6,13 +6,16 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# `make bench` compares against torch: on a GPU machine whose python has torch,
+# use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
+VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench check-env clean
+.PHONY: all setup test golden demo bench clean
 
 all: test
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
@@ -30,7 +33,7 @@ demo: $(STAMP)
 	$(PY) -m ptxgen demo
 
 bench: $(STAMP)
-	$(PY) -m ptxgen.driver.bench_all $(BENCH_ARGS)
+	$(PY) -m ptxgen.driver.bench_all bench-results $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
