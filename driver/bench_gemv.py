@@ -89,8 +89,8 @@ def copy_bandwidth(torch, nbytes=1 << 30):
     return 2 * nbytes / t, t
 
 
-def _launcher(torch, qtype, k, epilogue="none", **knobs):
-    spec = ops_gemv.gemv_spec(qtype, k, epilogue, **knobs)
+def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
+    spec = ops_gemv.gemv_spec(qtype, k, epilogue, m=m, **knobs)
     fn = ops_gemv._function(spec)
 
     def go(ptrs, y, m):
@@ -119,7 +119,7 @@ def _check_rows(torch, qtype, w, x, y, rows=8, extra=None):
 
 def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
     """One row of the table (see the module docstring)."""
-    spec, go = _launcher(torch, qtype, k, **knobs)
+    spec, go = _launcher(torch, qtype, k, m=m, **knobs)
     nbytes = m * spec.row_bytes
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / nbytes))
     ws = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
@@ -191,6 +191,51 @@ def run_all(shapes=SHAPES, qtypes=QTYPES, swiglu=True, verbose=True) -> dict:
                 print(f"swiglu {qtype} 14336x4096: fused {r['fused_us']:.1f} us, "
                       f"2 gemv + swiglu {r['split_us']:.1f} us ({r['speedup']:.2f}x), "
                       f"err {r['rel_err']:.1e}")
+    return out
+
+
+def sweep(variants, qtype="Q4_K", verbose=True) -> dict:
+    """Time knob variants per shape in one process: ``variants`` maps
+    ``(m, k)`` to a list of knob dicts (``{}``: the defaults).  Weights are
+    made once per shape and shared by its variants; every variant's output is
+    checked on sampled rows against the float64 reference."""
+    torch = _torch()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(time.time()))
+    bw, _ = copy_bandwidth(torch)
+    out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
+               copy_bw_gbps=bw / 1e9, rows=[])
+    if verbose:
+        print(f"{out['device']}: copy {bw / 1e9:.0f} GB/s (r+w)", flush=True)
+    for (m, k), knob_list in variants.items():
+        rb = G.QTYPE_INFO[qtype][1] * k // G.QTYPE_INFO[qtype][0]
+        copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
+        ws = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
+        x = torch.randn(k, device="cuda", generator=gen)
+        ys = [torch.full((m,), float("nan"), device="cuda") for _ in range(min(copies, 4))]
+        for knobs in knob_list:
+            try:
+                spec, go = _launcher(torch, qtype, k, m=m, **knobs)
+                t = _time_graph(torch, lambda i: go([ws[i % copies], x], ys[i % len(ys)], m))
+                ys[0].fill_(float("nan"))
+                go([ws[0], x], ys[0], m)
+                torch.cuda.synchronize()
+                err = _check_rows(torch, qtype, ws[0], x, ys[0], rows=16)
+                nregs = getattr(ops_gemv._function(spec), "num_regs", None)
+                read = m * rb + 4 * (k + m)
+                r = dict(m=m, k=k, knobs=knobs, us=t * 1e6, copy_share=read / t / bw,
+                         rel_err=err, regs=nregs)
+            except Exception as e:      # a variant that fails to build/launch
+                r = dict(m=m, k=k, knobs=knobs, error=f"{type(e).__name__}: {e}"[:200])
+            out["rows"].append(r)
+            if verbose:
+                if "error" in r:
+                    print(f"{m}x{k} {knobs}: {r['error']}", flush=True)
+                else:
+                    print(f"{m:6d}x{k:<6d} {r['us']:8.2f} us {100 * r['copy_share']:5.1f}% "
+                          f"regs {r['regs']} err {r['rel_err']:.1e}  {knobs}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
     return out
 
 

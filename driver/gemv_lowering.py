@@ -22,7 +22,7 @@ def _spec(t, epilogue, target):
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
     m, k = t.shape
-    return gemv.default_spec(t.qtype, k, epilogue, target=target), m
+    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m), m
 
 
 def mul_mat(g, name, w, t, x, y, *, residual=None, target="sm_80"):

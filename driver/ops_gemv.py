@@ -61,9 +61,10 @@ def _shape_of(w, qtype):
     return m, rb // bb * bw
 
 
-def gemv_spec(qtype, k, epilogue="none", **knobs):
-    """The (cached-kernel) spec used for this call on the current device."""
-    return _g.default_spec(qtype.upper(), k, epilogue, target=_target(), **knobs)
+def gemv_spec(qtype, k, epilogue="none", m=None, **knobs):
+    """The (cached-kernel) spec used for this call on the current device
+    (``m``: the call's row count, when known; some defaults depend on it)."""
+    return _g.default_spec(qtype.upper(), k, epilogue, target=_target(), m=m, **knobs)
 
 
 def _vec(a, n, what):
@@ -115,9 +116,9 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, **knobs):
     wd = _dev(w, "w")
     xd = _vec(x, k, "x")
     if residual is None:
-        spec = gemv_spec(qtype, k, "none", **knobs)
+        spec = gemv_spec(qtype, k, "none", m=m, **knobs)
         return _run(spec, m, [wd, xd, None], out, stream)
-    spec = gemv_spec(qtype, k, "residual", **knobs)
+    spec = gemv_spec(qtype, k, "residual", m=m, **knobs)
     return _run(spec, m, [wd, xd, _vec(residual, m, "residual")], out, stream)
 
 
@@ -130,5 +131,5 @@ def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, **knobs):
     m, k = _shape_of(wg, qtype)
     if tuple(wu.shape) != tuple(wg.shape):
         raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
-    spec = gemv_spec(qtype, k, "swiglu", **knobs)
+    spec = gemv_spec(qtype, k, "swiglu", m=m, **knobs)
     return _run(spec, m, [_dev(wg, "wg"), _dev(wu, "wu"), _vec(x, k, "x"), None], out, stream)

@@ -46,9 +46,14 @@ _DEFAULTS = {
 }
 
 
+#: Q4_K calls with at most this many rows use rows=4 (K <= 8192, not swiglu)
+_Q4K_SMALL_M = 2048
+
+
 def default_spec(qtype: str, k: int, epilogue: str = "none",
-                 target: str = "sm_80", **overrides) -> GemvSpec:
-    """The spec with the default tuning knobs for ``qtype`` on ``target``.
+                 target: str = "sm_80", m: int | None = None, **overrides) -> GemvSpec:
+    """The spec with the default tuning knobs for ``qtype`` on ``target``
+    (``m``, the row count of the call when known, picks Q4_K's ``rows``).
 
     Raises
     ------
@@ -66,6 +71,16 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     elif qtype == "Q4_K" and k > 8192:
         # 448+ threads: 16 rows per group beat 8 at 4096x14336 (18.2 vs 21.3 us)
         knobs["rows"] = 16
+    elif qtype == "Q4_K":
+        # the driver's JIT gives rows=8 111 registers (local ptxas: 72); capping it
+        # at 5 CTAs/SM (93) measured 6.95 -> 6.68 us at 4096x4096, 16.68 -> 16.25
+        # at 14336x4096 (docs/gemv.md)
+        # (measured at K=4096, 128 threads; at K=8192, 256 threads, it would spill)
+        if k <= 4096:
+            knobs["min_ctas"] = 5
+        if m is not None and m <= _Q4K_SMALL_M:
+            # few rows: more, smaller CTAs (1024x4096: 3.54 vs 4.05 us at rows=8)
+            knobs["rows"] = 4
     knobs.update(overrides)
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 

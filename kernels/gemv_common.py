@@ -98,6 +98,16 @@ class GemvSpec:
         Q4_K: issue the first row group's weight loads before loading x.
     l2_prefetch : bool
         Q4_K: ``.L2::256B`` prefetch-size hint on the weight loads.
+    xmode : {"reg", "shared", "global"}
+        Q4_K: where a thread keeps its pieces' 32 x values between row
+        groups: registers (loaded once); its own slots of a static shared
+        array (written once, K <= 12288); or re-read from global memory
+        (``ld.global.nc``, L1 hits after the first group).  "shared" and
+        "global" free ~32 registers per piece and walk the rows inside the
+        4-value x chunk (one shared/L1 load per chunk for every row).
+    min_ctas : int
+        ``.minnctapersm`` hint (0: none): ptxas limits registers so that
+        many CTAs fit on an SM.
     max_ctas : int
         Upper bound on the grid; rows per CTA grow beyond it (x is loaded
         once per CTA).
@@ -117,6 +127,8 @@ class GemvSpec:
     stage: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     early: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     l2_prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    xmode: str = attrs.field(default="reg", validator=attrs.validators.in_(("reg", "shared", "global")))
+    min_ctas: int = attrs.field(default=0)
     target: str = target_field()
 
     @pieces.validator
@@ -129,6 +141,11 @@ class GemvSpec:
         bs = QTYPE_INFO[self.qtype][0]
         if not isinstance(v, int) or v <= 0 or v % bs:
             raise ValueError(f"tile must be a positive multiple of {bs}, got {v!r}")
+
+    @min_ctas.validator
+    def _check_min_ctas(self, attr, v):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 32:
+            raise ValueError(f"min_ctas must be 0..32, got {v!r}")
 
     @max_ctas.validator
     def _check_ctas(self, attr, v):

@@ -81,6 +81,8 @@ def _piece_x(k, x, pc):
     xv = []
     for half in (0, 32):
         xa = x[xo + half] if half else x[xo]
+        if not half:
+            pc["xa"] = xa
         vals = []
         for v in range(4):
             vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=True))
@@ -93,6 +95,14 @@ def _piece_x(k, x, pc):
             t = t + a
         sums.append(t)
     pc["x"], pc["xs"] = xv, sums
+
+
+def _park_x(k, pc, sx_base, slot, thr):
+    """Write the piece's 8 x chunks to its thread's shared slots (chunk-major:
+    lanes hit consecutive 16 bytes, no bank conflicts); drop the registers."""
+    for h, vals in enumerate(pc.pop("x")):
+        for w in range(4):
+            k.st(sx_base + ((slot * 8 + 4 * h + w) * thr * 16), tuple(vals[4 * w:4 * w + 4]))
 
 
 def _half_dot(k, words, xs, shift_left):
@@ -108,8 +118,28 @@ def _half_dot(k, words, xs, shift_left):
     return acc
 
 
-def _piece_dot(k, hdr, qs, pc):
-    """Contribution of one piece of one row: sum over its 32 weights of x w."""
+def _rows_dot(k, items, pc, get_x):
+    """Contributions of one piece for several rows (``items``: ``(hdr, qs)`` per
+    row): each 4-value x chunk is fetched once (``get_x(half, w)``) and used for
+    every row.  Same fma order per row as :func:`_half_dot`."""
+    S = [[None, None] for _ in items]
+    for h, shift_left in ((0, True), (1, False)):
+        for w in range(4):
+            xv = get_x(h, w)
+            for n, (_, qs) in enumerate(items):
+                word = qs[w]
+                t = (word << 3) if shift_left else (word >> 1)
+                pk = (t & 0x78787878) | 0x80808080
+                for b in range(4):
+                    f = k.prmt(pk, _ONE_EXP, _SEL_BASE | (b << 8)).bitcast(f32)
+                    acc = S[n][h]
+                    S[n][h] = xv[b] * f if acc is None else k.fma(xv[b], f, acc)
+    return [_piece_dot(k, hdr, None, pc, sums=S[n]) for n, (hdr, _) in enumerate(items)]
+
+
+def _piece_dot(k, hdr, qs, pc, sums=None):
+    """Contribution of one piece of one row: sum over its 32 weights of x w
+    (``sums``: the two half sums S already computed)."""
     h0, h1, h2, h3 = hdr
     d_h, dmin_h = k.unpack(h0, f16, 2)
     d16 = d_h.to(f32) * 16.0
@@ -123,14 +153,20 @@ def _piece_dot(k, hdr, qs, pc):
     sc_hi = (sc >> 8).to(f32)
     m_lo = (mn & 0xFF).to(f32)
     m_hi = (mn >> 8).to(f32)
-    x_lo, x_hi = pc["x"]
     xs_lo, xs_hi = pc["xs"]
-    s_lo = _half_dot(k, qs, x_lo, True)
-    s_hi = _half_dot(k, qs, x_hi, False)
+    if sums is None:
+        x_lo, x_hi = pc["x"]
+        s_lo = _half_dot(k, qs, x_lo, True)
+        s_hi = _half_dot(k, qs, x_hi, False)
+    else:
+        s_lo, s_hi = sums
     part = (d16 * sc_lo) * (s_lo - xs_lo)
     part = k.fma(d16 * sc_hi, s_hi - xs_hi, part)
     mx = k.fma(m_lo, xs_lo, m_hi * xs_hi)
-    return k.fma(ndmin, mx, part)
+    out = k.fma(ndmin, mx, part)
+    if sums is not None and pc.get("mask_out"):
+        out = k.select(pc["valid"], out, k.mov(0.0, f32))
+    return out
 
 
 def build_q4k(spec: GemvSpec) -> ptxgen.Module:
@@ -139,7 +175,13 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32
     m = ptxgen.Module(spec.target)
-    with m.kernel(spec.kernel_name, reqntid=thr) as k:
+    kdir = dict(reqntid=thr)
+    if spec.min_ctas:
+        kdir["minnctapersm"] = spec.min_ctas
+    if spec.xmode == "shared" and ppt * thr * 128 > 48 * 1024:
+        raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
+                         f"exceed 48 KB of static shared memory")
+    with m.kernel(spec.kernel_name, **kdir) as k:
         ws = [k.param_ptr("w", u8, align=16)]
         if nm == 2:
             ws.append(k.param_ptr("wu", u8, align=16))
@@ -215,18 +257,39 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                 k.bar_sync(0)
                 loads = stage_in()
             acc = [[None] * R for _ in range(nm)]
-            for i in range(R):
-                for mi in range(nm):
-                    for (hdr, qs), pc in zip(loads[i][mi], pcs):
-                        d = _piece_dot(k, hdr, qs, pc)
+            if spec.xmode == "reg":
+                for i in range(R):
+                    for mi in range(nm):
+                        for (hdr, qs), pc in zip(loads[i][mi], pcs):
+                            d = _piece_dot(k, hdr, qs, pc)
+                            acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
+            else:
+                for p, pc in enumerate(pcs):
+                    slots = [(i, mi) for i in range(R) for mi in range(nm)]
+                    items = [loads[i][mi][p] for i, mi in slots]
+                    if spec.xmode == "shared":
+                        def get_x(h, w, p=p):
+                            return k.ld(sx_base + ((p * 8 + 4 * h + w) * thr * 16), f32, vec=4)
+                    else:
+                        def get_x(h, w, pc=pc):
+                            return k.ld(pc["xa"] + (128 * h + 16 * w), f32, vec=4, nc=True)
+                    for (i, mi), d in zip(slots, _rows_dot(k, items, pc, get_x)):
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid)
 
         issue_ = stage_out if spec.stage else issue
         # early: the first group's weight loads go out before x's (latencies overlap)
         first = issue_(row0) if (spec.early or spec.prefetch) else None
-        for pc in pcs:
+        if spec.xmode == "shared":
+            sx = k.shared_array("sx", f32, ppt * 8 * thr * 4, align=16)
+            sx_base = sx[tid * 4]
+        for p, pc in enumerate(pcs):
             _piece_x(k, x, pc)
+            if spec.xmode == "shared":
+                _park_x(k, pc, sx_base, p, thr)
+            elif spec.xmode == "global":
+                pc.pop("x")
+                pc["mask_out"] = True
         if spec.prefetch:
             cur = [k.var(u32, w) for w in regs_of(first)]
             with k.for_range(row0, row_end, R) as rg:
