@@ -109,7 +109,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         self._loops: list = []
         self._open_blocks = 0
         self.finished = False
-        self.loc = caller_loc()
+        self.loc = caller_loc(1)
         self.tid = _Dims(self, "tid")
         self.ntid = _Dims(self, "ntid")
         self.ctaid = _Dims(self, "ctaid")
@@ -118,11 +118,15 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
     # ------------------------------------------------------------------ regs
     def reg(self, ty: T.PtxType) -> Reg:
         """A fresh write-once register of type ``ty``."""
-        return Reg(self, self._check_reg_type(ty), self._next_index(ty))
+        # the check is for type names and 8-bit types; skip it when ty is
+        # already a register type (the hot case)
+        rty = ty if ty in _REGISTER_TYPES else self._check_reg_type(ty)
+        return Reg(self, rty, self._next_index(rty))
 
     def var(self, ty: T.PtxType, init=None) -> Var:
         """A mutable register, optionally initialised (``mov``) to ``init``."""
-        v = Var(self, self._check_reg_type(ty), self._next_index(ty))
+        ty = self._check_reg_type(ty)
+        v = Var(self, ty, self._next_index(ty))
         if init is not None:
             self.assign(v, init)
         return v
@@ -152,7 +156,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         """Declare a scalar parameter and return a register holding its value."""
         p = self._declare_param(name, T.type_by_name(ty))
         r = self.reg(p.type)
-        self.emit("ld", ["param"], [p.type], [r, Address(p.symbol, 0, "param")])
+        self.emit("ld", ["param"], [p.type], [r, Address(p.symbol, 0, "param")], _own_frames=1)
         return r
 
     def param_ptr(self, name: str, elem, space: str = "global", align: int | None = None) -> Ptr:
@@ -164,9 +168,9 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             raise PtxBuildError(f"pointer space {space!r} is not one of global, shared, const")
         p = self._declare_param(name, T.u64, pointer_space=space, align=align or elem.bytes)
         raw = self.reg(T.u64)
-        self.emit("ld", ["param"], [T.u64], [raw, Address(p.symbol, 0, "param")])
+        self.emit("ld", ["param"], [T.u64], [raw, Address(p.symbol, 0, "param")], _own_frames=1)
         out = self.ptr_reg(elem, space)
-        self.emit("cvta", ["to", space], [T.u64], [out, raw])
+        self.emit("cvta", ["to", space], [T.u64], [out, raw], _own_frames=1)
         return out
 
     def _declare_param(self, name, ty, pointer_space=None, align=None) -> Param:
@@ -216,32 +220,43 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         return sum(s.nbytes for s in self.shared if s.count is not None)
 
     # --------------------------------------------------------------- emitting
-    def emit(self, op: str, mods, types, operands, *, guard=None, dsts=None) -> Instr:
+    def emit(self, op: str, mods, types, operands, *, guard=None, dsts=None,
+             _own_frames=0) -> Instr:
         """Append one instruction after checking it against the table.
 
         This is the single path every instruction takes; the instruction
-        methods build their operands and call it.
+        methods build their operands and call it.  They pass ``_own_frames``:
+        how many frames above this one are certainly ptxgen's (1 for a method
+        that calls ``emit`` itself, 2 for a private helper, whose caller is
+        always a ptxgen method), so :func:`caller_loc` need not look at them.
         """
         if self.finished:
             raise PtxBuildError(f"kernel {self.name} is already finished")
-        loc = caller_loc()
+        loc = caller_loc(1 + _own_frames)
         if guard is None and self._guards:
             guard = self._guards[-1]
-        sp = _TABLE.get(op) or isa.spec(op)
-        ndst = sp.ndst if dsts is None else dsts
         if mods.__class__ is not tuple:
             mods = tuple(mods)
         if types.__class__ is not tuple:
             types = tuple(types)
         if operands.__class__ is not tuple:
             operands = tuple(operands)
-        ins = Instr(op, mods, types, operands, guard, loc, ndst)
         # The table checks depend only on the form and the operands' kinds and
         # types, so a form seen before with the same signature is known good.
-        key = (op, mods, types, self.target, ndst, _signature(operands))
-        if key not in _VALIDATED:
+        # The cache keeps what the instructions of a form have in common: the
+        # number of destinations, the opcode text, and the first instance's
+        # mods and types tuples (equal ones), which later instances share:
+        # fewer objects for the garbage collector to walk.
+        key = (op, mods, types, self.target, dsts, _signature(operands))
+        form = _FORMS.get(key)
+        if form is None:
+            sp = _TABLE.get(op) or isa.spec(op)
+            ndst = sp.ndst if dsts is None else dsts
+            ins = Instr(op, mods, types, operands, guard, loc, ndst)
             self._check_form(sp, ins, loc)
-            _VALIDATED[key] = True
+            form = _FORMS[key] = (mods, types, ndst, ins.opcode)
+        mods, types, ndst, opcode = form
+        ins = Instr(op, mods, types, operands, guard, loc, ndst, opcode)
         defined = self._defined
         for o in operands[ndst:]:
             cls = o.__class__
@@ -314,7 +329,7 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
 
     def comment(self, text: str):
         """Put a ``// comment`` line in the emitted body."""
-        self.body.append(Comment(text.replace("\n", " "), caller_loc()))
+        self.body.append(Comment(text.replace("\n", " "), caller_loc(1)))
 
     # ---------------------------------------------------------------- labels
     def label(self, name: str | None = None) -> Label:
@@ -327,20 +342,20 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             raise PtxBuildError(f"label name {name!r} is not a valid PTX identifier")
         if name in self._labels:
             return self._labels[name]
-        lab = Label(name, caller_loc())
+        lab = Label(name, caller_loc(1))
         self._labels[name] = lab
         return lab
 
     def _auto_label(self, hint: str) -> Label:
         self._label_seq += 1
         name = f"$L_{hint}_{self._label_seq}"
-        lab = Label(name, caller_loc())
+        lab = Label(name, caller_loc(2))   # its callers are ptxgen's: label(), control.py
         self._labels[name] = lab
         return lab
 
     def place(self, label: Label):
         """Place ``label`` at the current point."""
-        loc = caller_loc()
+        loc = caller_loc(1)
         if label.name in self._placed:
             raise PtxBuildError(f"label {label.name} is placed twice", loc)
         if self._labels.get(label.name) is not label:
@@ -352,7 +367,8 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         """Branch to ``label`` (``@guard`` when given)."""
         if not isinstance(label, Label):
             raise PtxTypeError(f"bra needs a Label, got {label!r}")
-        ins = self.emit("bra", ["uni"] if uni else [], [], [label], guard=guard, dsts=0)
+        ins = self.emit("bra", ["uni"] if uni else [], [], [label], guard=guard, dsts=0,
+                        _own_frames=1)
         self._branches.append((label, ins.loc))
         return ins
 
@@ -374,12 +390,19 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         return False
 
 
-_VALIDATED: dict = {}
+_FORMS: dict = {}   # see KernelBuilder.emit
+_REGISTER_TYPES = frozenset(t for t in T.ALL_TYPES if t.can_be_register)
 _TABLE = isa.TABLE
 
 
 def _signature(operands) -> tuple:
-    """What the table checks look at: each operand's kind and type."""
+    """What the table checks look at: each operand's kind and type.
+
+    A plain operand adds its class and its type as two flat entries (it is
+    the common case, and a tuple for each would cost time); vectors and
+    addresses add one tuple each, labels their class alone.  Read left to
+    right, the entries still parse one way only.
+    """
     out = []
     for o in operands:
         cls = o.__class__
@@ -392,7 +415,7 @@ def _signature(operands) -> tuple:
         elif cls is Label:
             out.append(cls)
         else:
-            out.append((cls, o.type))
+            out += (cls, o.type)
     return tuple(out)
 
 

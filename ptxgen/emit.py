@@ -84,13 +84,13 @@ def emit_kernel(k, *, annotate: bool = False) -> str:
             lines.append(f"\t.shared .align {s.align} .b8 {s.name}[{s.nbytes}];")
     lines.append("")
     for item in k.body:
-        if isinstance(item, LabelDef):
-            lines.append(item.render())
-        elif isinstance(item, Instr):
+        if isinstance(item, Instr):   # by far the most common: tested first
             text = "\t" + item.render()
             if annotate and item.loc is not None:
                 text += f"\t// {os.path.basename(item.loc.filename)}:{item.loc.lineno}"
             lines.append(text)
+        elif isinstance(item, LabelDef):
+            lines.append(item.render())
         elif isinstance(item, Comment):
             lines.append("\t" + item.render())
     if not _ends_in_return(k.body):

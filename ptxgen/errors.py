@@ -42,9 +42,20 @@ class SourceLoc:
 _internal: dict[str, bool] = {}
 
 
-def caller_loc() -> SourceLoc | None:
-    """The innermost frame whose file is not part of the ptxgen DSL package."""
-    f = sys._getframe(1)
+def caller_loc(known: int = 0) -> SourceLoc | None:
+    """The innermost frame whose file is not part of the ptxgen DSL package.
+
+    ``known`` is how many frames, starting with the caller's own, the caller
+    knows to be ptxgen code (an instruction method knows its own frame, a
+    private helper also its caller's); the search starts above them.  This
+    is for speed: ``sys._getframe(n)`` jumps over frames, while each frame
+    reached through ``f_back`` gets a Python frame object made for it, which
+    for every short-lived internal call costs more than the rest of the
+    search.  A count that is too small is harmless (those frames are looked
+    at); one too large would skip the user's frame, so count only frames
+    that are ptxgen's on every path.
+    """
+    f = sys._getframe(1 + known)
     internal = _internal
     while f is not None:
         fn = f.f_code.co_filename
@@ -52,9 +63,33 @@ def caller_loc() -> SourceLoc | None:
         if inside is None:
             inside = internal[fn] = fn.startswith(_PKG_DIR) or fn in _SKIP_FILES
         if not inside:
-            return SourceLoc(fn, f.f_lineno)
+            return _loc_at(f)
         f = f.f_back
     return None
+
+
+# One SourceLoc per call site, shared by every instruction built there: an
+# unrolled Python loop builds thousands of instructions from one line, and a
+# SourceLoc each would be that many more objects for the garbage collector
+# to walk.  The key is the code object and the offset of the call in it
+# (``f_lasti``, read now: it moves on as the frame runs), which fix the line.
+# The entry keeps the code object alive, so its id() is not reused while
+# the entry exists.
+_locs: dict[tuple[int, int], tuple[object, SourceLoc]] = {}
+_MAX_LOCS = 1 << 16
+
+
+def _loc_at(f) -> SourceLoc:
+    code = f.f_code
+    key = (id(code), f.f_lasti)
+    hit = _locs.get(key)
+    if hit is not None:
+        return hit[1]
+    loc = SourceLoc(code.co_filename, f.f_lineno)
+    if len(_locs) >= _MAX_LOCS:   # bound the memory of a long-running process
+        _locs.clear()
+    _locs[key] = (code, loc)
+    return loc
 
 
 class PtxBuildError(Exception):

@@ -41,9 +41,9 @@ def render_operand(x) -> str:
 class Instr:
     """One PTX instruction."""
 
-    __slots__ = ("op", "mods", "types", "operands", "guard", "loc", "dsts")
+    __slots__ = ("op", "mods", "types", "operands", "guard", "loc", "dsts", "opcode")
 
-    def __init__(self, op, mods, types, operands, guard=None, loc=None, dsts=1):
+    def __init__(self, op, mods, types, operands, guard=None, loc=None, dsts=1, opcode=None):
         self.op = op
         self.mods = mods if mods.__class__ is tuple else tuple(mods)
         self.types = types if types.__class__ is tuple else tuple(types)
@@ -52,12 +52,11 @@ class Instr:
         self.loc = loc
         #: how many leading operands are written (0 for st/red/bar/bra)
         self.dsts = dsts
-
-    @property
-    def opcode(self) -> str:
-        """The full dotted opcode, e.g. ``ld.global.nc.v4.f32``."""
-        parts = [self.op, *self.mods, *(t.name for t in self.types)]
-        return ".".join(parts)
+        #: the full dotted opcode, e.g. ``ld.global.nc.v4.f32`` (the builder
+        #: passes it in from its cache of instruction forms)
+        if opcode is None:
+            opcode = ".".join([op, *self.mods, *(t.name for t in self.types)])
+        self.opcode = opcode
 
     def written(self):
         """Registers this instruction writes."""
@@ -85,9 +84,11 @@ class Instr:
         return out
 
     def render(self) -> str:
-        g = f"@{self.guard.render()} " if self.guard is not None else ""
         ops = ", ".join([o.render() for o in self.operands])
-        return f"{g}{self.opcode}" + (f" \t{ops};" if ops else ";")
+        text = f"{self.opcode} \t{ops};" if ops else self.opcode + ";"
+        if self.guard is not None:
+            return f"@{self.guard.render()} {text}"
+        return text
 
     def __repr__(self) -> str:
         return f"Instr({self.render()})"

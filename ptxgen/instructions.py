@@ -79,7 +79,8 @@ class InstructionsMixin:
             return self.const(ty, src) if out is None else self.assign(out, src)
         d = self._out(ty, out)
         s = as_operand(src, ty) if not isinstance(src, Symbol) else src
-        self.emit("mov", [], [self._bits_type(ty) if _is_half(ty) else ty], [d, s], guard=guard)
+        self.emit("mov", [], [self._bits_type(ty) if _is_half(ty) else ty], [d, s], guard=guard,
+                  _own_frames=1)
         return d
 
     def const(self, ty, value):
@@ -89,7 +90,8 @@ class InstructionsMixin:
         if ty.is_float and (ty.bits == 16 or ty.is_packed):
             bits = _half_bits(ty, value)
             d = self.reg(ty)
-            self.emit("mov", [], [self._bits_type(ty)], [d, Imm(bits, self._bits_type(ty))])
+            self.emit("mov", [], [self._bits_type(ty)], [d, Imm(bits, self._bits_type(ty))],
+                      _own_frames=1)
             return d
         return self.mov(as_operand(value, ty), ty)
 
@@ -106,7 +108,7 @@ class InstructionsMixin:
             value = Imm(_half_bits(ty, value), self._bits_type(ty))
         s = as_operand(value, ty)
         mty = self._bits_type(ty) if _is_half(ty) else ty
-        self.emit("mov", [], [mty], [var, s], guard=guard)
+        self.emit("mov", [], [mty], [var, s], guard=guard, _own_frames=1)
         return var
 
     def bitcast(self, ty, x, *, out=None):
@@ -115,28 +117,32 @@ class InstructionsMixin:
         if ty.bits != x.type.bits:
             raise PtxTypeError(f"bitcast from {x.type.name} to {ty.name} changes the width")
         d = self._out(ty, out)
-        self.emit("mov", [], [self._bits_type(ty)], [d, x])
+        self.emit("mov", [], [self._bits_type(ty)], [d, x], _own_frames=1)
         return d
 
     def pack(self, ty, *parts):
         """``mov.bN d, {a, b, ...}``: join registers into one of type ``ty``."""
         ty = T.type_by_name(ty)
         d = self.reg(ty)
-        self.emit("mov", [], [self._bits_type(ty)], [d, Vec(parts)])
+        self.emit("mov", [], [self._bits_type(ty)], [d, Vec(parts)], _own_frames=1)
         return d
 
     def unpack(self, x, ty, n=2):
         """``mov.bN {a, b, ...}, x``: split ``x`` into ``n`` registers of ``ty``."""
         ty = T.type_by_name(ty)
         parts = tuple(self.reg(ty) for _ in range(n))
-        self.emit("mov", [], [self._bits_type(x.type)], [Vec(parts), x], dsts=1)
+        self.emit("mov", [], [self._bits_type(x.type)], [Vec(parts), x], dsts=1, _own_frames=1)
         return parts
 
     # --------------------------------------------------------- arithmetic
-    def _binary(self, op, a, b, out, guard, mods=(), ity=None):
-        ty = self._unify(op, a, b)
+    def _binary(self, op, a, b, out, guard, mods=(), ity=None, ty=None):
+        """``op d, a, b``; ``ty`` is the operands' type if the caller has
+        already worked it out with :meth:`_unify`."""
+        if ty is None:
+            ty = self._unify(op, a, b)
         d = self.reg(ty) if out is None else self._out(ty, out)
-        self.emit(op, mods, (ity or ty,), (d, self._src(a, ty), self._src(b, ty)), guard=guard)
+        self.emit(op, mods, (ity or ty,), (d, self._src(a, ty), self._src(b, ty)), guard=guard,
+                  _own_frames=2)
         return d
 
     # Float add/sub/mul carry an explicit rounding mode (``.rn`` unless
@@ -152,19 +158,19 @@ class InstructionsMixin:
         return ty, _fmods(rnd, ftz, sat)
 
     def add(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, contract=False, guard=None):
-        _, mods = self._arith_mods("add", a, b, rnd, ftz, sat, contract)
-        return self._binary("add", a, b, out, guard, mods)
+        ty, mods = self._arith_mods("add", a, b, rnd, ftz, sat, contract)
+        return self._binary("add", a, b, out, guard, mods, ty=ty)
 
     def sub(self, a, b, *, out=None, sat=False, rnd=None, ftz=False, contract=False, guard=None):
-        _, mods = self._arith_mods("sub", a, b, rnd, ftz, sat, contract)
-        return self._binary("sub", a, b, out, guard, mods)
+        ty, mods = self._arith_mods("sub", a, b, rnd, ftz, sat, contract)
+        return self._binary("sub", a, b, out, guard, mods, ty=ty)
 
     def mul(self, a, b, *, out=None, rnd=None, ftz=False, sat=False, contract=False, guard=None):
         """``a * b``: ``mul.lo`` for integers (low half), ``mul.rn`` for floats."""
         ty, mods = self._arith_mods("mul", a, b, rnd, ftz, sat, contract)
         if ty.is_int:
             mods = ("lo",)
-        return self._binary("mul", a, b, out, guard, mods)
+        return self._binary("mul", a, b, out, guard, mods, ty=ty)
 
     def mul_hi(self, a, b, *, out=None, guard=None):
         return self._binary("mul", a, b, out, guard, ("hi",))
@@ -173,7 +179,8 @@ class InstructionsMixin:
         """``mul.wide``: the full product, twice the operands' width."""
         ty = self._unify("mul.wide", a, b)
         d = self._out(wide_of(ty), out)
-        self.emit("mul", ["wide"], [ty], [d, self._src(a, ty), self._src(b, ty)], guard=guard)
+        self.emit("mul", ["wide"], [ty], [d, self._src(a, ty), self._src(b, ty)], guard=guard,
+                  _own_frames=1)
         return d
 
     def mad(self, a, b, c, *, out=None, wide=False, guard=None):
@@ -187,7 +194,8 @@ class InstructionsMixin:
                                f"got {c.type.name}")
         d = self._out(cty, out)
         self.emit("mad", ["wide" if wide else "lo"], [ty],
-                  [d, self._src(a, ty), self._src(b, ty), self._src(c, cty)], guard=guard)
+                  [d, self._src(a, ty), self._src(b, ty), self._src(c, cty)], guard=guard,
+                  _own_frames=1)
         return d
 
     def fma(self, a, b, c, *, out=None, rnd="rn", ftz=False, sat=False, relu=False, guard=None):
@@ -196,7 +204,7 @@ class InstructionsMixin:
         d = self._out(ty, out)
         mods = [rnd] + (["ftz"] if ftz else []) + (["sat"] if sat else []) + (["relu"] if relu else [])
         self.emit("fma", mods, [ty], [d, self._src(a, ty), self._src(b, ty), self._src(c, ty)],
-                  guard=guard)
+                  guard=guard, _own_frames=1)
         return d
 
     def div(self, a, b, *, out=None, approx=False, full=False, rnd=None, ftz=False, guard=None):
@@ -226,29 +234,29 @@ class InstructionsMixin:
         if a.type.kind == "u":
             raise PtxTypeError(f"neg of unsigned {a.type.name} {a.name}; convert to signed first")
         d = self._out(a.type, out)
-        self.emit("neg", [], [a.type], [d, a], guard=guard)
+        self.emit("neg", [], [a.type], [d, a], guard=guard, _own_frames=1)
         return d
 
     def abs(self, a, *, out=None, guard=None):
         d = self._out(a.type, out)
-        self.emit("abs", [], [a.type], [d, a], guard=guard)
+        self.emit("abs", [], [a.type], [d, a], guard=guard, _own_frames=1)
         return d
 
     def popc(self, a, *, out=None):
         d = self._out(T.u32, out)
-        self.emit("popc", [], [self._bits_type(a.type)], [d, a])
+        self.emit("popc", [], [self._bits_type(a.type)], [d, a], _own_frames=1)
         return d
 
     def clz(self, a, *, out=None):
         d = self._out(T.u32, out)
-        self.emit("clz", [], [self._bits_type(a.type)], [d, a])
+        self.emit("clz", [], [self._bits_type(a.type)], [d, a], _own_frames=1)
         return d
 
     # ----------------------------------------------------- special functions
     def _unary_f(self, op, a, mods, out, guard):
         ty = a.type
         d = self._out(ty, out)
-        self.emit(op, mods, [ty], [d, a], guard=guard)
+        self.emit(op, mods, [ty], [d, a], guard=guard, _own_frames=2)
         return d
 
     def rcp(self, a, *, approx=False, ftz=False, out=None, guard=None):
@@ -300,7 +308,7 @@ class InstructionsMixin:
         if a.type.is_float:
             raise PtxTypeError(f"not is a bitwise operation; bitcast {a.type.name} first")
         d = self._out(a.type, out)
-        self.emit("not", [], [self._bits_type(a.type)], [d, a], guard=guard)
+        self.emit("not", [], [self._bits_type(a.type)], [d, a], guard=guard, _own_frames=1)
         return d
 
     def _shift_amount(self, b):
@@ -312,7 +320,8 @@ class InstructionsMixin:
         if a.type.is_float or a.type.is_pred:
             raise PtxTypeError(f"shl needs an integer, got {a.type.name}")
         d = self._out(a.type, out)
-        self.emit("shl", [], [self._bits_type(a.type)], [d, a, self._shift_amount(b)], guard=guard)
+        self.emit("shl", [], [self._bits_type(a.type)], [d, a, self._shift_amount(b)], guard=guard,
+                  _own_frames=1)
         return d
 
     def shr(self, a, b, *, out=None, guard=None):
@@ -320,13 +329,14 @@ class InstructionsMixin:
         if a.type.is_float or a.type.is_pred:
             raise PtxTypeError(f"shr needs an integer, got {a.type.name}")
         d = self._out(a.type, out)
-        self.emit("shr", [], [a.type], [d, a, self._shift_amount(b)], guard=guard)
+        self.emit("shr", [], [a.type], [d, a, self._shift_amount(b)], guard=guard, _own_frames=1)
         return d
 
     def bfe(self, a, pos, length, *, out=None):
         """Extract ``length`` bits at ``pos`` (sign-extended for signed types)."""
         d = self._out(a.type, out)
-        self.emit("bfe", [], [a.type], [d, a, as_operand(pos, T.u32), as_operand(length, T.u32)])
+        self.emit("bfe", [], [a.type], [d, a, as_operand(pos, T.u32), as_operand(length, T.u32)],
+                  _own_frames=1)
         return d
 
     def bfi(self, field, base, pos, length, *, out=None):
@@ -335,14 +345,14 @@ class InstructionsMixin:
         d = self._out(ty, out)
         self.emit("bfi", [], [self._bits_type(ty)],
                   [d, self._src(field, ty), self._src(base, ty),
-                   as_operand(pos, T.u32), as_operand(length, T.u32)])
+                   as_operand(pos, T.u32), as_operand(length, T.u32)], _own_frames=1)
         return d
 
     def prmt(self, a, b, selector, *, mode=None, out=None):
         """Byte permute of the 8 bytes of ``{b, a}`` by ``selector``."""
         d = self._out(a.type, out)
         self.emit("prmt", [mode] if mode else [], [T.b32],
-                  [d, a, as_operand(b, T.b32), as_operand(selector, T.b32)])
+                  [d, a, as_operand(b, T.b32), as_operand(selector, T.b32)], _own_frames=1)
         return d
 
     def dp4a(self, a, b, c, *, signed_a=False, signed_b=False, out=None):
@@ -350,7 +360,8 @@ class InstructionsMixin:
         ta, tb = (T.s32 if signed_a else T.u32), (T.s32 if signed_b else T.u32)
         acc = T.u32 if not (signed_a or signed_b) else T.s32
         d = self._out(acc, out)
-        self.emit("dp4a", [], [ta, tb], [d, a, as_operand(b, T.b32), as_operand(c, acc)])
+        self.emit("dp4a", [], [ta, tb], [d, a, as_operand(b, T.b32), as_operand(c, acc)],
+                  _own_frames=1)
         return d
 
     def dp2a(self, a, b, c, *, hi=False, signed_a=False, signed_b=False, out=None):
@@ -358,7 +369,7 @@ class InstructionsMixin:
         acc = T.u32 if not (signed_a or signed_b) else T.s32
         d = self._out(acc, out)
         self.emit("dp2a", ["hi" if hi else "lo"], [ta, tb],
-                  [d, a, as_operand(b, T.b32), as_operand(c, acc)])
+                  [d, a, as_operand(b, T.b32), as_operand(c, acc)], _own_frames=1)
         return d
 
     # -------------------------------------------------- compare and select
@@ -374,14 +385,14 @@ class InstructionsMixin:
             ops.append(q)
         if ftz:
             mods.append("ftz")
-        self.emit("setp", mods, [ty], ops, guard=guard)
+        self.emit("setp", mods, [ty], ops, guard=guard, _own_frames=1)
         return d
 
     def select(self, p, a, b, *, out=None):
         """``p ? a : b`` (``selp``)."""
         ty = self._unify("selp", a, b)
         d = self._out(ty, out)
-        self.emit("selp", [], [ty], [d, self._src(a, ty), self._src(b, ty), p])
+        self.emit("selp", [], [ty], [d, self._src(a, ty), self._src(b, ty), p], _own_frames=1)
         return d
 
     def pand(self, p, q):
@@ -414,12 +425,12 @@ class InstructionsMixin:
                 rnd = "rn"
         d = self._out(ty, out)
         mods = ([rnd] if rnd else []) + (["ftz"] if ftz else []) + (["sat"] if sat else [])
-        self.emit("cvt", mods, [ty, src], [d, x], guard=guard)
+        self.emit("cvt", mods, [ty, src], [d, x], guard=guard, _own_frames=1)
         return d
 
     def cvta(self, x, space, *, to=True):
         d = self.reg(T.u64)
-        self.emit("cvta", (["to"] if to else []) + [space], [T.u64], [d, x])
+        self.emit("cvta", (["to"] if to else []) + [space], [T.u64], [d, x], _own_frames=1)
         return d
 
     # -------------------------------------------------------------- memory
@@ -440,7 +451,8 @@ class InstructionsMixin:
             return Address(a, 0, space, elem)
         if i.type.bits == 32:
             a = self.reg(T.u64)
-            self.emit("mad", ["wide"], [i.type], [a, i, Imm(size, i.type), base])
+            self.emit("mad", ["wide"], [i.type], [a, i, as_operand(size, i.type), base],
+                      _own_frames=1)
         elif i.type.bits == 64:
             a = self.mad(i, size, base.bitcast(i.type) if i.type is not base.type else base)
         else:
@@ -452,9 +464,9 @@ class InstructionsMixin:
         addr = self.element(p, i)
         out = self.ptr_reg(p.elem, p.space)
         if addr.offset:
-            self.emit("add", [], [T.u64], [out, addr.base, Imm(addr.offset, T.u64)])
+            self.emit("add", [], [T.u64], [out, addr.base, Imm(addr.offset, T.u64)], _own_frames=1)
         else:
-            self.emit("mov", [], [T.u64], [out, addr.base])
+            self.emit("mov", [], [T.u64], [out, addr.base], _own_frames=1)
         return out
 
     def _mem_mods(self, addr, *, sem=None, scope=None, cache=None, nc=False, evict=None,
@@ -512,7 +524,7 @@ class InstructionsMixin:
             d = tuple(self.reg(rty) for _ in range(vec))
             dst = Vec(d)
         self.emit("ld", mods, [self._bits_type(ty) if _is_half(ty) else ty], [dst, addr],
-                  guard=guard)
+                  guard=guard, _own_frames=1)
         return d
 
     def st(self, addr, value, ty=None, *, cache=None, evict=None, sem=None, scope=None,
@@ -529,7 +541,7 @@ class InstructionsMixin:
                               vec=len(regs), volatile=volatile)
         src = regs[0] if len(regs) == 1 else Vec(regs)
         ity = self._bits_type(ty) if _is_half(ty) else ty
-        return self.emit("st", mods, [ity], [addr, src], guard=guard, dsts=0)
+        return self.emit("st", mods, [ity], [addr, src], guard=guard, dsts=0, _own_frames=1)
 
     def atom(self, op, addr, value, cmp=None, *, ty=None, sem=None, scope=None, guard=None):
         """Atomic ``op`` (add, min, max, inc, dec, and, or, xor, exch, cas) at
@@ -543,7 +555,7 @@ class InstructionsMixin:
                 raise PtxBuildError("atom cas needs the compare value (cmp=...)")
             ops = [d, addr, self._src(cmp, ty), self._src(value, ty)]
         mods = [m for m in (sem, scope) if m] + [addr.space, op] + _noftz(op, ty)
-        self.emit("atom", mods, [ty], ops, guard=guard)
+        self.emit("atom", mods, [ty], ops, guard=guard, _own_frames=1)
         return d
 
     def red(self, op, addr, value, *, ty=None, sem=None, scope=None, guard=None):
@@ -551,7 +563,8 @@ class InstructionsMixin:
         addr = self._as_addr(addr)
         ty = self._atom_type(op, addr, value, ty)
         mods = [m for m in (sem, scope) if m] + [addr.space, op] + _noftz(op, ty)
-        return self.emit("red", mods, [ty], [addr, self._src(value, ty)], guard=guard, dsts=0)
+        return self.emit("red", mods, [ty], [addr, self._src(value, ty)], guard=guard, dsts=0,
+                         _own_frames=1)
 
     def _atom_type(self, op, addr, value, ty):
         ty = T.type_by_name(ty) if ty is not None else (addr.elem or _type_of(value))
@@ -565,13 +578,13 @@ class InstructionsMixin:
     def bar_sync(self, barrier=0, count=None, *, guard=None):
         """``bar.sync barrier[, count]``: block-wide barrier."""
         ops = [as_operand(barrier, T.u32)] + ([as_operand(count, T.u32)] if count is not None else [])
-        return self.emit("bar", ["sync"], [], ops, guard=guard, dsts=0)
+        return self.emit("bar", ["sync"], [], ops, guard=guard, dsts=0, _own_frames=1)
 
     def membar(self, level="gl"):
-        return self.emit("membar", [level], [], [], dsts=0)
+        return self.emit("membar", [level], [], [], dsts=0, _own_frames=1)
 
     def fence(self, sem="acq_rel", scope="gpu"):
-        return self.emit("fence", [sem, scope], [], [], dsts=0)
+        return self.emit("fence", [sem, scope], [], [], dsts=0, _own_frames=1)
 
     def shfl_sync(self, mode, value, lane, clamp=None, mask=FULL_MASK, *, out=None):
         """``shfl.sync.mode.b32``: ``mode`` is up, down, bfly or idx.
@@ -584,7 +597,7 @@ class InstructionsMixin:
         d = self._out(value.type, out)
         self.emit("shfl", ["sync", mode], [T.b32],
                   [d, value, as_operand(lane, T.u32), as_operand(clamp, T.u32),
-                   as_operand(mask, T.u32)])
+                   as_operand(mask, T.u32)], _own_frames=1)
         return d
 
     def shfl_down(self, value, delta, mask=FULL_MASK):
@@ -603,10 +616,12 @@ class InstructionsMixin:
         """``vote.sync.{all,any,uni}.pred`` or ``vote.sync.ballot.b32``."""
         if mode == "ballot":
             d = self.reg(T.u32)
-            self.emit("vote", ["sync", "ballot"], [T.b32], [d, p, as_operand(mask, T.u32)])
+            self.emit("vote", ["sync", "ballot"], [T.b32], [d, p, as_operand(mask, T.u32)],
+                      _own_frames=1)
         else:
             d = self.reg(T.pred)
-            self.emit("vote", ["sync", mode], [T.pred], [d, p, as_operand(mask, T.u32)])
+            self.emit("vote", ["sync", mode], [T.pred], [d, p, as_operand(mask, T.u32)],
+                      _own_frames=1)
         return d
 
     # -------------------------------------------------------- tensor cores
@@ -618,15 +633,15 @@ class InstructionsMixin:
         ab_type = T.type_by_name(ab_type)
         d = tuple(self.reg(T.f32) for _ in range(4))
         self.emit("mma", ["sync", "aligned", "m16n8k16", "row", "col"],
-                  [T.f32, ab_type, ab_type, T.f32], [Vec(d), Vec(a), Vec(b), Vec(c)])
+                  [T.f32, ab_type, ab_type, T.f32], [Vec(d), Vec(a), Vec(b), Vec(c)], _own_frames=1)
         return d
 
     # ------------------------------------------------------------- control
     def ret(self, *, guard=None):
-        return self.emit("ret", [], [], [], guard=guard, dsts=0)
+        return self.emit("ret", [], [], [], guard=guard, dsts=0, _own_frames=1)
 
     def exit(self, *, guard=None):
-        return self.emit("exit", [], [], [], guard=guard, dsts=0)
+        return self.emit("exit", [], [], [], guard=guard, dsts=0, _own_frames=1)
 
     # ------------------------------------------------- special registers
     @property
@@ -658,8 +673,8 @@ def _is_half(ty) -> bool:
 
 
 def _fmods(rnd, ftz, sat):
-    if not (rnd or ftz or sat):
-        return ()
+    if not (ftz or sat):   # the common case, written out: it is hot
+        return (rnd,) if rnd else ()
     return tuple(m for m, on in ((rnd, rnd), ("ftz", ftz), ("sat", sat)) if on)
 
 

@@ -63,7 +63,7 @@ def format_imm(value, ty: T.PtxType) -> str:
 class Imm(Operand):
     """An immediate value of a given type."""
 
-    __slots__ = ("value", "type")
+    __slots__ = ("value", "type", "_text")
 
     def __init__(self, value, ty: T.PtxType):
         if ty.is_int or ty.is_bits:
@@ -79,9 +79,13 @@ class Imm(Operand):
             value = float(value)
         self.value = value
         self.type = ty
+        self._text = None
 
     def render(self) -> str:
-        return format_imm(self.value, self.type)
+        # kept: one Imm is shared by every use of a common value (as_operand)
+        if self._text is None:
+            self._text = format_imm(self.value, self.type)
+        return self._text
 
     def __repr__(self) -> str:
         return f"Imm({self.value!r}, {self.type})"
@@ -410,10 +414,25 @@ class Label(Operand):
         return f"Label({self.name})"
 
 
+_int_imms: dict[tuple[int, T.PtxType], Imm] = {}
+_MAX_INT_IMMS = 1 << 14
+
+
 def as_operand(x, ty: T.PtxType | None):
     """Turn a Python number into an :class:`Imm` of type ``ty``."""
     if isinstance(x, Operand):
         return x
+    if x.__class__ is int and ty is not None:
+        # Immediates are never changed after they are made, and the same few
+        # (shuffle masks, strides, offsets) recur in every unrolled block:
+        # make each (value, type) once and share it.
+        key = (x, ty)
+        imm = _int_imms.get(key)
+        if imm is None:
+            imm = Imm(x, ty)
+            if len(_int_imms) < _MAX_INT_IMMS:   # bound the memory
+                _int_imms[key] = imm
+        return imm
     if isinstance(x, bool):
         raise PtxTypeError("a Python bool is not a PTX operand; use a predicate register")
     if isinstance(x, (int, float)):

@@ -386,3 +386,13 @@ def test_undefined_forms_refused():
         k.emit("mad", ["lo"], [f64], [k.reg(f64), x, x, x])
     r = k.popc(a.bitcast(b32))
     assert r.type is u32 and "popc.b32" in m.to_ptx()
+
+
+def test_registers_by_type_name_share_the_declaration():
+    m, k = _kernel()
+    a, b = k.reg(u32), k.reg("u32")
+    v = k.var("u32", 0)
+    assert (a.name, b.name, v.name) == ("%r1", "%r2", "%r3")
+    k.mov(1, u32, out=a)
+    k.mov(2, u32, out=b)
+    assert "\t.reg .u32 \t%r<4>;" in m.to_ptx()
