@@ -20,10 +20,8 @@ PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model")
 
 def _run(name):
     if name == "emit":
-        from ptxgen.bench import measure
-        r = measure()
-        print(f"DSL emission: best {r['per_second']:,.0f}, median {r['median_per_second']:,.0f} instructions/s")
-        return r
+        from ptxgen import bench
+        return bench.main()
     if name == "emulator":
         from ptxgen.emu import bench
         return bench.main([])
