@@ -33,56 +33,19 @@ from .stream import Event, Stream
 
 __all__ = ["bench_graph", "bench_launch", "bench_leaks", "bench_module_load", "run_all"]
 
-EMPTY_PTX = """\
-.version 7.0
-.target sm_80
-.address_size 64
+def _dsl_ptx():
+    """The benchmark kernels, written with the DSL: an empty kernel and the
+    registered vector add (``c[i] = a[i] + b[i]``, params a, b, c, n)."""
+    import ptxgen
+    from ptxgen.kernels import vector_add
+    m = ptxgen.Module()
+    with m.kernel("empty"):
+        pass
+    vadd = vector_add.build(vector_add.VectorAddSpec())
+    return m.to_ptx(), vadd.to_ptx(), vector_add.VectorAddSpec().kernel_name
 
-.visible .entry empty()
-{
-    ret;
-}
-"""
 
-VADD_PTX = """\
-.version 7.0
-.target sm_80
-.address_size 64
-
-.visible .entry vadd(
-    .param .u64 .ptr .global .align 4 a,
-    .param .u64 .ptr .global .align 4 b,
-    .param .u64 .ptr .global .align 4 c,
-    .param .u32 n
-)
-{
-    .reg .pred %p<2>;
-    .reg .b32 %r<6>;
-    .reg .f32 %f<4>;
-    .reg .b64 %rd<8>;
-
-    ld.param.u64 %rd1, [a];
-    ld.param.u64 %rd2, [b];
-    ld.param.u64 %rd3, [c];
-    ld.param.u32 %r1, [n];
-    mov.u32 %r2, %ctaid.x;
-    mov.u32 %r3, %ntid.x;
-    mov.u32 %r4, %tid.x;
-    mad.lo.s32 %r5, %r2, %r3, %r4;
-    setp.ge.u32 %p1, %r5, %r1;
-    @%p1 bra DONE;
-    mul.wide.u32 %rd4, %r5, 4;
-    add.s64 %rd5, %rd1, %rd4;
-    add.s64 %rd6, %rd2, %rd4;
-    add.s64 %rd7, %rd3, %rd4;
-    ld.global.f32 %f1, [%rd5];
-    ld.global.f32 %f2, [%rd6];
-    add.f32 %f3, %f1, %f2;
-    st.global.f32 [%rd7], %f3;
-DONE:
-    ret;
-}
-"""
+EMPTY_PTX, VADD_PTX, VADD_NAME = _dsl_ptx()
 
 
 def _raw_params(values_and_ctypes):
@@ -121,7 +84,7 @@ def bench_launch(batches: int = 40, batch: int = 500) -> dict:
             launch(f, 1, 32, stream=s)
 
     n = 1024
-    v = Module.from_ptx(VADD_PTX)["vadd"]
+    v = Module.from_ptx(VADD_PTX)[VADD_NAME]
     a, b, c = (DeviceArray.zeros(n) for _ in range(3))
     _keep, _ptrs, kp = _raw_params([(a.ptr, ctypes.c_uint64), (b.ptr, ctypes.c_uint64),
                                     (c.ptr, ctypes.c_uint64), (n, ctypes.c_uint32)])
@@ -183,7 +146,7 @@ def bench_graph(kernels: int = 100, replays: int = 50, kernel: str = "empty") ->
         args, geom, kp = (), (1, 32), 0
         _keep = None
     else:
-        f = Module.from_ptx(VADD_PTX)["vadd"]
+        f = Module.from_ptx(VADD_PTX)[VADD_NAME]
         a, b, c = (DeviceArray.zeros(n) for _ in range(3))
         args, geom = (a, b, c, n), (4, 256)
         _keep, _ptrs, kp = _raw_params([(a.ptr, ctypes.c_uint64), (b.ptr, ctypes.c_uint64),
@@ -241,12 +204,12 @@ def bench_module_load(cold: int = 10, warm: int = 50) -> dict:
 
     def ours_cold(text):
         m = Module.from_ptx(text, cache=False)
-        m["vadd"]
+        m[VADD_NAME]
         m.unload()
 
     def raw_cold(text):
         mod = check(d.cuModuleLoadDataEx(text.encode() + b"\0", 0, [], []))
-        check(d.cuModuleGetFunction(mod, b"vadd"))
+        check(d.cuModuleGetFunction(mod, VADD_NAME.encode()))
         check(d.cuModuleUnload(mod))
 
     cold_ours = [timed(lambda t=t: ours_cold(t)) for t in texts[:cold // 2]]
@@ -260,7 +223,7 @@ def bench_module_load(cold: int = 10, warm: int = 50) -> dict:
         def load(t=t):
             m = Module.from_ptx(t)
             assert m.source == "disk", m.source
-            m["vadd"]
+            m[VADD_NAME]
             m.unload()
         disk_ms.append(timed(load))
     from .jit import link_cubin
@@ -269,7 +232,7 @@ def bench_module_load(cold: int = 10, warm: int = 50) -> dict:
 
     def raw_cubin():
         mod = check(d.cuModuleLoadData(cubin))
-        check(d.cuModuleGetFunction(mod, b"vadd"))
+        check(d.cuModuleGetFunction(mod, VADD_NAME.encode()))
         check(d.cuModuleUnload(mod))
 
     raw_cubin_ms = [timed(raw_cubin) for _ in range(warm)]
@@ -300,7 +263,7 @@ def bench_leaks(cycles: int = 10_000) -> dict:
     t0 = time.perf_counter()
     for i in range(cycles):
         m = Module.from_ptx(text)
-        m["vadd"]
+        m[VADD_NAME]
         m.unload()
         a = DeviceArray.empty(1 << 20)
         if i % 2:

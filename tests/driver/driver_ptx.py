@@ -1,4 +1,6 @@
-"""Hand-written PTX for the driver tests (the DSL will generate these later)."""
+"""Hand-written PTX for the driver tests: deliberately not from the DSL, so the
+driver is also tested on PTX that ptxgen did not emit (tests/driver/test_dsl_kernels_gpu.py
+runs the DSL's own vector add and block reduction through the driver)."""
 
 VADD_PTX = """\
 .version 7.0
