@@ -38,8 +38,17 @@ def _resolve(name: str, sets: list[str], target: str | None):
     if name in specs:
         fam, spec = specs[name]
     elif name in fams:
+        # a family name means its first canonical spec (specs may have no
+        # defaults for every field, e.g. a GEMV's K)
         fam = fams[name]
-        spec = fam.spec_cls()
+        if fam.canonical:
+            spec = next(iter(fam.canonical.values()))
+        else:
+            try:
+                spec = fam.spec_cls()
+            except (TypeError, ValueError) as e:
+                raise UsageError(f"family {name!r} has no canonical spec and no default "
+                                 f"spec ({e}); pass a canonical spec name") from None
     else:
         raise UsageError(f"unknown kernel {name!r}; valid: {', '.join(list(specs) + [f for f in fams if f not in specs])}")
     overrides = {}

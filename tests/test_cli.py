@@ -86,3 +86,19 @@ def test_check_bad_ptx_file_exits_1(tmp_path):
     f.write_text(text)
     rc, out, err = run("check", str(f))
     assert rc == 1 and "add.rn.f33" in err and "PTX line" in err
+
+
+def test_every_listed_family_dumps_and_assembles(tmp_path):
+    """`dump FAMILY` for every family in `list` gives PTX ptxas accepts."""
+    from ptxgen.ptxas import PtxasNotFound, assemble, find_ptxas
+    try:
+        find_ptxas()
+        have_ptxas = True
+    except PtxasNotFound:
+        have_ptxas = False
+    for name in registry.families():
+        out = tmp_path / f"{name}.ptx"
+        for target in ("sm_80", "sm_90"):
+            assert main(["dump", name, "--target", target, "-o", str(out)]) == 0, name
+            if have_ptxas:
+                assemble(out.read_text(), target)
