@@ -22,7 +22,6 @@ import time
 import numpy as np
 
 from ptxgen.kernels import gemv as G
-from ptxgen.kernels import quants
 
 from . import ops_gemv
 

@@ -35,7 +35,6 @@ def test_live_buffers_never_overlap_random_graphs():
     for _ in range(20):
         g = ComputeGraph()
         acts = [g.buffer("in", (int(rng.integers(1, 5000)),), np.float32)]
-        spans = []
         for i in range(30):
             ins = list(rng.choice(len(acts), size=min(len(acts), int(rng.integers(1, 4))),
                                   replace=False))
