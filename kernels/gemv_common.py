@@ -27,7 +27,7 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.types import f32
+from ptxgen.types import f32, u8, u32
 
 from .spec_fields import target_field
 
@@ -196,6 +196,26 @@ def launch_geometry(spec: GemvSpec, m: int):
     rpc = per_cta * spec.rows
     grid = math.ceil(m / rpc)
     return (grid, 1, 1), (threads(spec), 1, 1), 0, rpc
+
+
+def declare_params(k, spec, warps):
+    """The GEMV kernel signature, shared by every weight format:
+    ``w, [wu], x, [r], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``r``
+    with the residual one; the decode graph and ops pass arguments in this
+    order), plus the ``red`` shared array :func:`write_outputs` reduces in.
+
+    Returns ``(ws, x, r, y, m, rpc, red)``.
+    """
+    ws = [k.param_ptr("w", u8, align=16)]
+    if spec.n_mats == 2:
+        ws.append(k.param_ptr("wu", u8, align=16))
+    x = k.param_ptr("x", f32, align=16)
+    r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
+    y = k.param_ptr("y", f32)
+    mrows = k.param("m", u32)
+    rpc = k.param("rpc", u32)
+    red = k.shared_array("red", f32, warps * spec.n_mats * spec.rows, align=16)
+    return ws, x, r, y, mrows, rpc, red
 
 
 def warp_sum(k, v):

@@ -34,9 +34,9 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.types import f16, f32, u8, u32, u64
+from ptxgen.types import f16, f32, u32, u64
 
-from .gemv_common import GemvSpec, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 
 __all__ = ["build_q4k", "q4k_layout"]
 
@@ -182,15 +182,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
                          f"exceed 48 KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws = [k.param_ptr("w", u8, align=16)]
-        if nm == 2:
-            ws.append(k.param_ptr("wu", u8, align=16))
-        x = k.param_ptr("x", f32, align=16)
-        r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
-        y = k.param_ptr("y", f32)
-        mrows = k.param("m", u32)
-        rpc = k.param("rpc", u32)
-        red = k.shared_array("red", f32, warps * nm * R, align=16)
+        ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
 
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]

@@ -26,7 +26,7 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, s8, u8, u16, u32
 
-from .gemv_common import GemvSpec, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 
 __all__ = ["build_staged", "staged_layout"]
 
@@ -140,15 +140,7 @@ def build_staged(spec: GemvSpec) -> ptxgen.Module:
     vec = {16: 4, 8: 2, 4: 1, 2: 1}[lw]
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=thr) as k:
-        ws = [k.param_ptr("w", u8, align=16)]
-        if nm == 2:
-            ws.append(k.param_ptr("wu", u8, align=16))
-        x = k.param_ptr("x", f32, align=16)
-        r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
-        y = k.param_ptr("y", f32)
-        mrows = k.param("m", u32)
-        rpc = k.param("rpc", u32)
-        red = k.shared_array("red", f32, warps * nm * R, align=16)
+        ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
         sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
 
         tid = k.tid.x
