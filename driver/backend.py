@@ -45,8 +45,8 @@ class CudaBackend:
     def ptr(self, arr) -> int:
         return arr.ptr
 
-    def launch(self, fn, grid, block, *args, shared=0, stream=None):
-        self.d.launch(fn, grid, block, *args, shared=shared, stream=stream)
+    def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
+        self.d.launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl)
 
     def stream(self):
         return self.d.Stream()
@@ -97,8 +97,8 @@ class EmuBackend:
     def ptr(self, arr) -> int:
         return arr.ptr
 
-    def launch(self, fn, grid, block, *args, shared=0, stream=None):
-        self.e.launch(fn, grid, block, *args, shared=shared)
+    def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
+        self.e.launch(fn, grid, block, *args, shared=shared, pdl=pdl)
 
     def stream(self):
         return None

@@ -23,7 +23,8 @@ REPS = 10
 REPEATS = 7
 #: flash-decode variants (``ops.flash_decode`` keyword arguments) timed beside the
 #: default (w4u3 prefetch, min_keys 8, blocks per SM from the driver's occupancy: 3,
-#: separate combine kernel); ``fused_muN``: one launch, the last split block of each KV
+#: separate combine kernel, programmatic dependent launch on sm_90+); ``no_pdl``: the
+#: same two launches fully serialised; ``fused_muN``: one launch, the last split block of each KV
 #: head merging N splits per round; blocks_per_sm above the occupancy makes more than
 #: one wave (slower, 2026-11-22)
 FD_VARIANTS = {
@@ -31,6 +32,7 @@ FD_VARIANTS = {
     "fused_mu4": dict(fused_combine=True, merge_unroll=4),
     "w4u8b3": dict(unroll=8, prefetch=False, blocks_per_sm=3),
     "w4u2pb3": dict(unroll=2, blocks_per_sm=3),
+    "no_pdl": dict(pdl=False),
 }
 
 
@@ -314,10 +316,11 @@ def bench_flash(verbose: bool = True) -> dict:
     o = torch.empty(n_q, d, device="cuda")
     kh, vh, qh = kc.cpu().numpy(), vc.cpu().numpy(), q.cpu().numpy()
     dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
-    variants = {"sep": {}, **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u)
-                              for u in (1, 2, 4, 8)}}
+    variants = {"sep": {}, "sep_no_pdl": dict(pdl=False),
+                **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)}}
     for name, kw in variants.items():             # the JIT's registers, occupancy, splits
-        spec = fd.FlashDecodeSpec(target=ops.device_target(), **kw)
+        spec = fd.FlashDecodeSpec(target=ops.device_target(),
+                                  **{k: v for k, v in kw.items() if k != "pdl"})
         fn = ops._module(fd.build, spec).function(spec.split_name)
         bps = ops._resident(fn, 32 * spec.warps)
         res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,

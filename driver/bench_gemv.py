@@ -6,7 +6,10 @@ graphs).  For every shape (M x K) and qtype it reports our time (CUDA-graph
 replay of ``CALLS`` launches, median of ``REPEATS`` replays, rotating over
 enough weight copies to defeat the L2), bytes read per second, the share of
 a device-to-device copy's bandwidth measured in the same run, cuBLAS's f16
-GEMV time (``torch.mv``) and the ratio; then the fused gate/up SwiGLU kernel
+GEMV time (``torch.mv``) and the ratio.  On sm_90 and newer our kernels
+are launched with programmatic dependent launch (as the model launches
+them: each GEMV's first weight loads overlap the previous call's tail), and
+the same kernel without it is timed beside; then the fused gate/up SwiGLU kernel
 against two GEMVs plus a SwiGLU.  A few rows of each output are checked
 against the float64 reference (gguf-layout dequantisation in numpy).
 """
@@ -95,7 +98,7 @@ def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
     def go(ptrs, y, m):
         grid, block, shared, rpc = G.launch_geometry(spec, m)
         ops_gemv.launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
-                        stream=torch.cuda.current_stream())
+                        stream=torch.cuda.current_stream(), pdl=spec.pdl)
     return spec, go
 
 
@@ -128,6 +131,10 @@ def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
     go([ws[0], x], ys[0], m)
     torch.cuda.synchronize()
     err = _check_rows(torch, qtype, ws[0], x, ys[0])
+    t_plain = None
+    if spec.pdl:    # the same kernel without programmatic dependent launch
+        _, go0 = _launcher(torch, qtype, k, m=m, **dict(knobs, pdl=False))
+        t_plain = _time_graph(torch, lambda i: go0([ws[i % copies], x], ys[i % len(ys)], m))
     del ws
     read = nbytes + 4 * (k + m)
     f16_bytes = 2 * m * k
@@ -138,9 +145,12 @@ def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
     tc = _time_graph(torch, lambda i: torch.mv(wf[i % fcopies], xf, out=yf))
     del wf
     torch.cuda.empty_cache()
-    return dict(qtype=qtype, m=m, k=k, spec=repr(spec), us=t * 1e6, bytes=read,
-                gbps=read / t / 1e9, copy_share=read / t / copy_bw, cublas_f16_us=tc * 1e6,
-                vs_cublas=t / tc, rel_err=err)
+    out = dict(qtype=qtype, m=m, k=k, spec=repr(spec), us=t * 1e6, bytes=read,
+               gbps=read / t / 1e9, copy_share=read / t / copy_bw, cublas_f16_us=tc * 1e6,
+               vs_cublas=t / tc, rel_err=err, pdl=spec.pdl)
+    if t_plain is not None:
+        out.update(us_no_pdl=t_plain * 1e6, copy_share_no_pdl=read / t_plain / copy_bw)
+    return out
 
 
 def bench_swiglu(torch, qtype, m, k, gen, **knobs):
@@ -241,7 +251,9 @@ def sweep(variants, qtype="Q4_K", verbose=True) -> dict:
 def _print_row(r):
     print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} {r['us']:8.2f} us {r['gbps']:7.0f} GB/s "
           f"{100 * r['copy_share']:5.1f}% copy  cuBLAS f16 {r['cublas_f16_us']:7.2f} us "
-          f"ratio {r['vs_cublas']:.3f}  err {r['rel_err']:.1e}", flush=True)
+          f"ratio {r['vs_cublas']:.3f}  err {r['rel_err']:.1e}"
+          + (f"  (no PDL: {r['us_no_pdl']:.2f} us, {100 * r['copy_share_no_pdl']:.1f}%)"
+             if "us_no_pdl" in r else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -254,14 +254,14 @@ class Executor:
         args = tuple(self.ptr(a) if isinstance(a, Buffer)
                      else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
                      else a for a in L.args)
-        return fn, L.grid, L.block, args, L.shared
+        return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
 
     # ------------------------------------------------------------- running
     def run_eager(self, stream=None):
         """One launch per op, from Python."""
         launch = self.backend.launch
-        for fn, grid, block, args, shared in self._resolved:
-            launch(fn, grid, block, *args, shared=shared, stream=stream)
+        for fn, grid, block, args, shared, pdl in self._resolved:
+            launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl)
 
     def capture(self, stream):
         """Record the eager launch sequence into a CUDA graph (once)."""

@@ -81,7 +81,7 @@ def _check_geometry(function, g, b, shared) -> None:
         )
 
 
-def launch(function, grid, block, *args, shared: int = 0, stream=None) -> None:
+def launch(function, grid, block, *args, shared: int = 0, stream=None, pdl: bool = False) -> None:
     """Launch ``function`` on a ``grid`` of ``block``-sized thread blocks.
 
     Parameters
@@ -98,6 +98,13 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None) -> None:
         Dynamic shared memory in bytes.
     stream : Stream, optional
         Defaults to the legacy default stream.
+    pdl : bool
+        Programmatic dependent launch (sm_90+): the kernel may start while
+        the previous kernel in the stream is still running, and orders
+        itself with ``griddepcontrol.wait``.  Only kernels whose code
+        executes that instruction (specs built with ``pdl=True``) are
+        accepted; a CUDA graph captured from such launches keeps the
+        programmatic edges.
 
     Raises
     ------
@@ -105,7 +112,8 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None) -> None:
         Wrong argument count, kind, or range, or a freed array.
     LaunchConfigError
         Non-positive or oversized grid/block, too many threads for the kernel,
-        or more dynamic shared memory than the kernel allows.
+        or more dynamic shared memory than the kernel allows, or ``pdl=True``
+        for a kernel that never waits for its predecessors.
     CUDAError
         The driver refused the launch.
     """
@@ -130,6 +138,9 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None) -> None:
         hs = stream_handle(stream)
     packer = function.packer
     d = _driver or _d()
+    if pdl:
+        _launch_pdl(function, (gx, gy, gz), (bx, by, bz), shared, hs, args)
+        return
     if not packer._n:
         if args:
             packer.values(args)  # raises the count error
@@ -145,6 +156,38 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None) -> None:
     err = d.cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0)[0]
     if err:
         _retry_or_raise(function, err, (handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0))
+
+
+def _launch_pdl(function, g, b, shared, hs, args) -> None:
+    """``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
+    if not function.waits_for_grids:
+        raise LaunchConfigError(
+            f"{function.name}: pdl=True, but the kernel never executes griddepcontrol.wait, so "
+            f"it could read its inputs before the previous kernel has written them; build it "
+            f"with pdl=True (sm_90 or newer) or launch it without pdl")
+    packer = function.packer
+    if packer._n:
+        if get_ident() == function._owner:
+            buf, kp = function._buf, function._kp
+        else:
+            buf, _ptrs, kp = function.param_buffer()
+        packer._pack_into(buf, args)
+    else:
+        if args:
+            packer.values(args)
+        kp = 0
+    d = _d()
+    cfg = function.pdl_config()
+    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
+    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
+    cfg.sharedMemBytes = shared
+    cfg.hStream = hs
+    err = d.cuLaunchKernelEx(cfg, function.handle, kp, 0)[0]
+    if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+        function.module.device.activate(force=True)
+        err = d.cuLaunchKernelEx(cfg, function.handle, kp, 0)[0]
+    if err:
+        raise error_from_result(err, f"cuLaunchKernelEx({function.name}, pdl)")
 
 
 def _retry_or_raise(function, err, call_args) -> None:

@@ -27,6 +27,8 @@ import numpy as np
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, kv_append,
                             rmsnorm, rope, swiglu)
 
+from ptxgen.target import TARGETS
+
 from .executor import ComputeGraph, Executor, Launch
 from .gguf_loader import GGUFError, LlamaFile, RawTensor
 from . import gemv_lowering
@@ -63,10 +65,15 @@ class LlamaModel:
     """A Llama-architecture model on a backend, decoding one token per step.
 
     Use :meth:`from_gguf`.  ``capacity`` is the KV-cache length (tokens).
+    ``pdl`` (default: on for sm_90 and newer) builds and launches every
+    kernel with programmatic dependent launch: each kernel starts while the
+    one before it drains, issues its first weight loads, and waits
+    (``griddepcontrol.wait``) before it reads activations.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
-                 target: str | None = None, progress: bool = True, sm_count: int | None = None):
+                 target: str | None = None, progress: bool = True, sm_count: int | None = None,
+                 pdl: bool | None = None):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -77,6 +84,10 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.graph = ComputeGraph()
         self._build()
+        # programmatic dependent launch: on by default where the target has it
+        self.pdl = (TARGETS[self.target].sm >= 90) if pdl is None else bool(pdl)
+        if self.pdl:
+            enable_pdl(self.graph)
         bar = _ProgressBar(file.weight_bytes, enabled=progress)
         self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
         bar.close()
@@ -292,6 +303,28 @@ class LlamaModel:
 
     def summary(self) -> str:
         return self.graph.summary()
+
+
+def enable_pdl(graph: ComputeGraph) -> int:
+    """Rebuild every launch of ``graph`` whose spec has a ``pdl`` field with
+    ``pdl=True`` (the kernels start while their predecessor drains and wait
+    with ``griddepcontrol.wait``).  Returns the number of launches changed.
+
+    Raises
+    ------
+    ValueError
+        A spec's target has no ``griddepcontrol`` (below sm_90).
+    """
+    n = 0
+    for op in graph.ops:
+        launches = []
+        for L in op.launches:
+            if "pdl" in attrs.fields_dict(type(L.spec)) and not L.spec.pdl:
+                L = attrs.evolve(L, spec=attrs.evolve(L.spec, pdl=True))
+                n += 1
+            launches.append(L)
+        op.launches = tuple(launches)
+    return n
 
 
 def _rope_scaling(hp) -> dict:

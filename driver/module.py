@@ -10,6 +10,7 @@ pack their arguments.
 from __future__ import annotations
 
 import ctypes
+import re
 import threading
 import weakref
 
@@ -206,6 +207,15 @@ _ATTRS = {
 }
 
 
+def _entry_waits(ptx: str, name: str) -> bool:
+    """Whether the body of entry ``name`` in ``ptx`` has ``griddepcontrol.wait``."""
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\(", ptx)
+    if m is None:
+        return False
+    end = ptx.find(".entry", m.end())
+    return "griddepcontrol.wait" in ptx[m.end(): end if end >= 0 else len(ptx)]
+
+
 class Function:
     """One kernel of a loaded :class:`Module`.
 
@@ -228,6 +238,7 @@ class Function:
     __slots__ = ("module", "name", "handle", "params", "packer", "num_regs", "local_size_bytes",
                  "shared_size_bytes", "const_size_bytes", "max_threads_per_block",
                  "max_dynamic_shared", "ptx_version", "binary_version",
+                 "waits_for_grids", "_pdl_config",
                  "_buf", "_ptrs", "_kp", "_owner", "__weakref__")
 
     def __init__(self, module: Module, name: str, handle, params):
@@ -243,7 +254,23 @@ class Function:
                       f"cuFuncGetAttribute({enum})")
             setattr(self, attr, int(v))
         self._init_param_buffer()
+        self.waits_for_grids = _entry_waits(module.ptx, name)
+        self._pdl_config = None
         _functions_by_handle[int(handle)] = self
+
+    def pdl_config(self):
+        """The ``CUlaunchConfig`` (programmatic stream serialization allowed)
+        that ``launch(..., pdl=True)`` fills in; made once per kernel."""
+        if self._pdl_config is None:
+            d = cuda()
+            attr = d.CUlaunchAttribute()
+            attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = d.CUlaunchConfig()
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self._pdl_config = cfg
+        return self._pdl_config
 
     def _init_param_buffer(self) -> None:
         # A persistent param buffer and its void* array: launch() packs into it and the

@@ -200,7 +200,8 @@ def _resident(fn, block) -> int:
 
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
-                 fused_combine=None, merge_unroll=None, blocks_per_sm=None, stream=None):
+                 fused_combine=None, merge_unroll=None, blocks_per_sm=None, pdl=None,
+                 stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -211,9 +212,11 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
     ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
-    default: one launch, the last split block of each KV head merging the
-    partials; ``fused_combine=False`` launches the separate combine kernel).
-    The fused merge's per-KV-head counter is cached per shape and device,
+    default: a split kernel and a separate combine kernel; ``fused_combine=True``
+    makes it one launch, the last split block of each KV head merging the
+    partials).  ``pdl`` (default: on for sm_90 and newer) launches both with
+    programmatic dependent launch, so the combine starts while the split
+    kernel drains.  The fused merge's per-KV-head counter is cached per shape and device,
     zeroed once (each launch leaves it at zero).
     """
     qa = _arr(q, "q")
@@ -234,8 +237,11 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                         fused_combine=fused_combine,
                                         merge_unroll=merge_unroll).items()
              if v_ is not None}
+    tgt = device_target()
+    if pdl is None:
+        pdl = TARGETS[tgt].sm >= 90
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
-                               target=device_target(), **knobs)
+                               target=tgt, pdl=bool(pdl), **knobs)
     dev = get_device()
     mod = _module(_fd.build, spec)
     if n_splits is None:
@@ -249,10 +255,10 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     counter = _workspace(("fd_counter", n_kv), (n_kv,), np.uint32, zero=True)
     (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
     launch(mod.function(spec.split_name), g1, b1, qa, kc, vc, _scalar_i32(kv_len, "kv_len"),
-           part_o, part_ml, out, counter, cap, scale, stream=stream)
+           part_o, part_ml, out, counter, cap, scale, stream=stream, pdl=spec.pdl)
     if comb is not None:
         launch(mod.function(spec.combine_name), *comb, part_o, part_ml, out, n_splits,
-               stream=stream)
+               stream=stream, pdl=spec.pdl)
     return out
 
 

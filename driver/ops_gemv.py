@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
+from ptxgen.target import TARGETS
 
 from .launch import launch
 from .memory import DeviceArray, as_device_array
@@ -63,8 +64,12 @@ def _shape_of(w, qtype):
 
 def gemv_spec(qtype, k, epilogue="none", m=None, **knobs):
     """The (cached-kernel) spec used for this call on the current device
-    (``m``: the call's row count, when known; some defaults depend on it)."""
-    return _g.default_spec(qtype.upper(), k, epilogue, target=_target(), m=m, **knobs)
+    (``m``: the call's row count, when known; some defaults depend on it).
+    ``pdl`` (programmatic dependent launch) defaults to on for sm_90 and newer."""
+    tgt = _target()
+    if knobs.get("pdl") is None:
+        knobs["pdl"] = TARGETS[tgt].sm >= 90
+    return _g.default_spec(qtype.upper(), k, epilogue, target=tgt, m=m, **knobs)
 
 
 def _vec(a, n, what):
@@ -80,7 +85,7 @@ def _run(spec, m, ptrs, out, stream):
     y = DeviceArray.empty((m,), np.float32) if out is None else _vec(out, m, "out")
     grid, block, shared, rpc = _g.launch_geometry(spec, m)
     launch(_function(spec), grid, block, *ptrs[:-1], *([ptrs[-1]] if ptrs[-1] is not None else []),
-           y, m, rpc, shared=shared, stream=stream)
+           y, m, rpc, shared=shared, stream=stream, pdl=spec.pdl)
     return y
 
 

@@ -26,7 +26,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, s32, u32, u64
 
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 
 @attrs.frozen
@@ -42,6 +42,7 @@ class ArgmaxSpec:
 
     block: int = block_field(1024)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
 
     @property
@@ -73,6 +74,7 @@ def build(spec: ArgmaxSpec) -> ptxgen.Module:
     warps = spec.block // 32
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         x = k.param_ptr("x", f32, align=16)
         n = k.param("n", u32)
         out = k.param_ptr("out", s32)

@@ -26,7 +26,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import s32
 
-from .spec_fields import target_field
+from .spec_fields import pdl_field, pdl_prologue, target_field
 
 TOKEN, POS, KV_LEN, PROMPT_LEN, OVERFLOW, ARGMAX = range(6)
 STATE_WORDS = 8
@@ -35,6 +35,7 @@ STATE_WORDS = 8
 @attrs.frozen
 class DecodeStateSpec:
     target: str = target_field()
+    pdl: bool = pdl_field()
 
     @property
     def kernel_name(self) -> str:
@@ -44,6 +45,7 @@ class DecodeStateSpec:
 def build(spec: DecodeStateSpec) -> ptxgen.Module:
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=32) as k:
+        pdl_prologue(k, spec)
         state = k.param_ptr("state", s32, align=16)
         prompt = k.param_ptr("prompt", s32)
         history = k.param_ptr("history", s32)

@@ -27,7 +27,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u8, u32
 
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 #: format -> (weights per block, bytes per block)
 QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
@@ -47,6 +47,7 @@ class EmbeddingSpec:
     qtype: str = attrs.field(default="Q4_K", validator=attrs.validators.in_(tuple(QTYPES)))
     block: int = block_field(256)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
 
     @property
@@ -125,6 +126,7 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
     m = ptxgen.Module(spec.target)
     bs, ts = QTYPES[spec.qtype]
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         table = k.param_ptr("table", u8, align=4)
         token_ptr = k.param_ptr("token_ptr", s32)
         out = k.param_ptr("out", f32, align=4)

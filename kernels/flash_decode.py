@@ -54,6 +54,8 @@ from ptxgen import registry
 from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u32
 
+from .spec_fields import pdl_field, pdl_prologue
+
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 SMEM_LIMIT = 48 * 1024
@@ -112,6 +114,7 @@ class FlashDecodeSpec:
                                       validator=attrs.validators.instance_of(bool))
     merge_unroll: int = attrs.field(default=16)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
+    pdl: bool = pdl_field()
 
     @group.validator
     def _check_group(self, _, v):
@@ -200,6 +203,7 @@ def _build_split(m, spec: FlashDecodeSpec):
     cty = f16 if spec.kv_dtype == "f16" else f32
     with m.kernel(spec.split_name, reqntid=nthreads,
                   minnctapersm=spec.min_blocks or None) as k:
+        pdl_prologue(k, spec)
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", cty, align=16)
         vc = k.param_ptr("v_cache", cty, align=16)
@@ -479,6 +483,7 @@ def _build_combine(m, spec: FlashDecodeSpec):
     nwarps = nthreads // 32
     U = 6
     with m.kernel(spec.combine_name, reqntid=nthreads) as k:
+        pdl_prologue(k, spec)
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
         out = k.param_ptr("out", f32, align=16)

@@ -29,7 +29,7 @@ import numpy as np
 
 from ptxgen.types import f32, u8, u32
 
-from .spec_fields import target_field
+from .spec_fields import pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "warp_sum", "silu_times", "write_outputs"]
@@ -130,6 +130,7 @@ class GemvSpec:
     xmode: str = attrs.field(default="reg", validator=attrs.validators.in_(("reg", "shared", "global")))
     min_ctas: int = attrs.field(default=0)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
     @pieces.validator
     def _check_pieces(self, attr, v):

@@ -37,6 +37,7 @@ import ptxgen
 from ptxgen.types import f16, f32, u32, u64
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
+from .spec_fields import pdl_prologue
 
 __all__ = ["build_q4k", "q4k_layout"]
 
@@ -183,6 +184,10 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                          f"exceed 48 KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
         ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
+        early = spec.early or spec.prefetch
+        # PDL: the first group's weight loads (read-only data) may go out
+        # before the wait; x, r and y only after it
+        pdl_prologue(k, spec, wait=not early)
 
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]
@@ -271,7 +276,9 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
 
         issue_ = stage_out if spec.stage else issue
         # early: the first group's weight loads go out before x's (latencies overlap)
-        first = issue_(row0) if (spec.early or spec.prefetch) else None
+        first = issue_(row0) if early else None
+        if spec.pdl and early:
+            k.griddep_wait()
         if spec.xmode == "shared":
             sx = k.shared_array("sx", f32, ppt * 8 * thr * 4, align=16)
             sx_base = sx[tid * 4]

@@ -27,6 +27,7 @@ import ptxgen
 from ptxgen.types import f16, f32, s8, u8, u16, u32
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
+from .spec_fields import pdl_prologue
 
 __all__ = ["build_staged", "staged_layout"]
 
@@ -140,6 +141,7 @@ def build_staged(spec: GemvSpec) -> ptxgen.Module:
     vec = {16: 4, 8: 2, 4: 1, 2: 1}[lw]
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=thr) as k:
+        pdl_prologue(k, spec)
         ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
         sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
 

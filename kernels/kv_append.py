@@ -23,7 +23,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u32
 
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 
 @attrs.frozen
@@ -43,6 +43,7 @@ class KvAppendSpec:
     cache_dtype: str = attrs.field(default="f16", validator=attrs.validators.in_(("f16", "f32")))
     block: int = block_field(128)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
     @head_dim.validator
     def _check_hd(self, _, v):
@@ -62,6 +63,7 @@ def build(spec: KvAppendSpec) -> ptxgen.Module:
     d = spec.head_dim
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         kin = k.param_ptr("k", f32, align=16)
         vin = k.param_ptr("v", f32, align=16)
         kc = k.param_ptr("k_cache", cty, align=16)

@@ -29,7 +29,7 @@ from ptxgen import registry
 from ptxgen.types import f32, u32
 
 from .reduce import warp_sum
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 
 @attrs.frozen
@@ -55,6 +55,7 @@ class RmsNormSpec:
     precise: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     cache_vec: int = attrs.field(default=4, validator=attrs.validators.in_((0, 1, 2, 4, 8)))
     target: str = target_field()
+    pdl: bool = pdl_field()
 
     @property
     def kernel_name(self) -> str:
@@ -103,6 +104,7 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
     """
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         x = k.param_ptr("x", f32, align=16)
         if spec.residual:
             res = k.param_ptr("res", f32, align=16)

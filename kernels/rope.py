@@ -33,7 +33,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, s32, u32
 
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 TWO_PI = 2.0 * math.pi
 # 2*pi split for Cody-Waite reduction: C1 keeps 13 significant bits, so n * C1
@@ -79,6 +79,7 @@ class RopeSpec:
     original_context: int = attrs.field(default=8192, validator=_positive)
     block: int = block_field(128)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
     @head_dim.validator
     def _check_hd(self, _, v):
@@ -142,6 +143,7 @@ def build(spec: RopeSpec) -> ptxgen.Module:
     half = d // 2
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         q = k.param_ptr("q", f32, align=8)
         kk = k.param_ptr("k", f32, align=8)
         freqs = k.param_ptr("freqs", f32, align=8)

@@ -1,4 +1,5 @@
-"""Spec fields every kernel family shares: the target and the block size."""
+"""Spec fields every kernel family shares: the target, the block size, and
+programmatic dependent launch."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import attrs
 
 from ptxgen.target import TARGETS
 
-__all__ = ["target_field", "block_field", "check_block"]
+__all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue"]
 
 
 def check_block(_, attr, v):
@@ -23,3 +24,34 @@ def target_field(default: str = "sm_80"):
 def block_field(default: int = 256):
     """``block``: threads per block, a multiple of 32 in 32..1024."""
     return attrs.field(default=default, validator=check_block)
+
+
+def _check_pdl(inst, attr, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{attr.name} must be a bool, got {v!r}")
+    if v and TARGETS[inst.target].sm < 90:
+        raise ValueError(f"{attr.name}=True needs griddepcontrol (sm_90 or newer); "
+                         f"target is {inst.target}")
+
+
+def pdl_field():
+    """``pdl``: built for programmatic dependent launch (sm_90+).
+
+    The kernel lets the next grid start early
+    (``griddepcontrol.launch_dependents`` on entry) and waits for the grids
+    before it (``griddepcontrol.wait``) before it reads anything they write;
+    only reads of data no kernel writes (weights) may come before the wait.
+    Launch it with ``pdl=True`` (the executor does so for every spec with
+    ``pdl=True``); launched without, the instructions cost nothing.
+    """
+    return attrs.field(default=False, validator=_check_pdl)
+
+
+def pdl_prologue(k, spec, wait: bool = True) -> None:
+    """Emit the PDL entry sequence for ``spec.pdl`` kernels: allow the next
+    grid to launch and, with ``wait``, wait for the previous ones here (a
+    kernel that issues weight loads first calls ``k.griddep_wait()`` itself)."""
+    if spec.pdl:
+        k.griddep_launch_dependents()
+        if wait:
+            k.griddep_wait()

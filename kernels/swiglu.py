@@ -22,7 +22,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, u32
 
-from .spec_fields import block_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 LOG2E = 1.0 / math.log(2.0)
 
@@ -40,6 +40,7 @@ class SwiGluSpec:
 
     block: int = block_field(256)
     target: str = target_field()
+    pdl: bool = pdl_field()
 
 
     @property
@@ -58,6 +59,7 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters ``g, u, out, n: u32``."""
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
         g = k.param_ptr("g", f32, align=16)
         u = k.param_ptr("u", f32, align=16)
         out = k.param_ptr("out", f32, align=16)

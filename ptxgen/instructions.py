@@ -586,6 +586,19 @@ class InstructionsMixin:
     def fence(self, sem="acq_rel", scope="gpu"):
         return self.emit("fence", [sem, scope], [], [], dsts=0, _own_frames=1)
 
+    def griddep_launch_dependents(self):
+        """``griddepcontrol.launch_dependents`` (sm_90): the next grid in the
+        stream, if launched with programmatic dependent launch, may start once
+        every block of this grid has executed this (or exited)."""
+        return self.emit("griddepcontrol", ["launch_dependents"], [], [], dsts=0, _own_frames=1)
+
+    def griddep_wait(self):
+        """``griddepcontrol.wait`` (sm_90): block until the grids this one
+        depends on have completed and their memory is visible.  A kernel
+        launched with programmatic dependent launch must execute this before
+        it touches anything the previous kernels write."""
+        return self.emit("griddepcontrol", ["wait"], [], [], dsts=0, _own_frames=1)
+
     def shfl_sync(self, mode, value, lane, clamp=None, mask=FULL_MASK, *, out=None):
         """``shfl.sync.mode.b32``: ``mode`` is up, down, bfly or idx.
 

@@ -240,6 +240,8 @@ TABLE: dict[str, OpSpec] = _table(
            doc="bar.sync barrier[, count]"),
     OpSpec("membar", "", [], [("cta", "gl", "sys")]),
     OpSpec("fence", "", [], [("sc", "acq_rel"), SCOPES], min_sm=70, min_ptx=(6, 0)),
+    OpSpec("griddepcontrol", "", [], [("launch_dependents", "wait")], min_sm=90, min_ptx=(7, 8),
+           doc="programmatic dependent launch: let the next grid start / wait for the previous"),
     OpSpec("atom", "d m s s?", [INT32_64 + ("b32", "b64", "f32", "f64", "f16x2", "bf16x2")],
            [("relaxed", "acquire", "release", "acq_rel"), SCOPES, ("global", "shared"),
             ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch"),

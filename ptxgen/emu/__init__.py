@@ -61,10 +61,12 @@ class Function:
         Static shared memory.
     thread_instructions : int
         Thread-instructions run so far by launches of this function.
+    waits_for_grids : bool
+        The body executes ``griddepcontrol.wait`` (may be launched with ``pdl=True``).
     """
 
     __slots__ = ("module", "name", "params", "compiled", "max_threads_per_block",
-                 "shared_size_bytes", "reqntid")
+                 "shared_size_bytes", "reqntid", "waits_for_grids")
 
     def __init__(self, module, compiled: CompiledKernel):
         self.module = module
@@ -76,6 +78,8 @@ class Function:
         lim = d.get(".reqntid") or d.get(".maxntid")
         self.max_threads_per_block = 1024 if lim is None else min(1024, _prod(lim))
         self.shared_size_bytes = compiled.static_shared
+        self.waits_for_grids = any(st.op == "griddepcontrol" and "wait" in st.mods
+                                   for st in compiled.kt.body)
 
     @property
     def packer(self):
@@ -154,7 +158,7 @@ def _dims(d, what):
 
 
 def launch(function: Function, grid, block, *args, shared: int = 0, stream=None,
-           races: bool = True) -> None:
+           races: bool = True, pdl: bool = False) -> None:
     """Run ``function`` on the CPU over ``grid`` blocks of ``block`` threads.
 
     Same conventions as :func:`ptxgen.driver.launch`: ``args`` one per kernel
@@ -162,6 +166,9 @@ def launch(function: Function, grid, block, *args, shared: int = 0, stream=None,
     an int address, or any object with an integer ``.ptr``), ``shared`` the
     dynamic shared memory in bytes.  ``stream`` is accepted and ignored (the
     emulator runs synchronously).  ``races=False`` skips race detection.
+    ``pdl=True`` (programmatic dependent launch) is checked as the driver
+    checks it (the kernel must execute ``griddepcontrol.wait``) and otherwise
+    changes nothing: launches run one after another.
 
     Raises
     ------
@@ -175,6 +182,9 @@ def launch(function: Function, grid, block, *args, shared: int = 0, stream=None,
     """
     if not isinstance(function, Function):
         raise TypeError(f"launch needs an emu.Function (module[name]), got {type(function).__name__}")
+    if pdl and not function.waits_for_grids:
+        raise LaunchConfigError(f"{function.name}: pdl=True, but the kernel never executes "
+                                f"griddepcontrol.wait; build it with pdl=True (sm_90 or newer)")
     g = _dims(grid, "grid")
     b = _dims(block, "block")
     n = _prod(b)

@@ -1,5 +1,7 @@
 """Warp-level and control instructions: ``shfl.sync``, ``vote.sync``,
-``mma.sync``, ``bar``, ``membar``/``fence``, ``bra``, ``ret``/``exit``.
+``mma.sync``, ``bar``, ``membar``/``fence``, ``griddepcontrol``, ``bra``,
+``ret``/``exit``.  (``griddepcontrol`` is a no-op here: the emulator runs
+launches one after another, so a grid's predecessors are always complete.)
 
 ``shfl.sync`` and ``vote.sync`` need every non-exited lane named in the
 member mask to execute the same instruction together with the thread
@@ -219,7 +221,7 @@ def _bar(stmt, ctx):
     return finish_op(op, stmt, ctx, TABLE["bar"])
 
 
-@semantics("membar", "fence")
+@semantics("membar", "fence", "griddepcontrol")
 def _fence(stmt, ctx):
     def fn(st, m):
         return None

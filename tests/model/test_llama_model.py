@@ -106,3 +106,22 @@ def test_gpu_errors_leave_context_usable(tiny, tmp_path):
         m.generate([1, 2, 3], 10)
     res = m.generate([1, 2, 3], 4)   # the same model still decodes afterwards
     assert len(res.tokens) == 4
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
+    """Programmatic dependent launch changes when kernels start, not what they
+    compute: a PDL graph replay gives the logits of plain serial launches."""
+    from ptxgen.driver import get_device
+    if get_device().compute_capability < (9, 0):
+        pytest.skip("PDL needs sm_90")
+    prompt = [7, 1, 8]
+    plain = LlamaModel.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=False)
+    fast = LlamaModel.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=True)
+    assert not plain.pdl and fast.pdl
+    r1, l1 = plain.generate(prompt, 30, mode="eager", return_logits=True)
+    r2, l2 = fast.generate(prompt, 30, mode="graph", return_logits=True)
+    assert r1.tokens == r2.tokens
+    for a, b in zip(l1, l2):
+        assert a.tobytes() == b.tobytes()
