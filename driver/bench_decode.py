@@ -109,14 +109,11 @@ def run_all(verbose: bool = True) -> dict:
     stream = Stream(non_blocking=True)
     res: dict = {"device": dev.name, "sm_count": dev.sm_count}
 
-    # copy ceiling: 256 MiB device-to-device, read + write
-    nbytes = 256 << 20
-    src = torch.empty(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    t_copy = _torch(lambda: dst.copy_(src))
-    copy_bw = 2 * nbytes / (t_copy * 1e-6) / 1e12
-    res["copy"] = {"torch_us": t_copy, "tbps": copy_bw}
-    del src, dst
+    # copy ceiling: 1 GiB device-to-device, read + write
+    from .bench_common import copy_bandwidth
+    bw, t_copy = copy_bandwidth()
+    copy_bw = bw / 1e12
+    res["copy"] = {"copy_1gib_us": t_copy * 1e6, "tbps": copy_bw}
 
     def rec(name, ours, theirs, nbytes=None, **extra):
         r = {"ours_us": ours, "torch_us": theirs, "ratio": ours / theirs, **extra}
@@ -302,12 +299,9 @@ def bench_flash(verbose: bool = True) -> dict:
     dev = get_device()
     stream = Stream(non_blocking=True)
     res: dict = {"device": dev.name, "sm_count": dev.sm_count}
-    nbytes = 256 << 20
-    src = torch.empty(nbytes // 4, device="cuda")
-    dst = torch.empty_like(src)
-    copy_bw = 2 * nbytes / (_torch(lambda: dst.copy_(src)) * 1e-6) / 1e12
+    from .bench_common import copy_bandwidth
+    copy_bw = copy_bandwidth()[0] / 1e12
     res["copy_tbps"] = copy_bw
-    del src, dst
     n_q, n_kv, d, cap = 32, 8, 128, 32768
     torch.manual_seed(0)
     kc = torch.randn(n_kv, cap, d, device="cuda", dtype=torch.float16)

@@ -82,13 +82,11 @@ def _time_graph(torch, fn, calls=CALLS, repeats=REPEATS):
     return statistics.median(times)
 
 
-def copy_bandwidth(torch, nbytes=1 << 30):
-    """Device-to-device copy bandwidth, bytes read + written per second."""
-    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    t = _time_graph(torch, lambda i: b.copy_(a), calls=5)
-    del a, b
-    return 2 * nbytes / t, t
+def copy_bandwidth(torch=None, nbytes=1 << 30):
+    """Device-to-device copy bandwidth, bytes read + written per second, and
+    the seconds per copy (:func:`ptxgen.driver.bench_common.copy_bandwidth`)."""
+    from .bench_common import copy_bandwidth as cb
+    return cb(nbytes)
 
 
 def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):

@@ -26,22 +26,9 @@ import numpy as np
 __all__ = ["run_all"]
 
 
-def _copy_bandwidth(nbytes=1 << 30, reps=10) -> float:
-    from ptxgen import driver
-    from .errors import check
-    from cuda.bindings import driver as cu
-    a = driver.DeviceArray.empty((nbytes,), np.uint8)
-    b = driver.DeviceArray.empty((nbytes,), np.uint8)
-    s = driver.Stream()
-    times = []
-    for _ in range(reps + 2):
-        e0, e1 = driver.Event(), driver.Event()
-        e0.record(s)
-        check(cu.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, s.handle), "cuMemcpyDtoDAsync")
-        e1.record(s)
-        e1.synchronize()
-        times.append(e0.elapsed_ms(e1) / 1e3)
-    return 2 * nbytes / float(np.median(times[2:]))
+def _copy_bandwidth() -> float:
+    from .bench_common import copy_bandwidth
+    return copy_bandwidth()[0]
 
 
 def _step_bytes(model, ctx: int) -> int:

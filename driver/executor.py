@@ -257,15 +257,19 @@ class Executor:
         return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
 
     # ------------------------------------------------------------- running
-    def run_eager(self, stream=None):
-        """One launch per op, from Python."""
+    def run_eager(self, stream=None, pdl: bool = False):
+        """One launch per op, from Python.  With ``pdl`` the launches whose
+        spec has ``pdl=True`` use programmatic dependent launch; eager decoding
+        leaves it off (the host, not the GPU, sets the pace there, and
+        ``cuLaunchKernelEx`` costs more host time than ``cuLaunchKernel``)."""
         launch = self.backend.launch
-        for fn, grid, block, args, shared, pdl in self._resolved:
-            launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl)
+        for fn, grid, block, args, shared, fn_pdl in self._resolved:
+            launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl and fn_pdl)
 
     def capture(self, stream):
-        """Record the eager launch sequence into a CUDA graph (once)."""
-        self._graph_exec = self.backend.capture(stream, lambda: self.run_eager(stream))
+        """Record the launch sequence into a CUDA graph (once), with
+        programmatic dependent launch where the specs have it."""
+        self._graph_exec = self.backend.capture(stream, lambda: self.run_eager(stream, pdl=True))
         return self._graph_exec
 
     def replay(self, stream):
