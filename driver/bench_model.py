@@ -4,8 +4,9 @@
 synthetic model (32 layers, hidden 4096, FFN 14336, 32/8 heads, vocab
 128256; Q4_K weights, Q6_K output) unless ``--gguf`` names one, then times
 the decode step at contexts 128 and 4096 in eager mode (one Python launch
-per op) and graph mode (one CUDA-graph replay per token), with and without
-programmatic dependent launch (sm_90 and newer).
+per op) and graph mode (one CUDA-graph replay per token), in three
+configurations: "plain" (no programmatic dependent launch, every RMSNorm its
+own launch), "pdl" (sm_90+) and "default" (PDL and fused norms).
 
 The bandwidth floor of a step is the bytes it must read (every weight except
 the embedding table, of which one row is read, plus the K and V cache rows
@@ -92,32 +93,39 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
                               rope_theta=500000.0, qtype="Q4_K", output_qtype="Q6_K", seed=7)
         print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
     from ptxgen.driver import get_device
-    pdl_modes = (False, True) if get_device().compute_capability >= (9, 0) else (False,)
+    # "plain": every RMSNorm its own launch, no programmatic dependent launch;
+    # "pdl": PDL only; "default": PDL and the norms fused into the Q4_K GEMVs
+    configs = {"plain": dict(pdl=False, fuse_norm=False)}
+    if get_device().compute_capability >= (9, 0):
+        configs["pdl"] = dict(pdl=True, fuse_norm=False)
+    configs["default"] = {}
     copy_bw = _copy_bandwidth()
     out = {"device": get_device().name, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": []}
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
-    for pdl in pdl_modes:
+    for config, kw in configs.items():
         t0 = time.perf_counter()
         model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
-                                     progress=False, pdl=pdl)
+                                     progress=False, **kw)
         load_s = time.perf_counter() - t0
         out.update(launches_per_token=model.graph.launch_count,
                    weight_bytes=model.file.weight_bytes)
         out["load_seconds"] = load_s
-        print(f"model (pdl={pdl}) loaded in {load_s:.1f} s; {model.graph.launch_count} "
-              f"launches per token")
-        print(f"{'context':>8}{'mode':>7}{'pdl':>6}{'ms/token':>10}{'tokens/s':>10}{'GB read':>9}"
+        print(f"model ({config}: pdl={model.pdl}, fuse_norm={model.fuse_norm}) loaded in "
+              f"{load_s:.1f} s; {model.graph.launch_count} launches per token")
+        print(f"{'context':>8}{'mode':>7}{'config':>9}{'ms/token':>10}{'tokens/s':>10}{'GB read':>9}"
               f"{'floor ms':>10}{'share':>8}")
         for ctx in contexts:
             nbytes = _step_bytes(model, ctx)
             floor = nbytes / copy_bw
             for mode in ("eager", "graph"):
                 t = _measure(model, ctx, mode)
-                row = {"context": ctx, "mode": mode, "pdl": pdl, "seconds_per_token": t,
+                row = {"context": ctx, "mode": mode, "config": config, "pdl": model.pdl,
+                       "fuse_norm": model.fuse_norm, "launches_per_token": model.graph.launch_count,
+                       "seconds_per_token": t,
                        "tokens_per_second": 1 / t, "bytes_per_token": nbytes,
                        "floor_seconds": floor, "share_of_floor": floor / t}
                 out["rows"].append(row)
-                print(f"{ctx:>8}{mode:>7}{str(pdl):>6}{t * 1e3:>10.3f}{1 / t:>10.1f}"
+                print(f"{ctx:>8}{mode:>7}{config:>9}{t * 1e3:>10.3f}{1 / t:>10.1f}"
                       f"{nbytes / 1e9:>9.2f}{floor * 1e3:>10.3f}{floor / t:>8.1%}", flush=True)
         del model
         import gc

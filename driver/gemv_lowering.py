@@ -2,6 +2,8 @@
 
 ``mul_mat`` adds ``y = W x`` (or ``y = W x + r`` with ``residual``; ``y`` may
 be ``r`` itself) and ``mul_mat_swiglu`` the fused ``silu(Wg x) * (Wu x)``.
+With ``norm=(nw, eps)`` the RMSNorm of ``x`` is fused in front
+(``W (x / rms(x) * nw)``; Q4_K only, see :func:`can_fuse_norm`).
 Weights stay in their GGUF format; Q4_K, Q6_K and Q8_0 are supported and
 any other type is refused by name.
 """
@@ -12,34 +14,46 @@ from ptxgen.kernels import gemv
 
 from .executor import Launch
 
-__all__ = ["mul_mat", "mul_mat_swiglu", "FAMILIES"]
+__all__ = ["mul_mat", "mul_mat_swiglu", "can_fuse_norm", "FAMILIES"]
 
 FAMILIES = {"gemv": gemv}
 
 
-def _spec(t, epilogue, target):
+def can_fuse_norm(*tensors) -> bool:
+    """Whether GEMVs over all of ``tensors`` can take the RMSNorm fused."""
+    return all(t.qtype == "Q4_K" for t in tensors)
+
+
+def _spec(t, epilogue, target, norm=False):
     if t.qtype not in gemv.QTYPE_INFO:
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
     m, k = t.shape
-    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m), m
+    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm), m
 
 
-def mul_mat(g, name, w, t, x, y, *, residual=None, target="sm_80"):
-    spec, m = _spec(t, "residual" if residual is not None else "none", target)
+def _norm_args(norm):
+    return () if norm is None else (norm[0], float(norm[1]))
+
+
+def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
+    spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    args = (w, x) + ((residual,) if residual is not None else ()) + (y, m, rpc)
-    ins = [w, x] + ([residual] if residual is not None else [])
+    args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
+            + (y, m, rpc))
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + (
+        [residual] if residual is not None else [])
     return g.add("MulMat", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
 
 
-def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, target="sm_80"):
+def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80"):
     if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
         raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
                          "must have one type and shape to fuse")
-    spec, m = _spec(tg, "swiglu", target)
+    spec, m = _spec(tg, "swiglu", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    return g.add("MulMatSwiGLU", name, [wg, wu, x], [y],
+    ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
+    return g.add("MulMatSwiGLU", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block,
-                         (wg, wu, x, y, m, rpc), shared)])
+                         (wg, wu, x) + _norm_args(norm) + (y, m, rpc), shared)])

@@ -4,10 +4,13 @@
 uploads every tensor in its own format, and builds the decode step as a
 :class:`~.executor.ComputeGraph`:
 
-    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked), Rope, KvAppend,
-    Attention (split, last block merging), MulMat+Add (o-proj), RmsNorm(+residual),
-    MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
-    (logits) -> Argmax -> StateAdvance
+    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked), Rope + KvAppend,
+    Attention (split + combine), MulMat+Add (o-proj), RmsNorm, MulMat
+    gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat (logits)
+    -> Argmax -> StateAdvance
+
+Each RmsNorm is folded into the Q4_K GEMVs that read it when it can be (the
+GEMV scales by the norm itself, no separate launch).
 
 Per-token state (token id, position, KV length, prompt length, the argmax
 and an overflow flag) is an ``int32[8]`` device buffer (see
@@ -68,12 +71,15 @@ class LlamaModel:
     ``pdl`` (default: on for sm_90 and newer) builds and launches every
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
-    (``griddepcontrol.wait``) before it reads activations.
+    (``griddepcontrol.wait``) before it reads activations.  ``fuse_norm``
+    (default on) folds each RMSNorm into the Q4_K GEMVs that read its output
+    (QKV, gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of
+    launching it on its own.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
-                 pdl: bool | None = None):
+                 pdl: bool | None = None, fuse_norm: bool = True):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -82,6 +88,7 @@ class LlamaModel:
             raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
         self.target = target or _backend_target(backend)
         self.sm_count = sm_count or _backend_sm_count(backend)
+        self.fuse_norm = bool(fuse_norm)
         self.graph = ComputeGraph()
         self._build()
         # programmatic dependent launch: on by default where the target has it
@@ -127,10 +134,11 @@ class LlamaModel:
                       (emb, token_ptr, x, H, hp.vocab), sh)])
 
         rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
+        # RoPE on q and k, and this token's K/V rows appended to the f16 cache,
+        # in one launch
         ropes = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
-                              **_rope_scaling(hp), target=tgt)
+                              **_rope_scaling(hp), append="f16", target=tgt)
         freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
-        kvs = kv_append.KvAppendSpec(head_dim=D, cache_dtype="f16", target=tgt)
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
                                            kv_dtype="f16", target=tgt)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
@@ -158,16 +166,14 @@ class LlamaModel:
             kc = g.buffer(p + "k_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
             vc = g.buffer(p + "v_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
             self.kv_caches.append((kc, vc))
-            self._norm(g, rs, x, p + "attn_norm.weight", h, H, hp.eps, p + "attn_norm")
-            self._qkv(g, p, h, qkv, (q, k, v), tgt)
+            qkv_ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
+            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
+            self._qkv(g, p, inp, qkv, (q, k, v), tgt, norm)
             grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
-            g.add("Rope", p + "rope", [qkv, freqs, self.state], [qkv],
+            g.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state], [qkv, kc, vc],
                   [Launch("rope", ropes, ropes.kernel_name, grid, block,
-                          (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads), sh)])
-            grid, block, sh = kv_append.launch_geometry(kvs, hp.n_kv_heads)
-            g.add("KvAppend", p + "kv_append", [qkv, self.state], [kc, vc],
-                  [Launch("kv_append", kvs, kvs.kernel_name, grid, block,
-                          (k, v, kc, vc, pos_ptr, hp.n_kv_heads, cap), sh)])
+                          (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc, cap),
+                          sh)])
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
                            (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
                             sm_scale))]
@@ -177,15 +183,16 @@ class LlamaModel:
             g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
             gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
-            self._norm(g, rs, x, p + "ffn_norm.weight", h, H, hp.eps, p + "ffn_norm")
-            self._gate_up(g, p, h, act, tgt)
+            ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
+            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
+            self._gate_up(g, p, inp, act, tgt, norm)
             w, t = self._weight(p + "ffn_down.weight")
             gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
-        self._norm(g, rs, x, "output_norm.weight", h, H, hp.eps, "output_norm")
         self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
         out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
-        gemv_lowering.mul_mat(g, "output", w, t, h, self.logits, target=tgt)
+        inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
+        gemv_lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
         scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
@@ -200,7 +207,17 @@ class LlamaModel:
               [Launch("decode_state", ds, ds.kernel_name, grid, block,
                       (self.state, self.prompt, self.history, cap), sh)])
 
-    def _qkv(self, g, p, h, qkv, outs, tgt):
+    def _norm_or_fuse(self, g, rs, x, h, name, tensors):
+        """The input of the GEMVs over ``tensors`` and their ``norm`` argument:
+        ``(x, (weight, eps))`` when the RMSNorm ``name`` fuses into them, else
+        an RmsNorm op writing ``h`` and ``(h, None)``."""
+        if self.fuse_norm and gemv_lowering.can_fuse_norm(*tensors):
+            w, _ = self._weight(name + ".weight")
+            return x, (w, self.hp.eps)
+        self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
+        return h, None
+
+    def _qkv(self, g, p, h, qkv, outs, tgt, norm=None):
         """Q, K, V projections: one GEMV over the stacked weights when the
         three share a type (Q4_K_M files often keep attn_v in Q6_K)."""
         ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
@@ -209,24 +226,25 @@ class LlamaModel:
             t = RawTensor(p + "attn_qkv.weight", ts[0].qtype, (rows, ts[0].shape[1]),
                           np.concatenate([t.data for t in ts]))
             w = g.buffer(t.name, t.data.shape, t.data.dtype, "weight", t.data)
-            gemv_lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, target=tgt)
+            gemv_lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt)
             return
         for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
             w, t = self._weight(p + name + ".weight")
-            gemv_lowering.mul_mat(g, p + name, w, t, h, out, target=tgt)
+            gemv_lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt)
 
-    def _gate_up(self, g, p, h, act, tgt):
+    def _gate_up(self, g, p, h, act, tgt, norm=None):
         """silu(Wg h) * (Wu h): the fused GEMV when gate and up share a type,
         else two GEMVs and a SwiGLU launch."""
         wg, tg = self._weight(p + "ffn_gate.weight")
         wu, tu = self._weight(p + "ffn_up.weight")
         if tg.qtype == tu.qtype:
-            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act, target=tgt)
+            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act,
+                                         norm=norm, target=tgt)
             return
         gate = g.buffer(p + "ffn_gate_out", (self.hp.ffn,), np.float32)
         up = g.buffer(p + "ffn_up_out", (self.hp.ffn,), np.float32)
-        gemv_lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, target=tgt)
-        gemv_lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, target=tgt)
+        gemv_lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt)
+        gemv_lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt)
         ss = swiglu.SwiGluSpec(target=tgt)
         grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
         g.add("SwiGLU", p + "swiglu", [gate, up], [act],

@@ -111,8 +111,19 @@ class GemvSpec:
     max_ctas : int
         Upper bound on the grid; rows per CTA grow beyond it (x is loaded
         once per CTA).
+    norm : bool
+        Q4_K, ``xmode="reg"``: RMSNorm of x fused in front of the product,
+        ``y = W (x / sqrt(mean(x^2) + eps) * nw)`` (then the epilogue).  The
+        kernel takes ``nw`` (f32 [K]) and ``eps`` (f32) after ``x``; each
+        thread multiplies its x values by ``nw`` as it loads them and sums
+        their squares; the squares are reduced with every row group's
+        partials (no extra barrier) and the row sums scaled by
+        ``1/sqrt.rn(mean + eps)`` before the epilogue.
     target : str
         ``sm_80`` ... ``sm_90a``.
+    pdl : bool
+        Programmatic dependent launch (sm_90+): Q4_K issues its first row
+        group's weight loads before ``griddepcontrol.wait`` (with ``early``).
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -129,8 +140,15 @@ class GemvSpec:
     l2_prefetch: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     xmode: str = attrs.field(default="reg", validator=attrs.validators.in_(("reg", "shared", "global")))
     min_ctas: int = attrs.field(default=0)
+    norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = target_field()
     pdl: bool = pdl_field()
+
+    @norm.validator
+    def _check_norm(self, attr, v):
+        if v and (self.qtype != "Q4_K" or self.xmode != "reg"):
+            raise ValueError(f"norm=True (fused RMSNorm) is built for Q4_K with xmode='reg', "
+                             f"not {self.qtype} xmode={self.xmode!r}")
 
     @pieces.validator
     def _check_pieces(self, attr, v):
@@ -172,7 +190,7 @@ class GemvSpec:
     @property
     def kernel_name(self) -> str:
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
-        return f"gemv_{self.qtype.lower()}_k{self.k}{epi}_r{self.rows}"
+        return f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}_r{self.rows}"
 
 
 def threads(spec: GemvSpec) -> int:
@@ -201,22 +219,25 @@ def launch_geometry(spec: GemvSpec, m: int):
 
 def declare_params(k, spec, warps):
     """The GEMV kernel signature, shared by every weight format:
-    ``w, [wu], x, [r], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``r``
-    with the residual one; the decode graph and ops pass arguments in this
-    order), plus the ``red`` shared array :func:`write_outputs` reduces in.
+    ``w, [wu], x, [nw, eps], [r], y, m, rpc`` (``wu`` with the SwiGLU
+    epilogue, ``nw``/``eps`` with ``norm``, ``r`` with the residual
+    epilogue; the decode graph and ops pass arguments in this order), plus
+    the ``red`` shared array :func:`write_outputs` reduces in.
 
-    Returns ``(ws, x, r, y, m, rpc, red)``.
+    Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
+    or None.
     """
     ws = [k.param_ptr("w", u8, align=16)]
     if spec.n_mats == 2:
         ws.append(k.param_ptr("wu", u8, align=16))
     x = k.param_ptr("x", f32, align=16)
+    norm = (k.param_ptr("nw", f32, align=16), k.param("eps", f32)) if spec.norm else None
     r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
-    red = k.shared_array("red", f32, warps * spec.n_mats * spec.rows, align=16)
-    return ws, x, r, y, mrows, rpc, red
+    red = k.shared_array("red", f32, warps * (spec.n_mats * spec.rows + spec.norm), align=16)
+    return ws, x, r, y, mrows, rpc, red, norm
 
 
 def warp_sum(k, v):
@@ -232,14 +253,20 @@ def silu_times(k, g, u):
     return (g * u) / (e + 1.0)
 
 
-def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid):
+def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None):
     """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
 
     Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
     the shared array ``red`` ([warps, mats*rows]); after a barrier thread
     ``i < rows`` adds the warps' values for row ``row0 + i``, applies the
-    epilogue and stores it if the row is below ``row_end``.  A second barrier
-    lets ``red`` be reused.
+    epilogue and stores it if the row is below ``row_end``.  A second
+    barrier lets ``red`` be reused.
+
+    ``norm = (sq, eps)`` (fused RMSNorm): ``sq`` is the warp's sum of x
+    squares (every lane holds it); lane 0 writes it beside the partials and
+    the storing threads scale the row sums by ``1/sqrt.rn(sum/K + eps)``
+    (fixed summation order, so every CTA and group gets the same bits).  It
+    rides on this reduction's barrier instead of needing one of its own.
     """
     nm, R = spec.n_mats, spec.rows
     lane = tid & 31
@@ -250,6 +277,8 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid):
         for mi in range(nm):
             for i in range(R):
                 k.st(red[base + (mi * R + i)], sums[mi][i])
+        if norm is not None:
+            k.st(red[warps * nm * R + warp], norm[0])
     k.bar_sync(0)
     row = row0 + tid
     with k.if_(k.setp("lt", tid, R, combine=("and", row < row_end))):
@@ -259,6 +288,13 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid):
             for w in range(1, warps):
                 t = t + k.ld(red[tid + (w * nm * R + mi * R)])
             tot.append(t)
+        if norm is not None:
+            sq = k.ld(red[warps * nm * R])
+            for w in range(1, warps):
+                sq = sq + k.ld(red[warps * nm * R + w])
+            mean = k.div(sq, k.mov(float(spec.k), f32))
+            scale = k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
+            tot = [t * scale for t in tot]
         if spec.epilogue == "swiglu":
             out = silu_times(k, tot[0], tot[1])
         elif spec.epilogue == "residual":
@@ -270,7 +306,8 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid):
     k.bar_sync(0)
 
 
-def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None):
+def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,
+              norm_w=None, eps=None):
     """float64 reference: gguf-dequantized weights (as float64) times x.
 
     Parameters
@@ -284,6 +321,8 @@ def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None):
         Up weights for swiglu.
     epilogue : str, optional
         Defaults to the spec's (or "none" for a bare qtype).
+    norm_w, eps : optional
+        Fused RMSNorm: x is replaced by ``x / sqrt(mean(x^2) + eps) * norm_w``.
     """
     from .quants import dequantize
     if isinstance(spec_or_qtype, GemvSpec):
@@ -292,6 +331,8 @@ def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None):
         qtype, epi = spec_or_qtype, "none"
     epi = epilogue or epi
     x = np.asarray(x, dtype=np.float64)
+    if norm_w is not None:
+        x = x / np.sqrt(np.mean(x * x) + float(eps)) * np.asarray(norm_w, dtype=np.float64)
     m = w_raw.shape[0]
     w = dequantize(np.ascontiguousarray(w_raw), qtype, (m, x.size)).astype(np.float64)
     y = w @ x

@@ -36,7 +36,7 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, u32, u64
 
-from .gemv_common import GemvSpec, declare_params, write_outputs
+from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
 from .spec_fields import pdl_prologue
 
 __all__ = ["build_q4k", "q4k_layout"]
@@ -76,10 +76,13 @@ def _piece_offsets(k, tid, i, thr, total):
                 m_c=m_c, valid=valid, xo=xo, sb=sb, c=c)
 
 
-def _piece_x(k, x, pc):
-    """The piece's 32 x values (zero past K) and the sums of its two halves."""
+def _piece_x(k, x, pc, nw=None):
+    """The piece's 32 x values (zero past K) and the sums of its two halves.
+    With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
+    is the sum of the 32 ``x**2``."""
     xo, valid = pc["xo"], pc["valid"]
     xv = []
+    sq = None
     for half in (0, 32):
         xa = x[xo + half] if half else x[xo]
         if not half:
@@ -88,7 +91,17 @@ def _piece_x(k, x, pc):
         for v in range(4):
             vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=True))
         zero = k.mov(0.0, f32)
-        xv.append([k.select(valid, a, zero) for a in vals])
+        vals = [k.select(valid, a, zero) for a in vals]
+        if nw is not None:
+            for a in vals:
+                sq = a * a if sq is None else k.fma(a, a, sq)
+            na = nw[xo + half] if half else nw[xo]
+            ws = []
+            for v in range(4):
+                ws += list(k.ld(na + 16 * v, f32, vec=4, nc=True))
+            vals = [a * w for a, w in zip(vals, ws)]
+        xv.append(vals)
+    pc["sq"] = sq
     sums = []
     for vals in xv:
         t = vals[0]
@@ -183,7 +196,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
                          f"exceed 48 KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         early = spec.early or spec.prefetch
         # PDL: the first group's weight loads (read-only data) may go out
         # before the wait; x, r and y only after it
@@ -272,7 +285,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                             return k.ld(pc["xa"] + (128 * h + 16 * w), f32, vec=4, nc=True)
                     for (i, mi), d in zip(slots, _rows_dot(k, items, pc, get_x)):
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
-            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid)
+            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum)
 
         issue_ = stage_out if spec.stage else issue
         # early: the first group's weight loads go out before x's (latencies overlap)
@@ -283,12 +296,18 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             sx = k.shared_array("sx", f32, ppt * 8 * thr * 4, align=16)
             sx_base = sx[tid * 4]
         for p, pc in enumerate(pcs):
-            _piece_x(k, x, pc)
+            _piece_x(k, x, pc, norm[0] if norm else None)
             if spec.xmode == "shared":
                 _park_x(k, pc, sx_base, p, thr)
             elif spec.xmode == "global":
                 pc.pop("x")
                 pc["mask_out"] = True
+        nsum = None
+        if norm:
+            sq = pcs[0]["sq"]
+            for pc in pcs[1:]:
+                sq = sq + pc["sq"]
+            nsum = (warp_sum(k, sq), norm[1])
         if spec.prefetch:
             cur = [k.var(u32, w) for w in regs_of(first)]
             with k.for_range(row0, row_end, R) as rg:

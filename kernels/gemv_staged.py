@@ -142,7 +142,7 @@ def build_staged(spec: GemvSpec) -> ptxgen.Module:
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=thr) as k:
         pdl_prologue(k, spec)
-        ws, x, r, y, mrows, rpc, red = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, _ = declare_params(k, spec, warps)
         sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
 
         tid = k.tid.x

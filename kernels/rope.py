@@ -20,6 +20,24 @@ below 2**24.
 Layout: ``q`` is ``[n_q_heads, head_dim]``, ``k`` ``[n_kv_heads, head_dim]``
 (contiguous).  Launch: one thread per pair, ``(n_q_heads + n_kv_heads) *
 head_dim / 2`` threads, ``grid = ceil(that / block)``.
+
+Parameters: ``q, k: f32*, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32,
+n_kv_heads: u32``; with ``append`` set (the fused decode-step form) also
+``v: f32*, k_cache, v_cache: f16* or f32*, capacity: u32``.
+
+Fused KV-cache append (``append="f16"`` or ``"f32"``): one launch does what
+this kernel followed by ``kv_append`` does.  ``v`` is f32 ``[n_kv_heads,
+head_dim]``, each cache ``[n_kv_heads, capacity, head_dim]`` (the
+flash-decode layout).  Each thread that rotates a K pair still writes it
+back to ``k`` in place, and also writes it into ``k_cache[h, pos, :]`` at
+the pair's two indices (``cvt.rn.f16.f32`` for an f16 cache) and copies
+``v[h, :]`` at the same two indices into ``v_cache[h, pos, :]``.  In the
+interleaved layout the two values are adjacent (one packed 32-bit store of
+two halves, or one ``st.v2.f32``); in the neox layout two scalar stores.
+A position outside ``[0, capacity)`` leaves the caches untouched (Q and K
+are still rotated).  ``v`` and the caches must be 8-byte aligned; cache
+offsets are 32-bit (``n_kv_heads * capacity * head_dim < 2**32``, as in
+``kv_append``).
 """
 
 from __future__ import annotations
@@ -31,7 +49,7 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, s32, u32
+from ptxgen.types import f16, f32, s32, u32
 
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
@@ -64,6 +82,10 @@ class RopeSpec:
         Llama-3 scaling parameters (used only when ``scaling="llama3"``).
     original_context : int
         Llama-3 ``original_max_position_embeddings``.
+    append : {"none", "f16", "f32"}
+        Also append this token's K (rotated) and V rows to a KV cache of
+        that type at ``pos`` (the fused RoPE + KV-append decode kernel; extra
+        parameters ``v, k_cache, v_cache, capacity``).  ``"none"``: RoPE only.
     block : int
     target : str
     """
@@ -77,6 +99,8 @@ class RopeSpec:
     low_freq_factor: float = attrs.field(default=1.0, validator=_positive)
     high_freq_factor: float = attrs.field(default=4.0, validator=_positive)
     original_context: int = attrs.field(default=8192, validator=_positive)
+    append: str = attrs.field(default="none",
+                              validator=attrs.validators.in_(("none", "f16", "f32")))
     block: int = block_field(128)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -93,7 +117,8 @@ class RopeSpec:
 
     @property
     def kernel_name(self) -> str:
-        return f"rope_{self.layout}_d{self.head_dim}"
+        app = "" if self.append == "none" else f"_app{self.append[1:]}"
+        return f"rope_{self.layout}_d{self.head_dim}{app}"
 
 
 def inv_freq(spec: RopeSpec) -> np.ndarray:
@@ -138,9 +163,12 @@ def angle_sincos(k, pos_f, hi, lo):
 
 def build(spec: RopeSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
-    ``q, k, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32, n_kv_heads: u32``."""
+    ``q, k, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32, n_kv_heads: u32``
+    and, with ``spec.append`` set, ``v: f32*, k_cache, v_cache, capacity: u32``."""
     d = spec.head_dim
     half = d // 2
+    app = spec.append != "none"
+    cty = f16 if spec.append == "f16" else f32
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
         pdl_prologue(k, spec)
@@ -150,6 +178,11 @@ def build(spec: RopeSpec) -> ptxgen.Module:
         pos_ptr = k.param_ptr("pos_ptr", s32)
         n_q = k.param("n_q_heads", u32)
         n_kv = k.param("n_kv_heads", u32)
+        if app:
+            vin = k.param_ptr("v", f32, align=8)
+            kc = k.param_ptr("k_cache", cty, align=8)
+            vc = k.param_ptr("v_cache", cty, align=8)
+            cap = k.param("capacity", u32)
         t = k.global_id()
         with k.if_(t < (n_q + n_kv) * half):
             head = t // half
@@ -158,16 +191,32 @@ def build(spec: RopeSpec) -> ptxgen.Module:
             row = k.select(is_q, head, head - n_q)
             sel = k.ptr_reg(f32)
             k.select(is_q, q, kk, out=sel)
-            xp = k.ptr_add(sel, row * d)
+            rd = row * d
+            xp = k.ptr_add(sel, rd)
             hi, lo = k.ld(freqs[i << 1], vec=2, nc=True)
-            pos_f = k.ld(pos_ptr[0]).to(f32)
+            pos = k.ld(pos_ptr[0])
+            pos_f = pos.to(f32)
             s, c = angle_sincos(k, pos_f, hi, lo)
             if spec.layout == "neox":
+                j = i
                 a_addr, b_addr = xp[i], xp[i + half]
                 a, b = k.ld(a_addr), k.ld(b_addr)
             else:
-                a_addr = xp[i << 1]
+                j = i << 1
+                a_addr = xp[j]
                 a, b = k.ld(a_addr, vec=2)
+            if app:
+                # K threads at a position inside the cache; V's pair is loaded
+                # now (predicated) so that its latency overlaps the rotation.
+                pos_u = pos.bitcast(u32)
+                ok = k.setp("ge", pos, 0, combine=("and", ~is_q))
+                ok = k.setp("lt", pos_u, cap, combine=("and", ok))
+                v_addr = vin[rd + j]
+                if spec.layout == "neox":
+                    va = k.ld(v_addr, nc=True, guard=ok)
+                    vb = k.ld(v_addr + half * f32.bytes, nc=True, guard=ok)
+                else:
+                    va, vb = k.ld(v_addr, vec=2, nc=True, guard=ok)
             a2 = k.fma(a, c, k.mul(-b, s, rnd="rn"))
             b2 = k.fma(a, s, k.mul(b, c, rnd="rn"))
             if spec.layout == "neox":
@@ -175,6 +224,20 @@ def build(spec: RopeSpec) -> ptxgen.Module:
                 k.st(b_addr, b2)
             else:
                 k.st(a_addr, (a2, b2))
+            if app:
+                with k.if_(ok):
+                    dst = k.mad(k.mad(row, cap, pos_u), d, j)   # [h, pos, j]
+                    for cache, (x0, x1) in ((kc, (a2, b2)), (vc, (va, vb))):
+                        c_addr = cache[dst]
+                        if cty is f16:
+                            x0, x1 = k.cvt(f16, x0, rnd="rn"), k.cvt(f16, x1, rnd="rn")
+                        if spec.layout == "neox":
+                            k.st(c_addr, x0)
+                            k.st(c_addr + half * cty.bytes, x1)
+                        elif cty is f16:
+                            k.st(c_addr, k.pack(u32, x0, x1), ty=u32)
+                        else:
+                            k.st(c_addr, (x0, x1))
     return m
 
 
@@ -205,6 +268,8 @@ def reference(x, pos: int, spec: RopeSpec) -> np.ndarray:
 CANONICAL = {
     "rope_neox": RopeSpec(),
     "rope_llama3": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3"),
+    "rope_llama3_append": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3",
+                                   append="f16"),
 }
 
 registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

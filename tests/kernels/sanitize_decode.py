@@ -1,4 +1,6 @@
-"""Run every decode kernel once on small shapes (for compute-sanitizer).
+"""Run every decode kernel once on small shapes, then a tiny Llama model for
+a few steps eagerly and from a CUDA graph (PDL launches, fused RMSNorm GEMVs,
+fused RoPE + KV append), for compute-sanitizer.
 
 ``compute-sanitizer --tool memcheck python3 tests/kernels/sanitize_decode.py``
 (and ``--tool racecheck``); prints OK when every launch finished.
@@ -33,6 +35,17 @@ def main():
         ops.embedding(D(raw.reshape(-1)), qt, i32(2), n=512)
     ops.embedding(D(f(3, 100).astype(np.float16)), "f16", i32(1))
     ops.argmax(D(f(128256)))
+    driver.get_device().synchronize()
+    import tempfile
+    from ptxgen.driver.gguf_synth import write_synthetic_llama
+    from ptxgen.driver.llama import LlamaModel
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tmp + "/tiny.gguf"
+        write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
+                              vocab=512, context_length=64)
+        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False)
+        m.generate([1, 2, 3], 3, mode="eager")
+        m.generate([1, 2, 3], 3, mode="graph")
     driver.get_device().synchronize()
     print("OK")
 

@@ -31,11 +31,23 @@ def _data(rng, qtype, m, k, n_mats):
     return ws, x, r
 
 
-def _run_gemv(run, spec, ws, x, r):
+def _norm_data(rng, k):
+    """RMSNorm weights around 1 and an eps, as Llama checkpoints have."""
+    return (1.0 + 0.2 * rng.standard_normal(k)).astype(np.float32), float(rng.uniform(1e-6, 1e-4))
+
+
+def _ref(spec, ws, x, r, norm):
+    return G.reference(spec, ws[0], x, residual=r, w_up=ws[1] if len(ws) > 1 else None,
+                       norm_w=norm[0] if norm else None, eps=norm[1] if norm else None)
+
+
+def _run_gemv(run, spec, ws, x, r, norm=None):
     m = ws[0].shape[0]
     fn = run.function(G.build, spec)
     grid, block, _, rpc = G.launch_geometry(spec, m)
     args = [run.array(w) for w in ws] + [run.array(x)]
+    if spec.norm:
+        args += [run.array(norm[0]), norm[1]]
     if spec.epilogue == "residual":
         args.append(run.array(r))
     y = run.poisoned(m)
@@ -54,6 +66,10 @@ CASES = [
     ("Q4_K", 512, "residual", {"xmode": "global", "rows": 2, "min_ctas": 4}),
     ("Q4_K", 256, "swiglu", {"xmode": "shared", "rows": 2}),
     ("Q4_K", 768, "none", {"xmode": "global", "pieces": 2, "rows": 2}),
+    ("Q4_K", 512, "none", {"norm": True}),
+    ("Q4_K", 512, "residual", {"norm": True, "early": True, "rows": 2}),
+    ("Q4_K", 256, "swiglu", {"norm": True, "rows": 1}),
+    ("Q4_K", 768, "none", {"norm": True, "pieces": 2, "rows": 2, "prefetch": True}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -70,9 +86,9 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
     m = 37
     spec = G.GemvSpec(qtype, k, epilogue=epi, max_ctas=4, **knobs)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
-    y = _run_gemv(run, spec, ws, x, r)
-    ref = G.reference(spec, ws[0], x, residual=r, w_up=ws[1] if len(ws) > 1 else None)
-    assert rel_err(y, ref) <= BOUND
+    norm = _norm_data(rng, k) if spec.norm else None
+    y = _run_gemv(run, spec, ws, x, r, norm)
+    assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
 @pytest.mark.gpu
@@ -84,8 +100,20 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
     spec = attrs.evolve(G.default_spec(qtype, k, epi), max_ctas=200)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     y = _run_gemv(gpu_run, spec, ws, x, r)
-    ref = G.reference(spec, ws[0], x, residual=r, w_up=ws[1] if len(ws) > 1 else None)
-    assert rel_err(y, ref) <= BOUND
+    assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k,epi", [(4096, "none"), (4096, "swiglu"), (14336, "none")])
+def test_gemv_q4k_norm_gpu_large(gpu_run, k, epi):
+    """Fused RMSNorm + GEMV at the model's shapes (default knobs, M = 1031)."""
+    rng = np.random.default_rng()
+    m = 1031
+    spec = attrs.evolve(G.default_spec("Q4_K", k, epi, norm=True), max_ctas=200)
+    ws, x, r = _data(rng, "Q4_K", m, k, spec.n_mats)
+    norm = _norm_data(rng, k)
+    y = _run_gemv(gpu_run, spec, ws, x, r, norm)
+    assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
 @pytest.mark.parametrize("qtype,k", [("Q4_K", 300), ("Q4_K", 128), ("Q6_K", 1000),
@@ -104,6 +132,14 @@ def test_bad_spec_refused(bad):
     kw = dict(qtype="Q8_0", k=256) | bad
     with pytest.raises(ValueError):
         G.GemvSpec(**kw)
+
+
+def test_norm_is_q4k_register_only():
+    with pytest.raises(ValueError, match="norm=True .* Q4_K with xmode='reg', not Q6_K"):
+        G.GemvSpec("Q6_K", 512, norm=True)
+    with pytest.raises(ValueError, match="not Q4_K xmode='shared'"):
+        G.GemvSpec("Q4_K", 512, norm=True, xmode="shared")
+    assert "_norm" in G.GemvSpec("Q4_K", 512, norm=True).kernel_name
 
 
 def test_load_width_must_divide_alignment():

@@ -71,8 +71,131 @@ def test_rope_gpu(gpu_run):
 
 
 @pytest.mark.parametrize("bad", [dict(head_dim=7), dict(head_dim=1024), dict(layout="gptj"),
-                                 dict(theta=0.0), dict(scaling="yarn"),
+                                 dict(theta=0.0), dict(scaling="yarn"), dict(append="bf16"),
+                                 dict(append=True),
                                  dict(scaling="llama3", low_freq_factor=4.0, high_freq_factor=1.0)])
 def test_rope_refuses(bad):
     with pytest.raises(ValueError):
         R.RopeSpec(**bad)
+
+
+# --------------------------------------------------------------------------
+# Fused RoPE + KV-cache append (append="f16" / "f32")
+
+def _run_append(run, spec, q, k, v, kc, vc, pos):
+    f = run.function(R.build, spec)
+    n_q, n_kv = q.shape[0], k.shape[0]
+    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    dq, dk, dkc, dvc = run.array(q), run.array(k), run.array(kc), run.array(vc)
+    run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
+               run.array(np.array([pos], np.int32)), n_q, n_kv,
+               run.array(v), dkc, dvc, kc.shape[1])
+    return run.get(dq), run.get(dk), run.get(dkc), run.get(dvc)
+
+
+def _inputs(rng, spec, n_q, n_kv, cap):
+    """Random q, k, v (scaled, so never zeros) and caches poisoned with NaN
+    (f32) or a random fill (f16)."""
+    d = spec.head_dim
+    q = (rng.standard_normal((n_q, d)) * 3).astype(np.float32)
+    k = (rng.standard_normal((n_kv, d)) * 3).astype(np.float32)
+    v = (rng.standard_normal((n_kv, d)) * 3).astype(np.float32)
+    if spec.append == "f16":
+        kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+        vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+    else:
+        kc = np.full((n_kv, cap, d), np.nan, np.float32)
+        vc = np.full((n_kv, cap, d), np.nan, np.float32)
+    return q, k, v, kc, vc
+
+
+def _bits(x):
+    x = np.ascontiguousarray(x)
+    return x.view(np.uint16 if x.dtype == np.float16 else np.uint32)
+
+
+def _f16_ulps(a, b):
+    """Distance in f16 units in the last place (sign-magnitude ordered)."""
+    def ordered(x):
+        i = _bits(x.astype(np.float16)).astype(np.int32)
+        return np.where(i & 0x8000, -(i & 0x7FFF), i)
+    return np.abs(ordered(a) - ordered(b))
+
+
+def _check_qk(gq, gk, q, k, pos, spec):
+    for got, x in ((gq, q), (gk, k)):
+        ref = R.reference(x, pos, spec)
+        for h in range(x.shape[0]):
+            assert rel_err(got[h], ref[h]) <= 1e-5, (h, rel_err(got[h], ref[h]))
+
+
+APPEND_SPECS = [R.RopeSpec(head_dim=d, layout=lay, append=app, block=64,
+                           **(dict(theta=500000.0, scaling="llama3") if lay == "interleaved"
+                              else {}))
+                for lay in ("neox", "interleaved") for d in (64, 128) for app in ("f16", "f32")]
+
+
+@pytest.mark.parametrize("spec", APPEND_SPECS,
+                         ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
+@pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
+def test_rope_append(run, spec, heads):
+    n_q, n_kv = heads
+    seed = spec.head_dim * 7 + n_q + (spec.layout == "neox") * 3 + (spec.append == "f16")
+    rng = np.random.default_rng(seed)
+    cap = 37
+    pos = int(rng.integers(0, cap))
+    q, k, v, kc, vc = _inputs(rng, spec, n_q, n_kv, cap)
+    gq, gk, gkc, gvc = _run_append(run, spec, q, k, v, kc, vc, pos)
+    _check_qk(gq, gk, q, k, pos, spec)
+
+    cty = kc.dtype
+    ref_k = R.reference(k, pos, spec)
+    for h in range(n_kv):
+        row = gkc[h, pos]
+        if cty == np.float16:
+            assert np.all(np.isfinite(row)), h
+            ulps = _f16_ulps(row, ref_k[h].astype(np.float16))
+            assert ulps.max() <= 1, (h, int(ulps.max()))
+        else:
+            assert rel_err(row, ref_k[h]) <= 1e-5, (h, rel_err(row, ref_k[h]))
+    # the cache holds exactly the rotated K written back to k, converted
+    np.testing.assert_array_equal(_bits(gkc[:, pos]), _bits(gk.astype(cty)))
+    # V is copied, converted with round-to-nearest-even (numpy's cast, cvt.rn)
+    np.testing.assert_array_equal(_bits(gvc[:, pos]), _bits(v.astype(cty)))
+    # every other row is untouched
+    others = np.arange(cap) != pos
+    np.testing.assert_array_equal(_bits(gkc[:, others]), _bits(kc[:, others]))
+    np.testing.assert_array_equal(_bits(gvc[:, others]), _bits(vc[:, others]))
+
+
+@pytest.mark.parametrize("spec", [APPEND_SPECS[0], APPEND_SPECS[-1]],
+                         ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
+@pytest.mark.parametrize("where", ["capacity", "negative"])
+def test_rope_append_out_of_range_leaves_cache(run, spec, where):
+    rng = np.random.default_rng(11)
+    cap = 5
+    pos = cap if where == "capacity" else -1
+    q, k, v, kc, vc = _inputs(rng, spec, 6, 2, cap)
+    gq, gk, gkc, gvc = _run_append(run, spec, q, k, v, kc, vc, pos)
+    _check_qk(gq, gk, q, k, pos, spec)          # Q and K are still rotated
+    np.testing.assert_array_equal(_bits(gkc), _bits(kc))
+    np.testing.assert_array_equal(_bits(gvc), _bits(vc))
+
+
+def test_rope_append_kernel_names():
+    names = {R.RopeSpec(append=a).kernel_name for a in ("none", "f16", "f32")}
+    assert names == {"rope_neox_d128", "rope_neox_d128_app16", "rope_neox_d128_app32"}
+    assert R.RopeSpec(layout="interleaved", head_dim=64, append="f16").kernel_name \
+        == "rope_interleaved_d64_app16"
+
+
+def test_rope_append_parameters():
+    text = R.build(R.RopeSpec(append="f16")).to_ptx()
+    order = ["q", "k", "freqs", "pos_ptr", "n_q_heads", "n_kv_heads",
+             "v", "k_cache", "v_cache", "capacity"]
+    params = [line.strip().rstrip(",").split()[-1] for line in text.splitlines()
+              if line.strip().startswith(".param")]
+    assert params == order
+    none = R.build(R.RopeSpec()).to_ptx()
+    assert [line.strip().rstrip(",").split()[-1] for line in none.splitlines()
+            if line.strip().startswith(".param")] == order[:6]

@@ -39,6 +39,9 @@ def _check_logits(path, prompt, res, logits, bound=1e-4):
 
 def test_emulator_decode_matches_reference(tiny):
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False)
+    kinds = [op.kind for op in m.graph.ops]
+    # the layers' norms are fused into the Q4_K GEMVs; the Q6_K output's is not
+    assert kinds.count("RmsNorm") == 1 and m.graph.ops[kinds.index("RmsNorm")].name == "output_norm"
     prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     assert len(logits) == 2 and len(res.tokens) == 1
@@ -55,6 +58,8 @@ def test_mixed_types_use_unfused_paths(tmp_path):
     m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False)
     kinds = [op.kind for op in m.graph.ops]
     assert kinds.count("MulMat") == 3 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
+    # Q6_K/Q8_0 GEMVs take no fused norm: both layer norms run as RmsNorm ops
+    assert kinds.count("RmsNorm") == 3
     res, logits = m.generate([5, 6], 1, return_logits=True)
     _check_logits(path, [5, 6], res, logits)
 
