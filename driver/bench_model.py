@@ -5,8 +5,8 @@ synthetic model (32 layers, hidden 4096, FFN 14336, 32/8 heads, vocab
 128256; Q4_K weights, Q6_K output) unless ``--gguf`` names one, then times
 the decode step at contexts 128 and 4096 in eager mode (one Python launch
 per op) and graph mode (one CUDA-graph replay per token), in three
-configurations: "plain" (no programmatic dependent launch, every RMSNorm its
-own launch), "pdl" (sm_90+) and "default" (PDL and fused norms).
+configurations: "plain" (no programmatic dependent launch), "default" (PDL
+on sm_90+) and "fused_norm" (PDL and the RMSNorms folded into the GEMVs).
 
 The bandwidth floor of a step is the bytes it must read (every weight except
 the embedding table, of which one row is read, plus the K and V cache rows
@@ -93,12 +93,13 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
                               rope_theta=500000.0, qtype="Q4_K", output_qtype="Q6_K", seed=7)
         print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
     from ptxgen.driver import get_device
-    # "plain": every RMSNorm its own launch, no programmatic dependent launch;
-    # "pdl": PDL only; "default": PDL and the norms fused into the Q4_K GEMVs
-    configs = {"plain": dict(pdl=False, fuse_norm=False)}
-    if get_device().compute_capability >= (9, 0):
-        configs["pdl"] = dict(pdl=True, fuse_norm=False)
+    # "plain": no programmatic dependent launch; "default": PDL where the
+    # device has it; "fused_norm": PDL and the RMSNorms folded into the GEMVs
+    configs = {"plain": dict(pdl=False)}
     configs["default"] = {}
+    configs["fused_norm"] = dict(fuse_norm=True)
+    configs["slices2"] = dict(gemv_knobs={"slices": 2})
+    configs["slices4"] = dict(gemv_knobs={"slices": 4})
     copy_bw = _copy_bandwidth()
     out = {"device": get_device().name, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": []}
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")

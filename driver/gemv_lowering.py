@@ -24,11 +24,22 @@ def can_fuse_norm(*tensors) -> bool:
     return all(t.qtype == "Q4_K" for t in tensors)
 
 
+#: knob overrides for Q4_K GEMVs, set by :class:`~.llama.LlamaModel` (``gemv_knobs``)
+#: while it builds its graph; overrides a shape does not allow are skipped
+Q4K_KNOBS: dict = {}
+
+
 def _spec(t, epilogue, target, norm=False):
     if t.qtype not in gemv.QTYPE_INFO:
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
     m, k = t.shape
+    if t.qtype == "Q4_K" and Q4K_KNOBS:
+        try:
+            return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm,
+                                     **Q4K_KNOBS), m
+        except ValueError:
+            pass
     return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm), m
 
 

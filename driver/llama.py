@@ -9,8 +9,8 @@ uploads every tensor in its own format, and builds the decode step as a
     gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat (logits)
     -> Argmax -> StateAdvance
 
-Each RmsNorm is folded into the Q4_K GEMVs that read it when it can be (the
-GEMV scales by the norm itself, no separate launch).
+With ``fuse_norm=True`` each RmsNorm is folded into the Q4_K GEMVs that
+read it (the GEMV scales by the norm itself, no separate launch).
 
 Per-token state (token id, position, KV length, prompt length, the argmax
 and an overflow flag) is an ``int32[8]`` device buffer (see
@@ -72,14 +72,19 @@ class LlamaModel:
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
     (``griddepcontrol.wait``) before it reads activations.  ``fuse_norm``
-    (default on) folds each RMSNorm into the Q4_K GEMVs that read its output
-    (QKV, gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of
-    launching it on its own.
+    folds each RMSNorm into the Q4_K GEMVs that read its output (QKV,
+    gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of launching
+    it on its own; it is off by default because every GEMV CTA then reads
+    the norm weights beside x (measured slower on an H100: 2.76 against
+    2.59 ms per token, docs/results.md).  ``gemv_knobs`` overrides the
+    default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
+    allows them, for tuning.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
-                 pdl: bool | None = None, fuse_norm: bool = True):
+                 pdl: bool | None = None, fuse_norm: bool = False,
+                 gemv_knobs: dict | None = None):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -90,7 +95,12 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
         self.graph = ComputeGraph()
-        self._build()
+        gemv_lowering.Q4K_KNOBS.clear()
+        gemv_lowering.Q4K_KNOBS.update(gemv_knobs or {})
+        try:
+            self._build()
+        finally:
+            gemv_lowering.Q4K_KNOBS.clear()
         # programmatic dependent launch: on by default where the target has it
         self.pdl = (TARGETS[self.target].sm >= 90) if pdl is None else bool(pdl)
         if self.pdl:

@@ -81,6 +81,9 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         if m is not None and m <= _Q4K_SMALL_M:
             # few rows: more, smaller CTAs (1024x4096: 3.54 vs 4.05 us at rows=8)
             knobs["rows"] = 4
+    if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
+        # the min_ctas defaults were measured for one slice of 128 threads
+        knobs.pop("min_ctas", None)
     knobs.update(overrides)
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 

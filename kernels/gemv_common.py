@@ -119,6 +119,14 @@ class GemvSpec:
         their squares; the squares are reduced with every row group's
         partials (no extra barrier) and the row sums scaled by
         ``1/sqrt.rn(mean + eps)`` before the epilogue.
+    slices : int
+        Q4_K (K <= 12288): the CTA is ``slices`` independent groups of
+        threads (each as wide as K needs) that share one copy of x: x is
+        read from global memory once per CTA into shared memory, then each
+        thread takes its 32 values from there; slice ``j`` works on row
+        groups ``j, j + slices, ...`` of the CTA's rows (the slices reduce
+        side by side behind the CTA's barriers).  More slices: fewer CTAs
+        reading x from L2 per weight byte.
     target : str
         ``sm_80`` ... ``sm_90a``.
     pdl : bool
@@ -141,8 +149,18 @@ class GemvSpec:
     xmode: str = attrs.field(default="reg", validator=attrs.validators.in_(("reg", "shared", "global")))
     min_ctas: int = attrs.field(default=0)
     norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    slices: int = attrs.field(default=1, validator=_pos_pow2(1, 8))
     target: str = target_field()
     pdl: bool = pdl_field()
+
+    @slices.validator
+    def _check_slices(self, attr, v):
+        if v > 1 and (self.qtype != "Q4_K" or self.xmode != "reg" or self.prefetch
+                      or self.stage):
+            raise ValueError("slices > 1 is built for Q4_K with xmode='reg', no prefetch/stage")
+        if v > 1 and 4 * self.k > 48 * 1024:
+            raise ValueError(f"slices > 1 keeps x ({4 * self.k} bytes) in static shared "
+                             f"memory: K must be at most 12288, got {self.k}")
 
     @norm.validator
     def _check_norm(self, attr, v):
@@ -194,7 +212,7 @@ class GemvSpec:
 
 
 def threads(spec: GemvSpec) -> int:
-    """Threads per CTA."""
+    """Threads per CTA slice (the CTA has ``spec.slices`` of them)."""
     if spec.qtype == "Q4_K":
         from .gemv_q4k import q4k_layout
         return q4k_layout(spec)[1]
@@ -206,15 +224,16 @@ def launch_geometry(spec: GemvSpec, m: int):
     """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows.
 
     ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
-    ``spec.rows`` that keeps the grid within ``spec.max_ctas``.
+    ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``.
     """
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
-    groups = math.ceil(m / spec.rows)
+    unit = spec.rows * spec.slices
+    groups = math.ceil(m / unit)
     per_cta = math.ceil(groups / spec.max_ctas)
-    rpc = per_cta * spec.rows
+    rpc = per_cta * unit
     grid = math.ceil(m / rpc)
-    return (grid, 1, 1), (threads(spec), 1, 1), 0, rpc
+    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), 0, rpc
 
 
 def declare_params(k, spec, warps):
@@ -236,7 +255,8 @@ def declare_params(k, spec, warps):
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
-    red = k.shared_array("red", f32, warps * (spec.n_mats * spec.rows + spec.norm), align=16)
+    red = k.shared_array("red", f32, spec.slices * warps * (spec.n_mats * spec.rows + spec.norm),
+                         align=16)
     return ws, x, r, y, mrows, rpc, red, norm
 
 
@@ -253,7 +273,7 @@ def silu_times(k, g, u):
     return (g * u) / (e + 1.0)
 
 
-def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None):
+def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None, slice_=None):
     """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
 
     Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
@@ -267,11 +287,27 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None)
     the storing threads scale the row sums by ``1/sqrt.rn(sum/K + eps)``
     (fixed summation order, so every CTA and group gets the same bits).  It
     rides on this reduction's barrier instead of needing one of its own.
+
+    ``slice_`` (a register, with ``spec.slices > 1``): ``tid`` is the thread's
+    index in its slice and the slice uses its own part of ``red``; the
+    barriers are the whole CTA's (every slice runs the same number of row
+    groups: ``rpc`` is a multiple of ``rows * slices``).
     """
     nm, R = spec.n_mats, spec.rows
     lane = tid & 31
     warp = tid >> 5
     sums = [[warp_sum(k, acc[mi][i]) for i in range(R)] for mi in range(nm)]
+    if slice_ is not None:
+        sbase = slice_ * (warps * (nm * R + (norm is not None)))     # the slice's part
+        red_all = red
+
+        class _Part:
+            def __getitem__(self, i):
+                return red_all[sbase + i]
+        red = _Part()
+
+    def sync():
+        k.bar_sync(0)
     with k.if_(lane.eq(0)):
         base = warp * (nm * R)
         for mi in range(nm):
@@ -279,7 +315,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None)
                 k.st(red[base + (mi * R + i)], sums[mi][i])
         if norm is not None:
             k.st(red[warps * nm * R + warp], norm[0])
-    k.bar_sync(0)
+    sync()
     row = row0 + tid
     with k.if_(k.setp("lt", tid, R, combine=("and", row < row_end))):
         tot = []
@@ -303,7 +339,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None)
         else:
             out = tot[0]
         k.st(y[row], out)
-    k.bar_sync(0)
+    sync()
 
 
 def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,

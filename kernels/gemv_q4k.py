@@ -41,6 +41,14 @@ from .spec_fields import pdl_prologue
 
 __all__ = ["build_q4k", "q4k_layout"]
 
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
 _SEL_BASE = 0x7044          # out = [0x00, 0x00, byte i of a, 0x3F]
 _ONE_EXP = 0x3F000000
 
@@ -76,10 +84,10 @@ def _piece_offsets(k, tid, i, thr, total):
                 m_c=m_c, valid=valid, xo=xo, sb=sb, c=c)
 
 
-def _piece_x(k, x, pc, nw=None):
+def _piece_x(k, x, pc, nw=None, shared=False):
     """The piece's 32 x values (zero past K) and the sums of its two halves.
     With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
-    is the sum of the 32 ``x**2``."""
+    is the sum of the 32 ``x**2``.  ``shared``: ``x`` is the CTA's shared copy."""
     xo, valid = pc["xo"], pc["valid"]
     xv = []
     sq = None
@@ -89,7 +97,7 @@ def _piece_x(k, x, pc, nw=None):
             pc["xa"] = xa
         vals = []
         for v in range(4):
-            vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=True))
+            vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=not shared))
         zero = k.mov(0.0, f32)
         vals = [k.select(valid, a, zero) for a in vals]
         if nw is not None:
@@ -188,8 +196,9 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
     ppt, thr, total = q4k_layout(spec)
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32
+    S = spec.slices
     m = ptxgen.Module(spec.target)
-    kdir = dict(reqntid=thr)
+    kdir = dict(reqntid=thr * S)
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     if spec.xmode == "shared" and ppt * thr * 128 > 48 * 1024:
@@ -203,12 +212,23 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         pdl_prologue(k, spec, wait=not early)
 
         tid = k.tid.x
+        sl = None
+        if S > 1:
+            tid_cta = tid
+            sl = tid_cta // thr                 # the thread's slice
+            tid = tid_cta - sl * thr            # its index within the slice
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]
         bases = [[(k.ptr_add(w, pc["hoff"]), k.ptr_add(w, pc["qoff"])) for pc in pcs]
                  for w in ws]
         row0 = k.ctaid.x * rpc
         row_end = k.min(mrows, row0 + rpc)
         last = row_end - 1
+        # slice j takes row groups j, j + S, ... of the CTA's rows
+        first_row = row0 if S == 1 else row0 + sl * R
+        step = R * S
+        # every slice runs rpc / step groups (the CTA's barriers need the same
+        # count); rows past M are clamped for loading and never stored
+        loop_end = row_end if S == 1 else row0 + rpc
         l2 = "L2::256B" if spec.l2_prefetch else None
 
         def issue(rg):
@@ -285,18 +305,29 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                             return k.ld(pc["xa"] + (128 * h + 16 * w), f32, vec=4, nc=True)
                     for (i, mi), d in zip(slots, _rows_dot(k, items, pc, get_x)):
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
-            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum)
+            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum, slice_=sl)
 
         issue_ = stage_out if spec.stage else issue
         # early: the first group's weight loads go out before x's (latencies overlap)
-        first = issue_(row0) if early else None
+        first = issue_(first_row) if early else None
         if spec.pdl and early:
             k.griddep_wait()
+        xsrc = x
+        if S > 1:
+            # x read once per CTA: coalesced 16-byte loads into shared memory
+            sx = k.shared_array("sx", f32, spec.k, align=16)
+            n4 = spec.k // 4
+            for c in range(math.ceil(n4 / (thr * S))):
+                ci = tid_cta + c * thr * S
+                with k.if_(ci < n4) if (c + 1) * thr * S > n4 else _nullctx():
+                    k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=True))
+            k.bar_sync(0)
+            xsrc = sx
         if spec.xmode == "shared":
             sx = k.shared_array("sx", f32, ppt * 8 * thr * 4, align=16)
             sx_base = sx[tid * 4]
         for p, pc in enumerate(pcs):
-            _piece_x(k, x, pc, norm[0] if norm else None)
+            _piece_x(k, xsrc, pc, norm[0] if norm else None, shared=S > 1)
             if spec.xmode == "shared":
                 _park_x(k, pc, sx_base, p, thr)
             elif spec.xmode == "global":
@@ -319,11 +350,12 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                 for v, w in zip(cur, regs_of(nxt)):
                     k.assign(v, w)
         elif spec.early:
-            # peeled first group (every CTA has at least one row), then the rest
-            body(first, row0)
-            with k.for_range(row0 + R, row_end, R) as rg:
+            # peeled first group (every CTA has at least one row; a slice past
+            # the CTA's rows works on clamped rows and stores nothing), then the rest
+            body(first, first_row)
+            with k.for_range(first_row + step, loop_end, step) as rg:
                 body(issue_(rg), rg)
         else:
-            with k.for_range(row0, row_end, R) as rg:
+            with k.for_range(first_row, loop_end, step) as rg:
                 body(issue_(rg), rg)
     return m

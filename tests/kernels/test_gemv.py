@@ -70,6 +70,11 @@ CASES = [
     ("Q4_K", 512, "residual", {"norm": True, "early": True, "rows": 2}),
     ("Q4_K", 256, "swiglu", {"norm": True, "rows": 1}),
     ("Q4_K", 768, "none", {"norm": True, "pieces": 2, "rows": 2, "prefetch": True}),
+    ("Q4_K", 512, "none", {"slices": 2, "early": True}),
+    ("Q4_K", 256, "swiglu", {"slices": 4, "rows": 1}),
+    ("Q4_K", 512, "residual", {"slices": 2, "norm": True, "rows": 2, "early": True}),
+    ("Q4_K", 768, "none", {"slices": 2, "pieces": 2, "rows": 2}),
+    ("Q4_K", 256, "none", {"slices": 8, "rows": 8, "early": True}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -104,14 +109,19 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("k,epi", [(4096, "none"), (4096, "swiglu"), (14336, "none")])
-def test_gemv_q4k_norm_gpu_large(gpu_run, k, epi):
-    """Fused RMSNorm + GEMV at the model's shapes (default knobs, M = 1031)."""
+@pytest.mark.parametrize("k,epi,knobs", [(4096, "none", {"norm": True}),
+                                         (4096, "swiglu", {"norm": True}),
+                                         (14336, "none", {"norm": True}),
+                                         (4096, "none", {"slices": 4}),
+                                         (4096, "swiglu", {"slices": 4}),
+                                         (4096, "residual", {"slices": 2, "norm": True})])
+def test_gemv_q4k_norm_slices_gpu_large(gpu_run, k, epi, knobs):
+    """Fused RMSNorm and x shared by slices at the model's shapes (M = 1031)."""
     rng = np.random.default_rng()
     m = 1031
-    spec = attrs.evolve(G.default_spec("Q4_K", k, epi, norm=True), max_ctas=200)
+    spec = attrs.evolve(G.default_spec("Q4_K", k, epi, **knobs), max_ctas=200)
     ws, x, r = _data(rng, "Q4_K", m, k, spec.n_mats)
-    norm = _norm_data(rng, k)
+    norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(gpu_run, spec, ws, x, r, norm)
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 

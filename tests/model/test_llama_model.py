@@ -39,13 +39,27 @@ def _check_logits(path, prompt, res, logits, bound=1e-4):
 
 def test_emulator_decode_matches_reference(tiny):
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False)
-    kinds = [op.kind for op in m.graph.ops]
-    # the layers' norms are fused into the Q4_K GEMVs; the Q6_K output's is not
-    assert kinds.count("RmsNorm") == 1 and m.graph.ops[kinds.index("RmsNorm")].name == "output_norm"
     prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     assert len(logits) == 2 and len(res.tokens) == 1
     _check_logits(tiny, prompt, res, logits)
+
+
+def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
+    """fuse_norm folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
+    output's stays a launch; the fused kernels' numerics are checked in
+    tests/kernels/test_gemv.py); gemv_knobs reach the Q4_K GEMVs that allow
+    them (slices: K <= 12288)."""
+    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False, fuse_norm=True,
+                             gemv_knobs={"slices": 2})
+    kinds = [op.kind for op in m.graph.ops]
+    assert kinds.count("RmsNorm") == 1 and m.graph.ops[kinds.index("RmsNorm")].name == "output_norm"
+    gemvs = [L.spec for op in m.graph.ops for L in op.launches if L.family == "gemv"]
+    q4k = [s for s in gemvs if s.qtype == "Q4_K"]
+    assert q4k and all(s.slices == 2 for s in q4k)
+    assert sum(s.norm for s in q4k) == 2 * TINY["n_layers"]
+    plain = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    assert [op.kind for op in plain.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
 
 
 def test_mixed_types_use_unfused_paths(tmp_path):
@@ -130,3 +144,14 @@ def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
     assert r1.tokens == r2.tokens
     for a, b in zip(l1, l2):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_fused_norm_and_slices_decode_matches_reference(tiny):
+    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=32, progress=False, fuse_norm=True,
+                             gemv_knobs={"slices": 4})
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
+    res, logits = m.generate(prompt, 14, mode="graph", return_logits=True)
+    assert len(logits) == 16
+    _check_logits(tiny, prompt, res, logits)
