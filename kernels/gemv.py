@@ -81,6 +81,11 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         if m is not None and m <= _Q4K_SMALL_M:
             # few rows: more, smaller CTAs (1024x4096: 3.54 vs 4.05 us at rows=8)
             knobs["rows"] = 4
+        elif m is not None and m <= 8192 and k <= 4096:
+            # two slices share x in shared memory (H100, PDL on: 4096x4096 6.78 ->
+            # 5.37 us, 6144x4096 8.76 -> 7.91; 14336x4096 and the SwiGLU kernel
+            # were slower with slices, docs/gemv.md)
+            knobs.update(slices=2, min_ctas=2)
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)

@@ -145,13 +145,3 @@ def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
     for a, b in zip(l1, l2):
         assert a.tobytes() == b.tobytes()
 
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_fused_norm_and_slices_decode_matches_reference(tiny):
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=32, progress=False, fuse_norm=True,
-                             gemv_knobs={"slices": 4})
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
-    res, logits = m.generate(prompt, 14, mode="graph", return_logits=True)
-    assert len(logits) == 16
-    _check_logits(tiny, prompt, res, logits)
