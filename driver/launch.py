@@ -136,31 +136,7 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None, pdl: bool
         hs = stream.handle
     else:
         hs = stream_handle(stream)
-    packer = function.packer
-    d = _driver or _d()
-    if pdl:
-        _launch_pdl(function, (gx, gy, gz), (bx, by, bz), shared, hs, args)
-        return
-    if not packer._n:
-        if args:
-            packer.values(args)  # raises the count error
-        err = d.cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, hs, 0, 0)[0]
-        if err:
-            _retry_or_raise(function, err, (handle, gx, gy, gz, bx, by, bz, shared, hs, 0, 0))
-        return
-    if get_ident() == function._owner:
-        buf, kp = function._buf, function._kp
-    else:
-        buf, _ptrs, kp = function.param_buffer()
-    packer._pack_into(buf, args)  # checks every argument, then packs
-    err = d.cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0)[0]
-    if err:
-        _retry_or_raise(function, err, (handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0))
-
-
-def _launch_pdl(function, g, b, shared, hs, args) -> None:
-    """``cuLaunchKernelEx`` with programmatic stream serialization allowed."""
-    if not function.waits_for_grids:
+    if pdl and not function.waits_for_grids:
         raise LaunchConfigError(
             f"{function.name}: pdl=True, but the kernel never executes griddepcontrol.wait, so "
             f"it could read its inputs before the previous kernel has written them; build it "
@@ -170,27 +146,30 @@ def _launch_pdl(function, g, b, shared, hs, args) -> None:
         if get_ident() == function._owner:
             buf, kp = function._buf, function._kp
         else:
-            buf, _ptrs, kp = function.param_buffer()
-        packer._pack_into(buf, args)
+            buf, _ptrs, kp = function.param_buffer()   # _ptrs: alive until the call returns
+        packer._pack_into(buf, args)  # checks every argument, then packs
     else:
         if args:
-            packer.values(args)
+            packer.values(args)  # raises the count error
         kp = 0
-    d = _d()
-    cfg = function.pdl_config()
-    cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = g
-    cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = b
-    cfg.sharedMemBytes = shared
-    cfg.hStream = hs
-    err = d.cuLaunchKernelEx(cfg, function.handle, kp, 0)[0]
-    if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:
-        function.module.device.activate(force=True)
-        err = d.cuLaunchKernelEx(cfg, function.handle, kp, 0)[0]
+    d = _driver or _d()
+    if pdl:
+        cfg = function.pdl_config()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = gx, gy, gz
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = bx, by, bz
+        cfg.sharedMemBytes = shared
+        cfg.hStream = hs
+        err = d.cuLaunchKernelEx(cfg, handle, kp, 0)[0]
+        if err:
+            _retry_or_raise(function, err, "cuLaunchKernelEx", (cfg, handle, kp, 0))
+        return
+    err = d.cuLaunchKernel(handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0)[0]
     if err:
-        raise error_from_result(err, f"cuLaunchKernelEx({function.name}, pdl)")
+        _retry_or_raise(function, err, "cuLaunchKernel",
+                        (handle, gx, gy, gz, bx, by, bz, shared, hs, kp, 0))
 
 
-def _retry_or_raise(function, err, call_args) -> None:
+def _retry_or_raise(function, err, call: str, call_args) -> None:
     """Retry once when the thread had no current context; otherwise raise.
 
     (Kept out of ``launch`` as a plain function: a closure there would turn every
@@ -199,7 +178,7 @@ def _retry_or_raise(function, err, call_args) -> None:
     d = _d()
     if err == d.CUresult.CUDA_ERROR_INVALID_CONTEXT:
         function.module.device.activate(force=True)
-        err = d.cuLaunchKernel(*call_args)[0]
+        err = getattr(d, call)(*call_args)[0]
         if not err:
             return
-    raise error_from_result(err, f"cuLaunchKernel({function.name})")
+    raise error_from_result(err, f"{call}({function.name})")

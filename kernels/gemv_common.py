@@ -297,37 +297,32 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     lane = tid & 31
     warp = tid >> 5
     sums = [[warp_sum(k, acc[mi][i]) for i in range(R)] for mi in range(nm)]
-    if slice_ is not None:
-        sbase = slice_ * (warps * (nm * R + (norm is not None)))     # the slice's part
-        red_all = red
+    # the slice's part of red
+    sbase = None if slice_ is None else slice_ * (warps * (nm * R + (norm is not None)))
 
-        class _Part:
-            def __getitem__(self, i):
-                return red_all[sbase + i]
-        red = _Part()
+    def slot(i):
+        return red[i if sbase is None else sbase + i]
 
-    def sync():
-        k.bar_sync(0)
     with k.if_(lane.eq(0)):
         base = warp * (nm * R)
         for mi in range(nm):
             for i in range(R):
-                k.st(red[base + (mi * R + i)], sums[mi][i])
+                k.st(slot(base + (mi * R + i)), sums[mi][i])
         if norm is not None:
-            k.st(red[warps * nm * R + warp], norm[0])
-    sync()
+            k.st(slot(warps * nm * R + warp), norm[0])
+    k.bar_sync(0)
     row = row0 + tid
     with k.if_(k.setp("lt", tid, R, combine=("and", row < row_end))):
         tot = []
         for mi in range(nm):
-            t = k.ld(red[tid + mi * R])
+            t = k.ld(slot(tid + mi * R))
             for w in range(1, warps):
-                t = t + k.ld(red[tid + (w * nm * R + mi * R)])
+                t = t + k.ld(slot(tid + (w * nm * R + mi * R)))
             tot.append(t)
         if norm is not None:
-            sq = k.ld(red[warps * nm * R])
+            sq = k.ld(slot(warps * nm * R))
             for w in range(1, warps):
-                sq = sq + k.ld(red[warps * nm * R + w])
+                sq = sq + k.ld(slot(warps * nm * R + w))
             mean = k.div(sq, k.mov(float(spec.k), f32))
             scale = k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
             tot = [t * scale for t in tot]
@@ -339,7 +334,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         else:
             out = tot[0]
         k.st(y[row], out)
-    sync()
+    k.bar_sync(0)
 
 
 def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,

@@ -32,6 +32,7 @@ are reduced over the CTA by :func:`gemv_common.write_outputs`.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import ptxgen
 from ptxgen.types import f16, f32, u32, u64
@@ -40,14 +41,6 @@ from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
 from .spec_fields import pdl_prologue
 
 __all__ = ["build_q4k", "q4k_layout"]
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 _SEL_BASE = 0x7044          # out = [0x00, 0x00, byte i of a, 0x3F]
 _ONE_EXP = 0x3F000000
@@ -319,7 +312,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             n4 = spec.k // 4
             for c in range(math.ceil(n4 / (thr * S))):
                 ci = tid_cta + c * thr * S
-                with k.if_(ci < n4) if (c + 1) * thr * S > n4 else _nullctx():
+                with k.if_(ci < n4) if (c + 1) * thr * S > n4 else nullcontext():
                     k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=True))
             k.bar_sync(0)
             xsrc = sx

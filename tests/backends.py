@@ -3,7 +3,8 @@
 ``Backend(name)`` wraps the module/launch/array API that ``ptxgen.emu`` and
 ``ptxgen.driver`` share; ``map_kernel``/``run_map`` build and run a
 one-thread-per-element kernel from a small body function, which is how the
-numerics tests exercise single instructions.
+numerics tests exercise single instructions.  ``line_of`` finds a marked
+line in a test file (for asserting the file:line a builder error names).
 """
 
 from __future__ import annotations
@@ -12,6 +13,16 @@ import numpy as np
 
 import ptxgen
 from ptxgen.types import type_by_name, u32
+
+
+def line_of(path: str, marker: str) -> int:
+    """Line number of the line of ``path`` that contains ``marker`` (a line
+    that also calls ``line_of`` does not count)."""
+    with open(path) as f:
+        for i, line in enumerate(f, 1):
+            if marker in line and "line_of" not in line:
+                return i
+    raise AssertionError(f"{marker!r} not found in {path}")
 
 __all__ = ["Backend", "cuda_available", "map_kernel", "run_map", "poison"]
 

@@ -2,8 +2,6 @@
 ``pdl`` spec field, launch checks (emulator and driver), and on the GPU a
 chain of dependent PDL launches (eager and captured) checked against numpy."""
 
-import inspect
-
 import attrs
 import numpy as np
 import pytest
@@ -11,15 +9,8 @@ import pytest
 import ptxgen
 from ptxgen.errors import TargetError
 from ptxgen.kernels import flash_decode, gemv, rmsnorm, swiglu
-from ptxgen.types import f32
 
-from backends import cuda_available
-
-
-def _line_of(marker):
-    src = inspect.getsource(inspect.getmodule(_line_of)).splitlines()
-    return next(i + 1 for i, line in enumerate(src) if line.rstrip().endswith(marker)
-                and "_line_of" not in line)
+from backends import cuda_available, line_of
 
 
 def test_griddepcontrol_needs_sm90_and_names_the_line():
@@ -27,7 +18,7 @@ def test_griddepcontrol_needs_sm90_and_names_the_line():
     with m.kernel("k") as k:
         with pytest.raises(TargetError, match=r"griddepcontrol.*needs sm_90.*target sm_80") as ei:
             k.griddep_wait()  # MARK-gdc
-    assert ei.value.loc.lineno == _line_of("MARK-gdc")
+    assert ei.value.loc.lineno == line_of(__file__, "MARK-gdc")
     m9 = ptxgen.Module("sm_90")
     with m9.kernel("k") as k:
         k.griddep_launch_dependents()
