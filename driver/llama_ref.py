@@ -145,6 +145,7 @@ class LlamaReference:
         self._k = np.zeros(shape, dtype=np.float64)
         self._v = np.zeros(shape, dtype=np.float64)
         self.pos = 0
+        self.last_kv = []
 
     def reset(self) -> None:
         """Empty the KV cache (start a new sequence)."""
@@ -155,8 +156,15 @@ class LlamaReference:
             return a
         return a.astype(self.kv_dtype).astype(np.float64)
 
-    def step(self, token_id: int) -> np.ndarray:
+    def step(self, token_id: int, kv=None) -> np.ndarray:
         """Feed one token at the next position; return its logits (vocab,) float64.
+
+        ``kv`` (optional): per layer, the ``(k, v)`` rows (``[n_kv_heads,
+        head_dim]``) to cache at this position instead of this pass's own
+        rounded values, e.g. the rows another implementation cached, so that
+        its logits can be checked without one cache rounding flip spreading
+        into every later step.  This pass's unrounded rows are kept in
+        ``last_kv`` either way.
 
         Raises
         ------
@@ -171,6 +179,7 @@ class LlamaReference:
         if p >= self.max_context:
             raise ValueError(f"context is full: {self.max_context} positions used")
         x = W["token_embd.weight"][tok].copy()
+        self.last_kv = []
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
@@ -179,8 +188,13 @@ class LlamaReference:
             v = (W[b + "attn_v.weight"] @ h).reshape(hp.n_kv_heads, hp.head_dim)
             q = rope_norm(q, p, hp.rope_theta, hp.rope_dim)
             k = rope_norm(k, p, hp.rope_theta, hp.rope_dim)
-            self._k[i, :, p] = self._cache(k)
-            self._v[i, :, p] = self._cache(v)
+            self.last_kv.append((k, v))
+            if kv is None:
+                self._k[i, :, p] = self._cache(k)
+                self._v[i, :, p] = self._cache(v)
+            else:
+                self._k[i, :, p], self._v[i, :, p] = (np.asarray(a, dtype=np.float64)
+                                                      for a in kv[i])
             a = attention(q, self._k[i, :, :p + 1], self._v[i, :, :p + 1])
             x = x + W[b + "attn_output.weight"] @ a.reshape(-1)
             h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)

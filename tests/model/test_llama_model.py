@@ -22,12 +22,31 @@ def tiny(tmp_path_factory):
     return str(p)
 
 
-def _check_logits(path, prompt, res, logits, bound=1e-4):
+def _check_logits(model, path, prompt, res, logits, bound=1e-4):
+    """Step the float64 reference beside the model's logits.
+
+    The model's K/V rows (read back from its f16 cache) must lie within one
+    f16 ulp of the reference's unrounded rows; the reference then caches the
+    model's rows, so a value that rounds the other way at an f16 midpoint
+    (the two sides compute it in different orders) does not spread into every
+    later step's logits.  Cache bound: one f16 ulp of the reference value plus
+    1e-5 of the row's largest magnitude (the kernels' f32 error where the
+    GEMV sum cancels).  The logits bound is relative (L2 norm) per step."""
     ref = LlamaReference(path, kv_dtype=np.float16)
+    caches = [tuple(model.executor.read(c) for c in pair) for pair in model.kv_caches]
     seq = list(prompt) + res.tokens
     worst = 0.0
     for i, got in enumerate(logits):
-        want = ref.step(seq[i])
+        rows = [(kc[:, i, :], vc[:, i, :]) for kc, vc in caches]
+        want = ref.step(seq[i], kv=rows)
+        for layer, (mine, theirs) in enumerate(zip(rows, ref.last_kv)):
+            for name, a, b in zip("KV", mine, theirs):
+                ulp = np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+                err = np.abs(a.astype(np.float64) - b)
+                ulp = ulp + 1e-5 * np.max(np.abs(b), axis=-1, keepdims=True)
+                assert np.all(err <= ulp), (
+                    f"step {i} layer {layer}: cached {name} off by "
+                    f"{float(np.max(err / ulp)):.2f} f16 ulp")
         worst = max(worst, float(np.linalg.norm(got - want) / np.linalg.norm(want)))
         # greedy: the token chosen after step i is the argmax of the logits
         # (where the prompt no longer dictates it); ties are vanishingly rare
@@ -42,7 +61,7 @@ def test_emulator_decode_matches_reference(tiny):
     prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     assert len(logits) == 2 and len(res.tokens) == 1
-    _check_logits(tiny, prompt, res, logits)
+    _check_logits(m, tiny, prompt, res, logits)
 
 
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
@@ -75,7 +94,7 @@ def test_mixed_types_use_unfused_paths(tmp_path):
     # Q6_K/Q8_0 GEMVs take no fused norm: both layer norms run as RmsNorm ops
     assert kinds.count("RmsNorm") == 3
     res, logits = m.generate([5, 6], 1, return_logits=True)
-    _check_logits(path, [5, 6], res, logits)
+    _check_logits(m, path, [5, 6], res, logits)
 
 
 def test_context_overflow_refused(tiny):
@@ -96,7 +115,7 @@ def test_gpu_decode_32_steps_matches_reference(tiny):
     prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
     res, logits = m.generate(prompt, 30, mode="graph", return_logits=True)
     assert len(logits) == 32
-    _check_logits(tiny, prompt, res, logits)
+    _check_logits(m, tiny, prompt, res, logits)
 
 
 @pytest.mark.gpu
