@@ -543,6 +543,37 @@ class InstructionsMixin:
         ity = self._bits_type(ty) if _is_half(ty) else ty
         return self.emit("st", mods, [ity], [addr, src], guard=guard, dsts=0, _own_frames=1)
 
+    def cp_async(self, dst, src, nbytes=16, *, prefetch=None, guard=None):
+        """``cp.async`` (sm_80): copy ``nbytes`` (4, 8 or 16) from global
+        ``src`` to shared ``dst`` without holding registers.  16-byte copies
+        bypass L1 (``.cg``), smaller ones go through it (``.ca``).  The data
+        may land any time before the thread's :meth:`cp_async_wait` that
+        covers the copy's group (:meth:`cp_async_commit`); other threads see
+        it only after that wait and a barrier."""
+        dst, src = self._as_addr(dst), self._as_addr(src)
+        if dst.space != "shared":
+            raise PtxBuildError(f"cp.async writes shared memory; the destination is {dst.space}")
+        if src.space != "global":
+            raise PtxBuildError(f"cp.async reads global memory; the source is {src.space}")
+        if nbytes not in (4, 8, 16):
+            raise PtxBuildError(f"cp.async copies 4, 8 or 16 bytes, got {nbytes!r}")
+        mods = ["cg" if nbytes == 16 else "ca", "shared", "global"] + ([prefetch] if prefetch else [])
+        return self.emit("cp.async", mods, [], [dst, src, as_operand(nbytes, T.u32)],
+                         guard=guard, dsts=0, _own_frames=1)
+
+    def cp_async_commit(self):
+        """``cp.async.commit_group``: the thread's copies since the last commit
+        form one group (an empty group is allowed)."""
+        return self.emit("cp.async.commit_group", [], [], [], dsts=0, _own_frames=1)
+
+    def cp_async_wait(self, pending=0):
+        """``cp.async.wait_group pending``: wait until at most ``pending`` of
+        the thread's most recent committed groups are still in flight."""
+        if not isinstance(pending, int) or isinstance(pending, bool) or not 0 <= pending <= 63:
+            raise PtxBuildError(f"cp.async.wait_group takes a constant 0..63, got {pending!r}")
+        return self.emit("cp.async.wait_group", [], [], [as_operand(pending, T.u32)], dsts=0,
+                         _own_frames=1)
+
     def atom(self, op, addr, value, cmp=None, *, ty=None, sem=None, scope=None, guard=None):
         """Atomic ``op`` (add, min, max, inc, dec, and, or, xor, exch, cas) at
         ``addr``; returns the old value.  ``cas`` compares with ``cmp``."""

@@ -19,6 +19,8 @@ Operand kinds (``OpSpec.operands``), one code per operand:
 ``m``  memory operand ``[addr]``;  ``l``  label
 ``V``  destination: one register or a ``{...}`` vector of ``T`` (``.v2``/``.v4``)
 ``W``  source: one register or a ``{...}`` vector of ``T``
+An opcode name may hold dots (``cp.async.wait_group``): PTX text is matched
+to the longest table name that prefixes its dotted opcode.
 ``fA``/``fB``/``fC``/``fD``  mma.sync fragments (vectors of registers)
 A trailing ``?`` marks an optional operand.
 """
@@ -164,6 +166,16 @@ TABLE: dict[str, OpSpec] = _table(
                     "L1::evict_unchanged": (70, (7, 4)),
                     "L2::64B": (75, (7, 4)), "L2::128B": (75, (7, 4)), "L2::256B": (80, (7, 4))},
            doc="load; .nc = read-only non-coherent path"),
+    OpSpec("cp.async", "m m u", [],
+           [("ca", "cg"), ("shared", "shared::cta"), ("global",), ("L2::128B", "L2::256B")],
+           min_sm=80, min_ptx=(7, 0), type_sm={"L2::128B": (80, (7, 4)), "L2::256B": (80, (7, 4))},
+           doc="asynchronous global -> shared copy of 4, 8 or 16 bytes (cg: 16 only)"),
+    OpSpec("cp.async.commit_group", "", [], min_sm=80, min_ptx=(7, 0),
+           doc="close the thread's pending cp.async copies into one group"),
+    OpSpec("cp.async.wait_group", "u", [], min_sm=80, min_ptx=(7, 0),
+           doc="wait until at most N of the thread's committed groups are pending"),
+    OpSpec("cp.async.wait_all", "", [], min_sm=80, min_ptx=(7, 0),
+           doc="commit and wait for all of the thread's cp.async copies"),
     OpSpec("st", "m W", [MEM],
            [("weak", "relaxed", "release", "volatile"), SCOPES,
             ("global", "shared", "param"),

@@ -136,7 +136,8 @@ class BlockState:
     __slots__ = ("n", "regs", "written", "sreg", "shared", "shared_size", "shared_base",
                  "params", "exited", "race_log", "all_tids", "full_mask", "lanebit",
                  "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
-                 "block_threads", "nblocks", "blk", "ctaids")
+                 "block_threads", "nblocks", "blk", "ctaids", "async_copies",
+                 "async_committed")
 
     def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races):
         n = geo.n
@@ -184,6 +185,9 @@ class BlockState:
         self.params = params
         self.exited = np.zeros(n, bool)
         self.race_log = [] if races else None
+        # cp.async copies not yet written to shared memory (see memops)
+        self.async_copies = []
+        self.async_committed = np.zeros(n, np.int64)
         self.all_tids = geo.all_tids
         self.full_mask = geo.full
         self.lanebit = geo.lanebit

@@ -1,4 +1,4 @@
-"""Memory instructions: ``ld``, ``st``, ``atom``, ``red``.
+"""Memory instructions: ``ld``, ``st``, ``atom``, ``red``, ``cp.async``.
 
 State spaces: ``.param`` reads the launch's packed parameter buffer;
 ``.global``/``.const`` and generic addresses outside the shared window go
@@ -12,6 +12,12 @@ address at once; else all at once): the result equals a serial execution in
 lane order (= global thread id order within a batch of blocks), as the
 hardware's equals one for some order.  In a batch of blocks, each block's
 shared memory is its own window of the batch's flat buffer.
+
+``cp.async`` reads its global source when issued but writes shared memory
+only when the issuing thread's ``cp.async.wait_group``/``wait_all`` retires
+the copy's group: the latest moment the hardware allows, so a kernel that
+reads the data before waiting for it sees stale bytes, and the race check
+places the write where the wait is.  Copies never waited for are dropped.
 """
 
 from __future__ import annotations
@@ -355,3 +361,82 @@ def _atom(stmt, ctx):
 @semantics("red")
 def _red(stmt, ctx):
     return _atomic(stmt, ctx, False)
+
+
+@semantics("cp.async")
+def _cp_async(stmt, ctx):
+    if "global" not in stmt.mods or not ({"shared", "shared::cta"} & set(stmt.mods)):
+        raise ctx.error("cp.async copies .global to .shared")
+    size_op = stmt.operands[2]
+    if size_op[0] != "imm" or size_op[2] not in (4, 8, 16):
+        raise ctx.error("cp.async: the copy size must be the constant 4, 8 or 16")
+    nbytes = int(size_op[2])
+    if "cg" in stmt.mods and nbytes != 16:
+        raise ctx.error("cp.async.cg copies 16 bytes only")
+    get_dst, _ = _address(ctx, stmt.operands[0], "shared")
+    get_src, _ = _address(ctx, stmt.operands[1], "global")
+    op = Op()
+    src_acc = _Access("global", 1, nbytes, "cp.async read", op)
+    dst_acc = _Access("shared", 1, nbytes, "cp.async write", op)
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        src = _addr_for(get_src, st, tids, m)
+        data = np.zeros((tids.size, nbytes), np.uint8)
+        for buf, offs, sel in src_acc.parts(st, src, tids, READ):
+            got = buf[offs[:, None] + np.arange(nbytes)]
+            if sel is None:
+                data[:] = got
+            else:
+                data[sel] = got
+        dst = _addr_for(get_dst, st, tids, m)
+        log, st.race_log = st.race_log, None     # logged when written, not now
+        try:
+            (buf, offs, _), = dst_acc.parts(st, dst, tids, WRITE)
+        finally:
+            st.race_log = log
+        st.async_copies.append([op, tids, st.async_committed[tids].copy(), offs, data, nbytes])
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["cp.async"])
+
+
+def _retire(st, m, pending):
+    """Write the copies of threads ``m`` whose group is older than their
+    ``pending`` most recent committed groups."""
+    tids = _threads(st, m)
+    if tids.size == 0 or not st.async_copies:
+        return
+    mine = np.zeros(st.n, bool)
+    mine[tids] = True
+    keep = []
+    for e in st.async_copies:
+        op, etids, group, offs, data, nbytes = e
+        done = mine[etids] & (group < st.async_committed[etids] - pending)
+        if done.any():
+            o = offs[done]
+            st.shared[o[:, None] + np.arange(nbytes)] = data[done]
+            if st.race_log is not None:
+                st.race_log.append((op, etids[done], o, nbytes, WRITE))
+        if not done.all():
+            keep.append([op, etids[~done], group[~done], offs[~done], data[~done], nbytes])
+    st.async_copies[:] = keep
+
+
+@semantics("cp.async.commit_group", "cp.async.wait_group", "cp.async.wait_all")
+def _cp_async_sync(stmt, ctx):
+    name = stmt.op
+    if name == "cp.async.wait_group":
+        o = stmt.operands[0]
+        if o[0] != "imm":
+            raise ctx.error("cp.async.wait_group takes a constant")
+        pending = int(o[2])
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if name != "cp.async.wait_group":        # commit_group, wait_all
+            st.async_committed[tids] += 1
+        if name != "cp.async.commit_group":
+            _retire(st, m, 0 if name == "cp.async.wait_all" else pending)
+    return finish_op(Op(fn=fn), stmt, ctx, TABLE[name])

@@ -299,7 +299,10 @@ def _instruction(k, s, lineno):
         opcode, _, more = opcode.partition("\t")
         rest = (more + " " + rest).strip()
     parts = opcode.split(".")
-    op = parts[0]
+    # the longest table name that prefixes the opcode (cp.async.wait_group)
+    n = next((i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in isa.TABLE), 1)
+    op = ".".join(parts[:n])
+    parts = [op] + parts[n:]
     sp = isa.TABLE.get(op)
     if sp is None:
         raise PtxParseError(f"opcode {opcode!r} is not in ptxgen's instruction table",
