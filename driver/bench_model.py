@@ -80,7 +80,15 @@ def _measure(model, ctx: int, mode: str, n: int = 30) -> float:
     return (time.perf_counter() - t0) / n
 
 
-def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
+def _stream_gate_up(m, k, epilogue):
+    return (dict(stages=3, rows=2, max_ctas=792, slices=1, min_ctas=0)
+            if epilogue == "swiglu" else {})
+
+
+def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
+            modes=("eager", "graph")) -> dict:
+    """Decode-step timings per configuration (``configs``: name ->
+    :class:`LlamaModel` keyword arguments; default: the ones below)."""
     from .gguf_synth import write_synthetic_llama
     from .llama import LlamaModel
     tmp = None
@@ -95,11 +103,14 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
     from ptxgen.driver import get_device
     # "plain": no programmatic dependent launch; "default": PDL where the
     # device has it; "fused_norm": PDL and the RMSNorms folded into the GEMVs
-    configs = {"plain": dict(pdl=False)}
-    configs["default"] = {}
-    configs["fused_norm"] = dict(fuse_norm=True)
-    configs["slices2"] = dict(gemv_knobs={"slices": 2})
-    configs["slices4"] = dict(gemv_knobs={"slices": 4})
+    if configs is None:
+        configs = {"plain": dict(pdl=False)}
+        configs["default"] = {}
+        configs["fused_norm"] = dict(fuse_norm=True)
+        configs["slices2"] = dict(gemv_knobs={"slices": 2})
+        # the fused gate/up GEMV through the cp.async ring (faster on its own,
+        # not followed by the down projection: docs/gemv.md, fifth pass)
+        configs["stream_gate_up"] = dict(gemv_knobs=_stream_gate_up)
     copy_bw = _copy_bandwidth()
     out = {"device": get_device().name, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": []}
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
@@ -118,7 +129,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096)) -> dict:
         for ctx in contexts:
             nbytes = _step_bytes(model, ctx)
             floor = nbytes / copy_bw
-            for mode in ("eager", "graph"):
+            for mode in modes:
                 t = _measure(model, ctx, mode)
                 row = {"context": ctx, "mode": mode, "config": config, "pdl": model.pdl,
                        "fuse_norm": model.fuse_norm, "launches_per_token": model.graph.launch_count,

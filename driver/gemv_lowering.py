@@ -25,8 +25,9 @@ def can_fuse_norm(*tensors) -> bool:
 
 
 #: knob overrides for Q4_K GEMVs, set by :class:`~.llama.LlamaModel` (``gemv_knobs``)
-#: while it builds its graph; overrides a shape does not allow are skipped
-Q4K_KNOBS: dict = {}
+#: while it builds its graph: a dict, or a function ``(m, k, epilogue) -> dict``;
+#: overrides a shape does not allow are skipped
+Q4K_KNOBS = {}
 
 
 def _spec(t, epilogue, target, norm=False):
@@ -34,10 +35,11 @@ def _spec(t, epilogue, target, norm=False):
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
     m, k = t.shape
-    if t.qtype == "Q4_K" and Q4K_KNOBS:
+    knobs = Q4K_KNOBS(m, k, epilogue) if callable(Q4K_KNOBS) else Q4K_KNOBS
+    if t.qtype == "Q4_K" and knobs:
         try:
             return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm,
-                                     **Q4K_KNOBS), m
+                                     **knobs), m
         except ValueError:
             pass
     return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm), m

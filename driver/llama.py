@@ -78,13 +78,14 @@ class LlamaModel:
     the norm weights beside x (measured slower on an H100: 2.76 against
     2.59 ms per token, docs/results.md).  ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
-    allows them, for tuning.
+    allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
+    knobs per GEMV shape.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm: bool = False,
-                 gemv_knobs: dict | None = None):
+                 gemv_knobs=None):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -95,12 +96,11 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
         self.graph = ComputeGraph()
-        gemv_lowering.Q4K_KNOBS.clear()
-        gemv_lowering.Q4K_KNOBS.update(gemv_knobs or {})
+        gemv_lowering.Q4K_KNOBS = gemv_knobs or {}
         try:
             self._build()
         finally:
-            gemv_lowering.Q4K_KNOBS.clear()
+            gemv_lowering.Q4K_KNOBS = {}
         # programmatic dependent launch: on by default where the target has it
         self.pdl = (TARGETS[self.target].sm >= 90) if pdl is None else bool(pdl)
         if self.pdl:

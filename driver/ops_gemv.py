@@ -26,7 +26,11 @@ __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 
 @functools.lru_cache(maxsize=None)
 def _function(spec):
-    return Module.from_ptx(_g.build(spec).to_ptx()).function(spec.kernel_name)
+    fn = Module.from_ptx(_g.build(spec).to_ptx()).function(spec.kernel_name)
+    shared = _g.launch_geometry(spec, 1)[2]     # a stages ring: the same for every M
+    if shared > fn.max_dynamic_shared:
+        fn.set_max_dynamic_shared(shared)
+    return fn
 
 
 @functools.lru_cache(maxsize=None)

@@ -6,7 +6,9 @@ and ``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
 matrices).  K is a spec field (a multiple of the block size, else
 ValueError); M is a launch argument and arbitrary.
 
-Q4_K: :mod:`gemv_q4k` (x in registers, 16-byte weight loads).  Q6_K, Q8_0:
+Q4_K: :mod:`gemv_q4k` (x in registers, 16-byte weight loads), or with
+``stages`` :mod:`gemv_q4k_stream` (weights through a ``cp.async`` ring in
+shared memory).  Q6_K, Q8_0:
 :mod:`gemv_staged` (tiles staged through shared memory).  Design notes and
 measurements: docs/gemv.md.
 
@@ -48,6 +50,13 @@ _DEFAULTS = {
 
 #: Q4_K calls with at most this many rows use rows=4 (K <= 8192, not swiglu)
 _Q4K_SMALL_M = 2048
+#: Q4_K calls with at least this many rows (K <= 4096, not swiglu) stream their
+#: weights through a cp.async ring (stages=4)
+_Q4K_STREAM_M = 32768
+#: the ring's knobs (H100 sweep, PDL on, docs/gemv.md "Fifth pass"):
+#: 1024x4096 4.21 -> 3.55 us; 128256x4096 119.9 -> 110.9 us (83.1 -> 89.9% of copy)
+_Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
+               "large": dict(rows=4, stages=4, max_ctas=792)}
 
 
 def default_spec(qtype: str, k: int, epilogue: str = "none",
@@ -86,6 +95,14 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
             # 5.37 us, 6144x4096 8.76 -> 7.91; 14336x4096 and the SwiGLU kernel
             # were slower with slices, docs/gemv.md)
             knobs.update(slices=2, min_ctas=2)
+    if (qtype == "Q4_K" and epilogue != "swiglu" and k <= 4096 and m is not None
+            and (m <= _Q4K_SMALL_M or m >= _Q4K_STREAM_M) and _stream_allowed(overrides)):
+        # weights through a cp.async ring: faster at the very small and very
+        # large M measured; mid-sized M (4096..14336 rows) and the SwiGLU
+        # kernel were not (in a layer's chain of launches), docs/gemv.md
+        knobs.update(_Q4K_STREAM["small" if m <= _Q4K_SMALL_M else "large"])
+        knobs.pop("min_ctas", None)
+        knobs.pop("slices", None)
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)
@@ -93,10 +110,18 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 
 
+def _stream_allowed(overrides) -> bool:
+    """Whether the overrides leave room for the stages ring (it is built for
+    x in registers, one slice, no norm/prefetch/stage)."""
+    return (overrides.get("slices", 1) == 1 and overrides.get("xmode", "reg") == "reg"
+            and not any(overrides.get(f) for f in ("norm", "prefetch", "stage")))
+
+
 CANONICAL = {
     "gemv_q4_k": GemvSpec("Q4_K", 512),
     "gemv_q6_k_swiglu": GemvSpec("Q6_K", 512, epilogue="swiglu"),
     "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
+    "gemv_q4_k_stream": GemvSpec("Q4_K", 512, rows=2, stages=3),
 }
 
 registry.register("gemv", GemvSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

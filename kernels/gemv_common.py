@@ -132,6 +132,12 @@ class GemvSpec:
     pdl : bool
         Programmatic dependent launch (sm_90+): Q4_K issues its first row
         group's weight loads before ``griddepcontrol.wait`` (with ``early``).
+    stages : int
+        Q4_K (``xmode="reg"``, one slice, no prefetch/stage/norm): 0 loads
+        weights straight into registers; ``S >= 2`` streams them with
+        ``cp.async`` through a ring of S row-group stages in dynamic shared
+        memory (``S * rows * row_bytes`` bytes per matrix), S - 1 groups in
+        flight while one is computed (:mod:`gemv_q4k_stream`).
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -152,6 +158,21 @@ class GemvSpec:
     slices: int = attrs.field(default=1, validator=_pos_pow2(1, 8))
     target: str = target_field()
     pdl: bool = pdl_field()
+    stages: int = attrs.field(default=0)
+
+    @stages.validator
+    def _check_stages(self, attr, v):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v == 1 or v > 8:
+            raise ValueError(f"stages must be 0 (direct loads) or 2..8, got {v!r}")
+        if v and (self.qtype != "Q4_K" or self.xmode != "reg" or self.slices > 1
+                  or self.prefetch or self.stage or self.norm):
+            raise ValueError("stages > 0 (cp.async ring) is built for Q4_K with xmode='reg', "
+                             "one slice, no prefetch/stage/norm")
+        ring = v * self.n_mats * self.rows * self.row_bytes
+        if ring > 227 * 1024:
+            raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
+                             f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
+                             f"(at most {227 * 1024})")
 
     @slices.validator
     def _check_slices(self, attr, v):
@@ -208,7 +229,9 @@ class GemvSpec:
     @property
     def kernel_name(self) -> str:
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
-        return f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}_r{self.rows}"
+        st = f"_s{self.stages}" if self.stages else ""
+        return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
+                f"_r{self.rows}{st}")
 
 
 def threads(spec: GemvSpec) -> int:
@@ -221,7 +244,8 @@ def threads(spec: GemvSpec) -> int:
 
 
 def launch_geometry(spec: GemvSpec, m: int):
-    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows.
+    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
+    (``shared_bytes``: the dynamic shared memory of a ``stages`` ring).
 
     ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
     ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``.
@@ -233,7 +257,8 @@ def launch_geometry(spec: GemvSpec, m: int):
     per_cta = math.ceil(groups / spec.max_ctas)
     rpc = per_cta * unit
     grid = math.ceil(m / rpc)
-    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), 0, rpc
+    shared = spec.stages * spec.n_mats * spec.rows * spec.row_bytes
+    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), shared, rpc
 
 
 def declare_params(k, spec, warps):
@@ -273,7 +298,8 @@ def silu_times(k, g, u):
     return (g * u) / (e + 1.0)
 
 
-def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None, slice_=None):
+def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None, slice_=None,
+                  trailing_barrier=True):
     """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
 
     Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
@@ -292,6 +318,9 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     index in its slice and the slice uses its own part of ``red``; the
     barriers are the whole CTA's (every slice runs the same number of row
     groups: ``rpc`` is a multiple of ``rows * slices``).
+
+    ``trailing_barrier=False`` leaves out the second barrier, for a caller
+    whose loop passes another barrier before ``red`` is written again.
     """
     nm, R = spec.n_mats, spec.rows
     lane = tid & 31
@@ -334,7 +363,8 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         else:
             out = tot[0]
         k.st(y[row], out)
-    k.bar_sync(0)
+    if trailing_barrier:
+        k.bar_sync(0)
 
 
 def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,

@@ -46,8 +46,10 @@ class Runner:
             self._mods[key] = self.api.Module.from_ptx(build(spec).to_ptx())
         return self._mods[key].function(name or spec.kernel_name)
 
-    def launch(self, fn, grid, block, *args):
-        self.api.launch(fn, grid, block, *args)
+    def launch(self, fn, grid, block, *args, shared=0):
+        if shared > getattr(fn, "max_dynamic_shared", shared):
+            fn.set_max_dynamic_shared(shared)       # GPU: opt in past 48 KB
+        self.api.launch(fn, grid, block, *args, shared=shared)
 
     def array(self, host):
         return self.api.DeviceArray.from_numpy(np.ascontiguousarray(host))
@@ -87,9 +89,11 @@ class DualRunner:
     def function(self, build, spec, name=None):
         return (self.emu.function(build, spec, name), self.gpu.function(build, spec, name))
 
-    def launch(self, fn, grid, block, *args):
-        self.emu.launch(fn[0], grid, block, *[a.emu if isinstance(a, _Pair) else a for a in args])
-        self.gpu.launch(fn[1], grid, block, *[a.gpu if isinstance(a, _Pair) else a for a in args])
+    def launch(self, fn, grid, block, *args, shared=0):
+        self.emu.launch(fn[0], grid, block, *[a.emu if isinstance(a, _Pair) else a for a in args],
+                        shared=shared)
+        self.gpu.launch(fn[1], grid, block, *[a.gpu if isinstance(a, _Pair) else a for a in args],
+                        shared=shared)
 
     def array(self, host):
         return _Pair(self.emu.array(host), self.gpu.array(host))

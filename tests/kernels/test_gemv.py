@@ -44,14 +44,14 @@ def _ref(spec, ws, x, r, norm):
 def _run_gemv(run, spec, ws, x, r, norm=None):
     m = ws[0].shape[0]
     fn = run.function(G.build, spec)
-    grid, block, _, rpc = G.launch_geometry(spec, m)
+    grid, block, shared, rpc = G.launch_geometry(spec, m)
     args = [run.array(w) for w in ws] + [run.array(x)]
     if spec.norm:
         args += [run.array(norm[0]), norm[1]]
     if spec.epilogue == "residual":
         args.append(run.array(r))
     y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc)
+    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
     return run.get(y)
 
 
@@ -75,6 +75,11 @@ CASES = [
     ("Q4_K", 512, "residual", {"slices": 2, "norm": True, "rows": 2, "early": True}),
     ("Q4_K", 768, "none", {"slices": 2, "pieces": 2, "rows": 2}),
     ("Q4_K", 256, "none", {"slices": 8, "rows": 8, "early": True}),
+    ("Q4_K", 512, "none", {"stages": 2, "rows": 2}),
+    ("Q4_K", 512, "residual", {"stages": 3, "rows": 4}),
+    ("Q4_K", 256, "swiglu", {"stages": 4, "rows": 1}),
+    ("Q4_K", 768, "none", {"stages": 3, "rows": 2, "pieces": 2}),
+    ("Q4_K", 1280, "residual", {"stages": 5, "rows": 1}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -114,9 +119,13 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
                                          (14336, "none", {"norm": True}),
                                          (4096, "none", {"slices": 4}),
                                          (4096, "swiglu", {"slices": 4}),
-                                         (4096, "residual", {"slices": 2, "norm": True})])
-def test_gemv_q4k_norm_slices_gpu_large(gpu_run, k, epi, knobs):
-    """Fused RMSNorm and x shared by slices at the model's shapes (M = 1031)."""
+                                         (4096, "residual", {"slices": 2, "norm": True}),
+                                         (4096, "none", {"stages": 4, "rows": 4}),
+                                         (4096, "swiglu", {"stages": 3, "rows": 2}),
+                                         (14336, "residual", {"stages": 4, "rows": 1})])
+def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
+    """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
+    shapes (M = 1031)."""
     rng = np.random.default_rng()
     m = 1031
     spec = attrs.evolve(G.default_spec("Q4_K", k, epi, **knobs), max_ctas=200)
@@ -124,6 +133,34 @@ def test_gemv_q4k_norm_slices_gpu_large(gpu_run, k, epi, knobs):
     norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(gpu_run, spec, ws, x, r, norm)
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
+
+
+def test_default_spec_streams_small_and_large_m():
+    """The cp.async ring is the Q4_K default where it measured faster (K <= 4096,
+    M <= 2048 or M >= 32768, not SwiGLU) and only where the other knobs allow it."""
+    def spec(m, epi="none", **kw):
+        return G.default_spec("Q4_K", 4096, epi, target="sm_90", m=m, **kw)
+    assert (spec(1024).stages, spec(1024).rows) == (4, 2)
+    assert (spec(128256).stages, spec(128256).rows, spec(128256).max_ctas) == (4, 4, 792)
+    assert spec(1024, "residual").stages == 4
+    assert spec(4096).stages == spec(14336).stages == spec(128256, "swiglu").stages == 0
+    assert spec(1024, norm=True).stages == spec(128256, slices=2).stages == 0
+    assert G.default_spec("Q4_K", 14336, m=1024).stages == 0
+    assert G.default_spec("Q6_K", 4096, m=128256).stages == 0
+    # the ring's shared memory is what launch_geometry asks for
+    s = spec(128256)
+    assert G.launch_geometry(s, 128256)[2] == 4 * 4 * s.row_bytes
+
+
+def test_stages_knob_refused_where_not_built():
+    with pytest.raises(ValueError, match="stages must be"):
+        G.GemvSpec("Q4_K", 512, stages=1)
+    with pytest.raises(ValueError, match="built for Q4_K"):
+        G.GemvSpec("Q6_K", 512, stages=3)
+    with pytest.raises(ValueError, match="built for Q4_K"):
+        G.GemvSpec("Q4_K", 512, stages=3, slices=2)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        G.GemvSpec("Q4_K", 14336, stages=8, rows=8)
 
 
 @pytest.mark.parametrize("qtype,k", [("Q4_K", 300), ("Q4_K", 128), ("Q6_K", 1000),

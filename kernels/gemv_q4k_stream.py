@@ -1,0 +1,129 @@
+"""Q4_K GEMV streamed through a ring of shared-memory stages with ``cp.async``.
+
+``GemvSpec(stages=S)`` (S >= 2).  The direct kernel (:mod:`gemv_q4k`) loads
+weights into registers, so how many bytes are in flight is decided by the
+JIT's register allocation (it interleaves the loads with the math to stay
+under its register budget).  Here the CTA's weight bytes travel by
+``cp.async`` (16 bytes a copy, no register holds them) into a ring of S
+stages in dynamic shared memory, one row group (``rows`` rows of every
+matrix) per stage, so S - 1 groups are in flight while one is computed.
+
+A CTA's rows are consecutive, so a row group is one contiguous run of
+``rows * row_bytes`` bytes per matrix: thread ``t`` copies 16-byte chunks
+``t, t + T, ...`` of it (coalesced, every byte fetched once, the super-block
+headers too).  Each thread then reads its piece's 16 qs bytes and its
+super-block's header from the stage (``ld.shared.v4``; the 8 lanes of a
+super-block read the same header, a broadcast; a quarter warp's qs reads
+cover 128 contiguous bytes, no bank conflicts) and computes exactly as the
+direct kernel does, x in registers.
+
+Per row group ``g`` (iteration of the CTA's loop)::
+
+    cp.async.wait_group S-2     this thread's copies of group g have landed
+    bar.sync                    everyone's have; everyone is done with g-1
+    copy group g+S-1 into g-1's stage; cp.async.commit_group
+    compute group g from its stage; reduce (bar.sync) and store
+
+The barrier at the top of the next iteration also protects the reduction
+array, so :func:`write_outputs` skips its trailing barrier.  Groups past the
+CTA's rows commit empty groups, so the count the wait relies on never
+changes.  Copies are clamped to the matrix's last 16 bytes: rows past M are
+read as garbage and never stored.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ptxgen
+from ptxgen.types import u8, u32, u64
+
+from .gemv_common import GemvSpec, declare_params, write_outputs
+from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x, q4k_layout
+from .spec_fields import pdl_prologue
+
+__all__ = ["build_q4k_stream", "stream_shared_bytes"]
+
+
+def stream_shared_bytes(spec: GemvSpec) -> int:
+    """Bytes of dynamic shared memory the ring needs."""
+    return spec.stages * spec.n_mats * spec.rows * spec.row_bytes
+
+
+def build_q4k_stream(spec: GemvSpec) -> ptxgen.Module:
+    ppt, thr, total = q4k_layout(spec)
+    nm, R, rb, S = spec.n_mats, spec.rows, spec.row_bytes, spec.stages
+    warps = thr // 32
+    group_bytes = R * rb                    # one matrix's share of a stage
+    chunks = group_bytes // 16              # rb is a multiple of 144 = 9 * 16
+    per_thread = math.ceil(chunks / thr)
+    stage_bytes = nm * group_bytes
+    m = ptxgen.Module(spec.target)
+    kdir = dict(reqntid=thr)
+    if spec.min_ctas:
+        kdir["minnctapersm"] = spec.min_ctas
+    with m.kernel(spec.kernel_name, **kdir) as k:
+        ws, x, r, y, mrows, rpc, red, _ = declare_params(k, spec, warps)
+        # weights are read-only: the prologue's copies may go out before the
+        # PDL wait; x, r and y are read after it
+        pdl_prologue(k, spec, wait=False)
+        ring = k.dynamic_shared("ring", u8, align=16)
+        tid = k.tid.x
+        pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]
+        row0 = k.ctaid.x * rpc
+        row_end = k.min(mrows, row0 + rpc)
+        # the last 16-byte chunk of each matrix: copies past it are clamped
+        last_chunk = k.mul_wide(mrows, rb) - 16
+        my_chunk = k.mul_wide(tid, 16)              # u64 byte offset of chunk t
+
+        def issue(rg, slot):
+            """Copy the row group starting at row ``rg`` (every matrix) into the
+            stage at byte ``slot`` of the ring, then commit (an empty group
+            past the CTA's rows)."""
+            with k.if_(rg < row_end):
+                src = k.mul_wide(rg, rb) + my_chunk
+                dst = ring[slot + dst_off]
+                for j in range(per_thread):
+                    off = k.min(src + 16 * thr * j, last_chunk) if j else k.min(src, last_chunk)
+                    tail = (j + 1) * thr > chunks
+                    guard = (tid < chunks - thr * j) if tail else None
+                    for mi, w in enumerate(ws):
+                        k.cp_async(dst + (mi * group_bytes + 16 * thr * j), k.ptr_add(w, off)[0],
+                                   16, guard=guard)
+            k.cp_async_commit()
+
+        dst_off = tid * 16
+        # prologue: the first S - 1 groups in flight before anything else
+        for s_ in range(S - 1):
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
+        if spec.pdl:
+            k.griddep_wait()
+        for pc in pcs:
+            _piece_x(k, x, pc)
+            # the piece's header and qs offsets inside one row of a stage
+            pc["h32"] = pc["sb"] * 144
+            pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
+        rd = k.var(u32, 0)                         # byte offset of group g's stage
+        ring_bytes = S * stage_bytes
+        with k.for_range(row0, row_end, R) as rg:
+            k.cp_async_wait(S - 2)
+            k.bar_sync(0)
+            # group g + S - 1 goes to the stage group g - 1 used
+            wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
+            issue(rg + (S - 1) * R, wr)
+            acc = [[None] * R for _ in range(nm)]
+            for pc in pcs:
+                hb = ring[rd + pc["h32"]]
+                qb = ring[rd + pc["q32"]]
+                for i in range(R):
+                    for mi in range(nm):
+                        o = mi * group_bytes + i * rb
+                        hdr = k.ld(hb + o, u32, vec=4)
+                        qs = k.ld(qb + o, u32, vec=4)
+                        d = _piece_dot(k, hdr, qs, pc)
+                        acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
+            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid,
+                          trailing_barrier=False)
+            nxt = rd + stage_bytes
+            k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
+    return m
