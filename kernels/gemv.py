@@ -7,8 +7,8 @@ matrices).  K is a spec field (a multiple of the block size, else
 ValueError); M is a launch argument and arbitrary.
 
 Q4_K: :mod:`gemv_q4k` (x in registers, 16-byte weight loads), or with
-``stages`` :mod:`gemv_q4k_stream` (weights through a ``cp.async`` ring in
-shared memory).  Q6_K, Q8_0:
+``stages`` :mod:`gemv_stream` (weights through a ``cp.async`` ring in
+shared memory; also Q6_K/Q8_0 where a tile is the whole row).  Q6_K, Q8_0:
 :mod:`gemv_staged` (tiles staged through shared memory).  Design notes and
 measurements: docs/gemv.md.
 
@@ -27,6 +27,7 @@ from .gemv_common import (EPILOGUES, QTYPE_INFO, GemvSpec, check_k, launch_geome
                           reference, threads)
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
+from .gemv_stream import build_stream
 
 __all__ = ["GemvSpec", "build", "launch_geometry", "reference", "default_spec",
            "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "CANONICAL"]
@@ -34,6 +35,8 @@ __all__ = ["GemvSpec", "build", "launch_geometry", "reference", "default_spec",
 
 def build(spec: GemvSpec) -> ptxgen.Module:
     """The PTX module (one kernel, ``spec.kernel_name``) for ``spec``."""
+    if spec.stages:
+        return build_stream(spec)
     if spec.qtype == "Q4_K":
         return build_q4k(spec)
     return build_staged(spec)

@@ -133,11 +133,13 @@ class GemvSpec:
         Programmatic dependent launch (sm_90+): Q4_K issues its first row
         group's weight loads before ``griddepcontrol.wait`` (with ``early``).
     stages : int
-        Q4_K (``xmode="reg"``, one slice, no prefetch/stage/norm): 0 loads
-        weights straight into registers; ``S >= 2`` streams them with
-        ``cp.async`` through a ring of S row-group stages in dynamic shared
-        memory (``S * rows * row_bytes`` bytes per matrix), S - 1 groups in
-        flight while one is computed (:mod:`gemv_q4k_stream`).
+        0 loads weights straight into registers (Q4_K) or tile by tile
+        (Q6_K/Q8_0); ``S >= 2`` streams them with ``cp.async`` through a ring
+        of S row-group stages in dynamic shared memory (``S * rows *
+        row_bytes`` bytes per matrix), S - 1 groups in flight while one is
+        computed (:mod:`gemv_stream`).  ``xmode="reg"``, one slice, no
+        prefetch/stage/norm; Q6_K/Q8_0 also need ``tile >= K`` and rows of
+        a multiple of 16 bytes.
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -164,10 +166,17 @@ class GemvSpec:
     def _check_stages(self, attr, v):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v == 1 or v > 8:
             raise ValueError(f"stages must be 0 (direct loads) or 2..8, got {v!r}")
-        if v and (self.qtype != "Q4_K" or self.xmode != "reg" or self.slices > 1
-                  or self.prefetch or self.stage or self.norm):
-            raise ValueError("stages > 0 (cp.async ring) is built for Q4_K with xmode='reg', "
+        if v and (self.xmode != "reg" or self.slices > 1 or self.prefetch or self.stage
+                  or self.norm):
+            raise ValueError("stages > 0 (cp.async ring) is built for xmode='reg', "
                              "one slice, no prefetch/stage/norm")
+        if v and self.qtype != "Q4_K":
+            from .gemv_staged import staged_layout
+            lay = staged_layout(self)
+            if lay["tiles"] != 1 or self.row_bytes % 16:
+                raise ValueError(f"stages > 0 for {self.qtype} needs one tile per row "
+                                 f"(tile >= K={self.k}) and 16-byte aligned rows "
+                                 f"({self.row_bytes} bytes)")
         ring = v * self.n_mats * self.rows * self.row_bytes
         if ring > 227 * 1024:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "

@@ -186,9 +186,6 @@ def _piece_dot(k, hdr, qs, pc, sums=None):
 
 def build_q4k(spec: GemvSpec) -> ptxgen.Module:
     """Build the Q4_K GEMV kernel described by ``spec``."""
-    if spec.stages:
-        from .gemv_q4k_stream import build_q4k_stream
-        return build_q4k_stream(spec)
     ppt, thr, total = q4k_layout(spec)
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32

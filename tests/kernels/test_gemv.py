@@ -80,6 +80,9 @@ CASES = [
     ("Q4_K", 256, "swiglu", {"stages": 4, "rows": 1}),
     ("Q4_K", 768, "none", {"stages": 3, "rows": 2, "pieces": 2}),
     ("Q4_K", 1280, "residual", {"stages": 5, "rows": 1}),
+    ("Q6_K", 2048, "none", {"stages": 3, "rows": 2, "tile": 2048}),
+    ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 1, "tile": 2048}),
+    ("Q8_0", 512, "residual", {"stages": 4, "rows": 2, "tile": 512}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -155,9 +158,11 @@ def test_default_spec_streams_small_and_large_m():
 def test_stages_knob_refused_where_not_built():
     with pytest.raises(ValueError, match="stages must be"):
         G.GemvSpec("Q4_K", 512, stages=1)
-    with pytest.raises(ValueError, match="built for Q4_K"):
-        G.GemvSpec("Q6_K", 512, stages=3)
-    with pytest.raises(ValueError, match="built for Q4_K"):
+    with pytest.raises(ValueError, match="one tile per row"):
+        G.GemvSpec("Q6_K", 4096, stages=3, tile=2048)
+    with pytest.raises(ValueError, match="16-byte aligned rows"):
+        G.GemvSpec("Q6_K", 256, stages=3, tile=256)      # 210-byte rows
+    with pytest.raises(ValueError, match="one slice"):
         G.GemvSpec("Q4_K", 512, stages=3, slices=2)
     with pytest.raises(ValueError, match="bytes of shared memory"):
         G.GemvSpec("Q4_K", 14336, stages=8, rows=8)

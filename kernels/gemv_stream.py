@@ -1,6 +1,7 @@
-"""Q4_K GEMV streamed through a ring of shared-memory stages with ``cp.async``.
+"""Quantized GEMV streamed through a ring of shared-memory stages with ``cp.async``.
 
-``GemvSpec(stages=S)`` (S >= 2).  The direct kernel (:mod:`gemv_q4k`) loads
+``GemvSpec(stages=S)`` (S >= 2), Q4_K, and Q6_K/Q8_0 when one tile covers
+the row and rows are 16-byte aligned.  The direct Q4_K kernel (:mod:`gemv_q4k`) loads
 weights into registers, so how many bytes are in flight is decided by the
 JIT's register allocation (it interleaves the loads with the math to stay
 under its register budget).  Here the CTA's weight bytes travel by
@@ -15,7 +16,10 @@ headers too).  Each thread then reads its piece's 16 qs bytes and its
 super-block's header from the stage (``ld.shared.v4``; the 8 lanes of a
 super-block read the same header, a broadcast; a quarter warp's qs reads
 cover 128 contiguous bytes, no bank conflicts) and computes exactly as the
-direct kernel does, x in registers.
+direct kernel does, x in registers.  Q6_K and Q8_0 threads decode their
+piece of each row from the stage exactly as the staged kernel
+(:mod:`gemv_staged`) decodes it from its tile, with their x values loaded
+once (the tile is the whole row).
 
 Per row group ``g`` (iteration of the CTA's loop)::
 
@@ -38,11 +42,15 @@ import math
 import ptxgen
 from ptxgen.types import u8, u32, u64
 
+from ptxgen.types import f32
+from ptxgen.values import Address
+
 from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x, q4k_layout
+from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue
 
-__all__ = ["build_q4k_stream", "stream_shared_bytes"]
+__all__ = ["build_stream", "stream_shared_bytes"]
 
 
 def stream_shared_bytes(spec: GemvSpec) -> int:
@@ -50,8 +58,24 @@ def stream_shared_bytes(spec: GemvSpec) -> int:
     return spec.stages * spec.n_mats * spec.rows * spec.row_bytes
 
 
-def build_q4k_stream(spec: GemvSpec) -> ptxgen.Module:
-    ppt, thr, total = q4k_layout(spec)
+class _RowView:
+    """``view[i]`` -> shared address ``base + i`` (``base`` a u32 register)."""
+
+    def __init__(self, k, base):
+        self.k, self.base = k, base
+
+    def __getitem__(self, i):
+        return Address(self.base + i, 0, "shared", u8)
+
+
+def build_stream(spec: GemvSpec) -> ptxgen.Module:
+    q4k = spec.qtype == "Q4_K"
+    if q4k:
+        ppt, thr, total = q4k_layout(spec)
+    else:
+        lay = staged_layout(spec)
+        thr = lay["threads"]
+        piece_fn, dot_fn = _FORMATS[spec.qtype]
     nm, R, rb, S = spec.n_mats, spec.rows, spec.row_bytes, spec.stages
     warps = thr // 32
     group_bytes = R * rb                    # one matrix's share of a stage
@@ -69,7 +93,7 @@ def build_q4k_stream(spec: GemvSpec) -> ptxgen.Module:
         pdl_prologue(k, spec, wait=False)
         ring = k.dynamic_shared("ring", u8, align=16)
         tid = k.tid.x
-        pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)]
+        pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         row0 = k.ctaid.x * rpc
         row_end = k.min(mrows, row0 + rpc)
         # the last 16-byte chunk of each matrix: copies past it are clamped
@@ -103,6 +127,10 @@ def build_q4k_stream(spec: GemvSpec) -> ptxgen.Module:
             # the piece's header and qs offsets inside one row of a stage
             pc["h32"] = pc["sb"] * 144
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
+        if not q4k:
+            active = tid < lay["pieces"]
+            spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
+            ring_base = k.mov(ring)
         rd = k.var(u32, 0)                         # byte offset of group g's stage
         ring_bytes = S * stage_bytes
         with k.for_range(row0, row_end, R) as rg:
@@ -112,6 +140,13 @@ def build_q4k_stream(spec: GemvSpec) -> ptxgen.Module:
             wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
             issue(rg + (S - 1) * R, wr)
             acc = [[None] * R for _ in range(nm)]
+            if not q4k:
+                base = ring_base + rd
+                zero = k.mov(0.0, f32)
+                for i in range(R):
+                    for mi in range(nm):
+                        row = _RowView(k, base + (mi * group_bytes + i * rb))
+                        acc[mi][i] = k.select(active, dot_fn(k, spec, row, spc), zero)
             for pc in pcs:
                 hb = ring[rd + pc["h32"]]
                 qb = ring[rd + pc["q32"]]
