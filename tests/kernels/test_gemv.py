@@ -139,8 +139,9 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
 
 
 def test_default_spec_streams_small_and_large_m():
-    """The cp.async ring is the Q4_K default where it measured faster (K <= 4096,
-    M <= 2048 or M >= 32768, not SwiGLU) and only where the other knobs allow it."""
+    """The cp.async ring is the default where it measured faster (Q4_K: K <= 4096,
+    M <= 2048 or M >= 32768; Q6_K/Q8_0: K <= 4096 with 16-byte rows; not
+    SwiGLU) and only where the other knobs allow it."""
     def spec(m, epi="none", **kw):
         return G.default_spec("Q4_K", 4096, epi, target="sm_90", m=m, **kw)
     assert (spec(1024).stages, spec(1024).rows) == (4, 2)
@@ -149,7 +150,10 @@ def test_default_spec_streams_small_and_large_m():
     assert spec(4096).stages == spec(14336).stages == spec(128256, "swiglu").stages == 0
     assert spec(1024, norm=True).stages == spec(128256, slices=2).stages == 0
     assert G.default_spec("Q4_K", 14336, m=1024).stages == 0
-    assert G.default_spec("Q6_K", 4096, m=128256).stages == 0
+    assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
+        == (4, 4096)
+    assert G.default_spec("Q8_0", 4096, "residual").stages == 4
+    assert G.default_spec("Q6_K", 14336).stages == G.default_spec("Q6_K", 4096, "swiglu").stages == 0
     # the ring's shared memory is what launch_geometry asks for
     s = spec(128256)
     assert G.launch_geometry(s, 128256)[2] == 4 * 4 * s.row_bytes
