@@ -106,12 +106,13 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         knobs.update(_Q4K_STREAM["small" if m <= _Q4K_SMALL_M else "large"])
         knobs.pop("min_ctas", None)
         knobs.pop("slices", None)
-    if (qtype in _STAGED_STREAM and epilogue != "swiglu" and k <= 4096
-            and k % _STAGED_STREAM[qtype][0] == 0 and _stream_allowed(overrides)):
+    if (qtype in _STAGED_STREAM and k <= 4096 and k % _STAGED_STREAM[qtype][0] == 0
+            and _stream_allowed(overrides)):
         # the ring beat tile-by-tile staging at every M measured with K=4096
         # (H100, docs/gemv.md fifth pass): Q6_K 128256x4096 217.8 -> 150.1 us,
-        # Q8_0 251.0 -> 187.5 us; 14336x4096 and 4096x4096 as well
-        knobs.update(_STAGED_STREAM[qtype][1], tile=k)
+        # Q8_0 251.0 -> 187.5 us; 14336x4096 and 4096x4096 as well; SwiGLU
+        # 14336x4096: Q6_K 51.0 -> 38.6 us, Q8_0 59.3 -> 45.1 us
+        knobs.update(_STAGED_STREAM[qtype][2 if epilogue == "swiglu" else 1], tile=k)
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)
@@ -119,10 +120,12 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 
 
-#: Q6_K/Q8_0 through the ring: (K multiple giving 16-byte rows, knobs); the
-#: tile is the whole row
-_STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528)),
-                  "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396))}
+#: Q6_K/Q8_0 through the ring: (K multiple giving 16-byte rows, knobs, SwiGLU
+#: knobs); the tile is the whole row
+_STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
+                           dict(rows=4, stages=3, max_ctas=264)),
+                  "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396),
+                           dict(rows=4, stages=3, max_ctas=264))}
 
 
 def _stream_allowed(overrides) -> bool:

@@ -153,7 +153,9 @@ def test_default_spec_streams_small_and_large_m():
     assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
         == (4, 4096)
     assert G.default_spec("Q8_0", 4096, "residual").stages == 4
-    assert G.default_spec("Q6_K", 14336).stages == G.default_spec("Q6_K", 4096, "swiglu").stages == 0
+    assert G.default_spec("Q6_K", 14336).stages == 0
+    assert (G.default_spec("Q6_K", 4096, "swiglu").stages, G.default_spec("Q8_0", 4096, "swiglu").rows) \
+        == (3, 4)
     # the ring's shared memory is what launch_geometry asks for
     s = spec(128256)
     assert G.launch_geometry(s, 128256)[2] == 4 * 4 * s.row_bytes
