@@ -251,8 +251,7 @@ class Executor:
 
     def _resolve(self, L: Launch):
         fn = self._modules[(L.family, L.spec)].function(L.kernel)
-        if L.shared > getattr(fn, "max_dynamic_shared", L.shared):
-            fn.set_max_dynamic_shared(L.shared)     # past the 48 KB default (opt-in)
+        fn.require_dynamic_shared(L.shared)
         args = tuple(self.ptr(a) if isinstance(a, Buffer)
                      else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
                      else a for a in L.args)

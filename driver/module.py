@@ -310,6 +310,12 @@ class Function:
                                    nbytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.max_dynamic_shared = nbytes
 
+    def require_dynamic_shared(self, nbytes: int) -> None:
+        """Raise the dynamic shared memory limit to ``nbytes`` if it is lower
+        (:meth:`set_max_dynamic_shared`; launches past 48 KB need the opt-in)."""
+        if nbytes > self.max_dynamic_shared:
+            self.set_max_dynamic_shared(nbytes)
+
     def attributes(self) -> dict:
         """The resource attributes as a dict."""
         return {k: getattr(self, k) for k in _ATTRS}

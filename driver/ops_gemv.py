@@ -27,9 +27,7 @@ __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 @functools.lru_cache(maxsize=None)
 def _function(spec):
     fn = Module.from_ptx(_g.build(spec).to_ptx()).function(spec.kernel_name)
-    shared = _g.launch_geometry(spec, 1)[2]     # a stages ring: the same for every M
-    if shared > fn.max_dynamic_shared:
-        fn.set_max_dynamic_shared(shared)
+    fn.require_dynamic_shared(spec.ring_bytes)
     return fn
 
 

@@ -177,7 +177,7 @@ class GemvSpec:
                 raise ValueError(f"stages > 0 for {self.qtype} needs one tile per row "
                                  f"(tile >= K={self.k}) and 16-byte aligned rows "
                                  f"({self.row_bytes} bytes)")
-        ring = v * self.n_mats * self.rows * self.row_bytes
+        ring = self.ring_bytes
         if ring > 227 * 1024:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
                              f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
@@ -232,6 +232,11 @@ class GemvSpec:
         return self.k // self.block_weights * self.block_bytes
 
     @property
+    def ring_bytes(self) -> int:
+        """Dynamic shared memory of the ``stages`` ring (0 without one)."""
+        return self.stages * self.n_mats * self.rows * self.row_bytes
+
+    @property
     def n_mats(self) -> int:
         return 2 if self.epilogue == "swiglu" else 1
 
@@ -266,8 +271,7 @@ def launch_geometry(spec: GemvSpec, m: int):
     per_cta = math.ceil(groups / spec.max_ctas)
     rpc = per_cta * unit
     grid = math.ceil(m / rpc)
-    shared = spec.stages * spec.n_mats * spec.rows * spec.row_bytes
-    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), shared, rpc
+    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.ring_bytes, rpc
 
 
 def declare_params(k, spec, warps):

@@ -40,9 +40,7 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.types import u8, u32, u64
-
-from ptxgen.types import f32
+from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
@@ -50,19 +48,15 @@ from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x, q4k_layout
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue
 
-__all__ = ["build_stream", "stream_shared_bytes"]
-
-
-def stream_shared_bytes(spec: GemvSpec) -> int:
-    """Bytes of dynamic shared memory the ring needs."""
-    return spec.stages * spec.n_mats * spec.rows * spec.row_bytes
+__all__ = ["build_stream"]
 
 
 class _RowView:
-    """``view[i]`` -> shared address ``base + i`` (``base`` a u32 register)."""
+    """``view[i]`` -> shared address ``base + i`` (``base`` a u32 register;
+    :mod:`gemv_staged`'s view adds a constant to a symbol instead)."""
 
-    def __init__(self, k, base):
-        self.k, self.base = k, base
+    def __init__(self, base):
+        self.base = base
 
     def __getitem__(self, i):
         return Address(self.base + i, 0, "shared", u8)
@@ -108,7 +102,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 src = k.mul_wide(rg, rb) + my_chunk
                 dst = ring[slot + dst_off]
                 for j in range(per_thread):
-                    off = k.min(src + 16 * thr * j, last_chunk) if j else k.min(src, last_chunk)
+                    off = k.min(src + 16 * thr * j if j else src, last_chunk)
                     tail = (j + 1) * thr > chunks
                     guard = (tid < chunks - thr * j) if tail else None
                     for mi, w in enumerate(ws):
@@ -145,7 +139,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 zero = k.mov(0.0, f32)
                 for i in range(R):
                     for mi in range(nm):
-                        row = _RowView(k, base + (mi * group_bytes + i * rb))
+                        row = _RowView(base + (mi * group_bytes + i * rb))
                         acc[mi][i] = k.select(active, dot_fn(k, spec, row, spc), zero)
             for pc in pcs:
                 hb = ring[rd + pc["h32"]]

@@ -89,6 +89,10 @@ class Function:
     def thread_instructions(self) -> int:
         return self.compiled.thread_instructions
 
+    def require_dynamic_shared(self, nbytes: int) -> None:
+        """The driver's opt-in past 48 KB; the emulator has none (its launch
+        checks the total against the device maximum)."""
+
     def __repr__(self):
         return f"<emu.Function {self.name}>"
 

@@ -90,9 +90,9 @@ class _Access:
         self.what = what
         self.op = op
 
-    def parts(self, st, addr, tids, kind):
+    def parts(self, st, addr, tids, kind, log=True):
         """(buffer, byte offsets, selection) triples for ``addr``; logs shared
-        accesses for race detection."""
+        accesses for race detection (unless ``log`` is false)."""
         nbytes = self.size * self.vec
         if addr.size and (addr % np.uint64(nbytes)).any():
             j = int(np.flatnonzero(addr % np.uint64(nbytes))[0])
@@ -110,12 +110,12 @@ class _Access:
                 out = []
                 for sel, sp in ((in_sh, "shared"), (~in_sh, "global")):
                     a = addr[sel] - (np.uint64(SHARED_WINDOW) if sp == "shared" else np.uint64(0))
-                    sub = self._one(st, sp, a, tids[sel], kind)
+                    sub = self._one(st, sp, a, tids[sel], kind, log)
                     out += [(b, o, sel if s is None else _compose(sel, s)) for b, o, s in sub]
                 return out
-        return self._one(st, space, addr, tids, kind)
+        return self._one(st, space, addr, tids, kind, log)
 
-    def _one(self, st, space, addr, tids, kind):
+    def _one(self, st, space, addr, tids, kind, log=True):
         nbytes = self.size * self.vec
         if space == "shared":
             size = st.shared_size
@@ -128,7 +128,7 @@ class _Access:
             offs = addr.astype(np.int64)
             if st.shared_base is not None:      # a batch of blocks: each its own window
                 offs += st.shared_base if tids is st.all_tids else st.shared_base[tids]
-            if st.race_log is not None:
+            if log and st.race_log is not None:
                 st.race_log.append((self.op, tids, offs, nbytes, kind))
             return [(st.shared, offs, None)]
         try:
@@ -392,20 +392,16 @@ def _cp_async(stmt, ctx):
             else:
                 data[sel] = got
         dst = _addr_for(get_dst, st, tids, m)
-        log, st.race_log = st.race_log, None     # logged when written, not now
-        try:
-            (buf, offs, _), = dst_acc.parts(st, dst, tids, WRITE)
-        finally:
-            st.race_log = log
+        # logged for races when written (by the wait), not now
+        (_, offs, _), = dst_acc.parts(st, dst, tids, WRITE, log=False)
         st.async_copies.append([op, tids, st.async_committed[tids].copy(), offs, data, nbytes])
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["cp.async"])
 
 
-def _retire(st, m, pending):
-    """Write the copies of threads ``m`` whose group is older than their
+def _retire(st, tids, pending):
+    """Write the copies of threads ``tids`` whose group is older than their
     ``pending`` most recent committed groups."""
-    tids = _threads(st, m)
     if tids.size == 0 or not st.async_copies:
         return
     mine = np.zeros(st.n, bool)
@@ -438,5 +434,5 @@ def _cp_async_sync(stmt, ctx):
         if name != "cp.async.wait_group":        # commit_group, wait_all
             st.async_committed[tids] += 1
         if name != "cp.async.commit_group":
-            _retire(st, m, 0 if name == "cp.async.wait_all" else pending)
+            _retire(st, tids, 0 if name == "cp.async.wait_all" else pending)
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[name])

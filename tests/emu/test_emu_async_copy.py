@@ -82,3 +82,22 @@ def test_builder_refuses_misuse():
             k.cp_async(sh[0], src[0], 12)
         with pytest.raises(PtxBuildError, match="constant 0..63"):
             k.cp_async_wait(k.mov(1, u32))
+
+
+def test_read_of_a_neighbours_copy_without_a_barrier_is_a_race():
+    """The copy's write is logged at the wait: another thread's read in the
+    same barrier interval is a race."""
+    m = ptxgen.Module("sm_80")
+    with m.kernel("cpa") as k:
+        src = k.param_ptr("src", f32, align=16)
+        dst = k.param_ptr("dst", f32, align=16)
+        sh = k.shared_array("sh", f32, 256, align=16)
+        t = k.tid.x
+        k.cp_async(sh[t * 4], src[t * 4])
+        k.cp_async_commit()
+        k.cp_async_wait(0)
+        k.st(dst[t * 4], k.ld(sh[((t + 1) & 63) * 4], f32, vec=4))
+    x = emu.DeviceArray.from_numpy(RNG.standard_normal(256).astype(np.float32))
+    y = emu.DeviceArray.from_numpy(np.zeros(256, np.float32))
+    with pytest.raises(emu.RaceError):
+        emu.launch(emu.Module.from_ptx(m)["cpa"], 1, 64, x, y)

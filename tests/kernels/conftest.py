@@ -47,8 +47,7 @@ class Runner:
         return self._mods[key].function(name or spec.kernel_name)
 
     def launch(self, fn, grid, block, *args, shared=0):
-        if shared > getattr(fn, "max_dynamic_shared", shared):
-            fn.set_max_dynamic_shared(shared)       # GPU: opt in past 48 KB
+        fn.require_dynamic_shared(shared)
         self.api.launch(fn, grid, block, *args, shared=shared)
 
     def array(self, host):
