@@ -22,6 +22,7 @@ from . import types as T
 from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
+from .target import MAX_PTX
 from .instr import Comment, Instr, LabelDef, Vec, _leaves
 from .instructions import InstructionsMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
@@ -97,6 +98,8 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             raise PtxBuildError(".minnctapersm needs .maxntid or .reqntid as well")
         self.minnctapersm = minnctapersm
         self.params: list[Param] = []
+        #: the newest PTX ISA version one of its instructions needs
+        self.ptx_needed: tuple[int, int] = self.target.ptx_version
         self.shared: list[Symbol] = []
         self.body: list = []
         self._reg_counts: dict[T.PtxType, int] = {}
@@ -253,9 +256,13 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             sp = _TABLE.get(op) or isa.spec(op)
             ndst = sp.ndst if dsts is None else dsts
             ins = Instr(op, mods, types, operands, guard, loc, ndst)
-            self._check_form(sp, ins, loc)
-            form = _FORMS[key] = (mods, types, ndst, ins.opcode)
-        mods, types, ndst, opcode = form
+            need = self._check_form(sp, ins, loc)
+            # an ISA beyond the target's default raises the module's .version
+            newer = need if need > self.target.ptx_version else None
+            form = _FORMS[key] = (mods, types, ndst, ins.opcode, newer)
+        mods, types, ndst, opcode, newer = form
+        if newer is not None and newer > self.ptx_needed:
+            self.ptx_needed = newer
         ins = Instr(op, mods, types, operands, guard, loc, ndst, opcode)
         defined = self._defined
         for o in operands[ndst:]:
@@ -300,8 +307,9 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             raise TargetError(
                 f"{full} needs sm_{need_sm} and PTX ISA {need_ptx[0]}.{need_ptx[1]}; "
                 f"target {self.target.name} has sm_{self.target.sm} and "
-                f"PTX ISA {self.target.version_text}", loc)
+                f"PTX ISA {self.target.version_text} (at most {MAX_PTX[0]}.{MAX_PTX[1]})", loc)
         check_operands(self, sp, ins, loc)
+        return need_ptx
 
     def _define(self, r, loc, guarded):
         if not isinstance(r, Reg):

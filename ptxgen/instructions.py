@@ -574,6 +574,22 @@ class InstructionsMixin:
         return self.emit("cp.async.wait_group", [], [], [as_operand(pending, T.u32)], dsts=0,
                          _own_frames=1)
 
+    def prefetch_l2_bulk(self, src, nbytes, *, guard=None):
+        """``cp.async.bulk.prefetch.L2.global [src], nbytes`` (sm_90): ask the
+        memory system to bring ``nbytes`` bytes from ``src`` into L2, without
+        waiting and without holding registers.  ``src`` must be 16-byte aligned
+        and ``nbytes`` (a u32 register or constant) a multiple of 16; it is a
+        hint, so nothing waits for it and no later read depends on it."""
+        src = self._as_addr(src)
+        if src.space != "global":
+            raise PtxBuildError(f"cp.async.bulk.prefetch.L2 reads global memory; the source is "
+                                f"{src.space}")
+        if isinstance(nbytes, int) and (isinstance(nbytes, bool) or nbytes <= 0 or nbytes % 16):
+            raise PtxBuildError(f"cp.async.bulk.prefetch.L2 takes a positive multiple of 16 "
+                                f"bytes, got {nbytes!r}")
+        return self.emit("cp.async.bulk.prefetch.L2", ["global"], [], [src, as_operand(nbytes, T.u32)],
+                         guard=guard, dsts=0, _own_frames=1)
+
     def atom(self, op, addr, value, cmp=None, *, ty=None, sem=None, scope=None, guard=None):
         """Atomic ``op`` (add, min, max, inc, dec, and, or, xor, exch, cas) at
         ``addr``; returns the old value.  ``cas`` compares with ``cmp``."""

@@ -176,6 +176,8 @@ TABLE: dict[str, OpSpec] = _table(
            doc="wait until at most N of the thread's committed groups are pending"),
     OpSpec("cp.async.wait_all", "", [], min_sm=80, min_ptx=(7, 0),
            doc="commit and wait for all of the thread's cp.async copies"),
+    OpSpec("cp.async.bulk.prefetch.L2", "m u", [], [("global",)], min_sm=90, min_ptx=(8, 0),
+           doc="asynchronous prefetch of a byte range (16-aligned, a multiple of 16) into L2"),
     OpSpec("st", "m W", [MEM],
            [("weak", "relaxed", "release", "volatile"), SCOPES,
             ("global", "shared", "param"),

@@ -1,14 +1,19 @@
 """Compilation targets: the ``.target`` and ``.version`` a module is emitted for.
 
 Each target's PTX ISA version is the one its compiler release introduced it
-with, well inside what a CUDA 13.0 driver (PTX ISA 9.0) accepts.  An
-instruction that needs a newer sm or ISA than the target offers is refused
-when it is built.
+with, well inside what a CUDA 13.0 driver (PTX ISA 9.0) accepts.  A module
+emits that version unless one of its instructions needs a newer one (up to
+:data:`MAX_PTX`, which CUDA 12.0 and newer accept): then it emits the newest
+version its instructions need.  An instruction that needs a newer sm than
+the target, or an ISA beyond :data:`MAX_PTX`, is refused when it is built.
 """
 
 from __future__ import annotations
 
-__all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET"]
+__all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET", "MAX_PTX"]
+
+#: the newest PTX ISA a module may be raised to (CUDA 12.0)
+MAX_PTX = (8, 0)
 
 
 class Target:
@@ -28,7 +33,9 @@ class Target:
         return f"{self.ptx_version[0]}.{self.ptx_version[1]}"
 
     def supports(self, min_sm: int, min_ptx: tuple[int, int]) -> bool:
-        return self.sm >= min_sm and self.ptx_version >= min_ptx
+        """Whether a module for this target can hold the instruction (its
+        ``.version`` may rise to ``MAX_PTX``)."""
+        return self.sm >= min_sm and max(self.ptx_version, MAX_PTX) >= min_ptx
 
     def __repr__(self) -> str:
         return f"Target({self.name}, .version {self.version_text})"

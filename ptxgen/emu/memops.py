@@ -436,3 +436,35 @@ def _cp_async_sync(stmt, ctx):
         if name != "cp.async.commit_group":
             _retire(st, tids, 0 if name == "cp.async.wait_all" else pending)
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[name])
+
+
+@semantics("cp.async.bulk.prefetch.L2")
+def _prefetch_l2_bulk(stmt, ctx):
+    """A hint with no effect on memory; the range is still checked (16-byte
+    aligned start, a positive multiple of 16 bytes, inside one allocation),
+    since the hardware faults on a bad one."""
+    if "global" not in stmt.mods:
+        raise ctx.error("cp.async.bulk.prefetch.L2 needs .global")
+    get_src, _ = _address(ctx, stmt.operands[0], "global")
+    get_size = getter(ctx, stmt.operands[1], type_by_name("u32"))
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        src = _addr_for(get_src, st, tids, m)
+        size = np.asarray(get_size(st), dtype=np.uint64)
+        size = np.full(tids.size, size, np.uint64) if size.ndim == 0 else (
+            size if m is None else size[tids])
+        for j in range(tids.size):
+            a, n = int(src[j]), int(size[j])
+            if a % 16 or n == 0 or n % 16:
+                raise Fault(MemoryFault, f"cp.async.bulk.prefetch.L2 of {n} bytes at 0x{a:x}: "
+                            f"the address must be 16-byte aligned and the size a positive "
+                            f"multiple of 16", tids[j])
+            try:
+                MEMORY.locate(np.array([a], np.uint64), n, "global cp.async.bulk.prefetch.L2")
+            except Fault as f:
+                f.thread = tids[j]
+                raise
+    return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])

@@ -101,3 +101,81 @@ def test_read_of_a_neighbours_copy_without_a_barrier_is_a_race():
     y = emu.DeviceArray.from_numpy(np.zeros(256, np.float32))
     with pytest.raises(emu.RaceError):
         emu.launch(emu.Module.from_ptx(m)["cpa"], 1, 64, x, y)
+
+
+# ------------------------------------------------ cp.async.bulk.prefetch.L2
+
+def _prefetch_kernel():
+    """Thread 0 prefetches ``n`` bytes at ``&w[off]`` (f32 elements) into L2; every thread
+    then doubles one value (the prefetch must not change anything)."""
+    m = ptxgen.Module("sm_90")
+    with m.kernel("pf", maxntid=64) as k:
+        w = k.param_ptr("w", f32, align=16)
+        off = k.param("off", u32)
+        n = k.param("n", u32)
+        y = k.param_ptr("y", f32)
+        k.prefetch_l2_bulk(k.ptr_add(w, k.cvt("u64", off))[0], n, guard=k.tid.x.eq(0))
+        t = k.tid.x
+        k.st(y[t], k.ld(w[t], f32) * 2.0)
+    return m
+
+
+def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend):
+    """On the emulator and on an sm_90 GPU (where the driver's JIT takes the
+    instruction): the whole 256-byte array prefetched, nothing changed."""
+    if backend.name == "cuda":
+        from ptxgen.driver import get_device
+        if get_device().compute_capability < (9, 0):
+            pytest.skip("cp.async.bulk.prefetch needs sm_90")
+    m = _prefetch_kernel()
+    text = m.to_ptx()
+    assert ".version 8.0" in text and "cp.async.bulk.prefetch.L2.global" in text
+    x = RNG.standard_normal(64).astype(np.float32)
+    dw = backend.array(x)
+    dy = backend.array(np.full(64, np.nan, np.float32))
+    backend.launch(backend.load(text)["pf"], 1, 64, dw, 0, 256, dy)
+    np.testing.assert_array_equal(dy.to_numpy(), x * 2)
+    np.testing.assert_array_equal(dw.to_numpy(), x)
+
+
+@pytest.mark.parametrize("off,n,what", [(0, 24, "multiple of 16"), (2, 16, "16-byte aligned"),
+                                        (0, 0, "positive"), (32, 256, "past the end")])
+def test_bulk_prefetch_bad_range_is_a_fault(off, n, what):
+    """A misaligned start, a size not a positive multiple of 16, or a range
+    past the allocation (256 bytes) is refused, naming the thread."""
+    text = _prefetch_kernel().to_ptx()
+    dw = emu.DeviceArray.from_numpy(RNG.standard_normal(64).astype(np.float32))
+    dy = emu.DeviceArray.empty(64, np.float32)
+    with pytest.raises(emu.MemoryFault, match=what):
+        emu.launch(emu.Module.from_ptx(text)["pf"], 1, 64, dw, off, n, dy)
+
+
+def test_bulk_prefetch_builder_checks():
+    m = ptxgen.Module("sm_90")
+    with pytest.raises(PtxBuildError, match="multiple of 16"):
+        with m.kernel("a") as k:
+            w = k.param_ptr("w", f32, align=16)
+            k.prefetch_l2_bulk(w[0], 40)
+    m = ptxgen.Module("sm_90")
+    with pytest.raises(PtxBuildError, match="global"):
+        with m.kernel("b") as k:
+            sh = k.shared_array("sh", f32, 16, align=16)
+            k.prefetch_l2_bulk(sh[0], 64)
+    m = ptxgen.Module("sm_80")
+    with pytest.raises(ptxgen.errors.TargetError, match="needs sm_90"):
+        with m.kernel("c") as k:
+            w = k.param_ptr("w", f32, align=16)
+            k.prefetch_l2_bulk(w[0], 64)
+
+
+def test_module_version_rises_only_where_needed():
+    """Every module holding the prefetch says .version 8.0 (the builder caches
+    checked forms, so the second build must still raise it); an sm_90 module
+    without it keeps the target's 7.8."""
+    for _ in range(2):
+        assert ".version 8.0" in _prefetch_kernel().to_ptx()
+    m = ptxgen.Module("sm_90")
+    with m.kernel("plain") as k:
+        y = k.param_ptr("y", f32)
+        k.st(y[k.tid.x], k.mov(1.0, f32))
+    assert ".version 7.8" in m.to_ptx()
