@@ -17,6 +17,7 @@ import weakref
 import numpy as np
 
 from ptxgen.abi import register_pointer_type
+from ptxgen.device_array import DeviceArrayBase, normalize_shape
 
 from .device import get_device
 from .errors import check, cuda
@@ -39,16 +40,7 @@ def _free_host(ptr: int) -> None:
         pass
 
 
-def _shape(shape) -> tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
-
-
-class DeviceArray:
+class DeviceArray(DeviceArrayBase):
     """Contiguous device memory with a shape and dtype.
 
     Create with :meth:`empty`, :meth:`zeros`, :meth:`from_numpy` or
@@ -62,16 +54,11 @@ class DeviceArray:
     device : Device
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "device", "_ptr", "_owner", "_finalizer", "__weakref__")
+    __slots__ = ("device",)
 
     def __init__(self, ptr: int, shape, dtype, device, owner=None, finalizer=None):
-        self._ptr = int(ptr)
-        self.shape = _shape(shape)
-        self.dtype = np.dtype(dtype)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
+        super().__init__(ptr, shape, dtype, owner, finalizer)
         self.device = device
-        self._owner = owner  # keeps the memory's owner (base array, torch tensor) alive
-        self._finalizer = finalizer
 
     # ------------------------------------------------------------------ factories
 
@@ -79,7 +66,7 @@ class DeviceArray:
     def empty(cls, shape, dtype=np.float32, *, device=None) -> "DeviceArray":
         """Uninitialised device array (``cuMemAlloc``)."""
         dev = get_device(device)
-        shape = _shape(shape)
+        shape = normalize_shape(shape)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         ptr = int(check(cuda().cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
         arr = cls(ptr, shape, dtype, dev)
@@ -102,80 +89,13 @@ class DeviceArray:
         arr.copy_from(host, stream=stream)
         return arr
 
-    # ------------------------------------------------------------------ state
-
-    @property
-    def ptr(self) -> int:
-        """Device address. Raises ValueError once freed."""
-        if self._ptr == 0 and self.nbytes:
-            raise ValueError("DeviceArray was freed")
-        return self._ptr
-
-    @property
-    def freed(self) -> bool:
-        """True after :meth:`free` (or once the owner released the memory)."""
-        return self._ptr == 0
-
-    @property
-    def size(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        """Number of dimensions."""
-        return len(self.shape)
-
-    def free(self) -> None:
-        """Release the memory now. Views of this array must not be used afterwards."""
-        if self._finalizer is not None:
-            self._finalizer()
-        self._ptr = 0
-        self._owner = None
-
-    def __len__(self) -> int:
-        return self.shape[0] if self.shape else 0
-
-    def __repr__(self) -> str:
-        state = "freed" if self.freed else f"0x{self._ptr:x}"
-        return f"<DeviceArray shape={self.shape} dtype={self.dtype} {state}>"
-
     # ------------------------------------------------------------------ views
 
     def view(self, dtype=None, shape=None, offset: int = 0) -> "DeviceArray":
-        """A new array over the same memory (no copy), keeping this one alive.
+        ptr, shape, dt = self._view_of(dtype, shape, offset)
+        return DeviceArray(ptr, shape, dt, self.device, owner=self)
 
-        Parameters
-        ----------
-        dtype : optional
-            Element type of the view (default: same).
-        shape : optional
-            Shape of the view (default: as many elements as fit after ``offset``).
-        offset : int
-            Byte offset into this array.
-        """
-        dt = np.dtype(dtype) if dtype is not None else self.dtype
-        avail = self.nbytes - offset
-        if shape is None:
-            if avail % dt.itemsize:
-                raise ValueError(f"{avail} bytes is not a whole number of {dt} elements")
-            shape = (avail // dt.itemsize,)
-        shape = _shape(shape)
-        need = math.prod(shape) * dt.itemsize
-        if offset < 0 or need > avail:
-            raise ValueError(f"view of {need} bytes at offset {offset} exceeds the {self.nbytes}-byte array")
-        return DeviceArray(self.ptr + offset, shape, dt, self.device, owner=self)
-
-    def reshape(self, *shape) -> "DeviceArray":
-        """Same memory, new shape (one dimension may be -1)."""
-        if len(shape) == 1 and not isinstance(shape[0], int):
-            shape = tuple(shape[0])
-        if shape.count(-1) == 1:
-            known = math.prod(s for s in shape if s != -1)
-            shape = tuple(self.size // known if s == -1 else s for s in shape)
-        if math.prod(shape) != self.size:
-            raise ValueError(f"cannot reshape {self.shape} into {shape}")
-        return self.view(self.dtype, shape)
+    view.__doc__ = DeviceArrayBase.view.__doc__
 
     # ------------------------------------------------------------------ copies
 
@@ -331,7 +251,7 @@ def pinned_empty(shape, dtype=np.float32) -> np.ndarray:
 
     The memory is released (``cuMemFreeHost``) when the array and all its views are gone.
     """
-    shape = _shape(shape)
+    shape = normalize_shape(shape)
     dt = np.dtype(dtype)
     holder = _PinnedHolder(math.prod(shape) * dt.itemsize, shape, dt)
     return np.asarray(holder)

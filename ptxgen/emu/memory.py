@@ -21,6 +21,7 @@ import weakref
 
 import numpy as np
 
+from ..device_array import DeviceArrayBase, normalize_shape
 from .errors import Fault, MemoryFault
 
 __all__ = ["DeviceArray", "Memory", "MEMORY", "GLOBAL_BASE", "SHARED_WINDOW",
@@ -142,16 +143,7 @@ def scatter(buf, offs, size, values):
         view[idx + j] = v
 
 
-def _shape(shape):
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
-
-
-class DeviceArray:
+class DeviceArray(DeviceArrayBase):
     """Emulator device memory with a shape and dtype (like the driver's).
 
     Attributes
@@ -161,20 +153,13 @@ class DeviceArray:
     nbytes : int
     """
 
-    __slots__ = ("shape", "dtype", "nbytes", "_ptr", "_owner", "_finalizer", "__weakref__")
-
-    def __init__(self, ptr, shape, dtype, owner=None):
-        self._ptr = int(ptr)
-        self.shape = _shape(shape)
-        self.dtype = np.dtype(dtype)
-        self.nbytes = math.prod(self.shape) * self.dtype.itemsize
-        self._owner = owner
-        self._finalizer = None
+    __slots__ = ()
+    _repr_name = "emu.DeviceArray"
 
     @classmethod
     def empty(cls, shape, dtype=np.float32) -> "DeviceArray":
         """An array of unspecified contents (the emulator fills it with 0xAB bytes)."""
-        shape = _shape(shape)
+        shape = normalize_shape(shape)
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         ptr = MEMORY.alloc(nbytes)
         MEMORY.buffer(ptr, nbytes)[:] = 0xAB
@@ -196,52 +181,14 @@ class DeviceArray:
         arr.copy_from(host)
         return arr
 
-    @property
-    def ptr(self) -> int:
-        if self._ptr == 0 and self.nbytes:
-            raise ValueError("DeviceArray was freed")
-        return self._ptr
-
-    @property
-    def freed(self) -> bool:
-        return self._ptr == 0
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    def __len__(self):
-        return self.shape[0] if self.shape else 0
-
-    def __repr__(self):
-        state = "freed" if self.freed else f"0x{self._ptr:x}"
-        return f"<emu.DeviceArray shape={self.shape} dtype={self.dtype} {state}>"
-
-    def free(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-        self._ptr = 0
-        self._owner = None
-
     def _bytes(self):
         return MEMORY.buffer(self.ptr, self.nbytes)
 
     def view(self, dtype=None, shape=None, offset: int = 0) -> "DeviceArray":
-        """A new array over the same memory, keeping this one alive."""
-        dt = np.dtype(dtype) if dtype is not None else self.dtype
-        avail = self.nbytes - offset
-        if shape is None:
-            if avail % dt.itemsize:
-                raise ValueError(f"{avail} bytes is not a whole number of {dt} elements")
-            shape = (avail // dt.itemsize,)
-        shape = _shape(shape)
-        if offset < 0 or math.prod(shape) * dt.itemsize > avail:
-            raise ValueError("view exceeds the array")
-        return DeviceArray(self.ptr + offset, shape, dt, owner=self)
+        ptr, shape, dt = self._view_of(dtype, shape, offset)
+        return DeviceArray(ptr, shape, dt, owner=self)
+
+    view.__doc__ = DeviceArrayBase.view.__doc__
 
     def copy_from(self, src) -> "DeviceArray":
         """Copy a host array (or another emulator DeviceArray) into this one."""
