@@ -16,6 +16,7 @@ same run (bytes read + written / time).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -85,10 +86,30 @@ def _stream_gate_up(m, k, epilogue):
             if epilogue == "swiglu" else {})
 
 
+@contextlib.contextmanager
+def _without(kinds):
+    """While open, ops of the given kinds (``"RmsNorm"``, ``"Attention"`` ...)
+    join a graph with no launches: an ablation for timing only (the step's
+    numbers are then garbage; what the other kernels read is not)."""
+    from .executor import ComputeGraph
+    add = ComputeGraph.add
+    kinds = frozenset(kinds)
+
+    def add_without(self, kind, name, inputs, outputs, launches):
+        return add(self, kind, name, inputs, outputs, () if kind in kinds else launches)
+    ComputeGraph.add = add_without
+    try:
+        yield
+    finally:
+        ComputeGraph.add = add
+
+
 def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
             modes=("eager", "graph")) -> dict:
     """Decode-step timings per configuration (``configs``: name ->
-    :class:`LlamaModel` keyword arguments; default: the ones below)."""
+    :class:`LlamaModel` keyword arguments; default: the ones below).  A
+    configuration's ``"drop"`` entry (op kinds) builds the model without
+    those ops' launches, to time what they cost (:func:`_without`)."""
     from .gguf_synth import write_synthetic_llama
     from .llama import LlamaModel
     tmp = None
@@ -116,8 +137,10 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
     for config, kw in configs.items():
         t0 = time.perf_counter()
-        model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
-                                     progress=False, **kw)
+        kw = dict(kw)
+        with _without(kw.pop("drop", ())):
+            model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
+                                         progress=False, **kw)
         load_s = time.perf_counter() - t0
         out.update(launches_per_token=model.graph.launch_count,
                    weight_bytes=model.file.weight_bytes)

@@ -81,6 +81,30 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     assert [op.kind for op in plain.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
 
 
+def test_benchmark_ablation_drops_only_the_named_ops(tiny):
+    """bench_model's ablation (timing what an op kind costs) builds the graph
+    without those ops' launches, keeps everything else, and restores
+    ComputeGraph.add afterwards even when the build fails."""
+    from ptxgen.driver import bench_model
+    from ptxgen.driver.executor import ComputeGraph
+    add = ComputeGraph.add
+    full = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    with bench_model._without({"RmsNorm", "Attention"}):
+        cut = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    assert ComputeGraph.add is add
+    per_kind = {}
+    for op in full.graph.ops:
+        per_kind[op.kind] = per_kind.get(op.kind, 0) + len(op.launches)
+    assert cut.graph.launch_count == (full.graph.launch_count - per_kind["RmsNorm"]
+                                      - per_kind["Attention"])
+    assert [op.kind for op in cut.graph.ops] == [op.kind for op in full.graph.ops]
+    from ptxgen.driver.gguf_loader import GGUFError
+    with pytest.raises(GGUFError):
+        with bench_model._without({"RmsNorm"}):
+            LlamaModel.from_gguf(__file__, backend="emu", progress=False)
+    assert ComputeGraph.add is add
+
+
 def test_mixed_types_use_unfused_paths(tmp_path):
     """attn_v and ffn_up in Q6_K (as Q4_K_M files do): Q, K, V are then three
     GEMVs and gate/up two GEMVs plus a SwiGLU launch; results still match."""
