@@ -147,7 +147,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         out["load_seconds"] = load_s
         print(f"model ({config}: pdl={model.pdl}, fuse_norm={model.fuse_norm}) loaded in "
               f"{load_s:.1f} s; {model.graph.launch_count} launches per token")
-        print(f"{'context':>8}{'mode':>7}{'config':>9}{'ms/token':>10}{'tokens/s':>10}{'GB read':>9}"
+        print(f"{'context':>8}{'mode':>7}{'config':>14}{'ms/token':>10}{'tokens/s':>10}{'GB read':>9}"
               f"{'floor ms':>10}{'share':>8}")
         for ctx in contexts:
             nbytes = _step_bytes(model, ctx)
@@ -160,7 +160,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
                        "tokens_per_second": 1 / t, "bytes_per_token": nbytes,
                        "floor_seconds": floor, "share_of_floor": floor / t}
                 out["rows"].append(row)
-                print(f"{ctx:>8}{mode:>7}{config:>9}{t * 1e3:>10.3f}{1 / t:>10.1f}"
+                print(f"{ctx:>8}{mode:>7}{config:>14}{t * 1e3:>10.3f}{1 / t:>10.1f}"
                       f"{nbytes / 1e9:>9.2f}{floor * 1e3:>10.3f}{floor / t:>8.1%}", flush=True)
         del model
         import gc
