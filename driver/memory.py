@@ -91,11 +91,8 @@ class DeviceArray(DeviceArrayBase):
 
     # ------------------------------------------------------------------ views
 
-    def view(self, dtype=None, shape=None, offset: int = 0) -> "DeviceArray":
-        ptr, shape, dt = self._view_of(dtype, shape, offset)
-        return DeviceArray(ptr, shape, dt, self.device, owner=self)
-
-    view.__doc__ = DeviceArrayBase.view.__doc__
+    def _view_array(self, ptr, shape, dtype) -> "DeviceArray":
+        return DeviceArray(ptr, shape, dtype, self.device, owner=self)
 
     # ------------------------------------------------------------------ copies
 

@@ -83,21 +83,6 @@ class DeviceArrayBase:
         state = "freed" if self.freed else f"0x{self._ptr:x}"
         return f"<{self._repr_name} shape={self.shape} dtype={self.dtype} {state}>"
 
-    def _view_of(self, dtype, shape, offset: int):
-        """``(address, shape, dtype)`` of a view; see :meth:`view`."""
-        dt = np.dtype(dtype) if dtype is not None else self.dtype
-        avail = self.nbytes - offset
-        if shape is None:
-            if avail % dt.itemsize:
-                raise ValueError(f"{avail} bytes is not a whole number of {dt} elements")
-            shape = (avail // dt.itemsize,)
-        shape = normalize_shape(shape)
-        need = math.prod(shape) * dt.itemsize
-        if offset < 0 or need > avail:
-            raise ValueError(f"view of {need} bytes at offset {offset} exceeds the "
-                             f"{self.nbytes}-byte array")
-        return self.ptr + offset, shape, dt
-
     def view(self, dtype=None, shape=None, offset: int = 0):
         """A new array over the same memory (no copy), keeping this one alive.
 
@@ -110,6 +95,21 @@ class DeviceArrayBase:
         offset : int
             Byte offset into this array.
         """
+        dt = np.dtype(dtype) if dtype is not None else self.dtype
+        avail = self.nbytes - offset
+        if shape is None:
+            if avail % dt.itemsize:
+                raise ValueError(f"{avail} bytes is not a whole number of {dt} elements")
+            shape = (avail // dt.itemsize,)
+        shape = normalize_shape(shape)
+        need = math.prod(shape) * dt.itemsize
+        if offset < 0 or need > avail:
+            raise ValueError(f"view of {need} bytes at offset {offset} exceeds the "
+                             f"{self.nbytes}-byte array")
+        return self._view_array(self.ptr + offset, shape, dt)
+
+    def _view_array(self, ptr: int, shape, dtype):
+        """An array of this class at ``ptr`` that keeps ``self`` alive."""
         raise NotImplementedError
 
     def reshape(self, *shape):

@@ -184,11 +184,8 @@ class DeviceArray(DeviceArrayBase):
     def _bytes(self):
         return MEMORY.buffer(self.ptr, self.nbytes)
 
-    def view(self, dtype=None, shape=None, offset: int = 0) -> "DeviceArray":
-        ptr, shape, dt = self._view_of(dtype, shape, offset)
-        return DeviceArray(ptr, shape, dt, owner=self)
-
-    view.__doc__ = DeviceArrayBase.view.__doc__
+    def _view_array(self, ptr, shape, dtype) -> "DeviceArray":
+        return DeviceArray(ptr, shape, dtype, owner=self)
 
     def copy_from(self, src) -> "DeviceArray":
         """Copy a host array (or another emulator DeviceArray) into this one."""
