@@ -140,6 +140,9 @@ def run_all(verbose: bool = True) -> dict:
             for b in (256, 512, 1024):
                 sweep[f"b{b}"] = _ours(lambda s: ops.rmsnorm(dx, dw, 1e-5, out=do, block=b,
                                                             stream=s), stream)
+            # without programmatic dependent launch (torch's graph has none)
+            sweep["no_pdl"] = _ours(lambda s: ops.rmsnorm(dx, dw, 1e-5, out=do, pdl=False,
+                                                         stream=s), stream)
             res[f"rmsnorm_{rows}x{n}"]["variants_us"] = sweep
             if verbose:
                 print("    variants:", {k: round(v, 2) for k, v in sweep.items()}, flush=True)

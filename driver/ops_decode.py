@@ -109,7 +109,7 @@ def _constant(key, make):
 
 
 def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=True,
-            block=None, stream=None):
+            block=None, pdl=None, stream=None):
     """``out = x / sqrt(mean(x**2) + eps) * w`` row by row (f32).
 
     ``block`` defaults to the fewest threads (256 to 1024) that hold a row of
@@ -117,6 +117,10 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
 
     With ``residual``, ``s = x + residual`` is normalised and written to
     ``sum_out`` (allocated if None); returns ``out`` or ``(out, sum_out)``.
+
+    ``pdl`` (default: on for sm_90 and newer) launches it as a programmatic
+    dependent launch: it may start while the previous kernel in the stream
+    finishes, and waits for it (``griddepcontrol.wait``) before reading.
     """
     xa, wa = _arr(x, "x"), _arr(w, "w")
     _check_dtype(xa, np.float32, "x")
@@ -128,18 +132,21 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
     if block is None:
         # enough threads for the row to sit in registers (4 x 16 bytes each)
         block = min(1024, max(256, -(-n // 512) * 32))
+    tgt = device_target()
+    if pdl is None:
+        pdl = TARGETS[tgt].sm >= 90
     spec = _rms.RmsNormSpec(residual=residual is not None, block=block, precise=precise,
-                            target=device_target())
+                            target=tgt, pdl=bool(pdl))
     f = _fn(_rms.build, spec)
     out = _out(out, xa.shape)
     grid, blk, _ = _rms.launch_geometry(spec, rows)
     if residual is None:
-        launch(f, grid, blk, xa, wa, out, n, float(eps), stream=stream)
+        launch(f, grid, blk, xa, wa, out, n, float(eps), stream=stream, pdl=spec.pdl)
         return out
     ra = _arr(residual, "residual")
     _check_dtype(ra, np.float32, "residual")
     sum_out = _out(sum_out, xa.shape, what="sum_out")
-    launch(f, grid, blk, xa, ra, sum_out, wa, out, n, float(eps), stream=stream)
+    launch(f, grid, blk, xa, ra, sum_out, wa, out, n, float(eps), stream=stream, pdl=spec.pdl)
     return out, sum_out
 
 

@@ -712,8 +712,21 @@ class InstructionsMixin:
     def warpid(self):
         return self.mov(SpecialReg("%warpid", T.u32))
 
+    @property
+    def smid(self):
+        """``%smid``: the SM this thread runs on (a u32 register; 0 in the
+        emulator).  Valid only for the read: a CTA stays on its SM, but the
+        numbering need not be contiguous."""
+        return self.mov(SpecialReg("%smid", T.u32))
+
     def clock64(self):
+        """``%clock64``: this SM's cycle counter (not comparable across SMs)."""
         return self.mov(SpecialReg("%clock64", T.u64))
+
+    def globaltimer(self):
+        """``%globaltimer``: the GPU's nanosecond timer, one clock for every SM
+        (a fresh u64 register per call; 0 in the emulator)."""
+        return self.mov(SpecialReg("%globaltimer", T.u64))
 
     def global_id(self, dim="x"):
         """``ctaid * ntid + tid`` along ``dim`` (a u32 register)."""

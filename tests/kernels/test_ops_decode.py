@@ -31,6 +31,36 @@ def test_ops_eager(drv):
     assert int(ops.argmax(D(v)).to_numpy()[0]) == int(np.argmax(v))
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_rmsnorm_chain_in_a_graph(drv, pdl):
+    """Each RMSNorm reads the previous one's output: with programmatic
+    dependent launch (the sm_90 default) the wait must still order them."""
+    driver, ops = drv
+    if pdl and driver.get_device().compute_capability[0] < 9:
+        pytest.skip("programmatic dependent launch needs sm_90")
+    D = driver.DeviceArray.from_numpy
+    rng = np.random.default_rng()
+    n, links = 4096, 6
+    x = rng.standard_normal((1, n)).astype(np.float32) * 3 + 1
+    ws = [rng.uniform(0.5, 1.5, n).astype(np.float32) for _ in range(links)]
+    bufs = [D(x)] + [D(np.full((1, n), np.nan, np.float32)) for _ in range(links)]
+    dws = [D(w) for w in ws]
+    s = driver.Stream()
+    ops.rmsnorm(bufs[0], dws[0], 1e-5, out=bufs[1], pdl=pdl, stream=s)   # build outside capture
+    s.synchronize()
+    bufs[1].copy_from(np.full((1, n), np.nan, np.float32))
+    with driver.capture(s) as g:
+        for i in range(links):
+            ops.rmsnorm(bufs[i], dws[i], 1e-5, out=bufs[i + 1], pdl=pdl, stream=s)
+    g.instantiate().launch(s)
+    s.synchronize()
+    ref = x.astype(np.float64)
+    for w in ws:
+        ref = R.reference(ref, w, 1e-5)
+    out = bufs[-1].to_numpy()
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) <= links * 1e-5
+
+
 def test_graph_replay_follows_device_length(drv):
     """One captured step (append + attention) replayed at growing positions."""
     driver, ops = drv
