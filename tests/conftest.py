@@ -2,6 +2,8 @@
 emulator always and on a GPU (through ptxgen.driver) when one is present;
 the GPU case is skipped cleanly, never errors, where there is none."""
 
+import os
+
 import pytest
 
 from backends import Backend, cuda_available
@@ -28,3 +30,16 @@ def backend(request):
 def emu_backend():
     """The emulator backend only (for tests of emulator diagnostics)."""
     return Backend("emu")
+
+
+@pytest.fixture(scope="session")
+def ptxas():
+    """The ptxas executable; a clean skip without one, except under CI
+    (CI=true), where a missing ptxas fails."""
+    from ptxgen.ptxas import PtxasNotFound, find_ptxas
+    try:
+        return find_ptxas()
+    except PtxasNotFound as e:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"ptxas is required under CI: {e}")
+        pytest.skip(str(e))
