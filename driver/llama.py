@@ -29,8 +29,7 @@ import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, kv_append,
                             rmsnorm, rope, swiglu)
-
-from ptxgen.target import TARGETS
+from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .executor import ComputeGraph, Executor, Launch
 from .gguf_loader import GGUFError, LlamaFile, RawTensor
@@ -102,7 +101,7 @@ class LlamaModel:
         finally:
             gemv_lowering.Q4K_KNOBS = {}
         # programmatic dependent launch: on by default where the target has it
-        self.pdl = (TARGETS[self.target].sm >= 90) if pdl is None else bool(pdl)
+        self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
             enable_pdl(self.graph)
         bar = _ProgressBar(file.weight_bytes, enabled=progress)

@@ -27,6 +27,7 @@ from ptxgen.kernels import kv_append as _kva
 from ptxgen.kernels import rmsnorm as _rms
 from ptxgen.kernels import rope as _rope
 from ptxgen.kernels import swiglu as _swiglu
+from ptxgen.kernels.spec_fields import has_griddepcontrol
 from ptxgen.target import TARGETS
 
 from .device import get_device
@@ -133,10 +134,8 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
         # enough threads for the row to sit in registers (4 x 16 bytes each)
         block = min(1024, max(256, -(-n // 512) * 32))
     tgt = device_target()
-    if pdl is None:
-        pdl = TARGETS[tgt].sm >= 90
     spec = _rms.RmsNormSpec(residual=residual is not None, block=block, precise=precise,
-                            target=tgt, pdl=bool(pdl))
+                            target=tgt, pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
     f = _fn(_rms.build, spec)
     out = _out(out, xa.shape)
     grid, blk, _ = _rms.launch_geometry(spec, rows)
@@ -245,10 +244,9 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                         merge_unroll=merge_unroll).items()
              if v_ is not None}
     tgt = device_target()
-    if pdl is None:
-        pdl = TARGETS[tgt].sm >= 90
-    spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
-                               target=tgt, pdl=bool(pdl), **knobs)
+    spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
+                               pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl),
+                               **knobs)
     dev = get_device()
     mod = _module(_fd.build, spec)
     if n_splits is None:

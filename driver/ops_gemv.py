@@ -15,7 +15,7 @@ import functools
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
-from ptxgen.target import TARGETS
+from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .launch import launch
 from .memory import DeviceArray, as_device_array
@@ -70,7 +70,7 @@ def gemv_spec(qtype, k, epilogue="none", m=None, **knobs):
     ``pdl`` (programmatic dependent launch) defaults to on for sm_90 and newer."""
     tgt = _target()
     if knobs.get("pdl") is None:
-        knobs["pdl"] = TARGETS[tgt].sm >= 90
+        knobs["pdl"] = has_griddepcontrol(tgt)
     return _g.default_spec(qtype.upper(), k, epilogue, target=tgt, m=m, **knobs)
 
 

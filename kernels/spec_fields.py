@@ -7,7 +7,8 @@ import attrs
 
 from ptxgen.target import TARGETS
 
-__all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue"]
+__all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue",
+           "has_griddepcontrol"]
 
 
 def check_block(_, attr, v):
@@ -26,10 +27,17 @@ def block_field(default: int = 256):
     return attrs.field(default=default, validator=check_block)
 
 
+def has_griddepcontrol(target: str) -> bool:
+    """Whether ``target`` has ``griddepcontrol`` (programmatic dependent
+    launch): sm_90 and newer.  Where it does, the driver's entry points and
+    the model launch with PDL unless told otherwise."""
+    return TARGETS[target].sm >= 90
+
+
 def _check_pdl(inst, attr, v):
     if not isinstance(v, bool):
         raise ValueError(f"{attr.name} must be a bool, got {v!r}")
-    if v and TARGETS[inst.target].sm < 90:
+    if v and not has_griddepcontrol(inst.target):
         raise ValueError(f"{attr.name}=True needs griddepcontrol (sm_90 or newer); "
                          f"target is {inst.target}")
 
