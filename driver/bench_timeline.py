@@ -35,9 +35,6 @@ import numpy as np
 
 from . import timeline
 
-_ENTRY = re.compile(r"^\.visible\s+\.entry\s+([A-Za-z_$][\w$]*)\s*\(", re.M)
-
-
 def _step_ms(model, ctx, n=30):
     from .bench_model import _measure
     return _measure(model, ctx, "graph", n) * 1e3
@@ -50,9 +47,8 @@ def _launches(model):
     for op in model.graph.ops:
         for L in op.launches:
             mod = ex._modules[(L.family, L.spec)]
-            names = _ENTRY.findall(mod.ptx)
             ctas = int(np.prod(L.grid))
-            out.append((op.kind, op.name, mod, names.index(L.kernel), ctas, L))
+            out.append((op.kind, op.name, mod, mod.names.index(L.kernel), ctas, L))
     return out
 
 

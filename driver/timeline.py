@@ -19,8 +19,8 @@ every module loaded inside it (the disk cache is bypassed), and
 A record is ``(start, wait, end, kernel, launch, cta, sm)``: three
 ``%globaltimer`` readings in ns (``wait`` equals ``start`` in a kernel without
 ``griddepcontrol.wait``), the kernel's index in the module (``.entry``
-order), the launch number since the last :func:`reset`, the CTA's linear
-index and ``%smid``.  The clock's granularity is the GPU's (32 ns on an
+order, as :attr:`Module.names`), the launch number since the last
+:func:`reset`, the CTA's linear index and ``%smid``.  The clock's granularity is the GPU's (32 ns on an
 H100); measure it from the records rather than assume nanoseconds.
 """
 
@@ -31,6 +31,8 @@ import re
 
 import numpy as np
 
+from ptxgen.abi import parse_entries
+
 __all__ = ["instrument", "instrumenting", "read", "reset", "RECORD_FIELDS"]
 
 RECORD_FIELDS = ("start", "wait", "end", "kernel", "launch", "cta", "sm")
@@ -39,7 +41,7 @@ _CNT = "ptxgen_timeline_n"
 _GEOM = "ptxgen_timeline_geom"      # (kernels, launches, max_ctas)
 _REC_BYTES = 32     # start, wait, end (u64), cta (u32), sm (u32)
 
-_ENTRY = re.compile(r"^\.visible\s+\.entry\s+([A-Za-z_$][\w$]*)\s*\(", re.M)
+_ENTRY = re.compile(r"^\s*(?:\.(?:visible|weak)\s+)?\.entry\s+[A-Za-z_$][\w$]*")
 _EXIT = re.compile(r"^(\s*)(@(!?)(%\w+)\s+)?(ret|exit)\s*;\s*$")
 
 
@@ -55,7 +57,7 @@ def instrument(ptx: str, launches: int = 128, max_ctas: int = 2048) -> str:
     for name, v in (("launches", launches), ("max_ctas", max_ctas)):
         if not isinstance(v, int) or not 1 <= v <= 1 << 16:
             raise ValueError(f"{name} must be in 1..65536, got {v!r}")
-    n_kernels = len(_ENTRY.findall(ptx))
+    n_kernels = len(parse_entries(ptx))
     if not n_kernels:
         raise ValueError("no .entry in this PTX")
     if n_kernels * launches * max_ctas * _REC_BYTES > 1 << 30:
@@ -100,6 +102,8 @@ def instrument(ptx: str, launches: int = 128, max_ctas: int = 2048) -> str:
         if in_body and s == "}":
             in_body = False
         out.append(line)
+    if kernel + 1 != n_kernels:
+        raise ValueError(f"found {kernel + 1} of the {n_kernels} .entry lines to instrument")
     return "\n".join(out) + "\n"
 
 
@@ -216,13 +220,13 @@ def instrumenting(launches: int = 128, max_ctas: int = 2048):
     instrumented (and not taken from or put in the disk cache).  Yields the
     list the loaded modules are appended to."""
     from . import module as M
+    from .jit import ptx_text
     orig = M.Module.from_ptx.__func__
     loaded = []
 
     def from_ptx(cls, ptx, *, device=None, options=None, cache=True):
-        text = ptx if isinstance(ptx, str) else (ptx.decode() if isinstance(ptx, bytes)
-                                                  else ptx.to_ptx())
-        mod = orig(cls, instrument(text, launches, max_ctas), device=device, options=options, cache=False)
+        mod = orig(cls, instrument(ptx_text(ptx), launches, max_ctas), device=device,
+                   options=options, cache=False)
         loaded.append(mod)
         return mod
 
