@@ -285,13 +285,14 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
                             1.0 / math.sqrt(d), stream=s)
 
 
-def bench_flash(verbose: bool = True) -> dict:
+def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
     """Flash decode only (32 q / 8 KV heads, d = 128, f16 cache of 32768): the
     default (separate combine, two launches), the fused merge at several
     ``merge_unroll`` and the split kernel alone, beside SDPA (timed before and
     after ours) at L = 1024, 4096, 16384, 32768; every output is checked
     against float64 attention after its timed replays (``err``: max error
-    over the largest output)."""
+    over the largest output).  ``extra``: more variants, name -> knobs of
+    :func:`ops.flash_decode`."""
     import torch
     import torch.nn.functional as F
 
@@ -314,7 +315,8 @@ def bench_flash(verbose: bool = True) -> dict:
     kh, vh, qh = kc.cpu().numpy(), vc.cpu().numpy(), q.cpu().numpy()
     dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
     variants = {"sep": {}, "sep_no_pdl": dict(pdl=False),
-                **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)}}
+                **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)},
+                **(extra or {})}
     for name, kw in variants.items():             # the JIT's registers, occupancy, splits
         spec = fd.FlashDecodeSpec(target=ops.device_target(),
                                   **{k: v for k, v in kw.items() if k != "pdl"})

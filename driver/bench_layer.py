@@ -8,7 +8,9 @@ per layer and share of the floor (the layer's weight bytes over a device
 copy's bandwidth measured in the same run).  Variants size each GEMV's grid
 to whole waves from the driver's occupancy (``max_ctas = resident CTAs per SM
 x SMs``, with ``min_ctas`` raising the CTAs per SM); ``--extra`` adds row and
-ring variants.  Results: docs/results.md ("Inside the decode step").
+ring variants; ``main(variants=...)`` times the given ones instead (name ->
+{gemv: knobs}, or a function of the SM count giving that).  Results:
+docs/results.md ("Inside the decode step").
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SHAPES = dict(qkv=(QKV, H, "none"), o=(H, H, "residual"), gu=(FFN, H, "swiglu"),
               d=(H, FFN, "residual"))
 
 
-def main(argv=None):
+def main(argv=None, variants=None):
     import torch
 
     from ptxgen.kernels import gemv as G
@@ -80,6 +82,12 @@ def main(argv=None):
 
     run("default", {})
     run("default (again)", {})
+    if variants:
+        # name -> {gemv: knobs} (a callable gets the SM count)
+        for name, knobs in variants.items():
+            run(name, knobs(sms) if callable(knobs) else knobs)
+        print(json.dumps(res))
+        return res
     for n, (m, k, ep) in SHAPES.items():
         o, _, _ = occ(m, k, ep, {})
         run(f"{n}:wave{o}", {n: dict(max_ctas=o * sms)})

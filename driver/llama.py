@@ -78,13 +78,14 @@ class LlamaModel:
     2.59 ms per token, docs/results.md).  ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
-    knobs per GEMV shape.
+    knobs per GEMV shape.  ``flash_knobs`` overrides :class:`FlashDecodeSpec`
+    fields of the attention kernels (e.g. ``{"l2_ahead": 96}``).
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm: bool = False,
-                 gemv_knobs=None):
+                 gemv_knobs=None, flash_knobs=None):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -94,6 +95,7 @@ class LlamaModel:
         self.target = target or _backend_target(backend)
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
+        self.flash_knobs = dict(flash_knobs or {})
         self.graph = ComputeGraph()
         gemv_lowering.Q4K_KNOBS = gemv_knobs or {}
         try:
@@ -149,7 +151,8 @@ class LlamaModel:
                               **_rope_scaling(hp), append="f16", target=tgt)
         freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
-                                           kv_dtype="f16", target=tgt)
+                                           kv_dtype="f16", target=tgt,
+                                           **self.flash_knobs)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
         # ((split grid, block), combine): combine is None when the last split
         # block of each KV head merges the partials (fused, one launch)

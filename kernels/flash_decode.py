@@ -15,11 +15,13 @@ Layout
 
 Kernels (one module)
     ``split``: ``grid = (n_splits, n_kv_heads)``, ``block = 32 * warps``.
-    Block ``(s, h)`` takes the ``s``-th chunk of ``[0, kv_len)``; the chunk
-    length is ``max(ceil(kv_len / n_splits), min_keys)`` rounded up to the
-    block's row groups, so the grid is fixed (graph-replay safe) while every
-    length uses it; a block whose chunk is empty writes a neutral ``(m, l) =
-    (-1e30, 0)`` and exits (its ``o`` is never written).  ``head_dim / 8``
+    The first ``n = min(n_splits, ceil(kv_len / min_keys))`` splits work:
+    the ``g`` row groups (the block's rows loaded at once) of ``[0, kv_len)``
+    are dealt out evenly, block ``(s, h)`` taking groups ``[s g / n, (s + 1)
+    g / n)``, so the grid is fixed (graph-replay safe) while every length
+    uses it and no block has more than one group more than another; a block
+    past ``n`` writes a neutral ``(m, l, o) = (-1e30, 0, 0)`` and exits.
+    ``head_dim / 8``
     lanes (f16; ``/ 4`` for f32)
     share one key row: each loads 16 bytes of K and of V with
     ``ld.global.nc.v4``, so a warp streams whole rows and the K/V bytes are
@@ -29,14 +31,18 @@ Kernels (one module)
     rescales once per tile of ``unroll`` keys (with ``prefetch``, the next
     tile's loads are in flight during this tile's math).  The lane groups of a warp
     are merged with shuffles, the warps through shared memory.
-    ``combine``: ``grid = n_q_heads``, ``block = 512``: thread ``s`` reads
-    split ``s``'s ``(m, l)``, the block reduces ``M = max m_s`` and ``sum
-    l_s 2^(m_s - M)`` over the splits with ``l_s > 0``; thread ``(p, c)``
-    sums 16-byte column group ``c`` of splits ``p, p + P, ...`` (``P = 2048
-    / head_dim``), its first 6 loads issued before the reductions (one round
-    of loads for up to ``6 P`` splits), dead splits dropped; the parts are
-    added and divided (``div.rn``); ``kv_len = 0`` gives 0.  At most
-    ``MAX_SPLITS`` (512) splits.
+    ``combine``: ``grid = n_q_heads``, ``block = 512`` (16 warps): warp ``w``
+    merges splits ``w, w + 16, ...``, 6 at a time with every load of a round
+    issued at once (one round for up to 96 splits): all its lanes read a
+    split's ``(m, l)`` (one broadcast transaction) and lane ``i`` its
+    ``head_dim / 32`` columns of the split's ``o``, merged online (``M = max
+    m``, weights ``2^(m - M)``), so the warp needs no shuffles and no
+    barrier.  An empty split's block writes ``(m, l, o) = (-1e30, 0, 0)``,
+    so its weight needs no test on ``l`` (with one, ptxas predicates the
+    ``o`` loads on it: a second round trip).  The 16 warp partials meet in shared memory
+    behind one barrier; thread ``j < head_dim`` merges column ``j`` and
+    divides (``div.rn``); ``kv_len = 0`` gives 0.  At most ``MAX_SPLITS``
+    (512) splits.
 
 Accuracy: within 1e-4 (relative to the largest output) of float64
 attention over the same f16 K/V (``ex2.approx``: 2^-22 relative).
@@ -59,7 +65,8 @@ from .spec_fields import pdl_field, pdl_prologue
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 SMEM_LIMIT = 48 * 1024
-MAX_SPLITS = 512        # one combine thread per split (512 threads)
+MAX_SPLITS = 512        # the most splits a launch may have
+COMBINE_WARPS = 16      # warps of the combine block
 
 
 @attrs.frozen
@@ -173,11 +180,6 @@ class FlashDecodeSpec:
         return 4 * self.warps * self.group * (self.head_dim + 2)
 
     @property
-    def combine_parts(self) -> int:
-        """Split partitions of the combine block (512 threads of 4 columns each)."""
-        return 512 * 4 // self.head_dim
-
-    @property
     def kernel_name(self) -> str:
         return (f"flash_decode_d{self.head_dim}_g{self.group}_{self.kv_dtype}"
                 f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
@@ -249,18 +251,27 @@ def _build_split(m, spec: FlashDecodeSpec):
         # chunk: ceil(L / n_splits), at least min_keys, rounded up to whole
         # row groups; splits past the end write a neutral (m, l) and leave
         # (the combine skips their o)
-        per = k.max((L + nsplit - 1) // nsplit, spec.min_keys)
-        chunk = (per + (RG - 1)) // RG * RG
-        start = split * chunk
+        # the first ceil(L / min_keys) splits (at most all) work; the length's
+        # row groups are dealt out evenly among them: split s takes groups
+        # [s g / n, (s + 1) g / n); the others see start >= L
+        ng = (L + (RG - 1)) // RG
+        nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
+        start = (split * ng) // nact * RG
         with k.if_(start >= L):
             with k.if_(tid < G):
                 pidx = (h * G + tid) * nsplit + split
                 k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
+            # and a zero o, so the combine may weigh every split's o (by 0)
+            # without a select that would let ptxas predicate its load on l
+            with k.if_(tid < d // 4):
+                z = k.mov(0.0, f32)
+                for g in range(G):
+                    k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * tid], (z, z, z, z))
             if fused:
                 k.bra(merge, uni=True)          # still counts towards the head's merge
             else:
                 k.exit()
-        end = k.min(start + chunk, L)
+        end = k.min(((split + 1) * ng) // nact * RG, L)
         last = end - 1
 
 
@@ -477,72 +488,83 @@ def _block_reduce(k, v, op, scratch, nwarps):
 
 def _build_combine(m, spec: FlashDecodeSpec):
     d = spec.head_dim
-    nthreads = 512
-    CG = d // 4                     # 16-byte column groups of a row
-    P = nthreads // CG              # split partitions (16 for d = 128)
-    nwarps = nthreads // 32
-    U = 6
-    with m.kernel(spec.combine_name, reqntid=nthreads) as k:
+    NWC = COMBINE_WARPS
+    E = d // 32                     # columns per lane
+    R = 6                           # splits per warp per round of loads
+    # minnctapersm 1: ptxas then keeps a round's loads in flight together
+    # (aiming at more blocks per SM, it spreads them over two round trips)
+    with m.kernel(spec.combine_name, reqntid=32 * NWC, minnctapersm=1) as k:
         pdl_prologue(k, spec)
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
         out = k.param_ptr("out", f32, align=16)
         nsplit = k.param("n_splits", u32)
-        sm_w = k.shared_array("sm_w", f32, nthreads, align=16)
-        sm_acc = k.shared_array("sm_acc", f32, P * d, align=16)
-        scratch = k.shared_array("sm_red", f32, max(nwarps, 4), align=16)
+        sm_m = k.shared_array("sm_m", f32, NWC, align=16)
+        sm_l = k.shared_array("sm_l", f32, NWC, align=16)
+        sm_o = k.shared_array("sm_o", f32, NWC * d, align=16)
         qh = k.ctaid.x
         tid = k.tid.x
+        lane = tid & 31
+        warp = tid >> 5
         first = qh * nsplit
         lastsplit = nsplit - 1
-        p = tid // CG
-        c = tid - p * CG
-        # one round of loads: split tid's (m, l) for the reductions, and the
-        # l of this thread's first U splits p, p + P, ... (l = 0: the split
-        # saw no key and its o was never written)
-        has = tid < nsplit
-        mi, li = k.ld(part_ml[(first + k.min(tid, lastsplit)) << 1], vec=2)
-        first_s = [p + u * P for u in range(U)]
-        lu = [k.ld(part_ml[((first + k.min(s, lastsplit)) << 1) + 1]) for s in first_s]
-        oku = [(s < nsplit) & (x > 0.0) for s, x in zip(first_s, lu)]
-        # then their 16-byte rows of o (a dead split reads split 0's again, a
-        # cache hit, and drops it), in flight across the reductions
-        vu = [k.ld(part_o[(first + k.select(ok, k.min(s, lastsplit), k.mov(0, u32))) * d
-                          + 4 * c], vec=4)
-              for s, ok in zip(first_s, oku)]
-        # M = max m_s, w_s = 2^(m_s - M) (0 for a dead split), sum w_s l_s
-        live = has & (li > 0.0)
-        mi = k.select(live, mi, k.mov(NEG, f32))
-        big = _block_reduce(k, mi, k.max, scratch, nwarps)
-        w = k.select(live, k.ex2(mi - big), k.mov(0.0, f32))
-        k.st(sm_w[tid], w)
-        total = _block_reduce(k, k.mul(w, li, rnd="rn"), lambda a, b: a + b, scratch, nwarps)
         zero = k.mov(0.0, f32)
-        acc = [k.var(f32, 0.0) for _ in range(4)]
-        for s, ok, v in zip(first_s, oku, vu):
-            wu = k.select(ok, k.ld(sm_w[k.min(s, lastsplit)]), zero)
-            for e in range(4):
-                k.fma(wu, k.select(ok, v[e], zero), acc[e], out=acc[e])
-        # more than P * U splits: the rest, U loads in flight per round
-        with k.for_range(p + P * U, nsplit, P * U) as s0:
-            vals = []
-            for u in range(U):
-                s = s0 + u * P
-                sc = k.min(s, lastsplit)
-                wu = k.ld(sm_w[sc])
-                ok = (s < nsplit) & (wu > 0.0)
-                v = k.ld(part_o[(first + k.select(ok, sc, k.mov(0, u32))) * d + 4 * c], vec=4)
-                vals.append((k.select(ok, wu, zero), ok, v))
-            for wu, ok, v in vals:
-                for e in range(4):
-                    k.fma(wu, k.select(ok, v[e], zero), acc[e], out=acc[e])
-        k.st(sm_acc[p * d + 4 * c], tuple(acc))
+        m_run = k.var(f32, NEG)
+        l_run = k.var(f32, 0.0)
+        o_run = [k.var(f32, 0.0) for _ in range(E)]
+
+        def row(s):
+            """This lane's E columns of split ``s``'s o (16/8-byte loads)."""
+            base = (first + s) * d + lane * E
+            if E == 2:
+                return list(k.ld(part_o[base], vec=2))
+            return [x for c in range(E // 4) for x in k.ld(part_o[base + 4 * c], vec=4)]
+
+        with k.for_range(warp, nsplit, NWC * R) as s0:
+            ss = [s0 + u * NWC for u in range(R)]
+            scs = [k.min(s, lastsplit) for s in ss]
+            rows = [row(sc) for sc in scs]
+            items = []
+            for s, sc, v in zip(ss, scs, rows):
+                mi, li = k.ld(part_ml[(first + sc) << 1], vec=2)
+                items.append((s < nsplit, mi, li, v))
+            # a split past the count (its index clamped) weighs 0; an empty
+            # split has (m, l, o) = (-1e30, 0, 0), so its weight needs no test
+            ms = [k.select(ok, mi, k.mov(NEG, f32)) for ok, mi, _, _ in items]
+            mx = m_run
+            for x in ms:
+                mx = k.max(mx, x)
+            alpha = k.ex2(m_run - mx)
+            ws = [k.select(ok, k.ex2(x - mx), zero) for (ok, _, _, _), x in zip(items, ms)]
+            lsum = k.mul(l_run, alpha, rnd="rn")
+            for w, (_, _, li, _) in zip(ws, items):
+                lsum = k.fma(w, li, lsum)
+            k.assign(l_run, lsum)
+            for e in range(E):
+                acc = k.mul(o_run[e], alpha, rnd="rn")
+                for w, (_, _, _, v) in zip(ws, items):
+                    acc = k.fma(w, v[e], acc)
+                k.assign(o_run[e], acc)
+            k.assign(m_run, mx)
+        with k.if_(lane.eq(0)):
+            k.st(sm_m[warp], m_run)
+            k.st(sm_l[warp], l_run)
+        for c in range(0, E, 4 if E >= 4 else 2):
+            n = min(4, E)
+            k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
         k.bar_sync(0)
         with k.if_(tid < d):
-            o = k.ld(sm_acc[tid])
-            for q in range(1, P):
-                o = o + k.ld(sm_acc[tid + q * d])
-            res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), k.mov(0.0, f32))
+            ms = [k.ld(sm_m[w]) for w in range(NWC)]
+            mx = ms[0]
+            for x in ms[1:]:
+                mx = k.max(mx, x)
+            total = k.mov(0.0, f32)
+            o = k.mov(0.0, f32)
+            for w in range(NWC):
+                wt = k.ex2(ms[w] - mx)
+                total = k.fma(wt, k.ld(sm_l[w]), total)
+                o = k.fma(wt, k.ld(sm_o[w * d + tid]), o)
+            res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
             k.st(out[qh * d + tid], res)
 
 
@@ -599,7 +621,7 @@ def launch_geometry(spec: FlashDecodeSpec, n_kv_heads: int, n_splits: int):
     split = ((n_splits, n_kv_heads, 1), (32 * spec.warps, 1, 1))
     if spec.fused_combine:
         return split, None
-    return split, ((n_kv_heads * spec.group, 1, 1), (512, 1, 1))
+    return split, ((n_kv_heads * spec.group, 1, 1), (32 * COMBINE_WARPS, 1, 1))
 
 
 def reference(q, k_cache, v_cache, kv_len: int, sm_scale: float | None = None):

@@ -150,6 +150,39 @@ def test_flash_decode_many_splits(run, fused):
         assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
 
 
+@pytest.mark.parametrize("d,n_splits", [(256, 5), (64, 300)])
+def test_flash_decode_combine_rounds(run, d, n_splits):
+    """The combine's lanes hold 8 columns at head_dim 256, and its warps take
+    several rounds of 6 splits past 96 splits (here most are empty)."""
+    spec = F.FlashDecodeSpec(head_dim=d, group=2, warps=1, unroll=2)
+    q, kc, vc = _data(1, 2, 1200, d, np.float16, d)
+    for L, out in zip([1200, 9], _run(run, spec, q, kc, vc, [1200, 9], n_splits=n_splits)):
+        assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
+
+
+def test_splits_share_keys_evenly(run):
+    """Every working split gets the same number of row groups, give or take
+    one: with 8-key groups, 7 splits and 100 keys (13 groups) each split's
+    (m, l) partial must cover 1 or 2 groups (8..16 keys; rounding chunks up
+    to whole groups would leave the last split 4); l counts keys when q = 0."""
+    spec = F.FlashDecodeSpec(head_dim=64, group=1, warps=2, unroll=2)
+    assert spec.row_groups == 8
+    n_kv, cap, d, S = 1, 128, 64, 7
+    q = np.zeros((1, d), np.float32)             # every score 0: l = keys seen
+    rng = np.random.default_rng()
+    kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+    vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+    split = run.function(F.build, spec, spec.split_name)
+    (g1, b1), _ = F.launch_geometry(spec, n_kv, S)
+    part_o, part_ml = run.poisoned((1, S, d)), run.poisoned((1, S, 2))
+    out = run.poisoned((1, d))
+    counter = run.array(np.zeros(1, np.uint32))
+    run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
+               run.array(np.array([100], np.int32)), part_o, part_ml, out, counter, cap, 0.125)
+    keys = run.get(part_ml)[0, :, 1]
+    assert keys.sum() == 100 and np.all((keys >= 8) & (keys <= 16)), keys
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("warps,unroll,chunks,prefetch",
                          [(4, 2, 1, False), (4, 4, 1, False), (8, 2, 1, False),
