@@ -51,6 +51,7 @@ attention over the same f16 K/V (``ex2.approx``: 2^-22 relative).
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import attrs
 import numpy as np
@@ -263,10 +264,13 @@ def _build_split(m, spec: FlashDecodeSpec):
                 k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
             # and a zero o, so the combine may weigh every split's o (by 0)
             # without a select that would let ptxas predicate its load on l
-            with k.if_(tid < d // 4):
-                z = k.mov(0.0, f32)
-                for g in range(G):
-                    k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * tid], (z, z, z, z))
+            z = k.mov(0.0, f32)
+            nv = d // 4                             # 16-byte stores per row
+            for c in range(-(-nv // nthreads)):
+                col = tid + c * nthreads if c else tid
+                with k.if_(col < nv) if (c + 1) * nthreads > nv else nullcontext():
+                    for g in range(G):
+                        k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
             if fused:
                 k.bra(merge, uni=True)          # still counts towards the head's merge
             else:
