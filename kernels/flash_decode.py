@@ -388,16 +388,8 @@ def _build_split(m, spec: FlashDecodeSpec):
         with k.for_range(tid, G * d, nthreads) as idx:
             g = idx // d
             j = idx - g * d
-            ms = [k.ld(sm_m[g + r * G]) for r in range(NW)]
-            mx = ms[0]
-            for x in ms[1:]:
-                mx = k.max(mx, x)
-            o = k.mov(0.0, f32)
-            lsum = k.mov(0.0, f32)
-            for r in range(NW):
-                w = k.ex2(ms[r] - mx)
-                o = k.fma(w, k.ld(sm_o[(g + r * G) * d + j]), o)
-                lsum = k.fma(w, k.ld(sm_l[g + r * G]), lsum)
+            mx, lsum, o = _merge_parts(k, [(sm_m[g + r * G], sm_l[g + r * G],
+                                            sm_o[(g + r * G) * d + j]) for r in range(NW)])
             pidx = (h * G + g) * nsplit + split
             k.st(part_o[pidx * d + j], o)
             with k.if_(j.eq(0)):
@@ -473,6 +465,22 @@ def _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid):
         den = k.max(Ls, 1e-30)
         res = tuple(k.select(live, k.div(x, den), zero) for x in O)
         k.st(out[(h * G + g) * d + col], res)
+
+
+def _merge_parts(k, parts):
+    """Merge online-softmax partials ``(m, l, o)`` given as shared-memory
+    addresses: ``(M, sum w l, sum w o)`` with ``M = max m``, ``w = 2^(m - M)``."""
+    ms = [k.ld(pm) for pm, _, _ in parts]
+    mx = ms[0]
+    for x in ms[1:]:
+        mx = k.max(mx, x)
+    o = k.mov(0.0, f32)
+    lsum = k.mov(0.0, f32)
+    for m_, (_, pl, po) in zip(ms, parts):
+        w = k.ex2(m_ - mx)
+        o = k.fma(w, k.ld(po), o)
+        lsum = k.fma(w, k.ld(pl), lsum)
+    return mx, lsum, o
 
 
 def _block_reduce(k, v, op, scratch, nwarps):
@@ -558,16 +566,8 @@ def _build_combine(m, spec: FlashDecodeSpec):
             k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
         k.bar_sync(0)
         with k.if_(tid < d):
-            ms = [k.ld(sm_m[w]) for w in range(NWC)]
-            mx = ms[0]
-            for x in ms[1:]:
-                mx = k.max(mx, x)
-            total = k.mov(0.0, f32)
-            o = k.mov(0.0, f32)
-            for w in range(NWC):
-                wt = k.ex2(ms[w] - mx)
-                total = k.fma(wt, k.ld(sm_l[w]), total)
-                o = k.fma(wt, k.ld(sm_o[w * d + tid]), o)
+            _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + tid])
+                                           for w in range(NWC)])
             res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
             k.st(out[qh * d + tid], res)
 
