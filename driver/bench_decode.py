@@ -17,6 +17,7 @@ import json
 import statistics
 import sys
 
+import attrs
 import numpy as np
 
 REPS = 10
@@ -317,11 +318,13 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
     variants = {"sep": {}, "sep_no_pdl": dict(pdl=False),
                 **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)},
                 **(extra or {})}
+    fields = attrs.fields_dict(fd.FlashDecodeSpec).keys() - {"target", "pdl"}
     for name, kw in variants.items():             # the JIT's registers, occupancy, splits
+        # the spec's own fields (ops also takes launch knobs: pdl, blocks_per_sm)
         spec = fd.FlashDecodeSpec(target=ops.device_target(),
-                                  **{k: v for k, v in kw.items() if k != "pdl"})
+                                  **{k: v for k, v in kw.items() if k in fields})
         fn = ops._module(fd.build, spec).function(spec.split_name)
-        bps = ops._resident(fn, 32 * spec.warps)
+        bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps)
         res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,
                      "n_splits": fd.choose_splits(spec, dev.sm_count, n_kv, cap, bps)}
     if verbose:

@@ -79,7 +79,7 @@ class LlamaModel:
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
     knobs per GEMV shape.  ``flash_knobs`` overrides :class:`FlashDecodeSpec`
-    fields of the attention kernels (e.g. ``{"l2_ahead": 96}``).
+    fields of the attention kernels (e.g. ``{"unroll": 4}``).
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,

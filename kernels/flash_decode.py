@@ -173,7 +173,7 @@ class FlashDecodeSpec:
 
     @property
     def tile(self) -> int:
-        """Keys per block per loop iteration; chunks are multiples of it."""
+        """Keys per block per loop iteration (a split's last tile is masked)."""
         return self.row_groups * self.unroll
 
     @property
@@ -249,9 +249,6 @@ def _build_split(m, spec: FlashDecodeSpec):
         # current length, clamped to [0, capacity]
         raw = k.ld(kv_len_ptr[0])
         L = k.min(k.max(raw, 0).bitcast(u32), cap)
-        # chunk: ceil(L / n_splits), at least min_keys, rounded up to whole
-        # row groups; splits past the end write a neutral (m, l) and leave
-        # (the combine skips their o)
         # the first ceil(L / min_keys) splits (at most all) work; the length's
         # row groups are dealt out evenly among them: split s takes groups
         # [s g / n, (s + 1) g / n); the others see start >= L
@@ -481,21 +478,6 @@ def _merge_parts(k, parts):
         o = k.fma(w, k.ld(po), o)
         lsum = k.fma(w, k.ld(pl), lsum)
     return mx, lsum, o
-
-
-def _block_reduce(k, v, op, scratch, nwarps):
-    """``op`` (k.max or add) of ``v`` over the block; every thread gets it."""
-    lane = k.tid.x & 31
-    for off in (16, 8, 4, 2, 1):
-        v = op(v, k.shfl_xor(v, off))
-    with k.if_(lane.eq(0)):
-        k.st(scratch[k.tid.x >> 5], v)
-    k.bar_sync(0)
-    r = k.ld(scratch[0])
-    for w in range(1, nwarps):
-        r = op(r, k.ld(scratch[w]))
-    k.bar_sync(0)
-    return r
 
 
 def _build_combine(m, spec: FlashDecodeSpec):
