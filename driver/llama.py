@@ -27,8 +27,8 @@ import time
 import attrs
 import numpy as np
 
-from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, kv_append,
-                            rmsnorm, rope, swiglu)
+from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, gemv_ffn,
+                            kv_append, rmsnorm, rope, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .executor import ComputeGraph, Executor, Launch
@@ -40,7 +40,7 @@ __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
 FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu,
+    "swiglu": swiglu, "gemv_ffn": gemv_ffn,
     **gemv_lowering.FAMILIES,
 }
 
@@ -79,13 +79,17 @@ class LlamaModel:
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
     knobs per GEMV shape.  ``flash_knobs`` overrides :class:`FlashDecodeSpec`
-    fields of the attention kernels (e.g. ``{"unroll": 4}``).
+    fields of the attention kernels (e.g. ``{"unroll": 4}``).  ``fuse_ffn``
+    runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
+    of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
+    weights are Q4_K (one CTA per SM, all resident at once; not with
+    ``fuse_norm``); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm: bool = False,
-                 gemv_knobs=None, flash_knobs=None):
+                 gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -96,6 +100,8 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
         self.flash_knobs = dict(flash_knobs or {})
+        self.fuse_ffn = bool(fuse_ffn)
+        self.ffn_knobs = dict(ffn_knobs or {})
         self.graph = ComputeGraph()
         gemv_lowering.Q4K_KNOBS = gemv_knobs or {}
         try:
@@ -172,6 +178,10 @@ class LlamaModel:
         attn_counter = g.buffer("attn_counter", (hp.n_kv_heads,), np.uint32, "state",
                                 np.zeros(hp.n_kv_heads, np.uint32))
         act = g.buffer("ffn_act", (hp.ffn,), np.float32)
+        # the persistent FFN kernel's grid counters (zero at upload and after
+        # every launch; the layers run in turn)
+        ffn_counters = g.buffer("ffn_counters", (3,), np.uint32, "state",
+                                np.zeros(3, np.uint32)) if self.fuse_ffn else None
         self.kv_caches = []
         for i in range(hp.n_layers):
             p = f"blk.{i}."
@@ -197,6 +207,9 @@ class LlamaModel:
             gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
             ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
+            if norm is None and self._ffn_persistent(p):
+                self._ffn(g, p, inp, act, x, ffn_counters, tgt)
+                continue
             self._gate_up(g, p, inp, act, tgt, norm)
             w, t = self._weight(p + "ffn_down.weight")
             gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
@@ -228,6 +241,27 @@ class LlamaModel:
             return x, (w, self.hp.eps)
         self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
         return h, None
+
+    def _ffn_persistent(self, p) -> bool:
+        """Whether layer ``p``'s FFN runs as one persistent kernel: asked for
+        (``fuse_ffn``) and gate, up and down all Q4_K."""
+        if not self.fuse_ffn:
+            return False
+        return all(self.file.tensor(p + n + ".weight").qtype == "Q4_K"
+                   for n in ("ffn_gate", "ffn_up", "ffn_down"))
+
+    def _ffn(self, g, p, h, act, x, counters, tgt):
+        """``x += Wd (silu(Wg h) * (Wu h))`` as one launch of the persistent
+        FFN kernel (one CTA per SM; ``act`` receives the SwiGLU values)."""
+        wg, _ = self._weight(p + "ffn_gate.weight")
+        wu, _ = self._weight(p + "ffn_up.weight")
+        wd, _ = self._weight(p + "ffn_down.weight")
+        spec = gemv_ffn.FfnSpec(hidden=self.hp.hidden, ffn=self.hp.ffn, target=tgt,
+                                **self.ffn_knobs)
+        grid, block, sh = gemv_ffn.launch_geometry(spec, self.sm_count)
+        g.add("FFN", p + "ffn", [wg, wu, wd, h, x, counters], [act, x, counters],
+              [Launch("gemv_ffn", spec, spec.kernel_name, grid, block,
+                      (wg, wu, wd, h, x, act, x, counters), sh)])
 
     def _qkv(self, g, p, h, qkv, outs, tgt, norm=None):
         """Q, K, V projections: one GEMV over the stacked weights when the

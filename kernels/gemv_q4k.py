@@ -77,10 +77,12 @@ def _piece_offsets(k, tid, i, thr, total):
                 m_c=m_c, valid=valid, xo=xo, sb=sb, c=c)
 
 
-def _piece_x(k, x, pc, nw=None, shared=False):
+def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
     """The piece's 32 x values (zero past K) and the sums of its two halves.
     With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
-    is the sum of the 32 ``x**2``.  ``shared``: ``x`` is the CTA's shared copy."""
+    is the sum of the 32 ``x**2``.  ``shared``: ``x`` is the CTA's shared copy.
+    ``cache`` (e.g. ``"cg"``): a coherent load with that cache operator
+    instead of ``ld.global.nc`` (for an x written earlier in the same launch)."""
     xo, valid = pc["xo"], pc["valid"]
     xv = []
     sq = None
@@ -90,7 +92,8 @@ def _piece_x(k, x, pc, nw=None, shared=False):
             pc["xa"] = xa
         vals = []
         for v in range(4):
-            vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=not shared))
+            vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=not (shared or cache),
+                              cache=cache))
         zero = k.mov(0.0, f32)
         vals = [k.select(valid, a, zero) for a in vals]
         if nw is not None:

@@ -1,6 +1,7 @@
 """Run every decode kernel once on small shapes, then a tiny Llama model for
 a few steps eagerly and from a CUDA graph (PDL launches, fused RMSNorm GEMVs,
-fused RoPE + KV append), for compute-sanitizer.
+fused RoPE + KV append; again with the persistent FFN kernel), for
+compute-sanitizer.
 
 ``compute-sanitizer --tool memcheck python3 tests/kernels/sanitize_decode.py``
 (and ``--tool racecheck``); prints OK when every launch finished.
@@ -35,6 +36,10 @@ def main():
         ops.embedding(D(raw.reshape(-1)), qt, i32(2), n=512)
     ops.embedding(D(f(3, 100).astype(np.float16)), "f16", i32(1))
     ops.argmax(D(f(128256)))
+    from ptxgen.driver import ops_gemv
+    q4 = lambda *s: D(quants.quantize(f(*s), "Q4_K"))             # noqa: E731
+    ops_gemv.gemv_ffn(q4(768, 512), q4(768, 512), q4(512, 768), D(f(512)), D(f(512)),
+                      threads=128)
     driver.get_device().synchronize()
     import tempfile
     from ptxgen.driver.gguf_synth import write_synthetic_llama
@@ -44,6 +49,11 @@ def main():
         write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
                               vocab=512, context_length=64)
         m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False)
+        m.generate([1, 2, 3], 3, mode="eager")
+        m.generate([1, 2, 3], 3, mode="graph")
+        # each layer's FFN as one persistent kernel (grid barrier, counters)
+        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
+                                 fuse_ffn=True)
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
     driver.get_device().synchronize()
