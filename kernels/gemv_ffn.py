@@ -58,8 +58,6 @@ the launch still running, which would then wait at its barrier forever).
 
 from __future__ import annotations
 
-import math
-
 import attrs
 
 import ptxgen
@@ -68,6 +66,7 @@ from ptxgen.types import f32, u8, u32
 
 from .gemv_common import _pos_pow2, reference as gemv_reference, silu_times, warp_sum
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x
+from .gemv_stream import copy_rows
 from .spec_fields import pdl_field, pdl_prologue, target_field
 
 __all__ = ["FfnSpec", "build", "launch_geometry", "reference", "CANONICAL"]
@@ -238,17 +237,9 @@ def build(spec: FfnSpec) -> ptxgen.Module:
         def copy(ws, row0, nrows, rb, mrows, slot):
             """``nrows`` rows of every matrix in ``ws`` from ``row0`` into the
             stage at ``slot`` (copies clamped to each matrix's last 16 bytes)."""
-            chunks = nrows * rb // 16
-            per = math.ceil(chunks / T)
             src = k.mul_wide(row0, rb) + my16
-            last = (mrows * rb - 16)
-            dst = ring[slot + tid * 16]
-            for j in range(per):
-                off = k.min(src + 16 * T * j if j else src, last)
-                guard = (tid < chunks - T * j) if (j + 1) * T > chunks else None
-                for mi, w in enumerate(ws):
-                    k.cp_async(dst + (mi * nrows * rb + 16 * T * j), k.ptr_add(w, off)[0], 16,
-                               guard=guard)
+            copy_rows(k, ring[slot + tid * 16], ws, src, mrows * rb - 16, nrows * rb // 16, T,
+                      tid, nrows * rb)
 
         def issue(item, slot):
             """Copy item ``item``'s rows into the stage at byte ``slot`` and

@@ -48,7 +48,7 @@ from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x, q4k_layout
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue
 
-__all__ = ["build_stream"]
+__all__ = ["build_stream", "copy_rows"]
 
 
 class _RowView:
@@ -60,6 +60,21 @@ class _RowView:
 
     def __getitem__(self, i):
         return Address(self.base + i, 0, "shared", u8)
+
+
+def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
+    """Copy ``chunks`` 16-byte chunks of every matrix in ``ws`` into shared
+    memory with ``cp.async``: thread ``tid`` of ``thr`` copies chunks ``tid,
+    tid + thr, ...`` from byte ``src`` of its matrix (its first chunk's u64
+    offset; reads clamped to ``last``, the matrix's last chunk) to ``dst``
+    (its first chunk's shared address); matrix ``mi`` lands ``mi *
+    mat_bytes`` further on.  No commit."""
+    for j in range(math.ceil(chunks / thr)):
+        off = k.min(src + 16 * thr * j if j else src, last)
+        guard = (tid < chunks - thr * j) if (j + 1) * thr > chunks else None
+        for mi, w in enumerate(ws):
+            k.cp_async(dst + (mi * mat_bytes + 16 * thr * j), k.ptr_add(w, off)[0], 16,
+                       guard=guard)
 
 
 def build_stream(spec: GemvSpec) -> ptxgen.Module:
@@ -74,7 +89,6 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
     warps = thr // 32
     group_bytes = R * rb                    # one matrix's share of a stage
     chunks = group_bytes // 16              # rb is a multiple of 144 = 9 * 16
-    per_thread = math.ceil(chunks / thr)
     stage_bytes = nm * group_bytes
     m = ptxgen.Module(spec.target)
     kdir = dict(reqntid=thr)
@@ -100,14 +114,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             past the CTA's rows)."""
             with k.if_(rg < row_end):
                 src = k.mul_wide(rg, rb) + my_chunk
-                dst = ring[slot + dst_off]
-                for j in range(per_thread):
-                    off = k.min(src + 16 * thr * j if j else src, last_chunk)
-                    tail = (j + 1) * thr > chunks
-                    guard = (tid < chunks - thr * j) if tail else None
-                    for mi, w in enumerate(ws):
-                        k.cp_async(dst + (mi * group_bytes + 16 * thr * j), k.ptr_add(w, off)[0],
-                                   16, guard=guard)
+                copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
+                          group_bytes)
             k.cp_async_commit()
 
         dst_off = tid * 16
