@@ -2,7 +2,8 @@
 
 ``python -m ptxgen.driver.bench_all [OUT_DIR] [--skip model,...]`` runs the
 driver (launch, graph, module-load) benchmark, the GEMV, decode-kernel and
-Llama-decode benchmarks on the GPU, plus the CPU-side DSL emission and
+Llama-decode benchmarks on the GPU, the streaming ceiling of the same
+positions (``bench_ceiling``), plus the CPU-side DSL emission and
 emulator speeds, and writes ``OUT_DIR/<name>.json`` for each.
 """
 
@@ -15,7 +16,7 @@ import sys
 import time
 import traceback
 
-PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model")
+PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model", "ceiling")
 
 
 def _run(name):
@@ -37,6 +38,9 @@ def _run(name):
     if name == "model":
         from . import bench_model
         return bench_model.run_all()
+    if name == "ceiling":
+        from . import bench_ceiling
+        return bench_ceiling.run_all()
     raise ValueError(name)
 
 

@@ -53,13 +53,46 @@ _DEFAULTS = {
 
 #: Q4_K calls with at most this many rows use rows=4 (K <= 8192, not swiglu)
 _Q4K_SMALL_M = 2048
-#: Q4_K calls with at least this many rows (K <= 4096, not swiglu) stream their
-#: weights through a cp.async ring (stages=4)
+#: Q4_K calls with at least this many rows (K <= 4096, not swiglu) take the
+#: "large" ring knobs below
 _Q4K_STREAM_M = 32768
-#: the ring's knobs (H100 sweep, PDL on, docs/gemv.md "Fifth pass"):
-#: 1024x4096 4.21 -> 3.55 us; 128256x4096 119.9 -> 110.9 us (83.1 -> 89.9% of copy)
+#: Q4_K by default: weights through the cp.async ring, products by dp4a
+#: against int8 planes of x (H100 sweeps, PDL on, docs/gemv.md "Seventh
+#: pass"; against the direct fma kernel): 1024x4096 3.64 -> 3.51 us,
+#: 6144x4096 8.16 -> 7.94, 14336x4096 15.9 -> 12.9, 128256x4096 110.7 -> 99.0,
+#: 4096x14336 17.4 -> 14.4, gate/up SwiGLU 14336x4096 32.4 -> 23.2; the
+#: four-GEMV layer chain 65.0 -> 52.9 us.  ``max_ctas`` fills the 132 SMs of
+#: an H100 (3 CTAs per SM of 128 threads for "mid", 1 of 448 threads at K=14336)
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
-               "large": dict(rows=4, stages=4, max_ctas=792)}
+               "mid": dict(rows=8, stages=4, max_ctas=396),
+               "large": dict(rows=16, stages=3, max_ctas=264),
+               "wide_k": dict(rows=8, stages=2, max_ctas=132),
+               "swiglu": dict(rows=4, stages=2, max_ctas=528)}
+_RING_LIMIT = 227 * 1024
+
+
+def _q4k_ring(k: int, epilogue: str, m: int | None):
+    """The ring knobs for a Q4_K call, or None where the direct kernel stays."""
+    if epilogue == "swiglu":
+        knobs = dict(_Q4K_STREAM["swiglu"]) if k <= 8192 else None
+    elif k > 4096:
+        knobs = dict(_Q4K_STREAM["wide_k"])
+    elif m is not None and m <= _Q4K_SMALL_M:
+        knobs = dict(_Q4K_STREAM["small"])
+    elif m is not None and m >= _Q4K_STREAM_M:
+        knobs = dict(_Q4K_STREAM["large"])
+    else:
+        knobs = dict(_Q4K_STREAM["mid"])
+    if knobs is None:
+        return None
+    n_mats = 2 if epilogue == "swiglu" else 1
+    row_bytes = k // 256 * 144
+    while knobs["rows"] > 1 and knobs["stages"] * n_mats * knobs["rows"] * row_bytes > _RING_LIMIT:
+        knobs["rows"] //= 2
+    if knobs["stages"] * n_mats * knobs["rows"] * row_bytes > _RING_LIMIT:
+        return None
+    knobs["dot"] = "dp4a"
+    return knobs
 
 
 def default_spec(qtype: str, k: int, epilogue: str = "none",
@@ -98,12 +131,11 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
             # 5.37 us, 6144x4096 8.76 -> 7.91; 14336x4096 and the SwiGLU kernel
             # were slower with slices, docs/gemv.md)
             knobs.update(slices=2, min_ctas=2)
-    if (qtype == "Q4_K" and epilogue != "swiglu" and k <= 4096 and m is not None
-            and (m <= _Q4K_SMALL_M or m >= _Q4K_STREAM_M) and _stream_allowed(overrides)):
-        # weights through a cp.async ring: faster at the very small and very
-        # large M measured; mid-sized M (4096..14336 rows) and the SwiGLU
-        # kernel were not (in a layer's chain of launches), docs/gemv.md
-        knobs.update(_Q4K_STREAM["small" if m <= _Q4K_SMALL_M else "large"])
+    ring = _q4k_ring(k, epilogue, m) if qtype == "Q4_K" and _stream_allowed(overrides) else None
+    if ring is not None:
+        # weights through a cp.async ring, dp4a against int8 planes of x:
+        # faster at every shape measured, alone and in the layer's chain
+        knobs.update(ring)
         knobs.pop("min_ctas", None)
         knobs.pop("slices", None)
     if (qtype in _STAGED_STREAM and k <= 4096 and k % _STAGED_STREAM[qtype][0] == 0
@@ -130,8 +162,9 @@ _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
 
 def _stream_allowed(overrides) -> bool:
     """Whether the overrides leave room for the stages ring (it is built for
-    x in registers, one slice, no norm/prefetch/stage)."""
-    return (overrides.get("slices", 1) == 1 and overrides.get("xmode", "reg") == "reg"
+    x in registers, one slice, no norm/prefetch/stage; ``stages=0`` asks for
+    the direct kernel)."""
+    return (overrides.get("stages") != 0 and overrides.get("slices", 1) == 1 and overrides.get("xmode", "reg") == "reg"
             and not any(overrides.get(f) for f in ("norm", "prefetch", "stage")))
 
 

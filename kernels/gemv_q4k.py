@@ -35,7 +35,7 @@ import math
 from contextlib import nullcontext
 
 import ptxgen
-from ptxgen.types import f16, f32, u32, u64
+from ptxgen.types import f16, f32, s32, u32, u64
 
 from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
 from .spec_fields import pdl_prologue
@@ -115,6 +115,62 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
     pc["x"], pc["xs"] = xv, sums
 
 
+_PLANE = 254                # base of the int8 planes of x ("dp4a" dot)
+
+
+def _pack_bytes(k, vals):
+    """The low bytes of four 32-bit registers as one word (byte ``i`` from ``vals[i]``)."""
+    lo = k.prmt(vals[0], vals[1], 0x0040)
+    hi = k.prmt(vals[2], vals[3], 0x0040)
+    return k.prmt(lo, hi, 0x5410)
+
+
+def _piece_planes(k, pc):
+    """Split the piece's 32 x values into three int8 planes (``dot="dp4a"``):
+    ``x = s (x0 + x1/254 + x2/254^2)`` up to 2^-22 of ``max|x|``, with
+    ``s = max|x| / 127`` (each plane in -127..127).  Sets ``pc["planes"]``
+    (per half, per plane, four words of four bytes) and ``pc["xscale"]`` (the
+    factor that turns the combined integer sums into sums of q x); drops the
+    f32 values."""
+    halves = pc.pop("x")
+    vals = halves[0] + halves[1]
+    amax = k.abs(vals[0])
+    for v in vals[1:]:
+        amax = k.max(amax, k.abs(v))
+    some = amax > 0.0
+    # a piece of zeros (past K) gets zero planes, not 0 * inf
+    inv = k.select(some, k.div(127.0, amax, approx=False), k.mov(0.0, f32))
+    pc["xscale"] = amax * (1.0 / (127 * _PLANE * _PLANE))
+    planes = []
+    for half in halves:
+        words = [[], [], []]
+        for w in range(4):
+            cols = [[], [], []]
+            for v in half[4 * w:4 * w + 4]:
+                t = v * inv
+                for p in range(3):
+                    q = k.cvt(s32, t, rnd="rni")
+                    cols[p].append(q)
+                    if p < 2:
+                        t = (t - q.to(f32)) * float(_PLANE)
+            for p in range(3):
+                words[p].append(_pack_bytes(k, cols[p]))
+        planes.append(words)
+    pc["planes"] = planes
+
+
+def _half_planes_dot(k, words, planes, high):
+    """The integer ``sum q (x0 254^2 + x1 254 + x2)`` over one half piece, as
+    f32: four words of nibbles against the three planes with ``dp4a``."""
+    acc = [0, 0, 0]
+    for w, word in enumerate(words):
+        q = ((word >> 4) if high else word) & 0x0F0F0F0F
+        for p in range(3):
+            acc[p] = k.dp4a(q, planes[p][w], acc[p], signed_b=True)
+    c = k.mad(k.mad(acc[0], _PLANE, acc[1]), _PLANE, acc[2])
+    return c.to(f32)
+
+
 def _park_x(k, pc, sx_base, slot, thr):
     """Write the piece's 8 x chunks to its thread's shared slots (chunk-major:
     lanes hit consecutive 16 bytes, no bank conflicts); drop the registers."""
@@ -172,6 +228,15 @@ def _piece_dot(k, hdr, qs, pc, sums=None):
     m_lo = (mn & 0xFF).to(f32)
     m_hi = (mn >> 8).to(f32)
     xs_lo, xs_hi = pc["xs"]
+    if "planes" in pc:
+        # sum x w = d sc s P - dmin m X   (P: the combined plane sums)
+        p_lo = _half_planes_dot(k, qs, pc["planes"][0], False)
+        p_hi = _half_planes_dot(k, qs, pc["planes"][1], True)
+        ds = d_h.to(f32) * pc["xscale"]
+        part = (ds * sc_lo) * p_lo
+        part = k.fma(ds * sc_hi, p_hi, part)
+        mx = k.fma(m_lo, xs_lo, m_hi * xs_hi)
+        return k.fma(ndmin, mx, part)
     if sums is None:
         x_lo, x_hi = pc["x"]
         s_lo = _half_dot(k, qs, x_lo, True)
@@ -324,6 +389,8 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             sx_base = sx[tid * 4]
         for p, pc in enumerate(pcs):
             _piece_x(k, xsrc, pc, norm[0] if norm else None, shared=S > 1)
+            if spec.dot == "dp4a":
+                _piece_planes(k, pc)
             if spec.xmode == "shared":
                 _park_x(k, pc, sx_base, p, thr)
             elif spec.xmode == "global":

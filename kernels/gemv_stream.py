@@ -44,7 +44,7 @@ from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
-from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x, q4k_layout
+from .gemv_q4k import _piece_dot, _piece_offsets, _piece_planes, _piece_x, q4k_layout
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue
 
@@ -126,6 +126,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             k.griddep_wait()
         for pc in pcs:
             _piece_x(k, x, pc)
+            if spec.dot == "dp4a":
+                _piece_planes(k, pc)
             # the piece's header and qs offsets inside one row of a stage
             pc["h32"] = pc["sb"] * 144
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16

@@ -40,7 +40,12 @@ class Runner:
         return "sm_80"
 
     def function(self, build, spec, name=None):
-        spec = attrs.evolve(spec, target=self.target())
+        from ptxgen.kernels.spec_fields import has_griddepcontrol
+        tgt = self.target()
+        # a spec built for PDL runs on a target without griddepcontrol (the
+        # emulator's sm_80, beside a GPU run) as the same kernel without it
+        pdl = getattr(spec, "pdl", False) and has_griddepcontrol(tgt)
+        spec = attrs.evolve(spec, target=tgt, **({"pdl": pdl} if hasattr(spec, "pdl") else {}))
         key = (build, spec)
         if key not in self._mods:
             self._mods[key] = self.api.Module.from_ptx(build(spec).to_ptx())

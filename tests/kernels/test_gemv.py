@@ -76,6 +76,13 @@ CASES = [
     ("Q4_K", 256, "swiglu", {"stages": 4, "rows": 1}),
     ("Q4_K", 768, "none", {"stages": 3, "rows": 2, "pieces": 2}),
     ("Q4_K", 1280, "residual", {"stages": 5, "rows": 1}),
+    ("Q4_K", 512, "none", {"dot": "dp4a"}),
+    ("Q4_K", 512, "residual", {"dot": "dp4a", "early": True, "rows": 2}),
+    ("Q4_K", 256, "swiglu", {"dot": "dp4a", "rows": 1}),
+    ("Q4_K", 512, "none", {"dot": "dp4a", "slices": 2}),
+    ("Q4_K", 768, "none", {"dot": "dp4a", "pieces": 2, "rows": 2}),
+    ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 4}),
+    ("Q4_K", 1280, "none", {"dot": "dp4a", "stages": 2, "rows": 1}),
     ("Q6_K", 2048, "none", {"stages": 3, "rows": 2, "tile": 2048}),
     ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 1, "tile": 2048}),
     ("Q8_0", 512, "residual", {"stages": 4, "rows": 2, "tile": 512}),
@@ -100,6 +107,28 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
+@pytest.mark.parametrize("knobs", [{}, {"stages": 2, "rows": 2}])
+def test_gemv_dp4a_outlier_activations(run, knobs):
+    """dot="dp4a" keeps x to 2^-22 of each piece's largest value: activations
+    with a few entries 100x the rest (as LLM hidden states have) still meet
+    the f32 bound, M = 37."""
+    rng = np.random.default_rng()
+    m, k = 37, 1024
+    spec = G.GemvSpec("Q4_K", k, max_ctas=4, dot="dp4a", **knobs)
+    ws, x, r = _data(rng, "Q4_K", m, k, 1)
+    x[rng.choice(k, 10, replace=False)] *= 100.0
+    x[rng.choice(k, 64, replace=False)] *= 1e-3
+    y = _run_gemv(run, spec, ws, x, r)
+    assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
+
+
+def test_dp4a_dot_refused_where_not_built():
+    for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q4_K", k=512, xmode="shared"),
+                dict(qtype="Q4_K", k=512, norm=True)):
+        with pytest.raises(ValueError, match="dp4a"):
+            G.GemvSpec(dot="dp4a", **bad)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("epi", ["none", "residual", "swiglu"])
@@ -121,7 +150,12 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
                                          (4096, "residual", {"slices": 2, "norm": True}),
                                          (4096, "none", {"stages": 4, "rows": 4}),
                                          (4096, "swiglu", {"stages": 3, "rows": 2}),
-                                         (14336, "residual", {"stages": 4, "rows": 1})])
+                                         (14336, "residual", {"stages": 4, "rows": 1}),
+                                         (4096, "none", {"dot": "dp4a"}),
+                                         (4096, "swiglu", {"dot": "dp4a"}),
+                                         (14336, "residual", {"dot": "dp4a"}),
+                                         (4096, "none", {"dot": "dp4a", "stages": 4,
+                                                         "rows": 4})])
 def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
     shapes (M = 1031)."""
@@ -134,18 +168,27 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
-def test_default_spec_streams_small_and_large_m():
-    """The cp.async ring is the default where it measured faster (Q4_K: K <= 4096,
-    M <= 2048 or M >= 32768; Q6_K/Q8_0: K <= 4096 with 16-byte rows; not
-    SwiGLU) and only where the other knobs allow it."""
-    def spec(m, epi="none", **kw):
-        return G.default_spec("Q4_K", 4096, epi, target="sm_90", m=m, **kw)
-    assert (spec(1024).stages, spec(1024).rows) == (4, 2)
-    assert (spec(128256).stages, spec(128256).rows, spec(128256).max_ctas) == (4, 4, 792)
-    assert spec(1024, "residual").stages == 4
-    assert spec(4096).stages == spec(14336).stages == spec(128256, "swiglu").stages == 0
-    assert spec(1024, norm=True).stages == spec(128256, slices=2).stages == 0
-    assert G.default_spec("Q4_K", 14336, m=1024).stages == 0
+def test_default_spec_streams_q4k_with_dp4a():
+    """Q4_K defaults to the cp.async ring with the dp4a dot wherever the other
+    knobs allow it (measured faster at every shape, docs/gemv.md seventh
+    pass), with the row group shrunk to fit shared memory; Q6_K/Q8_0 stream
+    at K <= 4096 with 16-byte rows."""
+    def spec(m, epi="none", k=4096, **kw):
+        return G.default_spec("Q4_K", k, epi, target="sm_90", m=m, **kw)
+
+    def knobs(s):
+        return (s.stages, s.rows, s.max_ctas, s.dot)
+    assert knobs(spec(1024)) == (4, 2, 1056, "dp4a")
+    assert knobs(spec(4096)) == knobs(spec(14336, "residual")) == (4, 8, 396, "dp4a")
+    assert knobs(spec(128256)) == (3, 16, 264, "dp4a")
+    assert knobs(spec(14336, "swiglu")) == (2, 4, 528, "dp4a")
+    assert knobs(spec(4096, "residual", k=14336)) == (2, 8, 132, "dp4a")
+    # 2 stages x 8 rows of 16128-byte rows exceed shared memory: fewer rows
+    assert knobs(spec(4096, k=28672)) == (2, 4, 132, "dp4a")
+    # the ring needs x in registers, one slice, no fused norm: the direct kernel
+    for s in (spec(1024, norm=True), spec(128256, slices=2), spec(14336, xmode="shared"),
+              spec(14336, "swiglu", k=14336), spec(14336, stages=0)):
+        assert s.stages == 0 and s.dot == "fma"
     assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
         == (4, 4096)
     assert G.default_spec("Q8_0", 4096, "residual").stages == 4
@@ -154,7 +197,7 @@ def test_default_spec_streams_small_and_large_m():
         == (3, 4)
     # the ring's shared memory is what launch_geometry asks for
     s = spec(128256)
-    assert G.launch_geometry(s, 128256)[2] == 4 * 4 * s.row_bytes
+    assert G.launch_geometry(s, 128256)[2] == 3 * 16 * s.row_bytes
 
 
 def test_stages_knob_refused_where_not_built():
