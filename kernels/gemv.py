@@ -60,8 +60,8 @@ _Q4K_STREAM_M = 32768
 #: against int8 planes of x (H100 sweeps, PDL on, docs/gemv.md "Seventh
 #: pass"; against the direct fma kernel): 1024x4096 3.64 -> 3.51 us,
 #: 6144x4096 8.16 -> 7.94, 14336x4096 15.9 -> 12.9, 128256x4096 110.7 -> 99.0,
-#: 4096x14336 17.4 -> 14.4, gate/up SwiGLU 14336x4096 32.4 -> 23.2; the
-#: four-GEMV layer chain 65.0 -> 52.9 us.  ``max_ctas`` fills the 132 SMs of
+#: 4096x14336 17.4 -> 14.4, gate/up SwiGLU 14336x4096 32.4 -> 23.2;
+#: the four-GEMV layer chain 65.0 -> 52.9 us.  ``max_ctas`` fills the 132 SMs of
 #: an H100 (3 CTAs per SM of 128 threads for "mid", 1 of 448 threads at K=14336)
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "mid": dict(rows=8, stages=4, max_ctas=396),
