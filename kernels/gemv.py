@@ -23,8 +23,8 @@ import attrs
 import ptxgen
 from ptxgen import registry
 
-from .gemv_common import (EPILOGUES, QTYPE_INFO, GemvSpec, check_k, launch_geometry,
-                          reference, threads)
+from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
+                          launch_geometry, reference, threads)
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
 from .gemv_stream import build_stream
@@ -68,7 +68,6 @@ _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "large": dict(rows=16, stages=3, max_ctas=264),
                "wide_k": dict(rows=8, stages=2, max_ctas=132),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
-_RING_LIMIT = 227 * 1024
 
 
 def _q4k_ring(k: int, epilogue: str, m: int | None):
@@ -85,11 +84,14 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
         knobs = dict(_Q4K_STREAM["mid"])
     if knobs is None:
         return None
-    n_mats = 2 if epilogue == "swiglu" else 1
-    row_bytes = k // 256 * 144
-    while knobs["rows"] > 1 and knobs["stages"] * n_mats * knobs["rows"] * row_bytes > _RING_LIMIT:
+    shape = GemvSpec("Q4_K", k, epilogue=epilogue)       # n_mats and row_bytes
+
+    def ring_bytes():
+        return knobs["stages"] * shape.n_mats * knobs["rows"] * shape.row_bytes
+
+    while knobs["rows"] > 1 and ring_bytes() > MAX_RING_BYTES:
         knobs["rows"] //= 2
-    if knobs["stages"] * n_mats * knobs["rows"] * row_bytes > _RING_LIMIT:
+    if ring_bytes() > MAX_RING_BYTES:
         return None
     knobs["dot"] = "dp4a"
     return knobs
@@ -164,7 +166,8 @@ def _stream_allowed(overrides) -> bool:
     """Whether the overrides leave room for the stages ring (it is built for
     x in registers, one slice, no norm/prefetch/stage; ``stages=0`` asks for
     the direct kernel)."""
-    return (overrides.get("stages") != 0 and overrides.get("slices", 1) == 1 and overrides.get("xmode", "reg") == "reg"
+    return (overrides.get("stages") != 0 and overrides.get("slices", 1) == 1
+            and overrides.get("xmode", "reg") == "reg"
             and not any(overrides.get(f) for f in ("norm", "prefetch", "stage")))
 
 

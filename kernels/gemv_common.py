@@ -61,6 +61,10 @@ def _pos_pow2(lo, hi):
     return check
 
 
+#: dynamic shared memory a CTA may ask for on sm_80/sm_90 (the ring's limit)
+MAX_RING_BYTES = 227 * 1024
+
+
 @attrs.frozen
 class GemvSpec:
     """A quantized GEMV kernel.
@@ -194,10 +198,10 @@ class GemvSpec:
                                  f"(tile >= K={self.k}) and 16-byte aligned rows "
                                  f"({self.row_bytes} bytes)")
         ring = self.ring_bytes
-        if ring > 227 * 1024:
+        if ring > MAX_RING_BYTES:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
                              f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
-                             f"(at most {227 * 1024})")
+                             f"(at most {MAX_RING_BYTES})")
 
     @slices.validator
     def _check_slices(self, attr, v):

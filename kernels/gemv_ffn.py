@@ -64,7 +64,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, u8, u32
 
-from .gemv_common import _pos_pow2, reference as gemv_reference, silu_times, warp_sum
+from .gemv_common import MAX_RING_BYTES, _pos_pow2, reference as gemv_reference, silu_times, warp_sum
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x
 from .gemv_stream import copy_rows
 from .spec_fields import pdl_field, pdl_prologue, target_field
@@ -145,10 +145,10 @@ class FfnSpec:
             raise ValueError(f"ffn={self.ffn} has {_pieces(self.ffn)} pieces per row, at most two "
                              f"per thread: threads must be at least {_pieces(self.ffn) // 2}, "
                              f"got {self.threads}")
-        if self.shared_bytes > 227 * 1024:
+        if self.shared_bytes > MAX_RING_BYTES:
             raise ValueError(f"stages={self.stages} x {self.stage_bytes}-byte items need "
                              f"{self.shared_bytes} bytes of shared memory (at most "
-                             f"{227 * 1024}); use fewer rows or stages")
+                             f"{MAX_RING_BYTES}); use fewer rows or stages")
 
     @property
     def slice_threads(self) -> int:

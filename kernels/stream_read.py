@@ -60,7 +60,7 @@ class StreamReadSpec:
         return f"stream_read_{mode}{self.block}x{self.loads}" + ("_pdl" if self.pdl else "")
 
 
-def _xor_words(k, v):
+def _xor_words(v):
     return (v[0] ^ v[1]) ^ (v[2] ^ v[3])
 
 
@@ -91,7 +91,7 @@ def build(spec: StreamReadSpec) -> ptxgen.Module:
         def fold(loads):
             for ok, v in loads:
                 with k.guarded(ok):   # a unit past n16 was not loaded: fold nothing
-                    k.xor(acc, _xor_words(k, v), out=acc)
+                    k.xor(acc, _xor_words(v), out=acc)
 
         first = issue(k.ctaid.x)
         if spec.pdl:
