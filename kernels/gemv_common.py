@@ -319,20 +319,6 @@ def declare_params(k, spec, warps):
     return ws, x, r, y, mrows, rpc, red, norm
 
 
-def act_cache(spec):
-    """Cache operator for activations (x, r) a GEMV reads: ``"cg"`` (L2 only)
-    for a PDL kernel, None (``ld.global.nc``/plain) otherwise.
-
-    With programmatic dependent launch a kernel's blocks can be resident on an
-    SM while the kernel two launches back still runs there, and that kernel's
-    loads of a buffer the planner later reuses leave lines in the SM's L1;
-    after ``griddepcontrol.wait`` an L1-cached load (``.nc`` or ``.ca``) of the
-    new contents can hit those stale lines.  A model replayed from a CUDA
-    graph computed wrong logits this way (eager launches overlap too little
-    to show it).  Weights never change and keep ``.nc``."""
-    return "cg" if spec.pdl else None
-
-
 def warp_sum(k, v):
     """Butterfly sum of an f32 over the 32 lanes (every lane gets the total)."""
     for off in (16, 8, 4, 2, 1):
@@ -407,7 +393,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
             out = silu_times(k, tot[0], tot[1])
         elif spec.epilogue == "residual":
             # plain ld, not .nc: y may alias r (x += W.a) within this launch
-            out = tot[0] + k.ld(r[row], cache=act_cache(spec))
+            out = tot[0] + k.ld(r[row])
         else:
             out = tot[0]
         k.st(y[row], out)

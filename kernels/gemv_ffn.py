@@ -67,7 +67,7 @@ from ptxgen.types import f32, u8, u32
 from .gemv_common import MAX_RING_BYTES, _pos_pow2, reference as gemv_reference, silu_times, warp_sum
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_x
 from .gemv_stream import copy_rows
-from .spec_fields import pdl_field, pdl_prologue, target_field
+from .spec_fields import pdl_field, pdl_prologue, pdl_wait, target_field
 
 __all__ = ["FfnSpec", "build", "launch_geometry", "reference", "CANONICAL"]
 
@@ -262,8 +262,7 @@ def build(spec: FfnSpec) -> ptxgen.Module:
         firsts = [b + G * j if j else b for j in range(S - 1)]
         for j, item in enumerate(firsts):
             issue(item, k.mov(j * stage, u32))
-        if spec.pdl:
-            k.griddep_wait()
+        pdl_wait(k, spec)
         pending = [k.var(u32, 0) for _ in range(spec.lookahead)]
         with k.if_(tid.eq(0)):
             for j, item in enumerate(firsts):

@@ -37,8 +37,8 @@ from contextlib import nullcontext
 import ptxgen
 from ptxgen.types import f16, f32, s32, u32, u64
 
-from .gemv_common import GemvSpec, act_cache, declare_params, warp_sum, write_outputs
-from .spec_fields import pdl_prologue
+from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
+from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_q4k", "q4k_layout"]
 
@@ -268,7 +268,6 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
     with m.kernel(spec.kernel_name, **kdir) as k:
         ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         early = spec.early or spec.prefetch
-        xc = act_cache(spec)
         # PDL: the first group's weight loads (read-only data) may go out
         # before the wait; x, r and y only after it
         pdl_prologue(k, spec, wait=not early)
@@ -364,8 +363,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
                             return k.ld(sx_base + ((p * 8 + 4 * h + w) * thr * 16), f32, vec=4)
                     else:
                         def get_x(h, w, pc=pc):
-                            return k.ld(pc["xa"] + (128 * h + 16 * w), f32, vec=4,
-                                        nc=xc is None, cache=xc)
+                            return k.ld(pc["xa"] + (128 * h + 16 * w), f32, vec=4, nc=True)
                     for (i, mi), d in zip(slots, _rows_dot(k, items, pc, get_x)):
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum, slice_=sl)
@@ -373,8 +371,8 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         issue_ = stage_out if spec.stage else issue
         # early: the first group's weight loads go out before x's (latencies overlap)
         first = issue_(first_row) if early else None
-        if spec.pdl and early:
-            k.griddep_wait()
+        if early:
+            pdl_wait(k, spec)
         xsrc = x
         if S > 1:
             # x read once per CTA: coalesced 16-byte loads into shared memory
@@ -383,15 +381,14 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             for c in range(math.ceil(n4 / (thr * S))):
                 ci = tid_cta + c * thr * S
                 with k.if_(ci < n4) if (c + 1) * thr * S > n4 else nullcontext():
-                    k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=xc is None, cache=xc))
+                    k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=True))
             k.bar_sync(0)
             xsrc = sx
         if spec.xmode == "shared":
             sx = k.shared_array("sx", f32, ppt * 8 * thr * 4, align=16)
             sx_base = sx[tid * 4]
         for p, pc in enumerate(pcs):
-            _piece_x(k, xsrc, pc, norm[0] if norm else None, shared=S > 1,
-                     cache=None if S > 1 else act_cache(spec))
+            _piece_x(k, xsrc, pc, norm[0] if norm else None, shared=S > 1)
             if spec.dot == "dp4a":
                 _piece_planes(k, pc)
             if spec.xmode == "shared":

@@ -26,7 +26,7 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, s8, u8, u16, u32
 
-from .gemv_common import GemvSpec, act_cache, declare_params, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 from .spec_fields import pdl_prologue
 
 __all__ = ["build_staged", "staged_layout"]
@@ -64,13 +64,12 @@ def _u32_at(k, addr):
     return k.pack(u32, lo, hi)
 
 
-def _q8_piece(k, sm, x, tile_k0, tid, lay, cache=None):
+def _q8_piece(k, sm, x, tile_k0, tid, lay):
     """Q8_0 piece ``tid``: block ``tid // 4``, weights ``8 (tid % 4) + (0..8)``."""
     b = tid >> 2
     qq = tid & 3
     xi = tile_k0 + (b << 5) + (qq << 3)
-    xv = (list(k.ld(x[xi], f32, vec=4, nc=cache is None, cache=cache))
-          + list(k.ld(x[xi] + 16, f32, vec=4, nc=cache is None, cache=cache)))
+    xv = list(k.ld(x[xi], f32, vec=4, nc=True)) + list(k.ld(x[xi] + 16, f32, vec=4, nc=True))
     boff = b * 34
     return dict(x=xv, d_off=boff, q_off=boff + 2 + (qq << 3))
 
@@ -87,14 +86,13 @@ def _q8_dot(k, spec, sm_row, pc):
     return d * acc
 
 
-def _q6_piece(k, sm, x, tile_k0, tid, lay, cache=None):
+def _q6_piece(k, sm, x, tile_k0, tid, lay):
     """Q6_K piece ``tid``: block ``tid // 16``, half ``n``, l-group ``g``."""
     b = tid >> 4
     n = (tid >> 3) & 1
     g = tid & 7
     xi = tile_k0 + (b << 8) + (n << 7) + (g << 2)
-    xv = [list(k.ld(x[xi] + 128 * s, f32, vec=4, nc=cache is None, cache=cache))
-          for s in range(4)]
+    xv = [list(k.ld(x[xi] + 128 * s, f32, vec=4, nc=True)) for s in range(4)]
     xs = []
     for v in xv:
         xs.append((v[0] + v[1]) + (v[2] + v[3]))
@@ -175,8 +173,7 @@ def build_staged(spec: GemvSpec) -> ptxgen.Module:
                 for ok, soff, v in pending:
                     k.st(sm[tid * lw + soff] if lw > 1 else sm[tid + soff], v, lty, guard=ok)
                 k.bar_sync(0)
-                pc = piece_fn(k, sm, x, t * (lay["tile_blocks"] * spec.block_weights), ptid, lay,
-                              cache=act_cache(spec))
+                pc = piece_fn(k, sm, x, t * (lay["tile_blocks"] * spec.block_weights), ptid, lay)
                 for mi in range(nm):
                     for i in range(R):
                         base_sym = _RowView(k, sm, (mi * R + i) * stride)

@@ -43,10 +43,10 @@ import ptxgen
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, act_cache, declare_params, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_planes, _piece_x, q4k_layout
 from .gemv_staged import _FORMATS, staged_layout
-from .spec_fields import pdl_prologue
+from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_stream", "copy_rows"]
 
@@ -122,10 +122,9 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # prologue: the first S - 1 groups in flight before anything else
         for s_ in range(S - 1):
             issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
-        if spec.pdl:
-            k.griddep_wait()
+        pdl_wait(k, spec)
         for pc in pcs:
-            _piece_x(k, x, pc, cache=act_cache(spec))
+            _piece_x(k, x, pc)
             if spec.dot == "dp4a":
                 _piece_planes(k, pc)
             # the piece's header and qs offsets inside one row of a stage
@@ -133,8 +132,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
         if not q4k:
             active = tid < lay["pieces"]
-            spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay,
-                           cache=act_cache(spec))
+            spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
             ring_base = k.mov(ring)
         rd = k.var(u32, 0)                         # byte offset of group g's stage
         ring_bytes = S * stage_bytes

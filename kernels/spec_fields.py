@@ -8,7 +8,7 @@ import attrs
 from ptxgen.target import TARGETS
 
 __all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue",
-           "has_griddepcontrol"]
+           "pdl_wait", "has_griddepcontrol"]
 
 
 def check_block(_, attr, v):
@@ -45,21 +45,36 @@ def _check_pdl(inst, attr, v):
 def pdl_field():
     """``pdl``: built for programmatic dependent launch (sm_90+).
 
-    The kernel lets the next grid start early
-    (``griddepcontrol.launch_dependents`` on entry) and waits for the grids
-    before it (``griddepcontrol.wait``) before it reads anything they write;
-    only reads of data no kernel writes (weights) may come before the wait.
-    Launch it with ``pdl=True`` (the executor does so for every spec with
-    ``pdl=True``); launched without, the instructions cost nothing.
+    The kernel waits for the grid before it (``griddepcontrol.wait``) before
+    it reads anything earlier grids write, and right after the wait lets the
+    next grid launch (``griddepcontrol.launch_dependents``); only reads of
+    data no kernel writes (weights) may come before the wait.  Launch it with
+    ``pdl=True`` (the executor does so for every spec with ``pdl=True``);
+    launched without, the instructions cost nothing.
+
+    Why the release comes after the wait: the next grid can then start only
+    once every grid before this one has finished, so at most two grids share
+    the GPU and nothing but this grid can leave lines in an SM's L1 after the
+    next one starts.  Released on entry instead, a chain of grids can be
+    resident at once; a block of grid N then sees L1 lines that grid N-2 read
+    from a buffer which grid N-1 has since rewritten (the planner reuses
+    buffers), and a model replayed from a CUDA graph computed wrong logits
+    that way.
     """
     return attrs.field(default=False, validator=_check_pdl)
 
 
-def pdl_prologue(k, spec, wait: bool = True) -> None:
-    """Emit the PDL entry sequence for ``spec.pdl`` kernels: allow the next
-    grid to launch and, with ``wait``, wait for the previous ones here (a
-    kernel that issues weight loads first calls ``k.griddep_wait()`` itself)."""
+def pdl_wait(k, spec) -> None:
+    """For ``spec.pdl`` kernels: wait for the previous grid, then let the next
+    one launch (see :func:`pdl_field`).  Emits nothing otherwise."""
     if spec.pdl:
+        k.griddep_wait()
         k.griddep_launch_dependents()
-        if wait:
-            k.griddep_wait()
+
+
+def pdl_prologue(k, spec, wait: bool = True) -> None:
+    """Emit the PDL entry sequence for ``spec.pdl`` kernels.  With ``wait``,
+    :func:`pdl_wait` here; without, the kernel calls :func:`pdl_wait` itself
+    once the loads that may precede it (weights) are out."""
+    if wait:
+        pdl_wait(k, spec)

@@ -33,7 +33,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import u32
 
-from .spec_fields import block_field, pdl_field, target_field
+from .spec_fields import block_field, pdl_field, pdl_prologue, pdl_wait, target_field
 
 
 def _check_loads(inst, attr, v):
@@ -73,8 +73,7 @@ def build(spec: StreamReadSpec) -> ptxgen.Module:
         out = k.param_ptr("out", u32)
         n16 = k.param("n16", u32)
         part = k.shared_array("warp_xor", u32, warps, align=16)
-        if spec.pdl:
-            k.griddep_launch_dependents()
+        pdl_prologue(k, spec, wait=False)
         tid = k.tid.x
         acc = k.var(u32, 0)
 
@@ -94,8 +93,7 @@ def build(spec: StreamReadSpec) -> ptxgen.Module:
                     k.xor(acc, _xor_words(v), out=acc)
 
         first = issue(k.ctaid.x)
-        if spec.pdl:
-            k.griddep_wait()
+        pdl_wait(k, spec)
         fold(first)
         if spec.persistent:
             steps = (n16 + (step - 1)) // step

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ptxgen
+from ptxgen import registry
 from ptxgen.errors import TargetError
 from ptxgen.kernels import flash_decode, gemv, rmsnorm, swiglu
 
@@ -34,9 +35,12 @@ def test_pdl_spec_field_needs_sm90():
         rmsnorm.RmsNormSpec(pdl=1, target="sm_90")
     s = rmsnorm.RmsNormSpec(pdl=True, target="sm_90")
     text = rmsnorm.build(s).to_ptx()
-    # the next grid may start at once; this one waits before its first global read
+    # this grid waits before its first global read, and only then lets the
+    # next grid launch (at most two grids resident: spec_fields.pdl_field)
     body = text[text.index("{"):]
-    assert body.index("griddepcontrol.launch_dependents") < body.index("griddepcontrol.wait")
+    assert body.count("griddepcontrol.wait") == 1
+    assert body.count("griddepcontrol.launch_dependents") == 1
+    assert body.index("griddepcontrol.wait") < body.index("griddepcontrol.launch_dependents")
     assert body.index("griddepcontrol.wait") < body.index("ld.global")
     assert "griddepcontrol" not in rmsnorm.build(attrs.evolve(s, pdl=False)).to_ptx()
 
@@ -167,3 +171,23 @@ def test_gpu_pdl_chain_eager_and_captured():
         ge.launch(s)
     s.synchronize()
     assert bufs[-1].to_numpy().tobytes() == serial.tobytes()
+
+
+PDL_SPECS = {n: fs for n, fs in registry.canonical_specs().items() if hasattr(fs[1], "pdl")}
+
+
+@pytest.mark.parametrize("name", sorted(PDL_SPECS))
+def test_every_pdl_kernel_releases_the_next_grid_only_after_its_wait(name):
+    """At most two grids may be resident at once (spec_fields.pdl_field): a
+    kernel built with pdl executes griddepcontrol.wait exactly once and
+    launch_dependents right after it, never before; without pdl neither."""
+    fam, spec = PDL_SPECS[name]
+    spec = attrs.evolve(spec, target="sm_90", pdl=True)
+    text = fam.build(spec).to_ptx()
+    for body in text.split(".entry")[1:]:
+        ops = [ln.strip().rstrip(";") for ln in body.splitlines() if "griddepcontrol" in ln]
+        assert ops == ["griddepcontrol.wait", "griddepcontrol.launch_dependents"], (name, ops)
+        lines = [ln.strip() for ln in body.splitlines()]
+        w = lines.index("griddepcontrol.wait;")
+        assert lines[w + 1] == "griddepcontrol.launch_dependents;", (name, lines[w:w + 2])
+    assert "griddepcontrol" not in fam.build(attrs.evolve(spec, pdl=False)).to_ptx()
