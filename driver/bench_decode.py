@@ -277,13 +277,14 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
     spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, fused_combine=False,
                               target=ops.device_target(), **kw)
     fn = ops._module(fd.build, spec).function(spec.split_name)
+    fn.require_dynamic_shared(spec.ring_bytes)
     S = fd.choose_splits(spec, get_device().sm_count, n_kv, cap,
-                         ops._resident(fn, 32 * spec.warps))
+                         ops._resident(fn, 32 * spec.warps, spec.ring_bytes))
     po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)
     pml = ops._workspace(("fd_ml", n_q, S), (n_q, S, 2), np.float32)
     (g1, b1), _ = fd.launch_geometry(spec, n_kv, S)
     return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, do, 0, cap,
-                            1.0 / math.sqrt(d), stream=s)
+                            1.0 / math.sqrt(d), shared=spec.ring_bytes, stream=s)
 
 
 def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
@@ -324,7 +325,7 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
         spec = fd.FlashDecodeSpec(target=ops.device_target(),
                                   **{k: v for k, v in kw.items() if k in fields})
         fn = ops._module(fd.build, spec).function(spec.split_name)
-        bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps)
+        bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps, spec.ring_bytes)
         res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,
                      "n_splits": fd.choose_splits(spec, dev.sm_count, n_kv, cap, bps)}
     if verbose:

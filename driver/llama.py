@@ -198,7 +198,7 @@ class LlamaModel:
                           sh)])
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
                            (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
-                            sm_scale))]
+                            sm_scale), fds.ring_bytes)]
             if comb is not None:
                 attn.append(Launch("flash_decode", fds, fds.combine_name, *comb,
                                    (part_o, part_ml, att, n_splits)))

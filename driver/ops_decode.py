@@ -189,25 +189,30 @@ def swiglu(g, u, out=None, *, stream=None):
 
 
 @functools.lru_cache(maxsize=None)
-def _resident_cached(handle, block):
+def _resident_cached(handle, block, shared=0):
     from .errors import check, cuda
     d = cuda()
-    return int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(handle, block, 0),
+    return int(check(d.cuOccupancyMaxActiveBlocksPerMultiprocessor(handle, block, shared),
                      "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
 
 
-def _resident(fn, block) -> int:
-    """Blocks of ``fn`` one SM holds at once (the driver's occupancy)."""
+def _resident(fn, block, shared=0) -> int:
+    """Blocks of ``fn`` one SM holds at once with ``shared`` bytes of
+    dynamic shared memory each (the driver's occupancy; the function's
+    dynamic shared memory limit is raised to ``shared`` first, without which
+    the driver counts no block past 48 KB)."""
+    if shared:
+        fn.require_dynamic_shared(shared)
     try:
-        return max(1, _resident_cached(fn.handle, block))
+        return max(1, _resident_cached(fn.handle, block, shared))
     except Exception:                      # an old driver binding: the spec's estimate
         return None
 
 
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
-                 fused_combine=None, merge_unroll=None, blocks_per_sm=None, pdl=None,
-                 stream=None):
+                 fused_combine=None, merge_unroll=None, stages=None, blocks_per_sm=None,
+                 pdl=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -216,7 +221,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     this device and the cache's capacity (fixed per shape), with
     ``blocks_per_sm`` defaulting to the driver's occupancy of the split
     kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
-    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll`` pick the
+    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll``, ``stages`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
@@ -241,7 +246,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     knobs = {k_: v_ for k_, v_ in dict(warps=warps, unroll=unroll, chunks=chunks,
                                         prefetch=prefetch, min_keys=min_keys,
                                         fused_combine=fused_combine,
-                                        merge_unroll=merge_unroll).items()
+                                        merge_unroll=merge_unroll, stages=stages).items()
              if v_ is not None}
     tgt = device_target()
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
@@ -249,9 +254,11 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                **knobs)
     dev = get_device()
     mod = _module(_fd.build, spec)
+    split = mod.function(spec.split_name)
+    split.require_dynamic_shared(spec.ring_bytes)
     if n_splits is None:
         if blocks_per_sm is None:
-            blocks_per_sm = _resident(mod.function(spec.split_name), 32 * spec.warps)
+            blocks_per_sm = _resident(split, 32 * spec.warps, spec.ring_bytes)
         n_splits = _fd.choose_splits(spec, dev.sm_count, n_kv, cap, blocks_per_sm)
     part_o = _workspace(("fd_o", n_q, n_splits, d), (n_q, n_splits, d), np.float32)
     part_ml = _workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
@@ -259,8 +266,9 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     counter = _workspace(("fd_counter", n_kv), (n_kv,), np.uint32, zero=True)
     (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
-    launch(mod.function(spec.split_name), g1, b1, qa, kc, vc, _scalar_i32(kv_len, "kv_len"),
-           part_o, part_ml, out, counter, cap, scale, stream=stream, pdl=spec.pdl)
+    launch(split, g1, b1, qa, kc, vc, _scalar_i32(kv_len, "kv_len"),
+           part_o, part_ml, out, counter, cap, scale, shared=spec.ring_bytes, stream=stream,
+           pdl=spec.pdl)
     if comb is not None:
         launch(mod.function(spec.combine_name), *comb, part_o, part_ml, out, n_splits,
                stream=stream, pdl=spec.pdl)

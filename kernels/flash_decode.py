@@ -29,7 +29,9 @@ Kernels (one module)
     ``sm_scale * log2(e)`` (folded into q) and exponentiated with
     ``ex2.approx``; each lane group keeps a running max, sum and ``o`` and
     rescales once per tile of ``unroll`` keys (with ``prefetch``, the next
-    tile's loads are in flight during this tile's math).  The lane groups of a warp
+    tile's loads are in flight during this tile's math; with ``stages``, a
+    ring of shared-memory stages filled by ``cp.async`` holds ``stages - 1``
+    tiles in flight instead).  The lane groups of a warp
     are merged with shuffles, the warps through shared memory.
     ``combine``: ``grid = n_q_heads``, ``block = 512`` (16 warps): warp ``w``
     merges splits ``w, w + 16, ...``, 6 at a time with every load of a round
@@ -59,13 +61,14 @@ import numpy as np
 import ptxgen
 from ptxgen import registry
 from ptxgen.target import TARGETS
-from ptxgen.types import f16, f32, s32, u32
+from ptxgen.types import f16, f32, s32, u8, u32
 
 from .spec_fields import pdl_field, pdl_prologue
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 SMEM_LIMIT = 48 * 1024
+RING_LIMIT = 227 * 1024  # static + dynamic shared memory of one block (sm_80 .. sm_90)
 MAX_SPLITS = 512        # the most splits a launch may have
 COMBINE_WARPS = 16      # warps of the combine block
 
@@ -106,6 +109,13 @@ class FlashDecodeSpec:
     merge_unroll : int
         Splits whose partials a thread of the fused merge loads per round
         (1..32).
+    stages : int
+        0 (default): each lane loads its K/V words into registers
+        (``prefetch`` decides whether the next tile's are in flight).  2..8:
+        the block streams its tiles through a ring of that many
+        shared-memory stages with ``cp.async`` (``stages - 1`` tiles in
+        flight, holding no registers; ``prefetch`` is then unused); the
+        split kernel takes ``ring_bytes`` of dynamic shared memory.
     target : str
     """
 
@@ -121,6 +131,7 @@ class FlashDecodeSpec:
     fused_combine: bool = attrs.field(default=False,
                                       validator=attrs.validators.instance_of(bool))
     merge_unroll: int = attrs.field(default=16)
+    stages: int = attrs.field(default=0)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
     pdl: bool = pdl_field()
 
@@ -144,6 +155,12 @@ class FlashDecodeSpec:
         if not (isinstance(v, int) and 1 <= v <= 32):
             raise ValueError(f"merge_unroll must be in 1..32, got {v!r}")
 
+    @stages.validator
+    def _check_stages(self, _, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and (v == 0 or 2 <= v <= 8)):
+            raise ValueError(f"stages must be 0 (register prefetch) or 2..8 (cp.async ring), "
+                             f"got {v!r}")
+
     @unroll.validator
     def _check_unroll(self, _, v):
         if not (isinstance(v, int) and 1 <= v <= 8):
@@ -153,6 +170,11 @@ class FlashDecodeSpec:
         if self.lanes_per_key > 32:
             raise ValueError(f"head_dim {self.head_dim} with a {self.kv_dtype} cache needs "
                              f"{self.lanes_per_key} lanes per key row (at most 32)")
+        if self.ring_bytes + self.shared_bytes > RING_LIMIT:
+            raise ValueError(f"a ring of {self.stages} stages of {self.tile} K and V rows "
+                             f"needs {self.ring_bytes} bytes of shared memory besides "
+                             f"{self.shared_bytes} (limit {RING_LIMIT}); use fewer stages, "
+                             f"warps or unroll")
         if self.shared_bytes > SMEM_LIMIT:
             raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
                              f"warps needs {self.shared_bytes} bytes of shared memory "
@@ -178,13 +200,24 @@ class FlashDecodeSpec:
 
     @property
     def shared_bytes(self) -> int:
+        """Static shared memory of the split kernel (the warps' partials)."""
         return 4 * self.warps * self.group * (self.head_dim + 2)
+
+    @property
+    def stage_bytes(self) -> int:
+        """One ring stage: a tile's K rows, then its V rows."""
+        return 2 * self.tile * self.head_dim * (2 if self.kv_dtype == "f16" else 4)
+
+    @property
+    def ring_bytes(self) -> int:
+        """Dynamic shared memory of the split kernel (0 without the ring)."""
+        return self.stages * self.stage_bytes
 
     @property
     def kernel_name(self) -> str:
         return (f"flash_decode_d{self.head_dim}_g{self.group}_{self.kv_dtype}"
                 f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
-                + ("p" if self.prefetch else "")
+                + (f"s{self.stages}" if self.stages else "p" if self.prefetch else "")
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
@@ -336,7 +369,9 @@ def _build_split(m, spec: FlashDecodeSpec):
                     k.assign(o_run[g][e], acc)
                 k.assign(m_run[g], m_new)
 
-        if not spec.prefetch:
+        if spec.stages:
+            _ring_loop(k, spec, kc, vc, row0, start, end, rg, sub, tid, tile_math)
+        elif not spec.prefetch:
             with k.for_range(start, end, spec.tile) as base:
                 tile_math(base, *tile_loads(base, last))
         else:
@@ -394,6 +429,72 @@ def _build_split(m, spec: FlashDecodeSpec):
         if fused:
             k.place(merge)
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
+
+
+def _ring_loop(k, spec, kc, vc, row0, start, end, rg, sub, tid, tile_math):
+    """The split's tiles through a ring of ``spec.stages`` shared-memory
+    stages filled with ``cp.async`` (16-byte copies that hold no registers):
+    ``stages - 1`` tiles are in flight while one is computed.  A stage holds
+    the tile's ``T`` K rows, then its ``T`` V rows, each row contiguous; the
+    block's threads copy its chunks in turn (thread ``t`` chunks ``t, t +
+    threads, ...`` of each matrix), rows past the split's last one clamped to
+    it (masked in the math).  Each lane then reads its 16-byte slots of its
+    rows from shared memory, the same words the register path loads."""
+    d, S, T, C, LK, RG = (spec.head_dim, spec.stages, spec.tile, spec.chunks,
+                          spec.lanes_per_key, spec.row_groups)
+    nthreads = 32 * spec.warps
+    esize = 2 if spec.kv_dtype == "f16" else 4
+    rowb = d * esize
+    cpr = rowb // 16                               # 16-byte chunks per row
+    per_mat = T * cpr
+    stage = spec.stage_bytes
+    ring = k.dynamic_shared("ring", u8, align=16)
+    ring_bytes = S * stage
+    lastc = k.max(end, 1) - 1                      # rows clamped here
+    # this thread's chunks of a tile: row r_j (within the tile), byte col_j
+    chunks = []
+    for j in range(-(-per_mat // nthreads)):
+        c = tid + j * nthreads if j else tid
+        guard = (tid < per_mat - j * nthreads) if (j + 1) * nthreads > per_mat else None
+        # (row in the tile, first element in the row, byte in the stage, guard)
+        chunks.append((c >> (cpr.bit_length() - 1), (c & (cpr - 1)) * (16 // esize), c << 4,
+                       guard))
+
+    def issue(base, slot):
+        """Copy the tile at row ``base`` into the stage at byte ``slot`` and
+        commit (an empty group past the split's rows)."""
+        with k.if_(base < end):
+            for r, col, dst, guard in chunks:
+                idx = (row0 + k.min(base + r, lastc)) * d + col
+                for mi, cache in enumerate((kc, vc)):
+                    k.cp_async(ring[slot + dst + mi * per_mat * 16], cache[idx], 16,
+                               guard=guard)
+        k.cp_async_commit()
+
+    for j in range(S - 1):
+        issue(start + j * T, k.mov(j * stage, u32))
+    rd = k.var(u32, 0)                             # byte offset of this tile's stage
+    # the lane's first slot of row rg + RG u: K at kofs[u], V per_mat * 16 on
+    kofs = [(rg + RG * u) * rowb + sub * 16 for u in range(spec.unroll)]
+    wty = u32 if spec.kv_dtype == "f16" else f32
+    with k.for_range(start, end, T) as base:
+        k.cp_async_wait(S - 2)
+        k.bar_sync(0)
+        # tile i + S - 1 goes to the stage tile i - 1 used
+        wr = k.select(rd.eq(0), k.mov(ring_bytes - stage, u32), rd - stage)
+        issue(base + (S - 1) * T, wr)
+        kw, vw = [], []
+        for ko in kofs:
+            for words, moff in ((kw, 0), (vw, per_mat * 16)):
+                row = []
+                for c in range(C):
+                    row += list(k.ld(ring[rd + (ko + moff + LK * 16 * c)], wty, vec=4))
+                words.append(row)
+        tile_math(base, kw, vw)
+        nxt = rd + stage
+        k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
+    # no copy may be in flight when the block's shared memory is reused
+    k.cp_async_wait(0)
 
 
 def _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid):
@@ -576,14 +677,20 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     """Split blocks one SM holds at once, estimated from the registers the
     CUDA 13 driver's JIT gave on an H100 (d = 128, group 4: 168 for unroll
     8, 138 unroll 4, 157 unroll 3 + prefetch, 184 unroll 4 + prefetch, 234
-    unroll 8 + prefetch); ``min_blocks`` when set.  ``ops.flash_decode``
-    asks the driver instead."""
+    unroll 8 + prefetch), and with a ring its shared memory; ``min_blocks``
+    when set.  ``ops.flash_decode`` asks the driver instead."""
     if spec.min_blocks:
         return spec.min_blocks
     uc = spec.unroll * spec.chunks
-    regs = 130 + 10 * uc if spec.prefetch else 104 + 8 * uc
+    regs = 130 + 10 * uc if spec.prefetch and not spec.stages else 104 + 8 * uc
     regs = -(-regs // 8) * 8
-    return max(1, min(32 // spec.warps, 65536 // (regs * 32 * spec.warps)))
+    n = min(32 // spec.warps, 65536 // (regs * 32 * spec.warps))
+    if spec.stages:
+        # the ring's shared memory (per SM: 228 KB on sm_90, 164 KB on sm_80,
+        # 100 KB on sm_86 / sm_89; 1 KB of it reserved per block)
+        per_sm = {80: 164, 90: 228}.get(TARGETS[spec.target].sm, 100) * 1024
+        n = min(n, per_sm // (spec.ring_bytes + spec.shared_bytes + 1024))
+    return max(1, n)
 
 
 def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacity: int,
@@ -634,6 +741,7 @@ CANONICAL = {
     "flash_decode": FlashDecodeSpec(),
     "flash_decode_d64_f32": FlashDecodeSpec(head_dim=64, group=3, kv_dtype="f32", warps=2,
                                             unroll=2, prefetch=True),
+    "flash_decode_ring": FlashDecodeSpec(stages=3),
 }
 
 registry.register("flash_decode", FlashDecodeSpec, build, CANONICAL,

@@ -36,7 +36,7 @@ def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
     for length in ([L] if np.isscalar(L) else L):      # one "graph": same args, new length
         lens = run.array(np.array([length], np.int32))
         run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, out, counter, cap,
-                   1 / math.sqrt(d))
+                   1 / math.sqrt(d), shared=spec.ring_bytes)
         if comb is not None:
             run.launch(comb, *comb_geo, part_o, part_ml, out, n_splits)
         assert np.all(run.get(counter) == 0)
@@ -71,6 +71,17 @@ EMU_SPECS = [
                       merge_unroll=2),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=2, unroll=3, prefetch=True,
                       fused_combine=True, merge_unroll=3),
+    # the cp.async ring: 2 and 4 stages, f16 and f32, 2 chunks a lane, a
+    # thread count that does not divide a stage's chunks (3 warps, d = 64:
+    # 24 rows x 8 chunks = 192 per matrix over 96 threads is 2; 2 warps,
+    # unroll 3, d = 128 f32: 24 rows x 32 = 768 over 64, and 1 warp f16
+    # d = 64 unroll 3: 6 rows x 8 = 48 over 32 leaves 16 threads idle)
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, stages=2),
+    F.FlashDecodeSpec(head_dim=128, group=2, warps=1, unroll=2, stages=4),
+    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=2, unroll=3, stages=3),
+    F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, stages=3),
+    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, stages=2),
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, stages=3, fused_combine=True),
 ]
 
 
@@ -123,7 +134,9 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
                                  dict(head_dim=256, kv_dtype="f32"),
                                  dict(head_dim=256, group=16, warps=8), dict(chunks=3),
                                  dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33),
-                                 dict(merge_unroll=0), dict(merge_unroll=33)])
+                                 dict(merge_unroll=0), dict(merge_unroll=33),
+                                 dict(stages=1), dict(stages=9), dict(stages=True),
+                                 dict(stages=8, warps=8, unroll=8)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
@@ -186,13 +199,16 @@ def test_splits_share_keys_evenly(run):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps,unroll,chunks,prefetch",
-                         [(4, 2, 1, False), (4, 4, 1, False), (8, 2, 1, False),
-                          (8, 4, 1, False), (2, 4, 1, False), (4, 2, 2, False), (4, 4, 2, False),
-                          (8, 2, 2, False), (4, 4, 1, True), (4, 2, 1, True)])
-def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch):
+@pytest.mark.parametrize("warps,unroll,chunks,prefetch,stages",
+                         [(4, 2, 1, False, 0), (4, 4, 1, False, 0), (8, 2, 1, False, 0),
+                          (8, 4, 1, False, 0), (2, 4, 1, False, 0), (4, 2, 2, False, 0),
+                          (4, 4, 2, False, 0), (8, 2, 2, False, 0), (4, 4, 1, True, 0),
+                          (4, 2, 1, True, 0), (4, 3, 1, False, 3), (4, 3, 1, False, 4),
+                          (8, 2, 1, False, 4), (4, 4, 2, False, 2)])
+def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch, stages):
     from ptxgen.driver import get_device
-    spec = F.FlashDecodeSpec(warps=warps, unroll=unroll, chunks=chunks, prefetch=prefetch)
+    spec = F.FlashDecodeSpec(warps=warps, unroll=unroll, chunks=chunks, prefetch=prefetch,
+                             stages=stages)
     n_kv, cap = 8, 8192
     q, kc, vc = _data(n_kv, 4, cap, 128, np.float16, warps * 10 + unroll)
     for bps in (2, 8):
