@@ -164,11 +164,11 @@ _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
 
 def _stream_allowed(overrides) -> bool:
     """Whether the overrides leave room for the stages ring (it is built for
-    x in registers, one slice, no norm/prefetch/stage; ``stages=0`` asks for
+    x in registers, one slice, no prefetch/stage; ``stages=0`` asks for
     the direct kernel)."""
     return (overrides.get("stages") != 0 and overrides.get("slices", 1) == 1
             and overrides.get("xmode", "reg") == "reg"
-            and not any(overrides.get(f) for f in ("norm", "prefetch", "stage")))
+            and not any(overrides.get(f) for f in ("prefetch", "stage")))
 
 
 CANONICAL = {

@@ -179,17 +179,16 @@ class GemvSpec:
 
     @dot.validator
     def _check_dot(self, attr, v):
-        if v == "dp4a" and (self.qtype != "Q4_K" or self.xmode != "reg" or self.norm):
-            raise ValueError("dot='dp4a' is built for Q4_K with xmode='reg' and no fused norm")
+        if v == "dp4a" and (self.qtype != "Q4_K" or self.xmode != "reg"):
+            raise ValueError("dot='dp4a' is built for Q4_K with xmode='reg'")
 
     @stages.validator
     def _check_stages(self, attr, v):
         if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v == 1 or v > 8:
             raise ValueError(f"stages must be 0 (direct loads) or 2..8, got {v!r}")
-        if v and (self.xmode != "reg" or self.slices > 1 or self.prefetch or self.stage
-                  or self.norm):
+        if v and (self.xmode != "reg" or self.slices > 1 or self.prefetch or self.stage):
             raise ValueError("stages > 0 (cp.async ring) is built for xmode='reg', "
-                             "one slice, no prefetch/stage/norm")
+                             "one slice, no prefetch/stage")
         if v and self.qtype != "Q4_K":
             from .gemv_staged import staged_layout
             lay = staged_layout(self)

@@ -43,7 +43,7 @@ import ptxgen
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, declare_params, write_outputs
+from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
 from .gemv_q4k import _piece_dot, _piece_offsets, _piece_planes, _piece_x, q4k_layout
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue, pdl_wait
@@ -95,7 +95,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red, _ = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
@@ -124,12 +124,20 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
         pdl_wait(k, spec)
         for pc in pcs:
-            _piece_x(k, x, pc)
+            _piece_x(k, x, pc, norm[0] if norm else None)
             if spec.dot == "dp4a":
                 _piece_planes(k, pc)
             # the piece's header and qs offsets inside one row of a stage
             pc["h32"] = pc["sb"] * 144
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
+        # fused RMSNorm: the pieces hold x * nw; the warp's sum of x^2 goes
+        # to write_outputs, which scales every row by 1/sqrt(mean + eps)
+        nsum = None
+        if norm:
+            sq = pcs[0]["sq"]
+            for pc in pcs[1:]:
+                sq = sq + pc["sq"]
+            nsum = (warp_sum(k, sq), norm[1])
         if not q4k:
             active = tid < lay["pieces"]
             spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
@@ -160,7 +168,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                         qs = k.ld(qb + o, u32, vec=4)
                         d = _piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
-            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid,
+            write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum,
                           trailing_barrier=False)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))

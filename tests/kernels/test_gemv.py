@@ -83,6 +83,13 @@ CASES = [
     ("Q4_K", 768, "none", {"dot": "dp4a", "pieces": 2, "rows": 2}),
     ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 4}),
     ("Q4_K", 1280, "none", {"dot": "dp4a", "stages": 2, "rows": 1}),
+    # fused RMSNorm through the ring and with the dp4a dot
+    ("Q4_K", 512, "none", {"norm": True, "stages": 3, "rows": 2}),
+    ("Q4_K", 512, "none", {"norm": True, "dot": "dp4a", "stages": 3, "rows": 4}),
+    ("Q4_K", 256, "swiglu", {"norm": True, "dot": "dp4a", "stages": 2, "rows": 1}),
+    ("Q4_K", 768, "residual", {"norm": True, "dot": "dp4a", "stages": 2, "rows": 2,
+                               "pieces": 2}),
+    ("Q4_K", 512, "residual", {"norm": True, "dot": "dp4a", "rows": 2}),
     ("Q6_K", 2048, "none", {"stages": 3, "rows": 2, "tile": 2048}),
     ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 1, "tile": 2048}),
     ("Q8_0", 512, "residual", {"stages": 4, "rows": 2, "tile": 512}),
@@ -123,8 +130,7 @@ def test_gemv_dp4a_outlier_activations(run, knobs):
 
 
 def test_dp4a_dot_refused_where_not_built():
-    for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q4_K", k=512, xmode="shared"),
-                dict(qtype="Q4_K", k=512, norm=True)):
+    for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q4_K", k=512, xmode="shared")):
         with pytest.raises(ValueError, match="dp4a"):
             G.GemvSpec(dot="dp4a", **bad)
 
@@ -145,6 +151,8 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 @pytest.mark.parametrize("k,epi,knobs", [(4096, "none", {"norm": True}),
                                          (4096, "swiglu", {"norm": True}),
                                          (14336, "none", {"norm": True}),
+                                         (4096, "none", {"norm": True, "stages": 0}),
+                                         (4096, "swiglu", {"norm": True, "stages": 0}),
                                          (4096, "none", {"slices": 4}),
                                          (4096, "swiglu", {"slices": 4}),
                                          (4096, "residual", {"slices": 2, "norm": True}),
@@ -185,8 +193,11 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert knobs(spec(4096, "residual", k=14336)) == (2, 8, 132, "dp4a")
     # 2 stages x 8 rows of 16128-byte rows exceed shared memory: fewer rows
     assert knobs(spec(4096, k=28672)) == (2, 4, 132, "dp4a")
-    # the ring needs x in registers, one slice, no fused norm: the direct kernel
-    for s in (spec(1024, norm=True), spec(128256, slices=2), spec(14336, xmode="shared"),
+    # a fused RMSNorm streams as well
+    assert knobs(spec(6144, norm=True)) == (4, 8, 396, "dp4a") and spec(6144, norm=True).norm
+    assert knobs(spec(14336, "swiglu", norm=True)) == (2, 4, 528, "dp4a")
+    # the ring needs x in registers and one slice: the direct kernel
+    for s in (spec(128256, slices=2), spec(14336, xmode="shared"),
               spec(14336, "swiglu", k=14336), spec(14336, stages=0)):
         assert s.stages == 0 and s.dot == "fma"
     assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
