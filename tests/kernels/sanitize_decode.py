@@ -30,6 +30,7 @@ def main():
     vc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     for L in (1, 7, 1000, 2048):
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
     ops.kv_append(D(f(8, 128)), D(f(8, 128)), kc, vc, i32(2047))
     for qt in ("Q4_K", "Q6_K", "Q8_0"):
         raw = quants.quantize(f(3, 512), qt)
@@ -54,6 +55,11 @@ def main():
         # each layer's FFN as one persistent kernel (grid barrier, counters)
         m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
                                  fuse_ffn=True)
+        m.generate([1, 2, 3], 3, mode="eager")
+        m.generate([1, 2, 3], 3, mode="graph")
+        # RMSNorms folded into the GEMVs (ring, dp4a) and the ring flash decode
+        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
+                                 fuse_norm=True, flash_knobs={"stages": 3})
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
     driver.get_device().synchronize()
