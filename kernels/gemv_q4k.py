@@ -77,6 +77,18 @@ def _piece_offsets(k, tid, i, thr, total):
                 m_c=m_c, valid=valid, xo=xo, sb=sb, c=c)
 
 
+def _norm_sum(k, pcs, norm):
+    """Fused RMSNorm: ``(warp's sum of x^2, eps)`` over the thread's pieces
+    (their ``"sq"``, from :func:`_piece_x` with ``nw``) for
+    :func:`write_outputs`, or None without ``norm``."""
+    if not norm:
+        return None
+    sq = pcs[0]["sq"]
+    for pc in pcs[1:]:
+        sq = sq + pc["sq"]
+    return (warp_sum(k, sq), norm[1])
+
+
 def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
     """The piece's 32 x values (zero past K) and the sums of its two halves.
     With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
@@ -396,12 +408,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             elif spec.xmode == "global":
                 pc.pop("x")
                 pc["mask_out"] = True
-        nsum = None
-        if norm:
-            sq = pcs[0]["sq"]
-            for pc in pcs[1:]:
-                sq = sq + pc["sq"]
-            nsum = (warp_sum(k, sq), norm[1])
+        nsum = _norm_sum(k, pcs, norm)
         if spec.prefetch:
             cur = [k.var(u32, w) for w in regs_of(first)]
             with k.for_range(row0, row_end, R) as rg:

@@ -43,8 +43,9 @@ import ptxgen
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, declare_params, warp_sum, write_outputs
-from .gemv_q4k import _piece_dot, _piece_offsets, _piece_planes, _piece_x, q4k_layout
+from .gemv_common import GemvSpec, declare_params, write_outputs
+from .gemv_q4k import (_norm_sum, _piece_dot, _piece_offsets, _piece_planes, _piece_x,
+                       q4k_layout)
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue, pdl_wait
 
@@ -132,12 +133,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
         # fused RMSNorm: the pieces hold x * nw; the warp's sum of x^2 goes
         # to write_outputs, which scales every row by 1/sqrt(mean + eps)
-        nsum = None
-        if norm:
-            sq = pcs[0]["sq"]
-            for pc in pcs[1:]:
-                sq = sq + pc["sq"]
-            nsum = (warp_sum(k, sq), norm[1])
+        nsum = _norm_sum(k, pcs, norm)
         if not q4k:
             active = tid < lay["pieces"]
             spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
