@@ -277,7 +277,7 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
     spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, fused_combine=False,
                               target=ops.device_target(), **kw)
     fn = ops._module(fd.build, spec).function(spec.split_name)
-    fn.require_dynamic_shared(spec.ring_bytes)
+    # (_resident raises the function's dynamic shared memory limit to the ring's)
     S = fd.choose_splits(spec, get_device().sm_count, n_kv, cap,
                          ops._resident(fn, 32 * spec.warps, spec.ring_bytes))
     po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)

@@ -63,12 +63,12 @@ from ptxgen import registry
 from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
+from .gemv_common import MAX_RING_BYTES
 from .spec_fields import pdl_field, pdl_prologue
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 SMEM_LIMIT = 48 * 1024
-RING_LIMIT = 227 * 1024  # static + dynamic shared memory of one block (sm_80 .. sm_90)
 MAX_SPLITS = 512        # the most splits a launch may have
 COMBINE_WARPS = 16      # warps of the combine block
 
@@ -170,10 +170,10 @@ class FlashDecodeSpec:
         if self.lanes_per_key > 32:
             raise ValueError(f"head_dim {self.head_dim} with a {self.kv_dtype} cache needs "
                              f"{self.lanes_per_key} lanes per key row (at most 32)")
-        if self.ring_bytes + self.shared_bytes > RING_LIMIT:
+        if self.ring_bytes + self.shared_bytes > MAX_RING_BYTES:
             raise ValueError(f"a ring of {self.stages} stages of {self.tile} K and V rows "
                              f"needs {self.ring_bytes} bytes of shared memory besides "
-                             f"{self.shared_bytes} (limit {RING_LIMIT}); use fewer stages, "
+                             f"{self.shared_bytes} (limit {MAX_RING_BYTES}); use fewer stages, "
                              f"warps or unroll")
         if self.shared_bytes > SMEM_LIMIT:
             raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
@@ -204,9 +204,14 @@ class FlashDecodeSpec:
         return 4 * self.warps * self.group * (self.head_dim + 2)
 
     @property
+    def row_bytes(self) -> int:
+        """Bytes of one K or V cache row."""
+        return self.head_dim * (2 if self.kv_dtype == "f16" else 4)
+
+    @property
     def stage_bytes(self) -> int:
         """One ring stage: a tile's K rows, then its V rows."""
-        return 2 * self.tile * self.head_dim * (2 if self.kv_dtype == "f16" else 4)
+        return 2 * self.tile * self.row_bytes
 
     @property
     def ring_bytes(self) -> int:
@@ -443,13 +448,13 @@ def _ring_loop(k, spec, kc, vc, row0, start, end, rg, sub, tid, tile_math):
     d, S, T, C, LK, RG = (spec.head_dim, spec.stages, spec.tile, spec.chunks,
                           spec.lanes_per_key, spec.row_groups)
     nthreads = 32 * spec.warps
-    esize = 2 if spec.kv_dtype == "f16" else 4
-    rowb = d * esize
+    rowb = spec.row_bytes
+    esize = rowb // d
     cpr = rowb // 16                               # 16-byte chunks per row
     per_mat = T * cpr
     stage = spec.stage_bytes
     ring = k.dynamic_shared("ring", u8, align=16)
-    ring_bytes = S * stage
+    ring_bytes = spec.ring_bytes
     lastc = k.max(end, 1) - 1                      # rows clamped here
     # this thread's chunks of a tile: row r_j (within the tile), byte col_j
     chunks = []
