@@ -34,6 +34,7 @@ FD_VARIANTS = {
     "w4u8b3": dict(unroll=8, prefetch=False, blocks_per_sm=3),
     "w4u2pb3": dict(unroll=2, blocks_per_sm=3),
     "no_pdl": dict(pdl=False),
+    "early_kv": dict(early_kv=True),
 }
 
 
@@ -316,7 +317,7 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
     o = torch.empty(n_q, d, device="cuda")
     kh, vh, qh = kc.cpu().numpy(), vc.cpu().numpy(), q.cpu().numpy()
     dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
-    variants = {"sep": {}, "sep_no_pdl": dict(pdl=False),
+    variants = {"sep": {}, "sep_no_pdl": dict(pdl=False), "sep_early": dict(early_kv=True),
                 **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)},
                 **(extra or {})}
     fields = attrs.fields_dict(fd.FlashDecodeSpec).keys() - {"target", "pdl"}

@@ -79,7 +79,8 @@ class LlamaModel:
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
     knobs per GEMV shape.  ``flash_knobs`` overrides :class:`FlashDecodeSpec`
-    fields of the attention kernels (e.g. ``{"unroll": 4}``).  ``fuse_ffn``
+    fields of the attention kernels (e.g. ``{"unroll": 4}``; ``early_kv`` is
+    on unless the knobs pick a path without it).  ``fuse_ffn``
     runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
     of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
     weights are Q4_K (one CTA per SM, all resident at once; not with
@@ -156,9 +157,12 @@ class LlamaModel:
         ropes = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
                               **_rope_scaling(hp), append="f16", target=tgt)
         freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
+        # the length is advanced at the end of the step and the RoPE launch
+        # just before attention appends row kv_len - 1: early_kv's contract
+        fk = dict(self.flash_knobs)
+        fk.setdefault("early_kv", not fk.get("stages") and fk.get("prefetch", True))
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
-                                           kv_dtype="f16", target=tgt,
-                                           **self.flash_knobs)
+                                           kv_dtype="f16", target=tgt, **fk)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
         # ((split grid, block), combine): combine is None when the last split
         # block of each KV head merges the partials (fused, one launch)

@@ -211,8 +211,8 @@ def _resident(fn, block, shared=0) -> int:
 
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
-                 fused_combine=None, merge_unroll=None, stages=None, blocks_per_sm=None,
-                 pdl=None, stream=None):
+                 fused_combine=None, merge_unroll=None, stages=None, early_kv=None,
+                 blocks_per_sm=None, pdl=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -227,8 +227,12 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     makes it one launch, the last split block of each KV head merging the
     partials).  ``pdl`` (default: on for sm_90 and newer) launches both with
     programmatic dependent launch, so the combine starts while the split
-    kernel drains.  The fused merge's per-KV-head counter is cached per shape and device,
-    zeroed once (each launch leaves it at zero).
+    kernel drains.  ``early_kv=True`` reads the length and the first K/V tile
+    before the split kernel's wait (see ``FlashDecodeSpec.early_kv``: under
+    PDL, the kernel launched just before may write the cache row
+    ``kv_len - 1`` and nothing else the split reads).  The fused merge's
+    per-KV-head counter is cached per shape and device, zeroed once (each
+    launch leaves it at zero).
     """
     qa = _arr(q, "q")
     kc, vc = _arr(k_cache, "k_cache"), _arr(v_cache, "v_cache")
@@ -246,7 +250,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     knobs = {k_: v_ for k_, v_ in dict(warps=warps, unroll=unroll, chunks=chunks,
                                         prefetch=prefetch, min_keys=min_keys,
                                         fused_combine=fused_combine,
-                                        merge_unroll=merge_unroll, stages=stages).items()
+                                        merge_unroll=merge_unroll, stages=stages,
+                                        early_kv=early_kv).items()
              if v_ is not None}
     tgt = device_target()
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,

@@ -64,7 +64,7 @@ from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES
-from .spec_fields import pdl_field, pdl_prologue
+from .spec_fields import pdl_field, pdl_prologue, pdl_wait
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
@@ -116,6 +116,16 @@ class FlashDecodeSpec:
         shared-memory stages with ``cp.async`` (``stages - 1`` tiles in
         flight, holding no registers; ``prefetch`` is then unused); the
         split kernel takes ``ring_bytes`` of dynamic shared memory.
+    early_kv : bool
+        Read the length and issue the first tile's K/V loads (``ld.global.cg``)
+        before ``griddepcontrol.wait``, so under PDL they overlap the previous
+        grid; q is loaded after the wait, and the cache row ``kv_len - 1`` is
+        loaded again after it.  The contract (under PDL): the grid launched
+        just before may write that row, nothing else the split reads before
+        its wait (the length, other rows); as in a decode step, where the
+        length is advanced at the end of the step and the RoPE launch appends
+        the row.  Needs the register path (``stages=0``, ``prefetch``).
+        Without PDL it only changes the order of the loads.
     target : str
     """
 
@@ -132,6 +142,7 @@ class FlashDecodeSpec:
                                       validator=attrs.validators.instance_of(bool))
     merge_unroll: int = attrs.field(default=16)
     stages: int = attrs.field(default=0)
+    early_kv: bool = attrs.field(default=False)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
     pdl: bool = pdl_field()
 
@@ -161,12 +172,20 @@ class FlashDecodeSpec:
             raise ValueError(f"stages must be 0 (register prefetch) or 2..8 (cp.async ring), "
                              f"got {v!r}")
 
+    @early_kv.validator
+    def _check_early_kv(self, _, v):
+        if not isinstance(v, bool):
+            raise ValueError(f"early_kv must be a bool, got {v!r}")
+
     @unroll.validator
     def _check_unroll(self, _, v):
         if not (isinstance(v, int) and 1 <= v <= 8):
             raise ValueError(f"unroll must be in 1..8, got {v!r}")
 
     def __attrs_post_init__(self):
+        if self.early_kv and (self.stages or not self.prefetch):
+            raise ValueError("early_kv needs the register prefetch path "
+                             "(stages=0, prefetch=True)")
         if self.lanes_per_key > 32:
             raise ValueError(f"head_dim {self.head_dim} with a {self.kv_dtype} cache needs "
                              f"{self.lanes_per_key} lanes per key row (at most 32)")
@@ -225,6 +244,7 @@ class FlashDecodeSpec:
                 + (f"s{self.stages}" if self.stages else "p" if self.prefetch else "")
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
+                + ("e" if self.early_kv else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -244,7 +264,8 @@ def _build_split(m, spec: FlashDecodeSpec):
     cty = f16 if spec.kv_dtype == "f16" else f32
     with m.kernel(spec.split_name, reqntid=nthreads,
                   minnctapersm=spec.min_blocks or None) as k:
-        pdl_prologue(k, spec)
+        early = spec.early_kv
+        pdl_prologue(k, spec, wait=not early)
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", cty, align=16)
         vc = k.param_ptr("v_cache", cty, align=16)
@@ -272,20 +293,26 @@ def _build_split(m, spec: FlashDecodeSpec):
         nsplit = k.nctaid.x
         h = k.ctaid.y
 
-        # this lane's slice of q for every head of the group, prescaled (loaded
-        # first: its latency overlaps the length's)
-        c = k.mul(sm_scale, LOG2E, rnd="rn")
-        qs = []
-        for g in range(G):
-            qrow = (h * G + g) * d
-            vals = []
-            for off in offs:
-                for v4 in range(E // 4):
-                    vals += list(k.ld(q[qrow + off + 4 * v4], vec=4, nc=True))
-            qs.append([k.mul(x, c, rnd="rn") for x in vals])
+        def load_q():
+            """This lane's slice of q for every head of the group, prescaled."""
+            c = k.mul(sm_scale, LOG2E, rnd="rn")
+            qs = []
+            for g in range(G):
+                qrow = (h * G + g) * d
+                vals = []
+                for off in offs:
+                    for v4 in range(E // 4):
+                        vals += list(k.ld(q[qrow + off + 4 * v4], vec=4, nc=True))
+                qs.append([k.mul(x, c, rnd="rn") for x in vals])
+            return qs
 
-        # current length, clamped to [0, capacity]
-        raw = k.ld(kv_len_ptr[0])
+        # q first, so its latency overlaps the length's; with early_kv, q
+        # comes from the grid before and is loaded after the wait
+        qs = [] if early else load_q()
+
+        # current length, clamped to [0, capacity] (before the wait with
+        # early_kv: L2, not a line an earlier grid left in L1)
+        raw = k.ld(kv_len_ptr[0], cache="cg") if early else k.ld(kv_len_ptr[0])
         L = k.min(k.max(raw, 0).bitcast(u32), cap)
         # the first ceil(L / min_keys) splits (at most all) work; the length's
         # row groups are dealt out evenly among them: split s takes groups
@@ -293,6 +320,48 @@ def _build_split(m, spec: FlashDecodeSpec):
         ng = (L + (RG - 1)) // RG
         nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
         start = (split * ng) // nact * RG
+        if early:
+            end = k.min(((split + 1) * ng) // nact * RG, L)
+            last = end - 1
+            lastc = k.max(end, 1) - 1          # rows clamped to a valid one (0 when empty)
+            row0 = h * cap
+
+        def load_raw(ptr, idx, cg=False):
+            """The lane's 16-byte chunks of one row: u32 words (f16) or f32
+            (``ld.global.cg`` with ``cg``, else ``.nc``)."""
+            out = []
+            for c in range(C):
+                a = ptr[idx] + LK * 16 * c            # the next 16-byte slot of the row
+                out += list(k.ld(a, ty=u32 if cty is f16 else f32, vec=4,
+                                 nc=not cg, cache="cg" if cg else None))
+            return out
+
+        def tile_rows(base, lastrow):
+            return [k.min(base + rg + RG * u, lastrow) for u in range(U)]
+
+        def tile_loads(base, lastrow, cg=False):
+            """K and V words of the tile at ``base`` (rows clamped to ``lastrow``)."""
+            idxs = [(row0 + k.min(base + rg + RG * u, lastrow)) * d + sub * E
+                    for u in range(U)]
+            return ([load_raw(kc, i, cg) for i in idxs], [load_raw(vc, i, cg) for i in idxs])
+
+        if early:
+            # the first tile in flight before the wait (a block with no rows
+            # loads its clamped row, and drops it); then the grid before may
+            # be waited for: q, and the row it may have appended, again
+            kw0, vw0 = tile_loads(start, lastc, cg=True)
+            wty = u32 if cty is f16 else f32
+            cur_k = [[k.var(wty, x) for x in row] for row in kw0]
+            cur_v = [[k.var(wty, x) for x in row] for row in vw0]
+            pdl_wait(k, spec)
+            qs[:] = load_q()
+            newest = L - 1
+            for u, r in enumerate(tile_rows(start, lastc)):
+                with k.if_(r.eq(newest)):
+                    idx = (row0 + r) * d + sub * E
+                    for cur, ptr in ((cur_k[u], kc), (cur_v[u], vc)):
+                        for c_, n_ in zip(cur, load_raw(ptr, idx, cg=True)):
+                            k.assign(c_, n_)
         with k.if_(start >= L):
             with k.if_(tid < G):
                 pidx = (h * G + tid) * nsplit + split
@@ -310,22 +379,15 @@ def _build_split(m, spec: FlashDecodeSpec):
                 k.bra(merge, uni=True)          # still counts towards the head's merge
             else:
                 k.exit()
-        end = k.min(((split + 1) * ng) // nact * RG, L)
-        last = end - 1
-
+        if not early:
+            end = k.min(((split + 1) * ng) // nact * RG, L)
+            last = end - 1
 
         m_run = [k.var(f32, NEG) for _ in range(G)]
         l_run = [k.var(f32, 0.0) for _ in range(G)]
         o_run = [[k.var(f32, 0.0) for _ in range(E * C)] for _ in range(G)]
-        row0 = h * cap
-
-        def load_raw(ptr, idx):
-            """The lane's 16-byte chunks of one row: u32 words (f16) or f32."""
-            out = []
-            for c in range(C):
-                a = ptr[idx] + LK * 16 * c            # the next 16-byte slot of the row
-                out += list(k.ld(a, ty=u32 if cty is f16 else f32, vec=4, nc=True))
-            return out
+        if not early:
+            row0 = h * cap
 
         def to_f32(words):
             if cty is f32:
@@ -335,12 +397,6 @@ def _build_split(m, spec: FlashDecodeSpec):
                 lo, hi = k.unpack(w, f16, 2)
                 out += [lo.to(f32), hi.to(f32)]
             return out
-
-        def tile_loads(base, lastrow):
-            """K and V words of the tile at ``base`` (rows clamped to ``lastrow``)."""
-            idxs = [(row0 + k.min(base + rg + RG * u, lastrow)) * d + sub * E
-                    for u in range(U)]
-            return [load_raw(kc, i) for i in idxs], [load_raw(vc, i) for i in idxs]
 
         def tile_math(base, kw, vw):
             valid = [base + rg + RG * u < end for u in range(U)]
@@ -382,11 +438,12 @@ def _build_split(m, spec: FlashDecodeSpec):
         else:
             # software pipeline: the next tile's loads are issued before this
             # tile's math; rows are clamped to a valid one (row 0 when empty)
-            lastc = k.max(end, 1) - 1
-            kw0, vw0 = tile_loads(start, lastc)
-            wty = u32 if cty is f16 else f32
-            cur_k = [[k.var(wty, x) for x in row] for row in kw0]
-            cur_v = [[k.var(wty, x) for x in row] for row in vw0]
+            if not early:
+                lastc = k.max(end, 1) - 1
+                kw0, vw0 = tile_loads(start, lastc)
+                wty = u32 if cty is f16 else f32
+                cur_k = [[k.var(wty, x) for x in row] for row in kw0]
+                cur_v = [[k.var(wty, x) for x in row] for row in vw0]
             with k.for_range(start, end, spec.tile) as base:
                 nk, nv = tile_loads(base + spec.tile, lastc)
                 tile_math(base, cur_k, cur_v)

@@ -31,6 +31,7 @@ def main():
     for L in (1, 7, 1000, 2048):
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), early_kv=True)
     ops.kv_append(D(f(8, 128)), D(f(8, 128)), kc, vc, i32(2047))
     for qt in ("Q4_K", "Q6_K", "Q8_0"):
         raw = quants.quantize(f(3, 512), qt)
@@ -39,6 +40,8 @@ def main():
     ops.argmax(D(f(128256)))
     from ptxgen.driver import ops_gemv
     q4 = lambda *s: D(quants.quantize(f(*s), "Q4_K"))             # noqa: E731
+    # the default ring (part of its prologue after the x loads: ahead=1)
+    ops_gemv.gemv(q4(4096 + 40, 4096), D(f(4096)), "Q4_K")
     ops_gemv.gemv_ffn(q4(768, 512), q4(768, 512), q4(512, 768), D(f(512)), D(f(512)),
                       threads=128)
     driver.get_device().synchronize()

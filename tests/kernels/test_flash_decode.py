@@ -82,6 +82,11 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, stages=3),
     F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, stages=2),
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, stages=3, fused_combine=True),
+    # early_kv: length and first tile before the wait, q and the newest row after
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, early_kv=True),
+    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, early_kv=True),
+    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, early_kv=True,
+                      fused_combine=True),
 ]
 
 
@@ -136,7 +141,9 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
                                  dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33),
                                  dict(merge_unroll=0), dict(merge_unroll=33),
                                  dict(stages=1), dict(stages=9), dict(stages=True),
-                                 dict(stages=8, warps=8, unroll=8)])
+                                 dict(stages=8, warps=8, unroll=8),
+                                 dict(early_kv=True, stages=3), dict(early_kv=True, prefetch=False),
+                                 dict(early_kv=1)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
@@ -215,3 +222,100 @@ def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch, sta
         S = F.choose_splits(spec, get_device().sm_count, n_kv, cap, bps)
         for L, out in zip([8192, 3001, 5], _run(gpu_run, spec, q, kc, vc, [8192, 3001, 5], S)):
             assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, (L, bps)
+
+
+def test_early_kv_reads_only_the_length_and_cache_before_the_wait():
+    """With early_kv under PDL, the split kernel reads nothing before its one
+    griddepcontrol.wait but the length and the first tile's K/V rows, through
+    L2 (``.cg``), stores nothing before it, and after it loads q and, for the
+    lanes whose row is ``kv_len - 1``, that row again."""
+    spec = F.FlashDecodeSpec(early_kv=True, target="sm_90", pdl=True)
+    text = F.build(spec).to_ptx()
+    body = text[text.index(".entry " + spec.split_name):]
+    body = body[:body.index("\n}")]
+    lines = [ln.strip() for ln in body.splitlines()]
+    waits = [i for i, ln in enumerate(lines) if ln == "griddepcontrol.wait;"]
+    assert len(waits) == 1 and lines[waits[0] + 1] == "griddepcontrol.launch_dependents;"
+    before, after = lines[:waits[0]], lines[waits[0]:]
+    loads = [ln for ln in before if ln.startswith("ld.global")]
+    # the length, then 2 matrices x unroll 3 rows of 16-byte words
+    assert loads[0].startswith("ld.global.cg.s32") and len(loads) == 1 + 2 * 3
+    assert all(ln.startswith("ld.global.cg.v4.u32") for ln in loads[1:])
+    assert not any(ln.startswith(("st.", "atom.", "red.")) for ln in before)
+    # q after the wait (f32), and the newest row again (.cg) under a row == kv_len - 1 test
+    assert any(ln.startswith("ld.global.nc.v4.f32") for ln in after)
+    first_q = next(i for i, ln in enumerate(after) if ln.startswith("ld.global.nc.v4.f32"))
+    assert sum(ln.startswith("setp.eq.u32") for ln in after[first_q:first_q + 200]) >= 3
+    assert sum(ln.startswith("ld.global.cg.v4.u32") for ln in after) == 2 * 3
+    # without early_kv the wait comes first and nothing goes through .cg
+    plain = F.build(attrs.evolve(spec, early_kv=False)).to_ptx()
+    assert ".cg" not in plain
+    pb = [ln.strip() for ln in plain[plain.index(".entry"):].splitlines()]
+    assert pb.index("griddepcontrol.wait;") < min(
+        i for i, ln in enumerate(pb) if ln.startswith("ld.global"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True])
+def test_early_kv_sees_the_row_the_grid_before_appends(fused):
+    """The decode step's contract on the GPU: a PDL chain of KV append (this
+    token's row at ``kv_len - 1``) then the early_kv split (and combine),
+    captured once and replayed while the host advances the length.  Rows past
+    the starting length hold NaN until appended, so a split that kept the
+    row it loaded before its wait would give NaN.  Every step is checked
+    against float64 attention over the rows appended so far."""
+    from ptxgen.driver import (DeviceArray, Module, Stream, capture, get_device,
+                               is_available, launch)
+    from ptxgen.kernels import kv_append as KA
+    if not is_available():
+        pytest.skip("no NVIDIA driver / GPU available")
+    dev = get_device()
+    if dev.compute_capability < (9, 0):
+        pytest.skip("PDL needs sm_90")
+    tgt = dev.target
+    spec = F.FlashDecodeSpec(early_kv=True, fused_combine=fused, target=tgt, pdl=True)
+    aspec = KA.KvAppendSpec(head_dim=128, target=tgt, pdl=True)
+    fmod = Module.from_ptx(F.build(spec).to_ptx())
+    split = fmod.function(spec.split_name)
+    comb = None if fused else fmod.function(spec.combine_name)
+    app = Module.from_ptx(KA.build(aspec).to_ptx()).function(aspec.kernel_name)
+    n_kv, G, d, cap = 8, 4, 128, 2048
+    rng = np.random.default_rng()
+    L0, steps = int(rng.integers(1, 300)), 24
+    q, kc, vc = _data(n_kv, G, cap, d, np.float16, int(rng.integers(1 << 30)))
+    kc[:, L0:] = np.nan
+    vc[:, L0:] = np.nan
+    S = F.choose_splits(spec, dev.sm_count, n_kv, cap)
+    (g1, b1), cgeo = F.launch_geometry(spec, n_kv, S)
+    dq, dk, dv = (DeviceArray.from_numpy(a) for a in (q, kc, vc))
+    knew = DeviceArray.from_numpy(np.zeros((n_kv, d), np.float32))
+    vnew = DeviceArray.from_numpy(np.zeros((n_kv, d), np.float32))
+    pos = DeviceArray.from_numpy(np.zeros(1, np.int32))
+    lens = DeviceArray.from_numpy(np.zeros(1, np.int32))
+    part_o = DeviceArray.from_numpy(np.full((n_kv * G, S, d), np.nan, np.float32))
+    part_ml = DeviceArray.from_numpy(np.full((n_kv * G, S, 2), np.nan, np.float32))
+    out = DeviceArray.from_numpy(np.full((n_kv * G, d), np.nan, np.float32))
+    counter = DeviceArray.from_numpy(np.zeros(n_kv, np.uint32))
+    ag, ab, _ = KA.launch_geometry(aspec, n_kv)
+    s = Stream()
+    with capture(s) as cg:
+        launch(app, ag, ab, knew, vnew, dk, dv, pos, n_kv, cap, stream=s, pdl=True)
+        launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, out, counter, cap,
+               1 / math.sqrt(d), stream=s, pdl=True)
+        if comb is not None:
+            launch(comb, *cgeo, part_o, part_ml, out, S, stream=s, pdl=True)
+    ge = cg.instantiate()
+    for step in range(steps):
+        L = L0 + step + 1
+        kn = rng.standard_normal((n_kv, d)).astype(np.float32)
+        vn = rng.standard_normal((n_kv, d)).astype(np.float32)
+        kc[:, L - 1], vc[:, L - 1] = kn, vn          # f16, as the append rounds
+        knew.copy_from(kn)
+        vnew.copy_from(vn)
+        pos.copy_from(np.array([L - 1], np.int32))
+        lens.copy_from(np.array([L], np.int32))
+        out.copy_from(np.full((n_kv * G, d), np.nan, np.float32))
+        ge.launch(s)
+        s.synchronize()
+        err = rel_err(out.to_numpy(), F.reference(q, kc, vc, L))
+        assert err <= 1e-4, (step, L, err)
