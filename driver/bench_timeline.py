@@ -153,6 +153,8 @@ def main(argv=None):
     ap.add_argument("--layer", type=int, default=1, help="print this layer's launches in full")
     ap.add_argument("--drop", default="", help="comma-separated op kinds built without launches "
                     "(an ablation, as bench_model's configs' \"drop\")")
+    ap.add_argument("--fuse-norm", action="store_true",
+                    help="RMSNorm fused into the GEMVs after it (LlamaModel's fuse_norm)")
     args = ap.parse_args(argv)
     from .bench_common import copy_bandwidth
     from .bench_model import _without
@@ -169,11 +171,13 @@ def main(argv=None):
     cap = max(contexts) + 64
     drop = [k for k in args.drop.split(",") if k]
     with _without(drop):
-        plain = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False)
+        plain = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False,
+                                     fuse_norm=args.fuse_norm)
     t_plain = {c: _step_ms(plain, c) for c in contexts}
     del plain
     with timeline.instrumenting(), _without(drop):
-        model = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False)
+        model = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False,
+                                     fuse_norm=args.fuse_norm)
     out = {}
     for ctx in contexts:
         t_inst = _step_ms(model, ctx)

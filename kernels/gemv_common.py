@@ -154,6 +154,12 @@ class GemvSpec:
         plane in one ``dp4a``; the three exact integer sums are combined in
         integers and converted once per half piece.  Three ``dp4a`` and about
         one mask per four weights: half the instructions of "fma".
+    ahead : int
+        Ring (``stages >= 2``): how many of the first ``S - 1`` row groups are
+        issued before the PDL wait and the x loads; the rest go out once the
+        thread holds its x.  0 (default): all ``S - 1``.  Fewer lets thread
+        0 reach the wait, and x be requested, before the memory system is
+        full of this CTA's weight copies.
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -176,6 +182,7 @@ class GemvSpec:
     pdl: bool = pdl_field()
     stages: int = attrs.field(default=0)
     dot: str = attrs.field(default="fma", validator=attrs.validators.in_(("fma", "dp4a")))
+    ahead: int = attrs.field(default=0)
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -201,6 +208,14 @@ class GemvSpec:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
                              f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
                              f"(at most {MAX_RING_BYTES})")
+
+    @ahead.validator
+    def _check_ahead(self, attr, v):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"ahead must be a non-negative int, got {v!r}")
+        if v and not v < self.stages:
+            raise ValueError(f"ahead={v} needs a ring of more than {v} stages "
+                             f"(stages={self.stages})")
 
     @slices.validator
     def _check_slices(self, attr, v):
@@ -262,7 +277,7 @@ class GemvSpec:
     @property
     def kernel_name(self) -> str:
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
-        st = f"_s{self.stages}" if self.stages else ""
+        st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = "_dp4a" if self.dot == "dp4a" else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")

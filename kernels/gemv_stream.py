@@ -120,8 +120,10 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             k.cp_async_commit()
 
         dst_off = tid * 16
-        # prologue: the first S - 1 groups in flight before anything else
-        for s_ in range(S - 1):
+        # prologue: the first S - 1 groups in flight, ``ahead`` of them (all
+        # by default) before anything else, the others once x is loaded
+        pre = spec.ahead or S - 1
+        for s_ in range(pre):
             issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
         pdl_wait(k, spec)
         for pc in pcs:
@@ -138,6 +140,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             active = tid < lay["pieces"]
             spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
             ring_base = k.mov(ring)
+        for s_ in range(pre, S - 1):
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
         rd = k.var(u32, 0)                         # byte offset of group g's stage
         ring_bytes = S * stage_bytes
         with k.for_range(row0, row_end, R) as rg:

@@ -60,6 +60,25 @@ def test_gemv_q4k_issues_weight_loads_before_the_wait_and_x_after():
     assert not any("st.global" in l for l in lines[:wait])
 
 
+@pytest.mark.parametrize("ahead", [0, 1, 2])
+def test_gemv_ring_issues_ahead_groups_before_the_wait(ahead):
+    """The ring's prologue: ``ahead`` of its S - 1 row groups (all with 0) are
+    copied before griddepcontrol.wait, the rest after the x loads."""
+    s = gemv.default_spec("Q4_K", 4096, "residual", target="sm_90", m=4096, pdl=True,
+                          stages=4, rows=8, ahead=ahead)
+    lines = [ln.strip() for ln in gemv.build(s).to_ptx().splitlines()]
+    wait = lines.index("griddepcontrol.wait;")
+    loop = next(i for i, ln in enumerate(lines) if ln.startswith("$L_loop"))
+    commits = [i for i, ln in enumerate(lines[:loop]) if ln.startswith("cp.async.commit_group")]
+    assert len(commits) == 3
+    assert sum(i < wait for i in commits) == (ahead or 3)
+    x_loads = [i for i, ln in enumerate(lines) if ln.startswith("ld.global.nc.v4.f32")]
+    assert x_loads and all(i > wait for i in x_loads)
+    if ahead:
+        # the later groups go out after the thread's x values arrived
+        assert all(c > min(x_loads) for c in commits[ahead:])
+
+
 @pytest.mark.parametrize("family,spec", [
     (flash_decode, flash_decode.FlashDecodeSpec(target="sm_90", pdl=True)),
     (swiglu, swiglu.SwiGluSpec(target="sm_90", pdl=True)),

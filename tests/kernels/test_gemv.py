@@ -90,6 +90,10 @@ CASES = [
     ("Q4_K", 768, "residual", {"norm": True, "dot": "dp4a", "stages": 2, "rows": 2,
                                "pieces": 2}),
     ("Q4_K", 512, "residual", {"norm": True, "dot": "dp4a", "rows": 2}),
+    # part of the ring's prologue after the x loads (ahead)
+    ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 4, "rows": 1, "ahead": 1}),
+    ("Q4_K", 512, "none", {"norm": True, "dot": "dp4a", "stages": 3, "rows": 2, "ahead": 1}),
+    ("Q6_K", 2048, "none", {"stages": 3, "rows": 1, "tile": 2048, "ahead": 1}),
     ("Q6_K", 2048, "none", {"stages": 3, "rows": 2, "tile": 2048}),
     ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 1, "tile": 2048}),
     ("Q8_0", 512, "residual", {"stages": 4, "rows": 2, "tile": 512}),
@@ -163,7 +167,11 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
                                          (4096, "swiglu", {"dot": "dp4a"}),
                                          (14336, "residual", {"dot": "dp4a"}),
                                          (4096, "none", {"dot": "dp4a", "stages": 4,
-                                                         "rows": 4})])
+                                                         "rows": 4}),
+                                         (4096, "residual", {"dot": "dp4a", "stages": 4,
+                                                             "rows": 8, "ahead": 1}),
+                                         (14336, "residual", {"dot": "dp4a", "stages": 3,
+                                                              "rows": 4, "ahead": 1})])
 def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
     shapes (M = 1031)."""
@@ -222,6 +230,9 @@ def test_stages_knob_refused_where_not_built():
         G.GemvSpec("Q4_K", 512, stages=3, slices=2)
     with pytest.raises(ValueError, match="bytes of shared memory"):
         G.GemvSpec("Q4_K", 14336, stages=8, rows=8)
+    for stages, ahead in ((3, 3), (0, 1), (4, -1), (4, True)):
+        with pytest.raises(ValueError, match="ahead"):
+            G.GemvSpec("Q4_K", 512, stages=stages, ahead=ahead)
 
 
 @pytest.mark.parametrize("qtype,k", [("Q4_K", 300), ("Q4_K", 128), ("Q6_K", 1000),
