@@ -63,11 +63,14 @@ _Q4K_STREAM_M = 32768
 #: 4096x14336 17.4 -> 14.4, gate/up SwiGLU 14336x4096 32.4 -> 23.2;
 #: the four-GEMV layer chain 65.0 -> 52.9 us.  ``max_ctas`` fills the 132 SMs of
 #: an H100 (3 CTAs per SM of 128 threads for "mid", 1 of 448 threads at K=14336).
-#: ``ahead=1``: one ring group before the PDL wait, the others after x
-#: (decode step 2.368 -> 2.270 ms at context 128; docs/gemv.md "Ninth pass")
-_Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056, ahead=1),
-               "mid": dict(rows=8, stages=4, max_ctas=396, ahead=1),
-               "large": dict(rows=16, stages=3, max_ctas=264, ahead=1),
+#: ``ahead=1`` where a CTA's whole share of rows would otherwise go out
+#: before the PDL wait (at most ``stages - 1`` row groups): one group before
+#: it, the others after x (decode step 2.368 -> 2.270 ms at context 128;
+#: docs/gemv.md "Ninth pass"); with more groups per CTA the full prologue
+#: stays (14336x4096 alone: 13.4 us, 14.4 with ahead=1)
+_Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
+               "mid": dict(rows=8, stages=4, max_ctas=396),
+               "large": dict(rows=16, stages=3, max_ctas=264),
                "wide_k": dict(rows=8, stages=2, max_ctas=132),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
 
@@ -96,6 +99,10 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
     if ring_bytes() > MAX_RING_BYTES:
         return None
     knobs["dot"] = "dp4a"
+    if m is not None and knobs["stages"] > 2:
+        rpc = -(-m // knobs["max_ctas"])
+        if -(-rpc // knobs["rows"]) <= knobs["stages"] - 1:
+            knobs["ahead"] = 1
     return knobs
 
 

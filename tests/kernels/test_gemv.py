@@ -219,6 +219,16 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert G.launch_geometry(s, 128256)[2] == 3 * 16 * s.row_bytes
 
 
+def test_default_ring_sends_part_of_a_short_prologue_after_x():
+    """ahead=1 where a CTA's rows fit in the prologue's S - 1 groups (the
+    model's QKV and O), the whole prologue before the wait otherwise."""
+    def ahead(m, k=4096, epi="none"):
+        return G.default_spec("Q4_K", k, epi, m=m).ahead
+    assert ahead(6144) == 1 and ahead(4096, epi="residual") == 1 and ahead(1024) == 1
+    assert ahead(14336) == 0 and ahead(128256) == 0
+    assert ahead(14336, epi="swiglu") == 0 and ahead(4096, 14336, "residual") == 0
+
+
 def test_stages_knob_refused_where_not_built():
     with pytest.raises(ValueError, match="stages must be"):
         G.GemvSpec("Q4_K", 512, stages=1)
