@@ -170,14 +170,13 @@ def main(argv=None):
     contexts = [int(c) for c in args.contexts.split(",")]
     cap = max(contexts) + 64
     drop = [k for k in args.drop.split(",") if k]
+    load = dict(backend="cuda", capacity=cap, progress=False, fuse_norm=args.fuse_norm)
     with _without(drop):
-        plain = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False,
-                                     fuse_norm=args.fuse_norm)
+        plain = LlamaModel.from_gguf(path, **load)
     t_plain = {c: _step_ms(plain, c) for c in contexts}
     del plain
     with timeline.instrumenting(), _without(drop):
-        model = LlamaModel.from_gguf(path, backend="cuda", capacity=cap, progress=False,
-                                     fuse_norm=args.fuse_norm)
+        model = LlamaModel.from_gguf(path, **load)
     out = {}
     for ctx in contexts:
         t_inst = _step_ms(model, ctx)

@@ -159,10 +159,10 @@ class LlamaModel:
         freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
         # the length is advanced at the end of the step and the RoPE launch
         # just before attention appends row kv_len - 1: early_kv's contract
-        fk = dict(self.flash_knobs)
-        fk.setdefault("early_kv", not fk.get("stages") and fk.get("prefetch", True))
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
-                                           kv_dtype="f16", target=tgt, **fk)
+                                           kv_dtype="f16", target=tgt, **self.flash_knobs)
+        if "early_kv" not in self.flash_knobs and fds.early_kv_possible:
+            fds = attrs.evolve(fds, early_kv=True)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
         # ((split grid, block), combine): combine is None when the last split
         # block of each KV head merges the partials (fused, one launch)

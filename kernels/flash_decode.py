@@ -182,8 +182,14 @@ class FlashDecodeSpec:
         if not (isinstance(v, int) and 1 <= v <= 8):
             raise ValueError(f"unroll must be in 1..8, got {v!r}")
 
+    @property
+    def early_kv_possible(self) -> bool:
+        """Whether the knobs pick the path ``early_kv`` is built for (the
+        register prefetch path)."""
+        return not self.stages and self.prefetch
+
     def __attrs_post_init__(self):
-        if self.early_kv and (self.stages or not self.prefetch):
+        if self.early_kv and not self.early_kv_possible:
             raise ValueError("early_kv needs the register prefetch path "
                              "(stages=0, prefetch=True)")
         if self.lanes_per_key > 32:
@@ -320,9 +326,13 @@ def _build_split(m, spec: FlashDecodeSpec):
         ng = (L + (RG - 1)) // RG
         nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
         start = (split * ng) // nact * RG
+        def split_end():
+            """One past the split's last row, and its last row."""
+            e = k.min(((split + 1) * ng) // nact * RG, L)
+            return e, e - 1
+
         if early:
-            end = k.min(((split + 1) * ng) // nact * RG, L)
-            last = end - 1
+            end, last = split_end()
             lastc = k.max(end, 1) - 1          # rows clamped to a valid one (0 when empty)
             row0 = h * cap
 
@@ -336,31 +346,41 @@ def _build_split(m, spec: FlashDecodeSpec):
                                  nc=not cg, cache="cg" if cg else None))
             return out
 
-        def tile_rows(base, lastrow):
-            return [k.min(base + rg + RG * u, lastrow) for u in range(U)]
+        def tile_row(base, lastrow, u):
+            """Row ``u`` of this lane group in the tile at ``base``, clamped."""
+            return k.min(base + rg + RG * u, lastrow)
 
-        def tile_loads(base, lastrow, cg=False):
-            """K and V words of the tile at ``base`` (rows clamped to ``lastrow``)."""
-            idxs = [(row0 + k.min(base + rg + RG * u, lastrow)) * d + sub * E
-                    for u in range(U)]
+        def row_idx(row):
+            """Element index of this lane's first slot in cache row ``row``."""
+            return (row0 + row) * d + sub * E
+
+        def loads_at(idxs, cg=False):
             return ([load_raw(kc, i, cg) for i in idxs], [load_raw(vc, i, cg) for i in idxs])
+
+        def tile_loads(base, lastrow):
+            """K and V words of the tile at ``base`` (rows clamped to ``lastrow``)."""
+            return loads_at([row_idx(tile_row(base, lastrow, u)) for u in range(U)])
+
+        def as_vars(kw, vw):
+            """The first tile's words as variables (the pipeline's registers)."""
+            wty = u32 if cty is f16 else f32
+            return ([[k.var(wty, x) for x in row] for row in kw],
+                    [[k.var(wty, x) for x in row] for row in vw])
 
         if early:
             # the first tile in flight before the wait (a block with no rows
             # loads its clamped row, and drops it); then the grid before may
             # be waited for: q, and the row it may have appended, again
-            kw0, vw0 = tile_loads(start, lastc, cg=True)
-            wty = u32 if cty is f16 else f32
-            cur_k = [[k.var(wty, x) for x in row] for row in kw0]
-            cur_v = [[k.var(wty, x) for x in row] for row in vw0]
+            rows0 = [tile_row(start, lastc, u) for u in range(U)]
+            idx0 = [row_idx(r) for r in rows0]
+            cur_k, cur_v = as_vars(*loads_at(idx0, cg=True))
             pdl_wait(k, spec)
             qs[:] = load_q()
             newest = L - 1
-            for u, r in enumerate(tile_rows(start, lastc)):
+            for r, i, ck, cv in zip(rows0, idx0, cur_k, cur_v):
                 with k.if_(r.eq(newest)):
-                    idx = (row0 + r) * d + sub * E
-                    for cur, ptr in ((cur_k[u], kc), (cur_v[u], vc)):
-                        for c_, n_ in zip(cur, load_raw(ptr, idx, cg=True)):
+                    for cur, ptr in ((ck, kc), (cv, vc)):
+                        for c_, n_ in zip(cur, load_raw(ptr, i, cg=True)):
                             k.assign(c_, n_)
         with k.if_(start >= L):
             with k.if_(tid < G):
@@ -380,8 +400,7 @@ def _build_split(m, spec: FlashDecodeSpec):
             else:
                 k.exit()
         if not early:
-            end = k.min(((split + 1) * ng) // nact * RG, L)
-            last = end - 1
+            end, last = split_end()
 
         m_run = [k.var(f32, NEG) for _ in range(G)]
         l_run = [k.var(f32, 0.0) for _ in range(G)]
@@ -440,10 +459,7 @@ def _build_split(m, spec: FlashDecodeSpec):
             # tile's math; rows are clamped to a valid one (row 0 when empty)
             if not early:
                 lastc = k.max(end, 1) - 1
-                kw0, vw0 = tile_loads(start, lastc)
-                wty = u32 if cty is f16 else f32
-                cur_k = [[k.var(wty, x) for x in row] for row in kw0]
-                cur_v = [[k.var(wty, x) for x in row] for row in vw0]
+                cur_k, cur_v = as_vars(*tile_loads(start, lastc))
             with k.for_range(start, end, spec.tile) as base:
                 nk, nv = tile_loads(base + spec.tile, lastc)
                 tile_math(base, cur_k, cur_v)

@@ -24,7 +24,7 @@ import ptxgen
 from ptxgen import registry
 
 from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
-                          launch_geometry, reference, threads)
+                          groups_per_cta, launch_geometry, reference, threads)
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
 from .gemv_stream import build_stream
@@ -99,10 +99,9 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
     if ring_bytes() > MAX_RING_BYTES:
         return None
     knobs["dot"] = "dp4a"
-    if m is not None and knobs["stages"] > 2:
-        rpc = -(-m // knobs["max_ctas"])
-        if -(-rpc // knobs["rows"]) <= knobs["stages"] - 1:
-            knobs["ahead"] = 1
+    if (m is not None and knobs["stages"] > 2
+            and groups_per_cta(m, knobs["rows"], knobs["max_ctas"]) <= knobs["stages"] - 1):
+        knobs["ahead"] = 1
     return knobs
 
 

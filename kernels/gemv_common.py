@@ -292,6 +292,12 @@ def threads(spec: GemvSpec) -> int:
     return staged_layout(spec)["threads"]
 
 
+def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:
+    """Row groups of ``unit`` rows each CTA takes when ``m`` rows are dealt
+    out over at most ``max_ctas`` CTAs (``launch_geometry``'s split)."""
+    return math.ceil(math.ceil(m / unit) / max_ctas)
+
+
 def launch_geometry(spec: GemvSpec, m: int):
     """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
     (``shared_bytes``: the dynamic shared memory of a ``stages`` ring).
@@ -302,9 +308,7 @@ def launch_geometry(spec: GemvSpec, m: int):
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
     unit = spec.rows * spec.slices
-    groups = math.ceil(m / unit)
-    per_cta = math.ceil(groups / spec.max_ctas)
-    rpc = per_cta * unit
+    rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)
     return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.ring_bytes, rpc
 
