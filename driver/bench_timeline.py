@@ -26,6 +26,7 @@ the records' own cost is visible.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import tempfile
@@ -155,7 +156,13 @@ def main(argv=None):
                     "(an ablation, as bench_model's configs' \"drop\")")
     ap.add_argument("--fuse-norm", action="store_true",
                     help="RMSNorm fused into the GEMVs after it (LlamaModel's fuse_norm)")
+    ap.add_argument("--gemv-knobs", default="{}",
+                    help='Q4_K GEMV spec overrides per epilogue as JSON, e.g. '
+                    '\'{"swiglu": {"per_sm": 4}}\' (LlamaModel\'s gemv_knobs)')
     args = ap.parse_args(argv)
+    per_epi = json.loads(args.gemv_knobs)
+    if not isinstance(per_epi, dict) or not all(isinstance(v, dict) for v in per_epi.values()):
+        ap.error(f"--gemv-knobs: a JSON object of epilogue -> overrides, got {args.gemv_knobs!r}")
     from .bench_common import copy_bandwidth
     from .bench_model import _without
     from .gguf_synth import write_synthetic_llama
@@ -170,7 +177,8 @@ def main(argv=None):
     contexts = [int(c) for c in args.contexts.split(",")]
     cap = max(contexts) + 64
     drop = [k for k in args.drop.split(",") if k]
-    load = dict(backend="cuda", capacity=cap, progress=False, fuse_norm=args.fuse_norm)
+    load = dict(backend="cuda", capacity=cap, progress=False, fuse_norm=args.fuse_norm,
+                gemv_knobs=lambda m, k, epilogue: per_epi.get(epilogue, {}))
     with _without(drop):
         plain = LlamaModel.from_gguf(path, **load)
     t_plain = {c: _step_ms(plain, c) for c in contexts}

@@ -1,7 +1,9 @@
 """Lowering of MulMat tensor ops to GEMV launches (used by the decode graph).
 
 ``mul_mat`` adds ``y = W x`` (or ``y = W x + r`` with ``residual``; ``y`` may
-be ``r`` itself) and ``mul_mat_swiglu`` the fused ``silu(Wg x) * (Wu x)``.
+be ``r`` itself), ``mul_mat_swiglu`` the fused ``silu(Wg x) * (Wu x)`` and
+``mul_mat_rope`` the stacked Q/K/V projection with RoPE and the KV-cache
+append in its epilogue (one launch for what was a GEMV and a RoPE launch).
 With ``norm=(nw, eps)`` the RMSNorm of ``x`` is fused in front
 (``W (x / rms(x) * nw)``; Q4_K only, see :func:`can_fuse_norm`).
 Weights stay in their GGUF format; Q4_K, Q6_K and Q8_0 are supported and
@@ -14,7 +16,7 @@ from ptxgen.kernels import gemv
 
 from .executor import Launch
 
-__all__ = ["mul_mat", "mul_mat_swiglu", "can_fuse_norm", "FAMILIES"]
+__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "FAMILIES"]
 
 FAMILIES = {"gemv": gemv}
 
@@ -30,7 +32,7 @@ def can_fuse_norm(*tensors) -> bool:
 Q4K_KNOBS = {}
 
 
-def _spec(t, epilogue, target, norm=False):
+def _spec(t, epilogue, target, norm=False, **fields):
     if t.qtype not in gemv.QTYPE_INFO:
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
@@ -39,10 +41,10 @@ def _spec(t, epilogue, target, norm=False):
     if t.qtype == "Q4_K" and knobs:
         try:
             return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm,
-                                     **knobs), m
+                                     **fields, **knobs), m
         except ValueError:
             pass
-    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm), m
+    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm, **fields), m
 
 
 def _norm_args(norm):
@@ -70,3 +72,22 @@ def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80"):
     return g.add("MulMatSwiGLU", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block,
                          (wg, wu, x) + _norm_args(norm) + (y, m, rpc), shared)])
+
+
+def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_cache,
+                 capacity, *, state, norm=None, target="sm_80"):
+    """``qkv = [Wq; Wk; Wv] x`` with q and k rotated (interleaved RoPE at the
+    device position ``pos_ptr``, table ``freqs``) and this token's k and v
+    rows written to the f16 caches: one GEMV launch (``GemvSpec.rope``).
+    ``rope_heads = (head_dim, n_q_heads, n_kv_heads)``; ``state`` is the
+    buffer ``pos_ptr`` points into."""
+    spec, m = _spec(t, "rope", target, norm is not None, rope=tuple(rope_heads))
+    if m != spec.rope_rows:
+        raise ValueError(f"{name}: {t.name} has {m} rows; {rope_heads[1]} query and "
+                         f"{rope_heads[2]} KV heads of {rope_heads[0]} need {spec.rope_rows}")
+    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    args = ((w, x) + _norm_args(norm) + (freqs, pos_ptr, k_cache, v_cache, capacity)
+            + (qkv, m, rpc))
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state]
+    return g.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
+                 [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])

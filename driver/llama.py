@@ -4,13 +4,17 @@
 uploads every tensor in its own format, and builds the decode step as a
 :class:`~.executor.ComputeGraph`:
 
-    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked), Rope + KvAppend,
-    Attention (split + combine), MulMat+Add (o-proj), RmsNorm, MulMat
-    gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat (logits)
-    -> Argmax -> StateAdvance
+    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked) + Rope +
+    KvAppend, Attention (split + combine), MulMat+Add (o-proj), RmsNorm,
+    MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
+    (logits) -> Argmax -> StateAdvance
 
-With ``fuse_norm=True`` each RmsNorm is folded into the Q4_K GEMVs that
-read it (the GEMV scales by the norm itself, no separate launch).
+The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
+its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, or when
+the three projections differ in type, a separate RoPE + KV-append launch
+follows the projections.  With ``fuse_norm=True`` each RmsNorm is folded
+into the Q4_K GEMVs that read it (the GEMV scales by the norm itself, no
+separate launch).
 
 Per-token state (token id, position, KV length, prompt length, the argmax
 and an overflow flag) is an ``int32[8]`` device buffer (see
@@ -85,12 +89,15 @@ class LlamaModel:
     of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
     weights are Q4_K (one CTA per SM, all resident at once; not with
     ``fuse_norm``); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
+    ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
+    stacked Q/K/V GEMV's epilogue instead of a launch of their own.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm: bool = False,
-                 gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None):
+                 gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None,
+                 fuse_rope: bool = True):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -100,6 +107,7 @@ class LlamaModel:
         self.target = target or _backend_target(backend)
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
+        self.fuse_rope = bool(fuse_rope)
         self.flash_knobs = dict(flash_knobs or {})
         self.fuse_ffn = bool(fuse_ffn)
         self.ffn_knobs = dict(ffn_knobs or {})
@@ -152,13 +160,14 @@ class LlamaModel:
                       (emb, token_ptr, x, H, hp.vocab), sh)])
 
         rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
-        # RoPE on q and k, and this token's K/V rows appended to the f16 cache,
-        # in one launch
+        # RoPE on q and k, and this token's K/V rows appended to the f16 cache:
+        # the QKV GEMV's epilogue, or one launch of its own
         ropes = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
                               **_rope_scaling(hp), append="f16", target=tgt)
         freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
-        # the length is advanced at the end of the step and the RoPE launch
-        # just before attention appends row kv_len - 1: early_kv's contract
+        # the length is advanced at the end of the step and the launch just
+        # before attention (the QKV GEMV, or the RoPE launch) appends row
+        # kv_len - 1: early_kv's contract
         fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
                                            kv_dtype="f16", target=tgt, **self.flash_knobs)
         if "early_kv" not in self.flash_knobs and fds.early_kv_possible:
@@ -194,12 +203,14 @@ class LlamaModel:
             self.kv_caches.append((kc, vc))
             qkv_ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
-            self._qkv(g, p, inp, qkv, (q, k, v), tgt, norm)
-            grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
-            g.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state], [qkv, kc, vc],
-                  [Launch("rope", ropes, ropes.kernel_name, grid, block,
-                          (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc, cap),
-                          sh)])
+            if not self._qkv(g, p, inp, qkv, (q, k, v), tgt, norm,
+                             rope=(freqs, pos_ptr, kc, vc)):
+                grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
+                g.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state],
+                      [qkv, kc, vc],
+                      [Launch("rope", ropes, ropes.kernel_name, grid, block,
+                              (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc,
+                               cap), sh)])
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
                            (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
                             sm_scale), fds.ring_bytes)]
@@ -267,20 +278,30 @@ class LlamaModel:
               [Launch("gemv_ffn", spec, spec.kernel_name, grid, block,
                       (wg, wu, wd, h, x, act, x, counters), sh)])
 
-    def _qkv(self, g, p, h, qkv, outs, tgt, norm=None):
+    def _qkv(self, g, p, h, qkv, outs, tgt, norm=None, rope=None):
         """Q, K, V projections: one GEMV over the stacked weights when the
-        three share a type (Q4_K_M files often keep attn_v in Q6_K)."""
+        three share a type (Q4_K_M files often keep attn_v in Q6_K), which
+        with ``fuse_rope`` also rotates q and k and appends k and v to the
+        cache (``rope = (freqs, pos_ptr, k_cache, v_cache)``).  Returns
+        whether RoPE and the append were done."""
         ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
         if len({t.qtype for t in ts}) == 1:
             rows = sum(t.shape[0] for t in ts)
             t = RawTensor(p + "attn_qkv.weight", ts[0].qtype, (rows, ts[0].shape[1]),
                           np.concatenate([t.data for t in ts]))
             w = g.buffer(t.name, t.data.shape, t.data.dtype, "weight", t.data)
+            if self.fuse_rope:
+                hp = self.hp
+                gemv_lowering.mul_mat_rope(
+                    g, p + "attn_qkv", w, t, h, qkv, (hp.head_dim, hp.n_heads, hp.n_kv_heads),
+                    *rope, self.capacity, state=self.state, norm=norm, target=tgt)
+                return True
             gemv_lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt)
-            return
+            return False
         for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
             w, t = self._weight(p + name + ".weight")
             gemv_lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt)
+        return False
 
     def _gate_up(self, g, p, h, act, tgt, norm=None):
         """silu(Wg h) * (Wu h): the fused GEMV when gate and up share a type,

@@ -29,7 +29,7 @@ __all__ = ["gemv", "gemv_swiglu", "gemv_spec", "gemv_ffn", "ffn_spec", "ffn_geom
 @functools.lru_cache(maxsize=None)
 def _function(spec):
     fn = Module.from_ptx(_g.build(spec).to_ptx()).function(spec.kernel_name)
-    fn.require_dynamic_shared(spec.ring_bytes)
+    fn.require_dynamic_shared(spec.dynamic_shared)
     return fn
 
 

@@ -60,7 +60,7 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
+from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES
@@ -764,10 +764,9 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     regs = -(-regs // 8) * 8
     n = min(32 // spec.warps, 65536 // (regs * 32 * spec.warps))
     if spec.stages:
-        # the ring's shared memory (per SM: 228 KB on sm_90, 164 KB on sm_80,
-        # 100 KB on sm_86 / sm_89; 1 KB of it reserved per block)
-        per_sm = {80: 164, 90: 228}.get(TARGETS[spec.target].sm, 100) * 1024
-        n = min(n, per_sm // (spec.ring_bytes + spec.shared_bytes + 1024))
+        # the ring's shared memory (1 KB more of the SM's reserved per block)
+        n = min(n, TARGETS[spec.target].shared_per_sm
+                // (spec.ring_bytes + spec.shared_bytes + CTA_RESERVED_SHARED))
     return max(1, n)
 
 

@@ -1,10 +1,12 @@
 """Quantized GEMV ``y = W x`` (Q4_K, Q6_K, Q8_0) with optional fused epilogues.
 
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``, rows of
-blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``)
-and ``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
-matrices).  K is a spec field (a multiple of the block size, else
-ValueError); M is a launch argument and arbitrary.
+blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
+``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
+matrices) and ``rope`` (the decode step's stacked Q/K/V projection with
+RoPE on q and k and the K/V-cache append, ``GemvSpec.rope``).  K is a spec
+field (a multiple of the block size, else ValueError); M is a launch
+argument and arbitrary (with ``rope``, the heads' row count).
 
 Q4_K: :mod:`gemv_q4k` (x in registers, 16-byte weight loads), or with
 ``stages`` :mod:`gemv_stream` (weights through a ``cp.async`` ring in
@@ -13,7 +15,8 @@ shared memory; also Q6_K/Q8_0 where a tile is the whole row).  Q6_K, Q8_0:
 measurements: docs/gemv.md.
 
 Launch: ``grid, block, shared, rpc = launch_geometry(spec, M)``; arguments
-``(w[, wu], x[, r], y, M, rpc)``.
+``(w[, wu], x[, nw, eps][, r | freqs, pos_ptr, k_cache, v_cache, capacity],
+y, M, rpc)``.
 """
 
 from __future__ import annotations
@@ -24,12 +27,13 @@ import ptxgen
 from ptxgen import registry
 
 from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
-                          groups_per_cta, launch_geometry, reference, threads)
+                          groups_per_cta, launch_geometry, reference, rope_reference,
+                          threads)
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
 from .gemv_stream import build_stream
 
-__all__ = ["GemvSpec", "build", "launch_geometry", "reference", "default_spec",
+__all__ = ["GemvSpec", "build", "launch_geometry", "reference", "rope_reference", "default_spec",
            "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "CANONICAL"]
 
 
@@ -89,7 +93,8 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
         knobs = dict(_Q4K_STREAM["mid"])
     if knobs is None:
         return None
-    shape = GemvSpec("Q4_K", k, epilogue=epilogue)       # n_mats and row_bytes
+    # n_mats and row_bytes
+    shape = GemvSpec("Q4_K", k, epilogue="swiglu" if epilogue == "swiglu" else "none")
 
     def ring_bytes():
         return knobs["stages"] * shape.n_mats * knobs["rows"] * shape.row_bytes
@@ -158,6 +163,9 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)
+    if epilogue == "rope" and knobs["rows"] % 2:
+        # the rope epilogue rotates row pairs inside a row group
+        knobs["rows"] *= 2
     knobs.update(overrides)
     return GemvSpec(qtype, k, epilogue=epilogue, target=target, **knobs)
 
@@ -184,6 +192,8 @@ CANONICAL = {
     "gemv_q6_k_swiglu": GemvSpec("Q6_K", 512, epilogue="swiglu"),
     "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
     "gemv_q4_k_stream": GemvSpec("Q4_K", 512, rows=2, stages=3),
+    "gemv_q4_k_rope": GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=4, stages=3,
+                               dot="dp4a"),
 }
 
 registry.register("gemv", GemvSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

@@ -27,16 +27,18 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.types import f32, u8, u32
+from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
+from ptxgen.types import f16, f32, s32, u8, u32
 
 from .spec_fields import pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
-           "launch_geometry", "reference", "warp_sum", "silu_times", "write_outputs"]
+           "launch_geometry", "reference", "rope_reference", "RopeArgs", "warp_sum", "silu_times",
+           "write_outputs"]
 
 #: qtype -> (weights per block, bytes per block)
 QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
-EPILOGUES = ("none", "residual", "swiglu")
+EPILOGUES = ("none", "residual", "swiglu", "rope")
 LOG2E = 1.4426950408889634
 
 
@@ -76,8 +78,18 @@ class GemvSpec:
     k : int
         Row length (a multiple of the block: 256, or 32 for Q8_0).  It is a
         build-time constant so loops over K unroll; M is a launch argument.
-    epilogue : {"none", "residual", "swiglu"}
-        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``.
+    epilogue : {"none", "residual", "swiglu", "rope"}
+        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; or, for
+        the stacked ``[Wq; Wk; Wv]`` projection of a decode step, ``y = W
+        x`` with RoPE applied to its q and k rows and this token's k and v
+        rows appended to an f16 KV cache (:func:`rope_kv_outputs`; needs
+        ``rope`` and an even ``rows``).
+    rope : tuple
+        ``(head_dim, n_q_heads, n_kv_heads)`` with ``epilogue="rope"``
+        (else empty): ``y`` holds ``n_q_heads`` query heads, then
+        ``n_kv_heads`` key heads, then as many value heads, of
+        ``head_dim`` rows each (M = ``(n_q_heads + 2 n_kv_heads) *
+        head_dim``).
     rows : int
         Rows a CTA works on at once (their loads are all in flight together;
         x is reused across them).
@@ -160,6 +172,13 @@ class GemvSpec:
         thread holds its x.  0 (default): all ``S - 1``.  Fewer lets thread
         0 reach the wait, and x be requested, before the memory system is
         full of this CTA's weight copies.
+    per_sm : int
+        Ring: at most this many CTAs resident on one SM (0: as many as
+        registers and the ring allow).  The launch asks for enough dynamic
+        shared memory (:attr:`dynamic_shared`) that a further CTA would not
+        fit; the kernel text is the same.  A grid launched while an earlier
+        kernel drains fills the freed SMs first, so without a cap the CTAs
+        pile onto a few SMs and the last of them finish late.
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -183,6 +202,8 @@ class GemvSpec:
     stages: int = attrs.field(default=0)
     dot: str = attrs.field(default="fma", validator=attrs.validators.in_(("fma", "dp4a")))
     ahead: int = attrs.field(default=0)
+    per_sm: int = attrs.field(default=0)
+    rope: tuple = attrs.field(default=(), converter=tuple)
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -216,6 +237,32 @@ class GemvSpec:
         if v and not v < self.stages:
             raise ValueError(f"ahead={v} needs a ring of more than {v} stages "
                              f"(stages={self.stages})")
+
+    @rope.validator
+    def _check_rope(self, attr, v):
+        if self.epilogue != "rope":
+            if v:
+                raise ValueError(f"rope={v!r} is for epilogue='rope', not {self.epilogue!r}")
+            return
+        if (len(v) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                   for n in v) or v[0] % 2 or v[0] > 512):
+            raise ValueError("epilogue='rope' needs rope=(head_dim, n_q_heads, n_kv_heads): "
+                             f"positive ints, head_dim even and at most 512; got {v!r}")
+        if self.rows % 2:
+            raise ValueError(f"epilogue='rope' rotates row pairs within a row group: rows "
+                             f"must be even, got {self.rows}")
+
+    @per_sm.validator
+    def _check_per_sm(self, attr, v):
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 32:
+            raise ValueError(f"per_sm must be 0..32, got {v!r}")
+        if v and not self.stages:
+            raise ValueError("per_sm caps a ring's CTAs per SM: it needs stages >= 2")
+        per = TARGETS[self.target].shared_per_sm
+        if v and v * (self.ring_bytes + CTA_RESERVED_SHARED) > per:
+            raise ValueError(f"per_sm={v}: {v} CTAs with {self.ring_bytes}-byte rings do "
+                             f"not fit in the {per} bytes of shared memory of a "
+                             f"{self.target} SM")
 
     @slices.validator
     def _check_slices(self, attr, v):
@@ -271,12 +318,31 @@ class GemvSpec:
         return self.stages * self.n_mats * self.rows * self.row_bytes
 
     @property
+    def dynamic_shared(self) -> int:
+        """Dynamic shared memory a launch asks for: the ring, raised with
+        ``per_sm`` so that no more than ``per_sm`` CTAs fit on one SM."""
+        if not self.per_sm:
+            return self.ring_bytes
+        per = TARGETS[self.target].shared_per_sm
+        # the smallest size (16-byte granules) at which per_sm + 1 CTAs overflow
+        need = per // (self.per_sm + 1) - CTA_RESERVED_SHARED + 1
+        return max(self.ring_bytes, -(-need // 16) * 16)
+
+    @property
     def n_mats(self) -> int:
         return 2 if self.epilogue == "swiglu" else 1
 
     @property
+    def rope_rows(self) -> int:
+        """Rows of y (M) that ``epilogue="rope"`` expects."""
+        d, nq, nkv = self.rope
+        return (nq + 2 * nkv) * d
+
+    @property
     def kernel_name(self) -> str:
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
+        if self.rope:
+            epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = "_dp4a" if self.dot == "dp4a" else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
@@ -300,7 +366,8 @@ def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:
 
 def launch_geometry(spec: GemvSpec, m: int):
     """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
-    (``shared_bytes``: the dynamic shared memory of a ``stages`` ring).
+    (``shared_bytes``: :attr:`GemvSpec.dynamic_shared`, the ``stages`` ring
+    and any ``per_sm`` cap).
 
     ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
     ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``.
@@ -310,31 +377,53 @@ def launch_geometry(spec: GemvSpec, m: int):
     unit = spec.rows * spec.slices
     rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)
-    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.ring_bytes, rpc
+    return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.dynamic_shared, rpc
 
 
 def declare_params(k, spec, warps):
     """The GEMV kernel signature, shared by every weight format:
-    ``w, [wu], x, [nw, eps], [r], y, m, rpc`` (``wu`` with the SwiGLU
-    epilogue, ``nw``/``eps`` with ``norm``, ``r`` with the residual
-    epilogue; the decode graph and ops pass arguments in this order), plus
-    the ``red`` shared array :func:`write_outputs` reduces in.
+    ``w, [wu], x, [nw, eps], [r | freqs, pos_ptr, k_cache, v_cache,
+    capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
+    with ``norm``, ``r`` with the residual epilogue, the RoPE table, the
+    device position and the f16 caches with the rope epilogue; the decode
+    graph and ops pass arguments in this order), plus the ``red`` shared
+    array :func:`write_outputs` reduces in.
 
     Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
-    or None.
+    or None; ``r`` is the residual pointer, the rope epilogue's
+    :class:`RopeArgs`, or None.
     """
     ws = [k.param_ptr("w", u8, align=16)]
     if spec.n_mats == 2:
         ws.append(k.param_ptr("wu", u8, align=16))
     x = k.param_ptr("x", f32, align=16)
     norm = (k.param_ptr("nw", f32, align=16), k.param("eps", f32)) if spec.norm else None
-    r = k.param_ptr("r", f32) if spec.epilogue == "residual" else None
+    r = None
+    if spec.epilogue == "residual":
+        r = k.param_ptr("r", f32)
+    elif spec.epilogue == "rope":
+        r = RopeArgs(k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32),
+                     k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
+                     k.param("capacity", u32))
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
     red = k.shared_array("red", f32, spec.slices * warps * (spec.n_mats * spec.rows + spec.norm),
                          align=16)
     return ws, x, r, y, mrows, rpc, red, norm
+
+
+@attrs.frozen
+class RopeArgs:
+    """The rope epilogue's kernel parameters: the ``[head_dim / 2, 2]`` (hi,
+    lo) inverse-frequency table of :func:`kernels.rope.freq_table`, the
+    device int32 position, the f16 caches ``[n_kv_heads, capacity,
+    head_dim]`` and their capacity."""
+    freqs: object
+    pos_ptr: object
+    k_cache: object
+    v_cache: object
+    capacity: object
 
 
 def warp_sum(k, v):
@@ -384,6 +473,9 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     def slot(i):
         return red[i if sbase is None else sbase + i]
 
+    if spec.epilogue == "rope":
+        # the angle's inputs first, so their latency overlaps the reduction
+        ropein = _rope_inputs(k, spec, r, row0 + tid, tid)
     with k.if_(lane.eq(0)):
         base = warp * (nm * R)
         for mi in range(nm):
@@ -393,7 +485,13 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
             k.st(slot(warps * nm * R + warp), norm[0])
     k.bar_sync(0)
     row = row0 + tid
-    with k.if_(k.setp("lt", tid, R, combine=("and", row < row_end))):
+    ok = k.setp("lt", tid, R, combine=("and", row < row_end))
+    if spec.epilogue == "rope":
+        _rope_kv_outputs(k, spec, red, slot, warps, tid, row, ok, y, r, norm, ropein)
+        if trailing_barrier:
+            k.bar_sync(0)
+        return
+    with k.if_(ok):
         tot = []
         for mi in range(nm):
             t = k.ld(slot(tid + mi * R))
@@ -417,6 +515,96 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         k.st(y[row], out)
     if trailing_barrier:
         k.bar_sync(0)
+
+
+def _rope_inputs(k, spec, ra, row, tid):
+    """Per storing thread (``tid < rows``): the head-row index ``j = row mod
+    head_dim`` and the (hi, lo) inverse frequency of its pair ``j / 2``, and
+    the position (loads only; every thread of warp 0 issues them)."""
+    d = spec.rope[0]
+    j = k.rem(row, d)
+    ok = k.setp("lt", tid, spec.rows)
+    hi, lo = k.ld(ra.freqs[(j >> 1) << 1], vec=2, nc=True, guard=ok)
+    # plain ld: the position is advanced by the previous decode step's last grid
+    pos = k.ld(ra.pos_ptr[0], guard=ok)
+    return j, hi, lo, pos
+
+
+def _rope_kv_outputs(k, spec, red, slot, warps, tid, row, ok, y, ra, norm, ropein):
+    """The rope epilogue's stores for one row group (warp 0 of the slice).
+
+    Thread ``tid < rows`` sums row ``row``; rows come in rotation pairs
+    ``(2i, 2i + 1)`` of a head (the interleaved RoPE layout GGUF Llama
+    weights use), so lanes ``tid`` and ``tid ^ 1`` hold a pair (rows is even
+    and row groups start at multiples of it) and exchange their sums with
+    one shuffle.  Query and key rows are rotated by ``pos * inv_freq[i]``
+    (:func:`kernels.rope.angle_sincos`) and stored to ``y``; value rows are
+    stored as they are; key and value rows are also written (``cvt.rn`` to
+    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.
+    """
+    from .rope import angle_sincos
+    d, nq, nkv = spec.rope
+    j, hi, lo, pos = ropein
+    with k.if_(tid < 32):
+        t = k.var(f32, 0.0)
+        with k.if_(ok):
+            tot = k.ld(slot(tid))
+            for w in range(1, warps):
+                tot = tot + k.ld(slot(tid + w * spec.rows))
+            if norm is not None:
+                sq = k.ld(slot(warps * spec.rows))
+                for w in range(1, warps):
+                    sq = sq + k.ld(slot(warps * spec.rows + w))
+                mean = k.div(sq, k.mov(float(spec.k), f32))
+                tot = tot * k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
+            t.set(tot)
+        other = k.shfl_xor(t, 1)
+        with k.if_(ok):
+            odd = k.setp("ne", tid & 1, 0)
+            a = k.select(odd, other, t)
+            b = k.select(odd, t, other)
+            s, c = angle_sincos(k, pos.to(f32), hi, lo)
+            a2 = k.fma(a, c, k.mul(-b, s, rnd="rn"))
+            b2 = k.fma(a, s, k.mul(b, c, rnd="rn"))
+            rot = k.select(odd, b2, a2)
+            qk_rows = (nq + nkv) * d
+            out = k.select(k.setp("lt", row, qk_rows), rot, t)
+            k.st(y[row], out)
+            # K and V rows of a position inside the cache: f16 into [h, pos, j]
+            kv = row - nq * d
+            pos_u = pos.bitcast(u32)
+            app = k.setp("ge", row, nq * d, combine=("and", pos >= 0))
+            app = k.setp("lt", pos_u, ra.capacity, combine=("and", app))
+            with k.if_(app):
+                is_v = k.setp("ge", kv, nkv * d)
+                kvr = k.select(is_v, kv - nkv * d, kv)
+                head = kvr // d
+                cache = k.ptr_reg(f16)
+                k.select(is_v, ra.v_cache, ra.k_cache, out=cache)
+                dst = k.mad(k.mad(head, ra.capacity, pos_u), d, j)
+                k.st(cache[dst], k.cvt(f16, out, rnd="rn"))
+
+
+def rope_reference(y, pos: int, spec: GemvSpec, inv_freq, k_cache=None, v_cache=None):
+    """float64 model of the rope epilogue applied to the plain product
+    ``y`` (float64, ``spec.rope_rows``): returns the stored ``y`` (q and k
+    heads rotated in the interleaved layout by ``pos * inv_freq``, v as it
+    is) and, when ``0 <= pos < capacity``, writes this token's k and v rows
+    into the f16 caches ``[n_kv_heads, capacity, head_dim]`` in place."""
+    d, nq, nkv = spec.rope
+    y = np.array(y, dtype=np.float64)
+    if y.shape != (spec.rope_rows,):
+        raise ValueError(f"y has shape {y.shape}, the rope epilogue writes {spec.rope_rows} rows")
+    ang = pos * np.asarray(inv_freq, dtype=np.float64)
+    c, s = np.cos(ang), np.sin(ang)
+    qk = y[:(nq + nkv) * d].reshape(nq + nkv, d // 2, 2)
+    a, b = qk[..., 0].copy(), qk[..., 1].copy()
+    qk[..., 0] = a * c - b * s
+    qk[..., 1] = a * s + b * c
+    if k_cache is not None and 0 <= pos < k_cache.shape[1]:
+        k_cache[:, pos, :] = y[nq * d:(nq + nkv) * d].reshape(nkv, d)
+        v_cache[:, pos, :] = y[(nq + nkv) * d:].reshape(nkv, d)
+    return y
 
 
 def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,

@@ -10,10 +10,18 @@ the target, or an ISA beyond :data:`MAX_PTX`, is refused when it is built.
 
 from __future__ import annotations
 
-__all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET", "MAX_PTX"]
+__all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET", "MAX_PTX",
+           "CTA_RESERVED_SHARED"]
 
 #: the newest PTX ISA a module may be raised to (CUDA 12.0)
 MAX_PTX = (8, 0)
+
+#: shared memory the hardware sets aside for every resident CTA (sm_80+)
+CTA_RESERVED_SHARED = 1024
+
+#: shared memory of one SM, KB (CUDA programming guide, compute capabilities:
+#: 164 on sm_80 / sm_87, 100 on sm_86 / sm_89, 228 on sm_90)
+_SHARED_PER_SM_KB = {80: 164, 86: 100, 89: 100, 90: 228}
 
 
 class Target:
@@ -31,6 +39,12 @@ class Target:
     @property
     def version_text(self) -> str:
         return f"{self.ptx_version[0]}.{self.ptx_version[1]}"
+
+    @property
+    def shared_per_sm(self) -> int:
+        """Bytes of shared memory one SM holds for its resident CTAs
+        (each also takes :data:`CTA_RESERVED_SHARED` of it)."""
+        return _SHARED_PER_SM_KB[self.sm] * 1024
 
     def supports(self, min_sm: int, min_ptx: tuple[int, int]) -> bool:
         """Whether a module for this target can hold the instruction (its

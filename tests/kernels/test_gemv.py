@@ -171,7 +171,9 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
                                          (4096, "residual", {"dot": "dp4a", "stages": 4,
                                                              "rows": 8, "ahead": 1}),
                                          (14336, "residual", {"dot": "dp4a", "stages": 3,
-                                                              "rows": 4, "ahead": 1})])
+                                                              "rows": 4, "ahead": 1}),
+                                         (4096, "swiglu", {"stages": 2, "rows": 4,
+                                                           "per_sm": 3})])
 def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
     shapes (M = 1031)."""
@@ -245,6 +247,29 @@ def test_stages_knob_refused_where_not_built():
             G.GemvSpec("Q4_K", 512, stages=stages, ahead=ahead)
 
 
+@pytest.mark.parametrize("target,shared_kb", [("sm_90", 228), ("sm_80", 164), ("sm_86", 100)])
+def test_per_sm_caps_resident_rings_by_shared_memory(target, shared_kb):
+    """per_sm=n asks for the dynamic shared memory at which n CTAs fit on an
+    SM and n + 1 do not (1 KB reserved per CTA); the kernel text is unchanged."""
+    base = G.GemvSpec("Q4_K", 4096, "swiglu", rows=2, stages=2, target=target)
+    ring = base.ring_bytes
+    assert base.dynamic_shared == ring
+    per = shared_kb * 1024
+    for n in range(1, per // (ring + 1024) + 1):
+        s = attrs.evolve(base, per_sm=n)
+        sh = G.launch_geometry(s, 14336)[2]
+        assert sh == s.dynamic_shared >= ring and sh % 16 == 0
+        assert per // (sh + 1024) == n, (n, sh)
+        assert G.build(s).to_ptx() == G.build(base).to_ptx()
+    with pytest.raises(ValueError, match="do not fit"):
+        attrs.evolve(base, per_sm=per // (ring + 1024) + 1)
+    for bad in (-1, 33, True, 2.0):
+        with pytest.raises(ValueError, match="per_sm"):
+            attrs.evolve(base, per_sm=bad)
+    with pytest.raises(ValueError, match="needs stages"):
+        G.GemvSpec("Q4_K", 4096, per_sm=2, target=target)
+
+
 @pytest.mark.parametrize("qtype,k", [("Q4_K", 300), ("Q4_K", 128), ("Q6_K", 1000),
                                      ("Q8_0", 40), ("Q8_0", 0), ("Q4_K", 512.0)])
 def test_k_not_multiple_refused(qtype, k):
@@ -301,3 +326,102 @@ def test_ptxas_no_spills(ptxas, target, name):
     _, reports = assemble(G.build(spec).to_ptx(), target)     # raises on a ptxas error
     # Q4_K swiglu at K=14336 (448 threads) spills 8 bytes on sm_80; allow that much
     assert len(reports) == 1 and reports[0].spill_stores <= 8, reports
+
+
+# ---------------------------------------------------------------- rope epilogue
+
+def _rope_case(rng, spec, capacity):
+    """Weights, x, the RoPE table and reference inv_freq, poisoned caches."""
+    from ptxgen.kernels import rope
+    d, nq, nkv = spec.rope
+    m = spec.rope_rows
+    ws, x, _ = _data(rng, spec.qtype, m, spec.k, 1)
+    rs = rope.RopeSpec(head_dim=d, layout="interleaved", theta=500000.0, scaling="llama3")
+    caches = [rng.standard_normal((nkv, capacity, d)).astype(np.float16) for _ in range(2)]
+    return ws[0], x, rope.freq_table(rs), rope.inv_freq(rs), caches
+
+
+def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):
+    m = spec.rope_rows
+    fn = run.function(G.build, spec)
+    grid, block, shared, rpc = G.launch_geometry(spec, m)
+    kc, vc = (run.array(c) for c in caches)
+    args = [run.array(w), run.array(x)]
+    if spec.norm:
+        args += [run.array(norm[0]), norm[1]]
+    args += [run.array(freqs), run.array(np.array([pos], np.int32)), kc, vc, caches[0].shape[1]]
+    y = run.poisoned(m)
+    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
+    return run.get(y), run.get(kc), run.get(vc)
+
+
+ROPE_CASES = [
+    ("Q4_K", 512, (32, 3, 1), {"rows": 2}),
+    ("Q4_K", 512, (64, 2, 1), {"rows": 4, "stages": 3, "dot": "dp4a", "ahead": 1}),
+    ("Q4_K", 256, (16, 5, 2), {"rows": 8, "norm": True, "stages": 2, "dot": "dp4a"}),
+    ("Q4_K", 512, (32, 4, 2), {"rows": 2, "slices": 2}),
+    ("Q6_K", 512, (32, 3, 1), {"rows": 2}),
+    ("Q8_0", 256, (8, 6, 3), {"rows": 4, "stages": 3, "tile": 256}),
+]
+
+
+@pytest.mark.parametrize("qtype,k,rope,knobs", ROPE_CASES)
+def test_gemv_rope_epilogue(run, qtype, k, rope, knobs):
+    """The stacked QKV GEMV with RoPE and the f16 KV append: y against float64
+    (rotated q/k, plain v; bound BOUND), the caches' row ``pos`` against
+    f16(y) and every other cache row unchanged; at a position past the
+    capacity y is still rotated and the caches are untouched.  M is not a
+    multiple of a CTA's rows (small max_ctas)."""
+    rng = np.random.default_rng()
+    spec = G.GemvSpec(qtype, k, epilogue="rope", rope=rope, max_ctas=3, **knobs)
+    cap = 11
+    w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
+    norm = _norm_data(rng, k) if spec.norm else None
+    plain = G.reference(spec, w, x, epilogue="none", norm_w=norm[0] if norm else None,
+                        eps=norm[1] if norm else None)
+    for pos in (int(rng.integers(1, cap)), cap):
+        ref_caches = [c.astype(np.float64) for c in caches]
+        ref = G.rope_reference(plain, pos, spec, inv, *ref_caches)
+        y, kc, vc = _run_rope(run, spec, w, x, freqs, caches, pos, norm)
+        assert rel_err(y, ref) <= BOUND, pos
+        for got, want, before in zip((kc, vc), ref_caches, caches):
+            keep = np.ones(cap, bool)
+            if pos < cap:
+                keep[pos] = False
+                # one f16 rounding of the row (relative 2^-11 of its largest value)
+                assert rel_err(got[:, pos], want[:, pos]) <= 1e-3
+            assert np.array_equal(got[:, keep].view(np.uint16), before[:, keep].view(np.uint16))
+
+
+def test_rope_epilogue_refused_where_not_built():
+    with pytest.raises(ValueError, match="rows must be even"):
+        G.GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=1)
+    for bad in ((), (64, 4), (63, 4, 2), (64, 0, 2), (1024, 1, 1), (64.0, 4, 2)):
+        with pytest.raises(ValueError, match="rope=\\(head_dim"):
+            G.GemvSpec("Q4_K", 512, epilogue="rope", rope=bad, rows=2)
+    with pytest.raises(ValueError, match="is for epilogue='rope'"):
+        G.GemvSpec("Q4_K", 512, rope=(64, 4, 2))
+    # default_spec keeps rows even for the pairs
+    s = G.default_spec("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
+    assert s.rows % 2 == 0 and s.epilogue == "rope"
+    assert "rope128h32x8" in s.kernel_name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype):
+    """The model's QKV shape (32 query / 8 KV heads of 128, K = 4096) with
+    the default knobs, on the GPU."""
+    rng = np.random.default_rng()
+    spec = G.default_spec(qtype, 4096, "rope", m=6144, rope=(128, 32, 8))
+    cap = 300
+    w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
+    plain = G.reference(spec, w, x, epilogue="none")
+    pos = int(rng.integers(0, cap))
+    ref_caches = [c.astype(np.float64) for c in caches]
+    ref = G.rope_reference(plain, pos, spec, inv, *ref_caches)
+    y, kc, vc = _run_rope(gpu_run, spec, w, x, freqs, caches, pos)
+    assert rel_err(y, ref) <= BOUND
+    for got, want in zip((kc, vc), ref_caches):
+        assert rel_err(got[:, pos], want[:, pos]) <= 1e-3
+        assert np.array_equal(np.delete(got, pos, axis=1), np.delete(want, pos, axis=1))

@@ -64,6 +64,21 @@ def test_emulator_decode_matches_reference(tiny):
     _check_logits(m, tiny, prompt, res, logits)
 
 
+def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny):
+    """By default the stacked QKV GEMV rotates q and k and appends k and v to
+    the cache (one MulMatRopeKv op, no RopeKvAppend launch); fuse_rope=False
+    keeps the separate RoPE + append launch.  Both match the reference."""
+    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
+    for fuse, kind in ((True, "MulMatRopeKv"), (False, "RopeKvAppend")):
+        m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False,
+                                 fuse_rope=fuse)
+        kinds = [op.kind for op in m.graph.ops]
+        other = "RopeKvAppend" if fuse else "MulMatRopeKv"
+        assert kinds.count(kind) == TINY["n_layers"] and other not in kinds
+        res, logits = m.generate(prompt, 2, return_logits=True)
+        _check_logits(m, tiny, prompt, res, logits)
+
+
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     """fuse_norm folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
     output's stays a launch; the fused kernels' numerics are checked in
@@ -88,7 +103,8 @@ def test_emulator_persistent_ffn_matches_reference(tiny):
                              ffn_knobs={"threads": 128, "stages": 3})
     kinds = [op.kind for op in m.graph.ops]
     assert kinds.count("FFN") == TINY["n_layers"] and "MulMatSwiGLU" not in kinds
-    assert kinds.count("MulMat") == 2 * TINY["n_layers"] + 1        # QKV, O; output
+    assert kinds.count("MulMat") == TINY["n_layers"] + 1            # O; output
+    assert kinds.count("MulMatRopeKv") == TINY["n_layers"]           # QKV with RoPE
     prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     _check_logits(m, tiny, prompt, res, logits)
@@ -128,6 +144,7 @@ def test_mixed_types_use_unfused_paths(tmp_path):
     m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False)
     kinds = [op.kind for op in m.graph.ops]
     assert kinds.count("MulMat") == 3 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
+    assert "RopeKvAppend" in kinds and "MulMatRopeKv" not in kinds
     # Q6_K/Q8_0 GEMVs take no fused norm: both layer norms run as RmsNorm ops
     assert kinds.count("RmsNorm") == 3
     res, logits = m.generate([5, 6], 1, return_logits=True)
