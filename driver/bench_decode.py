@@ -280,12 +280,12 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
     fn = ops._module(fd.build, spec).function(spec.split_name)
     # (_resident raises the function's dynamic shared memory limit to the ring's)
     S = fd.choose_splits(spec, get_device().sm_count, n_kv, cap,
-                         ops._resident(fn, 32 * spec.warps, spec.ring_bytes))
+                         ops._resident(fn, 32 * spec.warps, spec.dynamic_shared))
     po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)
     pml = ops._workspace(("fd_ml", n_q, S), (n_q, S, 2), np.float32)
     (g1, b1), _ = fd.launch_geometry(spec, n_kv, S)
     return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, do, 0, cap,
-                            1.0 / math.sqrt(d), shared=spec.ring_bytes, stream=s)
+                            1.0 / math.sqrt(d), shared=spec.dynamic_shared, stream=s)
 
 
 def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
@@ -326,7 +326,7 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
         spec = fd.FlashDecodeSpec(target=ops.device_target(),
                                   **{k: v for k, v in kw.items() if k in fields})
         fn = ops._module(fd.build, spec).function(spec.split_name)
-        bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps, spec.ring_bytes)
+        bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps, spec.dynamic_shared)
         res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,
                      "n_splits": fd.choose_splits(spec, dev.sm_count, n_kv, cap, bps)}
     if verbose:

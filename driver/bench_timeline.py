@@ -159,6 +159,11 @@ def main(argv=None):
     ap.add_argument("--gemv-knobs", default="{}",
                     help='Q4_K GEMV spec overrides per epilogue as JSON, e.g. '
                     '\'{"swiglu": {"per_sm": 4}}\' (LlamaModel\'s gemv_knobs)')
+    ap.add_argument("--flash-knobs", default="{}",
+                    help='FlashDecodeSpec overrides as JSON, e.g. \'{"per_sm": 2}\' '
+                    "(LlamaModel's flash_knobs)")
+    ap.add_argument("--no-fuse-rope", action="store_true",
+                    help="RoPE and the KV append as a launch of their own (fuse_rope=False)")
     args = ap.parse_args(argv)
     per_epi = json.loads(args.gemv_knobs)
     if not isinstance(per_epi, dict) or not all(isinstance(v, dict) for v in per_epi.values()):
@@ -178,7 +183,8 @@ def main(argv=None):
     cap = max(contexts) + 64
     drop = [k for k in args.drop.split(",") if k]
     load = dict(backend="cuda", capacity=cap, progress=False, fuse_norm=args.fuse_norm,
-                gemv_knobs=lambda m, k, epilogue: per_epi.get(epilogue, {}))
+                gemv_knobs=lambda m, k, epilogue: per_epi.get(epilogue, {}),
+                flash_knobs=json.loads(args.flash_knobs), fuse_rope=not args.no_fuse_rope)
     with _without(drop):
         plain = LlamaModel.from_gguf(path, **load)
     t_plain = {c: _step_ms(plain, c) for c in contexts}

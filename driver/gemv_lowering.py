@@ -12,6 +12,8 @@ any other type is refused by name.
 
 from __future__ import annotations
 
+import attrs
+
 from ptxgen.kernels import gemv
 
 from .executor import Launch
@@ -26,13 +28,39 @@ def can_fuse_norm(*tensors) -> bool:
     return all(t.qtype == "Q4_K" for t in tensors)
 
 
+#: the device's SM count, set by :class:`~.llama.LlamaModel` while it builds its
+#: graph: a ring GEMV's CTAs are then spread evenly over the SMs (:func:`_balanced`)
+SM_COUNT = None
+
 #: knob overrides for Q4_K GEMVs, set by :class:`~.llama.LlamaModel` (``gemv_knobs``)
 #: while it builds its graph: a dict, or a function ``(m, k, epilogue) -> dict``;
 #: overrides a shape does not allow are skipped
 Q4K_KNOBS = {}
 
 
+def _balanced(spec, m):
+    """``spec`` with ``per_sm = ceil(grid / SM_COUNT)`` where that is binding:
+    a ring GEMV's shared memory often lets more CTAs share an SM than an even
+    spread of its grid needs, and under PDL a grid is placed while the one
+    before it drains, so its CTAs pile onto the SMs freed first (decode step
+    on an H100: the 4096x4096 O projection, 256 CTAs, capped at 2 per SM,
+    2.227 -> 2.189 ms per token at context 128, docs/results.md)."""
+    if not SM_COUNT or not spec.stages or spec.per_sm:
+        return spec
+    n = -(-gemv.launch_geometry(spec, m)[0][0] // SM_COUNT)
+    try:
+        capped = attrs.evolve(spec, per_sm=n)
+    except ValueError:           # n CTAs do not fit: the ring allows fewer already
+        return spec
+    return capped if capped.dynamic_shared > spec.ring_bytes else spec
+
+
 def _spec(t, epilogue, target, norm=False, **fields):
+    spec, m = _spec_unbalanced(t, epilogue, target, norm, **fields)
+    return _balanced(spec, m), m
+
+
+def _spec_unbalanced(t, epilogue, target, norm=False, **fields):
     if t.qtype not in gemv.QTYPE_INFO:
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")

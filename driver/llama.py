@@ -49,6 +49,14 @@ FAMILIES = {
 }
 
 
+#: attention knobs of the decode step (H100, docs/results.md): 8 warps per split
+#: block and at most 2 blocks per SM, so that the split's blocks, placed while
+#: the QKV GEMV drains, spread over the SMs (2.262 -> 2.227 ms per token at
+#: context 128, level at 4096; 4 warps / 2 per SM: 2.233 / +0.01 ms; 1 per SM:
+#: 2.197 at 128 but +0.06 ms at 4096)
+MODEL_FLASH_KNOBS = {"warps": 8, "per_sm": 2}
+
+
 class ContextOverflowError(RuntimeError):
     """Generation would run past the KV cache's capacity."""
 
@@ -82,9 +90,11 @@ class LlamaModel:
     2.59 ms per token, docs/results.md).  ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
-    knobs per GEMV shape.  ``flash_knobs`` overrides :class:`FlashDecodeSpec`
-    fields of the attention kernels (e.g. ``{"unroll": 4}``; ``early_kv`` is
-    on unless the knobs pick a path without it).  ``fuse_ffn``
+    knobs per GEMV shape; ring GEMVs take ``per_sm = ceil(grid / SMs)``
+    (:func:`gemv_lowering._balanced`).  ``flash_knobs`` overrides
+    :class:`FlashDecodeSpec` fields of the attention kernels (e.g.
+    ``{"unroll": 4}``) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
+    unless the knobs pick a path without it).  ``fuse_ffn``
     runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
     of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
     weights are Q4_K (one CTA per SM, all resident at once; not with
@@ -108,15 +118,18 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
         self.fuse_rope = bool(fuse_rope)
-        self.flash_knobs = dict(flash_knobs or {})
+        self._user_flash_knobs = dict(flash_knobs or {})
+        self.flash_knobs = {**MODEL_FLASH_KNOBS, **self._user_flash_knobs}
         self.fuse_ffn = bool(fuse_ffn)
         self.ffn_knobs = dict(ffn_knobs or {})
         self.graph = ComputeGraph()
         gemv_lowering.Q4K_KNOBS = gemv_knobs or {}
+        gemv_lowering.SM_COUNT = self.sm_count
         try:
             self._build()
         finally:
             gemv_lowering.Q4K_KNOBS = {}
+            gemv_lowering.SM_COUNT = None
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
@@ -168,8 +181,15 @@ class LlamaModel:
         # the length is advanced at the end of the step and the launch just
         # before attention (the QKV GEMV, or the RoPE launch) appends row
         # kv_len - 1: early_kv's contract
-        fds = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
-                                           kv_dtype="f16", target=tgt, **self.flash_knobs)
+        fd_shape = dict(head_dim=D, group=hp.n_heads // hp.n_kv_heads, kv_dtype="f16",
+                        target=tgt)
+        try:
+            fds = flash_decode.FlashDecodeSpec(**fd_shape, **self.flash_knobs)
+        except ValueError:
+            # the model defaults do not fit every shape (8 warps of 16-head
+            # groups overflow the partials' shared memory): the kernel's own
+            self.flash_knobs = dict(self._user_flash_knobs)
+            fds = flash_decode.FlashDecodeSpec(**fd_shape, **self.flash_knobs)
         if "early_kv" not in self.flash_knobs and fds.early_kv_possible:
             fds = attrs.evolve(fds, early_kv=True)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
@@ -213,7 +233,7 @@ class LlamaModel:
                                cap), sh)])
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
                            (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
-                            sm_scale), fds.ring_bytes)]
+                            sm_scale), fds.dynamic_shared)]
             if comb is not None:
                 attn.append(Launch("flash_decode", fds, fds.combine_name, *comb,
                                    (part_o, part_ml, att, n_splits)))

@@ -260,10 +260,10 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     dev = get_device()
     mod = _module(_fd.build, spec)
     split = mod.function(spec.split_name)
-    split.require_dynamic_shared(spec.ring_bytes)
+    split.require_dynamic_shared(spec.dynamic_shared)
     if n_splits is None:
         if blocks_per_sm is None:
-            blocks_per_sm = _resident(split, 32 * spec.warps, spec.ring_bytes)
+            blocks_per_sm = _resident(split, 32 * spec.warps, spec.dynamic_shared)
         n_splits = _fd.choose_splits(spec, dev.sm_count, n_kv, cap, blocks_per_sm)
     part_o = _workspace(("fd_o", n_q, n_splits, d), (n_q, n_splits, d), np.float32)
     part_ml = _workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
@@ -272,7 +272,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     counter = _workspace(("fd_counter", n_kv), (n_kv,), np.uint32, zero=True)
     (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
     launch(split, g1, b1, qa, kc, vc, _scalar_i32(kv_len, "kv_len"),
-           part_o, part_ml, out, counter, cap, scale, shared=spec.ring_bytes, stream=stream,
+           part_o, part_ml, out, counter, cap, scale, shared=spec.dynamic_shared, stream=stream,
            pdl=spec.pdl)
     if comb is not None:
         launch(mod.function(spec.combine_name), *comb, part_o, part_ml, out, n_splits,

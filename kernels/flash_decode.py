@@ -116,6 +116,12 @@ class FlashDecodeSpec:
         shared-memory stages with ``cp.async`` (``stages - 1`` tiles in
         flight, holding no registers; ``prefetch`` is then unused); the
         split kernel takes ``ring_bytes`` of dynamic shared memory.
+    per_sm : int
+        At most this many split blocks resident on one SM (0: as many as
+        registers and shared memory allow): the launch asks for enough
+        dynamic shared memory (:attr:`dynamic_shared`) that one more would
+        not fit.  Under PDL the split's blocks are placed while the grid
+        before it drains, onto the few SMs with room; a cap spreads them.
     early_kv : bool
         Read the length and issue the first tile's K/V loads (``ld.global.cg``)
         before ``griddepcontrol.wait``, so under PDL they overlap the previous
@@ -143,6 +149,7 @@ class FlashDecodeSpec:
     merge_unroll: int = attrs.field(default=16)
     stages: int = attrs.field(default=0)
     early_kv: bool = attrs.field(default=False)
+    per_sm: int = attrs.field(default=0)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
     pdl: bool = pdl_field()
 
@@ -177,6 +184,11 @@ class FlashDecodeSpec:
         if not isinstance(v, bool):
             raise ValueError(f"early_kv must be a bool, got {v!r}")
 
+    @per_sm.validator
+    def _check_per_sm(self, _, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 32):
+            raise ValueError(f"per_sm must be in 0..32, got {v!r}")
+
     @unroll.validator
     def _check_unroll(self, _, v):
         if not (isinstance(v, int) and 1 <= v <= 8):
@@ -200,6 +212,11 @@ class FlashDecodeSpec:
                              f"needs {self.ring_bytes} bytes of shared memory besides "
                              f"{self.shared_bytes} (limit {MAX_RING_BYTES}); use fewer stages, "
                              f"warps or unroll")
+        if self.per_sm:
+            try:
+                self.dynamic_shared
+            except ValueError as e:
+                raise ValueError(f"per_sm={self.per_sm}: {e}") from None
         if self.shared_bytes > SMEM_LIMIT:
             raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
                              f"warps needs {self.shared_bytes} bytes of shared memory "
@@ -242,6 +259,15 @@ class FlashDecodeSpec:
     def ring_bytes(self) -> int:
         """Dynamic shared memory of the split kernel (0 without the ring)."""
         return self.stages * self.stage_bytes
+
+    @property
+    def dynamic_shared(self) -> int:
+        """Dynamic shared memory a split launch asks for: the ring, raised
+        with ``per_sm`` so that no more than ``per_sm`` blocks fit on an SM."""
+        if not self.per_sm:
+            return self.ring_bytes
+        return TARGETS[self.target].capped_shared(self.per_sm, self.ring_bytes,
+                                                  self.shared_bytes)
 
     @property
     def kernel_name(self) -> str:
@@ -758,7 +784,7 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     unroll 8 + prefetch), and with a ring its shared memory; ``min_blocks``
     when set.  ``ops.flash_decode`` asks the driver instead."""
     if spec.min_blocks:
-        return spec.min_blocks
+        return min(spec.min_blocks, spec.per_sm or spec.min_blocks)
     uc = spec.unroll * spec.chunks
     regs = 130 + 10 * uc if spec.prefetch and not spec.stages else 104 + 8 * uc
     regs = -(-regs // 8) * 8
@@ -767,6 +793,8 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
         # the ring's shared memory (1 KB more of the SM's reserved per block)
         n = min(n, TARGETS[spec.target].shared_per_sm
                 // (spec.ring_bytes + spec.shared_bytes + CTA_RESERVED_SHARED))
+    if spec.per_sm:
+        n = min(n, spec.per_sm)
     return max(1, n)
 
 

@@ -27,7 +27,7 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
+from ptxgen.target import TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
 from .spec_fields import pdl_field, target_field
@@ -258,11 +258,11 @@ class GemvSpec:
             raise ValueError(f"per_sm must be 0..32, got {v!r}")
         if v and not self.stages:
             raise ValueError("per_sm caps a ring's CTAs per SM: it needs stages >= 2")
-        per = TARGETS[self.target].shared_per_sm
-        if v and v * (self.ring_bytes + CTA_RESERVED_SHARED) > per:
-            raise ValueError(f"per_sm={v}: {v} CTAs with {self.ring_bytes}-byte rings do "
-                             f"not fit in the {per} bytes of shared memory of a "
-                             f"{self.target} SM")
+        if v:
+            try:
+                TARGETS[self.target].capped_shared(v, self.ring_bytes)
+            except ValueError as e:
+                raise ValueError(f"per_sm={v}: {e}") from None
 
     @slices.validator
     def _check_slices(self, attr, v):
@@ -323,10 +323,7 @@ class GemvSpec:
         ``per_sm`` so that no more than ``per_sm`` CTAs fit on one SM."""
         if not self.per_sm:
             return self.ring_bytes
-        per = TARGETS[self.target].shared_per_sm
-        # the smallest size (16-byte granules) at which per_sm + 1 CTAs overflow
-        need = per // (self.per_sm + 1) - CTA_RESERVED_SHARED + 1
-        return max(self.ring_bytes, -(-need // 16) * 16)
+        return TARGETS[self.target].capped_shared(self.per_sm, self.ring_bytes)
 
     @property
     def n_mats(self) -> int:

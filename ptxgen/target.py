@@ -46,6 +46,19 @@ class Target:
         (each also takes :data:`CTA_RESERVED_SHARED` of it)."""
         return _SHARED_PER_SM_KB[self.sm] * 1024
 
+    def capped_shared(self, per_sm: int, dynamic: int = 0, static: int = 0) -> int:
+        """The dynamic shared memory (at least ``dynamic``) a launch asks for so
+        that at most ``per_sm`` of its CTAs, each also holding ``static`` bytes
+        of static shared memory, fit on one SM.  ValueError if ``per_sm`` of
+        them do not fit even at ``dynamic``."""
+        per = self.shared_per_sm
+        if per_sm * (dynamic + static + CTA_RESERVED_SHARED) > per:
+            raise ValueError(f"{per_sm} CTAs with {dynamic + static} bytes of shared memory "
+                             f"each do not fit in the {per} bytes of a {self.name} SM")
+        # the smallest size (16-byte granules) at which per_sm + 1 CTAs overflow
+        need = per // (per_sm + 1) - CTA_RESERVED_SHARED - static + 1
+        return max(dynamic, -(-need // 16) * 16)
+
     def supports(self, min_sm: int, min_ptx: tuple[int, int]) -> bool:
         """Whether a module for this target can hold the instruction (its
         ``.version`` may rise to ``MAX_PTX``)."""

@@ -319,3 +319,24 @@ def test_early_kv_sees_the_row_the_grid_before_appends(fused):
         s.synchronize()
         err = rel_err(out.to_numpy(), F.reference(q, kc, vc, L))
         assert err <= 1e-4, (step, L, err)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_90"])
+def test_per_sm_caps_split_blocks_by_shared_memory(target):
+    """per_sm=n: the split launch asks for dynamic shared memory at which n
+    blocks (with their static partials and 1 KB reserved) fit on an SM and
+    n + 1 do not; resident_blocks and so choose_splits count with it."""
+    from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
+    per = TARGETS[target].shared_per_sm
+    base = F.FlashDecodeSpec(target=target)
+    assert base.dynamic_shared == base.ring_bytes == 0
+    for n in (1, 2, 3):
+        s = attrs.evolve(base, per_sm=n)
+        blk = s.dynamic_shared + s.shared_bytes + CTA_RESERVED_SHARED
+        assert per // blk == n and s.dynamic_shared % 16 == 0
+        assert F.resident_blocks(s) <= n
+        assert F.build(s).to_ptx() == F.build(base).to_ptx()
+    with pytest.raises(ValueError, match="per_sm"):
+        attrs.evolve(base, per_sm=33)
+    with pytest.raises(ValueError, match="do not fit"):
+        F.FlashDecodeSpec(target=target, stages=4, unroll=8, per_sm=8)

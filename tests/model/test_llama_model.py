@@ -79,6 +79,30 @@ def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny):
         _check_logits(m, tiny, prompt, res, logits)
 
 
+def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
+    """Each ring GEMV of the graph asks for the shared memory that holds at
+    most ceil(grid / SMs) of its CTAs on an SM (where its ring alone would
+    allow more), and the attention split takes the model's flash knobs."""
+    from ptxgen.driver.llama import MODEL_FLASH_KNOBS
+    from ptxgen.kernels import gemv as G
+    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=60)
+    rings = [L for op in m.graph.ops for L in op.launches
+             if L.family == "gemv" and L.spec.stages]
+    assert rings
+    capped = 0
+    for L in rings:
+        want = -(-L.grid[0] // 60)
+        if L.spec.per_sm:
+            capped += 1
+            assert L.spec.per_sm == want and L.shared == L.spec.dynamic_shared > L.spec.ring_bytes
+        else:
+            assert L.shared == L.spec.ring_bytes
+    assert capped
+    split = next(L for op in m.graph.ops for L in op.launches if L.kernel.endswith("_split"))
+    assert all(getattr(split.spec, k) == v for k, v in MODEL_FLASH_KNOBS.items())
+    assert split.shared == split.spec.dynamic_shared > 0
+
+
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     """fuse_norm folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
     output's stays a launch; the fused kernels' numerics are checked in
