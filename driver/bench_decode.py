@@ -35,6 +35,8 @@ FD_VARIANTS = {
     "w4u2pb3": dict(unroll=2, blocks_per_sm=3),
     "no_pdl": dict(pdl=False),
     "early_kv": dict(early_kv=True),
+    "w8": dict(warps=8),
+    "w8_early_kv": dict(warps=8, early_kv=True),
 }
 
 
