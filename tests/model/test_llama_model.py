@@ -259,3 +259,19 @@ def test_gpu_persistent_ffn_replay_equals_eager_and_reference(tiny):
     for a, b in zip(l1, l2):
         assert a.tobytes() == b.tobytes()
     _check_logits(m, tiny, prompt, r2, l2)
+
+
+def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path):
+    """16 query heads of 128 per KV head: 8 warps' partials would overflow
+    the split's 48 KB of static shared memory, so the kernel's own knobs are
+    used (and knobs a caller gives are kept)."""
+    from ptxgen.driver.llama import MODEL_FLASH_KNOBS
+    path = str(tmp_path / "g16.gguf")
+    write_synthetic_llama(path, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
+    for knobs in (None, {"unroll": 2}):
+        m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False,
+                                 flash_knobs=knobs)
+        split = next(L.spec for op in m.graph.ops for L in op.launches
+                     if L.kernel.endswith("_split"))
+        assert split.group == 16 and split.warps != MODEL_FLASH_KNOBS["warps"]
+        assert split.per_sm == 0 and split.unroll == (knobs or {}).get("unroll", 3)
