@@ -66,7 +66,8 @@ _Q4K_STREAM_M = 32768
 #: 6144x4096 8.16 -> 7.94, 14336x4096 15.9 -> 12.9, 128256x4096 110.7 -> 99.0,
 #: 4096x14336 17.4 -> 14.4, gate/up SwiGLU 14336x4096 32.4 -> 23.2;
 #: the four-GEMV layer chain 65.0 -> 52.9 us.  ``max_ctas`` fills the 132 SMs of
-#: an H100 (3 CTAs per SM of 128 threads for "mid", 1 of 448 threads at K=14336).
+#: an H100 (3 CTAs per SM of 128 threads for "mid", 2 of 448 threads at K=14336,
+#: 1 where two would leave fewer than 72 registers a thread: "wider_k").
 #: ``ahead=1`` where a CTA's whole share of rows would otherwise go out
 #: before the PDL wait (at most ``stages - 1`` row groups): one group before
 #: it, the others after x (decode step 2.368 -> 2.270 ms at context 128;
@@ -75,7 +76,8 @@ _Q4K_STREAM_M = 32768
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "mid": dict(rows=8, stages=4, max_ctas=396),
                "large": dict(rows=16, stages=3, max_ctas=264),
-               "wide_k": dict(rows=8, stages=2, max_ctas=132),
+               "wide_k": dict(rows=4, stages=2, max_ctas=264, min_ctas=2),
+               "wider_k": dict(rows=8, stages=2, max_ctas=132),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
 
 
@@ -84,7 +86,12 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
     if epilogue == "swiglu":
         knobs = dict(_Q4K_STREAM["swiglu"]) if k <= 8192 else None
     elif k > 4096:
-        knobs = dict(_Q4K_STREAM["wide_k"])
+        # two CTAs per SM while `.minnctapersm 2` leaves each thread 72
+        # registers (the ring needs 72 at K = 14336; the driver's JIT took 121
+        # without the hint, one CTA of 448 threads per SM): decode step 2.193 ->
+        # 2.178 ms at context 128 (docs/gemv.md, eleventh pass)
+        wide = 2 * (k // 32) * 72 <= 65536
+        knobs = dict(_Q4K_STREAM["wide_k" if wide else "wider_k"])
     elif m is not None and m <= _Q4K_SMALL_M:
         knobs = dict(_Q4K_STREAM["small"])
     elif m is not None and m >= _Q4K_STREAM_M:
@@ -150,9 +157,9 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     if ring is not None:
         # weights through a cp.async ring, dp4a against int8 planes of x:
         # faster at every shape measured, alone and in the layer's chain
-        knobs.update(ring)
         knobs.pop("min_ctas", None)
         knobs.pop("slices", None)
+        knobs.update(ring)
     if (qtype in _STAGED_STREAM and k <= 4096 and k % _STAGED_STREAM[qtype][0] == 0
             and _stream_allowed(overrides)):
         # the ring beat tile-by-tile staging at every M measured with K=4096

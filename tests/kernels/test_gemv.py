@@ -200,7 +200,9 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert knobs(spec(4096)) == knobs(spec(14336, "residual")) == (4, 8, 396, "dp4a")
     assert knobs(spec(128256)) == (3, 16, 264, "dp4a")
     assert knobs(spec(14336, "swiglu")) == (2, 4, 528, "dp4a")
-    assert knobs(spec(4096, "residual", k=14336)) == (2, 8, 132, "dp4a")
+    # K = 14336: two CTAs of 448 threads per SM, held to 72 registers by the hint
+    assert knobs(spec(4096, "residual", k=14336)) == (2, 4, 264, "dp4a")
+    assert spec(4096, "residual", k=14336).min_ctas == 2 and spec(4096, k=28672).min_ctas == 0
     # 2 stages x 8 rows of 16128-byte rows exceed shared memory: fewer rows
     assert knobs(spec(4096, k=28672)) == (2, 4, 132, "dp4a")
     # a fused RMSNorm streams as well
