@@ -50,10 +50,12 @@ FAMILIES = {
 
 
 #: attention knobs of the decode step (H100, docs/results.md): 8 warps per split
-#: block and at most 2 blocks per SM, so that the split's blocks, placed while
-#: the QKV GEMV drains, spread over the SMs (2.262 -> 2.227 ms per token at
-#: context 128, level at 4096; 4 warps / 2 per SM: 2.233 / +0.01 ms; 1 per SM:
-#: 2.197 at 128 but +0.06 ms at 4096)
+#: block, at most 2 blocks per SM.  The driver's JIT gives the 8-warp split 167
+#: registers, so one block fits an SM and choose_splits deals 16 splits per KV
+#: head (128 blocks); placed while the QKV GEMV drains, they no longer pile 4 to
+#: an SM (2.262 -> 2.227 ms per token at context 128, level at 4096; 4 warps at
+#: most 2 per SM: 2.233 / +0.01 ms; 4 warps at most 1 per SM: 2.197 at 128 but
+#: +0.06 ms at 4096)
 MODEL_FLASH_KNOBS = {"warps": 8, "per_sm": 2}
 
 
