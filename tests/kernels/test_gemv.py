@@ -427,3 +427,67 @@ def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype):
     for got, want in zip((kc, vc), ref_caches):
         assert rel_err(got[:, pos], want[:, pos]) <= 1e-3
         assert np.array_equal(np.delete(got, pos, axis=1), np.delete(want, pos, axis=1))
+
+
+# ------------------------------------------------------- dynamic row groups
+
+DYN_CASES = [
+    ("Q4_K", 512, "none", {"rows": 2, "stages": 3, "dot": "dp4a"}),
+    ("Q4_K", 512, "residual", {"rows": 4, "stages": 2, "ahead": 0}),
+    ("Q4_K", 256, "swiglu", {"rows": 1, "stages": 4, "ahead": 1, "norm": True}),
+    ("Q4_K", 512, "rope", {"rows": 2, "stages": 3, "rope": (32, 3, 1)}),
+    ("Q8_0", 256, "residual", {"rows": 2, "stages": 3, "tile": 256}),
+]
+
+
+@pytest.mark.parametrize("qtype,k,epi,knobs", DYN_CASES)
+def test_gemv_dynamic_row_groups(run, qtype, k, epi, knobs):
+    """dynamic=True: the same bits as the fixed schedule (a row's sum does
+    not depend on which CTA computes it) at an M that is not a multiple of
+    the rows, with more groups than CTAs and with more CTAs than groups; the
+    counters are back at zero after each launch, so a second launch (as a
+    replayed graph's) is right too."""
+    rng = np.random.default_rng()
+    rope = knobs.get("rope")
+    m = G.GemvSpec(qtype, k, epi, **knobs).rope_rows if rope else 37
+    for max_ctas in (3, 64):
+        fixed = G.GemvSpec(qtype, k, epi, max_ctas=max_ctas, **knobs)
+        dyn = attrs.evolve(fixed, dynamic=True)
+        assert "_dyn" in dyn.kernel_name and G.launch_geometry(dyn, m)[0][0] == min(
+            -(-m // fixed.rows), max_ctas)
+        ws, x, r = _data(rng, qtype, m, k, fixed.n_mats)
+        norm = _norm_data(rng, k) if fixed.norm else None
+        outs = []
+        for spec in (fixed, dyn, dyn):
+            fn = run.function(G.build, spec)
+            grid, block, shared, rpc = G.launch_geometry(spec, m)
+            args = [run.array(w) for w in ws] + [run.array(x)]
+            if spec.norm:
+                args += [run.array(norm[0]), norm[1]]
+            if epi == "residual":
+                args.append(run.array(r))
+            if epi == "rope":
+                from ptxgen.kernels import rope as RP
+                rs = RP.RopeSpec(head_dim=rope[0], layout="interleaved")
+                caches = [run.array(np.zeros((rope[2], 4, rope[0]), np.float16))
+                          for _ in range(2)]
+                args += [run.array(RP.freq_table(rs)), run.array(np.array([2], np.int32)),
+                         *caches, 4]
+            y = run.poisoned(m)
+            extra = []
+            if spec.dynamic:
+                if not outs[1:]:
+                    counter = run.array(np.zeros(2, np.uint32))
+                extra = [counter]
+            run.launch(fn, grid, block, *args, y, m, rpc, *extra, shared=shared)
+            outs.append(run.get(y))
+            if spec.dynamic:
+                assert np.array_equal(run.get(counter), np.zeros(2, np.uint32))
+        assert np.all(np.isfinite(outs[0]))
+        for o in outs[1:]:
+            assert np.array_equal(o.view(np.uint32), outs[0].view(np.uint32))
+
+
+def test_dynamic_needs_a_ring():
+    with pytest.raises(ValueError, match="dynamic=True"):
+        G.GemvSpec("Q4_K", 512, dynamic=True)
