@@ -13,7 +13,6 @@ any other type is refused by name.
 from __future__ import annotations
 
 import attrs
-import numpy as np
 
 from ptxgen.kernels import gemv
 
@@ -80,23 +79,14 @@ def _norm_args(norm):
     return () if norm is None else (norm[0], float(norm[1]))
 
 
-def _counter(g, name, spec):
-    """``(counter,)`` for a ``dynamic`` spec: the op's own two u32 (zero at
-    upload; every launch leaves them at zero), else ``()``."""
-    if not spec.dynamic:
-        return ()
-    return (g.buffer(name + ".counter", (2,), np.uint32, "state", np.zeros(2, np.uint32)),)
-
-
 def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
     spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    cnt = _counter(g, name, spec)
     args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
-            + (y, m, rpc) + cnt)
+            + (y, m, rpc))
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
-        [residual] if residual is not None else []) + list(cnt)
-    return g.add("MulMat", name, ins, [y] + list(cnt),
+        [residual] if residual is not None else [])
+    return g.add("MulMat", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
 
 
@@ -106,11 +96,10 @@ def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80"):
                          "must have one type and shape to fuse")
     spec, m = _spec(tg, "swiglu", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    cnt = _counter(g, name, spec)
-    ins = [wg, wu, x] + ([norm[0]] if norm is not None else []) + list(cnt)
-    return g.add("MulMatSwiGLU", name, ins, [y] + list(cnt),
+    ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
+    return g.add("MulMatSwiGLU", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block,
-                         (wg, wu, x) + _norm_args(norm) + (y, m, rpc) + cnt, shared)])
+                         (wg, wu, x) + _norm_args(norm) + (y, m, rpc), shared)])
 
 
 def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_cache,
@@ -125,9 +114,8 @@ def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_c
         raise ValueError(f"{name}: {t.name} has {m} rows; {rope_heads[1]} query and "
                          f"{rope_heads[2]} KV heads of {rope_heads[0]} need {spec.rope_rows}")
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    cnt = _counter(g, name, spec)
     args = ((w, x) + _norm_args(norm) + (freqs, pos_ptr, k_cache, v_cache, capacity)
-            + (qkv, m, rpc) + cnt)
-    ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state] + list(cnt)
-    return g.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache] + list(cnt),
+            + (qkv, m, rpc))
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state]
+    return g.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])

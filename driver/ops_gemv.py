@@ -85,19 +85,11 @@ def _vec(a, n, what):
     return d
 
 
-@functools.lru_cache(maxsize=None)
-def _counter(spec):
-    """The row-group counters of a ``dynamic`` spec (each launch leaves them
-    at zero; launches of one spec on concurrent streams would share them)."""
-    return DeviceArray.from_numpy(np.zeros(2, np.uint32))
-
-
 def _run(spec, m, ptrs, out, stream):
     y = DeviceArray.empty((m,), np.float32) if out is None else _vec(out, m, "out")
     grid, block, shared, rpc = _g.launch_geometry(spec, m)
-    extra = (_counter(spec),) if spec.dynamic else ()
     launch(_function(spec), grid, block, *ptrs[:-1], *([ptrs[-1]] if ptrs[-1] is not None else []),
-           y, m, rpc, *extra, shared=shared, stream=stream, pdl=spec.pdl)
+           y, m, rpc, shared=shared, stream=stream, pdl=spec.pdl)
     return y
 
 

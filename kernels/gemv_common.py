@@ -172,13 +172,6 @@ class GemvSpec:
         thread holds its x.  0 (default): all ``S - 1``.  Fewer lets thread
         0 reach the wait, and x be requested, before the memory system is
         full of this CTA's weight copies.
-    dynamic : bool
-        Ring: row groups dealt out at run time.  Each CTA takes ``S - 1``
-        groups by a fixed rule for its prologue and claims the rest one at a
-        time from a counter (an extra last kernel argument ``counter``: two
-        u32 that are 0 before the first launch and 0 again after every
-        launch), so the CTAs finish about together however the SMs stream.
-        ``launch_geometry`` then gives ``min(groups, max_ctas)`` CTAs.
     per_sm : int
         Ring: at most this many CTAs resident on one SM (0: as many as
         registers and the ring allow).  The launch asks for enough dynamic
@@ -211,7 +204,6 @@ class GemvSpec:
     ahead: int = attrs.field(default=0)
     per_sm: int = attrs.field(default=0)
     rope: tuple = attrs.field(default=(), converter=tuple)
-    dynamic: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -259,11 +251,6 @@ class GemvSpec:
         if self.rows % 2:
             raise ValueError(f"epilogue='rope' rotates row pairs within a row group: rows "
                              f"must be even, got {self.rows}")
-
-    @dynamic.validator
-    def _check_dynamic(self, attr, v):
-        if v and not self.stages:
-            raise ValueError("dynamic=True deals a ring's row groups out: it needs stages >= 2")
 
     @per_sm.validator
     def _check_per_sm(self, attr, v):
@@ -354,7 +341,7 @@ class GemvSpec:
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
-        dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_dyn" if self.dynamic else "")
+        dp = "_dp4a" if self.dot == "dp4a" else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 
@@ -384,9 +371,6 @@ def launch_geometry(spec: GemvSpec, m: int):
     """
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
-    if spec.dynamic:
-        grid = min(math.ceil(m / spec.rows), spec.max_ctas)
-        return (grid, 1, 1), (threads(spec), 1, 1), spec.dynamic_shared, spec.rows
     unit = spec.rows * spec.slices
     rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)

@@ -97,19 +97,14 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
         ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
-        counter = k.param_ptr("counter", u32, align=8) if spec.dynamic else None
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
         ring = k.dynamic_shared("ring", u8, align=16)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
-        if spec.dynamic:
-            sched = _Dynamic(k, spec, counter, mrows, tid)
-            row0, row_end = None, mrows
-        else:
-            row0 = k.ctaid.x * rpc
-            row_end = k.min(mrows, row0 + rpc)
+        row0 = k.ctaid.x * rpc
+        row_end = k.min(mrows, row0 + rpc)
         # the last 16-byte chunk of each matrix: copies past it are clamped
         last_chunk = k.mul_wide(mrows, rb) - 16
         my_chunk = k.mul_wide(tid, 16)              # u64 byte offset of chunk t
@@ -128,14 +123,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # prologue: the first S - 1 groups in flight, ``ahead`` of them (all
         # by default) before anything else, the others once x is loaded
         pre = spec.ahead or S - 1
-
-        def group_row(s_):
-            """First row of the CTA's ``s_``-th row group (of the prologue)."""
-            return sched.static_row(s_) if spec.dynamic else row0 + s_ * R
         for s_ in range(pre):
-            issue(group_row(s_), k.mov(s_ * stage_bytes, u32))
-        if spec.dynamic:
-            sched.prime()
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
         pdl_wait(k, spec)
         for pc in pcs:
             _piece_x(k, x, pc, norm[0] if norm else None)
@@ -152,22 +141,15 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
-            issue(group_row(s_), k.mov(s_ * stage_bytes, u32))
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
         rd = k.var(u32, 0)                         # byte offset of group g's stage
         ring_bytes = S * stage_bytes
-        if spec.dynamic:
-            sched.publish_first()
-            loop = sched.loop()
-        else:
-            loop = k.for_range(row0, row_end, R)
-        with loop as rg:
-            if spec.dynamic:
-                rg = sched.rows[0]
+        with k.for_range(row0, row_end, R) as rg:
             k.cp_async_wait(S - 2)
             k.bar_sync(0)
             # group g + S - 1 goes to the stage group g - 1 used
             wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
-            issue(sched.next_row() if spec.dynamic else rg + (S - 1) * R, wr)
+            issue(rg + (S - 1) * R, wr)
             acc = [[None] * R for _ in range(nm)]
             if not q4k:
                 base = ring_base + rd
@@ -190,109 +172,4 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                           trailing_barrier=False)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
-            if spec.dynamic:
-                sched.advance()
-        if spec.dynamic:
-            sched.finish()
     return m
-
-
-class _Dynamic:
-    """Row groups dealt out at run time (``GemvSpec.dynamic``).
-
-    The ``G = ceil(M / rows)`` row groups of the launch: CTA ``b`` of ``n``
-    takes groups ``b, b + n, ...`` for its first ``S - 1`` (the prologue,
-    issued before anything is known about the others), and then claims the
-    rest one at a time from ``counter[0]`` (``atom.add``), in claim order, so
-    CTAs that stream faster take more and all finish about together.  Thread
-    0 claims a group two loop iterations before the group is issued (so the
-    atom's latency overlaps an iteration) and one iteration ahead leaves
-    it in a two-slot shared array (by iteration parity), which the loop's
-    barrier publishes; every thread keeps the ``S - 1`` groups in flight in
-    registers.  A group past ``G`` means "none": once one is, all later ones
-    are, and the loop ends at the first.  The last CTA to finish (``atom.add``
-    on ``counter[1]``, acquire-release) sets both counters back to 0, so the
-    next launch (a replayed graph's included) starts from zero.  Which CTA
-    computes a row changes nothing in its sum: results are bit-identical to
-    the static schedule's.
-    """
-
-    NONE = 0xFFFFFFFF
-
-    def __init__(self, k, spec, counter, mrows, tid):
-        self.k, self.spec, self.counter, self.tid = k, spec, counter, tid
-        R, S = spec.rows, spec.stages
-        self.groups = k.div(mrows + (R - 1), R)
-        self.nctas = k.nctaid.x
-        self.slots = k.shared_array("dyn_claims", u32, 2, align=8)
-        self.it = k.var(u32, 0)
-        # thread 0's claim for the iteration after next: its atom's latency
-        # overlaps a whole iteration before the value is stored
-        self.pending = k.var(u32, 0)
-        self.base = self.nctas * (spec.stages - 1)
-        # the groups in flight (first rows; NONE past the last group)
-        self.rows = [k.var(u32, self.NONE) for _ in range(S - 1)]
-
-    def _row_of(self, g):
-        k = self.k
-        return k.select(g < self.groups, g * self.spec.rows, k.mov(self.NONE, u32))
-
-    def static_row(self, s_):
-        """First row of the CTA's ``s_``-th prologue group (also kept)."""
-        k = self.k
-        row = self._row_of(k.ctaid.x + self.nctas * s_)
-        self.rows[s_].set(row)
-        return row
-
-    def _claim(self):
-        """Thread 0: the next group (the dynamic ones come after the ``(S -
-        1) * n`` static ones)."""
-        return self.k.atom("add", self.counter[0], 1) + self.base
-
-    def prime(self):
-        """Thread 0 claims the groups of the first two loop iterations (before
-        the PDL wait: the counter is this launch's own)."""
-        k = self.k
-        self.first = k.var(u32, 0)
-        with k.if_(self.tid.eq(0)):
-            self.first.set(self._claim())
-            self.pending.set(self._claim())
-
-    def publish_first(self):
-        """Thread 0 leaves the first claim in slot 0 (just before the loop,
-        whose barrier publishes it)."""
-        k = self.k
-        with k.if_(self.tid.eq(0)):
-            k.st(self.slots[0], self.first)
-
-    def loop(self):
-        return self.k.while_(lambda: self.rows[0].ne(self.NONE))
-
-    def next_row(self):
-        """After the loop's barrier: the group claimed last iteration (every
-        thread reads it), and thread 0 claims the next into the other slot."""
-        k = self.k
-        par = self.it & 1
-        g = k.ld(self.slots[par])
-        self.new = self._row_of(g)
-        with k.if_(self.tid.eq(0)):
-            k.st(self.slots[par ^ 1], self.pending)
-            self.pending.set(self._claim())
-        return self.new
-
-    def advance(self):
-        rows = self.rows
-        for a, b in zip(rows, rows[1:]):
-            a.set(b)
-        rows[-1].set(self.new)
-        self.it += 1
-
-    def finish(self):
-        k = self.k
-        k.cp_async_wait(0)
-        with k.if_(self.tid.eq(0)):
-            done = k.atom("add", self.counter[1], 1, sem="acq_rel", scope="gpu")
-            with k.if_((done + 1).eq(self.nctas)):
-                k.st(self.counter[0], 0)
-                k.st(self.counter[1], 0)
-
