@@ -42,6 +42,8 @@ def main():
     q4 = lambda *s: D(quants.quantize(f(*s), "Q4_K"))             # noqa: E731
     # the default ring (part of its prologue after the x loads: ahead=1)
     ops_gemv.gemv(q4(4096 + 40, 4096), D(f(4096)), "Q4_K")
+    # K = 14336: two CTAs of 448 threads per SM (the down projection's ring)
+    ops_gemv.gemv(q4(300, 14336), D(f(14336)), "Q4_K", residual=D(f(300)))
     ops_gemv.gemv_ffn(q4(768, 512), q4(768, 512), q4(512, 768), D(f(512)), D(f(512)),
                       threads=128)
     driver.get_device().synchronize()
