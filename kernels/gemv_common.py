@@ -484,24 +484,12 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     row = row0 + tid
     ok = k.setp("lt", tid, R, combine=("and", row < row_end))
     if spec.epilogue == "rope":
-        _rope_kv_outputs(k, spec, red, slot, warps, tid, row, ok, y, r, norm, ropein)
+        _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, r, norm, ropein)
         if trailing_barrier:
             k.bar_sync(0)
         return
     with k.if_(ok):
-        tot = []
-        for mi in range(nm):
-            t = k.ld(slot(tid + mi * R))
-            for w in range(1, warps):
-                t = t + k.ld(slot(tid + (w * nm * R + mi * R)))
-            tot.append(t)
-        if norm is not None:
-            sq = k.ld(slot(warps * nm * R))
-            for w in range(1, warps):
-                sq = sq + k.ld(slot(warps * nm * R + w))
-            mean = k.div(sq, k.mov(float(spec.k), f32))
-            scale = k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
-            tot = [t * scale for t in tot]
+        tot = _row_totals(k, spec, slot, warps, tid, norm)
         if spec.epilogue == "swiglu":
             out = silu_times(k, tot[0], tot[1])
         elif spec.epilogue == "residual":
@@ -512,6 +500,27 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         k.st(y[row], out)
     if trailing_barrier:
         k.bar_sync(0)
+
+
+def _row_totals(k, spec, slot, warps, tid, norm):
+    """Thread ``tid``'s row sums, one per matrix, added over the warps'
+    partials in ``red`` (through ``slot``) in a fixed order, and scaled by
+    ``1/sqrt.rn(mean(x^2) + eps)`` with a fused RMSNorm."""
+    nm, R = spec.n_mats, spec.rows
+    tot = []
+    for mi in range(nm):
+        t = k.ld(slot(tid + mi * R))
+        for w in range(1, warps):
+            t = t + k.ld(slot(tid + (w * nm * R + mi * R)))
+        tot.append(t)
+    if norm is not None:
+        sq = k.ld(slot(warps * nm * R))
+        for w in range(1, warps):
+            sq = sq + k.ld(slot(warps * nm * R + w))
+        mean = k.div(sq, k.mov(float(spec.k), f32))
+        scale = k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
+        tot = [t * scale for t in tot]
+    return tot
 
 
 def _rope_inputs(k, spec, ra, row, tid):
@@ -527,7 +536,7 @@ def _rope_inputs(k, spec, ra, row, tid):
     return j, hi, lo, pos
 
 
-def _rope_kv_outputs(k, spec, red, slot, warps, tid, row, ok, y, ra, norm, ropein):
+def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
     """The rope epilogue's stores for one row group (warp 0 of the slice).
 
     Thread ``tid < rows`` sums row ``row``; rows come in rotation pairs
@@ -539,30 +548,20 @@ def _rope_kv_outputs(k, spec, red, slot, warps, tid, row, ok, y, ra, norm, ropei
     stored as they are; key and value rows are also written (``cvt.rn`` to
     f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.
     """
-    from .rope import angle_sincos
+    from .rope import angle_sincos, rotate_pair
     d, nq, nkv = spec.rope
     j, hi, lo, pos = ropein
     with k.if_(tid < 32):
         t = k.var(f32, 0.0)
         with k.if_(ok):
-            tot = k.ld(slot(tid))
-            for w in range(1, warps):
-                tot = tot + k.ld(slot(tid + w * spec.rows))
-            if norm is not None:
-                sq = k.ld(slot(warps * spec.rows))
-                for w in range(1, warps):
-                    sq = sq + k.ld(slot(warps * spec.rows + w))
-                mean = k.div(sq, k.mov(float(spec.k), f32))
-                tot = tot * k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
-            t.set(tot)
+            t.set(_row_totals(k, spec, slot, warps, tid, norm)[0])
         other = k.shfl_xor(t, 1)
         with k.if_(ok):
             odd = k.setp("ne", tid & 1, 0)
             a = k.select(odd, other, t)
             b = k.select(odd, t, other)
             s, c = angle_sincos(k, pos.to(f32), hi, lo)
-            a2 = k.fma(a, c, k.mul(-b, s, rnd="rn"))
-            b2 = k.fma(a, s, k.mul(b, c, rnd="rn"))
+            a2, b2 = rotate_pair(k, a, b, s, c)
             rot = k.select(odd, b2, a2)
             qk_rows = (nq + nkv) * d
             out = k.select(k.setp("lt", row, qk_rows), rot, t)
@@ -588,16 +587,13 @@ def rope_reference(y, pos: int, spec: GemvSpec, inv_freq, k_cache=None, v_cache=
     heads rotated in the interleaved layout by ``pos * inv_freq``, v as it
     is) and, when ``0 <= pos < capacity``, writes this token's k and v rows
     into the f16 caches ``[n_kv_heads, capacity, head_dim]`` in place."""
+    from .rope import rotate
     d, nq, nkv = spec.rope
     y = np.array(y, dtype=np.float64)
     if y.shape != (spec.rope_rows,):
         raise ValueError(f"y has shape {y.shape}, the rope epilogue writes {spec.rope_rows} rows")
-    ang = pos * np.asarray(inv_freq, dtype=np.float64)
-    c, s = np.cos(ang), np.sin(ang)
-    qk = y[:(nq + nkv) * d].reshape(nq + nkv, d // 2, 2)
-    a, b = qk[..., 0].copy(), qk[..., 1].copy()
-    qk[..., 0] = a * c - b * s
-    qk[..., 1] = a * s + b * c
+    qk = (nq + nkv) * d
+    y[:qk] = rotate(y[:qk].reshape(nq + nkv, d), pos, inv_freq, "interleaved").reshape(-1)
     if k_cache is not None and 0 <= pos < k_cache.shape[1]:
         k_cache[:, pos, :] = y[nq * d:(nq + nkv) * d].reshape(nkv, d)
         v_cache[:, pos, :] = y[(nq + nkv) * d:].reshape(nkv, d)

@@ -161,6 +161,12 @@ def angle_sincos(k, pos_f, hi, lo):
     return k.sin(r), k.cos(r)
 
 
+def rotate_pair(k, a, b, s, c):
+    """``(a cos - b sin, a sin + b cos)``: the pair ``(a, b)`` rotated (given
+    the angle's ``s``, ``c``); the product pairs are rounded as written."""
+    return k.fma(a, c, k.mul(-b, s, rnd="rn")), k.fma(a, s, k.mul(b, c, rnd="rn"))
+
+
 def build(spec: RopeSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
     ``q, k, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32, n_kv_heads: u32``
@@ -217,8 +223,7 @@ def build(spec: RopeSpec) -> ptxgen.Module:
                     vb = k.ld(v_addr + half * f32.bytes, nc=True, guard=ok)
                 else:
                     va, vb = k.ld(v_addr, vec=2, nc=True, guard=ok)
-            a2 = k.fma(a, c, k.mul(-b, s, rnd="rn"))
-            b2 = k.fma(a, s, k.mul(b, c, rnd="rn"))
+            a2, b2 = rotate_pair(k, a, b, s, c)
             if spec.layout == "neox":
                 k.st(a_addr, a2)
                 k.st(b_addr, b2)
@@ -249,12 +254,18 @@ def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int):
 
 def reference(x, pos: int, spec: RopeSpec) -> np.ndarray:
     """float64 RoPE of ``x[..., head_dim]`` at position ``pos``."""
+    return rotate(x, pos, inv_freq(spec), spec.layout)
+
+
+def rotate(x, pos: int, freqs, layout: str) -> np.ndarray:
+    """float64 RoPE of ``x[..., head_dim]`` at ``pos`` with inverse frequencies
+    ``freqs[head_dim / 2]``, in the ``"neox"`` or ``"interleaved"`` layout."""
     x = np.asarray(x, dtype=np.float64)
-    ang = pos * inv_freq(spec)
+    ang = pos * np.asarray(freqs, dtype=np.float64)
     c, s = np.cos(ang), np.sin(ang)
     out = x.copy()
-    if spec.layout == "neox":
-        h = spec.head_dim // 2
+    if layout == "neox":
+        h = x.shape[-1] // 2
         a, b = x[..., :h], x[..., h:]
         out[..., :h] = a * c - b * s
         out[..., h:] = a * s + b * c
