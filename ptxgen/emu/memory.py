@@ -41,10 +41,12 @@ class Memory:
         self._next = GLOBAL_BASE
         self._allocs = {}          # base -> (nbytes, uint8 buffer)
         self._table = None         # (bases, ends, bufs) sorted, rebuilt lazily
+        self._freed = []           # bases freed while the lock was taken
 
     def alloc(self, nbytes: int) -> int:
         padded = (max(nbytes, 1) + 15) // 16 * 16
         with self._lock:
+            self._drain()
             base = self._next
             self._next = (base + padded + _ALIGN + _ALIGN - 1) // _ALIGN * _ALIGN
             self._allocs[base] = (nbytes, np.zeros(padded, np.uint8))
@@ -52,19 +54,36 @@ class Memory:
         return base
 
     def free(self, base: int) -> None:
-        with self._lock:
-            self._allocs.pop(base, None)
-            self._table = None
+        """Release the allocation at ``base``.  Never waits for the lock: a
+        ``DeviceArray``'s finalizer calls this, and the garbage collector can
+        run it inside :meth:`alloc` or :meth:`table` (any allocation there may
+        collect), on the thread that already holds the lock; the base is then
+        queued and dropped by the next locked section."""
+        self._freed.append(base)
+        self._table = None
+        if self._lock.acquire(blocking=False):
+            try:
+                self._drain()
+            finally:
+                self._lock.release()
+
+    def _drain(self) -> None:
+        """Drop the queued frees (the lock is held)."""
+        while self._freed:
+            self._allocs.pop(self._freed.pop(), None)
 
     def table(self):
         t = self._table
         if t is None:
             with self._lock:
+                self._drain()
                 keys = sorted(self._allocs)
                 bases = np.array(keys, dtype=np.uint64)
                 ends = np.array([k + self._allocs[k][0] for k in keys], dtype=np.uint64)
                 bufs = [self._allocs[k][1] for k in keys]
-                t = self._table = (bases, ends, bufs)
+                t = (bases, ends, bufs)
+                if not self._freed:        # nothing was freed while it was built
+                    self._table = t
         return t
 
     def buffer(self, base: int, nbytes: int) -> np.ndarray:

@@ -121,3 +121,27 @@ def test_wide_shared_access_with_odd_total_shared_size():
     o = emu.DeviceArray.from_numpy(np.full(2, 99, np.uint64))
     emu.launch(emu.Module.from_ptx(m.to_ptx()).function("k"), 1, 2, o)
     assert o.to_numpy().tolist() == [7, 8]
+
+
+def test_free_from_a_finalizer_inside_a_locked_section_does_not_deadlock():
+    """A DeviceArray's finalizer frees its allocation; the garbage collector
+    can run it during an allocation inside Memory's own locked sections, on
+    the thread holding the lock (this hung the test suite). The free is then
+    queued and takes effect at the next locked section."""
+    import threading
+    from ptxgen.emu.memory import Memory
+    mem = Memory()
+    a, b = mem.alloc(64), mem.alloc(64)
+    mem.table()
+
+    def free_while_locked():
+        with mem._lock:               # as when the GC runs inside table() / alloc()
+            mem.free(a)
+    t = threading.Thread(target=free_while_locked, daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "free() waited for a lock its own thread holds"
+    bases = [int(x) for x in mem.table()[0]]
+    assert a not in bases and b in bases
+    mem.free(b)
+    assert len(mem.table()[0]) == 0
