@@ -446,11 +446,9 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     epilogue and stores it if the row is below ``row_end``.  A second
     barrier lets ``red`` be reused.
 
-    ``norm = (sq, eps)`` (fused RMSNorm): ``sq`` is the warp's sum of x
-    squares (every lane holds it); lane 0 writes it beside the partials and
-    the storing threads scale the row sums by ``1/sqrt.rn(sum/K + eps)``
-    (fixed summation order, so every CTA and group gets the same bits).  It
-    rides on this reduction's barrier instead of needing one of its own.
+    ``norm`` (fused RMSNorm): the CTA's ``1/sqrt(mean(x^2) + eps)`` from
+    :func:`norm_scale`, a register; the storing threads multiply the row
+    sums by it.
 
     ``slice_`` (a register, with ``spec.slices > 1``): ``tid`` is the thread's
     index in its slice and the slice uses its own part of ``red``; the
@@ -478,8 +476,6 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         for mi in range(nm):
             for i in range(R):
                 k.st(slot(base + (mi * R + i)), sums[mi][i])
-        if norm is not None:
-            k.st(slot(warps * nm * R + warp), norm[0])
     k.bar_sync(0)
     row = row0 + tid
     ok = k.setp("lt", tid, R, combine=("and", row < row_end))
@@ -504,8 +500,8 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
 
 def _row_totals(k, spec, slot, warps, tid, norm):
     """Thread ``tid``'s row sums, one per matrix, added over the warps'
-    partials in ``red`` (through ``slot``) in a fixed order, and scaled by
-    ``1/sqrt.rn(mean(x^2) + eps)`` with a fused RMSNorm."""
+    partials in ``red`` (through ``slot``) in a fixed order, and multiplied
+    by ``norm`` (the fused RMSNorm's scale from :func:`norm_scale`) if given."""
     nm, R = spec.n_mats, spec.rows
     tot = []
     for mi in range(nm):
@@ -514,13 +510,36 @@ def _row_totals(k, spec, slot, warps, tid, norm):
             t = t + k.ld(slot(tid + (w * nm * R + mi * R)))
         tot.append(t)
     if norm is not None:
-        sq = k.ld(slot(warps * nm * R))
-        for w in range(1, warps):
-            sq = sq + k.ld(slot(warps * nm * R + w))
-        mean = k.div(sq, k.mov(float(spec.k), f32))
-        scale = k.div(k.mov(1.0, f32), k.sqrt(mean + norm[1]))
-        tot = [t * scale for t in tot]
+        tot = [t * norm for t in tot]
     return tot
+
+
+def norm_scale(k, spec, red, warps, norm, tid, slice_=None):
+    """The fused RMSNorm's ``1/sqrt.rn(sum(x^2)/K + eps)``, computed once per
+    CTA (per slice) before the row loop, or None without ``norm``.
+
+    ``norm = (sq, eps)``: ``sq`` is the warp's sum of x squares (every lane
+    holds it).  Lane 0 of each warp stores it in the norm slots of ``red``
+    (after the partials :func:`write_outputs` uses, so the loop never
+    overwrites them); after one barrier every thread adds the warps' sums in
+    a fixed order, so every CTA gets the same bits.  (Computing it inside
+    every row group's reduction put two ``div.rn`` and a ``sqrt.rn`` on the
+    storing threads' path once per group.)"""
+    if norm is None:
+        return None
+    nm, R = spec.n_mats, spec.rows
+    sq, eps = norm
+    base = warps * nm * R
+    if slice_ is not None:
+        base = slice_ * (warps * (nm * R + 1)) + base
+    with k.if_((tid & 31).eq(0)):
+        k.st(red[base + (tid >> 5)], sq)
+    k.bar_sync(0)
+    tot = k.ld(red[base])
+    for w in range(1, warps):
+        tot = tot + k.ld(red[base + w])
+    mean = k.div(tot, k.mov(float(spec.k), f32))
+    return k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
 
 
 def _rope_inputs(k, spec, ra, row, tid):

@@ -44,8 +44,8 @@ from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
-from .gemv_q4k import (_norm_sum, _piece_dot, _piece_offsets, _piece_planes, _piece_x,
-                       q4k_layout)
+from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
+                       _piece_x, q4k_layout)
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue, pdl_wait
 
@@ -125,6 +125,10 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         pre = spec.ahead or S - 1
         for s_ in range(pre):
             issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
+        if norm:
+            # the fused RMSNorm's weights are constants too
+            for pc in pcs:
+                _piece_nw(k, norm[0], pc)
         pdl_wait(k, spec)
         for pc in pcs:
             _piece_x(k, x, pc, norm[0] if norm else None)
@@ -135,7 +139,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
         # fused RMSNorm: the pieces hold x * nw; the warp's sum of x^2 goes
         # to write_outputs, which scales every row by 1/sqrt(mean + eps)
-        nsum = _norm_sum(k, pcs, norm)
+        nsum = _norm_sum(k, spec, pcs, norm, red, warps, tid)
         if not q4k:
             active = tid < lay["pieces"]
             spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
