@@ -330,6 +330,84 @@ def test_ptxas_no_spills(ptxas, target, name):
     assert len(reports) == 1 and reports[0].spill_stores <= 8, reports
 
 
+# ------------------------------------------------- residual + RMSNorm epilogue
+
+NORM_OUT_CASES = [
+    ("Q4_K", 512, 36, {"rows": 4, "stages": 2, "dot": "dp4a", "max_ctas": 4}),
+    ("Q4_K", 256, 60, {"rows": 2, "stages": 3, "dot": "dp4a", "ahead": 1, "max_ctas": 7}),
+    ("Q4_K", 512, 8, {"rows": 8, "stages": 2, "max_ctas": 1}),
+    ("Q6_K", 2048, 44, {"rows": 2, "stages": 2, "tile": 2048, "max_ctas": 5}),
+    ("Q8_0", 256, 52, {"rows": 4, "stages": 3, "tile": 256, "max_ctas": 6}),
+]
+
+
+def _run_norm_out(run, spec, w, x, r, nw, eps, counter):
+    m = w.shape[0]
+    fn = run.function(G.build, spec)
+    grid, block, shared, rpc = G.launch_geometry(spec, m)
+    y = run.poisoned(m)
+    xn = run.poisoned(m)
+    run.launch(fn, grid, block, run.array(w), run.array(x), run.array(r), run.array(nw), eps,
+               xn, counter, y, m, rpc, shared=shared)
+    return run.get(y), run.get(xn)
+
+
+@pytest.mark.parametrize("qtype,k,m,knobs", NORM_OUT_CASES)
+def test_gemv_norm_out(run, qtype, k, m, knobs):
+    """``norm_out``: y = W x + r as the residual epilogue, and the grid's last
+    CTA writes xn = y / sqrt(mean(y^2) + eps) * nw; both within BOUND of
+    float64.  Two launches on one counter (a graph replay's case): the
+    counter is back at 0 after each, and the second launch's new inputs give
+    the second reference (a counter left non-zero would make no CTA, or the
+    wrong one, the last)."""
+    rng = np.random.default_rng()
+    spec = G.GemvSpec(qtype, k, epilogue="residual", norm_out=m, **knobs)
+    counter = run.array(np.zeros(1, np.uint32))
+    for _ in range(2):
+        ws, x, r = _data(rng, qtype, m, k, 1)
+        nw, eps = _norm_data(rng, m)
+        ref_y = G.reference(spec, ws[0], x, residual=r)
+        ref_xn = ref_y / np.sqrt(np.mean(ref_y * ref_y) + eps) * nw.astype(np.float64)
+        y, xn = _run_norm_out(run, spec, ws[0], x, r, nw, eps, counter)
+        assert rel_err(y, ref_y) <= BOUND
+        assert rel_err(xn, ref_xn) <= BOUND
+        assert int(run.get(counter)[0]) == 0
+
+
+def test_norm_out_refused_where_not_built():
+    with pytest.raises(ValueError, match="epilogue='residual' through the ring"):
+        G.GemvSpec("Q4_K", 512, epilogue="none", stages=2, norm_out=64)
+    with pytest.raises(ValueError, match="epilogue='residual' through the ring"):
+        G.GemvSpec("Q4_K", 512, epilogue="residual", norm_out=64)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        G.GemvSpec("Q4_K", 512, epilogue="residual", stages=2, norm_out=66)
+    with pytest.raises(ValueError, match="non-negative int"):
+        G.GemvSpec("Q4_K", 512, epilogue="residual", stages=2, norm_out=-4)
+    s = G.default_spec("Q4_K", 4096, "residual", m=4096, norm_out=4096)
+    assert s.norm_out == 4096 and "_rn4096" in s.kernel_name
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [4096, 14336])
+def test_gemv_norm_out_gpu_model_shape(gpu_run, k):
+    """The decode step's attention-output (K = 4096) and down (K = 14336)
+    projections with the default knobs and the RMSNorm epilogue, three
+    launches on one counter."""
+    rng = np.random.default_rng()
+    m = 4096
+    spec = G.default_spec("Q4_K", k, "residual", m=m, norm_out=m)
+    counter = gpu_run.array(np.zeros(1, np.uint32))
+    for _ in range(3):
+        ws, x, r = _data(rng, "Q4_K", m, k, 1)
+        nw, eps = _norm_data(rng, m)
+        ref_y = G.reference(spec, ws[0], x, residual=r)
+        ref_xn = ref_y / np.sqrt(np.mean(ref_y * ref_y) + eps) * nw.astype(np.float64)
+        y, xn = _run_norm_out(gpu_run, spec, ws[0], x, r, nw, eps, counter)
+        assert rel_err(y, ref_y) <= BOUND
+        assert rel_err(xn, ref_xn) <= BOUND
+        assert int(gpu_run.get(counter)[0]) == 0
+
+
 # ---------------------------------------------------------------- rope epilogue
 
 def _rope_case(rng, spec, capacity):
