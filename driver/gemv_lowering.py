@@ -18,8 +18,7 @@ from ptxgen.kernels import gemv
 
 from .executor import Launch
 
-__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "can_norm_out",
-           "FAMILIES"]
+__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "FAMILIES"]
 
 FAMILIES = {"gemv": gemv}
 
@@ -80,43 +79,14 @@ def _norm_args(norm):
     return () if norm is None else (norm[0], float(norm[1]))
 
 
-def can_norm_out(t, target="sm_80") -> bool:
-    """Whether the residual GEMV over ``t`` can also write the RMSNorm of its
-    output (``GemvSpec.norm_out``: its spec goes through the ring)."""
-    try:
-        _spec(t, "residual", target, norm_out=t.shape[0])
-    except ValueError:
-        return False
-    return True
-
-
-def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, norm_out=None,
-            target="sm_80"):
-    """``y = W x`` (``+ residual``) as one GEMV launch; ``norm = (nw, eps)``
-    folds the RMSNorm of ``x`` in front.  ``norm_out = (nw, eps, xn,
-    counter)`` (with ``residual``, where :func:`can_norm_out`): the last CTA
-    also writes ``xn = RMSNorm(y) * nw``; ``counter`` is a zeroed u32 the
-    launch leaves at zero."""
-    epi = "residual" if residual is not None else "none"
-    fields = {}
-    if norm_out is not None:
-        if residual is None:
-            raise ValueError(f"{name}: norm_out needs the residual epilogue")
-        fields["norm_out"] = t.shape[0]
-    spec, m = _spec(t, epi, target, norm is not None, **fields)
+def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
+    spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    post = ()
+    args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
+            + (y, m, rpc))
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
         [residual] if residual is not None else [])
-    outs = [y]
-    if norm_out is not None:
-        nw, eps, xn, counter = norm_out
-        post = (nw, float(eps), xn, counter)
-        ins += [nw, counter]
-        outs += [xn, counter]
-    args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
-            + post + (y, m, rpc))
-    return g.add("MulMat", name, ins, outs,
+    return g.add("MulMat", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
 
 

@@ -103,18 +103,13 @@ class LlamaModel:
     ``fuse_norm``); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
     stacked Q/K/V GEMV's epilogue instead of a launch of their own.
-    ``norm_epilogue`` (default True) lets the residual GEMVs (attention
-    output, down projection) write the RMSNorm that follows them
-    (``GemvSpec.norm_out``: the grid's last CTA normalises the new residual
-    stream) instead of an RMSNorm launch, where their spec allows it and the
-    norm is not folded into the next GEMVs (``fuse_norm``).
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm: bool = False,
                  gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None,
-                 fuse_rope: bool = True, norm_epilogue: bool = True):
+                 fuse_rope: bool = True):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -125,7 +120,6 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = bool(fuse_norm)
         self.fuse_rope = bool(fuse_rope)
-        self.norm_epilogue = bool(norm_epilogue)
         self._user_flash_knobs = dict(flash_knobs or {})
         self.flash_knobs = {**MODEL_FLASH_KNOBS, **self._user_flash_knobs}
         self.fuse_ffn = bool(fuse_ffn)
@@ -218,24 +212,19 @@ class LlamaModel:
         # every launch leaves them at zero (shared by the layers, which run in turn)
         attn_counter = g.buffer("attn_counter", (hp.n_kv_heads,), np.uint32, "state",
                                 np.zeros(hp.n_kv_heads, np.uint32))
-        # arrival counters of the residual GEMVs' RMSNorm epilogue (attention
-        # output, down): zero at upload, and every launch leaves its own at zero
-        norm_counters = g.buffer("norm_counters", (2,), np.uint32, "state",
-                                 np.zeros(2, np.uint32))
         act = g.buffer("ffn_act", (hp.ffn,), np.float32)
         # the persistent FFN kernel's grid counters (zero at upload and after
         # every launch; the layers run in turn)
         ffn_counters = g.buffer("ffn_counters", (3,), np.uint32, "state",
                                 np.zeros(3, np.uint32)) if self.fuse_ffn else None
         self.kv_caches = []
-        normed = False      # h already holds the next RMSNorm (a GEMV's norm_out)
         for i in range(hp.n_layers):
             p = f"blk.{i}."
             kc = g.buffer(p + "k_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
             vc = g.buffer(p + "v_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
             self.kv_caches.append((kc, vc))
             qkv_ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts, done=normed)
+            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
             if not self._qkv(g, p, inp, qkv, (q, k, v), tgt, norm,
                              rope=(freqs, pos_ptr, kc, vc)):
                 grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
@@ -251,25 +240,20 @@ class LlamaModel:
                 attn.append(Launch("flash_decode", fds, fds.combine_name, *comb,
                                    (part_o, part_ml, att, n_splits)))
             g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
+            w, t = self._weight(p + "attn_output.weight")
+            gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
             ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
-            normed = self._residual_gemv(g, p + "attn_output", att, x, h, p + "ffn_norm",
-                                         ffn_ts, norm_counters.at(0), tgt)
-            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts, done=normed)
+            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
             if norm is None and self._ffn_persistent(p):
                 self._ffn(g, p, inp, act, x, ffn_counters, tgt)
-                normed = False
                 continue
             self._gate_up(g, p, inp, act, tgt, norm)
-            nxt = f"blk.{i + 1}." if i + 1 < hp.n_layers else None
-            next_ts = ([self.file.tensor(nxt + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-                       if nxt else [self._output_tensor()])
-            normed = self._residual_gemv(g, p + "ffn_down", act, x, h,
-                                         nxt + "attn_norm" if nxt else "output_norm",
-                                         next_ts, norm_counters.at(4), tgt)
+            w, t = self._weight(p + "ffn_down.weight")
+            gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
         self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
         out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
-        inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t], done=normed)
+        inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
         gemv_lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
@@ -285,33 +269,10 @@ class LlamaModel:
               [Launch("decode_state", ds, ds.kernel_name, grid, block,
                       (self.state, self.prompt, self.history, cap), sh)])
 
-    def _output_tensor(self):
-        name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
-        return self.file.tensor(name)
-
-    def _residual_gemv(self, g, name, a, x, h, norm_name, next_tensors, counter, tgt):
-        """``x += W a`` for the residual GEMV ``name``; where it can (see
-        ``norm_epilogue``) its last CTA also writes the RMSNorm ``norm_name``
-        of the new ``x`` into ``h``.  Returns whether it did."""
-        w, t = self._weight(name + ".weight")
-        fold = (self.norm_epilogue
-                and not (self.fuse_norm and gemv_lowering.can_fuse_norm(*next_tensors))
-                and gemv_lowering.can_norm_out(t, tgt))
-        norm_out = None
-        if fold:
-            nw, _ = self._weight(norm_name + ".weight")
-            norm_out = (nw, self.hp.eps, h, counter)
-        gemv_lowering.mul_mat(g, name, w, t, a, x, residual=x, norm_out=norm_out, target=tgt)
-        return fold
-
-    def _norm_or_fuse(self, g, rs, x, h, name, tensors, done=False):
+    def _norm_or_fuse(self, g, rs, x, h, name, tensors):
         """The input of the GEMVs over ``tensors`` and their ``norm`` argument:
-        ``(h, None)`` when ``done`` (a residual GEMV's epilogue already wrote
-        the RMSNorm ``name`` into ``h``); ``(x, (weight, eps))`` when the
-        RMSNorm fuses into them; else an RmsNorm op writing ``h`` and ``(h,
-        None)``."""
-        if done:
-            return h, None
+        ``(x, (weight, eps))`` when the RMSNorm ``name`` fuses into them, else
+        an RmsNorm op writing ``h`` and ``(h, None)``."""
         if self.fuse_norm and gemv_lowering.can_fuse_norm(*tensors):
             w, _ = self._weight(name + ".weight")
             return x, (w, self.hp.eps)

@@ -204,7 +204,6 @@ class GemvSpec:
     ahead: int = attrs.field(default=0)
     per_sm: int = attrs.field(default=0)
     rope: tuple = attrs.field(default=(), converter=tuple)
-    norm_out: int = attrs.field(default=0)
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -252,19 +251,6 @@ class GemvSpec:
         if self.rows % 2:
             raise ValueError(f"epilogue='rope' rotates row pairs within a row group: rows "
                              f"must be even, got {self.rows}")
-
-    @norm_out.validator
-    def _check_norm_out(self, attr, v):
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise ValueError(f"norm_out must be a non-negative int (y's row count), got {v!r}")
-        if not v:
-            return
-        if self.epilogue != "residual" or not self.stages:
-            raise ValueError("norm_out (the last CTA writes RMSNorm(y)) is built for "
-                             f"epilogue='residual' through the ring (stages >= 2), not "
-                             f"epilogue={self.epilogue!r} stages={self.stages}")
-        if v % 4:
-            raise ValueError(f"norm_out: y's row count must be a multiple of 4, got {v}")
 
     @per_sm.validator
     def _check_per_sm(self, attr, v):
@@ -356,8 +342,6 @@ class GemvSpec:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = "_dp4a" if self.dot == "dp4a" else ""
-        if self.norm_out:
-            epi += f"_rn{self.norm_out}"
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 
@@ -395,17 +379,16 @@ def launch_geometry(spec: GemvSpec, m: int):
 
 def declare_params(k, spec, warps):
     """The GEMV kernel signature, shared by every weight format:
-    ``w, [wu], x, [nw, eps], [r, [onw, oeps, xn, counter] | freqs, pos_ptr,
-    k_cache, v_cache, capacity], y, m, rpc`` (``wu`` with the SwiGLU
-    epilogue, ``nw``/``eps`` with ``norm``, ``r`` with the residual epilogue
-    and ``onw``..``counter`` with ``norm_out`` besides, the RoPE table, the
+    ``w, [wu], x, [nw, eps], [r | freqs, pos_ptr, k_cache, v_cache,
+    capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
+    with ``norm``, ``r`` with the residual epilogue, the RoPE table, the
     device position and the f16 caches with the rope epilogue; the decode
     graph and ops pass arguments in this order), plus the ``red`` shared
     array :func:`write_outputs` reduces in.
 
     Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
-    or None; ``r`` is the residual pointer, :class:`NormOutArgs` with
-    ``norm_out``, the rope epilogue's :class:`RopeArgs`, or None.
+    or None; ``r`` is the residual pointer, the rope epilogue's
+    :class:`RopeArgs`, or None.
     """
     ws = [k.param_ptr("w", u8, align=16)]
     if spec.n_mats == 2:
@@ -415,9 +398,6 @@ def declare_params(k, spec, warps):
     r = None
     if spec.epilogue == "residual":
         r = k.param_ptr("r", f32)
-        if spec.norm_out:
-            r = NormOutArgs(r, k.param_ptr("onw", f32, align=16), k.param("oeps", f32),
-                            k.param_ptr("xn", f32, align=16), k.param_ptr("counter", u32))
     elif spec.epilogue == "rope":
         r = RopeArgs(k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32),
                      k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
@@ -441,19 +421,6 @@ class RopeArgs:
     k_cache: object
     v_cache: object
     capacity: object
-
-
-@attrs.frozen
-class NormOutArgs:
-    """The residual epilogue's parameters with ``norm_out``: the residual
-    ``r``, the RMSNorm weight and eps, the normalised row's destination
-    ``xn`` and the u32 arrival counter (0 before the launch; the last CTA
-    sets it back to 0)."""
-    r: object
-    nw: object
-    eps: object
-    xn: object
-    counter: object
 
 
 def warp_sum(k, v):
@@ -523,8 +490,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
             out = silu_times(k, tot[0], tot[1])
         elif spec.epilogue == "residual":
             # plain ld, not .nc: y may alias r (x += W.a) within this launch
-            rp = r.r if isinstance(r, NormOutArgs) else r
-            out = tot[0] + k.ld(rp[row])
+            out = tot[0] + k.ld(r[row])
         else:
             out = tot[0]
         k.st(y[row], out)
@@ -632,67 +598,6 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
                 k.select(is_v, ra.v_cache, ra.k_cache, out=cache)
                 dst = k.mad(k.mad(head, ra.capacity, pos_u), d, j)
                 k.st(cache[dst], k.cvt(f16, out, rnd="rn"))
-
-
-def norm_out_tail(k, spec, na, y, red, thr, tid):
-    """``norm_out``: after its last row group, the CTA that finishes last
-    writes ``xn = y / sqrt(mean(y^2) + eps) * nw`` over y's ``spec.norm_out``
-    rows, so the RMSNorm that follows the residual add needs no launch of its
-    own (and the next GEMV no dependency hop through it).
-
-    Every CTA passes a barrier (its rows are stored: ``write_outputs``'
-    storing threads are done), then thread 0 makes them visible
-    (``fence.acq_rel.gpu``) and counts the CTA in with ``atom.add`` on
-    ``counter``; the CTA that brings it to ``nctaid`` fences again, resets
-    the counter for the next launch (graph replays), loads y (``.cg``: it was
-    written in this launch, by other SMs) and nw in one round, and reduces
-    the squares in a fixed order (each thread's chunks, the warp butterfly,
-    then the warps in order), so every launch gives the same bits.
-    ``sqrt.rn`` and ``div.rn`` as the RMSNorm kernel's precise mode."""
-    n = spec.norm_out
-    warps = thr // 32
-    flag = k.shared_array("rn_last", u32, 1, align=4)
-    k.bar_sync(0)
-    with k.if_(tid.eq(0)):
-        k.fence("acq_rel", "gpu")
-        old = k.atom("add", na.counter[0], 1)
-        k.st(flag[0], k.select((old + 1).eq(k.nctaid.x), k.mov(1, u32), k.mov(0, u32)))
-    k.bar_sync(0)
-    with k.if_(k.ld(flag[0]).eq(0)):
-        k.exit()
-    k.fence("acq_rel", "gpu")
-    with k.if_(tid.eq(0)):
-        k.st(na.counter[0], 0)
-    n4 = n // 4
-    chunks = []
-    for c in range(math.ceil(n4 / thr)):
-        ci = tid + c * thr
-        ok = None
-        if (c + 1) * thr > n4:
-            # a thread past the row reads the last chunk again (counted as 0, not stored)
-            ok = ci < n4
-            ci = k.min(ci, n4 - 1)
-        yv = k.ld(y[ci << 2], f32, vec=4, cache="cg")
-        wv = k.ld(na.nw[ci << 2], f32, vec=4, nc=True)
-        chunks.append((ci, ok, yv, wv))
-    zero = k.mov(0.0, f32)
-    sq = None
-    for _, ok, yv, _ in chunks:
-        for a in yv:
-            a = k.select(ok, a, zero) if ok is not None else a
-            sq = a * a if sq is None else k.fma(a, a, sq)
-    sq = warp_sum(k, sq)
-    with k.if_((tid & 31).eq(0)):
-        k.st(red[tid >> 5], sq)
-    k.bar_sync(0)
-    tot = k.ld(red[0])
-    for w in range(1, warps):
-        tot = tot + k.ld(red[w])
-    mean = k.div(tot, k.mov(float(n), f32))
-    scale = k.div(k.mov(1.0, f32), k.sqrt(mean + na.eps))
-    for ci, ok, yv, wv in chunks:
-        out = tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn") for a, b in zip(yv, wv))
-        k.st(na.xn[ci << 2], out, guard=ok)
 
 
 def rope_reference(y, pos: int, spec: GemvSpec, inv_freq, k_cache=None, v_cache=None):

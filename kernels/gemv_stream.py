@@ -43,7 +43,7 @@ import ptxgen
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, declare_params, norm_out_tail, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
                        _piece_x, q4k_layout)
 from .gemv_staged import _FORMATS, staged_layout
@@ -176,6 +176,4 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                           trailing_barrier=False)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
-        if spec.norm_out:
-            norm_out_tail(k, spec, r, y, red, thr, tid)
     return m
