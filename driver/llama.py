@@ -89,7 +89,8 @@ class LlamaModel:
     gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of launching
     it on its own; it is off by default because it is slower on an H100
     (2.203 against 2.172 ms per token at context 128: the fused gate/up
-    kernel alone runs 28.1 against 24.7 us; docs/gemv.md, twelfth pass).  ``gemv_knobs`` overrides the
+    kernel alone runs 28.1 against 24.7 us; docs/gemv.md, twelfth pass).
+    ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
     knobs per GEMV shape; ring GEMVs take ``per_sm = ceil(grid / SMs)``

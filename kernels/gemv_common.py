@@ -463,7 +463,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
     warp = tid >> 5
     sums = [[warp_sum(k, acc[mi][i]) for i in range(R)] for mi in range(nm)]
     # the slice's part of red
-    sbase = None if slice_ is None else slice_ * (warps * (nm * R + (norm is not None)))
+    sbase = _red_slice_base(spec, warps, slice_)
 
     def slot(i):
         return red[i if sbase is None else sbase + i]
@@ -498,6 +498,16 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         k.bar_sync(0)
 
 
+def _red_slice_base(spec, warps, slice_):
+    """Where slice ``slice_``'s part of ``red`` starts (None for a CTA of one
+    slice): each slice has ``warps * (n_mats * rows + norm)`` words, the
+    warps' row partials and, with a fused RMSNorm, their sums of x^2
+    (:func:`declare_params`' layout)."""
+    if slice_ is None:
+        return None
+    return slice_ * (warps * (spec.n_mats * spec.rows + spec.norm))
+
+
 def _row_totals(k, spec, slot, warps, tid, norm):
     """Thread ``tid``'s row sums, one per matrix, added over the warps'
     partials in ``red`` (through ``slot``) in a fixed order, and multiplied
@@ -530,8 +540,9 @@ def norm_scale(k, spec, red, warps, norm, tid, slice_=None):
     nm, R = spec.n_mats, spec.rows
     sq, eps = norm
     base = warps * nm * R
-    if slice_ is not None:
-        base = slice_ * (warps * (nm * R + 1)) + base
+    sbase = _red_slice_base(spec, warps, slice_)
+    if sbase is not None:
+        base = sbase + base
     with k.if_((tid & 31).eq(0)):
         k.st(red[base + (tid >> 5)], sq)
     k.bar_sync(0)

@@ -113,10 +113,9 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
     instead of ``ld.global.nc`` (for an x written earlier in the same launch).
 
     Every load (both halves of x, and nw unless :func:`_piece_nw` issued it
-    earlier) goes out before the first arithmetic on them: one round trip to
-    L2, not one per half and per operand (with nw's loads behind the squares
-    of x, the fused-norm GEMV spent four round trips here, ~3.5 us a launch
-    at 14336 x 4096 on an H100 while the other CTAs stream weights)."""
+    earlier) goes out before the first arithmetic on them, so they share one
+    round trip to L2.  (Measured on an H100, this did not change the fused
+    gate/up kernel's time alone; docs/gemv.md, twelfth pass.)"""
     xo, valid = pc["xo"], pc["valid"]
     if nw is not None and "nwv" not in pc:
         _piece_nw(k, nw, pc)

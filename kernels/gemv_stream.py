@@ -137,8 +137,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             # the piece's header and qs offsets inside one row of a stage
             pc["h32"] = pc["sb"] * 144
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
-        # fused RMSNorm: the pieces hold x * nw; the warp's sum of x^2 goes
-        # to write_outputs, which scales every row by 1/sqrt(mean + eps)
+        # fused RMSNorm: the pieces hold x * nw; the CTA's 1/sqrt(mean + eps)
+        # is computed once here, and write_outputs scales every row by it
         nsum = _norm_sum(k, spec, pcs, norm, red, warps, tid)
         if not q4k:
             active = tid < lay["pieces"]
