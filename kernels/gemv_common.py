@@ -163,9 +163,13 @@ class GemvSpec:
         thread splits its 32 x values once into three int8 planes, ``x ~
         s (x0 + x1/254 + x2/254^2)`` with ``s = max|x| / 127`` (error below
         2^-22 of ``max|x|``), and a 32-bit word of four nibbles meets each
-        plane in one ``dp4a``; the three exact integer sums are combined in
-        integers and converted once per half piece.  Three ``dp4a`` and about
-        one mask per four weights: half the instructions of "fma".
+        plane in one ``dp4a``; the three exact integer sums are combined
+        and converted once per half piece (the high nibbles are used in
+        place, as 16 q).  Three ``dp4a`` and one mask per four weights, and a
+        sub-block pair's scales gathered with two ``prmt``: ptxas (sm_90)
+        emits 106 instructions per thread and row at K = 4096 (32 weights
+        and the row's share of the reduction), 112 before the decode was
+        rewritten (docs/gemv.md, thirteenth pass).
     ahead : int
         Ring (``stages >= 2``): how many of the first ``S - 1`` row groups are
         issued before the PDL wait and the x loads; the rest go out once the

@@ -150,6 +150,8 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
 
 
 _PLANE = 254                # base of the int8 planes of x ("dp4a" dot)
+_TWO23_BITS = 0x4B000000    # 2^23 as f32 bits
+_ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
 
 
 def _pack_bytes(k, vals):
@@ -164,8 +166,8 @@ def _piece_planes(k, pc):
     ``x = s (x0 + x1/254 + x2/254^2)`` up to 2^-22 of ``max|x|``, with
     ``s = max|x| / 127`` (each plane in -127..127).  Sets ``pc["planes"]``
     (per half, per plane, four words of four bytes) and ``pc["xscale"]`` (the
-    factor that turns the combined integer sums into sums of q x); drops the
-    f32 values."""
+    factor that turns :func:`_piece_dot`'s combined sums, 16 times the sums
+    of q x, into those sums); drops the f32 values."""
     halves = pc.pop("x")
     vals = halves[0] + halves[1]
     amax = k.abs(vals[0])
@@ -174,7 +176,9 @@ def _piece_planes(k, pc):
     some = amax > 0.0
     # a piece of zeros (past K) gets zero planes, not 0 * inf
     inv = k.select(some, k.div(127.0, amax, approx=False), k.mov(0.0, f32))
-    pc["xscale"] = amax * (1.0 / (127 * _PLANE * _PLANE))
+    # 1/16: the high nibbles enter dp4a in place (16 q), _piece_dot scales the
+    # low half's sums by 16 to match
+    pc["xscale"] = amax * (1.0 / (16 * 127 * _PLANE * _PLANE))
     planes = []
     for half in halves:
         words = [[], [], []]
@@ -183,26 +187,66 @@ def _piece_planes(k, pc):
             for v in half[4 * w:4 * w + 4]:
                 t = v * inv
                 for p in range(3):
-                    q = k.cvt(s32, t, rnd="rni")
-                    cols[p].append(q)
+                    # |t| <= 127: t + 1.5 * 2^23 rounds t to the nearest
+                    # integer n (ties to even, as cvt.rni) and holds
+                    # 0x4B400000 + n, whose low byte is n as an int8; two
+                    # fp32 adds instead of an F2I and an I2F, which share
+                    # the SM's 16-a-clock conversion unit
+                    b = t + _ROUND
+                    cols[p].append(b.bitcast(u32))
                     if p < 2:
-                        t = (t - q.to(f32)) * float(_PLANE)
+                        t = (t - (b - _ROUND)) * float(_PLANE)
             for p in range(3):
                 words[p].append(_pack_bytes(k, cols[p]))
         planes.append(words)
     pc["planes"] = planes
+    # for _piece_scales: the prmt selector that gathers bytes b, b+1 of two
+    # words (b = 2 (j & 1)), and the masks of the lane's case (j < 2, j >= 2)
+    j = pc["c"] >> 1
+    hi = j >= 2
+    pc["sel"] = ((j & 1) << 1) * 0x1111 + 0x5410
+    pc["g_a"] = k.select(hi, k.mov(0, u32), k.mov(0x3F3F3F3F, u32))
+    pc["g_b"] = k.select(hi, k.mov(0x30303030, u32), k.mov(0, u32))
+    pc["g_c"] = k.select(hi, k.mov(0x0F0F0F0F, u32), k.mov(0, u32))
+
+
+def _byte_f32(k, v, b, times16=False):
+    """Byte ``b`` of ``v`` (times 16 with ``times16``) as f32, exactly: the
+    byte placed in the low mantissa bits of 2^23 (2^27) by a ``prmt``, then
+    that power of two subtracted; two full-rate instructions, where ``cvt``
+    takes the SM's conversion unit."""
+    base, bits = (134217728.0, 0x4D000000) if times16 else (8388608.0, 0x4B000000)
+    return k.prmt(v, bits, 0x7540 | b).bitcast(f32) - base
 
 
 def _half_planes_dot(k, words, planes, high):
-    """The integer ``sum q (x0 254^2 + x1 254 + x2)`` over one half piece, as
-    f32: four words of nibbles against the three planes with ``dp4a``."""
+    """The sum ``sum q (x0 254^2 + x1 254 + x2)`` over one half piece as f32
+    (16 times it for the high nibbles): four words of nibbles against the
+    three planes with ``dp4a``.  The low nibbles are masked (``q``, 0..15);
+    the high ones stay in place (``16 q``, one ``and`` fewer), so their plane
+    sums reach 487680 and are combined in f32 (one rounding, 2^-24) where
+    the low half's fit in an s32 exactly."""
     acc = [0, 0, 0]
     for w, word in enumerate(words):
-        q = ((word >> 4) if high else word) & 0x0F0F0F0F
+        q = word & (0xF0F0F0F0 if high else 0x0F0F0F0F)
         for p in range(3):
             acc[p] = k.dp4a(q, planes[p][w], acc[p], signed_b=True)
-    c = k.mad(k.mad(acc[0], _PLANE, acc[1]), _PLANE, acc[2])
-    return c.to(f32)
+    if high:
+        return k.fma(acc[0].to(f32), float(_PLANE * _PLANE),
+                     k.mad(acc[1], _PLANE, acc[2]).to(f32))
+    return k.mad(k.mad(acc[0], _PLANE, acc[1]), _PLANE, acc[2]).to(f32)
+
+
+def _piece_scales(k, hdr, pc):
+    """The 6-bit scales and mins of the piece's two sub-blocks (2j, 2j+1)
+    as one word ``[sc_lo, sc_hi, m_lo, m_hi]``: two ``prmt`` gather bytes
+    2(j&1), 2(j&1)+1 of the header's scale words (j < 2: their low 6 bits;
+    j >= 2: 4 bits from the third word, 2 from the top of the first two);
+    the per-lane masks pick the case without branches."""
+    _, h1, h2, h3 = hdr
+    p = k.prmt(h1, h2, pc["sel"])
+    r = k.prmt(h3, h3 >> 4, pc["sel"])
+    return (p & pc["g_a"]) | ((p >> 2) & pc["g_b"]) | (r & pc["g_c"])
 
 
 def _park_x(k, pc, sx_base, slot, thr):
@@ -250,6 +294,21 @@ def _piece_dot(k, hdr, qs, pc, sums=None):
     (``sums``: the two half sums S already computed)."""
     h0, h1, h2, h3 = hdr
     d_h, dmin_h = k.unpack(h0, f16, 2)
+    xs_lo, xs_hi = pc["xs"]
+    if "planes" in pc:
+        # sum x w = d s (16 sc_lo P_lo + sc_hi P_hi) / 16 - dmin (m_lo X_lo + m_hi X_hi)
+        # (P: the combined plane sums, P_hi already 16 times; s / 16 = xscale)
+        w = _piece_scales(k, hdr, pc)
+        # 16 sc_lo by prmt and a subtraction; the others by ``bfe`` and
+        # ``cvt``, which ptxas fuses into one I2F.U8 with a byte selector (on
+        # the conversion unit, which has time to spare here)
+        sc_lo = _byte_f32(k, w, 0, times16=True)
+        sc_hi, m_lo, m_hi = (k.bfe(w, 8 * b, 8).to(f32) for b in (1, 2, 3))
+        p_lo = _half_planes_dot(k, qs, pc["planes"][0], False)
+        p_hi = _half_planes_dot(k, qs, pc["planes"][1], True)
+        ssum = k.fma(sc_hi, p_hi, sc_lo * p_lo)
+        msum = k.fma(m_hi, xs_hi, m_lo * xs_lo)
+        return k.fma(d_h.to(f32) * pc["xscale"], ssum, -dmin_h.to(f32) * msum)
     d16 = d_h.to(f32) * 16.0
     ndmin = -dmin_h.to(f32)
     a = h1 >> pc["s"]
@@ -261,16 +320,6 @@ def _piece_dot(k, hdr, qs, pc, sums=None):
     sc_hi = (sc >> 8).to(f32)
     m_lo = (mn & 0xFF).to(f32)
     m_hi = (mn >> 8).to(f32)
-    xs_lo, xs_hi = pc["xs"]
-    if "planes" in pc:
-        # sum x w = d sc s P - dmin m X   (P: the combined plane sums)
-        p_lo = _half_planes_dot(k, qs, pc["planes"][0], False)
-        p_hi = _half_planes_dot(k, qs, pc["planes"][1], True)
-        ds = d_h.to(f32) * pc["xscale"]
-        part = (ds * sc_lo) * p_lo
-        part = k.fma(ds * sc_hi, p_hi, part)
-        mx = k.fma(m_lo, xs_lo, m_hi * xs_hi)
-        return k.fma(ndmin, mx, part)
     if sums is None:
         x_lo, x_hi = pc["x"]
         s_lo = _half_dot(k, qs, x_lo, True)
