@@ -88,8 +88,8 @@ class LlamaModel:
     folds each RMSNorm into the Q4_K GEMVs that read its output (QKV,
     gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of launching
     it on its own; it is off by default because it is slower on an H100
-    (2.203 against 2.172 ms per token at context 128: the fused gate/up
-    kernel alone runs 28.1 against 24.7 us; docs/gemv.md, twelfth pass).
+    (2.167 against 2.102 ms per token at context 128, docs/results.md; the
+    fused gate/up kernel is the loser: docs/gemv.md, twelfth pass).
     ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
