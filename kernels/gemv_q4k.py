@@ -35,7 +35,7 @@ import math
 from contextlib import nullcontext
 
 import ptxgen
-from ptxgen.types import f16, f32, s32, u32, u64
+from ptxgen.types import f16, f32, u32, u64
 
 from .gemv_common import GemvSpec, declare_params, norm_scale, warp_sum, write_outputs
 from .spec_fields import pdl_prologue, pdl_wait
@@ -150,7 +150,6 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
 
 
 _PLANE = 254                # base of the int8 planes of x ("dp4a" dot)
-_TWO23_BITS = 0x4B000000    # 2^23 as f32 bits
 _ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
 
 
@@ -210,13 +209,11 @@ def _piece_planes(k, pc):
     pc["g_c"] = k.select(hi, k.mov(0x0F0F0F0F, u32), k.mov(0, u32))
 
 
-def _byte_f32(k, v, b, times16=False):
-    """Byte ``b`` of ``v`` (times 16 with ``times16``) as f32, exactly: the
-    byte placed in the low mantissa bits of 2^23 (2^27) by a ``prmt``, then
-    that power of two subtracted; two full-rate instructions, where ``cvt``
-    takes the SM's conversion unit."""
-    base, bits = (134217728.0, 0x4D000000) if times16 else (8388608.0, 0x4B000000)
-    return k.prmt(v, bits, 0x7540 | b).bitcast(f32) - base
+def _byte_times16(k, v, b):
+    """16 times byte ``b`` of ``v`` as f32, exactly: the byte placed in the
+    low mantissa bits of 2^27 (where one unit is 16) by a ``prmt``, then
+    2^27 subtracted; two full-rate instructions."""
+    return k.prmt(v, 0x4D000000, 0x7540 | b).bitcast(f32) - 134217728.0
 
 
 def _half_planes_dot(k, words, planes, high):
@@ -302,7 +299,7 @@ def _piece_dot(k, hdr, qs, pc, sums=None):
         # 16 sc_lo by prmt and a subtraction; the others by ``bfe`` and
         # ``cvt``, which ptxas fuses into one I2F.U8 with a byte selector (on
         # the conversion unit, which has time to spare here)
-        sc_lo = _byte_f32(k, w, 0, times16=True)
+        sc_lo = _byte_times16(k, w, 0)
         sc_hi, m_lo, m_hi = (k.bfe(w, 8 * b, 8).to(f32) for b in (1, 2, 3))
         p_lo = _half_planes_dot(k, qs, pc["planes"][0], False)
         p_hi = _half_planes_dot(k, qs, pc["planes"][1], True)
