@@ -49,14 +49,16 @@ FAMILIES = {
 }
 
 
-#: attention knobs of the decode step (H100, docs/results.md): 8 warps per split
-#: block, at most 2 blocks per SM.  The driver's JIT gives the 8-warp split 167
-#: registers, so one block fits an SM and choose_splits deals 16 splits per KV
-#: head (128 blocks); placed while the QKV GEMV drains, they no longer pile 4 to
-#: an SM (2.262 -> 2.227 ms per token at context 128, level at 4096; 4 warps at
-#: most 2 per SM: 2.233 / +0.01 ms; 4 warps at most 1 per SM: 2.197 at 128 but
-#: +0.06 ms at 4096)
-MODEL_FLASH_KNOBS = {"warps": 8, "per_sm": 2}
+#: attention knobs of the decode step (H100, docs/kernels.md "Flash decode on
+#: tensor cores"): the tensor-core split (mma.sync), one 16-key chunk per warp
+#: per trip, 8 warps per split block, at most 2 blocks per SM (the JIT gives it
+#: 186 registers with early_kv, so one block fits an SM and choose_splits deals
+#: 16 splits per KV head).  The CUDA-core split with the same warps and cap,
+#: in the same run: 2.102 ms per token at context 128, 2.299 at 4096; this
+#: one 2.097 / 2.298; 4 warps with no cap 2.112 / 2.282.
+#: A shape the tensor-core split does not take (head_dim 256, an f32 cache,
+#: groups past 8) falls back to the CUDA-core split.
+MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2}
 
 
 class ContextOverflowError(RuntimeError):

@@ -212,7 +212,7 @@ def _resident(fn, block, shared=0) -> int:
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
                  fused_combine=None, merge_unroll=None, stages=None, early_kv=None,
-                 blocks_per_sm=None, pdl=None, stream=None):
+                 mma=None, per_sm=None, blocks_per_sm=None, pdl=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -221,7 +221,11 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     this device and the cache's capacity (fixed per shape), with
     ``blocks_per_sm`` defaulting to the driver's occupancy of the split
     kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
-    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll``, ``stages`` pick the
+    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll``, ``stages``,
+    ``mma`` (the split on tensor cores; None: on where the shape allows, f16
+    cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
+    ``prefetch``, ``stages`` is given, with ``flash_decode.MMA_KNOBS`` under
+    the knobs given), ``per_sm`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
@@ -251,9 +255,14 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                         prefetch=prefetch, min_keys=min_keys,
                                         fused_combine=fused_combine,
                                         merge_unroll=merge_unroll, stages=stages,
-                                        early_kv=early_kv).items()
+                                        early_kv=early_kv, mma=mma, per_sm=per_sm).items()
              if v_ is not None}
     tgt = device_target()
+    # the tensor-core split where the shape takes it and no knob of the
+    # CUDA-core split's own (chunks, prefetch, stages) was asked for
+    if mma is None and not {"chunks", "prefetch", "stages"} & knobs.keys() \
+            and _fd.mma_fits(d, n_q // n_kv, kv_dtype):
+        knobs = {**_fd.MMA_KNOBS, **knobs}
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
                                pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl),
                                **knobs)

@@ -61,7 +61,7 @@ import numpy as np
 import ptxgen
 from ptxgen import registry
 from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
-from ptxgen.types import f16, f32, s32, u8, u32
+from ptxgen.types import b32, f16, f32, s32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES
 from .spec_fields import pdl_field, pdl_prologue, pdl_wait
@@ -116,6 +116,14 @@ class FlashDecodeSpec:
         shared-memory stages with ``cp.async`` (``stages - 1`` tiles in
         flight, holding no registers; ``prefetch`` is then unused); the
         split kernel takes ``ring_bytes`` of dynamic shared memory.
+    mma : bool
+        The split on tensor cores (``mma.sync``, f16 cache, head_dim 64 or
+        128, group at most 8): q and the probabilities enter as two f16
+        halves each (22 bits), K and V as stored, f32 accumulation; a warp
+        takes ``unroll`` chunks of 16 keys per trip (``prefetch`` does not
+        apply: a trip's loads are issued when the trip before is done).
+        ``early_kv`` works as for the CUDA-core split.  See
+        :func:`_build_split_mma`.
     per_sm : int
         At most this many split blocks resident on one SM (0: as many as
         registers and shared memory allow): the launch asks for enough
@@ -150,6 +158,7 @@ class FlashDecodeSpec:
     stages: int = attrs.field(default=0)
     early_kv: bool = attrs.field(default=False)
     per_sm: int = attrs.field(default=0)
+    mma: bool = attrs.field(default=False)
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
     pdl: bool = pdl_field()
 
@@ -184,6 +193,11 @@ class FlashDecodeSpec:
         if not isinstance(v, bool):
             raise ValueError(f"early_kv must be a bool, got {v!r}")
 
+    @mma.validator
+    def _check_mma(self, _, v):
+        if not isinstance(v, bool):
+            raise ValueError(f"mma must be a bool, got {v!r}")
+
     @per_sm.validator
     def _check_per_sm(self, _, v):
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 32):
@@ -197,13 +211,24 @@ class FlashDecodeSpec:
     @property
     def early_kv_possible(self) -> bool:
         """Whether the knobs pick the path ``early_kv`` is built for (the
-        register prefetch path)."""
-        return not self.stages and self.prefetch
+        register prefetch path of the CUDA-core split, or the tensor-core
+        split)."""
+        return self.mma or (not self.stages and self.prefetch)
 
     def __attrs_post_init__(self):
+        if self.mma:
+            bad = [what for what, ok in (
+                ("an f16 cache", self.kv_dtype == "f16"),
+                ("head_dim 64 or 128", self.head_dim in (64, 128)),
+                ("group at most 8", self.group <= 8),
+                ("chunks=1", self.chunks == 1),
+                ("no ring (stages=0)", not self.stages),
+                ("unroll at most 4", self.unroll <= 4)) if not ok]
+            if bad:
+                raise ValueError("mma=True needs " + ", ".join(bad))
         if self.early_kv and not self.early_kv_possible:
             raise ValueError("early_kv needs the register prefetch path "
-                             "(stages=0, prefetch=True)")
+                             "(stages=0, prefetch=True) or mma=True")
         if self.lanes_per_key > 32:
             raise ValueError(f"head_dim {self.head_dim} with a {self.kv_dtype} cache needs "
                              f"{self.lanes_per_key} lanes per key row (at most 32)")
@@ -238,6 +263,8 @@ class FlashDecodeSpec:
     @property
     def tile(self) -> int:
         """Keys per block per loop iteration (a split's last tile is masked)."""
+        if self.mma:
+            return 16 * self.warps * self.unroll
         return self.row_groups * self.unroll
 
     @property
@@ -272,8 +299,9 @@ class FlashDecodeSpec:
     @property
     def kernel_name(self) -> str:
         return (f"flash_decode_d{self.head_dim}_g{self.group}_{self.kv_dtype}"
-                f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
-                + (f"s{self.stages}" if self.stages else "p" if self.prefetch else "")
+                + ("_mma" if self.mma else "") + f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
+                + (f"s{self.stages}" if self.stages else
+                   "p" if self.prefetch and not self.mma else "")
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + ("e" if self.early_kv else "")
@@ -298,22 +326,9 @@ def _build_split(m, spec: FlashDecodeSpec):
                   minnctapersm=spec.min_blocks or None) as k:
         early = spec.early_kv
         pdl_prologue(k, spec, wait=not early)
-        q = k.param_ptr("q", f32, align=16)
-        kc = k.param_ptr("k_cache", cty, align=16)
-        vc = k.param_ptr("v_cache", cty, align=16)
-        kv_len_ptr = k.param_ptr("kv_len_ptr", s32)
-        part_o = k.param_ptr("part_o", f32, align=16)
-        part_ml = k.param_ptr("part_ml", f32, align=8)
-        out = k.param_ptr("out", f32, align=16)
-        counter = k.param_ptr("counter", u32)
-        cap = k.param("capacity", u32)
-        sm_scale = k.param("sm_scale", f32)
-        NW = spec.warps
+        (q, kc, vc, kv_len_ptr, part_o, part_ml, out, counter, cap, sm_scale, merge,
+         (sm_m, sm_l, sm_o)) = _split_params(k, spec, cty)
         fused = spec.fused_combine
-        merge = k.label("$L_merge") if fused else None
-        sm_o = k.shared_array("sm_o", f32, NW * G * d, align=16)
-        sm_m = k.shared_array("sm_m", f32, NW * G, align=16)
-        sm_l = k.shared_array("sm_l", f32, NW * G, align=16)
 
         tid = k.tid.x
         lane = tid & 31
@@ -409,22 +424,7 @@ def _build_split(m, spec: FlashDecodeSpec):
                         for c_, n_ in zip(cur, load_raw(ptr, i, cg=True)):
                             k.assign(c_, n_)
         with k.if_(start >= L):
-            with k.if_(tid < G):
-                pidx = (h * G + tid) * nsplit + split
-                k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
-            # and a zero o, so the combine may weigh every split's o (by 0)
-            # without a select that would let ptxas predicate its load on l
-            z = k.mov(0.0, f32)
-            nv = d // 4                             # 16-byte stores per row
-            for c in range(-(-nv // nthreads)):
-                col = tid + c * nthreads if c else tid
-                with k.if_(col < nv) if (c + 1) * nthreads > nv else nullcontext():
-                    for g in range(G):
-                        k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
-            if fused:
-                k.bra(merge, uni=True)          # still counts towards the head's merge
-            else:
-                k.exit()
+            _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
         if not early:
             end, last = split_end()
 
@@ -520,19 +520,314 @@ def _build_split(m, spec: FlashDecodeSpec):
                 with k.if_(sub.eq(0)):
                     k.st(sm_m[slot], mw)
                     k.st(sm_l[slot], vals[0])
-        k.bar_sync(0)
-        with k.for_range(tid, G * d, nthreads) as idx:
-            g = idx // d
-            j = idx - g * d
-            mx, lsum, o = _merge_parts(k, [(sm_m[g + r * G], sm_l[g + r * G],
-                                            sm_o[(g + r * G) * d + j]) for r in range(NW)])
-            pidx = (h * G + g) * nsplit + split
-            k.st(part_o[pidx * d + j], o)
-            with k.if_(j.eq(0)):
-                k.st(part_ml[pidx << 1], (mx, lsum))
+        _merge_warps(k, spec, (sm_m, sm_l, sm_o), part_o, part_ml, h, split, nsplit, tid)
         if fused:
             k.place(merge)
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
+
+
+def _split_params(k, spec, cty):
+    """The parameters both split kernels take, the fused merge's label (None
+    without it) and the warps' partials in shared memory ``(sm_m, sm_l,
+    sm_o)``."""
+    d, G, NW = spec.head_dim, spec.group, spec.warps
+    params = (k.param_ptr("q", f32, align=16), k.param_ptr("k_cache", cty, align=16),
+              k.param_ptr("v_cache", cty, align=16), k.param_ptr("kv_len_ptr", s32),
+              k.param_ptr("part_o", f32, align=16), k.param_ptr("part_ml", f32, align=8),
+              k.param_ptr("out", f32, align=16), k.param_ptr("counter", u32),
+              k.param("capacity", u32), k.param("sm_scale", f32))
+    merge = k.label("$L_merge") if spec.fused_combine else None
+    sm_o = k.shared_array("sm_o", f32, NW * G * d, align=16)
+    sm_m = k.shared_array("sm_m", f32, NW * G, align=16)
+    sm_l = k.shared_array("sm_l", f32, NW * G, align=16)
+    return params + (merge, (sm_m, sm_l, sm_o))
+
+
+def _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge):
+    """A split with no rows: the neutral partial ``(m, l, o) = (-1e30, 0,
+    0)`` for every head of the group, then exit (or, with the fused merge,
+    on to ``merge``: the block still counts towards its head's merge)."""
+    d, G = spec.head_dim, spec.group
+    nthreads = 32 * spec.warps
+    with k.if_(tid < G):
+        pidx = (h * G + tid) * nsplit + split
+        k.st(part_ml[pidx << 1], (k.mov(NEG, f32), k.mov(0.0, f32)))
+    # and a zero o, so the combine may weigh every split's o (by 0)
+    # without a select that would let ptxas predicate its load on l
+    z = k.mov(0.0, f32)
+    nv = d // 4                             # 16-byte stores per row
+    for c in range(-(-nv // nthreads)):
+        col = tid + c * nthreads if c else tid
+        with k.if_(col < nv) if (c + 1) * nthreads > nv else nullcontext():
+            for g in range(G):
+                k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
+    if merge is not None:
+        k.bra(merge, uni=True)
+    else:
+        k.exit()
+
+
+def _merge_warps(k, spec, shared, part_o, part_ml, h, split, nsplit, tid):
+    """After a barrier, merge the warps' partials in shared memory (slot
+    ``warp * G + g``: ``sm_m``, ``sm_l``, ``sm_o`` rows of ``head_dim``) and
+    store the split's ``part_o``/``part_ml``: thread ``i`` takes items ``i,
+    i + threads, ...`` of ``(head g, column j)``."""
+    d, G, NW = spec.head_dim, spec.group, spec.warps
+    sm_m, sm_l, sm_o = shared
+    k.bar_sync(0)
+    with k.for_range(tid, G * d, 32 * NW) as idx:
+        g = idx // d
+        j = idx - g * d
+        mx, lsum, o = _merge_parts(k, [(sm_m[g + r * G], sm_l[g + r * G],
+                                        sm_o[(g + r * G) * d + j]) for r in range(NW)])
+        pidx = (h * G + g) * nsplit + split
+        k.st(part_o[pidx * d + j], o)
+        with k.if_(j.eq(0)):
+            k.st(part_ml[pidx << 1], (mx, lsum))
+
+
+LO_SCALE = 2048.0        # a split value's low f16 half is stored times 2^11
+LO_WEIGHT = 1.0 / LO_SCALE
+
+
+def _split_f16(k, x):
+    """``x`` (f32) as ``hi + lo * 2^-11`` with ``hi = f16(x)`` and ``lo =
+    f16((x - hi) * 2^11)``: 22 bits of ``x``'s significand in two halves
+    (the scaled residual stays clear of f16's subnormals)."""
+    hi = k.cvt(f16, x)
+    lo = k.cvt(f16, k.mul(x - hi.to(f32), LO_SCALE, rnd="rn"))
+    return hi, lo
+
+
+def _build_split_mma(m, spec: FlashDecodeSpec):
+    """The split kernel on tensor cores (``mma.sync.m16n8k16``, f16 in, f32
+    accumulate); same parameters, partials and key dealing as the CUDA-core
+    split.
+
+    A warp takes 16 keys at a time (``unroll`` such chunks per loop trip);
+    lane ``4 g + t`` is group ``g``, thread ``t`` of the fragments.
+
+    * Scores ``S = Q K^T``: ``A`` is q, 16 rows: row ``g`` the f16 high part
+      of query head ``g`` (prescaled by ``sm_scale * log2 e``; zero for
+      ``g >= group``), row ``g + 8`` its low part times 2^11, so one mma
+      gives both and ``s = hi + lo * 2^-11`` has q to 22 bits.  ``B`` is two
+      n-tiles of 8 keys: lane ``(g, t)`` loads key ``8 j + g`` of the chunk,
+      16-byte chunks ``t, t + 4, ...`` of its row, whose words are its ``B``
+      registers for the k-tiles in turn (the dot product's dimension order
+      is permuted, the same way in q's fragments).
+    * Online softmax: lane ``(g, t)`` holds head ``g``'s scores of keys ``8 j
+      + 2 t + e``; the head's maximum is taken over its 4 lanes (2
+      shuffles); the output is rescaled only when some lane's maximum moved
+      (a warp vote), so after the first chunks a trip skips it.
+    * ``O += P V``: ``A`` is P, rows ``g`` / ``g + 8`` its high / low f16
+      parts as for q, its key order the scores' (``S``'s accumulator
+      fragment is ``A``'s layout).  ``B`` is V, 8 dimensions by the 16 keys:
+      lane ``(g, t)`` loads keys ``2 t, 2 t + 1, 2 t + 8, 2 t + 9`` at
+      dimensions ``64 c + 8 g .. + 8`` and pairs the halves of two keys with
+      one ``prmt`` per register; n-tile ``(c, i)`` holds dimensions ``64 c +
+      8 n + i`` (n its column), so lane ``(g, t)`` ends with head ``g``'s
+      dimensions ``64 c + 16 t .. + 16``.
+    * Loads: a trip's K and V words are issued at its top (the first trip's
+      with ``early_kv`` before ``griddepcontrol.wait``, as in the CUDA-core
+      split: q after the wait, and a lane whose row is ``kv_len - 1`` loads
+      it again).  Issuing the next trip's loads before this trip's math
+      needs more than 255 registers (measured on the H100, docs/kernels.md).
+
+    The warps' partials meet in shared memory as in the CUDA-core split."""
+    d, G, U, NW = spec.head_dim, spec.group, spec.unroll, spec.warps
+    KT = d // 16            # k-tiles of q . k
+    KC = d // 32            # 16-byte chunks of a K row per lane
+    VC = d // 64            # 16-byte chunks of a V row per lane
+    CH = 16                 # keys per chunk
+    with m.kernel(spec.split_name, reqntid=32 * NW,
+                  minnctapersm=spec.min_blocks or None) as k:
+        pdl_prologue(k, spec, wait=not spec.early_kv)
+        (q, kc, vc, kv_len_ptr, part_o, part_ml, out, counter, cap, sm_scale, merge,
+         (sm_m, sm_l, sm_o)) = _split_params(k, spec, f16)
+        fused = spec.fused_combine
+
+        tid = k.tid.x
+        lane = tid & 31
+        warp = tid >> 5
+        g = lane >> 2
+        t = lane & 3
+        split = k.ctaid.x
+        nsplit = k.nctaid.x
+        h = k.ctaid.y
+
+        def load_q():
+            """q's A fragments per k-tile: head g's values at dimensions 8 (t +
+            4 i) .., prescaled (by 0 for a row past the group), in halves."""
+            c = k.mul(sm_scale, LOG2E, rnd="rn")
+            cg = k.select(g < G, c, k.mov(0.0, f32))
+            qrow = (h * G + k.min(g, G - 1)) * d + 8 * t
+            qv = []
+            for i in range(KC):
+                vals = list(k.ld(q[qrow + 32 * i], vec=4, nc=True))
+                vals += list(k.ld(q[qrow + 32 * i + 4], vec=4, nc=True))
+                qv.append([k.mul(x, cg, rnd="rn") for x in vals])
+            qa = []
+            for kt in range(KT):
+                i, e = divmod(kt, 2)
+                hi, lo = zip(*(_split_f16(k, x) for x in qv[i][4 * e:4 * e + 4]))
+                qa.append((k.pack(b32, hi[0], hi[1]), k.pack(b32, lo[0], lo[1]),
+                           k.pack(b32, hi[2], hi[3]), k.pack(b32, lo[2], lo[3])))
+            return qa
+
+        early = spec.early_kv
+        qa = None if early else load_q()
+        # the length and this split's keys, dealt in chunks of 16 (before the
+        # wait with early_kv: from L2, not a line an earlier grid left in L1)
+        raw = k.ld(kv_len_ptr[0], cache="cg") if early else k.ld(kv_len_ptr[0])
+        L = k.min(k.max(raw, 0).bitcast(u32), cap)
+        ng = (L + (CH - 1)) // CH
+        nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
+        start = (split * ng) // nact * CH
+        end = k.min(((split + 1) * ng) // nact * CH, L)
+        lastc = k.max(end, 1) - 1                # rows clamped to a valid one (0 when empty)
+        row0 = h * cap
+        wofs = warp * (CH * U)                   # the warp's first key in a trip
+        step = CH * U * NW
+
+        def chunk_rows(kb):
+            """The rows a lane loads for the chunk at ``kb``, clamped: K rows
+            ``kb + 8 j + g`` (j = 0, 1), then V rows ``kb + 2 t + (0, 1, 8, 9)``."""
+            return ([k.min(kb + (8 * j) + g, lastc) for j in range(2)]
+                    + [k.min(kb + 2 * t + r, lastc) for r in (0, 1, 8, 9)])
+
+        def row_words(n, row, cg=False):
+            """The lane's words of row ``row``: of K (``n < 2``: chunks ``t +
+            4 i``) or of V (chunks ``8 g + 64 c``)."""
+            ptr, first, nchunk, stride = ((kc, 8 * t, KC, 32) if n < 2 else
+                                          (vc, 8 * g, VC, 64))
+            idx = (row0 + row) * d + first
+            return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
+                              cache="cg" if cg else None)) for c_ in range(nchunk)]
+
+        def trip_loads(base, cg=False):
+            """Per chunk ``u``: the words of its 6 rows (K j = 0, 1, V r)."""
+            return [[row_words(n, row, cg) for n, row in
+                     enumerate(chunk_rows(base + wofs + CH * u))] for u in range(U)]
+
+        def as_vars(words):
+            """The loaded words as variables (the pipeline's registers)."""
+            if isinstance(words, (list, tuple)):
+                return [as_vars(w) for w in words]
+            return k.var(b32, words)
+
+        if not early:
+            with k.if_(start >= L):
+                _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
+        else:
+            # the first trip in flight before the wait; then q, and the row
+            # the grid before may have appended, loaded again
+            first = as_vars(trip_loads(start, cg=True))
+            pdl_wait(k, spec)
+            qa = load_q()
+            newest = L - 1
+            for u in range(U):
+                for n, row in enumerate(chunk_rows(start + wofs + CH * u)):
+                    with k.if_(row.eq(newest)):
+                        for cw, nw in zip(_leaves(first[u][n]), _leaves(row_words(n, row, True))):
+                            k.assign(cw, nw)
+            with k.if_(start >= L):
+                _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
+
+        m_run = k.var(f32, NEG)
+        l_run = k.var(f32, 0.0)
+        o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(8 * VC)]
+        zero = k.mov(0.0, f32)
+        ninf = k.mov(float("-inf"), f32)
+
+        def trip(base, words):
+            """One trip: the scores of ``U`` chunks of 16 keys from ``base +
+            wofs``, the online softmax, ``O += P V``."""
+            # keys left from this lane's first score: key kb + 8 j + 2 t + e
+            # is valid when 16 u + 8 j + e < end - (base + wofs + 2 t)
+            left = (end - (base + wofs + 2 * t)).bitcast(s32)
+            s = []
+            for u in range(U):
+                kw = words[u][:2]
+                for j in range(2):
+                    acc = (zero, zero, zero, zero)
+                    for kt in range(KT):
+                        i, e = divmod(kt, 2)
+                        acc = k.mma_m16n8k16(qa[kt], (kw[j][i][2 * e], kw[j][i][2 * e + 1]),
+                                             acc)
+                    for e in range(2):
+                        val = k.fma(acc[2 + e], LO_WEIGHT, acc[e])
+                        s.append(k.select(left > CH * u + 8 * j + e, val, ninf))
+            mt = s[0]
+            for x in s[1:]:
+                mt = k.max(mt, x)
+            mt = k.max(mt, k.shfl_xor(mt, 1))
+            mt = k.max(mt, k.shfl_xor(mt, 2))
+            m_new = k.max(m_run, mt)
+            with k.if_(k.vote_sync("any", m_new > m_run)):
+                alpha = k.ex2(m_run - m_new)
+                k.assign(l_run, k.mul(l_run, alpha, rnd="rn"))
+                for acc in o_acc:
+                    for r in acc:
+                        k.assign(r, k.mul(r, alpha, rnd="rn"))
+            k.assign(m_run, m_new)
+            p = [k.ex2(x - m_new) for x in s]
+            psum = p[0]
+            for x in p[1:]:
+                psum = psum + x
+            k.assign(l_run, l_run + psum)
+            for u in range(U):
+                vw = words[u][2:]
+                hi, lo = zip(*(_split_f16(k, x) for x in p[4 * u:4 * u + 4]))
+                pa = (k.pack(b32, hi[0], hi[1]), k.pack(b32, lo[0], lo[1]),
+                      k.pack(b32, hi[2], hi[3]), k.pack(b32, lo[2], lo[3]))
+                for ci in range(VC):
+                    for n in range(8):
+                        w, e = divmod(n, 2)
+                        sel = 0x7632 if e else 0x5410
+                        b = (k.prmt(vw[0][ci][w], vw[1][ci][w], sel),
+                             k.prmt(vw[2][ci][w], vw[3][ci][w], sel))
+                        acc = o_acc[8 * ci + n]
+                        for r, x in zip(acc, k.mma_m16n8k16(pa, b, tuple(acc))):
+                            k.assign(r, x)
+
+        if early:
+            # the first trip on the words loaded before the wait, the rest
+            # loading theirs at the top of the trip, as without early_kv
+            with k.if_(start < end):
+                trip(start, first)
+            with k.for_range(start + step, end, step) as base:
+                trip(base, trip_loads(base))
+        else:
+            with k.for_range(start, end, step) as base:
+                trip(base, trip_loads(base))
+
+        # the warp's partial: the head's sum over its 4 lanes; o = hi + lo 2^-11
+        l_run = l_run + k.shfl_xor(l_run, 1)
+        l_run = l_run + k.shfl_xor(l_run, 2)
+        slot = warp * G + g
+        with k.if_(g < G):
+            for ci in range(VC):
+                vals = [None] * 16
+                for n in range(8):
+                    acc = o_acc[8 * ci + n]
+                    vals[n] = k.fma(acc[2], LO_WEIGHT, acc[0])
+                    vals[8 + n] = k.fma(acc[3], LO_WEIGHT, acc[1])
+                for v4 in range(4):
+                    k.st(sm_o[slot * d + 64 * ci + 16 * t + 4 * v4], tuple(vals[4 * v4:4 * v4 + 4]))
+            with k.if_(t.eq(0)):
+                k.st(sm_m[slot], m_run)
+                k.st(sm_l[slot], l_run)
+        _merge_warps(k, spec, (sm_m, sm_l, sm_o), part_o, part_ml, h, split, nsplit, tid)
+        if fused:
+            k.place(merge)
+            _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
+
+
+def _leaves(tree):
+    """The registers of a nested list, in order."""
+    if isinstance(tree, (list, tuple)):
+        return [x for sub in tree for x in _leaves(sub)]
+    return [tree]
 
 
 def _ring_loop(k, spec, kc, vc, row0, start, end, rg, sub, tid, tile_math):
@@ -771,7 +1066,7 @@ def build(spec: FlashDecodeSpec) -> ptxgen.Module:
     n_splits: u32``.
     """
     m = ptxgen.Module(spec.target)
-    _build_split(m, spec)
+    (_build_split_mma if spec.mma else _build_split)(m, spec)
     if not spec.fused_combine:
         _build_combine(m, spec)
     return m
@@ -785,6 +1080,12 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     when set.  ``ops.flash_decode`` asks the driver instead."""
     if spec.min_blocks:
         return min(spec.min_blocks, spec.per_sm or spec.min_blocks)
+    if spec.mma:
+        # the H100 driver's JIT, d = 128, group 4: 167 / 228 registers at
+        # unroll 1 / 2, 186 / 249 with early_kv (255 and spills from unroll 3)
+        regs = min(256, 168 + 60 * (spec.unroll - 1) + (20 if spec.early_kv else 0))
+        n = min(32 // spec.warps, 65536 // (regs * 32 * spec.warps))
+        return max(1, min(n, spec.per_sm) if spec.per_sm else n)
     uc = spec.unroll * spec.chunks
     regs = 130 + 10 * uc if spec.prefetch and not spec.stages else 104 + 8 * uc
     regs = -(-regs // 8) * 8
@@ -796,6 +1097,17 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     if spec.per_sm:
         n = min(n, spec.per_sm)
     return max(1, n)
+
+
+MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 2}
+"""The tensor-core split's knobs where no others are asked for (fastest of
+those measured alone on the H100, docs/kernels.md)."""
+
+
+def mma_fits(head_dim: int, group: int, kv_dtype: str) -> bool:
+    """Whether the tensor-core split (``mma=True``) takes this shape (every
+    ptxgen target, sm_80 and newer, has ``mma.sync.m16n8k16``)."""
+    return kv_dtype == "f16" and head_dim in (64, 128) and 1 <= group <= 8
 
 
 def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacity: int,
@@ -847,6 +1159,7 @@ CANONICAL = {
     "flash_decode_d64_f32": FlashDecodeSpec(head_dim=64, group=3, kv_dtype="f32", warps=2,
                                             unroll=2, prefetch=True),
     "flash_decode_ring": FlashDecodeSpec(stages=3),
+    "flash_decode_mma": FlashDecodeSpec(mma=True, warps=8, unroll=1, early_kv=True),
 }
 
 registry.register("flash_decode", FlashDecodeSpec, build, CANONICAL,

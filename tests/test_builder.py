@@ -394,3 +394,23 @@ def test_registers_by_type_name_share_the_declaration():
     k.mov(1, u32, out=a)
     k.mov(2, u32, out=b)
     assert "\t.reg .u32 \t%r<4>;" in m.to_ptx()
+
+
+def test_mma_refuses_fragments_ptxas_would_reject():
+    """ptxas refuses ``u32`` registers as mma fragments ("Arguments mismatch");
+    the builder says so at the user's line, before any PTX is written."""
+    m, k = _kernel()
+    with k:
+        w = k.param("w", u32)
+        x = k.param("x", f32)
+        a = (w, w, w, w)
+        with pytest.raises(PtxTypeError, match=rf"{HERE}:{_line_of('# mma-u32')}:.*"
+                                               r"a registers must be b32 or f16x2") as e:
+            k.mma_m16n8k16(a, (w, w), (x, x, x, x))  # mma-u32
+        assert "u32" in str(e.value)
+        bw = k.bitcast(b32, w)
+        with pytest.raises(PtxTypeError, match="b takes 2 registers, got 1"):
+            k.mma_m16n8k16((bw,) * 4, (bw,), (x, x, x, x))
+        with pytest.raises(PtxTypeError, match="c registers must be f32"):
+            k.mma_m16n8k16((bw,) * 4, (bw, bw), (bw, x, x, x))
+        k.mma_m16n8k16((bw,) * 4, (bw, bw), (x, x, x, x))

@@ -29,9 +29,13 @@ def main():
     kc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     vc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     for L in (1, 7, 1000, 2048):
+        # the tensor-core split (the default here), the CUDA-core split's
+        # register and ring paths, each split with early_kv
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
-        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), early_kv=True)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False, early_kv=True)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
     ops.kv_append(D(f(8, 128)), D(f(8, 128)), kc, vc, i32(2047))
     for qt in ("Q4_K", "Q6_K", "Q8_0"):
         raw = quants.quantize(f(3, 512), qt)

@@ -87,6 +87,13 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, early_kv=True),
     F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, early_kv=True,
                       fused_combine=True),
+    # tensor cores: 16-key chunks (a split's last one masked), group 1..8,
+    # with and without the next trip's loads in flight, the fused merge
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True),
+    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=2, mma=True, prefetch=False),
+    F.FlashDecodeSpec(head_dim=128, group=8, warps=2, unroll=1, mma=True, fused_combine=True),
+    F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, mma=True, min_keys=16),
+    F.FlashDecodeSpec(head_dim=128, group=5, warps=2, unroll=2, mma=True, early_kv=True),
 ]
 
 
@@ -111,12 +118,17 @@ def test_flash_decode_empty_and_clamped(run, fused):
     assert rel_err(big, F.reference(q, kc, vc, 20)) <= 1e-4
 
 
+GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
+             "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True)}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("knobs", list(GPU_KNOBS))
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("L", [1, 7, 1000, 4096, 32768])
-def test_flash_decode_gpu(gpu_run, L, fused):
+def test_flash_decode_gpu(gpu_run, L, fused, knobs):
     from ptxgen.driver import get_device
-    spec = F.FlashDecodeSpec(fused_combine=fused)
+    spec = F.FlashDecodeSpec(fused_combine=fused, **GPU_KNOBS[knobs])
     n_kv, cap = 8, 32768
     q, kc, vc = _data(n_kv, 4, cap, 128, np.float16, L)
     S = F.choose_splits(spec, get_device().sm_count, n_kv, cap)
@@ -125,9 +137,12 @@ def test_flash_decode_gpu(gpu_run, L, fused):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d,G,dt", [(64, 5, "f16"), (128, 6, "f32"), (256, 2, "f16")])
-def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
-    spec = F.FlashDecodeSpec(head_dim=d, group=G, kv_dtype=dt, warps=2 if d == 256 else 4)
+@pytest.mark.parametrize("d,G,dt,mma", [(64, 5, "f16", False), (128, 6, "f32", False),
+                                        (256, 2, "f16", False), (64, 5, "f16", True),
+                                        (128, 8, "f16", True)])
+def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
+    spec = F.FlashDecodeSpec(head_dim=d, group=G, kv_dtype=dt, warps=2 if d == 256 else 4,
+                             mma=mma)
     n_kv, cap = 3, 5000
     q, kc, vc = _data(n_kv, G, cap, d, np.float16 if dt == "f16" else np.float32, d)
     for L, out in zip([4999, 3], _run(gpu_run, spec, q, kc, vc, [4999, 3], 40)):
@@ -143,7 +158,10 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt):
                                  dict(stages=1), dict(stages=9), dict(stages=True),
                                  dict(stages=8, warps=8, unroll=8),
                                  dict(early_kv=True, stages=3), dict(early_kv=True, prefetch=False),
-                                 dict(early_kv=1)])
+                                 dict(early_kv=1), dict(mma=True, kv_dtype="f32"),
+                                 dict(mma=True, head_dim=256), dict(mma=True, group=9),
+                                 dict(mma=True, stages=2), dict(mma=True, chunks=2),
+                                 dict(mma=True, unroll=5), dict(mma=1)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
@@ -158,6 +176,13 @@ def test_choose_splits():
     assert F.choose_splits(F.FlashDecodeSpec(min_keys=64), 132, 8, 100) == 2
     assert F.choose_splits(spec, 1, 64, 4096) == 1
     assert F.resident_blocks(F.FlashDecodeSpec(unroll=4, min_blocks=4)) == 4
+    # the tensor-core split: 8 warps of ~190 registers fit once, 4 warps twice
+    mma = F.FlashDecodeSpec(mma=True, warps=8, unroll=1, early_kv=True)
+    assert F.resident_blocks(mma) == 1 and F.choose_splits(mma, 132, 8, 32768) == 16
+    assert F.resident_blocks(attrs.evolve(mma, warps=4)) == 2
+    assert F.mma_fits(128, 4, "f16") and F.mma_fits(64, 8, "f16")
+    assert not F.mma_fits(256, 4, "f16") and not F.mma_fits(128, 4, "f32")
+    assert not F.mma_fits(128, 16, "f16")
 
 
 @pytest.mark.parametrize("fused", [True, False])
@@ -224,12 +249,18 @@ def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch, sta
             assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, (L, bps)
 
 
-def test_early_kv_reads_only_the_length_and_cache_before_the_wait():
+@pytest.mark.parametrize("mma", [False, True])
+def test_early_kv_reads_only_the_length_and_cache_before_the_wait(mma):
     """With early_kv under PDL, the split kernel reads nothing before its one
     griddepcontrol.wait but the length and the first tile's K/V rows, through
     L2 (``.cg``), stores nothing before it, and after it loads q and, for the
     lanes whose row is ``kv_len - 1``, that row again."""
-    spec = F.FlashDecodeSpec(early_kv=True, target="sm_90", pdl=True)
+    spec = F.FlashDecodeSpec(early_kv=True, target="sm_90", pdl=True, mma=mma, unroll=3)
+    # the words of a tile a lane loads: CUDA cores, 3 rows of K and of V of
+    # one 16-byte word; tensor cores, per 16-key chunk 2 K rows of 4 words
+    # and 4 V rows of 2
+    n_words = 3 * (2 * 4 + 4 * 2) if mma else 2 * 3
+    word = "ld.global.cg.v4.b32" if mma else "ld.global.cg.v4.u32"
     text = F.build(spec).to_ptx()
     body = text[text.index(".entry " + spec.split_name):]
     body = body[:body.index("\n}")]
@@ -238,15 +269,18 @@ def test_early_kv_reads_only_the_length_and_cache_before_the_wait():
     assert len(waits) == 1 and lines[waits[0] + 1] == "griddepcontrol.launch_dependents;"
     before, after = lines[:waits[0]], lines[waits[0]:]
     loads = [ln for ln in before if ln.startswith("ld.global")]
-    # the length, then 2 matrices x unroll 3 rows of 16-byte words
-    assert loads[0].startswith("ld.global.cg.s32") and len(loads) == 1 + 2 * 3
-    assert all(ln.startswith("ld.global.cg.v4.u32") for ln in loads[1:])
+    # the length, then the first tile's 16-byte words
+    assert loads[0].startswith("ld.global.cg.s32") and len(loads) == 1 + n_words
+    assert all(ln.startswith(word) for ln in loads[1:])
     assert not any(ln.startswith(("st.", "atom.", "red.")) for ln in before)
     # q after the wait (f32), and the newest row again (.cg) under a row == kv_len - 1 test
     assert any(ln.startswith("ld.global.nc.v4.f32") for ln in after)
     first_q = next(i for i, ln in enumerate(after) if ln.startswith("ld.global.nc.v4.f32"))
-    assert sum(ln.startswith("setp.eq.u32") for ln in after[first_q:first_q + 200]) >= 3
-    assert sum(ln.startswith("ld.global.cg.v4.u32") for ln in after) == 2 * 3
+    # (before the math; q's fragments take the tensor-core split longer)
+    math = (next(i for i, ln in enumerate(after) if ln.startswith("mma.")) if mma
+            else first_q + 200)
+    assert sum(ln.startswith("setp.eq.u32") for ln in after[first_q:math]) >= 3
+    assert sum(ln.startswith(word) for ln in after) == n_words
     # without early_kv the wait comes first and nothing goes through .cg
     plain = F.build(attrs.evolve(spec, early_kv=False)).to_ptx()
     assert ".cg" not in plain
@@ -256,8 +290,9 @@ def test_early_kv_reads_only_the_length_and_cache_before_the_wait():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mma", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_early_kv_sees_the_row_the_grid_before_appends(fused):
+def test_early_kv_sees_the_row_the_grid_before_appends(fused, mma):
     """The decode step's contract on the GPU: a PDL chain of KV append (this
     token's row at ``kv_len - 1``) then the early_kv split (and combine),
     captured once and replayed while the host advances the length.  Rows past
@@ -273,7 +308,8 @@ def test_early_kv_sees_the_row_the_grid_before_appends(fused):
     if dev.compute_capability < (9, 0):
         pytest.skip("PDL needs sm_90")
     tgt = dev.target
-    spec = F.FlashDecodeSpec(early_kv=True, fused_combine=fused, target=tgt, pdl=True)
+    spec = F.FlashDecodeSpec(early_kv=True, fused_combine=fused, target=tgt, pdl=True, mma=mma,
+                             unroll=2 if mma else 3)
     aspec = KA.KvAppendSpec(head_dim=128, target=tgt, pdl=True)
     fmod = Module.from_ptx(F.build(spec).to_ptx())
     split = fmod.function(spec.split_name)
