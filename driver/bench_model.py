@@ -28,9 +28,13 @@ import numpy as np
 __all__ = ["run_all"]
 
 
-def _copy_bandwidth() -> float:
+def _copy_bandwidth(rounds: int = 3) -> float:
+    """The device's copy ceiling: the best of ``rounds`` medians.  One
+    median once read 2.83 TB/s where every other measurement of the same
+    call read 2.98-2.99, which made the shares of the floor look 4 points
+    better than they were; the best of three keeps a dip from doing that."""
     from .bench_common import copy_bandwidth
-    return copy_bandwidth()[0]
+    return max(copy_bandwidth()[0] for _ in range(rounds))
 
 
 def _step_bytes(model, ctx: int) -> int:
