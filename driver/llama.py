@@ -98,7 +98,8 @@ class LlamaModel:
     knobs per GEMV shape; ring GEMVs take ``per_sm = ceil(grid / SMs)``
     (:func:`gemv_lowering._balanced`).  ``flash_knobs`` overrides
     :class:`FlashDecodeSpec` fields of the attention kernels (e.g.
-    ``{"unroll": 4}``) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
+    ``{"warps": 4}``, or ``{"mma": False, "unroll": 3}`` for the CUDA-core
+    split) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
     unless the knobs pick a path without it).  ``fuse_ffn``
     runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
     of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three

@@ -46,6 +46,11 @@ Kernels (one module)
     divides (``div.rn``); ``kv_len = 0`` gives 0.  At most ``MAX_SPLITS``
     (512) splits.
 
+    ``split`` on tensor cores (``mma=True``): the same parameters, partials
+    and key dealing; a warp computes 16 keys at a time with
+    ``mma.sync.m16n8k16`` (q and the probabilities as two f16 halves, K and V
+    as stored, f32 accumulation); see :func:`_build_split_mma`.
+
 Accuracy: within 1e-4 (relative to the largest output) of float64
 attention over the same f16 K/V (``ex2.approx``: 2^-22 relative).
 """
