@@ -29,14 +29,17 @@ REPEATS = 7
 #: head merging N splits per round; blocks_per_sm above the occupancy makes more than
 #: one wave (slower, 2026-11-22)
 FD_VARIANTS = {
+    # the default is the tensor-core split (8 warps, 2 chunks of 16 keys a trip)
     "fused_mu16": dict(fused_combine=True),
     "fused_mu4": dict(fused_combine=True, merge_unroll=4),
-    "w4u8b3": dict(unroll=8, prefetch=False, blocks_per_sm=3),
-    "w4u2pb3": dict(unroll=2, blocks_per_sm=3),
     "no_pdl": dict(pdl=False),
     "early_kv": dict(early_kv=True),
-    "w8": dict(warps=8),
-    "w8_early_kv": dict(warps=8, early_kv=True),
+    "w8u1_early_kv": dict(warps=8, unroll=1, early_kv=True),   # the decode step's, uncapped
+    "w4u1": dict(warps=4, unroll=1),
+    # the CUDA-core split: its default (w4u3p), with early_kv, and w4u8 at 3 blocks/SM
+    "cuda_cores": dict(mma=False),
+    "cuda_cores_early_kv": dict(mma=False, early_kv=True),
+    "cuda_cores_w4u8b3": dict(mma=False, unroll=8, prefetch=False, blocks_per_sm=3),
 }
 
 

@@ -224,8 +224,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll``, ``stages``,
     ``mma`` (the split on tensor cores; None: on where the shape allows, f16
     cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
-    ``prefetch``, ``stages`` is given, with ``flash_decode.MMA_KNOBS`` under
-    the knobs given), ``per_sm`` pick the
+    ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
+    ``flash_decode.MMA_KNOBS`` under the knobs given), ``per_sm`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
@@ -259,9 +259,9 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
              if v_ is not None}
     tgt = device_target()
     # the tensor-core split where the shape takes it and no knob of the
-    # CUDA-core split's own (chunks, prefetch, stages) was asked for
+    # CUDA-core split's own (chunks, prefetch, stages, unroll past 4) was asked for
     if mma is None and not {"chunks", "prefetch", "stages"} & knobs.keys() \
-            and _fd.mma_fits(d, n_q // n_kv, kv_dtype):
+            and knobs.get("unroll", 1) <= 4 and _fd.mma_fits(d, n_q // n_kv, kv_dtype):
         knobs = {**_fd.MMA_KNOBS, **knobs}
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
                                pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl),
