@@ -304,7 +304,8 @@ class FlashDecodeSpec:
     @property
     def kernel_name(self) -> str:
         return (f"flash_decode_d{self.head_dim}_g{self.group}_{self.kv_dtype}"
-                + ("_mma" if self.mma else "") + f"_w{self.warps}u{self.unroll}" + (f"c{self.chunks}" if self.chunks > 1 else "")
+                + ("_mma" if self.mma else "") + f"_w{self.warps}u{self.unroll}"
+                + (f"c{self.chunks}" if self.chunks > 1 else "")
                 + (f"s{self.stages}" if self.stages else
                    "p" if self.prefetch and not self.mma else "")
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
@@ -362,23 +363,11 @@ def _build_split(m, spec: FlashDecodeSpec):
         # comes from the grid before and is loaded after the wait
         qs = [] if early else load_q()
 
-        # current length, clamped to [0, capacity] (before the wait with
-        # early_kv: L2, not a line an earlier grid left in L1)
-        raw = k.ld(kv_len_ptr[0], cache="cg") if early else k.ld(kv_len_ptr[0])
-        L = k.min(k.max(raw, 0).bitcast(u32), cap)
-        # the first ceil(L / min_keys) splits (at most all) work; the length's
-        # row groups are dealt out evenly among them: split s takes groups
-        # [s g / n, (s + 1) g / n); the others see start >= L
-        ng = (L + (RG - 1)) // RG
-        nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
-        start = (split * ng) // nact * RG
-        def split_end():
-            """One past the split's last row, and its last row."""
-            e = k.min(((split + 1) * ng) // nact * RG, L)
-            return e, e - 1
+        L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, RG)
 
         if early:
-            end, last = split_end()
+            end = split_end()
+            last = end - 1
             lastc = k.max(end, 1) - 1          # rows clamped to a valid one (0 when empty)
             row0 = h * cap
 
@@ -431,7 +420,8 @@ def _build_split(m, spec: FlashDecodeSpec):
         with k.if_(start >= L):
             _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
         if not early:
-            end, last = split_end()
+            end = split_end()
+            last = end - 1
 
         m_run = [k.var(f32, NEG) for _ in range(G)]
         l_run = [k.var(f32, 0.0) for _ in range(G)]
@@ -529,6 +519,26 @@ def _build_split(m, spec: FlashDecodeSpec):
         if fused:
             k.place(merge)
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
+
+
+def _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit):
+    """The current length ``L``, clamped to ``[0, capacity]`` (read with
+    ``ld.global.cg`` under ``early_kv``: before the wait it must come from
+    L2, not a line an earlier grid left in L1), and this split's keys.  The
+    first ``ceil(L / min_keys)`` splits (at most all) work; the length's
+    groups of ``unit`` keys are dealt out evenly among them: split ``s``
+    takes groups ``[s g / n, (s + 1) g / n)``, the others see ``start >= L``.
+    Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
+    split's last key, where the caller wants it."""
+    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
+    L = k.min(k.max(raw, 0).bitcast(u32), cap)
+    ng = (L + (unit - 1)) // unit
+    nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
+    start = (split * ng) // nact * unit
+
+    def split_end():
+        return k.min(((split + 1) * ng) // nact * unit, L)
+    return L, start, split_end
 
 
 def _split_params(k, spec, cty):
@@ -681,14 +691,9 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
 
         early = spec.early_kv
         qa = None if early else load_q()
-        # the length and this split's keys, dealt in chunks of 16 (before the
-        # wait with early_kv: from L2, not a line an earlier grid left in L1)
-        raw = k.ld(kv_len_ptr[0], cache="cg") if early else k.ld(kv_len_ptr[0])
-        L = k.min(k.max(raw, 0).bitcast(u32), cap)
-        ng = (L + (CH - 1)) // CH
-        nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
-        start = (split * ng) // nact * CH
-        end = k.min(((split + 1) * ng) // nact * CH, L)
+        # this split's keys, dealt in chunks of 16
+        L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
+        end = split_end()
         lastc = k.max(end, 1) - 1                # rows clamped to a valid one (0 when empty)
         row0 = h * cap
         wofs = warp * (CH * U)                   # the warp's first key in a trip
@@ -720,23 +725,23 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                 return [as_vars(w) for w in words]
             return k.var(b32, words)
 
-        if not early:
-            with k.if_(start >= L):
-                _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
-        else:
+        if early:
             # the first trip in flight before the wait; then q, and the row
             # the grid before may have appended, loaded again
             first = as_vars(trip_loads(start, cg=True))
             pdl_wait(k, spec)
             qa = load_q()
             newest = L - 1
+            # the rows again rather than kept from before the wait: holding
+            # them across q's fragments costs registers (ptxas, sm_90: 255
+            # instead of 251 at unroll 2)
             for u in range(U):
                 for n, row in enumerate(chunk_rows(start + wofs + CH * u)):
                     with k.if_(row.eq(newest)):
                         for cw, nw in zip(_leaves(first[u][n]), _leaves(row_words(n, row, True))):
                             k.assign(cw, nw)
-            with k.if_(start >= L):
-                _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
+        with k.if_(start >= L):
+            _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
 
         m_run = k.var(f32, NEG)
         l_run = k.var(f32, 0.0)
@@ -818,7 +823,8 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                     vals[n] = k.fma(acc[2], LO_WEIGHT, acc[0])
                     vals[8 + n] = k.fma(acc[3], LO_WEIGHT, acc[1])
                 for v4 in range(4):
-                    k.st(sm_o[slot * d + 64 * ci + 16 * t + 4 * v4], tuple(vals[4 * v4:4 * v4 + 4]))
+                    k.st(sm_o[slot * d + 64 * ci + 16 * t + 4 * v4],
+                         tuple(vals[4 * v4:4 * v4 + 4]))
             with k.if_(t.eq(0)):
                 k.st(sm_m[slot], m_run)
                 k.st(sm_l[slot], l_run)
