@@ -127,11 +127,13 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
     from ptxgen.driver import get_device
     # "plain": no programmatic dependent launch; "default": PDL where the
-    # device has it; "fused_norm": PDL and the RMSNorms folded into the GEMVs
+    # device has it, the attention RMSNorm folded into the Q/K/V GEMV;
+    # "fused_norm" / "no_fused_norm": every RMSNorm folded / none
     if configs is None:
         configs = {"plain": dict(pdl=False)}
         configs["default"] = {}
         configs["fused_norm"] = dict(fuse_norm=True)
+        configs["no_fused_norm"] = dict(fuse_norm=False)
         configs["slices2"] = dict(gemv_knobs={"slices": 2})
         # the fused gate/up GEMV through the cp.async ring (faster on its own,
         # not followed by the down projection: docs/gemv.md, fifth pass)

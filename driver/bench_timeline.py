@@ -154,8 +154,9 @@ def main(argv=None):
     ap.add_argument("--layer", type=int, default=1, help="print this layer's launches in full")
     ap.add_argument("--drop", default="", help="comma-separated op kinds built without launches "
                     "(an ablation, as bench_model's configs' \"drop\")")
-    ap.add_argument("--fuse-norm", action="store_true",
-                    help="RMSNorm fused into the GEMVs after it (LlamaModel's fuse_norm)")
+    ap.add_argument("--fuse-norm", default=None,
+                    help="RMSNorms folded into the GEMVs after them (LlamaModel's fuse_norm): "
+                         "all, none, or a comma list of attn,ffn,output (default: the model's)")
     ap.add_argument("--gemv-knobs", default="{}",
                     help='Q4_K GEMV spec overrides per epilogue as JSON, e.g. '
                     '\'{"swiglu": {"per_sm": 4}}\' (LlamaModel\'s gemv_knobs)')
@@ -182,7 +183,10 @@ def main(argv=None):
     contexts = [int(c) for c in args.contexts.split(",")]
     cap = max(contexts) + 64
     drop = [k for k in args.drop.split(",") if k]
-    load = dict(backend="cuda", capacity=cap, progress=False, fuse_norm=args.fuse_norm,
+    fuse = ({} if args.fuse_norm is None else
+            {"fuse_norm": {"all": True, "none": False}.get(args.fuse_norm,
+                                                           args.fuse_norm.split(","))})
+    load = dict(backend="cuda", capacity=cap, progress=False, **fuse,
                 gemv_knobs=lambda m, k, epilogue: per_epi.get(epilogue, {}),
                 flash_knobs=json.loads(args.flash_knobs), fuse_rope=not args.no_fuse_rope)
     with _without(drop):

@@ -12,9 +12,10 @@ uploads every tensor in its own format, and builds the decode step as a
 The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
 its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, or when
 the three projections differ in type, a separate RoPE + KV-append launch
-follows the projections.  With ``fuse_norm=True`` each RmsNorm is folded
-into the Q4_K GEMVs that read it (the GEMV scales by the norm itself, no
-separate launch).
+follows the projections.  The attention RMSNorm is folded into the Q4_K
+Q/K/V GEMV that reads it (``fuse_norm``, default ``("attn",)``: the GEMV
+scales by the norm itself, no separate launch); ``fuse_norm=True`` folds the
+FFN and output norms too.
 
 Per-token state (token id, position, KV length, prompt length, the argmax
 and an overflow flag) is an ``int32[8]`` device buffer (see
@@ -79,6 +80,22 @@ class GenerateResult:
         return 1.0 / s[len(s) // 2] if s else float("nan")
 
 
+NORM_KINDS = ("attn", "ffn", "output")
+"""The RMSNorms ``LlamaModel(fuse_norm=...)`` can fold into their GEMVs."""
+
+
+def _norm_kinds(fuse_norm) -> tuple:
+    """``fuse_norm`` as a sorted tuple of :data:`NORM_KINDS`."""
+    if isinstance(fuse_norm, bool):
+        return NORM_KINDS if fuse_norm else ()
+    kinds = (fuse_norm,) if isinstance(fuse_norm, str) else tuple(fuse_norm)
+    bad = [k for k in kinds if k not in NORM_KINDS]
+    if bad:
+        raise ValueError(f"fuse_norm: unknown RMSNorm {bad[0]!r}; give True, False or "
+                         f"some of {', '.join(map(repr, NORM_KINDS))}")
+    return tuple(k for k in NORM_KINDS if k in kinds)
+
+
 class LlamaModel:
     """A Llama-architecture model on a backend, decoding one token per step.
 
@@ -87,11 +104,14 @@ class LlamaModel:
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
     (``griddepcontrol.wait``) before it reads activations.  ``fuse_norm``
-    folds each RMSNorm into the Q4_K GEMVs that read its output (QKV,
-    gate/up; see :func:`gemv_lowering.can_fuse_norm`) instead of launching
-    it on its own; it is off by default because it is slower on an H100
-    (2.167 against 2.102 ms per token at context 128, docs/results.md; the
-    fused gate/up kernel is the loser: docs/gemv.md, twelfth pass).
+    names the RMSNorms folded into the Q4_K GEMVs that read their output
+    instead of launched on their own (see :func:`gemv_lowering.can_fuse_norm`):
+    any of ``"attn"`` (into the stacked Q/K/V GEMV), ``"ffn"`` (gate/up) and
+    ``"output"`` (the logits GEMV); ``True`` for all, ``False`` for none.
+    The default, ``("attn",)``, is the fastest measured on an H100 (2.095 /
+    2.260 ms per token at context 128 / 4096 against 2.110 / 2.310 with
+    none; folding the FFN norm costs 0.09 ms, its gate/up kernel is the
+    loser, docs/gemv.md, twelfth pass; the output norm is level).
     ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
@@ -103,15 +123,15 @@ class LlamaModel:
     unless the knobs pick a path without it).  ``fuse_ffn``
     runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
     of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
-    weights are Q4_K (one CTA per SM, all resident at once; not with
-    ``fuse_norm``); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
+    weights are Q4_K (one CTA per SM, all resident at once; not with the FFN
+    norm folded); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
     stacked Q/K/V GEMV's epilogue instead of a launch of their own.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
-                 pdl: bool | None = None, fuse_norm: bool = False,
+                 pdl: bool | None = None, fuse_norm=("attn",),
                  gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None,
                  fuse_rope: bool = True):
         self.file = file
@@ -122,7 +142,7 @@ class LlamaModel:
             raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
         self.target = target or _backend_target(backend)
         self.sm_count = sm_count or _backend_sm_count(backend)
-        self.fuse_norm = bool(fuse_norm)
+        self.fuse_norm = _norm_kinds(fuse_norm)
         self.fuse_rope = bool(fuse_rope)
         self._user_flash_knobs = dict(flash_knobs or {})
         self.flash_knobs = {**MODEL_FLASH_KNOBS, **self._user_flash_knobs}
@@ -277,7 +297,8 @@ class LlamaModel:
         """The input of the GEMVs over ``tensors`` and their ``norm`` argument:
         ``(x, (weight, eps))`` when the RMSNorm ``name`` fuses into them, else
         an RmsNorm op writing ``h`` and ``(h, None)``."""
-        if self.fuse_norm and gemv_lowering.can_fuse_norm(*tensors):
+        kind = name.rsplit(".", 1)[-1].removesuffix("_norm")
+        if kind in self.fuse_norm and gemv_lowering.can_fuse_norm(*tensors):
             w, _ = self._weight(name + ".weight")
             return x, (w, self.hp.eps)
         self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)

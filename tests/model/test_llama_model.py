@@ -104,8 +104,8 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
 
 
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
-    """fuse_norm folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
-    output's stays a launch; the fused kernels' numerics are checked in
+    """fuse_norm=True folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
+    output's stays a launch; the default folds the attention norm only; the fused kernels' numerics are checked in
     tests/kernels/test_gemv.py); gemv_knobs reach the Q4_K GEMVs that allow
     them (slices: K <= 12288)."""
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False, fuse_norm=True,
@@ -116,8 +116,25 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     q4k = [s for s in gemvs if s.qtype == "Q4_K"]
     assert q4k and all(s.slices == 2 for s in q4k)
     assert sum(s.norm for s in q4k) == 2 * TINY["n_layers"]
-    plain = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    # the default folds the attention norm only: the FFN and output norms launch
+    default = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    assert default.fuse_norm == ("attn",)
+    norms = [op.name for op in default.graph.ops if op.kind == "RmsNorm"]
+    assert norms == [f"blk.{i}.ffn_norm" for i in range(TINY["n_layers"])] + ["output_norm"]
+    normed = [op.kind for op in default.graph.ops for L in op.launches
+              if L.family == "gemv" and L.spec.norm]
+    assert normed == ["MulMatRopeKv"] * TINY["n_layers"]
+    plain = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+                                 fuse_norm=False)
     assert [op.kind for op in plain.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
+    out_only = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+                                    fuse_norm="output")
+    # the output is Q6_K here: its norm cannot fold, so every norm launches
+    assert out_only.fuse_norm == ("output",)
+    assert [op.kind for op in out_only.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
+    with pytest.raises(ValueError, match="fuse_norm: unknown RMSNorm 'attention'"):
+        LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+                             fuse_norm=["attention"])
 
 
 def test_emulator_persistent_ffn_matches_reference(tiny):
