@@ -72,9 +72,14 @@ _Q4K_STREAM_M = 32768
 #: before the PDL wait (at most ``stages - 1`` row groups): one group before
 #: it, the others after x (decode step 2.368 -> 2.270 ms at context 128;
 #: docs/gemv.md "Ninth pass"); with more groups per CTA the full prologue
-#: stays (14336x4096 alone: 13.4 us, 14.4 with ahead=1)
+#: stays (14336x4096 alone: 13.4 us, 14.4 with ahead=1).  "rope": the stacked
+#: Q/K/V GEMV with the RoPE epilogue and the attention RMSNorm folded in (the
+#: decode step's default) is faster with 3 stages than with 4: 2.065-2.069 ->
+#: 2.049-2.053 ms per token at context 128, 2.238-2.241 -> 2.215-2.219 at 4096
+#: (H100, two calls, docs/executor.md); 3 stages for the O projection were level
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "mid": dict(rows=8, stages=4, max_ctas=396),
+               "rope": dict(rows=8, stages=3, max_ctas=396),
                "large": dict(rows=16, stages=3, max_ctas=264),
                "wide_k": dict(rows=4, stages=2, max_ctas=264, min_ctas=2),
                "wider_k": dict(rows=8, stages=2, max_ctas=132),
@@ -97,7 +102,7 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
     elif m is not None and m >= _Q4K_STREAM_M:
         knobs = dict(_Q4K_STREAM["large"])
     else:
-        knobs = dict(_Q4K_STREAM["mid"])
+        knobs = dict(_Q4K_STREAM["rope" if epilogue == "rope" else "mid"])
     if knobs is None:
         return None
     # n_mats and row_bytes

@@ -361,6 +361,9 @@ ROPE_CASES = [
     ("Q4_K", 512, (32, 3, 1), {"rows": 2}),
     ("Q4_K", 512, (64, 2, 1), {"rows": 4, "stages": 3, "dot": "dp4a", "ahead": 1}),
     ("Q4_K", 256, (16, 5, 2), {"rows": 8, "norm": True, "stages": 2, "dot": "dp4a"}),
+    # the decode step's QKV knobs: 8 rows, 3 stages, one group ahead, the norm folded
+    ("Q4_K", 512, (32, 4, 2), {"rows": 8, "norm": True, "stages": 3, "dot": "dp4a",
+                               "ahead": 1}),
     ("Q4_K", 512, (32, 4, 2), {"rows": 2, "slices": 2}),
     ("Q6_K", 512, (32, 3, 1), {"rows": 2}),
     ("Q8_0", 256, (8, 6, 3), {"rows": 4, "stages": 3, "tile": 256}),
@@ -406,6 +409,7 @@ def test_rope_epilogue_refused_where_not_built():
     # default_spec keeps rows even for the pairs
     s = G.default_spec("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
     assert s.rows % 2 == 0 and s.epilogue == "rope"
+    assert (s.rows, s.stages, s.ahead, s.dot) == (8, 3, 1, "dp4a")
     assert "rope128h32x8" in s.kernel_name
 
 
