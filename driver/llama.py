@@ -108,10 +108,11 @@ class LlamaModel:
     instead of launched on their own (see :func:`gemv_lowering.can_fuse_norm`):
     any of ``"attn"`` (into the stacked Q/K/V GEMV), ``"ffn"`` (gate/up) and
     ``"output"`` (the logits GEMV); ``True`` for all, ``False`` for none.
-    The default, ``("attn",)``, is the fastest measured on an H100 (2.095 /
-    2.260 ms per token at context 128 / 4096 against 2.110 / 2.310 with
-    none; folding the FFN norm costs 0.09 ms, its gate/up kernel is the
-    loser, docs/gemv.md, twelfth pass; the output norm is level).
+    The default, ``("attn",)``, is the fastest measured on an H100 (``make
+    bench`` at b3cce2a: 2.045 / 2.216 ms per token at context 128 / 4096,
+    against 2.095 / 2.278 with none and 2.122 / 2.290 with all three; the
+    fused gate/up kernel is the loser, docs/gemv.md twelfth pass; the output
+    norm is level, docs/executor.md).
     ``gemv_knobs`` overrides the
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives

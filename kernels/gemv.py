@@ -76,7 +76,8 @@ _Q4K_STREAM_M = 32768
 #: Q/K/V GEMV with the RoPE epilogue and the attention RMSNorm folded in (the
 #: decode step's default) is faster with 3 stages than with 4: 2.065-2.069 ->
 #: 2.049-2.053 ms per token at context 128, 2.238-2.241 -> 2.215-2.219 at 4096
-#: (H100, two calls, docs/executor.md); 3 stages for the O projection were level
+#: (H100, two calls, docs/gemv.md "Fourteenth pass"); 3 stages for the O
+#: projection were level
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "mid": dict(rows=8, stages=4, max_ctas=396),
                "rope": dict(rows=8, stages=3, max_ctas=396),

@@ -104,10 +104,10 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
 
 
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
-    """fuse_norm=True folds the layers' RMSNorms into their Q4_K GEMVs (the Q6_K
-    output's stays a launch; the default folds the attention norm only; the fused kernels' numerics are checked in
-    tests/kernels/test_gemv.py); gemv_knobs reach the Q4_K GEMVs that allow
-    them (slices: K <= 12288)."""
+    """fuse_norm=True folds the layers' RMSNorms into their Q4_K GEMVs (the
+    Q6_K output's stays a launch; the fused kernels' numerics are checked in
+    tests/kernels/test_gemv.py); the default folds the attention norm only;
+    gemv_knobs reach the Q4_K GEMVs that allow them (slices: K <= 12288)."""
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False, fuse_norm=True,
                              gemv_knobs={"slices": 2})
     kinds = [op.kind for op in m.graph.ops]
