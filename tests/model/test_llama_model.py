@@ -218,9 +218,10 @@ def test_gpu_decode_32_steps_matches_reference(tiny):
 def test_gpu_graph_replay_equals_eager_bit_for_bit(tiny):
     m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=80, progress=False)
     prompt = [3, 14, 15]
-    r1, l1 = m.generate(prompt, 61, mode="eager", return_logits=True)
-    r2, l2 = m.generate(prompt, 61, mode="graph", return_logits=True)
-    assert r1.tokens == r2.tokens and len(l1) == 63
+    # 64 steps: the 3 prompt tokens and 61 of the 62 generated ones each give logits
+    r1, l1 = m.generate(prompt, 62, mode="eager", return_logits=True)
+    r2, l2 = m.generate(prompt, 62, mode="graph", return_logits=True)
+    assert r1.tokens == r2.tokens and len(l1) == len(l2) == 64
     for a, b in zip(l1, l2):
         assert a.tobytes() == b.tobytes()
     assert r2.mode == "graph" and r1.mode == "eager"
