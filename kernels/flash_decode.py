@@ -65,7 +65,7 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
+from ptxgen.target import CTA_RESERVED_SHARED, MAX_STATIC_SHARED, TARGETS
 from ptxgen.types import b32, f16, f32, s32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES
@@ -73,7 +73,7 @@ from .spec_fields import pdl_field, pdl_prologue, pdl_wait
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
-SMEM_LIMIT = 48 * 1024
+SMEM_LIMIT = MAX_STATIC_SHARED     # the warps' partials are static shared arrays
 MAX_SPLITS = 512        # the most splits a launch may have
 COMBINE_WARPS = 16      # warps of the combine block
 

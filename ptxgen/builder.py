@@ -22,7 +22,7 @@ from . import types as T
 from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
-from .target import MAX_PTX
+from .target import MAX_PTX, MAX_STATIC_SHARED
 from .instr import Comment, Instr, LabelDef, Vec, _leaves
 from .instructions import InstructionsMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
@@ -215,6 +215,12 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         if any(s.name == name for s in self.shared):
             raise PtxBuildError(f"shared array {name!r} is declared twice")
         sym = Symbol(name, "shared", elem, count, align, kernel=self)
+        total = self.static_shared_bytes + (sym.nbytes if count is not None else 0)
+        if total > MAX_STATIC_SHARED:
+            raise PtxBuildError(f"shared array {name!r} brings the static shared memory of "
+                                f"kernel {self.name!r} to {total} bytes; at most "
+                                f"{MAX_STATIC_SHARED} can be static (use dynamic_shared for "
+                                f"more)")
         self.shared.append(sym)
         return sym
 

@@ -11,10 +11,14 @@ the target, or an ISA beyond :data:`MAX_PTX`, is refused when it is built.
 from __future__ import annotations
 
 __all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET", "MAX_PTX",
-           "CTA_RESERVED_SHARED"]
+           "CTA_RESERVED_SHARED", "MAX_STATIC_SHARED"]
 
 #: the newest PTX ISA a module may be raised to (CUDA 12.0)
 MAX_PTX = (8, 0)
+
+#: static (``.shared`` with a size) bytes a kernel may declare on every target;
+#: more must be dynamic, asked for at launch (the JIT refuses a larger module)
+MAX_STATIC_SHARED = 48 * 1024
 
 #: shared memory the hardware sets aside for every resident CTA (sm_80+)
 CTA_RESERVED_SHARED = 1024

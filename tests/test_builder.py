@@ -126,6 +126,17 @@ def test_vector_load_store_and_packing():
     assert "mov.b32 \t{%h2, %h3}, %hh1;" in text
 
 
+def test_static_shared_over_48k_refused_at_the_users_line():
+    m = ptxgen.Module("sm_90")
+    with m.kernel("big") as k:
+        k.shared_array("a", f32, 8192)                  # 32 KB
+        with pytest.raises(PtxBuildError, match=r"test_builder\.py:\d+: shared array 'b' "
+                           r"brings the static shared memory of kernel 'big' to 65536 bytes"):
+            k.shared_array("b", f32, 8192)
+        k.shared_array("c", f32, 4096)                  # 48 KB in all is allowed
+        k.dynamic_shared("dyn", f32)                    # and dynamic memory beside it
+
+
 def test_shared_arrays_and_dynamic_shared():
     m = ptxgen.Module("sm_80")
     with m.kernel("a") as k:
