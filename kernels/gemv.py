@@ -60,6 +60,9 @@ _Q4K_SMALL_M = 2048
 #: Q4_K calls with at least this many rows (K <= 4096, not swiglu) take the
 #: "large" ring knobs below
 _Q4K_STREAM_M = 32768
+#: Q4_K calls with rows in this range (K <= 4096, not swiglu or rope) take the
+#: "tall" ring knobs below
+_Q4K_TALL_M = range(8192, 16384)
 #: Q4_K by default: weights through the cp.async ring, products by dp4a
 #: against int8 planes of x (H100 sweeps, PDL on, docs/gemv.md "Seventh
 #: pass"; against the direct fma kernel): 1024x4096 3.64 -> 3.51 us,
@@ -77,9 +80,15 @@ _Q4K_STREAM_M = 32768
 #: decode step's default) is faster with 3 stages than with 4: 2.065-2.069 ->
 #: 2.049-2.053 ms per token at context 128, 2.238-2.241 -> 2.215-2.219 at 4096
 #: (H100, two calls, docs/gemv.md "Fourteenth pass"); 3 stages for the O
-#: projection were level
+#: projection were level.  "tall": fewer CTAs with more row groups each at
+#: 8192 <= M < 16384, alone (H100, 4 rounds, one call; 396 -> 330 max CTAs):
+#: 8192x4096 9.53-9.61 -> 8.41-8.48 us, 11008 10.84-10.87 -> 10.30-10.34,
+#: 12288 12.54-12.64 -> 11.07-11.09, 14336 12.79-12.85 -> 12.48-12.54; at
+#: 16384 and more rows the 396 CTAs win (14.02-14.11 against 14.29-14.33)
+#: (docs/gemv.md "Fifteenth pass")
 _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "mid": dict(rows=8, stages=4, max_ctas=396),
+               "tall": dict(rows=8, stages=4, max_ctas=330),
                "rope": dict(rows=8, stages=3, max_ctas=396),
                "large": dict(rows=16, stages=3, max_ctas=264),
                "wide_k": dict(rows=4, stages=2, max_ctas=264, min_ctas=2),
@@ -98,10 +107,18 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
         # 2.178 ms at context 128 (docs/gemv.md, eleventh pass)
         wide = 2 * (k // 32) * 72 <= 65536
         knobs = dict(_Q4K_STREAM["wide_k" if wide else "wider_k"])
+        if wide and epilogue == "none":
+            # a third stage: 4096x14336 alone 14.60-14.64 -> 14.09-14.13 us
+            # (H100, 4 rounds, one call); the decode step's down projection
+            # (residual) keeps two, 2.0495-2.053 against 2.0686-2.0691 ms per
+            # token with three (docs/gemv.md "Fifteenth pass")
+            knobs["stages"] = 3
     elif m is not None and m <= _Q4K_SMALL_M:
         knobs = dict(_Q4K_STREAM["small"])
     elif m is not None and m >= _Q4K_STREAM_M:
         knobs = dict(_Q4K_STREAM["large"])
+    elif m is not None and m in _Q4K_TALL_M and epilogue != "rope":
+        knobs = dict(_Q4K_STREAM["tall"])
     else:
         knobs = dict(_Q4K_STREAM["rope" if epilogue == "rope" else "mid"])
     if knobs is None:
@@ -173,6 +190,17 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         # Q8_0 251.0 -> 187.5 us; 14336x4096 and 4096x4096 as well; SwiGLU
         # 14336x4096: Q6_K 51.0 -> 38.6 us, Q8_0 59.3 -> 45.1 us
         knobs.update(_STAGED_STREAM[qtype][2 if epilogue == "swiglu" else 1], tile=k)
+    elif (qtype == "Q6_K" and 12288 <= k <= 16384 and k % 2048 == 0 and epilogue != "swiglu"
+          and _stream_allowed(overrides)):
+        # one CTA of K/16 threads per SM with two 8-row stages: 4096x14336
+        # 25.08-25.44 -> 21.20-21.25 us (H100, one call; 4 rows x 3 stages
+        # 23.19-23.68, tile by tile with 4 rows 23.97-24.01; docs/gemv.md
+        # "Fifteenth pass")
+        knobs.update(_Q6K_WIDE_RING, tile=k)
+    elif qtype == "Q8_0" and k > 4096 and epilogue != "swiglu":
+        # tiles of 1024 weights (128 threads): 4096x14336 29.04-29.30 ->
+        # 27.79-27.86 us (H100, one call; 4 rows or 2: 30.4-33.6)
+        knobs["tile"] = 1024
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)
@@ -189,6 +217,8 @@ _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
                            dict(rows=4, stages=3, max_ctas=264)),
                   "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396),
                            dict(rows=4, stages=3, max_ctas=264))}
+#: Q6_K through the ring at 12288 <= K <= 16384 (one CTA of K/16 threads per SM)
+_Q6K_WIDE_RING = dict(rows=8, stages=2, max_ctas=132)
 
 
 def _stream_allowed(overrides) -> bool:

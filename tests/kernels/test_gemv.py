@@ -152,6 +152,25 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("qtype,m,k,epi,knobs", [
+    ("Q4_K", 1031, 14336, "none", (3, 4, 264)),
+    ("Q4_K", 8195, 4096, "residual", (4, 8, 330)),
+    ("Q6_K", 1031, 14336, "none", (2, 8, 132)),
+    ("Q6_K", 1031, 14336, "residual", (2, 8, 132)),
+    ("Q8_0", 1031, 14336, "residual", (0, 8, 2112))])
+def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
+    """The defaults at K = 14336 (Q4_K alone: 3 stages; Q6_K: one CTA of 896
+    threads per SM through the ring; Q8_0: 1024-weight tiles) and at 8192 <=
+    M < 16384 (330 CTAs at most), with their own launch geometry."""
+    rng = np.random.default_rng()
+    spec = G.default_spec(qtype, k, epi, target="sm_90", m=m)
+    assert (spec.stages, spec.rows, spec.max_ctas) == knobs
+    ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
+    y = _run_gemv(gpu_run, spec, ws, x, r)
+    assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k,epi,knobs", [(4096, "none", {"norm": True}),
                                          (4096, "swiglu", {"norm": True}),
                                          (14336, "none", {"norm": True}),
@@ -197,11 +216,16 @@ def test_default_spec_streams_q4k_with_dp4a():
     def knobs(s):
         return (s.stages, s.rows, s.max_ctas, s.dot)
     assert knobs(spec(1024)) == (4, 2, 1056, "dp4a")
-    assert knobs(spec(4096)) == knobs(spec(14336, "residual")) == (4, 8, 396, "dp4a")
+    assert knobs(spec(4096)) == knobs(spec(6144, "residual")) == (4, 8, 396, "dp4a")
+    # 8192 <= M < 16384: fewer CTAs, so the next launch's CTAs find free slots
+    assert knobs(spec(14336)) == knobs(spec(8192, "residual")) == (4, 8, 330, "dp4a")
+    assert knobs(spec(16384)) == (4, 8, 396, "dp4a")
     assert knobs(spec(128256)) == (3, 16, 264, "dp4a")
     assert knobs(spec(14336, "swiglu")) == (2, 4, 528, "dp4a")
     # K = 14336: two CTAs of 448 threads per SM, held to 72 registers by the hint
     assert knobs(spec(4096, "residual", k=14336)) == (2, 4, 264, "dp4a")
+    # alone (epilogue none) a third stage
+    assert knobs(spec(4096, k=14336)) == (3, 4, 264, "dp4a")
     assert spec(4096, "residual", k=14336).min_ctas == 2 and spec(4096, k=28672).min_ctas == 0
     # 2 stages x 8 rows of 16128-byte rows exceed shared memory: fewer rows
     assert knobs(spec(4096, k=28672)) == (2, 4, 132, "dp4a")
@@ -215,7 +239,15 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
         == (4, 4096)
     assert G.default_spec("Q8_0", 4096, "residual").stages == 4
-    assert G.default_spec("Q6_K", 14336).stages == 0
+    # Q6_K at 12288 <= K <= 16384: one CTA of K/16 threads per SM, 2 stages of 8 rows
+    assert [(s.stages, s.rows, s.max_ctas, s.tile) for s in
+            (G.default_spec("Q6_K", 14336), G.default_spec("Q6_K", 16384, "residual"))] \
+        == [(2, 8, 132, 14336), (2, 8, 132, 16384)]
+    # Q8_0 past K = 4096: 1024-weight tiles
+    assert (G.default_spec("Q8_0", 14336).tile, G.default_spec("Q8_0", 14336, "swiglu").tile) \
+        == (1024, 2048)
+    assert [G.default_spec("Q6_K", k, epi).stages for k, epi in
+            ((8192, "none"), (18432, "none"), (14336, "swiglu"))] == [0, 0, 0]
     assert (G.default_spec("Q6_K", 4096, "swiglu").stages, G.default_spec("Q8_0", 4096, "swiglu").rows) \
         == (3, 4)
     # the ring's shared memory is what launch_geometry asks for
