@@ -33,17 +33,19 @@ Kernels (one module)
     ring of shared-memory stages filled by ``cp.async`` holds ``stages - 1``
     tiles in flight instead).  The lane groups of a warp
     are merged with shuffles, the warps through shared memory.
-    ``combine``: ``grid = n_q_heads``, ``block = 512`` (16 warps): warp ``w``
-    merges splits ``w, w + 16, ...``, 6 at a time with every load of a round
-    issued at once (one round for up to 96 splits): all its lanes read a
+    ``combine``: ``grid = n_q_heads``, ``block = 32 * combine_warps`` (2 warps
+    by default): warp ``w`` merges splits ``w, w + warps, ...``, ``max(6,
+    16 // warps)`` at a time with every load of a round issued at once (one
+    round for up to 16 splits with 2 warps): all its lanes read a
     split's ``(m, l)`` (one broadcast transaction) and lane ``i`` its
     ``head_dim / 32`` columns of the split's ``o``, merged online (``M = max
     m``, weights ``2^(m - M)``), so the warp needs no shuffles and no
     barrier.  An empty split's block writes ``(m, l, o) = (-1e30, 0, 0)``,
     so its weight needs no test on ``l`` (with one, ptxas predicates the
-    ``o`` loads on it: a second round trip).  The 16 warp partials meet in shared memory
-    behind one barrier; thread ``j < head_dim`` merges column ``j`` and
-    divides (``div.rn``); ``kv_len = 0`` gives 0.  At most ``MAX_SPLITS``
+    ``o`` loads on it: a second round trip).  The warp partials meet in
+    shared memory behind one barrier; thread ``j`` merges columns ``j, j +
+    32 warps, ...`` and divides (``div.rn``; one warp divides its own
+    columns, no barrier); ``kv_len = 0`` gives 0.  At most ``MAX_SPLITS``
     (512) splits.
 
     ``split`` on tensor cores (``mma=True``): the same parameters, partials
@@ -75,7 +77,7 @@ LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 SMEM_LIMIT = MAX_STATIC_SHARED     # the warps' partials are static shared arrays
 MAX_SPLITS = 512        # the most splits a launch may have
-COMBINE_WARPS = 16      # warps of the combine block
+COMBINE_WARPS = 2       # warps of the combine block by default
 
 
 @attrs.frozen
@@ -129,6 +131,16 @@ class FlashDecodeSpec:
         apply: a trip's loads are issued when the trip before is done).
         ``early_kv`` works as for the CUDA-core split.  See
         :func:`_build_split_mma`.
+    combine_warps : {1, 2, 4, 8, 16}
+        Warps of a combine block (one block per query head; default 2).
+        Each warp keeps a running merge of splits ``w, w + warps, ...`` in
+        registers, ``max(6, 16 // warps)`` splits' loads in flight per round;
+        with more than one warp the warps' partials then meet in shared
+        memory behind a barrier, with one the warp divides and stores at
+        once.  2 warps (one round at 16 splits) against the 16 of before,
+        H100, chain of launches: 6.39-6.65 -> 6.03-6.05 us at L = 1024,
+        8.09-8.38 -> 7.79-7.81 at 4096, level at 16K and 32K; decode step
+        -9 us a token at context 128 (docs/kernels.md).
     per_sm : int
         At most this many split blocks resident on one SM (0: as many as
         registers and shared memory allow): the launch asks for enough
@@ -164,6 +176,8 @@ class FlashDecodeSpec:
     early_kv: bool = attrs.field(default=False)
     per_sm: int = attrs.field(default=0)
     mma: bool = attrs.field(default=False)
+    combine_warps: int = attrs.field(default=COMBINE_WARPS,
+                                     validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
     pdl: bool = pdl_field()
 
@@ -319,7 +333,8 @@ class FlashDecodeSpec:
 
     @property
     def combine_name(self) -> str:
-        return self.kernel_name + "_combine"
+        cw = self.combine_warps
+        return self.kernel_name + "_combine" + (str(cw) if cw != COMBINE_WARPS else "")
 
 
 def _build_split(m, spec: FlashDecodeSpec):
@@ -993,9 +1008,9 @@ def _merge_parts(k, parts):
 
 def _build_combine(m, spec: FlashDecodeSpec):
     d = spec.head_dim
-    NWC = COMBINE_WARPS
+    NWC = spec.combine_warps
     E = d // 32                     # columns per lane
-    R = 6                           # splits per warp per round of loads
+    R = max(6, 16 // NWC)           # splits per warp per round of loads
     # minnctapersm 1: ptxas then keeps a round's loads in flight together
     # (aiming at more blocks per SM, it spreads them over two round trips)
     with m.kernel(spec.combine_name, reqntid=32 * NWC, minnctapersm=1) as k:
@@ -1004,9 +1019,10 @@ def _build_combine(m, spec: FlashDecodeSpec):
         part_ml = k.param_ptr("part_ml", f32, align=8)
         out = k.param_ptr("out", f32, align=16)
         nsplit = k.param("n_splits", u32)
-        sm_m = k.shared_array("sm_m", f32, NWC, align=16)
-        sm_l = k.shared_array("sm_l", f32, NWC, align=16)
-        sm_o = k.shared_array("sm_o", f32, NWC * d, align=16)
+        if NWC > 1:
+            sm_m = k.shared_array("sm_m", f32, NWC, align=16)
+            sm_l = k.shared_array("sm_l", f32, NWC, align=16)
+            sm_o = k.shared_array("sm_o", f32, NWC * d, align=16)
         qh = k.ctaid.x
         tid = k.tid.x
         lane = tid & 31
@@ -1051,6 +1067,14 @@ def _build_combine(m, spec: FlashDecodeSpec):
                     acc = k.fma(w, v[e], acc)
                 k.assign(o_run[e], acc)
             k.assign(m_run, mx)
+        if NWC == 1:
+            # the warp holds the whole merge: divide and store its columns
+            lpos = l_run > 0.0
+            lden = k.max(l_run, 1e-30)
+            res = [k.select(lpos, k.div(o, lden), zero) for o in o_run]
+            for c in range(0, E, 4 if E >= 4 else 2):
+                k.st(out[qh * d + lane * E + c], tuple(res[c:c + min(4, E)]))
+            return
         with k.if_(lane.eq(0)):
             k.st(sm_m[warp], m_run)
             k.st(sm_l[warp], l_run)
@@ -1058,11 +1082,14 @@ def _build_combine(m, spec: FlashDecodeSpec):
             n = min(4, E)
             k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
         k.bar_sync(0)
-        with k.if_(tid < d):
-            _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + tid])
-                                           for w in range(NWC)])
-            res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
-            k.st(out[qh * d + tid], res)
+        # thread t merges columns t, t + 32 NWC, ... (one column with 16 warps)
+        for c0 in range(0, d, 32 * NWC):
+            col = tid + c0 if c0 else tid
+            with k.if_(col < d) if c0 + 32 * NWC > d else nullcontext():
+                _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + col])
+                                               for w in range(NWC)])
+                res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
+                k.st(out[qh * d + col], res)
 
 
 def build(spec: FlashDecodeSpec) -> ptxgen.Module:
@@ -1142,7 +1169,7 @@ def launch_geometry(spec: FlashDecodeSpec, n_kv_heads: int, n_splits: int):
     split = ((n_splits, n_kv_heads, 1), (32 * spec.warps, 1, 1))
     if spec.fused_combine:
         return split, None
-    return split, ((n_kv_heads * spec.group, 1, 1), (32 * COMBINE_WARPS, 1, 1))
+    return split, ((n_kv_heads * spec.group, 1, 1), (32 * spec.combine_warps, 1, 1))
 
 
 def reference(q, k_cache, v_cache, kv_len: int, sm_scale: float | None = None):

@@ -94,6 +94,9 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=128, group=8, warps=2, unroll=1, mma=True, fused_combine=True),
     F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, mma=True, min_keys=16),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=2, unroll=2, mma=True, early_kv=True),
+    # a combine of one warp (registers only) and of two (shared memory)
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
+    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
 ]
 
 
@@ -119,7 +122,8 @@ def test_flash_decode_empty_and_clamped(run, fused):
 
 
 GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
-             "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True)}
+             "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True),
+             "mma_w8e_cw1": dict(mma=True, warps=8, unroll=1, early_kv=True, combine_warps=1)}
 
 
 @pytest.mark.gpu
@@ -195,11 +199,13 @@ def test_flash_decode_many_splits(run, fused):
         assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
 
 
-@pytest.mark.parametrize("d,n_splits", [(256, 5), (64, 300)])
-def test_flash_decode_combine_rounds(run, d, n_splits):
+@pytest.mark.parametrize("d,n_splits,cw", [(256, 5, 16), (64, 300, 16), (256, 21, 1),
+                                            (64, 300, 1), (128, 40, 4)])
+def test_flash_decode_combine_rounds(run, d, n_splits, cw):
     """The combine's lanes hold 8 columns at head_dim 256, and its warps take
-    several rounds of 6 splits past 96 splits (here most are empty)."""
-    spec = F.FlashDecodeSpec(head_dim=d, group=2, warps=1, unroll=2)
+    several rounds of splits (6 a round with 16 or 4 warps, 16 with one)
+    past 96 splits (here most are empty)."""
+    spec = F.FlashDecodeSpec(head_dim=d, group=2, warps=1, unroll=2, combine_warps=cw)
     q, kc, vc = _data(1, 2, 1200, d, np.float16, d)
     # the short length first: its empty splits' o must be written (the
     # workspace starts poisoned)
