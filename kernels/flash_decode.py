@@ -75,7 +75,6 @@ from .spec_fields import pdl_field, pdl_prologue, pdl_wait
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
-SMEM_LIMIT = MAX_STATIC_SHARED     # the warps' partials are static shared arrays
 MAX_SPLITS = 512        # the most splits a launch may have
 COMBINE_WARPS = 2       # warps of the combine block by default
 
@@ -261,10 +260,10 @@ class FlashDecodeSpec:
                 self.dynamic_shared
             except ValueError as e:
                 raise ValueError(f"per_sm={self.per_sm}: {e}") from None
-        if self.shared_bytes > SMEM_LIMIT:
+        if self.shared_bytes > MAX_STATIC_SHARED:
             raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
                              f"warps needs {self.shared_bytes} bytes of shared memory "
-                             f"(limit {SMEM_LIMIT}); use fewer warps")
+                             f"(limit {MAX_STATIC_SHARED}); use fewer warps")
 
     @property
     def elems_per_lane(self) -> int:
@@ -573,6 +572,16 @@ def _split_params(k, spec, cty):
     return params + (merge, (sm_m, sm_l, sm_o))
 
 
+def _strided(k, tid, n, step):
+    """Items ``tid, tid + step, ...`` below ``n`` (``n`` known when
+    building): yields each as a register, inside a guard ``item < n`` only
+    for the last round, where some threads may be past ``n``."""
+    for c in range(-(-n // step)):
+        item = tid + c * step if c else tid
+        with k.if_(item < n) if (c + 1) * step > n else nullcontext():
+            yield item
+
+
 def _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge):
     """A split with no rows: the neutral partial ``(m, l, o) = (-1e30, 0,
     0)`` for every head of the group, then exit (or, with the fused merge,
@@ -585,12 +594,9 @@ def _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge):
     # and a zero o, so the combine may weigh every split's o (by 0)
     # without a select that would let ptxas predicate its load on l
     z = k.mov(0.0, f32)
-    nv = d // 4                             # 16-byte stores per row
-    for c in range(-(-nv // nthreads)):
-        col = tid + c * nthreads if c else tid
-        with k.if_(col < nv) if (c + 1) * nthreads > nv else nullcontext():
-            for g in range(G):
-                k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
+    for col in _strided(k, tid, d // 4, nthreads):      # 16-byte stores per row
+        for g in range(G):
+            k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
     if merge is not None:
         k.bra(merge, uni=True)
     else:
@@ -1083,13 +1089,11 @@ def _build_combine(m, spec: FlashDecodeSpec):
             k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
         k.bar_sync(0)
         # thread t merges columns t, t + 32 NWC, ... (one column with 16 warps)
-        for c0 in range(0, d, 32 * NWC):
-            col = tid + c0 if c0 else tid
-            with k.if_(col < d) if c0 + 32 * NWC > d else nullcontext():
-                _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + col])
-                                               for w in range(NWC)])
-                res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
-                k.st(out[qh * d + col], res)
+        for col in _strided(k, tid, d, 32 * NWC):
+            _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + col])
+                                           for w in range(NWC)])
+            res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
+            k.st(out[qh * d + col], res)
 
 
 def build(spec: FlashDecodeSpec) -> ptxgen.Module:

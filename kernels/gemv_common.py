@@ -27,7 +27,7 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.target import TARGETS
+from ptxgen.target import MAX_STATIC_SHARED, TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
 from .spec_fields import pdl_field, target_field
@@ -273,7 +273,7 @@ class GemvSpec:
         if v > 1 and (self.qtype != "Q4_K" or self.xmode != "reg" or self.prefetch
                       or self.stage):
             raise ValueError("slices > 1 is built for Q4_K with xmode='reg', no prefetch/stage")
-        if v > 1 and 4 * self.k > 48 * 1024:
+        if v > 1 and 4 * self.k > MAX_STATIC_SHARED:
             raise ValueError(f"slices > 1 keeps x ({4 * self.k} bytes) in static shared "
                              f"memory: K must be at most 12288, got {self.k}")
 

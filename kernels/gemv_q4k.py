@@ -35,6 +35,7 @@ import math
 from contextlib import nullcontext
 
 import ptxgen
+from ptxgen.target import MAX_STATIC_SHARED
 from ptxgen.types import f16, f32, u32, u64
 
 from .gemv_common import GemvSpec, declare_params, norm_scale, warp_sum, write_outputs
@@ -342,7 +343,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
     kdir = dict(reqntid=thr * S)
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
-    if spec.xmode == "shared" and ppt * thr * 128 > 48 * 1024:
+    if spec.xmode == "shared" and ppt * thr * 128 > MAX_STATIC_SHARED:
         raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
                          f"exceed 48 KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
