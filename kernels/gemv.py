@@ -190,13 +190,27 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         # Q8_0 251.0 -> 187.5 us; 14336x4096 and 4096x4096 as well; SwiGLU
         # 14336x4096: Q6_K 51.0 -> 38.6 us, Q8_0 59.3 -> 45.1 us
         knobs.update(_STAGED_STREAM[qtype][2 if epilogue == "swiglu" else 1], tile=k)
+        if qtype == "Q6_K" and m is not None and m in _Q6K_TWO_PIECES_M:
+            # two pieces a thread (128 threads): 2048x4096 5.33 -> 4.78 us,
+            # 4096 8.45 -> 7.96, 8192 13.16 -> 12.55, 14336 19.85-19.96 ->
+            # 19.00-19.06, SwiGLU 14336x4096 39.6-39.8 -> 36.2-36.4; level at
+            # 28672 rows, slower at 1024 (3.04 -> 3.17) and from 32768 (128256:
+            # 150.1 -> 161.1) (H100, 3 rounds; docs/gemv.md "Sixteenth pass")
+            knobs["pieces"] = 2
     elif (qtype == "Q6_K" and 12288 <= k <= 16384 and k % 2048 == 0 and epilogue != "swiglu"
           and _stream_allowed(overrides)):
-        # one CTA of K/16 threads per SM with two 8-row stages: 4096x14336
-        # 25.08-25.44 -> 21.20-21.25 us (H100, one call; 4 rows x 3 stages
-        # 23.19-23.68, tile by tile with 4 rows 23.97-24.01; docs/gemv.md
-        # "Fifteenth pass")
+        # two CTAs of K/32 threads per SM (two pieces a thread), two 4-row
+        # stages: 4096x14336 21.14-21.59 -> 20.08-20.22 us, with the residual
+        # epilogue 21.46-21.56 -> 20.18-20.32 (H100, 3 rounds; one CTA of K/16
+        # threads with 8-row stages before; docs/gemv.md "Sixteenth pass")
         knobs.update(_Q6K_WIDE_RING, tile=k)
+    elif (qtype == "Q8_0" and 12288 <= k <= 16384 and k % 256 == 0 and epilogue != "swiglu"
+          and _stream_allowed(overrides)):
+        # through the ring, 8 pieces (64 weights) a thread, so two CTAs of
+        # K/64 threads share an SM: 4096x14336 28.0-28.2 -> 22.3-22.6 us,
+        # residual 28.1-28.2 -> 23.6 (H100, 3 rounds; tiles of 1024 before;
+        # docs/gemv.md "Sixteenth pass")
+        knobs.update(_Q8_WIDE_RING, tile=k)
     elif qtype == "Q8_0" and k > 4096 and epilogue != "swiglu":
         # tiles of 1024 weights (128 threads): 4096x14336 29.04-29.30 ->
         # 27.79-27.86 us (H100, one call; 4 rows or 2: 30.4-33.6)
@@ -212,13 +226,21 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
 
 
 #: Q6_K/Q8_0 through the ring: (K multiple giving 16-byte rows, knobs, SwiGLU
-#: knobs); the tile is the whole row
+#: knobs); the tile is the whole row.  Q8_0 with two pieces a thread (256
+#: threads at K = 4096): 14336x4096 23.78-23.88 -> 21.65-21.80 us, 4096x4096
+#: 9.18-9.21 -> 8.94-9.01, 1024x4096 3.46-3.48 -> 3.41-3.42, SwiGLU
+#: 14336x4096 45.4-45.5 -> 41.9-42.0, 128256x4096 level (187.8-188.0 ->
+#: 187.0-187.6) (H100, 3 rounds; docs/gemv.md "Sixteenth pass")
 _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
                            dict(rows=4, stages=3, max_ctas=264)),
-                  "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396),
-                           dict(rows=4, stages=3, max_ctas=264))}
-#: Q6_K through the ring at 12288 <= K <= 16384 (one CTA of K/16 threads per SM)
-_Q6K_WIDE_RING = dict(rows=8, stages=2, max_ctas=132)
+                  "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396, pieces=2),
+                           dict(rows=4, stages=3, max_ctas=264, pieces=2))}
+#: Q6_K calls at K = 4096 with this many rows take two pieces a thread
+_Q6K_TWO_PIECES_M = range(2048, 28672)
+#: Q6_K through the ring at 12288 <= K <= 16384 (two CTAs of K/32 threads per SM)
+_Q6K_WIDE_RING = dict(rows=4, stages=2, max_ctas=264, min_ctas=2, pieces=2)
+#: Q8_0 through the ring at 12288 <= K <= 16384 (two CTAs of K/64 threads per SM)
+_Q8_WIDE_RING = dict(rows=1, stages=4, max_ctas=264, pieces=8)
 
 
 def _stream_allowed(overrides) -> bool:
@@ -235,6 +257,7 @@ CANONICAL = {
     "gemv_q6_k_swiglu": GemvSpec("Q6_K", 512, epilogue="swiglu"),
     "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
     "gemv_q4_k_stream": GemvSpec("Q4_K", 512, rows=2, stages=3),
+    "gemv_q8_0_ring": GemvSpec("Q8_0", 768, rows=2, stages=3, tile=768, pieces=2),
     "gemv_q4_k_rope": GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=4, stages=3,
                                dot="dp4a"),
 }

@@ -95,7 +95,8 @@ class GemvSpec:
         x is reused across them).
     pieces : int
         Q4_K: 32-weight pieces each thread owns (0 = as few as fit in 1024
-        threads).  Staged formats: ignored.
+        threads).  Q6_K/Q8_0 (16- and 8-weight pieces): through the ring
+        (``stages``) only, 0 meaning one a thread.
     tile : int
         Staged formats: weights per K tile (a multiple of the block).
     load_width : int
@@ -285,8 +286,11 @@ class GemvSpec:
 
     @pieces.validator
     def _check_pieces(self, attr, v):
-        if not isinstance(v, int) or v < 0 or v > 8:
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > 8:
             raise ValueError(f"pieces must be 0..8, got {v!r}")
+        if v > 1 and self.qtype != "Q4_K" and not self.stages:
+            raise ValueError(f"pieces={v} for {self.qtype} is built for the ring (stages >= 2); "
+                             "tile by tile a thread owns one piece")
 
     @tile.validator
     def _check_tile(self, attr, v):

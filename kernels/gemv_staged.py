@@ -49,12 +49,15 @@ def staged_layout(spec: GemvSpec) -> dict:
     else:
         lw = next(w for w in (16, 8, 4, 2) if align % w == 0)
     pieces = tb * _PIECES_PER_BLOCK[spec.qtype]
-    thr = max(32, math.ceil(pieces / 32) * 32)
+    # pieces per thread: more than one only through the ring (gemv_stream)
+    ppt = spec.pieces or 1
+    thr = max(32, math.ceil(math.ceil(pieces / ppt) / 32) * 32)
     if thr > 1024:
         raise ValueError(f"{spec.qtype} tile of {tb} blocks has {pieces} pieces (> 1024 "
-                         "threads); lower tile")
+                         f"threads at {ppt} a thread); lower tile or raise pieces")
     return dict(tile_blocks=tb, tiles=nb // tb, tile_bytes=tile_bytes,
-                stride=math.ceil(tile_bytes / 16) * 16, lw=lw, pieces=pieces, threads=thr)
+                stride=math.ceil(tile_bytes / 16) * 16, lw=lw, pieces=pieces, threads=thr,
+                ppt=ppt)
 
 
 def _u32_at(k, addr):

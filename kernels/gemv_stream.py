@@ -17,9 +17,9 @@ super-block's header from the stage (``ld.shared.v4``; the 8 lanes of a
 super-block read the same header, a broadcast; a quarter warp's qs reads
 cover 128 contiguous bytes, no bank conflicts) and computes exactly as the
 direct kernel does, x in registers.  Q6_K and Q8_0 threads decode their
-piece of each row from the stage exactly as the staged kernel
-(:mod:`gemv_staged`) decodes it from its tile, with their x values loaded
-once (the tile is the whole row).
+piece of each row (``pieces`` of them, ``tid + i * threads``) from the stage
+exactly as the staged kernel (:mod:`gemv_staged`) decodes it from its tile,
+with their x values loaded once (the tile is the whole row).
 
 Per row group ``g`` (iteration of the CTA's loop)::
 
@@ -141,8 +141,12 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # is computed once here, and write_outputs scales every row by it
         nsum = _norm_sum(k, spec, pcs, norm, red, warps, tid)
         if not q4k:
-            active = tid < lay["pieces"]
-            spc = piece_fn(k, None, x, 0, k.min(tid, lay["pieces"] - 1), lay)
+            # piece p = tid + i * thr of the row, for each of the thread's ppt
+            spcs = []
+            for i in range(lay["ppt"]):
+                p = tid + i * thr if i else tid
+                spcs.append((p < lay["pieces"],
+                             piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
             issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
@@ -161,7 +165,9 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 for i in range(R):
                     for mi in range(nm):
                         row = _RowView(base + (mi * group_bytes + i * rb))
-                        acc[mi][i] = k.select(active, dot_fn(k, spec, row, spc), zero)
+                        for active, spc in spcs:
+                            d = k.select(active, dot_fn(k, spec, row, spc), zero)
+                            acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             for pc in pcs:
                 hb = ring[rd + pc["h32"]]
                 qb = ring[rd + pc["q32"]]

@@ -97,6 +97,10 @@ CASES = [
     ("Q6_K", 2048, "none", {"stages": 3, "rows": 2, "tile": 2048}),
     ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 1, "tile": 2048}),
     ("Q8_0", 512, "residual", {"stages": 4, "rows": 2, "tile": 512}),
+    # several pieces a thread through the ring (the last round partly past K)
+    ("Q8_0", 768, "residual", {"stages": 3, "rows": 2, "tile": 768, "pieces": 2}),
+    ("Q8_0", 512, "swiglu", {"stages": 2, "rows": 1, "tile": 512, "pieces": 2}),
+    ("Q6_K", 4096, "none", {"stages": 2, "rows": 2, "tile": 4096, "pieces": 3}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -153,18 +157,24 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype,m,k,epi,knobs", [
-    ("Q4_K", 1031, 14336, "none", (3, 4, 264)),
-    ("Q4_K", 8195, 4096, "residual", (4, 8, 330)),
-    ("Q6_K", 1031, 14336, "none", (2, 8, 132)),
-    ("Q6_K", 1031, 14336, "residual", (2, 8, 132)),
-    ("Q8_0", 1031, 14336, "residual", (0, 8, 2112))])
+    ("Q4_K", 1031, 14336, "none", (3, 4, 264, 0)),
+    ("Q4_K", 8195, 4096, "residual", (4, 8, 330, 0)),
+    ("Q6_K", 1031, 14336, "none", (2, 4, 264, 2)),
+    ("Q6_K", 1031, 14336, "residual", (2, 4, 264, 2)),
+    ("Q6_K", 2053, 4096, "swiglu", (3, 4, 264, 2)),
+    ("Q8_0", 1031, 14336, "none", (4, 1, 264, 8)),
+    ("Q8_0", 1031, 14336, "residual", (4, 1, 264, 8)),
+    ("Q8_0", 1031, 4096, "residual", (4, 4, 396, 2)),
+    ("Q8_0", 1031, 8192, "residual", (0, 8, 2112, 0))])
 def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
-    """The defaults at K = 14336 (Q4_K alone: 3 stages; Q6_K: one CTA of 896
-    threads per SM through the ring; Q8_0: 1024-weight tiles) and at 8192 <=
-    M < 16384 (330 CTAs at most), with their own launch geometry."""
+    """The defaults at K = 14336 (Q4_K alone: 3 stages; Q6_K: two CTAs of 448
+    threads per SM through the ring; Q8_0: two of 224, 8 pieces a thread), at
+    8192 <= M < 16384 (330 CTAs at most), Q6_K and Q8_0 with two pieces a
+    thread at K = 4096, and Q8_0 tiles of 1024 weights at K = 8192, with their
+    own launch geometry."""
     rng = np.random.default_rng()
     spec = G.default_spec(qtype, k, epi, target="sm_90", m=m)
-    assert (spec.stages, spec.rows, spec.max_ctas) == knobs
+    assert (spec.stages, spec.rows, spec.max_ctas, spec.pieces) == knobs
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     y = _run_gemv(gpu_run, spec, ws, x, r)
     assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
@@ -239,13 +249,23 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
         == (4, 4096)
     assert G.default_spec("Q8_0", 4096, "residual").stages == 4
-    # Q6_K at 12288 <= K <= 16384: one CTA of K/16 threads per SM, 2 stages of 8 rows
-    assert [(s.stages, s.rows, s.max_ctas, s.tile) for s in
+    # Q6_K at 12288 <= K <= 16384: two CTAs of K/32 threads per SM, 2 stages of 4 rows
+    assert [(s.stages, s.rows, s.max_ctas, s.tile, s.pieces, G.threads(s)) for s in
             (G.default_spec("Q6_K", 14336), G.default_spec("Q6_K", 16384, "residual"))] \
-        == [(2, 8, 132, 14336), (2, 8, 132, 16384)]
-    # Q8_0 past K = 4096: 1024-weight tiles
-    assert (G.default_spec("Q8_0", 14336).tile, G.default_spec("Q8_0", 14336, "swiglu").tile) \
+        == [(2, 4, 264, 14336, 2, 448), (2, 4, 264, 16384, 2, 512)]
+    # Q8_0 there: two CTAs of K/64 threads (8 pieces each); elsewhere past
+    # K = 4096, 1024-weight tiles
+    assert [(s.stages, s.rows, s.tile, s.pieces, G.threads(s)) for s in
+            (G.default_spec("Q8_0", 14336), G.default_spec("Q8_0", 12288, "residual"))] \
+        == [(4, 1, 14336, 8, 224), (4, 1, 12288, 8, 192)]
+    assert (G.default_spec("Q8_0", 8192).tile, G.default_spec("Q8_0", 14336, "swiglu").tile) \
         == (1024, 2048)
+    # two pieces a thread at K = 4096: Q8_0 always, Q6_K at 2048 <= M < 28672
+    assert [G.default_spec(q, 4096, epi, m=m).pieces for q, epi, m in
+            (("Q8_0", "none", None), ("Q8_0", "swiglu", 14336), ("Q8_0", "none", 128256),
+             ("Q6_K", "none", 1024), ("Q6_K", "none", 2048), ("Q6_K", "swiglu", 14336),
+             ("Q6_K", "residual", 28671), ("Q6_K", "none", 28672), ("Q6_K", "none", None))] \
+        == [2, 2, 2, 0, 2, 2, 2, 0, 0]
     assert [G.default_spec("Q6_K", k, epi).stages for k, epi in
             ((8192, "none"), (18432, "none"), (14336, "swiglu"))] == [0, 0, 0]
     assert (G.default_spec("Q6_K", 4096, "swiglu").stages, G.default_spec("Q8_0", 4096, "swiglu").rows) \
@@ -272,6 +292,8 @@ def test_stages_knob_refused_where_not_built():
         G.GemvSpec("Q6_K", 4096, stages=3, tile=2048)
     with pytest.raises(ValueError, match="16-byte aligned rows"):
         G.GemvSpec("Q6_K", 256, stages=3, tile=256)      # 210-byte rows
+    with pytest.raises(ValueError, match="built for the ring"):
+        G.GemvSpec("Q8_0", 512, pieces=2)
     with pytest.raises(ValueError, match="one slice"):
         G.GemvSpec("Q4_K", 512, stages=3, slices=2)
     with pytest.raises(ValueError, match="bytes of shared memory"):
