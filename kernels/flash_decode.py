@@ -235,10 +235,8 @@ class FlashDecodeSpec:
 
     def __attrs_post_init__(self):
         if self.mma:
-            bad = [what for what, ok in (
-                ("an f16 cache", self.kv_dtype == "f16"),
-                ("head_dim 64 or 128", self.head_dim in (64, 128)),
-                ("group at most 8", self.group <= 8),
+            bad = _mma_shape_misses(self.head_dim, self.group, self.kv_dtype) + [
+                what for what, ok in (
                 ("chunks=1", self.chunks == 1),
                 ("no ring (stages=0)", not self.stages),
                 ("unroll at most 4", self.unroll <= 4)) if not ok]
@@ -635,6 +633,16 @@ def _split_f16(k, x):
     return hi, lo
 
 
+def _a_halves(k, vals):
+    """An ``A`` fragment of ``mma.m16n8k16`` from one lane's 4 f32 values of
+    its row ``g`` (columns ``2 t, 2 t + 1, 2 t + 8, 2 t + 9``): registers 0
+    and 2 (row ``g``) hold their high f16 halves, 1 and 3 (row ``g + 8``)
+    their low halves (:func:`_split_f16`)."""
+    hi, lo = zip(*(_split_f16(k, x) for x in vals))
+    return (k.pack(b32, hi[0], hi[1]), k.pack(b32, lo[0], lo[1]),
+            k.pack(b32, hi[2], hi[3]), k.pack(b32, lo[2], lo[3]))
+
+
 def _build_split_mma(m, spec: FlashDecodeSpec):
     """The split kernel on tensor cores (``mma.sync.m16n8k16``, f16 in, f32
     accumulate); same parameters, partials and key dealing as the CUDA-core
@@ -702,13 +710,8 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                 vals = list(k.ld(q[qrow + 32 * i], vec=4, nc=True))
                 vals += list(k.ld(q[qrow + 32 * i + 4], vec=4, nc=True))
                 qv.append([k.mul(x, cg, rnd="rn") for x in vals])
-            qa = []
-            for kt in range(KT):
-                i, e = divmod(kt, 2)
-                hi, lo = zip(*(_split_f16(k, x) for x in qv[i][4 * e:4 * e + 4]))
-                qa.append((k.pack(b32, hi[0], hi[1]), k.pack(b32, lo[0], lo[1]),
-                           k.pack(b32, hi[2], hi[3]), k.pack(b32, lo[2], lo[3])))
-            return qa
+            return [_a_halves(k, qv[kt // 2][4 * (kt % 2):4 * (kt % 2) + 4])
+                    for kt in range(KT)]
 
         early = spec.early_kv
         qa = None if early else load_q()
@@ -808,9 +811,7 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             k.assign(l_run, l_run + psum)
             for u in range(U):
                 vw = words[u][2:]
-                hi, lo = zip(*(_split_f16(k, x) for x in p[4 * u:4 * u + 4]))
-                pa = (k.pack(b32, hi[0], hi[1]), k.pack(b32, lo[0], lo[1]),
-                      k.pack(b32, hi[2], hi[3]), k.pack(b32, lo[2], lo[3]))
+                pa = _a_halves(k, p[4 * u:4 * u + 4])
                 for ci in range(VC):
                     for n in range(8):
                         w, e = divmod(n, 2)
@@ -1146,10 +1147,17 @@ MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 2}
 those measured alone on the H100, docs/kernels.md)."""
 
 
+def _mma_shape_misses(head_dim: int, group: int, kv_dtype: str) -> list:
+    """What of this shape the tensor-core split does not take (empty: all)."""
+    return [what for what, ok in (("an f16 cache", kv_dtype == "f16"),
+                                  ("head_dim 64 or 128", head_dim in (64, 128)),
+                                  ("group at most 8", 1 <= group <= 8)) if not ok]
+
+
 def mma_fits(head_dim: int, group: int, kv_dtype: str) -> bool:
     """Whether the tensor-core split (``mma=True``) takes this shape (every
     ptxgen target, sm_80 and newer, has ``mma.sync.m16n8k16``)."""
-    return kv_dtype == "f16" and head_dim in (64, 128) and 1 <= group <= 8
+    return not _mma_shape_misses(head_dim, group, kv_dtype)
 
 
 def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacity: int,

@@ -276,7 +276,7 @@ class GemvSpec:
             raise ValueError("slices > 1 is built for Q4_K with xmode='reg', no prefetch/stage")
         if v > 1 and 4 * self.k > MAX_STATIC_SHARED:
             raise ValueError(f"slices > 1 keeps x ({4 * self.k} bytes) in static shared "
-                             f"memory: K must be at most 12288, got {self.k}")
+                             f"memory: K must be at most {MAX_STATIC_SHARED // 4}, got {self.k}")
 
     @norm.validator
     def _check_norm(self, attr, v):

@@ -345,7 +345,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         kdir["minnctapersm"] = spec.min_ctas
     if spec.xmode == "shared" and ppt * thr * 128 > MAX_STATIC_SHARED:
         raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
-                         f"exceed 48 KB of static shared memory")
+                         f"exceed {MAX_STATIC_SHARED // 1024} KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
         ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         early = spec.early or spec.prefetch
