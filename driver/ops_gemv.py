@@ -23,7 +23,8 @@ from .launch import launch
 from .memory import DeviceArray, as_device_array
 from .module import Module
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "gemv_ffn", "ffn_spec", "ffn_geometry"]
+__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "split_workspace", "gemv_ffn", "ffn_spec",
+           "ffn_geometry"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,11 +86,36 @@ def _vec(a, n, what):
     return d
 
 
+_split_work: dict = {}
+
+
+def split_workspace(spec, m, stream=None):
+    """The ``part`` and ``flags`` arrays a ``split_k`` GEMV of ``m`` rows
+    takes after ``y`` (:func:`ptxgen.kernels.gemv.workspace`), or ``()``:
+    one set per stream and size, the flags zero when allocated and left at
+    zero by every launch (launches on one stream run in turn, and under
+    programmatic dependent launch a GEMV touches them only after its wait).
+    The first call for a stream and size allocates and synchronizes the
+    device, so make it before capturing a graph."""
+    from .device import get_device
+    from .stream import stream_handle
+    sizes = _g.workspace(spec, m)
+    if not sizes:
+        return ()
+    key = (int(stream_handle(stream)),) + tuple((np.dtype(dt).str, n) for dt, n in sizes)
+    if key not in _split_work:
+        _split_work[key] = tuple(DeviceArray.zeros((n,), dt) for dt, n in sizes)
+        # the memset runs on the legacy stream: done before any stream uses it
+        get_device().synchronize()
+    return _split_work[key]
+
+
 def _run(spec, m, ptrs, out, stream):
     y = DeviceArray.empty((m,), np.float32) if out is None else _vec(out, m, "out")
     grid, block, shared, rpc = _g.launch_geometry(spec, m)
     launch(_function(spec), grid, block, *ptrs[:-1], *([ptrs[-1]] if ptrs[-1] is not None else []),
-           y, m, rpc, shared=shared, stream=stream, pdl=spec.pdl)
+           y, *split_workspace(spec, m, stream), m, rpc, shared=shared, stream=stream,
+           pdl=spec.pdl)
     return y
 
 
