@@ -60,7 +60,6 @@ attention over the same f16 K/V (``ex2.approx``: 2^-22 relative).
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 
 import attrs
 import numpy as np
@@ -570,16 +569,6 @@ def _split_params(k, spec, cty):
     return params + (merge, (sm_m, sm_l, sm_o))
 
 
-def _strided(k, tid, n, step):
-    """Items ``tid, tid + step, ...`` below ``n`` (``n`` known when
-    building): yields each as a register, inside a guard ``item < n`` only
-    for the last round, where some threads may be past ``n``."""
-    for c in range(-(-n // step)):
-        item = tid + c * step if c else tid
-        with k.if_(item < n) if (c + 1) * step > n else nullcontext():
-            yield item
-
-
 def _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge):
     """A split with no rows: the neutral partial ``(m, l, o) = (-1e30, 0,
     0)`` for every head of the group, then exit (or, with the fused merge,
@@ -592,7 +581,7 @@ def _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge):
     # and a zero o, so the combine may weigh every split's o (by 0)
     # without a select that would let ptxas predicate its load on l
     z = k.mov(0.0, f32)
-    for col in _strided(k, tid, d // 4, nthreads):      # 16-byte stores per row
+    for col in k.strided(tid, d // 4, nthreads):      # 16-byte stores per row
         for g in range(G):
             k.st(part_o[((h * G + g) * nsplit + split) * d + 4 * col], (z, z, z, z))
     if merge is not None:
@@ -1090,7 +1079,7 @@ def _build_combine(m, spec: FlashDecodeSpec):
             k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
         k.bar_sync(0)
         # thread t merges columns t, t + 32 NWC, ... (one column with 16 warps)
-        for col in _strided(k, tid, d, 32 * NWC):
+        for col in k.strided(tid, d, 32 * NWC):
             _, total, o = _merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + col])
                                            for w in range(NWC)])
             res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)

@@ -32,7 +32,6 @@ are reduced over the CTA by :func:`gemv_common.write_outputs`.
 from __future__ import annotations
 
 import math
-from contextlib import nullcontext
 
 import ptxgen
 from ptxgen.target import MAX_STATIC_SHARED
@@ -459,10 +458,8 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
             # x read once per CTA: coalesced 16-byte loads into shared memory
             sx = k.shared_array("sx", f32, spec.k, align=16)
             n4 = spec.k // 4
-            for c in range(math.ceil(n4 / (thr * S))):
-                ci = tid_cta + c * thr * S
-                with k.if_(ci < n4) if (c + 1) * thr * S > n4 else nullcontext():
-                    k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=True))
+            for ci in k.strided(tid_cta, n4, thr * S):
+                k.st(sx[ci << 2], k.ld(x[ci << 2], f32, vec=4, nc=True))
             k.bar_sync(0)
             xsrc = sx
         if spec.xmode == "shared":

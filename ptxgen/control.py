@@ -128,6 +128,23 @@ class ControlFlowMixin:
         self.bra(top, uni=True)
         self.place(end)
 
+    def strided(self, first, n, step):
+        """Items ``first, first + step, ...`` below ``n`` (ints known when
+        building, ``first`` a register such as ``tid``), unrolled: yields
+        each item as a register, the last round inside ``if_(item < n)``
+        where some threads may be past ``n`` (the earlier rounds need no
+        test).  Use as ``for i in k.strided(tid, n, nthreads):``."""
+        if not isinstance(n, int) or not isinstance(step, int) or step <= 0:
+            raise PtxBuildError(f"strided needs an int count and a positive int step, "
+                                f"got n={n!r}, step={step!r}")
+        for c in range(-(-n // step)):
+            item = first + c * step if c else first
+            if (c + 1) * step > n:
+                with self.if_(item < n):
+                    yield item
+            else:
+                yield item
+
     @contextmanager
     def while_(self, cond_fn):
         """Loop while ``cond_fn()`` (called once, emitting the test at the top

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import ptxgen
@@ -315,6 +316,27 @@ def test_if_else_and_loops_generate_unique_labels():
     assert len(labels) == len(set(labels)) >= 7
     for lab in labels:  # every placed label is a branch target
         assert re.search(rf"bra(\.uni)? \t{re.escape(lab)};", text), lab
+
+
+def test_strided_guards_only_the_last_round():
+    """k.strided(tid, n, step) unrolls ceil(n / step) rounds, tests
+    ``item < n`` in the last round only, and on the emulator reaches every
+    item below n once (n = 70 over 32 threads: rounds of 32, 32 and 6)."""
+    from ptxgen import emu
+    m = ptxgen.Module("sm_80")
+    with m.kernel("fill", reqntid=32) as k:
+        out = k.param_ptr("out", u32)
+        for i in k.strided(k.tid.x, 70, 32):
+            k.st(out[i], i + 1)
+        with pytest.raises(PtxBuildError, match=r"test_builder\.py:\d+: .*positive int step"):
+            list(k.strided(k.tid.x, 70, 0))
+    text = m.to_ptx()
+    assert text.count("st.global.u32") == 3
+    assert len(re.findall(r"setp\.lt\.u32", text)) == 1
+    buf = emu.DeviceArray.from_numpy(np.zeros(80, np.uint32))
+    emu.launch(emu.Module.from_ptx(m)["fill"], 1, 32, buf)
+    got = buf.to_numpy()
+    assert list(got[:70]) == list(range(1, 71)) and not got[70:].any()
 
 
 def test_if_else_order_enforced():
