@@ -302,6 +302,26 @@ def test_gemv_split_k_gpu(gpu_run, qtype, epi, knobs):
         assert np.all(gpu_run.get(work[1]) == 0)
 
 
+@pytest.mark.gpu
+def test_ops_gemv_split_k_gpu(gpu_run):
+    """ops.gemv with split_k (numpy in, a device out): the per-stream
+    workspace is allocated on the first call and reused by the second, and
+    its flags are zero after each."""
+    from ptxgen.driver import DeviceArray, ops_gemv
+    rng = np.random.default_rng()
+    m, k = 1031, 14336
+    ws, x, r = _data(rng, "Q4_K", m, k, 1)
+    knobs = dict(split_k=7, rows=8, stages=4, max_ctas=2772, min_ctas=0)
+    out = DeviceArray.from_numpy(np.full(m, np.nan, np.float32))
+    for _ in range(2):
+        y = ops_gemv.gemv(ws[0], x, "Q4_K", out=out, residual=r, **knobs).to_numpy()
+        assert rel_err(y, G.reference("Q4_K", ws[0], x, residual=r, epilogue="residual")) \
+            <= BOUND
+        spec = ops_gemv.gemv_spec("Q4_K", k, "residual", m=m, **knobs)
+        part, flags = ops_gemv.split_workspace(spec, m)
+        assert np.all(flags.to_numpy() == 0)
+
+
 def test_default_spec_streams_q4k_with_dp4a():
     """Q4_K defaults to the cp.async ring with the dp4a dot wherever the other
     knobs allow it (measured faster at every shape, docs/gemv.md seventh
