@@ -92,10 +92,16 @@ def _out(out, shape, dtype=np.float32, what="out"):
 
 
 def _workspace(key, shape, dtype, zero=False):
+    """A device array cached per ``key``, made on the first call (``zero``:
+    filled with zero bytes, and the device synchronized once, since the
+    memset runs on the legacy stream and the array's first user may be on
+    another; so the first call for a key must come before a graph capture)."""
     with _lock:
         ws = _workspaces.get(key)
         if ws is None:
             ws = (DeviceArray.zeros if zero else DeviceArray.empty)(shape, dtype)
+            if zero:
+                get_device().synchronize()
             _workspaces[key] = ws
         return ws
 

@@ -86,28 +86,19 @@ def _vec(a, n, what):
     return d
 
 
-_split_work: dict = {}
-
-
 def split_workspace(spec, m, stream=None):
     """The ``part`` and ``flags`` arrays a ``split_k`` GEMV of ``m`` rows
     takes after ``y`` (:func:`ptxgen.kernels.gemv.workspace`), or ``()``:
-    one set per stream and size, the flags zero when allocated and left at
-    zero by every launch (launches on one stream run in turn, and under
-    programmatic dependent launch a GEMV touches them only after its wait).
-    The first call for a stream and size allocates and synchronizes the
-    device, so make it before capturing a graph."""
-    from .device import get_device
+    one set per stream and size, zeroed when made and left at zero by every
+    launch (launches on one stream run in turn, and under programmatic
+    dependent launch a GEMV touches them only after its wait).  The first
+    call for a stream and size synchronizes the device, so make it before
+    capturing a graph."""
+    from .ops_decode import _workspace
     from .stream import stream_handle
-    sizes = _g.workspace(spec, m)
-    if not sizes:
-        return ()
-    key = (int(stream_handle(stream)),) + tuple((np.dtype(dt).str, n) for dt, n in sizes)
-    if key not in _split_work:
-        _split_work[key] = tuple(DeviceArray.zeros((n,), dt) for dt, n in sizes)
-        # the memset runs on the legacy stream: done before any stream uses it
-        get_device().synchronize()
-    return _split_work[key]
+    key = int(stream_handle(stream))
+    return tuple(_workspace(("gemv_split", key, np.dtype(dt).str, n), (n,), dt, zero=True)
+                 for dt, n in _g.workspace(spec, m))
 
 
 def _run(spec, m, ptrs, out, stream):
@@ -211,17 +202,12 @@ def ffn_geometry(spec, ctas_per_sm=None):
     return _ffn.launch_geometry(spec, get_device().sm_count, n)
 
 
-_ffn_counters: dict = {}
-
-
 def _counters(stream):
     """Three zeroed u32 of the persistent FFN kernel, one set per stream
     (every launch leaves them at zero; launches on one stream run in turn)."""
+    from .ops_decode import _workspace
     from .stream import stream_handle
-    key = int(stream_handle(stream))
-    if key not in _ffn_counters:
-        _ffn_counters[key] = DeviceArray.from_numpy(np.zeros(3, np.uint32))
-    return _ffn_counters[key]
+    return _workspace(("ffn_counters", int(stream_handle(stream))), (3,), np.uint32, zero=True)
 
 
 def gemv_ffn(wg, wu, wd, x, residual, out=None, *, h=None, stream=None, ctas_per_sm=None,

@@ -1037,6 +1037,11 @@ def _build_combine(m, spec: FlashDecodeSpec):
                 return list(k.ld(part_o[base], vec=2))
             return [x for c in range(E // 4) for x in k.ld(part_o[base + 4 * c], vec=4)]
 
+        def store_cols(dst, base, vals):
+            """This lane's E columns ``vals`` to ``dst[base ...]`` (16/8-byte stores)."""
+            for c in range(0, E, 4 if E >= 4 else 2):
+                k.st(dst[base + c], tuple(vals[c:c + min(4, E)]))
+
         with k.for_range(warp, nsplit, NWC * R) as s0:
             ss = [s0 + u * NWC for u in range(R)]
             scs = [k.min(s, lastsplit) for s in ss]
@@ -1068,15 +1073,12 @@ def _build_combine(m, spec: FlashDecodeSpec):
             lpos = l_run > 0.0
             lden = k.max(l_run, 1e-30)
             res = [k.select(lpos, k.div(o, lden), zero) for o in o_run]
-            for c in range(0, E, 4 if E >= 4 else 2):
-                k.st(out[qh * d + lane * E + c], tuple(res[c:c + min(4, E)]))
+            store_cols(out, qh * d + lane * E, res)
             return
         with k.if_(lane.eq(0)):
             k.st(sm_m[warp], m_run)
             k.st(sm_l[warp], l_run)
-        for c in range(0, E, 4 if E >= 4 else 2):
-            n = min(4, E)
-            k.st(sm_o[warp * d + lane * E + c], tuple(o_run[c:c + n]))
+        store_cols(sm_o, warp * d + lane * E, o_run)
         k.bar_sync(0)
         # thread t merges columns t, t + 32 NWC, ... (one column with 16 warps)
         for col in k.strided(tid, d, 32 * NWC):

@@ -220,12 +220,14 @@ class GemvSpec:
     slices: int = attrs.field(default=1, validator=_pos_pow2(1, 8))
     target: str = target_field()
     pdl: bool = pdl_field()
+    # before stages: a bad split_k gets its own message before the ring's
+    # shape (which depends on it) is judged
+    split_k: int = attrs.field(default=1)
     stages: int = attrs.field(default=0)
     dot: str = attrs.field(default="fma", validator=attrs.validators.in_(("fma", "dp4a")))
     ahead: int = attrs.field(default=0)
     per_sm: int = attrs.field(default=0)
     rope: tuple = attrs.field(default=(), converter=tuple)
-    split_k: int = attrs.field(default=1)
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -239,8 +241,6 @@ class GemvSpec:
         if v and (self.xmode != "reg" or self.slices > 1 or self.prefetch or self.stage):
             raise ValueError("stages > 0 (cp.async ring) is built for xmode='reg', "
                              "one slice, no prefetch/stage")
-        # a bad split_k gets its own message before the ring's shape is judged
-        self._check_split_k(None, self.split_k)
         if v and self.qtype != "Q4_K":
             from .gemv_staged import staged_layout
             lay = staged_layout(self)
@@ -413,6 +413,12 @@ def threads(spec: GemvSpec) -> int:
         return q4k_layout(spec)[1]
     from .gemv_staged import staged_layout
     return staged_layout(spec)["threads"]
+
+
+def warp_threads(pieces: int, per_thread: int) -> int:
+    """Threads for ``pieces`` pieces at ``per_thread`` a thread, rounded up
+    to whole warps (at least one)."""
+    return max(32, math.ceil(math.ceil(pieces / per_thread) / 32) * 32)
 
 
 def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:

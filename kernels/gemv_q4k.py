@@ -37,7 +37,8 @@ import ptxgen
 from ptxgen.target import MAX_STATIC_SHARED
 from ptxgen.types import f16, f32, u32, u64
 
-from .gemv_common import GemvSpec, declare_params, norm_scale, warp_sum, write_outputs
+from .gemv_common import (GemvSpec, declare_params, norm_scale, warp_sum, warp_threads,
+                          write_outputs)
 from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_q4k", "q4k_layout"]
@@ -50,7 +51,7 @@ def q4k_layout(spec: GemvSpec) -> tuple[int, int, int]:
     """``(pieces_per_thread, threads, total_pieces)`` for a Q4_K spec."""
     total = spec.k_part // 256 * 8          # a CTA's part of the row (all of it without split_k)
     ppt = spec.pieces or max(1, math.ceil(total / 1024))
-    thr = max(32, math.ceil(math.ceil(total / ppt) / 32) * 32)
+    thr = warp_threads(total, ppt)
     if thr > 1024:
         raise ValueError(f"Q4_K K={spec.k}: {ppt} pieces per thread need {thr} threads "
                          f"(> 1024); raise pieces")

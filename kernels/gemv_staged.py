@@ -26,7 +26,7 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, s8, u8, u16, u32
 
-from .gemv_common import GemvSpec, declare_params, write_outputs
+from .gemv_common import GemvSpec, declare_params, warp_threads, write_outputs
 from .spec_fields import pdl_prologue
 
 __all__ = ["build_staged", "staged_layout"]
@@ -51,7 +51,7 @@ def staged_layout(spec: GemvSpec) -> dict:
     pieces = tb * _PIECES_PER_BLOCK[spec.qtype]
     # pieces per thread: more than one only through the ring (gemv_stream)
     ppt = spec.pieces or 1
-    thr = max(32, math.ceil(math.ceil(pieces / ppt) / 32) * 32)
+    thr = warp_threads(pieces, ppt)
     if thr > 1024:
         raise ValueError(f"{spec.qtype} tile of {tb} blocks has {pieces} pieces (> 1024 "
                          f"threads at {ppt} a thread); lower tile or raise pieces")

@@ -149,11 +149,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             stage at byte ``slot`` of the ring, then commit (an empty group
             past the CTA's rows)."""
             with k.if_(rg < row_end):
-                if nsplit > 1:
-                    base = k.mul_wide(rg, rb)
-                    src = [base + c for c in my_chunk]
-                else:
-                    src = k.mul_wide(rg, rb) + my_chunk
+                base = k.mul_wide(rg, rb)
+                src = [base + c for c in my_chunk] if nsplit > 1 else base + my_chunk
                 copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
                           group_bytes)
             k.cp_async_commit()
@@ -218,9 +215,9 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                         d = _piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum,
-                          trailing_barrier=False, split=split if nsplit > 1 else None)
+                          trailing_barrier=False, split=split)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
-        if nsplit > 1:
+        if split is not None:
             merge_parts(k, spec, split, row0, row_end, tid, thr, y, r)
     return m
