@@ -95,9 +95,8 @@ def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
 
     def go(ptrs, y, m):
         grid, block, shared, rpc = G.launch_geometry(spec, m)
-        stream = torch.cuda.current_stream()
-        ops_gemv.launch(fn, grid, block, *ptrs, y, *ops_gemv.split_workspace(spec, m, stream), m,
-                        rpc, shared=shared, stream=stream, pdl=spec.pdl)
+        ops_gemv.launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
+                        stream=torch.cuda.current_stream(), pdl=spec.pdl)
     return spec, go
 
 

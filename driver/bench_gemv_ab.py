@@ -5,7 +5,7 @@ with torch.  The config names shapes and, for each, the variants to compare
 (``default_spec`` overrides; ``{}`` is the default)::
 
     {"shapes": [{"qtype": "Q4_K", "m": 4096, "k": 14336, "epi": "none",
-                 "variants": {"default": {}, "split2": {"split_k": 2}}}]}
+                 "variants": {"default": {}, "rows8": {"rows": 8}}}]}
 
 Every variant of a shape is built and checked (sampled rows against the
 float64 reference; residual epilogues are checked without the residual, so

@@ -118,19 +118,6 @@ class ComputeGraph:
         self.buffers.append(b)
         return b
 
-    def shared(self, name, shape, dtype, kind="state", data=None) -> Buffer:
-        """The buffer ``name``, made by the first call: scratch that ops which
-        run in turn share (later calls must ask for the same shape, dtype
-        and kind)."""
-        for b in self.buffers:
-            if b.name == name:
-                if (b.shape, np.dtype(b.dtype), b.kind) != (tuple(shape), np.dtype(dtype), kind):
-                    raise ValueError(f"shared buffer {name!r} is {b.shape} {np.dtype(b.dtype)} "
-                                     f"{b.kind}, asked for {tuple(shape)} {np.dtype(dtype)} "
-                                     f"{kind}")
-                return b
-        return self.buffer(name, shape, dtype, kind, data)
-
     def add(self, kind: str, name: str, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
             launches: Sequence[Launch]) -> Op:
         inputs, outputs = tuple(_buffers_of(inputs)), tuple(_buffers_of(outputs))

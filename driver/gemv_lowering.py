@@ -13,7 +13,6 @@ any other type is refused by name.
 from __future__ import annotations
 
 import attrs
-import numpy as np
 
 from ptxgen.kernels import gemv
 
@@ -80,28 +79,14 @@ def _norm_args(norm):
     return () if norm is None else (norm[0], float(norm[1]))
 
 
-def _split_work(g, spec, m):
-    """A ``split_k`` GEMV's part and flag buffers (:func:`gemv.workspace`),
-    shared by every GEMV of that split and row count (they run in turn, and
-    each leaves the flags at zero); ``()`` without ``split_k``."""
-    sizes = gemv.workspace(spec, m)
-    if not sizes:
-        return ()
-    (pdt, pn), (fdt, fn) = sizes
-    tag = f"gemv_split{spec.split_k}_m{m}"
-    return (g.shared(tag + ".part", (pn,), pdt),
-            g.shared(tag + ".flags", (fn,), fdt, data=np.zeros(fn, fdt)))
-
-
 def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
     spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
-    work = _split_work(g, spec, m)
     args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
-            + (y,) + work + (m, rpc))
+            + (y, m, rpc))
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
         [residual] if residual is not None else [])
-    return g.add("MulMat", name, ins, [y, *work],
+    return g.add("MulMat", name, ins, [y],
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
 
 

@@ -23,8 +23,7 @@ from .launch import launch
 from .memory import DeviceArray, as_device_array
 from .module import Module
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "split_workspace", "gemv_ffn", "ffn_spec",
-           "ffn_geometry"]
+__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "gemv_ffn", "ffn_spec", "ffn_geometry"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -86,27 +85,11 @@ def _vec(a, n, what):
     return d
 
 
-def split_workspace(spec, m, stream=None):
-    """The ``part`` and ``flags`` arrays a ``split_k`` GEMV of ``m`` rows
-    takes after ``y`` (:func:`ptxgen.kernels.gemv.workspace`), or ``()``:
-    one set per stream and size, zeroed when made and left at zero by every
-    launch (launches on one stream run in turn, and under programmatic
-    dependent launch a GEMV touches them only after its wait).  The first
-    call for a stream and size synchronizes the device, so make it before
-    capturing a graph."""
-    from .ops_decode import _workspace
-    from .stream import stream_handle
-    key = int(stream_handle(stream))
-    return tuple(_workspace(("gemv_split", key, np.dtype(dt).str, n), (n,), dt, zero=True)
-                 for dt, n in _g.workspace(spec, m))
-
-
 def _run(spec, m, ptrs, out, stream):
     y = DeviceArray.empty((m,), np.float32) if out is None else _vec(out, m, "out")
     grid, block, shared, rpc = _g.launch_geometry(spec, m)
     launch(_function(spec), grid, block, *ptrs[:-1], *([ptrs[-1]] if ptrs[-1] is not None else []),
-           y, *split_workspace(spec, m, stream), m, rpc, shared=shared, stream=stream,
-           pdl=spec.pdl)
+           y, m, rpc, shared=shared, stream=stream, pdl=spec.pdl)
     return y
 
 

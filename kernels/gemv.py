@@ -16,8 +16,7 @@ measurements: docs/gemv.md.
 
 Launch: ``grid, block, shared, rpc = launch_geometry(spec, M)``; arguments
 ``(w[, wu], x[, nw, eps][, r | freqs, pos_ptr, k_cache, v_cache, capacity],
-y[, part, flags], M, rpc)`` (``part`` and ``flags``: the :func:`workspace`
-of a ``split_k`` spec).
+y, M, rpc)``.
 """
 
 from __future__ import annotations
@@ -29,13 +28,12 @@ from ptxgen import registry
 
 from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
                           groups_per_cta, launch_geometry, reference, rope_reference,
-                          threads, workspace)
+                          threads)
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
 from .gemv_stream import build_stream
 
-__all__ = ["GemvSpec", "build", "launch_geometry", "workspace", "reference", "rope_reference",
-           "default_spec",
+__all__ = ["GemvSpec", "build", "launch_geometry", "reference", "rope_reference", "default_spec",
            "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "CANONICAL"]
 
 

@@ -13,14 +13,12 @@ Kernel parameters, in order::
     x      f32*  activations, K values
     r      f32*  residual, M values              (residual only)
     y      f32*  output, M values
-    part   f32*  split_k * M row parts            (split_k > 1 only; see workspace)
-    flags  u32*  M counts, zero between launches  (split_k > 1 only)
     m      u32   rows
     rpc    u32   rows per CTA (a multiple of ``spec.rows``; see launch_geometry)
 
 (``norm`` adds ``nw, eps`` after ``x``; ``rope`` replaces ``r`` with its
 table, position and caches: :func:`declare_params`.)  Launch: ``grid =
-ceil(M / rpc) * split_k`` CTAs of ``threads(spec)`` threads, with the ring's
+ceil(M / rpc)`` CTAs of ``threads(spec)`` threads, with the ring's
 dynamic shared memory (:func:`launch_geometry`).
 """
 
@@ -37,7 +35,7 @@ from ptxgen.types import f16, f32, s32, u8, u32
 from .spec_fields import pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
-           "launch_geometry", "workspace", "merge_parts", "reference", "rope_reference",
+           "launch_geometry", "reference", "rope_reference",
            "RopeArgs", "warp_sum", "silu_times", "write_outputs"]
 
 #: qtype -> (weights per block, bytes per block)
@@ -188,18 +186,6 @@ class GemvSpec:
         fit; the kernel text is the same.  A grid launched while an earlier
         kernel drains fills the freed SMs first, so without a cap the CTAs
         pile onto a few SMs and the last of them finish late.
-    split_k : int
-        Ring only (``stages >= 2``), epilogue "none" or "residual": each row
-        is cut into ``split_k`` equal parts of ``K / split_k`` weights
-        (whole blocks, each part 16-byte aligned), and CTA ``c`` works on
-        part ``c % split_k`` of the rows of row block ``c // split_k``, so
-        its threads hold x only for their part (``K / split_k / 32`` Q4_K
-        threads).  A CTA writes its row sums to the ``part`` workspace
-        (``f32 [split_k, M]``) and counts them in ``flags[row]`` (``u32
-        [M]``, zero at allocation, :func:`workspace`); the CTA that brings
-        a row's count to ``split_k`` adds the parts in order 0, 1, ... (the
-        same bits whichever CTA is last), applies the epilogue, stores y
-        and puts the count back to zero for the next launch.
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -220,9 +206,6 @@ class GemvSpec:
     slices: int = attrs.field(default=1, validator=_pos_pow2(1, 8))
     target: str = target_field()
     pdl: bool = pdl_field()
-    # before stages: a bad split_k gets its own message before the ring's
-    # shape (which depends on it) is judged
-    split_k: int = attrs.field(default=1)
     stages: int = attrs.field(default=0)
     dot: str = attrs.field(default="fma", validator=attrs.validators.in_(("fma", "dp4a")))
     ahead: int = attrs.field(default=0)
@@ -244,15 +227,14 @@ class GemvSpec:
         if v and self.qtype != "Q4_K":
             from .gemv_staged import staged_layout
             lay = staged_layout(self)
-            if lay["tiles"] != 1 or self.part_bytes % 16:
-                what = "row" if self.split_k == 1 else f"row part (K/{self.split_k})"
-                raise ValueError(f"stages > 0 for {self.qtype} needs one tile per {what} "
-                                 f"(tile >= {self.k_part}) and 16-byte aligned {what}s "
-                                 f"({self.part_bytes} bytes)")
+            if lay["tiles"] != 1 or self.row_bytes % 16:
+                raise ValueError(f"stages > 0 for {self.qtype} needs one tile per row "
+                                 f"(tile >= K={self.k}) and 16-byte aligned rows "
+                                 f"({self.row_bytes} bytes)")
         ring = self.ring_bytes
         if ring > MAX_RING_BYTES:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
-                             f"{self.part_bytes}-byte rows need {ring} bytes of shared memory "
+                             f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
                              f"(at most {MAX_RING_BYTES})")
 
     @ahead.validator
@@ -276,27 +258,6 @@ class GemvSpec:
         if self.rows % 2:
             raise ValueError(f"epilogue='rope' rotates row pairs within a row group: rows "
                              f"must be even, got {self.rows}")
-
-    @split_k.validator
-    def _check_split_k(self, attr, v):
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 32:
-            raise ValueError(f"split_k must be 1..32, got {v!r}")
-        if v == 1:
-            return
-        if not self.stages:
-            raise ValueError(f"split_k={v} is built for the ring (stages >= 2)")
-        if self.epilogue not in ("none", "residual") or self.norm:
-            raise ValueError(f"split_k={v} is built for the 'none' and 'residual' epilogues "
-                             f"without a fused norm, not epilogue={self.epilogue!r}"
-                             + (" with norm" if self.norm else ""))
-        bw, bb = QTYPE_INFO[self.qtype]
-        if self.k % (v * bw):
-            raise ValueError(f"split_k={v}: K={self.k} is not {v} parts of whole "
-                             f"{bw}-weight blocks")
-        if self.part_bytes % 16:
-            raise ValueError(f"split_k={v}: a part of {self.k // v} {self.qtype} weights is "
-                             f"{self.part_bytes} bytes, not a multiple of 16 (the ring copies "
-                             f"16-byte chunks)")
 
     @per_sm.validator
     def _check_per_sm(self, attr, v):
@@ -362,19 +323,9 @@ class GemvSpec:
         return self.k // self.block_weights * self.block_bytes
 
     @property
-    def k_part(self) -> int:
-        """Weights of a row one CTA works on: ``K / split_k``."""
-        return self.k // self.split_k
-
-    @property
-    def part_bytes(self) -> int:
-        """Bytes of a row one CTA works on (``row_bytes`` without ``split_k``)."""
-        return self.k_part // self.block_weights * self.block_bytes
-
-    @property
     def ring_bytes(self) -> int:
         """Dynamic shared memory of the ``stages`` ring (0 without one)."""
-        return self.stages * self.n_mats * self.rows * self.part_bytes
+        return self.stages * self.n_mats * self.rows * self.row_bytes
 
     @property
     def dynamic_shared(self) -> int:
@@ -401,9 +352,8 @@ class GemvSpec:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = "_dp4a" if self.dot == "dp4a" else ""
-        sk = f"_sk{self.split_k}" if self.split_k > 1 else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
-                f"_r{self.rows}{st}{dp}{sk}")
+                f"_r{self.rows}{st}{dp}")
 
 
 def threads(spec: GemvSpec) -> int:
@@ -433,42 +383,28 @@ def launch_geometry(spec: GemvSpec, m: int):
     and any ``per_sm`` cap).
 
     ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
-    ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``
-    (with ``split_k``, the grid is ``split_k`` CTAs per block of rows, at
-    most ``max_ctas`` in all).
+    ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``.
     """
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
     unit = spec.rows * spec.slices
-    rpc = groups_per_cta(m, unit, max(1, spec.max_ctas // spec.split_k)) * unit
-    grid = math.ceil(m / rpc) * spec.split_k
+    rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
+    grid = math.ceil(m / rpc)
     return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.dynamic_shared, rpc
-
-
-def workspace(spec: GemvSpec, m: int) -> tuple:
-    """The ``(dtype, count)`` of each workspace argument a launch for ``m``
-    rows passes after ``y``: with ``split_k``, the parts ``part`` (f32,
-    ``split_k * m``) and the counts ``flags`` (u32, ``m``, zero when
-    allocated; every launch leaves them at zero); else none.  A workspace may
-    serve any number of launches in one stream, one after another."""
-    if spec.split_k == 1:
-        return ()
-    return ((np.float32, spec.split_k * m), (np.uint32, m))
 
 
 def declare_params(k, spec, warps):
     """The GEMV kernel signature, shared by every weight format:
     ``w, [wu], x, [nw, eps], [r | freqs, pos_ptr, k_cache, v_cache,
-    capacity], y, [part, flags], m, rpc`` (``wu`` with the SwiGLU epilogue,
-    ``nw``/``eps`` with ``norm``, ``r`` with the residual epilogue, the RoPE
-    table, the device position and the f16 caches with the rope epilogue,
-    the :func:`workspace` with ``split_k``; the decode graph and ops pass
-    arguments in this order), plus the ``red`` shared array
-    :func:`write_outputs` reduces in.
+    capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
+    with ``norm``, ``r`` with the residual epilogue, the RoPE table, the
+    device position and the f16 caches with the rope epilogue; the decode
+    graph and ops pass arguments in this order), plus the ``red`` shared
+    array :func:`write_outputs` reduces in.
 
-    Returns ``(ws, x, r, y, m, rpc, red, norm, split)``; ``norm`` is ``(nw,
-    eps)`` or None; ``r`` is the residual pointer, the rope epilogue's
-    :class:`RopeArgs`, or None; ``split`` is ``(part, flags)`` or None.
+    Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
+    or None; ``r`` is the residual pointer, the rope epilogue's
+    :class:`RopeArgs`, or None.
     """
     ws = [k.param_ptr("w", u8, align=16)]
     if spec.n_mats == 2:
@@ -483,13 +419,11 @@ def declare_params(k, spec, warps):
                      k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
                      k.param("capacity", u32))
     y = k.param_ptr("y", f32)
-    split = ((k.param_ptr("part", f32), k.param_ptr("flags", u32)) if spec.split_k > 1
-             else None)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
     red = k.shared_array("red", f32, spec.slices * warps * (spec.n_mats * spec.rows + spec.norm),
                          align=16)
-    return ws, x, r, y, mrows, rpc, red, norm, split
+    return ws, x, r, y, mrows, rpc, red, norm
 
 
 @attrs.frozen
@@ -519,7 +453,7 @@ def silu_times(k, g, u):
 
 
 def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None, slice_=None,
-                  trailing_barrier=True, split=None):
+                  trailing_barrier=True):
     """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
 
     Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
@@ -539,10 +473,6 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
 
     ``trailing_barrier=False`` leaves out the second barrier, for a caller
     whose loop passes another barrier before ``red`` is written again.
-
-    ``split`` (with ``spec.split_k > 1``): ``(part, flags, part_index,
-    m)``; the row sums are this CTA's part of each row, stored to
-    ``part[part_index, row]`` for :func:`merge_parts` to add up.
     """
     nm, R = spec.n_mats, spec.rows
     lane = tid & 31
@@ -572,55 +502,16 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         return
     with k.if_(ok):
         tot = _row_totals(k, spec, slot, warps, tid, norm)
-        if split is not None:
-            # this CTA's part of the row; merge_parts adds the parts up
-            part, _, j, m = split
-            k.st(part[j * m + row], tot[0])
+        if spec.epilogue == "swiglu":
+            out = silu_times(k, tot[0], tot[1])
+        elif spec.epilogue == "residual":
+            # plain ld, not .nc: y may alias r (x += W.a) within this launch
+            out = tot[0] + k.ld(r[row])
         else:
-            if spec.epilogue == "swiglu":
-                out = silu_times(k, tot[0], tot[1])
-            elif spec.epilogue == "residual":
-                # plain ld, not .nc: y may alias r (x += W.a) within this launch
-                out = tot[0] + k.ld(r[row])
-            else:
-                out = tot[0]
-            k.st(y[row], out)
+            out = tot[0]
+        k.st(y[row], out)
     if trailing_barrier:
         k.bar_sync(0)
-
-
-def merge_parts(k, spec, split, row0, row_end, tid, nthreads, y, r):
-    """The end of a ``split_k`` CTA, after its last row group: every part
-    it computed is in ``part[j, row]`` (:func:`write_outputs`); after a
-    ``bar.sync``, thread ``t`` takes rows ``row0 + t, row0 + t + nthreads,
-    ...`` below ``row_end`` and counts the CTA's part of each (release fence,
-    then ``atom.add`` on ``flags[row]``).  The thread that brings a count to
-    ``split_k`` fences again, reads every part from L2 (``.cg``: the other
-    CTAs' stores are not in this SM's L1), adds them in order ``0, 1, ...``
-    (the same bits whichever CTA is last), applies the epilogue, stores
-    ``y[row]`` and puts the count back to zero for the next launch.
-
-    Once per CTA rather than per row group: the counting is two round trips
-    to L2 and the last part's merge a third, which inside the loop would
-    hold up the next group's barrier every time."""
-    part, flags, j, m = split
-    n = spec.split_k
-    k.bar_sync(0)
-    with k.for_range(row0 + tid, row_end, nthreads) as row:
-        k.fence("acq_rel", "gpu")
-        old = k.atom("add", flags[row], 1)
-        with k.if_(old.eq(n - 1)):
-            k.fence("acq_rel", "gpu")
-            vals = [k.ld(part[row if i == 0 else row + (m if i == 1 else i * m)], cache="cg")
-                    for i in range(n)]
-            k.st(flags[row], 0)
-            out = vals[0]
-            for v in vals[1:]:
-                out = out + v
-            if spec.epilogue == "residual":
-                # plain ld, not .nc: y may alias r (x += W.a) within this launch
-                out = out + k.ld(r[row])
-            k.st(y[row], out)
 
 
 def _red_slice_base(spec, warps, slice_):

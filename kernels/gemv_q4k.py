@@ -49,7 +49,7 @@ _ONE_EXP = 0x3F000000
 
 def q4k_layout(spec: GemvSpec) -> tuple[int, int, int]:
     """``(pieces_per_thread, threads, total_pieces)`` for a Q4_K spec."""
-    total = spec.k_part // 256 * 8          # a CTA's part of the row (all of it without split_k)
+    total = spec.k // 256 * 8
     ppt = spec.pieces or max(1, math.ceil(total / 1024))
     thr = warp_threads(total, ppt)
     if thr > 1024:
@@ -347,7 +347,7 @@ def build_q4k(spec: GemvSpec) -> ptxgen.Module:
         raise ValueError(f"Q4_K xmode='shared' K={spec.k}: {ppt * thr * 128} bytes of x "
                          f"exceed {MAX_STATIC_SHARED // 1024} KB of static shared memory")
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red, norm, _ = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         early = spec.early or spec.prefetch
         # PDL: the first group's weight loads (read-only data) may go out
         # before the wait; x, r and y only after it

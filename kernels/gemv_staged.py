@@ -36,11 +36,11 @@ _PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4}
 
 def staged_layout(spec: GemvSpec) -> dict:
     """Tile geometry: blocks per tile, bytes, load width, threads."""
-    nb = spec.k_part // spec.block_weights  # a CTA's part of the row (all of it without split_k)
+    nb = spec.k // spec.block_weights
     limit = max(1, spec.tile // spec.block_weights)
     tb = max(d for d in range(1, min(nb, limit) + 1) if nb % d == 0)
     tile_bytes = tb * spec.block_bytes
-    align = math.gcd(spec.part_bytes, tile_bytes)
+    align = math.gcd(spec.row_bytes, tile_bytes)
     if spec.load_width:
         if align % spec.load_width:
             raise ValueError(f"load_width {spec.load_width} does not divide the row/tile "
@@ -145,7 +145,7 @@ def build_staged(spec: GemvSpec) -> ptxgen.Module:
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=thr) as k:
         pdl_prologue(k, spec)
-        ws, x, r, y, mrows, rpc, red, _, _ = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, _ = declare_params(k, spec, warps)
         sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
 
         tid = k.tid.x

@@ -28,14 +28,6 @@ Per row group ``g`` (iteration of the CTA's loop)::
     copy group g+S-1 into g-1's stage; cp.async.commit_group
     compute group g from its stage; reduce (bar.sync) and store
 
-With ``split_k = n`` a CTA works on one part of ``K / n`` weights of its
-rows (CTA ``c``: part ``c % n`` of row block ``c / n``): a stage holds the
-rows' parts back to back (laid out as a ``K / n`` row), each thread's chunk
-offsets into the rows are computed once, x starts at the part's first
-weight, the row sums go to the ``part`` workspace, and after the loop
-:func:`gemv_common.merge_parts` counts them and lets the last part of each
-row store ``y``.
-
 The barrier at the top of the next iteration also protects the reduction
 array, so :func:`write_outputs` skips its trailing barrier.  Groups past the
 CTA's rows commit empty groups, so the count the wait relies on never
@@ -51,7 +43,7 @@ import ptxgen
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, declare_params, merge_parts, write_outputs
+from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
                        _piece_x, q4k_layout)
 from .gemv_staged import _FORMATS, staged_layout
@@ -75,16 +67,11 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
     """Copy ``chunks`` 16-byte chunks of every matrix in ``ws`` into shared
     memory with ``cp.async``: thread ``tid`` of ``thr`` copies chunks ``tid,
     tid + thr, ...`` from byte ``src`` of its matrix (its first chunk's u64
-    offset, the next ones ``16 thr`` bytes apart; or a list, each chunk's
-    own offset; reads clamped to ``last``, the matrix's last chunk) to
-    ``dst`` (its first chunk's shared address, the next ones ``16 thr``
-    bytes apart); matrix ``mi`` lands ``mi * mat_bytes`` further on.  No
-    commit."""
+    offset; reads clamped to ``last``, the matrix's last chunk) to ``dst``
+    (its first chunk's shared address); matrix ``mi`` lands ``mi *
+    mat_bytes`` further on.  No commit."""
     for j in range(math.ceil(chunks / thr)):
-        if isinstance(src, list):
-            off = k.min(src[j], last)
-        else:
-            off = k.min(src + 16 * thr * j if j else src, last)
+        off = k.min(src + 16 * thr * j if j else src, last)
         guard = (tid < chunks - thr * j) if (j + 1) * thr > chunks else None
         for mi, w in enumerate(ws):
             k.cp_async(dst + (mi * mat_bytes + 16 * thr * j), k.ptr_add(w, off)[0], 16,
@@ -100,57 +87,34 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         thr = lay["threads"]
         piece_fn, dot_fn = _FORMATS[spec.qtype]
     nm, R, rb, S = spec.n_mats, spec.rows, spec.row_bytes, spec.stages
-    pb = spec.part_bytes                    # a row's bytes in a stage (rb without split_k)
-    nsplit = spec.split_k
     warps = thr // 32
-    group_bytes = R * pb                    # one matrix's share of a stage
-    chunks = group_bytes // 16              # pb is a multiple of 16
+    group_bytes = R * rb                    # one matrix's share of a stage
+    chunks = group_bytes // 16              # rb is a multiple of 144 = 9 * 16
     stage_bytes = nm * group_bytes
     m = ptxgen.Module(spec.target)
     kdir = dict(reqntid=thr)
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red, norm, split = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
         ring = k.dynamic_shared("ring", u8, align=16)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
-        if nsplit > 1:
-            # CTA c: part c % split_k of row block c / split_k (a row's parts
-            # run side by side); x from the part's first weight
-            cta = k.ctaid.x
-            part = k.rem(cta, nsplit)
-            row0 = k.div(cta, nsplit) * rpc
-            x = k.ptr_add(x, part * spec.k_part)
-            split = (*split, part, mrows)
-        else:
-            row0 = k.ctaid.x * rpc
+        row0 = k.ctaid.x * rpc
         row_end = k.min(mrows, row0 + rpc)
         # the last 16-byte chunk of each matrix: copies past it are clamped
         last_chunk = k.mul_wide(mrows, rb) - 16
-        if nsplit > 1:
-            # chunk q = tid + thr j of a row group: row q / cs, chunk q % cs
-            # of the part (cs chunks a part row), from byte part * pb of the row
-            cs = pb // 16
-            pstart = k.mul_wide(part, pb)
-            my_chunk = []
-            for j in range(math.ceil(chunks / thr)):
-                q = tid + thr * j if j else tid
-                qr = k.div(q, cs)
-                my_chunk.append(k.mul_wide(qr, rb) + k.mul_wide(q - qr * cs, 16) + pstart)
-        else:
-            my_chunk = k.mul_wide(tid, 16)          # u64 byte offset of chunk t
+        my_chunk = k.mul_wide(tid, 16)              # u64 byte offset of chunk t
 
         def issue(rg, slot):
             """Copy the row group starting at row ``rg`` (every matrix) into the
             stage at byte ``slot`` of the ring, then commit (an empty group
             past the CTA's rows)."""
             with k.if_(rg < row_end):
-                base = k.mul_wide(rg, rb)
-                src = [base + c for c in my_chunk] if nsplit > 1 else base + my_chunk
+                src = k.mul_wide(rg, rb) + my_chunk
                 copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
                           group_bytes)
             k.cp_async_commit()
@@ -200,7 +164,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 zero = k.mov(0.0, f32)
                 for i in range(R):
                     for mi in range(nm):
-                        row = _RowView(base + (mi * group_bytes + i * pb))
+                        row = _RowView(base + (mi * group_bytes + i * rb))
                         for active, spc in spcs:
                             d = k.select(active, dot_fn(k, spec, row, spc), zero)
                             acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
@@ -209,15 +173,13 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 qb = ring[rd + pc["q32"]]
                 for i in range(R):
                     for mi in range(nm):
-                        o = mi * group_bytes + i * pb
+                        o = mi * group_bytes + i * rb
                         hdr = k.ld(hb + o, u32, vec=4)
                         qs = k.ld(qb + o, u32, vec=4)
                         d = _piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum,
-                          trailing_barrier=False, split=split)
+                          trailing_barrier=False)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
-        if split is not None:
-            merge_parts(k, spec, split, row0, row_end, tid, thr, y, r)
     return m

@@ -1,7 +1,6 @@
 """Run every decode kernel once on small shapes, then a tiny Llama model for
 a few steps eagerly and from a CUDA graph (PDL launches, fused RMSNorm GEMVs,
-fused RoPE + KV append; again with the persistent FFN kernel, and with the
-down projections split over CTAs), for
+fused RoPE + KV append; again with the persistent FFN kernel), for
 compute-sanitizer.
 
 ``compute-sanitizer --tool memcheck python3 tests/kernels/sanitize_decode.py``
@@ -49,10 +48,6 @@ def main():
     ops_gemv.gemv(q4(4096 + 40, 4096), D(f(4096)), "Q4_K")
     # K = 14336: two CTAs of 448 threads per SM (the down projection's ring)
     ops_gemv.gemv(q4(300, 14336), D(f(14336)), "Q4_K", residual=D(f(300)))
-    # K split over CTAs: parts to a workspace, the last CTA of a row merges
-    ops_gemv.gemv(q4(300, 14336), D(f(14336)), "Q4_K", residual=D(f(300)), split_k=7, rows=8,
-                  stages=4, max_ctas=2772, min_ctas=0)
-    ops_gemv.gemv(q4(1031, 4096), D(f(4096)), "Q4_K", split_k=2)
     ops_gemv.gemv_ffn(q4(768, 512), q4(768, 512), q4(512, 768), D(f(512)), D(f(512)),
                       threads=128)
     driver.get_device().synchronize()
@@ -74,11 +69,6 @@ def main():
         # RMSNorms folded into the GEMVs (ring, dp4a) and the ring flash decode
         m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
                                  fuse_norm=True, flash_knobs={"stages": 3})
-        m.generate([1, 2, 3], 3, mode="eager")
-        m.generate([1, 2, 3], 3, mode="graph")
-        # the down projections split over CTAs (shared part and flag buffers)
-        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
-                                 gemv_knobs={"split_k": 2})
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
     driver.get_device().synchronize()

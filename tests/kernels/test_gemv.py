@@ -37,14 +37,7 @@ def _ref(spec, ws, x, r, norm):
                        norm_w=norm[0] if norm else None, eps=norm[1] if norm else None)
 
 
-def _workspace(run, spec, m):
-    """``split_k``'s part and flag arrays: the parts poisoned (every one is
-    written before it is read), the flags zero as allocated."""
-    return [run.poisoned(n, dt) if np.dtype(dt).kind == "f" else run.array(np.zeros(n, dt))
-            for dt, n in G.workspace(spec, m)]
-
-
-def _run_gemv(run, spec, ws, x, r, norm=None, work=None):
+def _run_gemv(run, spec, ws, x, r, norm=None):
     m = ws[0].shape[0]
     fn = run.function(G.build, spec)
     grid, block, shared, rpc = G.launch_geometry(spec, m)
@@ -54,8 +47,7 @@ def _run_gemv(run, spec, ws, x, r, norm=None, work=None):
     if spec.epilogue == "residual":
         args.append(run.array(r))
     y = run.poisoned(m)
-    work = _workspace(run, spec, m) if work is None else work
-    run.launch(fn, grid, block, *args, y, *work, m, rpc, shared=shared)
+    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
     return run.get(y)
 
 
@@ -109,17 +101,6 @@ CASES = [
     ("Q8_0", 768, "residual", {"stages": 3, "rows": 2, "tile": 768, "pieces": 2}),
     ("Q8_0", 512, "swiglu", {"stages": 2, "rows": 1, "tile": 512, "pieces": 2}),
     ("Q6_K", 4096, "none", {"stages": 2, "rows": 2, "tile": 4096, "pieces": 3}),
-    # K split over CTAs (each part of a row its own CTA, the last one adds them)
-    ("Q4_K", 1024, "none", {"stages": 3, "rows": 2, "split_k": 2}),
-    ("Q4_K", 1024, "residual", {"dot": "dp4a", "stages": 2, "rows": 4, "split_k": 4}),
-    ("Q4_K", 768, "residual", {"dot": "dp4a", "stages": 4, "rows": 1, "split_k": 3,
-                               "ahead": 1}),
-    ("Q4_K", 1536, "none", {"dot": "dp4a", "stages": 2, "rows": 2, "split_k": 3,
-                            "pieces": 2}),
-    ("Q6_K", 4096, "residual", {"stages": 2, "rows": 2, "tile": 2048, "split_k": 2}),
-    ("Q6_K", 6144, "none", {"stages": 3, "rows": 1, "tile": 2048, "split_k": 3,
-                            "pieces": 2}),
-    ("Q8_0", 768, "none", {"stages": 2, "rows": 4, "tile": 256, "split_k": 3, "pieces": 3}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -139,50 +120,6 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
     norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(run, spec, ws, x, r, norm)
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
-
-
-def test_split_k_launches_repeat_and_leave_flags_zero(run):
-    """Two launches of a split_k kernel on one workspace: the flags are back
-    at zero after each (the next launch counts from zero; a graph replays
-    the same workspace), and the second result has the same bits as the
-    first whichever CTA of a row finished last.  M = 37, 3 parts a row,
-    CTAs walking several row groups."""
-    rng = np.random.default_rng()
-    m, k = 37, 768
-    spec = G.GemvSpec("Q4_K", k, epilogue="residual", rows=2, stages=2, split_k=3,
-                      max_ctas=12, dot="dp4a")
-    ws, x, r = _data(rng, "Q4_K", m, k, 1)
-    work = _workspace(run, spec, m)
-    y1 = _run_gemv(run, spec, ws, x, r, work=work)
-    assert np.all(run.get(work[1]) == 0)
-    assert rel_err(y1, _ref(spec, ws, x, r, None)) <= BOUND
-    y2 = _run_gemv(run, spec, ws, x, r, work=work)
-    assert np.all(run.get(work[1]) == 0)
-    assert np.array_equal(y1.view(np.uint32), y2.view(np.uint32))
-
-
-@pytest.mark.parametrize("bad, match", [
-    (dict(qtype="Q4_K", k=1024, split_k=2), "built for the ring"),
-    (dict(qtype="Q4_K", k=1024, split_k=2, stages=2, epilogue="swiglu"), "epilogues"),
-    (dict(qtype="Q4_K", k=1024, split_k=2, stages=2, norm=True), "norm"),
-    (dict(qtype="Q4_K", k=768, split_k=2, stages=2), "whole 256-weight blocks"),
-    (dict(qtype="Q6_K", k=2048, split_k=2, stages=2, tile=2048), "multiple of 16"),
-    (dict(qtype="Q4_K", k=1024, split_k=0, stages=2), "1..32"),
-])
-def test_split_k_refused_where_not_built(bad, match):
-    with pytest.raises(ValueError, match=match):
-        G.GemvSpec(**bad)
-
-
-def test_split_k_geometry_and_workspace():
-    """Every block of rows gets split_k CTAs, the grid stays within
-    max_ctas, and the workspace is split_k parts plus one count per row."""
-    spec = G.GemvSpec("Q4_K", 14336, rows=4, stages=3, split_k=2, max_ctas=264)
-    (grid, _, _), (thr, _, _), shared, rpc = G.launch_geometry(spec, 4096)
-    assert thr == 14336 // 2 // 32 and shared == 3 * 4 * (14336 // 2 // 256 * 144)
-    assert grid % 2 == 0 and grid <= 264 and (grid // 2) * rpc >= 4096 > (grid // 2 - 1) * rpc
-    assert G.workspace(spec, 4096) == ((np.float32, 2 * 4096), (np.uint32, 4096))
-    assert G.workspace(attrs.evolve(spec, split_k=1), 4096) == ()
 
 
 @pytest.mark.parametrize("knobs", [{}, {"stages": 2, "rows": 2}])
@@ -276,50 +213,6 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(gpu_run, spec, ws, x, r, norm)
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("qtype,epi,knobs", [
-    ("Q4_K", "none", dict(split_k=2)),
-    ("Q4_K", "residual", dict(split_k=7, rows=8, stages=4, max_ctas=2772, min_ctas=0)),
-    ("Q4_K", "none", dict(split_k=4, rows=8, stages=4, max_ctas=1584, min_ctas=0)),
-    ("Q6_K", "residual", dict(split_k=7, rows=4, stages=4, max_ctas=2772, min_ctas=0,
-                              pieces=1, tile=2048)),
-    ("Q8_0", "none", dict(split_k=2, max_ctas=528))])
-def test_gemv_split_k_gpu(gpu_run, qtype, epi, knobs):
-    """K = 14336 split over CTAs at M = 1031, with the launch geometry a
-    benchmark would use: the parts of a row run in CTAs side by side on
-    the GPU, so which one adds them up varies from launch to launch, and
-    the flags must be back at zero after each of two launches."""
-    rng = np.random.default_rng()
-    m, k = 1031, 14336
-    spec = G.default_spec(qtype, k, epi, target="sm_90", m=m, **knobs)
-    ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
-    work = _workspace(gpu_run, spec, m)
-    for _ in range(2):
-        y = _run_gemv(gpu_run, spec, ws, x, r, work=work)
-        assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
-        assert np.all(gpu_run.get(work[1]) == 0)
-
-
-@pytest.mark.gpu
-def test_ops_gemv_split_k_gpu(gpu_run):
-    """ops.gemv with split_k (numpy in, a device out): the per-stream
-    workspace is allocated on the first call and reused by the second, and
-    its flags are zero after each."""
-    from ptxgen.driver import DeviceArray, ops_gemv
-    rng = np.random.default_rng()
-    m, k = 1031, 14336
-    ws, x, r = _data(rng, "Q4_K", m, k, 1)
-    knobs = dict(split_k=7, rows=8, stages=4, max_ctas=2772, min_ctas=0)
-    out = DeviceArray.from_numpy(np.full(m, np.nan, np.float32))
-    for _ in range(2):
-        y = ops_gemv.gemv(ws[0], x, "Q4_K", out=out, residual=r, **knobs).to_numpy()
-        assert rel_err(y, G.reference("Q4_K", ws[0], x, residual=r, epilogue="residual")) \
-            <= BOUND
-        spec = ops_gemv.gemv_spec("Q4_K", k, "residual", m=m, **knobs)
-        part, flags = ops_gemv.split_workspace(spec, m)
-        assert np.all(flags.to_numpy() == 0)
 
 
 def test_default_spec_streams_q4k_with_dp4a():

@@ -137,25 +137,6 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
                              fuse_norm=["attention"])
 
 
-def test_emulator_decode_with_split_k_gemvs(tiny):
-    """gemv_knobs={"split_k": 2} reaches the Q4_K GEMVs that allow it (the
-    down projection: K = ffn = 512, residual epilogue); they share one part
-    and flag buffer, the flags are zero after the steps, and the logits
-    match the reference."""
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False,
-                             gemv_knobs={"split_k": 2})
-    split = [(op, L) for op in m.graph.ops for L in op.launches
-             if L.family == "gemv" and L.spec.split_k == 2]
-    assert len(split) == TINY["n_layers"]
-    assert all(op.name.endswith("ffn_down") for op, _ in split)
-    flags = {id(b): b for op, _ in split for b in op.outputs if b.name.endswith(".flags")}
-    assert len(flags) == 1
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
-    res, logits = m.generate(prompt, 2, return_logits=True)
-    _check_logits(m, tiny, prompt, res, logits)
-    assert np.all(m.executor.read(next(iter(flags.values()))) == 0)
-
-
 def test_emulator_persistent_ffn_matches_reference(tiny):
     """fuse_ffn: each layer's gate/up, SwiGLU and down + residual are one FFN
     launch (4 persistent CTAs on the emulator), and the logits still match."""
