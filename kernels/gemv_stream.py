@@ -100,7 +100,10 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
-        ring = k.dynamic_shared("ring", u8, align=16)
+        # 128: the dynamic array starts after the static one (`red`, warps x rows
+        # words); at 16 it began mid-line and each warp's 512-byte cp.async took
+        # twice the L2 sectors and three times the shared wavefronts (ncu, K = 7168)
+        ring = k.dynamic_shared("ring", u8, align=128)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         row0 = k.ctaid.x * rpc
