@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 
 import ptxgen
+from ptxgen.target import SHARED_LINE
 from ptxgen.types import f32, u8, u32
 from ptxgen.values import Address
 
@@ -100,10 +101,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
-        # 128: the dynamic array starts after the static one (`red`, warps x rows
-        # words); at 16 it began mid-line and each warp's 512-byte cp.async took
-        # twice the L2 sectors and three times the shared wavefronts (ncu, K = 7168)
-        ring = k.dynamic_shared("ring", u8, align=128)
+        # on a line, after the static reduction array (target.SHARED_LINE)
+        ring = k.dynamic_shared("ring", u8, align=SHARED_LINE)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         row0 = k.ctaid.x * rpc

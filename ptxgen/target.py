@@ -11,7 +11,7 @@ the target, or an ISA beyond :data:`MAX_PTX`, is refused when it is built.
 from __future__ import annotations
 
 __all__ = ["Target", "TARGETS", "get_target", "DEFAULT_TARGET", "MAX_PTX",
-           "CTA_RESERVED_SHARED", "MAX_STATIC_SHARED"]
+           "CTA_RESERVED_SHARED", "MAX_STATIC_SHARED", "SHARED_LINE"]
 
 #: the newest PTX ISA a module may be raised to (CUDA 12.0)
 MAX_PTX = (8, 0)
@@ -19,6 +19,13 @@ MAX_PTX = (8, 0)
 #: static (``.shared`` with a size) bytes a kernel may declare on every target;
 #: more must be dynamic, asked for at launch (the JIT refuses a larger module)
 MAX_STATIC_SHARED = 48 * 1024
+
+#: bytes of a shared-memory line.  A dynamic shared array is placed right after
+#: the kernel's static ones, at the alignment it declares; one filled by
+#: warp-wide 16-byte ``cp.async`` copies should start on a line, or every
+#: warp's copy spans an extra line (H100, ncu: a ring 112 bytes into the window
+#: took 32 L2 sectors for 16 and 12 shared wavefronts for 4 per warp copy)
+SHARED_LINE = 128
 
 #: shared memory the hardware sets aside for every resident CTA (sm_80+)
 CTA_RESERVED_SHARED = 1024
