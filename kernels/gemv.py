@@ -25,6 +25,7 @@ import attrs
 
 import ptxgen
 from ptxgen import registry
+from ptxgen.target import TARGETS
 
 from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
                           groups_per_cta, launch_geometry, reference, rope_reference,
@@ -96,7 +97,7 @@ _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
 
 
-def _q4k_ring(k: int, epilogue: str, m: int | None):
+def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
     """The ring knobs for a Q4_K call, or None where the direct kernel stays."""
     if epilogue == "swiglu":
         knobs = dict(_Q4K_STREAM["swiglu"]) if k <= 8192 else None
@@ -107,12 +108,19 @@ def _q4k_ring(k: int, epilogue: str, m: int | None):
         # 2.178 ms at context 128 (docs/gemv.md, eleventh pass)
         wide = 2 * (k // 32) * 72 <= 65536
         knobs = dict(_Q4K_STREAM["wide_k" if wide else "wider_k"])
-        if wide and epilogue == "none":
+        bulk = TARGETS[target].sm >= 90
+        if wide and (epilogue == "none" or (epilogue == "residual" and bulk)):
             # a third stage: 4096x14336 alone 14.60-14.64 -> 14.09-14.13 us
-            # (H100, 4 rounds, one call); the decode step's down projection
-            # (residual) keeps two, 2.0495-2.053 against 2.0686-2.0691 ms per
-            # token with three (docs/gemv.md "Fifteenth pass")
+            # (H100, 4 rounds, one call); with cp.async the decode step's down
+            # projection (residual) kept two, 2.0495-2.053 against
+            # 2.0686-2.0691 ms per token with three (docs/gemv.md "Fifteenth
+            # pass").  On sm_90 the bulk copy engine fills the stages:
+            # 4096x14336 14.19-14.21 -> 13.80-13.83 us, residual (2 stages)
+            # 14.58-14.60 -> 13.96-14.10 with three; the step level with it
+            # (2.0438-2.0451 against 2.0438-2.0485 ms at context 128) (H100, 3
+            # rounds, two calls; docs/gemv.md "Nineteenth pass")
             knobs["stages"] = 3
+            knobs["bulk"] = bulk
     elif m is not None and m <= _Q4K_SMALL_M:
         knobs = dict(_Q4K_STREAM["small"])
     elif m is not None and m >= _Q4K_STREAM_M:
@@ -176,7 +184,8 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
             # 5.37 us, 6144x4096 8.76 -> 7.91; 14336x4096 and the SwiGLU kernel
             # were slower with slices, docs/gemv.md)
             knobs.update(slices=2, min_ctas=2)
-    ring = _q4k_ring(k, epilogue, m) if qtype == "Q4_K" and _stream_allowed(overrides) else None
+    ring = (_q4k_ring(k, epilogue, m, target) if qtype == "Q4_K" and _stream_allowed(overrides)
+            else None)
     if ring is not None:
         # weights through a cp.async ring, dp4a against int8 planes of x:
         # faster at every shape measured, alone and in the layer's chain
@@ -190,6 +199,14 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         # Q8_0 251.0 -> 187.5 us; 14336x4096 and 4096x4096 as well; SwiGLU
         # 14336x4096: Q6_K 51.0 -> 38.6 us, Q8_0 59.3 -> 45.1 us
         knobs.update(_STAGED_STREAM[qtype][2 if epilogue == "swiglu" else 1], tile=k)
+        if (qtype == "Q6_K" and epilogue == "none" and m is not None and m in _Q6K_BULK_M
+                and TARGETS[target].sm >= 90):
+            # the bulk copy engine fills the stages (H100, 3 rounds, two calls):
+            # 14336x4096 18.74-18.89 -> 18.12-18.27 us, 28672 36.29-36.40 ->
+            # 35.13-35.17; slower at 8192 (12.42-12.48 -> 12.61-12.68) and
+            # 128256 rows (150 -> 170), level at 4096 and for SwiGLU
+            # (docs/gemv.md "Nineteenth pass")
+            knobs["bulk"] = True
         if qtype == "Q6_K" and m is not None and m in _Q6K_TWO_PIECES_M:
             # two pieces a thread (128 threads): 2048x4096 5.33 -> 4.78 us,
             # 4096 8.45 -> 7.96, 8192 13.16 -> 12.55, 14336 19.85-19.96 ->
@@ -237,6 +254,9 @@ _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
                            dict(rows=4, stages=3, max_ctas=264, pieces=2))}
 #: Q6_K calls at K = 4096 with this many rows take two pieces a thread
 _Q6K_TWO_PIECES_M = range(2048, 28672)
+#: Q6_K calls at K = 4096 (no epilogue) with this many rows fill the ring with
+#: the bulk copy engine on sm_90 (measured at 14336 and 28672; 8192 slower)
+_Q6K_BULK_M = range(14336, 32768)
 #: Q6_K through the ring at 12288 <= K <= 16384 (two CTAs of K/32 threads per SM)
 _Q6K_WIDE_RING = dict(rows=4, stages=2, max_ctas=264, min_ctas=2, pieces=2)
 #: Q8_0 through the ring at 12288 <= K <= 16384 (two CTAs of K/64 threads per SM)
@@ -258,6 +278,8 @@ CANONICAL = {
     "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
     "gemv_q4_k_stream": GemvSpec("Q4_K", 512, rows=2, stages=3),
     "gemv_q8_0_ring": GemvSpec("Q8_0", 768, rows=2, stages=3, tile=768, pieces=2),
+    "gemv_q4_k_bulk": GemvSpec("Q4_K", 512, rows=2, stages=3, dot="dp4a", bulk=True,
+                               target="sm_90"),
     "gemv_q4_k_rope": GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=4, stages=3,
                                dot="dp4a"),
 }

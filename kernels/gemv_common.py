@@ -179,6 +179,11 @@ class GemvSpec:
         thread holds its x.  0 (default): all ``S - 1``.  Fewer lets thread
         0 reach the wait, and x be requested, before the memory system is
         full of this CTA's weight copies.
+    bulk : bool
+        Ring, sm_90+: one thread fills each stage with the bulk copy engine
+        (``cp.async.bulk``, one copy per matrix of the row group's contiguous
+        bytes) completing on the stage's mbarrier, which every thread waits
+        on, instead of every thread copying 16-byte chunks with ``cp.async``.
     per_sm : int
         Ring: at most this many CTAs resident on one SM (0: as many as
         registers and the ring allow).  The launch asks for enough dynamic
@@ -211,6 +216,7 @@ class GemvSpec:
     ahead: int = attrs.field(default=0)
     per_sm: int = attrs.field(default=0)
     rope: tuple = attrs.field(default=(), converter=tuple)
+    bulk: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -244,6 +250,15 @@ class GemvSpec:
         if v and not v < self.stages:
             raise ValueError(f"ahead={v} needs a ring of more than {v} stages "
                              f"(stages={self.stages})")
+
+    @bulk.validator
+    def _check_bulk(self, attr, v):
+        if v and not self.stages:
+            raise ValueError("bulk=True fills the ring (stages >= 2) with the bulk copy engine; "
+                             "it needs stages")
+        if v and TARGETS[self.target].sm < 90:
+            raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
+                             f"not {self.target}")
 
     @rope.validator
     def _check_rope(self, attr, v):
@@ -351,7 +366,7 @@ class GemvSpec:
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
-        dp = "_dp4a" if self.dot == "dp4a" else ""
+        dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 

@@ -28,6 +28,16 @@ Per row group ``g`` (iteration of the CTA's loop)::
     copy group g+S-1 into g-1's stage; cp.async.commit_group
     compute group g from its stage; reduce (bar.sync) and store
 
+With ``bulk`` (sm_90) thread 0 fills a stage with the bulk copy engine
+instead: one ``cp.async.bulk`` per matrix of the group's contiguous rows
+below M, completing on the stage's mbarrier (``full[s]``, one arrival plus
+the bytes).  Per row group ``g``::
+
+    bar.sync                    everyone is done with g-1's stage
+    thread 0: copy group g+S-1 into g-1's stage (arrive.expect_tx, cp.async.bulk)
+    mbarrier wait on full[g % S], parity (g / S) & 1
+    compute group g from its stage; reduce (bar.sync) and store
+
 The barrier at the top of the next iteration also protects the reduction
 array, so :func:`write_outputs` skips its trailing barrier.  Groups past the
 CTA's rows commit empty groups, so the count the wait relies on never
@@ -41,7 +51,7 @@ import math
 
 import ptxgen
 from ptxgen.target import SHARED_LINE
-from ptxgen.types import f32, u8, u32
+from ptxgen.types import f32, u8, u32, u64
 from ptxgen.values import Address
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
@@ -111,10 +121,30 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         last_chunk = k.mul_wide(mrows, rb) - 16
         my_chunk = k.mul_wide(tid, 16)              # u64 byte offset of chunk t
 
-        def issue(rg, slot):
+        if spec.bulk:
+            # one mbarrier per stage, completed by the bytes of its bulk copies
+            full = k.shared_array("full", u64, S)
+            with k.if_(tid.eq(0)):
+                for s_ in range(S):
+                    k.mbarrier_init(full[s_], 1)
+                k.fence_mbarrier_init()
+
+        def issue(rg, slot, stage=None):
             """Copy the row group starting at row ``rg`` (every matrix) into the
-            stage at byte ``slot`` of the ring, then commit (an empty group
-            past the CTA's rows)."""
+            stage at byte ``slot`` of the ring (``stage``: its index), then
+            commit (an empty group past the CTA's rows).  With ``bulk``:
+            thread 0 copies the group's rows below M, one bulk copy per
+            matrix, onto the stage's mbarrier; nothing past the CTA's rows."""
+            if spec.bulk:
+                with k.if_(k.setp("lt", rg, row_end, combine=("and", tid.eq(0)))):
+                    nbytes = k.min(mrows - rg, R) * rb
+                    bar = full[stage]
+                    k.mbarrier_arrive_expect_tx(bar, nbytes * nm if nm > 1 else nbytes)
+                    off = k.mul_wide(rg, rb)
+                    for mi, w in enumerate(ws):
+                        k.cp_async_bulk(ring[slot + mi * group_bytes] if mi else ring[slot],
+                                        k.ptr_add(w, off)[0], nbytes, bar)
+                return
             with k.if_(rg < row_end):
                 src = k.mul_wide(rg, rb) + my_chunk
                 copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
@@ -126,7 +156,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # by default) before anything else, the others once x is loaded
         pre = spec.ahead or S - 1
         for s_ in range(pre):
-            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32), s_)
         if norm:
             # the fused RMSNorm's weights are constants too
             for pc in pcs:
@@ -151,15 +181,27 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                              piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
-            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32))
+            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32), s_)
         rd = k.var(u32, 0)                         # byte offset of group g's stage
+        if spec.bulk:
+            si = k.var(u32, 0)                     # its index
+            parity = k.var(u32, 0)                 # the phase group g completes
         ring_bytes = S * stage_bytes
         with k.for_range(row0, row_end, R) as rg:
-            k.cp_async_wait(S - 2)
-            k.bar_sync(0)
+            if spec.bulk:
+                # everyone is done with group g - 1's stage (and with red)
+                k.bar_sync(0)
+                wi = k.select(si.eq(0), k.mov(S - 1, u32), si - 1)
+            else:
+                k.cp_async_wait(S - 2)
+                k.bar_sync(0)
             # group g + S - 1 goes to the stage group g - 1 used
             wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
-            issue(rg + (S - 1) * R, wr)
+            if spec.bulk:
+                issue(rg + (S - 1) * R, wr, wi)
+                k.mbarrier_wait(full[si], parity)
+            else:
+                issue(rg + (S - 1) * R, wr)
             acc = [[None] * R for _ in range(nm)]
             if not q4k:
                 base = ring_base + rd
@@ -184,4 +226,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                           trailing_barrier=False)
             nxt = rd + stage_bytes
             k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
+            if spec.bulk:
+                wrap = si.eq(S - 1)
+                k.assign(parity, k.select(wrap, parity ^ 1, parity))
+                k.assign(si, k.select(wrap, k.mov(0, u32), si + 1))
     return m

@@ -176,6 +176,8 @@ def _check_address(ins, a, what, loc):
     inst_space = next((m for m in ins.mods if m in spaces), None)
     if ins.op == "cp.async":       # cp.async.shared.global [dst], [src]
         inst_space = "shared" if a is ins.operands[0] else "global"
+    elif ins.op == "cp.async.bulk":    # [dst] shared, [src] global, size, [mbarrier] shared
+        inst_space = "global" if a is ins.operands[1] else "shared"
     if inst_space is not None and a.space != inst_space and a.space != "generic":
         raise PtxTypeError(f"{what}: a {a.space} address used by {ins.opcode}", loc)
     if inst_space is None and a.space not in ("generic",):

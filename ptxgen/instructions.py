@@ -590,6 +590,78 @@ class InstructionsMixin:
         return self.emit("cp.async.bulk.prefetch.L2", ["global"], [], [src, as_operand(nbytes, T.u32)],
                          guard=guard, dsts=0, _own_frames=1)
 
+    def cp_async_bulk(self, dst, src, nbytes, mbar, *, guard=None):
+        """``cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes``
+        (sm_90): the bulk copy engine copies ``nbytes`` (a u32 register or
+        constant, a multiple of 16) from global ``src`` to shared ``dst``, both
+        16-byte aligned, and completes that many bytes on the mbarrier at
+        shared ``mbar``.  One thread issues it; whoever waits for the
+        mbarrier's phase (:meth:`mbarrier_wait`) sees the data.  Pair it with
+        :meth:`mbarrier_arrive_expect_tx` for the same bytes."""
+        dst, src, mbar = self._as_addr(dst), self._as_addr(src), self._as_addr(mbar)
+        for what, a, want in (("destination", dst, "shared"), ("source", src, "global"),
+                              ("mbarrier", mbar, "shared")):
+            if a.space != want:
+                raise PtxBuildError(f"cp.async.bulk: the {what} must be in .{want} memory, "
+                                    f"got .{a.space}")
+        if isinstance(nbytes, int) and (isinstance(nbytes, bool) or nbytes <= 0 or nbytes % 16):
+            raise PtxBuildError(f"cp.async.bulk copies a positive multiple of 16 bytes, "
+                                f"got {nbytes!r}")
+        return self.emit("cp.async.bulk", ["shared::cluster", "global", "mbarrier::complete_tx::bytes"],
+                         [], [dst, src, as_operand(nbytes, T.u32), mbar], guard=guard, dsts=0,
+                         _own_frames=1)
+
+    def mbarrier_init(self, mbar, count, *, guard=None):
+        """``mbarrier.init.shared.b64 [mbar], count``: phase 0, ``count``
+        arrivals expected per phase (1 ..  2^20 - 1).  Make it visible with
+        :meth:`fence_mbarrier_init` and a barrier before anyone uses it."""
+        mbar = self._mbar(mbar, "mbarrier.init")
+        if isinstance(count, int) and not 1 <= count < 1 << 20:
+            raise PtxBuildError(f"mbarrier.init takes a count of 1..{(1 << 20) - 1}, got {count!r}")
+        return self.emit("mbarrier.init", ["shared"], [T.b64], [mbar, as_operand(count, T.u32)],
+                         guard=guard, dsts=0, _own_frames=1)
+
+    def mbarrier_arrive_expect_tx(self, mbar, nbytes, *, guard=None):
+        """``mbarrier.arrive.expect_tx.shared.b64``: the current phase also
+        waits for ``nbytes`` more bytes (from :meth:`cp_async_bulk`), then
+        this thread arrives.  Returns the (opaque) phase state."""
+        mbar = self._mbar(mbar, "mbarrier.arrive.expect_tx")
+        d = self.reg(T.b64)
+        self.emit("mbarrier.arrive.expect_tx", ["shared"], [T.b64],
+                  [d, mbar, as_operand(nbytes, T.u32)], guard=guard, _own_frames=1)
+        return d
+
+    def mbarrier_try_wait_parity(self, mbar, parity):
+        """``mbarrier.try_wait.parity.shared.b64``: a predicate, true once the
+        phase with parity ``parity`` (0 or 1, a u32) has completed; the
+        hardware may hold the thread a while before answering false."""
+        mbar = self._mbar(mbar, "mbarrier.try_wait.parity")
+        p = self.reg(T.pred)
+        self.emit("mbarrier.try_wait.parity", ["shared"], [T.b64],
+                  [p, mbar, as_operand(parity, T.u32)], _own_frames=1)
+        return p
+
+    def mbarrier_wait(self, mbar, parity):
+        """Wait until the mbarrier's phase of parity ``parity`` has completed
+        (a :meth:`mbarrier_try_wait_parity` loop); its bulk copies' bytes are
+        then visible to this thread."""
+        top = self._auto_label("mbar_wait")
+        self.place(top)
+        done = self.mbarrier_try_wait_parity(mbar, parity)
+        self.bra(top, guard=NotPred(done))
+
+    def fence_mbarrier_init(self):
+        """``fence.mbarrier_init.release.cluster`` (sm_90): order this thread's
+        :meth:`mbarrier_init` before the bulk copy engine's use of them."""
+        return self.emit("fence.mbarrier_init", ["release", "cluster"], [], [], dsts=0,
+                         _own_frames=1)
+
+    def _mbar(self, mbar, what):
+        mbar = self._as_addr(mbar)
+        if mbar.space != "shared":
+            raise PtxBuildError(f"{what}: an mbarrier lives in .shared memory, got .{mbar.space}")
+        return mbar
+
     def atom(self, op, addr, value, cmp=None, *, ty=None, sem=None, scope=None, guard=None):
         """Atomic ``op`` (add, min, max, inc, dec, and, or, xor, exch, cas) at
         ``addr``; returns the old value.  ``cas`` compares with ``cmp``."""

@@ -15,7 +15,10 @@ SPECS = registry.canonical_specs()
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_canonical_spec_assembles(ptxas, name, arch):
     fam, spec = SPECS[name]
-    spec = attrs.evolve(spec, target=arch)
+    try:
+        spec = attrs.evolve(spec, target=arch)
+    except ValueError as e:         # e.g. the bulk copy engine needs sm_90
+        pytest.skip(f"{name} is not built for {arch}: {e}")
     text = fam.build(spec).to_ptx()
     cubin, reports = assemble(text, arch)
     assert cubin[:4] == b"\x7fELF"

@@ -137,7 +137,7 @@ class BlockState:
                  "params", "exited", "race_log", "all_tids", "full_mask", "lanebit",
                  "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
-                 "async_committed")
+                 "async_committed", "mbarriers", "coords")
 
     def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races):
         n = geo.n
@@ -188,6 +188,9 @@ class BlockState:
         # cp.async copies not yet written to shared memory (see memops)
         self.async_copies = []
         self.async_committed = np.zeros(n, np.int64)
+        # mbarriers by shared offset (see memops)
+        self.mbarriers = {}
+        self.coords = geo.coords
         self.all_tids = geo.all_tids
         self.full_mask = geo.full
         self.lanebit = geo.lanebit

@@ -31,6 +31,7 @@ from .floatops import decode, encode
 from .memory import MEMORY, SHARED_WINDOW, gather, scatter
 from .numerics import flush32, round_format
 from .operands import NAT, UINT, Op, finish_op, getter, semantics, setter, width
+from .races import check_races
 
 __all__ = ["READ", "WRITE", "ATOMIC"]
 
@@ -468,3 +469,215 @@ def _prefetch_l2_bulk(stmt, ctx):
                 f.thread = tids[j]
                 raise
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])
+
+
+# ---------------------------------------------------------------- mbarriers
+#
+# An mbarrier's state lives beside the block's shared memory, keyed by its
+# byte offset in the batch's flat buffer: the arrivals a phase expects, those
+# still pending, the bytes still pending (``expect_tx`` raises them, a bulk
+# copy's completion lowers them) and the phase number.  A phase completes when
+# both counts reach zero.  A bulk copy reads its source when issued but writes
+# shared memory only when a thread's ``try_wait`` first sees its phase
+# complete (the latest moment the hardware allows, as for ``cp.async``), so a
+# kernel that reads the stage without waiting sees stale bytes.  For the race
+# check the copy's write is logged when it is issued, by the issuing thread,
+# so a stage still being read in that barrier interval is a race (put a
+# ``bar.sync`` between the readers and the next copy into their stage).  When
+# a wait first sees the copy land, the accesses logged up to the copy are
+# checked against it and its entry is dropped: reads after the wait are
+# ordered by the mbarrier, not racing.
+
+#: failed polls of one mbarrier, with nothing arriving, before the emulator
+#: calls it a deadlock (a phase that nothing can complete)
+_MBAR_SPIN_LIMIT = 256
+
+
+class _MBarrier:
+    __slots__ = ("count", "pending", "tx", "phase", "copies", "spins")
+
+    def __init__(self, count):
+        self.count = self.pending = count
+        self.tx = 0
+        self.phase = 0
+        self.copies = []            # [phase, offs, data] not yet written
+        self.spins = 0
+
+    def settle(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = self.count
+
+
+def _mbar_offsets(ctx, stmt, o, what):
+    get, _ = _address(ctx, o, "shared")
+    acc = _Access("shared", 8, 1, what, None)
+    return get, acc
+
+
+def _mbar_state(st, off, tid, what):
+    mb = st.mbarriers.get(int(off))
+    if mb is None:
+        raise Fault(MemoryFault, f"{what} on shared offset {int(off) % st.shared_size}, "
+                    f"which no mbarrier.init set up", tid)
+    return mb
+
+
+def _land_in_race_log(st, entry):
+    """A bulk copy seen landed: check the accesses logged before it against
+    it, then drop its entry (what comes after the wait is ordered)."""
+    log = st.race_log
+    if log is None:
+        return
+    idx = next((i for i, e in enumerate(log) if e is entry), None)
+    if idx is None:
+        return
+    check_races(log[:idx + 1], st.coords, st.shared_size)
+    del log[idx]
+
+
+@semantics("mbarrier.init")
+def _mbarrier_init(stmt, ctx):
+    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[0], "mbarrier.init")
+    get_n = getter(ctx, stmt.operands[1], type_by_name("u32"))
+    op = Op()
+    acc.op = op
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, WRITE)
+        n = np.asarray(get_n(st))
+        for j, off in enumerate(offs):
+            cnt = int(n if n.ndim == 0 else n[tids[j]])
+            if not 1 <= cnt < 1 << 20:
+                raise Fault(MemoryFault, f"mbarrier.init with count {cnt} (1..2^20-1)", tids[j])
+            st.mbarriers[int(off)] = _MBarrier(cnt)
+            st.shared[off:off + 8] = 0
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["mbarrier.init"])
+
+
+@semantics("mbarrier.arrive.expect_tx")
+def _mbarrier_arrive_tx(stmt, ctx):
+    put = setter(ctx, stmt.operands[0], type_by_name("b64"))
+    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[1], "mbarrier.arrive.expect_tx")
+    get_n = getter(ctx, stmt.operands[2], type_by_name("u32"))
+    op = Op()
+    acc.op = op
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, ATOMIC)
+        n = np.asarray(get_n(st))
+        state = np.zeros(st.n, np.uint64)
+        for j, off in enumerate(offs):
+            mb = _mbar_state(st, off, tids[j], "mbarrier.arrive.expect_tx")
+            if mb.pending == 0:
+                raise Fault(MemoryFault, "mbarrier.arrive.expect_tx on an mbarrier with no "
+                            "arrival pending", tids[j])
+            state[tids[j]] = mb.phase
+            mb.tx += int(n if n.ndim == 0 else n[tids[j]])
+            mb.pending -= 1
+            mb.spins = 0
+            mb.settle()
+        put(st, state, m)
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["mbarrier.arrive.expect_tx"])
+
+
+@semantics("mbarrier.try_wait.parity")
+def _mbarrier_try_wait(stmt, ctx):
+    put = setter(ctx, stmt.operands[0], type_by_name("pred"))
+    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[1], "mbarrier.try_wait.parity")
+    get_p = getter(ctx, stmt.operands[2], type_by_name("u32"))
+    op = Op()
+    acc.op = op
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, ATOMIC)
+        par = np.asarray(get_p(st))
+        done = np.zeros(st.n, bool)
+        for j, off in enumerate(offs):
+            mb = _mbar_state(st, off, tids[j], "mbarrier.try_wait.parity")
+            p = int(par if par.ndim == 0 else par[tids[j]]) & 1
+            # the phase of parity p is complete when the current one's differs
+            ok = (mb.phase & 1) != p
+            done[tids[j]] = ok
+            if ok:
+                # its copies land now, at the latest (every phase before the current)
+                keep = []
+                for c in mb.copies:
+                    if c[0] < mb.phase:
+                        st.shared[c[1]:c[1] + c[2].size] = c[2]
+                        _land_in_race_log(st, c[3])
+                    else:
+                        keep.append(c)
+                mb.copies[:] = keep
+                mb.spins = 0
+            else:
+                mb.spins += 1
+                if mb.spins > _MBAR_SPIN_LIMIT * max(1, tids.size):
+                    raise Fault(MemoryFault, f"mbarrier.try_wait.parity: the phase of parity {p} "
+                                f"never completes ({mb.pending} arrivals and {mb.tx} bytes "
+                                f"pending; deadlock)", tids[j])
+        put(st, done, m)
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["mbarrier.try_wait.parity"])
+
+
+@semantics("cp.async.bulk")
+def _cp_async_bulk(stmt, ctx):
+    if tuple(stmt.mods[:2]) != ("shared::cluster", "global"):
+        raise ctx.error("cp.async.bulk: the emulator runs the global -> shared::cluster form")
+    get_dst, _ = _address(ctx, stmt.operands[0], "shared")
+    get_src, _ = _address(ctx, stmt.operands[1], "global")
+    get_n = getter(ctx, stmt.operands[2], type_by_name("u32"))
+    get_bar, bar_acc = _mbar_offsets(ctx, stmt, stmt.operands[3], "cp.async.bulk")
+    op = Op()
+    bar_acc.op = op
+
+    def fn(st, m):
+        tids = _threads(st, m)
+        if tids.size == 0:
+            return
+        src = _addr_for(get_src, st, tids, m)
+        dst = _addr_for(get_dst, st, tids, m)
+        n = np.asarray(get_n(st))
+        (_, boffs, _), = bar_acc.parts(st, _addr_for(get_bar, st, tids, m), tids, ATOMIC)
+        for j in range(tids.size):
+            t = int(tids[j])
+            nb = int(n if n.ndim == 0 else n[t])
+            a, d = int(src[j]), int(dst[j])
+            if nb <= 0 or nb % 16 or a % 16 or d % 16:
+                raise Fault(MemoryFault, f"cp.async.bulk of {nb} bytes from 0x{a:x} to shared "
+                            f"offset {d}: addresses must be 16-byte aligned and the size a "
+                            f"positive multiple of 16", t)
+            if d + nb > st.shared_size:
+                raise Fault(MemoryFault, f"cp.async.bulk of {nb} bytes to shared offset {d} "
+                            f"runs past the block's {st.shared_size} bytes of shared memory", t)
+            try:
+                parts, _ = MEMORY.locate(np.array([a], np.uint64), nb, "global cp.async.bulk read")
+            except Fault as f:
+                f.thread = t
+                raise
+            (buf, offs, _), = parts
+            data = buf[int(offs[0]):int(offs[0]) + nb].copy()
+            base = d + (0 if st.shared_base is None else int(st.shared_base[t]))
+            entry = (op, tids[j:j + 1], np.array([base], np.int64), nb, WRITE)
+            if st.race_log is not None:
+                # logged now, by the issuing thread (see above)
+                st.race_log.append(entry)
+            mb = _mbar_state(st, boffs[j], t, "cp.async.bulk")
+            mb.copies.append([mb.phase, base, data, entry])
+            mb.tx -= nb
+            mb.spins = 0
+            mb.settle()
+    op.fn = fn
+    return finish_op(op, stmt, ctx, TABLE["cp.async.bulk"])

@@ -221,7 +221,7 @@ def _bar(stmt, ctx):
     return finish_op(op, stmt, ctx, TABLE["bar"])
 
 
-@semantics("membar", "fence", "griddepcontrol")
+@semantics("membar", "fence", "fence.mbarrier_init", "griddepcontrol")
 def _fence(stmt, ctx):
     def fn(st, m):
         return None

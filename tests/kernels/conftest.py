@@ -33,15 +33,17 @@ class Runner:
         self.is_gpu = self.api.__name__.endswith("driver")
         self._mods = {}
 
-    def target(self):
+    def target(self, spec=None):
         if self.is_gpu:
             from ptxgen.driver.ops_decode import device_target
             return device_target()
-        return "sm_80"
+        # the emulator runs sm_80 kernels, and sm_90 ones where the spec needs
+        # an sm_90 instruction (the bulk copy engine)
+        return "sm_90" if getattr(spec, "bulk", False) else "sm_80"
 
     def function(self, build, spec, name=None):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
-        tgt = self.target()
+        tgt = self.target(spec)
         # a spec built for PDL runs on a target without griddepcontrol (the
         # emulator's sm_80, beside a GPU run) as the same kernel without it
         pdl = getattr(spec, "pdl", False) and has_griddepcontrol(tgt)
