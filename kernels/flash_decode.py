@@ -869,7 +869,7 @@ def _ring_loop(k, spec, kc, vc, row0, start, end, rg, sub, tid, tile_math):
     cpr = rowb // 16                               # 16-byte chunks per row
     per_mat = T * cpr
     stage = spec.stage_bytes
-    ring = k.dynamic_shared("ring", u8, align=16)
+    ring = k.dynamic_shared("ring", u8)
     ring_bytes = spec.ring_bytes
     lastc = k.max(end, 1) - 1                      # rows clamped here
     # this thread's chunks of a tile: row r_j (within the tile), byte col_j

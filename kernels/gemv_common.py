@@ -29,7 +29,7 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.target import MAX_STATIC_SHARED, TARGETS
+from ptxgen.target import MAX_STATIC_SHARED, SHARED_LINE, TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
 from .spec_fields import pdl_field, target_field
@@ -238,10 +238,12 @@ class GemvSpec:
                                  f"(tile >= K={self.k}) and 16-byte aligned rows "
                                  f"({self.row_bytes} bytes)")
         ring = self.ring_bytes
-        if ring > MAX_RING_BYTES:
+        static = self.ring_static_bytes if v else 0
+        if ring + static > MAX_RING_BYTES:
             raise ValueError(f"stages={v} x rows={self.rows} x {self.n_mats} matrices of "
-                             f"{self.row_bytes}-byte rows need {ring} bytes of shared memory "
-                             f"(at most {MAX_RING_BYTES})")
+                             f"{self.row_bytes}-byte rows need {ring} bytes of shared memory, "
+                             f"{ring + static} with the kernel's static arrays (at most "
+                             f"{MAX_RING_BYTES})")
 
     @ahead.validator
     def _check_ahead(self, attr, v):
@@ -341,6 +343,14 @@ class GemvSpec:
     def ring_bytes(self) -> int:
         """Dynamic shared memory of the ``stages`` ring (0 without one)."""
         return self.stages * self.n_mats * self.rows * self.row_bytes
+
+    @property
+    def ring_static_bytes(self) -> int:
+        """Static shared memory in front of the ring: the reduction array
+        (:func:`declare_params`) and with ``bulk`` the stages' mbarriers,
+        padded to the line the ring starts on (``target.SHARED_LINE``)."""
+        red = 4 * self.slices * (threads(self) // 32) * (self.n_mats * self.rows + self.norm)
+        return -(-(red + (8 * self.stages if self.bulk else 0)) // SHARED_LINE) * SHARED_LINE
 
     @property
     def dynamic_shared(self) -> int:

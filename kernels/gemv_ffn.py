@@ -62,7 +62,6 @@ import attrs
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import SHARED_LINE
 from ptxgen.types import f32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES, _pos_pow2, reference as gemv_reference, silu_times, warp_sum
@@ -223,8 +222,9 @@ def build(spec: FfnSpec) -> ptxgen.Module:
         y = k.param_ptr("y", f32)
         ctr = k.param_ptr("counters", u32)
         pdl_prologue(k, spec, wait=False)
-        # on a line, after the static reduction array (target.SHARED_LINE)
-        ring = k.dynamic_shared("ring", u8, align=SHARED_LINE)
+        # on a line after the static reduction array (the builder's default
+        # alignment, target.SHARED_LINE)
+        ring = k.dynamic_shared("ring", u8)
         # warp sums, double-buffered: an item's rows are finished after the
         # next item's barrier (one barrier per item)
         red1 = k.shared_array("red1", f32, 2 * nsl * warps1 * 2 * ru, align=16)

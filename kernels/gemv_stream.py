@@ -50,7 +50,6 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.target import SHARED_LINE
 from ptxgen.types import f32, u8, u32, u64
 from ptxgen.values import Address
 
@@ -111,8 +110,9 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
-        # on a line, after the static reduction array (target.SHARED_LINE)
-        ring = k.dynamic_shared("ring", u8, align=SHARED_LINE)
+        # on a line after the static reduction array (the builder's default
+        # alignment, target.SHARED_LINE)
+        ring = k.dynamic_shared("ring", u8)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         row0 = k.ctaid.x * rpc

@@ -22,7 +22,7 @@ from . import types as T
 from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
-from .target import MAX_PTX, MAX_STATIC_SHARED
+from .target import MAX_PTX, MAX_STATIC_SHARED, SHARED_LINE
 from .instr import Comment, Instr, LabelDef, Vec, _leaves
 from .instructions import InstructionsMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
@@ -201,8 +201,11 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
             raise PtxBuildError(f"shared array {name!r} needs a positive count, got {count!r}")
         return self._add_shared(name, elem, count, align or elem.bytes)
 
-    def dynamic_shared(self, name: str, elem, align: int = 16) -> Symbol:
-        """The ``.extern .shared`` array sized at launch time."""
+    def dynamic_shared(self, name: str, elem, align: int = SHARED_LINE) -> Symbol:
+        """The ``.extern .shared`` array sized at launch time.  It is placed
+        after the static arrays at ``align``, by default a whole line
+        (:data:`ptxgen.target.SHARED_LINE`), so wide copies into it do not
+        straddle lines."""
         if any(s.count is None for s in self.shared):
             raise PtxBuildError("a kernel has at most one dynamic shared array")
         return self._add_shared(name, T.type_by_name(elem), None, align)

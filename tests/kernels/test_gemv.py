@@ -314,6 +314,16 @@ def test_bulk_knob_refused_where_not_built():
         == "gemv_q4_k_k512_r4_s3_bulk"
 
 
+def test_ring_and_static_arrays_must_fit_together():
+    """A ring 160 bytes under the limit, with 976 threads' reduction array
+    (31 warps x 2 rows, padded to a line) in front of it, is refused; with
+    488 threads (one line of static memory) it fits."""
+    with pytest.raises(ValueError, match="232544 with the kernel's static arrays"):
+        G.GemvSpec("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=2)
+    ok = G.GemvSpec("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=4)
+    assert ok.ring_bytes + ok.ring_static_bytes == 232288 + 128
+
+
 def test_stages_knob_refused_where_not_built():
     with pytest.raises(ValueError, match="stages must be"):
         G.GemvSpec("Q4_K", 512, stages=1)
