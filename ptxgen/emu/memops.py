@@ -536,10 +536,15 @@ def _land_in_race_log(st, entry):
     del log[idx]
 
 
-@semantics("mbarrier.init")
-def _mbarrier_init(stmt, ctx):
-    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[0], "mbarrier.init")
-    get_n = getter(ctx, stmt.operands[1], type_by_name("u32"))
+def _mbar_instr(stmt, ctx, kind, step, dst_ty=None):
+    """The frame the mbarrier instructions share: ``[dst,] [mbar], value``;
+    ``step(st, offset, thread, value)`` runs for each executing thread in
+    thread order and returns its ``dst`` value (``dst_ty``: its type)."""
+    name = stmt.op
+    ai = 0 if dst_ty is None else 1
+    put = setter(ctx, stmt.operands[0], type_by_name(dst_ty)) if dst_ty else None
+    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[ai], name)
+    get_v = getter(ctx, stmt.operands[ai + 1], type_by_name("u32"))
     op = Op()
     acc.op = op
 
@@ -547,89 +552,70 @@ def _mbarrier_init(stmt, ctx):
         tids = _threads(st, m)
         if tids.size == 0:
             return
-        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, WRITE)
-        n = np.asarray(get_n(st))
-        for j, off in enumerate(offs):
-            cnt = int(n if n.ndim == 0 else n[tids[j]])
-            if not 1 <= cnt < 1 << 20:
-                raise Fault(MemoryFault, f"mbarrier.init with count {cnt} (1..2^20-1)", tids[j])
-            st.mbarriers[int(off)] = _MBarrier(cnt)
-            st.shared[off:off + 8] = 0
+        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, kind)
+        v = np.asarray(get_v(st))
+        out = np.zeros(st.n, bool if dst_ty == "pred" else np.uint64) if put else None
+        for off, t in zip(offs, tids):
+            r = step(st, int(off), int(t), int(v if v.ndim == 0 else v[t]))
+            if out is not None:
+                out[t] = r
+        if put:
+            put(st, out, m)
     op.fn = fn
-    return finish_op(op, stmt, ctx, TABLE["mbarrier.init"])
+    return finish_op(op, stmt, ctx, TABLE[name])
+
+
+@semantics("mbarrier.init")
+def _mbarrier_init(stmt, ctx):
+    def step(st, off, t, count):
+        if not 1 <= count < 1 << 20:
+            raise Fault(MemoryFault, f"mbarrier.init with count {count} (1..2^20-1)", t)
+        st.mbarriers[off] = _MBarrier(count)
+        st.shared[off:off + 8] = 0
+    return _mbar_instr(stmt, ctx, WRITE, step)
 
 
 @semantics("mbarrier.arrive.expect_tx")
 def _mbarrier_arrive_tx(stmt, ctx):
-    put = setter(ctx, stmt.operands[0], type_by_name("b64"))
-    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[1], "mbarrier.arrive.expect_tx")
-    get_n = getter(ctx, stmt.operands[2], type_by_name("u32"))
-    op = Op()
-    acc.op = op
-
-    def fn(st, m):
-        tids = _threads(st, m)
-        if tids.size == 0:
-            return
-        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, ATOMIC)
-        n = np.asarray(get_n(st))
-        state = np.zeros(st.n, np.uint64)
-        for j, off in enumerate(offs):
-            mb = _mbar_state(st, off, tids[j], "mbarrier.arrive.expect_tx")
-            if mb.pending == 0:
-                raise Fault(MemoryFault, "mbarrier.arrive.expect_tx on an mbarrier with no "
-                            "arrival pending", tids[j])
-            state[tids[j]] = mb.phase
-            mb.tx += int(n if n.ndim == 0 else n[tids[j]])
-            mb.pending -= 1
-            mb.spins = 0
-            mb.settle()
-        put(st, state, m)
-    op.fn = fn
-    return finish_op(op, stmt, ctx, TABLE["mbarrier.arrive.expect_tx"])
+    def step(st, off, t, nbytes):
+        mb = _mbar_state(st, off, t, "mbarrier.arrive.expect_tx")
+        if mb.pending == 0:
+            raise Fault(MemoryFault, "mbarrier.arrive.expect_tx on an mbarrier with no "
+                        "arrival pending", t)
+        state = mb.phase
+        mb.tx += nbytes
+        mb.pending -= 1
+        mb.spins = 0
+        mb.settle()
+        return state
+    return _mbar_instr(stmt, ctx, ATOMIC, step, "b64")
 
 
 @semantics("mbarrier.try_wait.parity")
 def _mbarrier_try_wait(stmt, ctx):
-    put = setter(ctx, stmt.operands[0], type_by_name("pred"))
-    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[1], "mbarrier.try_wait.parity")
-    get_p = getter(ctx, stmt.operands[2], type_by_name("u32"))
-    op = Op()
-    acc.op = op
-
-    def fn(st, m):
-        tids = _threads(st, m)
-        if tids.size == 0:
-            return
-        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, ATOMIC)
-        par = np.asarray(get_p(st))
-        done = np.zeros(st.n, bool)
-        for j, off in enumerate(offs):
-            mb = _mbar_state(st, off, tids[j], "mbarrier.try_wait.parity")
-            p = int(par if par.ndim == 0 else par[tids[j]]) & 1
-            # the phase of parity p is complete when the current one's differs
-            ok = (mb.phase & 1) != p
-            done[tids[j]] = ok
-            if ok:
-                # its copies land now, at the latest (every phase before the current)
-                keep = []
-                for c in mb.copies:
-                    if c[0] < mb.phase:
-                        st.shared[c[1]:c[1] + c[2].size] = c[2]
-                        _land_in_race_log(st, c[3])
-                    else:
-                        keep.append(c)
-                mb.copies[:] = keep
-                mb.spins = 0
+    def step(st, off, t, parity):
+        mb = _mbar_state(st, off, t, "mbarrier.try_wait.parity")
+        p = parity & 1
+        # the phase of parity p is complete when the current one's differs
+        if (mb.phase & 1) == p:
+            mb.spins += 1
+            if mb.spins > _MBAR_SPIN_LIMIT * st.n:
+                raise Fault(MemoryFault, f"mbarrier.try_wait.parity: the phase of parity {p} "
+                            f"never completes ({mb.pending} arrivals and {mb.tx} bytes "
+                            f"pending; deadlock)", t)
+            return False
+        # its copies land now, at the latest (every phase before the current)
+        keep = []
+        for c in mb.copies:
+            if c[0] < mb.phase:
+                st.shared[c[1]:c[1] + c[2].size] = c[2]
+                _land_in_race_log(st, c[3])
             else:
-                mb.spins += 1
-                if mb.spins > _MBAR_SPIN_LIMIT * max(1, tids.size):
-                    raise Fault(MemoryFault, f"mbarrier.try_wait.parity: the phase of parity {p} "
-                                f"never completes ({mb.pending} arrivals and {mb.tx} bytes "
-                                f"pending; deadlock)", tids[j])
-        put(st, done, m)
-    op.fn = fn
-    return finish_op(op, stmt, ctx, TABLE["mbarrier.try_wait.parity"])
+                keep.append(c)
+        mb.copies[:] = keep
+        mb.spins = 0
+        return True
+    return _mbar_instr(stmt, ctx, ATOMIC, step, "pred")
 
 
 @semantics("cp.async.bulk")

@@ -111,34 +111,36 @@ def test_a_phase_that_cannot_complete_is_reported(kw, match):
         emu.launch(emu.Module.from_ptx(mod)["bulk"], 1, 64, x, y)
 
 
-def test_use_before_init_is_refused():
+def _one_copy(init=True, first=0, nbytes=4 * N):
+    """Thread 0 copies ``nbytes`` from ``src[first]`` into shared memory."""
     m = ptxgen.Module("sm_90")
     with m.kernel("bulk", maxntid=32) as k:
         src = k.param_ptr("src", f32, align=16)
         sh = k.shared_array("sh", f32, N, align=16)
         bar = k.shared_array("bar", u64, 1)
         with k.if_(k.tid.x.eq(0)):
-            k.mbarrier_arrive_expect_tx(bar[0], 4 * N)
-            k.cp_async_bulk(sh[0], src[0], 4 * N, bar[0])
+            if init:
+                k.mbarrier_init(bar[0], 1)
+            k.mbarrier_arrive_expect_tx(bar[0], nbytes)
+            k.cp_async_bulk(sh[0], src[first], nbytes, bar[0])
     x = emu.DeviceArray.from_numpy(RNG.standard_normal(N).astype(np.float32))
+    emu.launch(emu.Module.from_ptx(m)["bulk"], 1, 32, x)
+
+
+def test_use_before_init_is_refused():
     with pytest.raises(emu.MemoryFault, match="no mbarrier.init"):
-        emu.launch(emu.Module.from_ptx(m)["bulk"], 1, 32, x)
+        _one_copy(init=False)
 
 
 def test_misaligned_bulk_copy_faults():
     """A source 4 bytes off a 16-byte boundary faults, as on the GPU."""
-    m = ptxgen.Module("sm_90")
-    with m.kernel("bulk", maxntid=32) as k:
-        src = k.param_ptr("src", f32, align=16)
-        sh = k.shared_array("sh", f32, N, align=16)
-        bar = k.shared_array("bar", u64, 1)
-        with k.if_(k.tid.x.eq(0)):
-            k.mbarrier_init(bar[0], 1)
-            k.mbarrier_arrive_expect_tx(bar[0], 64)
-            k.cp_async_bulk(sh[0], src[1], 64, bar[0])
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(N).astype(np.float32))
     with pytest.raises(emu.MemoryFault, match="16-byte aligned"):
-        emu.launch(emu.Module.from_ptx(m)["bulk"], 1, 32, x)
+        _one_copy(first=1, nbytes=64)
+
+
+def test_copy_past_the_allocation_faults():
+    with pytest.raises(emu.MemoryFault, match="cp.async.bulk"):
+        _one_copy(first=N - 4, nbytes=64)
 
 
 def test_builder_refuses_misuse():
