@@ -25,7 +25,6 @@ import attrs
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.target import TARGETS
 
 from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check_k,
                           groups_per_cta, launch_geometry, reference, rope_reference,
@@ -33,6 +32,7 @@ from .gemv_common import (EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvSpec, check
 from .gemv_q4k import build_q4k
 from .gemv_staged import build_staged
 from .gemv_stream import build_stream
+from .spec_fields import has_bulk_copy
 
 __all__ = ["GemvSpec", "build", "launch_geometry", "reference", "rope_reference", "default_spec",
            "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "CANONICAL"]
@@ -108,7 +108,7 @@ def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
         # 2.178 ms at context 128 (docs/gemv.md, eleventh pass)
         wide = 2 * (k // 32) * 72 <= 65536
         knobs = dict(_Q4K_STREAM["wide_k" if wide else "wider_k"])
-        bulk = TARGETS[target].sm >= 90
+        bulk = has_bulk_copy(target)
         if wide and (epilogue == "none" or (epilogue == "residual" and bulk)):
             # a third stage: 4096x14336 alone 14.60-14.64 -> 14.09-14.13 us
             # (H100, 4 rounds, one call); with cp.async the decode step's down
@@ -200,7 +200,7 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
         # 14336x4096: Q6_K 51.0 -> 38.6 us, Q8_0 59.3 -> 45.1 us
         knobs.update(_STAGED_STREAM[qtype][2 if epilogue == "swiglu" else 1], tile=k)
         if (qtype == "Q6_K" and epilogue == "none" and m is not None and m in _Q6K_BULK_M
-                and TARGETS[target].sm >= 90):
+                and has_bulk_copy(target)):
             # the bulk copy engine fills the stages (H100, 3 rounds, two calls):
             # 14336x4096 18.74-18.89 -> 18.12-18.27 us, 28672 36.29-36.40 ->
             # 35.13-35.17; slower at 8192 (12.42-12.48 -> 12.61-12.68) and

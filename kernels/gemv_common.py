@@ -32,7 +32,7 @@ import numpy as np
 from ptxgen.target import MAX_STATIC_SHARED, SHARED_LINE, TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
-from .spec_fields import pdl_field, target_field
+from .spec_fields import has_bulk_copy, pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "rope_reference",
@@ -258,7 +258,7 @@ class GemvSpec:
         if v and not self.stages:
             raise ValueError("bulk=True fills the ring (stages >= 2) with the bulk copy engine; "
                              "it needs stages")
-        if v and TARGETS[self.target].sm < 90:
+        if v and not has_bulk_copy(self.target):
             raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
                              f"not {self.target}")
 

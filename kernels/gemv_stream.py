@@ -117,11 +117,12 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         row0 = k.ctaid.x * rpc
         row_end = k.min(mrows, row0 + rpc)
-        # the last 16-byte chunk of each matrix: copies past it are clamped
-        last_chunk = k.mul_wide(mrows, rb) - 16
-        my_chunk = k.mul_wide(tid, 16)              # u64 byte offset of chunk t
-
-        if spec.bulk:
+        if not spec.bulk:
+            # the last 16-byte chunk of each matrix: copies past it are clamped
+            last_chunk = k.mul_wide(mrows, rb) - 16
+            my_chunk = k.mul_wide(tid, 16)          # u64 byte offset of chunk t
+            dst_off = tid * 16
+        else:
             # one mbarrier per stage, completed by the bytes of its bulk copies
             full = k.shared_array("full", u64, S)
             with k.if_(tid.eq(0)):
@@ -151,7 +152,6 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                           group_bytes)
             k.cp_async_commit()
 
-        dst_off = tid * 16
         # prologue: the first S - 1 groups in flight, ``ahead`` of them (all
         # by default) before anything else, the others once x is loaded
         pre = spec.ahead or S - 1

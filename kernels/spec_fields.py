@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import attrs
 
+from ptxgen.isa import TABLE
 from ptxgen.target import TARGETS
 
 __all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue",
-           "pdl_wait", "has_griddepcontrol"]
+           "pdl_wait", "has_griddepcontrol", "has_bulk_copy"]
 
 
 def check_block(_, attr, v):
@@ -32,6 +33,12 @@ def has_griddepcontrol(target: str) -> bool:
     launch): sm_90 and newer.  Where it does, the driver's entry points and
     the model launch with PDL unless told otherwise."""
     return TARGETS[target].sm >= 90
+
+
+def has_bulk_copy(target: str) -> bool:
+    """Whether ``target`` has the bulk copy engine (``cp.async.bulk`` onto
+    an mbarrier; the instruction table's minimum, sm_90)."""
+    return TARGETS[target].sm >= TABLE["cp.async.bulk"].min_sm
 
 
 def _check_pdl(inst, attr, v):

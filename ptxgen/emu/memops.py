@@ -509,7 +509,7 @@ class _MBarrier:
             self.pending = self.count
 
 
-def _mbar_offsets(ctx, stmt, o, what):
+def _mbar_offsets(ctx, o, what):
     get, _ = _address(ctx, o, "shared")
     acc = _Access("shared", 8, 1, what, None)
     return get, acc
@@ -543,7 +543,7 @@ def _mbar_instr(stmt, ctx, kind, step, dst_ty=None):
     name = stmt.op
     ai = 0 if dst_ty is None else 1
     put = setter(ctx, stmt.operands[0], type_by_name(dst_ty)) if dst_ty else None
-    get, acc = _mbar_offsets(ctx, stmt, stmt.operands[ai], name)
+    get, acc = _mbar_offsets(ctx, stmt.operands[ai], name)
     get_v = getter(ctx, stmt.operands[ai + 1], type_by_name("u32"))
     op = Op()
     acc.op = op
@@ -625,7 +625,7 @@ def _cp_async_bulk(stmt, ctx):
     get_dst, _ = _address(ctx, stmt.operands[0], "shared")
     get_src, _ = _address(ctx, stmt.operands[1], "global")
     get_n = getter(ctx, stmt.operands[2], type_by_name("u32"))
-    get_bar, bar_acc = _mbar_offsets(ctx, stmt, stmt.operands[3], "cp.async.bulk")
+    get_bar, bar_acc = _mbar_offsets(ctx, stmt.operands[3], "cp.async.bulk")
     op = Op()
     bar_acc.op = op
 
