@@ -29,7 +29,10 @@ REPEATS = 7
 #: head merging N splits per round; blocks_per_sm above the occupancy makes more than
 #: one wave (slower, 2026-11-22)
 FD_VARIANTS = {
-    # the default is the tensor-core split (8 warps, 2 chunks of 16 keys a trip)
+    # the default is the tensor-core split (8 warps, 1 chunk of 16 keys a trip,
+    # dealt round robin from two rounds on)
+    "contiguous": dict(interleave=0),
+    "w8u2": dict(unroll=2, interleave=0),             # the default before
     "fused_mu16": dict(fused_combine=True),
     "fused_mu4": dict(fused_combine=True, merge_unroll=4),
     "no_pdl": dict(pdl=False),

@@ -58,8 +58,12 @@ FAMILIES = {
 #: in the same run: 2.102 ms per token at context 128, 2.299 at 4096; this
 #: one 2.097 / 2.298; 4 warps with no cap 2.112 / 2.282.
 #: A shape the tensor-core split does not take (head_dim 256, an f32 cache,
-#: groups past 8) falls back to the CUDA-core split.
-MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2}
+#: groups past 8) falls back to the CUDA-core split.  Keys are dealt round
+#: robin from two rounds on (``interleave=2``: contexts of 4096 and more with
+#: 16 splits; H100, two rounds: 2.2162-2.2168 -> 2.2093-2.2101 ms per token at
+#: context 4096 with every length dealt round robin, 2.0435-2.0472 ->
+#: 2.0564-2.0568 at 128, which the threshold leaves contiguous).
+MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2, "interleave": 2}
 
 
 class ContextOverflowError(RuntimeError):

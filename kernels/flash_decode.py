@@ -129,6 +129,16 @@ class FlashDecodeSpec:
         apply: a trip's loads are issued when the trip before is done).
         ``early_kv`` works as for the CUDA-core split.  See
         :func:`_build_split_mma`.
+    interleave : int
+        (``mma`` only.)  0 (default): each split takes a contiguous range of
+        keys.  ``t >= 1``: where the length gives every warp at least ``t``
+        trips (``kv_len >= t * splits * warps * 16 * unroll``, decided in the
+        kernel), a KV head's keys are dealt a warp trip (``16 * unroll``
+        keys) at a time, round robin: block ``s`` of ``n`` takes trips ``s,
+        s + n, s + 2 n, ...`` of ``[0, kv_len)``, its warps in turn, so every
+        block of a head streams from the same moving window of the cache
+        instead of its own contiguous range; shorter lengths keep the
+        contiguous ranges (measured faster at L = 1024, docs/kernels.md).
     combine_warps : {1, 2, 4, 8, 16}
         Warps of a combine block (one block per query head; default 2).
         Each warp keeps a running merge of splits ``w, w + warps, ...`` in
@@ -174,6 +184,7 @@ class FlashDecodeSpec:
     early_kv: bool = attrs.field(default=False)
     per_sm: int = attrs.field(default=0)
     mma: bool = attrs.field(default=False)
+    interleave: int = attrs.field(default=0)
     combine_warps: int = attrs.field(default=COMBINE_WARPS,
                                      validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
@@ -215,6 +226,11 @@ class FlashDecodeSpec:
         if not isinstance(v, bool):
             raise ValueError(f"mma must be a bool, got {v!r}")
 
+    @interleave.validator
+    def _check_interleave(self, _, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 64):
+            raise ValueError(f"interleave must be an int in 0..64 (trips per warp), got {v!r}")
+
     @per_sm.validator
     def _check_per_sm(self, _, v):
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 32):
@@ -241,6 +257,8 @@ class FlashDecodeSpec:
                 ("unroll at most 4", self.unroll <= 4)) if not ok]
             if bad:
                 raise ValueError("mma=True needs " + ", ".join(bad))
+        if self.interleave and not self.mma:
+            raise ValueError("interleave needs the tensor-core split (mma=True)")
         if self.early_kv and not self.early_kv_possible:
             raise ValueError("early_kv needs the register prefetch path "
                              "(stages=0, prefetch=True) or mma=True")
@@ -321,6 +339,7 @@ class FlashDecodeSpec:
                 + (f"k{self.min_keys}" if self.min_keys != 8 else "")
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + ("e" if self.early_kv else "")
+                + (f"i{self.interleave}" if self.interleave else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -532,17 +551,22 @@ def _build_split(m, spec: FlashDecodeSpec):
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
 
 
+def _kv_len(k, spec, kv_len_ptr, cap):
+    """The current length, clamped to ``[0, capacity]`` (``ld.global.cg``
+    under ``early_kv``: before the wait it must come from L2, not a line an
+    earlier grid left in L1)."""
+    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
+    return k.min(k.max(raw, 0).bitcast(u32), cap)
+
+
 def _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit):
-    """The current length ``L``, clamped to ``[0, capacity]`` (read with
-    ``ld.global.cg`` under ``early_kv``: before the wait it must come from
-    L2, not a line an earlier grid left in L1), and this split's keys.  The
+    """The current length ``L`` (:func:`_kv_len`) and this split's keys.  The
     first ``ceil(L / min_keys)`` splits (at most all) work; the length's
     groups of ``unit`` keys are dealt out evenly among them: split ``s``
     takes groups ``[s g / n, (s + 1) g / n)``, the others see ``start >= L``.
     Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
     split's last key, where the caller wants it."""
-    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
-    L = k.min(k.max(raw, 0).bitcast(u32), cap)
+    L = _kv_len(k, spec, kv_len_ptr, cap)
     ng = (L + (unit - 1)) // unit
     nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
     start = (split * ng) // nact * unit
@@ -706,11 +730,23 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
         qa = None if early else load_q()
         # this split's keys, dealt in chunks of 16
         L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
-        end = split_end()
+        first_key = start                        # the split's first key (empty: >= L)
+        end, stride = split_end(), CH * U * NW
+        if spec.interleave:
+            # long enough: warp trips of CH * U keys dealt round robin, split s
+            # taking trips s, s + n, ... of [0, L), its warps in turn (warp w:
+            # s + w n, then NW n further each time); only the last is partial
+            rnd = nsplit * (CH * U * NW)         # keys of one round
+            il = L >= rnd * spec.interleave
+            first_key = k.select(il, split * (CH * U), start)
+            start = k.select(il, (warp * nsplit + split) * (CH * U), start)
+            end = k.select(il, L, end)
+            stride = k.select(il, rnd, k.mov(stride, u32))
         lastc = k.max(end, 1) - 1                # rows clamped to a valid one (0 when empty)
         row0 = h * cap
         wofs = warp * (CH * U)                   # the warp's first key in a trip
-        step = CH * U * NW
+        if spec.interleave:
+            wofs = k.select(il, k.mov(0, u32), wofs)
 
         def chunk_rows(kb):
             """The rows a lane loads for the chunk at ``kb``, clamped: K rows
@@ -753,7 +789,7 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                     with k.if_(row.eq(newest)):
                         for cw, nw in zip(_leaves(first[u][n]), _leaves(row_words(n, row, True))):
                             k.assign(cw, nw)
-        with k.if_(start >= L):
+        with k.if_(first_key >= L):
             _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
 
         m_run = k.var(f32, NEG)
@@ -816,10 +852,10 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             # loading theirs at the top of the trip, as without early_kv
             with k.if_(start < end):
                 trip(start, first)
-            with k.for_range(start + step, end, step) as base:
+            with k.for_range(start + stride, end, stride) as base:
                 trip(base, trip_loads(base))
         else:
-            with k.for_range(start, end, step) as base:
+            with k.for_range(start, end, stride) as base:
                 trip(base, trip_loads(base))
 
         # the warp's partial: the head's sum over its 4 lanes; o = hi + lo 2^-11
@@ -1133,9 +1169,13 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     return max(1, n)
 
 
-MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 2}
+MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "interleave": 2}
 """The tensor-core split's knobs where no others are asked for (fastest of
-those measured alone on the H100, docs/kernels.md)."""
+those measured alone on the H100, docs/kernels.md): one chunk of 16 keys a
+trip, dealt round robin from two rounds on.  Against the 2 chunks a trip of
+before, contiguous (2 rounds of a chain of calls, µs at L = 1K / 4K / 8K /
+16K / 32K): 6.03 / 7.46-7.49 / 10.77-10.79 / 29.16-29.67 / 51.16-51.36 ->
+5.48 / 7.49-7.57 / 10.03-10.13 / 27.56-27.61 / 49.20-49.74."""
 
 
 def _mma_shape_misses(head_dim: int, group: int, kv_dtype: str) -> list:

@@ -235,6 +235,21 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
     if overrides.get("slices", 1) > 1 and "min_ctas" not in overrides:
         # the min_ctas defaults were measured for one slice of 128 threads
         knobs.pop("min_ctas", None)
+    if knobs.get("stages") and not (qtype == "Q4_K" and (
+            (m is not None and m <= _Q4K_SMALL_M) or (epilogue == "residual" and k > 4096))):
+        # row groups dealt round robin over the CTAs (H100, 3 rounds, one
+        # call each; docs/gemv.md "Twentieth pass"): Q4_K 4096x14336
+        # 13.73-13.77 -> 13.60-13.64 us, 14336x4096 12.49-12.53 -> 12.23-12.35,
+        # 4096x4096 5.68-5.75 -> 5.54-5.55 (residual 5.96-6.07 -> 5.85-5.88),
+        # 128256x4096 99.4-99.6 -> 98.3, SwiGLU 14336x4096 25.7-25.8 ->
+        # 25.5; Q6_K 4096x14336 20.07-20.11 -> 19.69-19.75, 14336x4096
+        # 18.07-18.11 -> 17.81-17.85, 128256x4096 149.2-149.4 -> 146.0-146.1;
+        # Q8_0 4096x14336 22.08-22.10 -> 21.56-21.60, 14336x4096 21.52-21.53 ->
+        # 21.04-21.15; level at Q6_K/Q8_0 4096x4096.  Slower, so not taken:
+        # Q4_K 1024x4096 (4.30-4.35 -> 4.78-4.85) and the residual at K =
+        # 14336 (13.94-14.17 -> 14.63-14.93).  Decode step (Q4_K GEMVs but the
+        # down projection): 2.0435-2.0472 -> 2.0269-2.0289 ms at context 128
+        knobs["interleave"] = True
     if epilogue == "rope" and knobs["rows"] % 2:
         # the rope epilogue rotates row pairs inside a row group
         knobs["rows"] *= 2

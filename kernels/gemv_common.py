@@ -184,6 +184,10 @@ class GemvSpec:
         (``cp.async.bulk``, one copy per matrix of the row group's contiguous
         bytes) completing on the stage's mbarrier, which every thread waits
         on, instead of every thread copying 16-byte chunks with ``cp.async``.
+    interleave : bool
+        Ring: CTA ``c`` of ``n`` takes row groups ``c, c + n, c + 2 n, ...``
+        (every CTA's stream in the same moving window of the matrix) instead
+        of ``rows_per_cta`` consecutive rows; the grid is the same.
     per_sm : int
         Ring: at most this many CTAs resident on one SM (0: as many as
         registers and the ring allow).  The launch asks for enough dynamic
@@ -217,6 +221,7 @@ class GemvSpec:
     per_sm: int = attrs.field(default=0)
     rope: tuple = attrs.field(default=(), converter=tuple)
     bulk: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    interleave: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -261,6 +266,12 @@ class GemvSpec:
         if v and not has_bulk_copy(self.target):
             raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
                              f"not {self.target}")
+
+    @interleave.validator
+    def _check_interleave(self, attr, v):
+        if v and not self.stages:
+            raise ValueError("interleave=True deals the ring's row groups (stages >= 2); "
+                             "it needs stages")
 
     @rope.validator
     def _check_rope(self, attr, v):
@@ -377,6 +388,7 @@ class GemvSpec:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
+        dp += "_il" if self.interleave else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 

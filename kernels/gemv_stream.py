@@ -115,8 +115,15 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         ring = k.dynamic_shared("ring", u8)
         tid = k.tid.x
         pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
-        row0 = k.ctaid.x * rpc
-        row_end = k.min(mrows, row0 + rpc)
+        if spec.interleave:
+            # groups c, c + n, ...: consecutive groups of a CTA are ``gstep`` rows apart
+            row0 = k.ctaid.x * R
+            row_end = mrows
+            gstep = k.nctaid.x * R
+        else:
+            row0 = k.ctaid.x * rpc
+            row_end = k.min(mrows, row0 + rpc)
+            gstep = R
         if not spec.bulk:
             # the last 16-byte chunk of each matrix: copies past it are clamped
             last_chunk = k.mul_wide(mrows, rb) - 16
@@ -152,11 +159,17 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                           group_bytes)
             k.cp_async_commit()
 
+        def first_row(s_):
+            """The first row of the CTA's ``s_``-th row group."""
+            if not spec.interleave:
+                return row0 + s_ * R
+            return row0 + s_ * gstep if s_ else row0
+
         # prologue: the first S - 1 groups in flight, ``ahead`` of them (all
         # by default) before anything else, the others once x is loaded
         pre = spec.ahead or S - 1
         for s_ in range(pre):
-            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32), s_)
+            issue(first_row(s_), k.mov(s_ * stage_bytes, u32), s_)
         if norm:
             # the fused RMSNorm's weights are constants too
             for pc in pcs:
@@ -181,13 +194,13 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                              piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
-            issue(row0 + s_ * R, k.mov(s_ * stage_bytes, u32), s_)
+            issue(first_row(s_), k.mov(s_ * stage_bytes, u32), s_)
         rd = k.var(u32, 0)                         # byte offset of group g's stage
         if spec.bulk:
             si = k.var(u32, 0)                     # its index
             parity = k.var(u32, 0)                 # the phase group g completes
         ring_bytes = S * stage_bytes
-        with k.for_range(row0, row_end, R) as rg:
+        with k.for_range(row0, row_end, gstep) as rg:
             if spec.bulk:
                 # everyone is done with group g - 1's stage (and with red)
                 k.bar_sync(0)
@@ -198,10 +211,10 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             # group g + S - 1 goes to the stage group g - 1 used
             wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
             if spec.bulk:
-                issue(rg + (S - 1) * R, wr, wi)
+                issue(rg + (S - 1) * gstep, wr, wi)
                 k.mbarrier_wait(full[si], parity)
             else:
-                issue(rg + (S - 1) * R, wr)
+                issue(rg + (S - 1) * gstep, wr)
             acc = [[None] * R for _ in range(nm)]
             if not q4k:
                 base = ring_base + rd

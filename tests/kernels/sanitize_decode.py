@@ -29,10 +29,13 @@ def main():
     kc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     vc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     for L in (1, 7, 1000, 2048):
-        # the tensor-core split (the default here), the CUDA-core split's
+        # the tensor-core split (the default here; its keys dealt round robin
+        # from one round on, which L = 2048 reaches), the CUDA-core split's
         # register and ring paths, each split with early_kv
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), early_kv=True)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), interleave=1)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), interleave=1, early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False, early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)

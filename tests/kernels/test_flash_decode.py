@@ -94,6 +94,12 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=128, group=8, warps=2, unroll=1, mma=True, fused_combine=True),
     F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, mma=True, min_keys=16),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=2, unroll=2, mma=True, early_kv=True),
+    # warp trips dealt round robin over the splits from one round on
+    # (interleave=1): at L = 100, 7 and 4 trips of 16 and 32 keys on 3 splits
+    # (rounds of 96), the last trip partial; at L = 33, contiguous ranges
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1),
+    F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
+                      interleave=1, fused_combine=True),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
@@ -112,6 +118,38 @@ def test_flash_decode(run, spec):
         assert err <= 1e-4, (L, err)
 
 
+@pytest.mark.parametrize("interleave", [0, 1, 2])
+def test_splits_take_the_keys_they_are_dealt(run, interleave):
+    """Each split's partial ``(m, l)`` is that of the keys it was dealt, in
+    float64: contiguous ranges, or with ``interleave=1`` (L = 100 is more
+    than one round of 3 splits x 2 warps x 16 keys) warp trips ``s, s + n,
+    ...`` (split 0 takes keys 0-15, 48-63 and 96-99); ``interleave=2`` needs
+    two rounds (192 keys), so L = 100 keeps contiguous ranges."""
+    spec = F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True,
+                             interleave=interleave)
+    n_kv, cap, L, n = 2, 100, 100, 3
+    q, kc, vc = _data(n_kv, 3, cap, 64, np.float16, 5)
+    split = run.function(F.build, spec, spec.split_name)
+    (g1, b1), _ = F.launch_geometry(spec, n_kv, n)
+    part_ml = run.poisoned((n_kv * 3, n, 2))
+    run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
+               run.array(np.array([L], np.int32)), run.poisoned((n_kv * 3, n, 64)), part_ml,
+               0, 0, cap, 1 / math.sqrt(64))
+    got = run.get(part_ml).astype(np.float64)
+    trips = [range(t * 16, min(L, t * 16 + 16)) for t in range(-(-L // 16))]
+    if interleave == 1:
+        keys = [[i for t in trips[s::n] for i in t] for s in range(n)]
+    else:
+        keys = [list(range(s * 32, L if s == n - 1 else (s + 1) * 32)) for s in range(n)]
+    kf = kc.astype(np.float64)
+    for qh in range(n_kv * 3):
+        sc = kf[qh // 3] @ q[qh].astype(np.float64) / math.sqrt(64) / math.log(2)
+        for s in range(n):
+            m = sc[keys[s]].max()
+            want = (m, np.exp2(sc[keys[s]] - m).sum())
+            assert np.allclose(got[qh, s], want, rtol=1e-4, atol=1e-4), (qh, s, got[qh, s], want)
+
+
 @pytest.mark.parametrize("fused", [True, False])
 def test_flash_decode_empty_and_clamped(run, fused):
     spec = attrs.evolve(EMU_SPECS[0], fused_combine=fused)
@@ -123,7 +161,8 @@ def test_flash_decode_empty_and_clamped(run, fused):
 
 GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
              "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True),
-             "mma_w8e_cw1": dict(mma=True, warps=8, unroll=1, early_kv=True, combine_warps=1)}
+             "mma_w8e_cw1": dict(mma=True, warps=8, unroll=1, early_kv=True, combine_warps=1),
+             "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1)}
 
 
 @pytest.mark.gpu
@@ -165,7 +204,9 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
                                  dict(early_kv=1), dict(mma=True, kv_dtype="f32"),
                                  dict(mma=True, head_dim=256), dict(mma=True, group=9),
                                  dict(mma=True, stages=2), dict(mma=True, chunks=2),
-                                 dict(mma=True, unroll=5), dict(mma=1)])
+                                 dict(mma=True, unroll=5), dict(mma=1),
+                                 dict(interleave=1), dict(mma=True, interleave=True),
+                                 dict(mma=True, interleave=65)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)

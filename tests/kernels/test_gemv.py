@@ -112,6 +112,12 @@ CASES = [
                             "target": "sm_90"}),
     ("Q8_0", 512, "swiglu", {"stages": 2, "rows": 4, "tile": 512, "bulk": True,
                              "target": "sm_90"}),
+    # row groups dealt round robin over the CTAs (interleave): 19 groups on 4
+    # CTAs, the partial last group on CTA 2
+    ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 2, "interleave": True}),
+    ("Q4_K", 512, "none", {"dot": "dp4a", "stages": 3, "rows": 2, "ahead": 1, "bulk": True,
+                           "interleave": True, "target": "sm_90"}),
+    ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 2, "tile": 2048, "interleave": True}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -312,6 +318,29 @@ def test_bulk_knob_refused_where_not_built():
         G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_80")
     assert G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_90").kernel_name \
         == "gemv_q4_k_k512_r4_s3_bulk"
+
+
+def test_interleave_knob_refused_without_the_ring():
+    with pytest.raises(ValueError, match="it needs stages"):
+        G.GemvSpec("Q4_K", 512, interleave=True)
+    assert G.GemvSpec("Q4_K", 512, stages=3, interleave=True).kernel_name \
+        == "gemv_q4_k_k512_r4_s3_il"
+
+
+def test_interleave_defaults():
+    """Ring GEMVs deal their row groups round robin except where it measured
+    slower (Q4_K with few rows, the residual at K = 14336); the direct
+    kernel has no ring to deal."""
+    def spec(m, k=4096, epi="none", qtype="Q4_K", **kw):
+        return G.default_spec(qtype, k, epi, target="sm_90", m=m, **kw)
+    assert spec(4096, 14336).interleave and spec(14336).interleave
+    assert spec(14336, epi="swiglu").interleave and spec(4096, epi="residual").interleave
+    assert spec(6144, epi="rope", rope=(128, 32, 8)).interleave and spec(128256).interleave
+    assert not spec(1024).interleave and not spec(4096, 14336, "residual").interleave
+    for qt in ("Q6_K", "Q8_0"):
+        assert spec(4096, 14336, qtype=qt).interleave and spec(128256, qtype=qt).interleave
+    assert not spec(4096, stages=0).interleave
+    assert not spec(4096, interleave=False).interleave
 
 
 def test_ring_and_static_arrays_must_fit_together():
