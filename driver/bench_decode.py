@@ -23,8 +23,8 @@ import numpy as np
 REPS = 10
 REPEATS = 7
 #: flash-decode variants (``ops.flash_decode`` keyword arguments) timed beside the
-#: default (w4u3 prefetch, min_keys 8, blocks per SM from the driver's occupancy: 3,
-#: separate combine kernel, programmatic dependent launch on sm_90+); ``no_pdl``: the
+#: default (the tensor-core split, ``flash_decode.MMA_KNOBS``; splits from the driver's
+#: occupancy, separate combine kernel, programmatic dependent launch on sm_90+); ``no_pdl``: the
 #: same two launches fully serialised; ``fused_muN``: one launch, the last split block of each KV
 #: head merging N splits per round; blocks_per_sm above the occupancy makes more than
 #: one wave (slower, 2026-11-22)

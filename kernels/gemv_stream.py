@@ -9,7 +9,8 @@ under its register budget).  Here the CTA's weight bytes travel by
 stages in dynamic shared memory, one row group (``rows`` rows of every
 matrix) per stage, so S - 1 groups are in flight while one is computed.
 
-A CTA's rows are consecutive, so a row group is one contiguous run of
+A CTA's row groups are consecutive, or with ``interleave`` dealt round robin
+(CTA ``c`` of ``n`` takes groups ``c, c + n, ...``); either way a row group is one contiguous run of
 ``rows * row_bytes`` bytes per matrix: thread ``t`` copies 16-byte chunks
 ``t, t + T, ...`` of it (coalesced, every byte fetched once, the super-block
 headers too).  Each thread then reads its piece's 16 qs bytes and its
