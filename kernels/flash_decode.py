@@ -551,22 +551,17 @@ def _build_split(m, spec: FlashDecodeSpec):
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
 
 
-def _kv_len(k, spec, kv_len_ptr, cap):
-    """The current length, clamped to ``[0, capacity]`` (``ld.global.cg``
-    under ``early_kv``: before the wait it must come from L2, not a line an
-    earlier grid left in L1)."""
-    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
-    return k.min(k.max(raw, 0).bitcast(u32), cap)
-
-
 def _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit):
-    """The current length ``L`` (:func:`_kv_len`) and this split's keys.  The
+    """The current length ``L``, clamped to ``[0, capacity]`` (read with
+    ``ld.global.cg`` under ``early_kv``: before the wait it must come from
+    L2, not a line an earlier grid left in L1), and this split's keys.  The
     first ``ceil(L / min_keys)`` splits (at most all) work; the length's
     groups of ``unit`` keys are dealt out evenly among them: split ``s``
     takes groups ``[s g / n, (s + 1) g / n)``, the others see ``start >= L``.
     Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
     split's last key, where the caller wants it."""
-    L = _kv_len(k, spec, kv_len_ptr, cap)
+    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
+    L = k.min(k.max(raw, 0).bitcast(u32), cap)
     ng = (L + (unit - 1)) // unit
     nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
     start = (split * ng) // nact * unit

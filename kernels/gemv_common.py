@@ -258,20 +258,23 @@ class GemvSpec:
             raise ValueError(f"ahead={v} needs a ring of more than {v} stages "
                              f"(stages={self.stages})")
 
+    def _ring_only(self, knob, what):
+        """Refuse ``knob=True`` (which ``what``) without the ring."""
+        if not self.stages:
+            raise ValueError(f"{knob}=True {what} (stages >= 2); it needs stages")
+
     @bulk.validator
     def _check_bulk(self, attr, v):
-        if v and not self.stages:
-            raise ValueError("bulk=True fills the ring (stages >= 2) with the bulk copy engine; "
-                             "it needs stages")
+        if v:
+            self._ring_only("bulk", "fills the ring with the bulk copy engine")
         if v and not has_bulk_copy(self.target):
             raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
                              f"not {self.target}")
 
     @interleave.validator
     def _check_interleave(self, attr, v):
-        if v and not self.stages:
-            raise ValueError("interleave=True deals the ring's row groups (stages >= 2); "
-                             "it needs stages")
+        if v:
+            self._ring_only("interleave", "deals the ring's row groups")
 
     @rope.validator
     def _check_rope(self, attr, v):
