@@ -69,6 +69,9 @@ def _check_geometry(function, g, b, shared) -> None:
     for axis, v, lim in zip("xyz", g, dev.max_grid_dims):
         if v > lim:
             raise LaunchConfigError(f"{function.name}: grid.{axis} = {v} exceeds the device limit {lim}")
+    if function.cluster is not None and any(v % c for v, c in zip(g, function.cluster)):
+        raise LaunchConfigError(f"{function.name}: grid {tuple(g)} is not a whole number of "
+                                f"clusters of {function.cluster} (.reqnctapercluster)")
     if isinstance(shared, bool) or not isinstance(shared, int) or shared < 0:
         raise LaunchConfigError(f"{function.name}: shared must be a non-negative int of bytes, got {shared!r}")
     if shared > function.max_dynamic_shared:
@@ -112,13 +115,14 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None, pdl: bool
         Wrong argument count, kind, or range, or a freed array.
     LaunchConfigError
         Non-positive or oversized grid/block, too many threads for the kernel,
-        or more dynamic shared memory than the kernel allows, or ``pdl=True``
-        for a kernel that never waits for its predecessors.
+        more dynamic shared memory than the kernel allows, a grid that is
+        not a whole number of the kernel's clusters, or ``pdl=True`` for a
+        kernel that never waits for its predecessors.
     CUDAError
         The driver refused the launch.
     """
     # fast path: plain ints within the kernel's limits; anything else goes through the checks
-    if (type(grid) is int and 0 < grid < 2147483648
+    if (type(grid) is int and 0 < grid < 2147483648 and function.cluster is None
             and type(block) is int and 0 < block <= function.max_threads_per_block
             and (shared == 0 or (type(shared) is int and 0 < shared <= function.max_dynamic_shared))):
         gx, gy, gz = grid, 1, 1

@@ -216,6 +216,18 @@ def _entry_waits(ptx: str, name: str) -> bool:
     return "griddepcontrol.wait" in ptx[m.end(): end if end >= 0 else len(ptx)]
 
 
+def _entry_cluster(ptx: str, name: str):
+    """Entry ``name``'s ``.reqnctapercluster`` as ``(x, y, z)``, or None."""
+    m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\([^)]*\)([^{]*)\{", ptx)
+    if m is None:
+        return None
+    c = re.search(r"\.reqnctapercluster\s+([\d,\s]+)", m.group(1))
+    if c is None:
+        return None
+    dims = [int(v) for v in c.group(1).replace(",", " ").split()]
+    return tuple(dims + [1] * (3 - len(dims)))
+
+
 class Function:
     """One kernel of a loaded :class:`Module`.
 
@@ -233,12 +245,16 @@ class Function:
         :meth:`set_max_dynamic_shared`.
     ptx_version, binary_version : int
         e.g. 80 and 90.
+    cluster : tuple of int or None
+        The kernel's ``.reqnctapercluster`` (x, y, z): it runs in
+        thread-block clusters of that shape, and a launch's grid must be a
+        multiple of it (checked before the driver is called).
     """
 
     __slots__ = ("module", "name", "handle", "params", "packer", "num_regs", "local_size_bytes",
                  "shared_size_bytes", "const_size_bytes", "max_threads_per_block",
                  "max_dynamic_shared", "ptx_version", "binary_version",
-                 "waits_for_grids", "_pdl_config",
+                 "waits_for_grids", "cluster", "_pdl_config",
                  "_buf", "_ptrs", "_kp", "_owner", "__weakref__")
 
     def __init__(self, module: Module, name: str, handle, params):
@@ -255,6 +271,7 @@ class Function:
             setattr(self, attr, int(v))
         self._init_param_buffer()
         self.waits_for_grids = _entry_waits(module.ptx, name)
+        self.cluster = _entry_cluster(module.ptx, name)
         self._pdl_config = None
         _functions_by_handle[int(handle)] = self
 

@@ -84,9 +84,16 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         ``.maxntid`` / ``.reqntid`` launch bounds (1 to 3 dimensions).
     minnctapersm : int, optional
         ``.minnctapersm`` occupancy hint (needs ``maxntid`` or ``reqntid``).
+    cluster : int or tuple of int, optional
+        ``.reqnctapercluster``: the kernel runs in thread-block clusters of
+        this shape (sm_90), so its CTAs can use :meth:`mapa` and
+        :meth:`barrier_cluster_arrive` / :meth:`barrier_cluster_wait`; every
+        launch's grid must be a multiple of it.  At most 8 CTAs (the portable
+        cluster size).
     """
 
-    def __init__(self, module, name, *, maxntid=None, reqntid=None, minnctapersm=None):
+    def __init__(self, module, name, *, maxntid=None, reqntid=None, minnctapersm=None,
+                 cluster=None):
         if not _IDENT.match(name):
             raise PtxBuildError(f"kernel name {name!r} is not a valid PTX identifier")
         self.module = module
@@ -97,9 +104,19 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         if minnctapersm is not None and self.maxntid is None and self.reqntid is None:
             raise PtxBuildError(".minnctapersm needs .maxntid or .reqntid as well")
         self.minnctapersm = minnctapersm
-        self.params: list[Param] = []
+        self.cluster = _dims3(cluster, "cluster")
         #: the newest PTX ISA version one of its instructions needs
         self.ptx_needed: tuple[int, int] = self.target.ptx_version
+        if self.cluster is not None:
+            if self.target.sm < 90:
+                raise TargetError(f"cluster={cluster!r}: thread-block clusters need sm_90, the "
+                                  f"target is {self.target.name}")
+            n = self.cluster[0] * self.cluster[1] * self.cluster[2]
+            if n > 8:
+                raise PtxBuildError(f"cluster={cluster!r} has {n} CTAs; the portable limit "
+                                    f"is 8")
+            self.ptx_needed = max(self.ptx_needed, (7, 8))
+        self.params: list[Param] = []
         self.shared: list[Symbol] = []
         self.body: list = []
         self._reg_counts: dict[T.PtxType, int] = {}

@@ -172,8 +172,13 @@ def _check_vector(ins, o, t1, what, loc):
 def _check_address(ins, a, what, loc):
     if not isinstance(a, Address):
         raise PtxTypeError(f"{what} must be a memory address [..], got {_desc(a)}", loc)
-    spaces = {"global", "shared", "param", "local", "const"}
+    spaces = {"global", "shared", "shared::cta", "shared::cluster", "param", "local", "const"}
     inst_space = next((m for m in ins.mods if m in spaces), None)
+    if inst_space == "shared::cta":
+        inst_space = "shared"
+    elif inst_space == "shared::cluster" and a.space == "shared":
+        # a CTA's own shared address is also its address in the cluster window
+        inst_space = "shared"
     if ins.op == "cp.async":       # cp.async.shared.global [dst], [src]
         inst_space = "shared" if a is ins.operands[0] else "global"
     elif ins.op == "cp.async.bulk":    # [dst] shared, [src] global, size, [mbarrier] shared
@@ -195,7 +200,7 @@ def _check_address(ins, a, what, loc):
     if not isinstance(base, Reg) or base.type.bits not in (32, 64) or base.type.is_float:
         raise PtxTypeError(f"{what}: an address base must be a 32/64-bit integer "
                            f"register or a symbol, got {_desc(base)}", loc)
-    if base.type.bits == 32 and a.space not in ("shared", "local"):
+    if base.type.bits == 32 and a.space not in ("shared", "shared::cluster", "local"):
         raise PtxTypeError(f"{what}: a 32-bit address register {base.name} can only "
                            f"address .shared or .local, not .{a.space}", loc)
 

@@ -78,6 +78,8 @@ def emit_kernel(k, *, annotate: bool = False) -> str:
         lines.append(".reqntid " + ", ".join(map(str, k.reqntid)))
     if k.minnctapersm:
         lines.append(f".minnctapersm {k.minnctapersm}")
+    if k.cluster:
+        lines.append(".reqnctapercluster " + ", ".join(map(str, k.cluster)))
     lines.append("{")
     for ty, n in k.reg_counts():
         lines.append(f"\t.reg .{ty.reg_decl} \t{ty.reg_prefix}<{n + 1}>;")

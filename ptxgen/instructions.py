@@ -718,6 +718,66 @@ class InstructionsMixin:
         it touches anything the previous kernels write."""
         return self.emit("griddepcontrol", ["wait"], [], [], dsts=0, _own_frames=1)
 
+    # ------------------------------------------------- thread-block clusters
+    def mapa(self, addr, rank) -> Address:
+        """``mapa.shared::cluster.u32``: the address of the byte ``addr`` (a
+        ``.shared`` address of this kernel) in the shared memory of the CTA
+        of cluster rank ``rank`` (sm_90, a kernel built with ``cluster=``).
+        Load and store through it with :meth:`ld` / :meth:`st`
+        (``.shared::cluster``).  The peer must have started before the first
+        access and must not exit before the last: fence both with a
+        :meth:`cluster_sync` or an arrive/wait pair."""
+        if self.cluster is None:
+            raise PtxBuildError(f"mapa: kernel {self.name} is not built with cluster=..., so "
+                                "it has no peer CTAs to address")
+        addr = self._as_addr(addr)
+        if addr.space != "shared":
+            raise PtxBuildError(f"mapa maps a .shared address, got .{addr.space}")
+        base = addr.base
+        if isinstance(base, Symbol):
+            a = self.mov(base, T.u32)
+        elif isinstance(base, Reg) and base.type.bits == 32:
+            a = base
+        else:
+            raise PtxTypeError(f"mapa needs a 32-bit shared address, got {base!r}")
+        if addr.offset:
+            a = self.add(a, addr.offset)
+        d = self.reg(T.u32)
+        self.emit("mapa", ["shared::cluster"], [T.u32], [d, a, as_operand(rank, T.u32)],
+                  _own_frames=1)
+        return Address(d, 0, "shared::cluster", addr.elem)
+
+    def barrier_cluster_arrive(self, sem="release"):
+        """``barrier.cluster.arrive{.release|.relaxed}.aligned`` (sm_90): this
+        thread arrives at the cluster's barrier; :meth:`barrier_cluster_wait`
+        then waits for every thread of every CTA of the cluster.  ``release``
+        makes this thread's earlier writes (to its own or a peer's shared
+        memory) visible to the waiters; ``"relaxed"`` orders nothing (an arrival
+        that only says "this CTA has started")."""
+        if sem not in ("release", "relaxed"):
+            raise PtxBuildError(f"barrier.cluster.arrive takes sem='release' or 'relaxed', "
+                                f"got {sem!r}")
+        return self.emit("barrier.cluster.arrive", [sem, "aligned"], [], [], dsts=0,
+                         _own_frames=1)
+
+    def barrier_cluster_wait(self):
+        """``barrier.cluster.wait.acquire.aligned`` (sm_90): wait until every
+        thread of the cluster has arrived (:meth:`barrier_cluster_arrive`)."""
+        return self.emit("barrier.cluster.wait", ["acquire", "aligned"], [], [], dsts=0,
+                         _own_frames=1)
+
+    def cluster_sync(self):
+        """Arrive (release) and wait (acquire): a barrier over the cluster."""
+        self.barrier_cluster_arrive("release")
+        self.barrier_cluster_wait()
+
+    def fence_proxy_async(self, space="shared::cta"):
+        """``fence.proxy.async.<space>`` (sm_90): order this thread's earlier
+        ordinary (generic-proxy) accesses of ``space`` before later accesses
+        by the bulk copy engine (async proxy), e.g. before a stage that was
+        read or written with ``ld``/``st`` is refilled by ``cp.async.bulk``."""
+        return self.emit("fence.proxy.async", [space], [], [], dsts=0, _own_frames=1)
+
     def shfl_sync(self, mode, value, lane, clamp=None, mask=FULL_MASK, *, out=None):
         """``shfl.sync.mode.b32``: ``mode`` is up, down, bfly or idx.
 
@@ -801,6 +861,16 @@ class InstructionsMixin:
         emulator).  Valid only for the read: a CTA stays on its SM, but the
         numbering need not be contiguous."""
         return self.mov(SpecialReg("%smid", T.u32))
+
+    @property
+    def cluster_ctarank(self):
+        """``%cluster_ctarank``: this CTA's rank in its cluster (u32, sm_90)."""
+        return self.mov(SpecialReg("%cluster_ctarank", T.u32, 90))
+
+    @property
+    def cluster_nctarank(self):
+        """``%cluster_nctarank``: the number of CTAs in the cluster (u32, sm_90)."""
+        return self.mov(SpecialReg("%cluster_nctarank", T.u32, 90))
 
     def clock64(self):
         """``%clock64``: this SM's cycle counter (not comparable across SMs)."""

@@ -63,10 +63,12 @@ class Function:
         Thread-instructions run so far by launches of this function.
     waits_for_grids : bool
         The body executes ``griddepcontrol.wait`` (may be launched with ``pdl=True``).
+    cluster : tuple of int or None
+        ``.reqnctapercluster`` (x, y, z): launches run in clusters of this shape.
     """
 
     __slots__ = ("module", "name", "params", "compiled", "max_threads_per_block",
-                 "shared_size_bytes", "reqntid", "waits_for_grids")
+                 "shared_size_bytes", "reqntid", "waits_for_grids", "cluster")
 
     def __init__(self, module, compiled: CompiledKernel):
         self.module = module
@@ -75,6 +77,8 @@ class Function:
         self.params = list(compiled.kt.params)
         d = compiled.kt.directives
         self.reqntid = d.get(".reqntid")
+        c = d.get(".reqnctapercluster")
+        self.cluster = None if c is None else tuple(c) + (1,) * (3 - len(c))
         lim = d.get(".reqntid") or d.get(".maxntid")
         self.max_threads_per_block = 1024 if lim is None else min(1024, _prod(lim))
         self.shared_size_bytes = compiled.static_shared
@@ -204,4 +208,13 @@ def launch(function: Function, grid, block, *args, shared: int = 0, stream=None,
     if function.shared_size_bytes + shared > MAX_SHARED:
         raise LaunchConfigError(f"{function.name}: {function.shared_size_bytes + shared} bytes of "
                                 f"shared memory exceed {MAX_SHARED}")
-    run_grid(function.compiled, g, b, args, shared, races)
+    cluster = 1
+    if function.cluster is not None:
+        if any(v % c for v, c in zip(g, function.cluster)):
+            raise LaunchConfigError(f"{function.name}: grid {g} is not a whole number of "
+                                    f"clusters of {function.cluster} (.reqnctapercluster)")
+        if function.cluster[1:] != (1, 1):
+            raise UnsupportedError(f"{function.name}: the emulator runs clusters along x "
+                                   f"only, the kernel asks for {function.cluster}")
+        cluster = function.cluster[0]
+    run_grid(function.compiled, g, b, args, shared, races, cluster)

@@ -25,6 +25,17 @@ path has written it is an :class:`UninitializedRegister` error.  Global
 memory is shared by all blocks and sequentially consistent: a store is
 complete for all its lanes before the next instruction runs; atomics are
 serialised in lane (= global thread id) order.
+
+Thread-block clusters (``.reqnctapercluster``, along x only): a batch holds
+whole clusters, so a cluster's CTAs run together and ``.shared::cluster``
+accesses reach the peer's window of the batch's buffer.  A thread at
+``barrier.cluster.wait`` must have arrived (``barrier.cluster.arrive``) and
+is parked until every non-exited thread of its cluster waits at the same
+instruction; threads of the cluster waiting at two different waits, or a
+thread exiting while others of its cluster wait, is a
+:class:`BarrierError`.  At the release every shared access the cluster's
+threads logged is checked for races (a race between a peer's remote
+access and a CTA's own, across that CTA's ``bar.sync``, goes unseen).
 """
 
 from __future__ import annotations
@@ -34,7 +45,7 @@ import numpy as np
 from ..abi import ArgPacker
 from . import alu, convert, memops, warpops  # noqa: F401  (register semantics)
 from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister)
-from .operands import BAR, BRA, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
+from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
 from .races import check_races
 
 __all__ = ["CompiledKernel", "compile_kernel", "run_grid", "batch_blocks", "MAX_STEPS",
@@ -137,9 +148,10 @@ class BlockState:
                  "params", "exited", "race_log", "all_tids", "full_mask", "lanebit",
                  "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
-                 "async_committed", "mbarriers", "coords")
+                 "async_committed", "mbarriers", "coords", "cluster_n", "cl_of_lane",
+                 "cl_arrived", "cl_waited", "cl_wait", "cl_wait_pc")
 
-    def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races):
+    def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races, cluster_n=1):
         n = geo.n
         self.n = n
         self.block_threads = geo.T
@@ -170,6 +182,17 @@ class BlockState:
         s["%clock"] = np.uint32(0)
         s["%clock64"] = np.uint64(0)
         s["%globaltimer"] = np.uint64(0)
+        s["%cluster_nctarank"] = np.uint32(cluster_n)
+        rank = (ctaids[:, 0] % cluster_n).astype(np.uint32)
+        s["%cluster_ctarank"] = rank[geo.blk] if geo.nblocks > 1 else rank[0]
+        # cluster barrier state: arrivals and completed waits per thread, the
+        # threads parked at a wait, the wait's pc per cluster of the batch
+        self.cluster_n = cluster_n
+        self.cl_of_lane = geo.blk // cluster_n
+        self.cl_arrived = np.zeros(n, np.int64)
+        self.cl_waited = np.zeros(n, np.int64)
+        self.cl_wait = np.zeros(n, bool)
+        self.cl_wait_pc = np.full(max(1, geo.nblocks // cluster_n), -1, np.int64)
         lane = geo.lane.astype(np.uint64)
         one = np.uint64(1)
         s["%lanemask_eq"] = (one << lane).astype(np.uint32)
@@ -202,13 +225,15 @@ class BlockState:
         self.warp_end = geo.warp_end
 
 
-def run_grid(k: CompiledKernel, grid, block, args, shared=0, races=True):
-    """Run every block of the launch, in batches of consecutive blocks."""
+def run_grid(k: CompiledKernel, grid, block, args, shared=0, races=True, cluster=1):
+    """Run every block of the launch, in batches of consecutive blocks
+    (whole clusters of ``cluster`` CTAs along x; ``grid[0]`` a multiple)."""
     params = k.packer.pack(tuple(args))
     gx, gy, gz = grid
     total = gx * gy * gz
     T = block[0] * block[1] * block[2]
     per = batch_blocks(k, T, k.static_shared + shared, total)
+    per = max(cluster, per - per % cluster)
     geos = {}
     with np.errstate(all="ignore"):
         for first in range(0, total, per):
@@ -218,7 +243,7 @@ def run_grid(k: CompiledKernel, grid, block, args, shared=0, races=True):
                 geo = geos[nb] = Geometry(block, nb)
             lin = np.arange(first, first + nb)
             ctaids = np.stack([lin % gx, (lin // gx) % gy, lin // (gx * gy)], axis=1)
-            st = BlockState(k, geo, ctaids, grid, params, shared, races)
+            st = BlockState(k, geo, ctaids, grid, params, shared, races, cluster)
             _run_batch(k, st, geo)
 
 
@@ -337,6 +362,8 @@ def _run_batch(k, st, geo):
             e = active if m is None else m
             if waiting and e.any():
                 _check_exit(ops, op, st, geo, waiting, e)
+            if st.cluster_n > 1 and st.cl_wait.any() and e.any():
+                _check_cluster_exit(ops, op, st, geo, e)
             st.exited = st.exited | e
             active = active & ~e
             nact = int(np.count_nonzero(active))
@@ -365,6 +392,22 @@ def _run_batch(k, st, geo):
             else:
                 pc += 1
             full = nact == n
+        elif kind == CBAR:
+            arr = active if m is None else m
+            if not arr.any():
+                pc += 1
+                continue
+            active = _cluster_wait(k, op, st, geo, active, arr)
+            nact = int(np.count_nonzero(active))
+            if nact == 0:
+                if not parked:
+                    raise _cluster_deadlock(ops, st, geo)
+                pc = min(parked)
+                active = parked.pop(pc)
+                nact = int(np.count_nonzero(active))
+            else:
+                pc += 1
+            full = nact == n
         if steps > limit:
             who = active if active.any() else ~st.exited
             lane = _first(who) if who.any() else None
@@ -374,6 +417,8 @@ def _run_batch(k, st, geo):
     k.thread_instructions += steps
     if waiting and any(w.count.any() for w in waiting.values()):
         raise _deadlock(ops, ops[-1], st, geo, waiting)
+    if st.cl_wait.any():
+        raise _cluster_deadlock(ops, st, geo)
     if st.race_log is not None:
         _races(k, st, geo, None)
 
@@ -500,6 +545,69 @@ def _barrier(k, op, st, geo, waiting, parked, active, arr):
             else:
                 parked[t] = sel if t not in parked else parked[t] | sel
     return active
+
+
+def _cluster_wait(k, op, st, geo, active, arr):
+    """Threads ``arr`` reach ``barrier.cluster.wait`` ``op``; returns the
+    threads that continue at the next instruction (those of every cluster
+    now complete, including its threads parked here before)."""
+    early = arr & (st.cl_arrived <= st.cl_waited)
+    if early.any():
+        raise _error(BarrierError, "barrier.cluster.wait without a barrier.cluster.arrive "
+                     "before it", op, st, geo, _first(early))
+    cl = st.cl_of_lane
+    C = st.cl_wait_pc.size
+    has = np.zeros(C, bool)
+    has[cl[arr]] = True
+    clash = has & (st.cl_wait_pc >= 0) & (st.cl_wait_pc != op.pc)
+    if clash.any():
+        c = int(np.flatnonzero(clash)[0])
+        other = k.ops[int(st.cl_wait_pc[c])]
+        raise _error(BarrierError, f"divergent cluster barrier: threads reach this wait while "
+                     f"others of their cluster wait at line {other.line} (`{other.text}`)",
+                     op, st, geo, _first(arr & (cl == c)))
+    st.cl_wait_pc[has] = op.pc
+    st.cl_wait = st.cl_wait | arr
+    active = active & ~arr
+    pending = (~st.exited & ~st.cl_wait).reshape(C, -1).any(axis=1)
+    release = (st.cl_wait_pc == op.pc) & ~pending
+    if release.any():
+        lanes = release[cl] & st.cl_wait
+        st.cl_wait = st.cl_wait & ~lanes
+        st.cl_waited = st.cl_waited + lanes
+        st.cl_wait_pc[release] = -1
+        if st.race_log is not None:
+            _races(k, st, geo, np.repeat(release, st.cluster_n))
+        active = active | lanes
+    return active
+
+
+def _check_cluster_exit(ops, op, st, geo, e):
+    """A thread may not exit while threads of its cluster wait at a
+    cluster barrier."""
+    cl = st.cl_of_lane
+    waits = np.zeros(st.cl_wait_pc.size, bool)
+    waits[cl[st.cl_wait]] = True
+    bad = e & waits[cl]
+    if bad.any():
+        lane = _first(bad)
+        at = ops[int(st.cl_wait_pc[cl[lane]])]
+        nw = int(np.count_nonzero(st.cl_wait & (cl == cl[lane])))
+        raise _error(BarrierError, f"thread exits while {nw} threads of its cluster wait at "
+                     f"barrier.cluster.wait on line {at.line}, which it never reached",
+                     op, st, geo, lane)
+
+
+def _cluster_deadlock(ops, st, geo):
+    cl = st.cl_of_lane
+    c = int(cl[_first(st.cl_wait)])
+    mine = cl == c
+    missing = mine & ~st.exited & ~st.cl_wait
+    at = ops[int(st.cl_wait_pc[c])]
+    nw = int(np.count_nonzero(st.cl_wait & mine))
+    return _error(BarrierError, f"deadlock: {nw} threads of a cluster wait at "
+                  "barrier.cluster.wait and the others never arrive", at, st, geo,
+                  _first(missing) if missing.any() else _first(st.cl_wait & mine))
 
 
 def _races(k, st, geo, blocks):

@@ -13,6 +13,14 @@ lane order (= global thread id order within a batch of blocks), as the
 hardware's equals one for some order.  In a batch of blocks, each block's
 shared memory is its own window of the batch's flat buffer.
 
+``.shared::cluster`` addresses come from ``mapa``: a CTA's own shared
+offset ``a`` (below ``2**24``, :data:`CLUSTER_SHIFT`) is also its address in
+the cluster window, and ``mapa`` turns it into ``a + (rank + 1) << 24`` for
+the CTA of that rank; a load or store there reads or writes that CTA's
+window of the batch's buffer (a cluster's CTAs always run in one batch).
+Touching the shared memory of a CTA whose threads have all exited is a
+:class:`MemoryFault`.
+
 ``cp.async`` reads its global source when issued but writes shared memory
 only when the issuing thread's ``cp.async.wait_group``/``wait_all`` retires
 the copy's group: the latest moment the hardware allows, so a kernel that
@@ -38,11 +46,18 @@ __all__ = ["READ", "WRITE", "ATOMIC"]
 READ, WRITE, ATOMIC = 0, 1, 2
 _WINDOW_END = SHARED_WINDOW + (1 << 32)
 
+#: a ``.shared::cluster`` address holds ``rank + 1`` above this bit (0: the CTA's own)
+CLUSTER_SHIFT = 24
+
 
 def _space(stmt):
     for s in ("global", "shared", "param", "local", "const"):
         if s in stmt.mods:
             return s
+    if "shared::cluster" in stmt.mods:
+        return "cluster"
+    if "shared::cta" in stmt.mods:
+        return "shared"
     return "generic"
 
 
@@ -118,6 +133,8 @@ class _Access:
 
     def _one(self, st, space, addr, tids, kind, log=True):
         nbytes = self.size * self.vec
+        if space == "cluster":
+            return self._cluster(st, addr, tids, kind, log)
         if space == "shared":
             size = st.shared_size
             bad = addr + np.uint64(nbytes) > np.uint64(size)
@@ -138,6 +155,39 @@ class _Access:
             f.thread = tids[f.thread]
             raise
         return parts
+
+
+    def _cluster(self, st, addr, tids, kind, log):
+        """A ``.shared::cluster`` access: the window of the CTA the address
+        names (see the module docstring)."""
+        nbytes = self.size * self.vec
+        size = st.shared_size
+        rank = (addr >> np.uint64(CLUSTER_SHIFT)).astype(np.int64) - 1
+        off = (addr & np.uint64((1 << CLUSTER_SHIFT) - 1)).astype(np.int64)
+        blk = st.blk[tids] if st.nblocks > 1 else np.zeros(tids.size, np.int64)
+        n = st.cluster_n
+        mine = rank < 0
+        target = np.where(mine, blk, blk - blk % n + rank)
+        bad = (rank >= n) | (off + nbytes > size)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            what = (f"names cluster rank {int(rank[j])} of a cluster of {n}" if rank[j] >= n
+                    else f"is outside the {size} bytes of shared memory")
+            raise Fault(MemoryFault, f"shared::cluster {self.what} of {nbytes} bytes at 0x"
+                        f"{int(addr[j]):x} {what}", tids[j])
+        if st.nblocks > 1 or n > 1:
+            T = st.block_threads
+            gone = st.exited.reshape(-1, T).all(axis=1)
+            dead = gone[target] & ~mine
+            if dead.any():
+                j = int(np.flatnonzero(dead)[0])
+                raise Fault(MemoryFault, f"shared::cluster {self.what} of {nbytes} bytes to "
+                            f"cluster rank {int(rank[j])}, whose threads have all exited",
+                            tids[j])
+        offs = target * size + off
+        if log and st.race_log is not None:
+            st.race_log.append((self.op, tids, offs, nbytes, kind))
+        return [(st.shared, offs, None)]
 
 
 def _compose(outer, inner):
@@ -247,6 +297,32 @@ def _st(stmt, ctx):
             scatter(buf, offs, size, vals if sel is None else [v[sel] for v in vals])
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["st"])
+
+
+@semantics("mapa")
+def _mapa(stmt, ctx):
+    ty = stmt.types[0]
+    if "shared::cluster" not in stmt.mods:
+        raise ctx.error("mapa: the emulator runs the .shared::cluster form", UnsupportedError)
+    a = getter(ctx, stmt.operands[1], ty)
+    r = getter(ctx, stmt.operands[2], type_by_name("u32"))
+    put = setter(ctx, stmt.operands[0], ty)
+    nat = NAT[ty.name]
+    lim = 1 << CLUSTER_SHIFT
+
+    def fn(st, m):
+        av = np.broadcast_to(np.asarray(a(st)).astype(np.int64), (st.n,))
+        rv = np.broadcast_to(np.asarray(r(st)).astype(np.int64), (st.n,))
+        on = np.ones(st.n, bool) if m is None else m
+        bad = on & ((rv >= st.cluster_n) | (av >= lim))
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            what = (f"rank {int(rv[j])} is outside the cluster of {st.cluster_n} CTAs"
+                    if rv[j] >= st.cluster_n else
+                    f"0x{int(av[j]):x} is not a shared address of this CTA")
+            raise Fault(MemoryFault, f"mapa: {what}", j)
+        put(st, (av + ((rv + 1) << CLUSTER_SHIFT)).astype(nat), m)
+    return finish_op(Op(fn=fn), stmt, ctx, TABLE["mapa"])
 
 
 def _atom_fn(kind, ty):

@@ -2,7 +2,7 @@
 
 A module is ``.version``/``.target``/``.address_size`` and ``.entry``
 kernels.  A kernel has parameters (parsed by :func:`ptxgen.abi.parse_entries`),
-``.maxntid``/``.reqntid``/``.minnctapersm`` directives, ``.reg``
+``.maxntid``/``.reqntid``/``.minnctapersm``/``.reqnctapercluster`` directives, ``.reg``
 declarations (``%r<18>`` ranges or single names), ``.shared`` and
 ``.extern .shared`` arrays, labels and instructions.  Instructions are
 checked against :data:`ptxgen.isa.TABLE` (opcode, modifiers, type
@@ -33,7 +33,7 @@ SPECIAL_REGS = frozenset(
     [f"%{b}.{c}" for b in ("tid", "ntid", "ctaid", "nctaid") for c in "xyz"]
     + ["%laneid", "%warpid", "%nwarpid", "%clock", "%clock64", "%smid", "%nsmid",
        "%lanemask_eq", "%lanemask_le", "%lanemask_lt", "%lanemask_ge", "%lanemask_gt",
-       "%globaltimer"])
+       "%globaltimer", "%cluster_ctarank", "%cluster_nctarank"])
 
 _IDENT = r"[A-Za-z_$][\w$]*"
 _LABEL_RE = re.compile(rf"^({_IDENT})\s*:")
@@ -47,7 +47,7 @@ _F64_RE = re.compile(r"^0[dD]([0-9A-Fa-f]{16})$")
 _FLOAT_RE = re.compile(r"^-?\d+\.\d*(?:[eE][-+]?\d+)?$")
 _ADDR_RE = re.compile(rf"^\[\s*(%?{_IDENT}(?:\.[xyz])?|-?\d+|-?0[xX][0-9A-Fa-f]+)\s*"
                       r"(?:\+\s*(-?(?:0[xX][0-9A-Fa-f]+|\d+)))?\s*\]$")
-_DIRECTIVES = (".maxntid", ".reqntid", ".minnctapersm", ".maxnreg")
+_DIRECTIVES = (".maxntid", ".reqntid", ".minnctapersm", ".maxnreg", ".reqnctapercluster")
 
 
 class Stmt:

@@ -10,6 +10,11 @@ named but elsewhere, a thread not in its own mask, or a shuffle that reads
 a lane not taking part, is a :class:`WarpSyncError`.  ``mma.sync.aligned``
 needs the whole warp.
 
+``barrier.cluster.arrive`` counts the thread's arrival for the current
+phase (a second arrival before the wait is a :class:`BarrierError`);
+``barrier.cluster.wait`` parks the thread until every non-exited thread of
+its cluster waits at the same instruction (see :mod:`ptxgen.emu.executor`).
+
 ``shfl`` follows the PTX ISA pseudocode (``c`` packs the clamp value in
 bits 0-4 and the segment mask in bits 8-12).  ``mma.m16n8k16.row.col``
 gathers A (16x16), B (16x8) and C (16x8) from the lanes with the ISA's
@@ -23,9 +28,9 @@ import numpy as np
 
 from ..isa import TABLE
 from ..types import b32, f32, pred, u32
-from .errors import Fault, UninitializedRegister, WarpSyncError
+from .errors import BarrierError, Fault, UninitializedRegister, WarpSyncError
 from .floatops import decode
-from .operands import BAR, BRA, EXIT, Op, finish_op, getter, semantics, setter
+from .operands import BAR, BRA, CBAR, EXIT, Op, finish_op, getter, semantics, setter
 
 __all__ = ["A_LAYOUT", "B_LAYOUT", "C_LAYOUT"]
 
@@ -221,7 +226,28 @@ def _bar(stmt, ctx):
     return finish_op(op, stmt, ctx, TABLE["bar"])
 
 
-@semantics("membar", "fence", "fence.mbarrier_init", "griddepcontrol")
+@semantics("barrier.cluster.arrive")
+def _cluster_arrive(stmt, ctx):
+    # an arrival counts once per phase; barrier.cluster.wait (kind CBAR, run
+    # by the executor) consumes it
+    def fn(st, m):
+        on = slice(None) if m is None else m
+        twice = (st.cl_arrived[on] > st.cl_waited[on])
+        if twice.any():
+            lane = int(np.flatnonzero(twice)[0]) if m is None else \
+                int(np.flatnonzero(m)[np.flatnonzero(twice)[0]])
+            raise Fault(BarrierError, "barrier.cluster.arrive a second time before its "
+                        "barrier.cluster.wait", lane)
+        st.cl_arrived = st.cl_arrived + (1 if m is None else m)
+    return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])
+
+
+@semantics("barrier.cluster.wait")
+def _cluster_wait(stmt, ctx):
+    return finish_op(Op(kind=CBAR), stmt, ctx, TABLE[stmt.op])
+
+
+@semantics("membar", "fence", "fence.mbarrier_init", "fence.proxy.async", "griddepcontrol")
 def _fence(stmt, ctx):
     def fn(st, m):
         return None

@@ -301,10 +301,32 @@ def _fake_function(ptx, name, monkeypatch, max_threads=256):
     f.max_threads_per_block = max_threads
     f.max_dynamic_shared = 48 * 1024
     f.ptx_version = f.binary_version = 80
+    f.cluster = None
     f._init_param_buffer()
     rec = _Recorder(f)
     monkeypatch.setattr(launch_mod, "_driver", rec)
     return f, rec
+
+
+def test_cluster_grid_refused_before_driver(monkeypatch):
+    """A kernel with ``.reqnctapercluster 2`` takes whole clusters only; the
+    check runs on the fast path's int grid too."""
+    f, rec = _fake_function(VADD_PTX, "vadd", monkeypatch)
+    f.cluster = (2, 1, 1)
+    with pytest.raises(LaunchConfigError, match=r"grid \(3, 1, 1\) is not a whole number of "
+                                                r"clusters of \(2, 1, 1\)"):
+        launch(f, 3, 32, 0, 0, 0, 1)
+    assert rec.calls == []
+    launch(f, 4, 32, 0, 0, 0, 1)
+    assert rec.calls[0][0] == (4, 1, 1)
+
+
+def test_entry_cluster_is_read_from_the_ptx():
+    from ptxgen.driver.module import _entry_cluster
+    ptx = (".visible .entry a(\n.param .u64 p\n)\n.reqntid 64, 1, 1\n.reqnctapercluster 2, 1, 1\n"
+           "{\n\tret;\n}\n.visible .entry b()\n{\n\tret;\n}\n")
+    assert _entry_cluster(ptx, "a") == (2, 1, 1)
+    assert _entry_cluster(ptx, "b") is None
 
 
 def test_launch_packs_declared_types(monkeypatch):
