@@ -32,7 +32,7 @@ import numpy as np
 from ptxgen.target import MAX_STATIC_SHARED, SHARED_LINE, TARGETS
 from ptxgen.types import f16, f32, s32, u8, u32
 
-from .spec_fields import has_bulk_copy, has_clusters, pdl_field, target_field
+from .spec_fields import has_bulk_copy, pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "rope_reference",
@@ -195,16 +195,6 @@ class GemvSpec:
         fit; the kernel text is the same.  A grid launched while an earlier
         kernel drains fills the freed SMs first, so without a cap the CTAs
         pile onto a few SMs and the last of them finish late.
-    share_x : bool
-        Q4_K ring, sm_90+: the kernel runs in thread-block clusters of two
-        CTAs (``.reqnctapercluster 2``; the grid is rounded up to even) that
-        share x.  In CTA rank 0 the first half of the threads (whole warps)
-        load their pieces' x from global memory, in rank 1 the second half;
-        each also stores the values into the peer's shared memory
-        (``mapa``, ``st.shared::cluster``), in the ring's last stage, which
-        is free until the first row group refills it; after a cluster
-        barrier the other half reads them there.  Each CTA reads half of x
-        from L2.
     """
 
     qtype: str = attrs.field(validator=attrs.validators.in_(tuple(QTYPE_INFO)))
@@ -232,7 +222,6 @@ class GemvSpec:
     rope: tuple = attrs.field(default=(), converter=tuple)
     bulk: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     interleave: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    share_x: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -286,24 +275,6 @@ class GemvSpec:
     def _check_interleave(self, attr, v):
         if v:
             self._ring_only("interleave", "deals the ring's row groups")
-
-    @share_x.validator
-    def _check_share_x(self, attr, v):
-        if not v:
-            return
-        self._ring_only("share_x", "hands x over in the ring's last stage")
-        if self.qtype != "Q4_K":
-            raise ValueError(f"share_x=True is built for the Q4_K ring, not {self.qtype}")
-        if not has_clusters(self.target):
-            raise ValueError(f"share_x=True needs thread-block clusters (sm_90 or newer), "
-                             f"not {self.target}")
-        from .gemv_q4k import q4k_layout
-        ppt, thr, _ = q4k_layout(self)
-        need = 128 * ppt * (thr - (thr // 64) * 32)
-        stage = self.n_mats * self.rows * self.row_bytes
-        if need > stage:
-            raise ValueError(f"share_x=True: the peer's half of x ({need} bytes) does not fit "
-                             f"in one ring stage ({stage} bytes); use more rows")
 
     @rope.validator
     def _check_rope(self, attr, v):
@@ -420,7 +391,7 @@ class GemvSpec:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
-        dp += ("_il" if self.interleave else "") + ("_cx" if self.share_x else "")
+        dp += "_il" if self.interleave else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 
@@ -453,15 +424,12 @@ def launch_geometry(spec: GemvSpec, m: int):
 
     ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
     ``spec.rows * spec.slices`` that keeps the grid within ``spec.max_ctas``.
-    With ``share_x`` the grid is rounded up to whole clusters of two.
     """
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
     unit = spec.rows * spec.slices
     rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)
-    if spec.share_x:
-        grid += grid % 2        # whole clusters of two; a spare CTA has no rows
     return (grid, 1, 1), (threads(spec) * spec.slices, 1, 1), spec.dynamic_shared, rpc
 
 

@@ -106,10 +106,20 @@ def _piece_nw(k, nw, pc):
     pc["nwv"] = halves
 
 
-def _piece_x_raw(k, x, pc, shared=False, cache=None):
-    """The piece's 32 x values as loaded: two lists (its halves) of 16
-    registers, all eight ``.v4`` loads issued together."""
-    xo = pc["xo"]
+def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
+    """The piece's 32 x values (zero past K) and the sums of its two halves.
+    With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
+    is the sum of the 32 ``x**2``.  ``shared``: ``x`` is the CTA's shared copy.
+    ``cache`` (e.g. ``"cg"``): a coherent load with that cache operator
+    instead of ``ld.global.nc`` (for an x written earlier in the same launch).
+
+    Every load (both halves of x, and nw unless :func:`_piece_nw` issued it
+    earlier) goes out before the first arithmetic on them, so they share one
+    round trip to L2.  (Measured on an H100, this did not change the fused
+    gate/up kernel's time alone; docs/gemv.md, twelfth pass.)"""
+    xo, valid = pc["xo"], pc["valid"]
+    if nw is not None and "nwv" not in pc:
+        _piece_nw(k, nw, pc)
     raw = []
     for half in (0, 32):
         xa = x[xo + half] if half else x[xo]
@@ -120,27 +130,6 @@ def _piece_x_raw(k, x, pc, shared=False, cache=None):
             vals += list(k.ld(xa + 16 * v, f32, vec=4, nc=not (shared or cache),
                               cache=cache))
         raw.append(vals)
-    return raw
-
-
-def _piece_x(k, x, pc, nw=None, shared=False, cache=None, raw=None):
-    """The piece's 32 x values (zero past K) and the sums of its two halves.
-    With ``nw`` (fused RMSNorm) the values are ``x * nw`` and ``pc["sq"]``
-    is the sum of the 32 ``x**2``.  ``shared``: ``x`` is the CTA's shared copy.
-    ``cache`` (e.g. ``"cg"``): a coherent load with that cache operator
-    instead of ``ld.global.nc`` (for an x written earlier in the same launch).
-    ``raw``: the values already loaded (:func:`_piece_x_raw`'s layout; ``x``
-    is then unused).
-
-    Every load (both halves of x, and nw unless :func:`_piece_nw` issued it
-    earlier) goes out before the first arithmetic on them, so they share one
-    round trip to L2.  (Measured on an H100, this did not change the fused
-    gate/up kernel's time alone; docs/gemv.md, twelfth pass.)"""
-    valid = pc["valid"]
-    if nw is not None and "nwv" not in pc:
-        _piece_nw(k, nw, pc)
-    if raw is None:
-        raw = _piece_x_raw(k, x, pc, shared, cache)
     xv = []
     sq = None
     for h, vals in enumerate(raw):

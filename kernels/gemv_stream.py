@@ -56,7 +56,7 @@ from ptxgen.values import Address
 
 from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
-                       _piece_x, _piece_x_raw, q4k_layout)
+                       _piece_x, q4k_layout)
 from .gemv_staged import _FORMATS, staged_layout
 from .spec_fields import pdl_prologue, pdl_wait
 
@@ -89,50 +89,6 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
                        guard=guard)
 
 
-def share_x(k, x, pcs, ring, slot0, tid, thr):
-    """``GemvSpec.share_x``: the two CTAs of a cluster each load half of x.
-
-    In rank 0 threads ``[0, h)`` load their pieces' x from global memory, in
-    rank 1 threads ``[h, thr)`` (``h`` whole warps, about half), and store
-    them into the peer's ring at byte ``slot0`` (thread ``t`` at slot ``t``
-    or ``t - h``, 128 bytes a piece); after the cluster barrier the other
-    threads read theirs from their own ring.  The kernel must have arrived
-    (relaxed) at the cluster barrier once before (so the first wait here
-    says the peer has started).  Returns each piece's values in
-    :func:`_piece_x_raw`'s layout."""
-    h = (thr // 64) * 32
-    rank = k.cluster_ctarank
-    upper = rank.ne(0)
-    # this thread loads from global memory: (tid < h) xor (rank != 0)
-    mine = k.setp("lt", tid, h, combine=("xor", upper))
-    slot = k.select(k.setp("lt", tid, h), tid, tid - h)
-    base = slot0 + slot * (128 * len(pcs))
-    xs = [[[k.var(f32) for _ in range(16)] for _ in range(2)] for _ in pcs]
-    with k.if_(mine):
-        for pc, xv in zip(pcs, xs):
-            for dst, src in zip(xv, _piece_x_raw(k, x, pc)):
-                for d, s in zip(dst, src):
-                    k.assign(d, s)
-    # the peer has started (its relaxed arrival at the top of the kernel)
-    k.barrier_cluster_wait()
-    with k.if_(mine):
-        peer = k.mapa(ring[base], rank ^ 1)
-        for i, xv in enumerate(xs):
-            for hf in range(2):
-                for v in range(4):
-                    k.st(peer + (128 * i + 64 * hf + 16 * v), xv[hf][4 * v:4 * v + 4], f32)
-    k.cluster_sync()
-    with k.if_(~mine):
-        own = ring[base]
-        for i, xv in enumerate(xs):
-            for hf in range(2):
-                for v in range(4):
-                    vals = k.ld(own + (128 * i + 64 * hf + 16 * v), f32, vec=4)
-                    for d, s in zip(xv[hf][4 * v:4 * v + 4], vals):
-                        k.assign(d, s)
-    return xs
-
-
 def build_stream(spec: GemvSpec) -> ptxgen.Module:
     q4k = spec.qtype == "Q4_K"
     if q4k:
@@ -147,7 +103,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
     chunks = group_bytes // 16              # rb is a multiple of 144 = 9 * 16
     stage_bytes = nm * group_bytes
     m = ptxgen.Module(spec.target)
-    kdir = dict(reqntid=thr, cluster=2 if spec.share_x else None)
+    kdir = dict(reqntid=thr)
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
@@ -155,9 +111,6 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)
-        if spec.share_x:
-            # "this CTA has started", for the peer's first store into its ring
-            k.barrier_cluster_arrive("relaxed")
         # on a line after the static reduction array (the builder's default
         # alignment, target.SHARED_LINE)
         ring = k.dynamic_shared("ring", u8)
@@ -223,16 +176,8 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             for pc in pcs:
                 _piece_nw(k, norm[0], pc)
         pdl_wait(k, spec)
-        raws = [None] * len(pcs)
-        if spec.share_x:
-            # the peer's half of x lands in the last stage, refilled only in
-            # the loop (after its first barrier)
-            raws = share_x(k, x, pcs, ring, (S - 1) * stage_bytes, tid, thr)
-            if spec.bulk:
-                # ... by the bulk copy engine: order these reads before it
-                k.fence_proxy_async()
-        for pc, raw in zip(pcs, raws):
-            _piece_x(k, x, pc, norm[0] if norm else None, raw=raw)
+        for pc in pcs:
+            _piece_x(k, x, pc, norm[0] if norm else None)
             if spec.dot == "dp4a":
                 _piece_planes(k, pc)
             # the piece's header and qs offsets inside one row of a stage

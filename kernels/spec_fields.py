@@ -9,7 +9,7 @@ from ptxgen.isa import TABLE
 from ptxgen.target import TARGETS
 
 __all__ = ["target_field", "block_field", "check_block", "pdl_field", "pdl_prologue",
-           "pdl_wait", "has_griddepcontrol", "has_bulk_copy", "has_clusters"]
+           "pdl_wait", "has_griddepcontrol", "has_bulk_copy"]
 
 
 def check_block(_, attr, v):
@@ -39,12 +39,6 @@ def has_bulk_copy(target: str) -> bool:
     """Whether ``target`` has the bulk copy engine (``cp.async.bulk`` onto
     an mbarrier; the instruction table's minimum, sm_90)."""
     return TARGETS[target].sm >= TABLE["cp.async.bulk"].min_sm
-
-
-def has_clusters(target: str) -> bool:
-    """Whether ``target`` runs thread-block clusters (``mapa``, the cluster
-    barrier and ``.shared::cluster``: the instruction table's minimum, sm_90)."""
-    return TARGETS[target].sm >= TABLE["mapa"].min_sm
 
 
 def _check_pdl(inst, attr, v):

@@ -38,9 +38,8 @@ class Runner:
             from ptxgen.driver.ops_decode import device_target
             return device_target()
         # the emulator runs sm_80 kernels, and sm_90 ones where the spec needs
-        # an sm_90 feature (the bulk copy engine, thread-block clusters)
-        sm90 = getattr(spec, "bulk", False) or getattr(spec, "share_x", False)
-        return "sm_90" if sm90 else "sm_80"
+        # an sm_90 instruction (the bulk copy engine)
+        return "sm_90" if getattr(spec, "bulk", False) else "sm_80"
 
     def function(self, build, spec, name=None):
         from ptxgen.kernels.spec_fields import has_griddepcontrol

@@ -118,15 +118,6 @@ CASES = [
     ("Q4_K", 512, "none", {"dot": "dp4a", "stages": 3, "rows": 2, "ahead": 1, "bulk": True,
                            "interleave": True, "target": "sm_90"}),
     ("Q6_K", 2048, "swiglu", {"stages": 2, "rows": 2, "tile": 2048, "interleave": True}),
-    # two CTAs of a cluster share x (sm_90): at K = 2048 (64 threads) each CTA
-    # loads one warp's x and takes the other's from its peer; at K = 1024 (32
-    # threads) rank 1 loads all of it
-    ("Q4_K", 2048, "none", {"dot": "dp4a", "stages": 3, "rows": 4, "bulk": True,
-                            "interleave": True, "share_x": True, "target": "sm_90"}),
-    ("Q4_K", 2048, "residual", {"dot": "dp4a", "stages": 2, "rows": 4, "share_x": True,
-                                "target": "sm_90"}),
-    ("Q4_K", 1024, "swiglu", {"norm": True, "stages": 2, "rows": 4, "share_x": True,
-                              "target": "sm_90"}),
     ("Q6_K", 512, "none", {}),
     ("Q6_K", 512, "swiglu", {"rows": 2}),
     ("Q6_K", 768, "residual", {"tile": 512}),
@@ -231,11 +222,7 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
                                          (14336, "residual", {"dot": "dp4a", "stages": 3,
                                                               "rows": 4, "ahead": 1}),
                                          (4096, "swiglu", {"stages": 2, "rows": 4,
-                                                           "per_sm": 3}),
-                                         (14336, "none", {"share_x": True, "target": "sm_90"}),
-                                         (14336, "residual", {"share_x": True,
-                                                              "target": "sm_90"}),
-                                         (4096, "swiglu", {"share_x": True, "target": "sm_90"})])
+                                                           "per_sm": 3})])
 def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
     shapes (M = 1031)."""
@@ -331,34 +318,6 @@ def test_bulk_knob_refused_where_not_built():
         G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_80")
     assert G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_90").kernel_name \
         == "gemv_q4_k_k512_r4_s3_bulk"
-
-
-def test_share_x_rounds_the_grid_to_whole_clusters(run):
-    """M = 37 in groups of 4 on at most 3 CTAs: 3 CTAs of 16 rows, rounded to
-    a cluster pair, the fourth CTA with no rows (it still hands over x)."""
-    rng = np.random.default_rng()
-    spec = G.GemvSpec("Q4_K", 2048, epilogue="residual", rows=4, stages=3, dot="dp4a",
-                      max_ctas=3, share_x=True, target="sm_90")
-    assert G.launch_geometry(spec, 37)[0] == (4, 1, 1)
-    assert G.launch_geometry(attrs.evolve(spec, share_x=False), 37)[0] == (3, 1, 1)
-    ws, x, r = _data(rng, "Q4_K", 37, 2048, 1)
-    y = _run_gemv(run, spec, ws, x, r)
-    assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
-
-
-def test_share_x_refused_where_not_built():
-    with pytest.raises(ValueError, match="share_x=True hands x over in the ring's last stage"):
-        G.GemvSpec("Q4_K", 2048, rows=4, share_x=True, target="sm_90")
-    with pytest.raises(ValueError, match="built for the Q4_K ring, not Q6_K"):
-        G.GemvSpec("Q6_K", 2048, rows=4, stages=3, tile=2048, share_x=True, target="sm_90")
-    with pytest.raises(ValueError, match="needs thread-block clusters .* not sm_80"):
-        G.GemvSpec("Q4_K", 2048, rows=4, stages=3, share_x=True)
-    with pytest.raises(ValueError, match=r"half of x \(8192 bytes\) does not fit in one ring "
-                                         r"stage \(4608 bytes\)"):
-        G.GemvSpec("Q4_K", 4096, rows=2, stages=3, share_x=True, target="sm_90")
-    spec = G.GemvSpec("Q4_K", 2048, rows=4, stages=3, share_x=True, target="sm_90")
-    assert spec.kernel_name == "gemv_q4_k_k2048_r4_s3_cx"
-    assert ".reqnctapercluster 2, 1, 1" in G.build(spec).to_ptx()
 
 
 def test_interleave_knob_refused_without_the_ring():
