@@ -376,32 +376,20 @@ def _run_batch(k, st, geo):
                 nact = int(np.count_nonzero(active))
             else:
                 pc += 1
-        elif kind == BAR:
+        elif kind == BAR or kind == CBAR:
             arr = active if m is None else m
             if not arr.any():
                 pc += 1
                 continue
-            active = _barrier(k, op, st, geo, waiting, parked, active, arr)
-            nact = int(np.count_nonzero(active))
-            if nact == 0:
-                if not parked:
-                    raise _deadlock(ops, op, st, geo, waiting)
-                pc = min(parked)
-                active = parked.pop(pc)
-                nact = int(np.count_nonzero(active))
+            if kind == BAR:
+                active = _barrier(k, op, st, geo, waiting, parked, active, arr)
             else:
-                pc += 1
-            full = nact == n
-        elif kind == CBAR:
-            arr = active if m is None else m
-            if not arr.any():
-                pc += 1
-                continue
-            active = _cluster_wait(k, op, st, geo, active, arr)
+                active = _cluster_wait(k, op, st, geo, active, arr)
             nact = int(np.count_nonzero(active))
             if nact == 0:
                 if not parked:
-                    raise _cluster_deadlock(ops, st, geo)
+                    raise (_deadlock(ops, op, st, geo, waiting) if kind == BAR
+                           else _cluster_deadlock(ops, st, geo))
                 pc = min(parked)
                 active = parked.pop(pc)
                 nact = int(np.count_nonzero(active))

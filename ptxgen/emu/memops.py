@@ -175,7 +175,7 @@ class _Access:
                     else f"is outside the {size} bytes of shared memory")
             raise Fault(MemoryFault, f"shared::cluster {self.what} of {nbytes} bytes at 0x"
                         f"{int(addr[j]):x} {what}", tids[j])
-        if st.nblocks > 1 or n > 1:
+        if n > 1:
             T = st.block_threads
             gone = st.exited.reshape(-1, T).all(axis=1)
             dead = gone[target] & ~mine

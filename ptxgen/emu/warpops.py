@@ -231,13 +231,12 @@ def _cluster_arrive(stmt, ctx):
     # an arrival counts once per phase; barrier.cluster.wait (kind CBAR, run
     # by the executor) consumes it
     def fn(st, m):
-        on = slice(None) if m is None else m
-        twice = (st.cl_arrived[on] > st.cl_waited[on])
+        twice = st.cl_arrived > st.cl_waited
+        if m is not None:
+            twice &= m
         if twice.any():
-            lane = int(np.flatnonzero(twice)[0]) if m is None else \
-                int(np.flatnonzero(m)[np.flatnonzero(twice)[0]])
             raise Fault(BarrierError, "barrier.cluster.arrive a second time before its "
-                        "barrier.cluster.wait", lane)
+                        "barrier.cluster.wait", int(np.flatnonzero(twice)[0]))
         st.cl_arrived = st.cl_arrived + (1 if m is None else m)
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])
 
