@@ -156,7 +156,6 @@ class _Access:
             raise
         return parts
 
-
     def _cluster(self, st, addr, tids, kind, log):
         """A ``.shared::cluster`` access: the window of the CTA the address
         names (see the module docstring)."""

@@ -84,6 +84,10 @@ def test_ptx_text_and_ptxas(ptxas):
         assert s in text, s
     report = assemble(text, "sm_90")[1]
     assert report[0].spill_stores == 0
+    # the explicit .release / .acquire need PTX 8.0 without a relaxed arrival too
+    text = _exchange(started=False).to_ptx()
+    assert ".version 8.0" in text and "relaxed" not in text
+    assert assemble(text, "sm_90")[1][0].spill_stores == 0
 
 
 def test_builder_misuse_names_the_line():
