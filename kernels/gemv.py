@@ -21,6 +21,8 @@ y, M, rpc)``.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 
 import ptxgen
@@ -97,6 +99,25 @@ _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
 
 
+def _free_slots(knobs: dict, m: int) -> None:
+    """Two CTAs an SM of the K > 8192 ring (``max_ctas`` 264, no room for a
+    third) where the round-robin deal would fill all but a few slots with 3
+    or 4 row groups each: one group more per CTA instead, so that the next
+    launch's CTAs find free slots and issue their first copies early (H100,
+    4 rounds, three calls, µs): 4096x14336 13.57-13.97 -> 13.33-13.66 (256 ->
+    205 CTAs), 3072x14336 11.92-12.00 -> 11.35-11.44 (256 -> 192), 4096x12288
+    12.23-12.31 -> 11.83-12.06, 4096x11008 11.81-11.89 -> 11.42-11.67.  Where
+    the deal leaves slots free already (3584 rows: 224 CTAs, 4608: 231), has
+    5 or more groups (5120, 8192 rows) or 2 (2048), fewer CTAs were slower by
+    0.3-2.3 µs, and with the residual epilogue by 0.7 at 4096x14336; with 3
+    CTAs an SM (K = 8192, 396 slots) by 1.5 (docs/gemv.md "Twenty-fourth
+    pass")."""
+    rows, slots = knobs["rows"], knobs["max_ctas"]
+    g = groups_per_cta(m, rows, slots)
+    if g in (3, 4) and math.ceil(m / (g * rows)) > slots - 16:
+        knobs["max_ctas"] = math.ceil(math.ceil(m / rows) / (g + 1))
+
+
 def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
     """The ring knobs for a Q4_K call, or None where the direct kernel stays."""
     if epilogue == "swiglu":
@@ -142,6 +163,8 @@ def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
     if ring_bytes() > MAX_RING_BYTES:
         return None
     knobs["dot"] = "dp4a"
+    if m is not None and epilogue == "none" and k > 4096 and 3 * (k // 32) * 72 > 65536:
+        _free_slots(knobs, m)
     if (m is not None and knobs["stages"] > 2
             and groups_per_cta(m, knobs["rows"], knobs["max_ctas"]) <= knobs["stages"] - 1):
         knobs["ahead"] = 1
