@@ -99,14 +99,20 @@ _Q4K_STREAM = {"small": dict(rows=2, stages=4, max_ctas=1056),
                "swiglu": dict(rows=4, stages=2, max_ctas=528)}
 
 
+def _ring_ctas_per_sm(k: int) -> int:
+    """CTAs of the K > 4096 Q4_K ring (``k // 32`` threads at the 72
+    registers it needs) that fit an SM's 65536 registers."""
+    return 65536 // ((k // 32) * 72)
+
+
 def _free_slots(knobs: dict, m: int) -> None:
     """Two CTAs an SM of the K > 8192 ring (``max_ctas`` 264, no room for a
     third) where the round-robin deal would fill all but a few slots with 3
     or 4 row groups each: one group more per CTA instead, so that the next
     launch's CTAs find free slots and issue their first copies early (H100,
-    4 rounds, three calls, µs): 4096x14336 13.57-13.97 -> 13.33-13.66 (256 ->
-    205 CTAs), 3072x14336 11.92-12.00 -> 11.35-11.44 (256 -> 192), 4096x12288
-    12.23-12.31 -> 11.83-12.06, 4096x11008 11.81-11.89 -> 11.42-11.67.  Where
+    3-4 rounds, five calls, µs): 4096x14336 13.55-13.97 -> 13.26-13.66 (256 ->
+    205 CTAs), 3072x14336 11.92-12.08 -> 11.35-11.44 (256 -> 192), 4096x12288
+    12.23-12.31 -> 11.83-12.06, 4096x11008 11.79-11.95 -> 11.42-11.67.  Where
     the deal leaves slots free already (3584 rows: 224 CTAs, 4608: 231), has
     5 or more groups (5120, 8192 rows) or 2 (2048), fewer CTAs were slower by
     0.3-2.3 µs, and with the residual epilogue by 0.7 at 4096x14336; with 3
@@ -127,7 +133,7 @@ def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
         # registers (the ring needs 72 at K = 14336; the driver's JIT took 121
         # without the hint, one CTA of 448 threads per SM): decode step 2.193 ->
         # 2.178 ms at context 128 (docs/gemv.md, eleventh pass)
-        wide = 2 * (k // 32) * 72 <= 65536
+        wide = _ring_ctas_per_sm(k) >= 2
         knobs = dict(_Q4K_STREAM["wide_k" if wide else "wider_k"])
         bulk = has_bulk_copy(target)
         if wide and (epilogue == "none" or (epilogue == "residual" and bulk)):
@@ -163,7 +169,7 @@ def _q4k_ring(k: int, epilogue: str, m: int | None, target: str):
     if ring_bytes() > MAX_RING_BYTES:
         return None
     knobs["dot"] = "dp4a"
-    if m is not None and epilogue == "none" and k > 4096 and 3 * (k // 32) * 72 > 65536:
+    if m is not None and epilogue == "none" and _ring_ctas_per_sm(k) == 2:
         _free_slots(knobs, m)
     if (m is not None and knobs["stages"] > 2
             and groups_per_cta(m, knobs["rows"], knobs["max_ctas"]) <= knobs["stages"] - 1):

@@ -268,6 +268,8 @@ def test_default_spec_streams_q4k_with_dp4a():
             ((3584, "none", 14336), (4608, "none", 14336), (2048, "none", 14336),
              (5120, "none", 14336), (8192, "none", 14336), (4096, "none", 8192),
              (4096, "residual", 14336))] == [224, 231, 256, 256, 256, 256, 256]
+    # nor with one CTA an SM (K = 28672: 132 slots), where it was not measured
+    assert [G.launch_geometry(spec(m, k=28672), m)[0][0] for m in (1536, 2048)] == [128, 128]
     assert spec(4096, k=14336).bulk and spec(4096, "residual", k=14336).bulk
     old = G.default_spec("Q4_K", 14336, "residual", m=4096, target="sm_80")
     assert not old.bulk and old.stages == 2
