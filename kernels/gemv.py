@@ -291,9 +291,15 @@ def default_spec(qtype: str, k: int, epilogue: str = "none",
 #: threads at K = 4096): 14336x4096 23.78-23.88 -> 21.65-21.80 us, 4096x4096
 #: 9.18-9.21 -> 8.94-9.01, 1024x4096 3.46-3.48 -> 3.41-3.42, SwiGLU
 #: 14336x4096 45.4-45.5 -> 41.9-42.0, 128256x4096 level (187.8-188.0 ->
-#: 187.0-187.6) (H100, 3 rounds; docs/gemv.md "Sixteenth pass")
+#: 187.0-187.6) (H100, 3 rounds; docs/gemv.md "Sixteenth pass").  Q6_K SwiGLU
+#: with the dp4a dot (H100, 3 rounds): 4096x4096 12.82-12.88 -> 12.51-12.57 us,
+#: 14336x4096 34.55-34.83 -> 34.10-34.18, 28672x4096 74.6-75.1 -> 66.5-66.9;
+#: without an epilogue at K = 4096 the dp4a dot was slower at 1024-8192 and
+#: 28672-128256 rows (4096x4096 7.82-7.98 -> 8.36-8.40) and faster only at
+#: 14336 (17.81-17.92 -> 17.59-17.63), so it stays "fma" there
+#: (docs/gemv.md "Twenty-fifth pass")
 _STAGED_STREAM = {"Q6_K": (2048, dict(rows=4, stages=4, max_ctas=528),
-                           dict(rows=4, stages=3, max_ctas=264)),
+                           dict(rows=4, stages=3, max_ctas=264, dot="dp4a")),
                   "Q8_0": (256, dict(rows=4, stages=4, max_ctas=396, pieces=2),
                            dict(rows=4, stages=3, max_ctas=264, pieces=2))}
 #: Q6_K calls at K = 4096 with this many rows take two pieces a thread
@@ -301,8 +307,11 @@ _Q6K_TWO_PIECES_M = range(2048, 28672)
 #: Q6_K calls at K = 4096 (no epilogue) with this many rows fill the ring with
 #: the bulk copy engine on sm_90 (measured at 14336 and 28672; 8192 slower)
 _Q6K_BULK_M = range(14336, 32768)
-#: Q6_K through the ring at 12288 <= K <= 16384 (two CTAs of K/32 threads per SM)
-_Q6K_WIDE_RING = dict(rows=4, stages=2, max_ctas=264, min_ctas=2, pieces=2)
+#: Q6_K through the ring at 12288 <= K <= 16384 (two CTAs of K/32 threads per SM).
+#: The dp4a dot (H100, 3 rounds, two calls; docs/gemv.md "Twenty-fifth pass"):
+#: 4096x14336 19.69-20.02 -> 18.83-19.05 us, residual 20.53-20.63 -> 19.87,
+#: 4096x12288 17.00-17.09 -> 16.34-16.42, 2048x16384 15.23-15.28 -> 11.63-11.82
+_Q6K_WIDE_RING = dict(rows=4, stages=2, max_ctas=264, min_ctas=2, pieces=2, dot="dp4a")
 #: Q8_0 through the ring at 12288 <= K <= 16384 (two CTAs of K/64 threads per SM)
 _Q8_WIDE_RING = dict(rows=1, stages=4, max_ctas=264, pieces=8)
 
@@ -322,6 +331,7 @@ CANONICAL = {
     "gemv_q8_0_residual": GemvSpec("Q8_0", 256, epilogue="residual"),
     "gemv_q4_k_stream": GemvSpec("Q4_K", 512, rows=2, stages=3),
     "gemv_q8_0_ring": GemvSpec("Q8_0", 768, rows=2, stages=3, tile=768, pieces=2),
+    "gemv_q6_k_dp4a": GemvSpec("Q6_K", 2048, rows=2, stages=2, tile=2048, pieces=2, dot="dp4a"),
     "gemv_q4_k_bulk": GemvSpec("Q4_K", 512, rows=2, stages=3, dot="dp4a", bulk=True,
                                target="sm_90"),
     "gemv_q4_k_rope": GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=4, stages=3,

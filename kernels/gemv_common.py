@@ -36,7 +36,8 @@ from .spec_fields import has_bulk_copy, pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "rope_reference",
-           "RopeArgs", "warp_sum", "silu_times", "write_outputs"]
+           "RopeArgs", "warp_sum", "silu_times", "write_outputs", "PLANE",
+           "plane_inverse", "x_planes"]
 
 #: qtype -> (weights per block, bytes per block)
 QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
@@ -225,8 +226,10 @@ class GemvSpec:
 
     @dot.validator
     def _check_dot(self, attr, v):
-        if v == "dp4a" and (self.qtype != "Q4_K" or self.xmode != "reg"):
-            raise ValueError("dot='dp4a' is built for Q4_K with xmode='reg'")
+        if v == "dp4a" and not ((self.qtype == "Q4_K" and self.xmode == "reg")
+                                or (self.qtype == "Q6_K" and self.stages)):
+            raise ValueError("dot='dp4a' is built for Q4_K with xmode='reg' and for Q6_K "
+                             "through the ring (stages >= 2)")
 
     @stages.validator
     def _check_stages(self, attr, v):
@@ -484,6 +487,55 @@ def warp_sum(k, v):
     for off in (16, 8, 4, 2, 1):
         v = v + k.shfl_xor(v, off)
     return v
+
+
+#: base of the int8 planes of x (``dot="dp4a"``)
+PLANE = 254
+_ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
+
+
+def plane_inverse(k, vals):
+    """``(max|x|, 127 / max|x|)`` over ``vals`` for :func:`x_planes`; the
+    inverse is 0 where every value is 0 (a piece past K), not inf."""
+    amax = k.abs(vals[0])
+    for v in vals[1:]:
+        amax = k.max(amax, k.abs(v))
+    some = amax > 0.0
+    inv = k.select(some, k.div(127.0, amax, approx=False), k.mov(0.0, f32))
+    return amax, inv
+
+
+def _pack_bytes(k, vals):
+    """The low bytes of four 32-bit registers as one word (byte ``i`` from ``vals[i]``)."""
+    lo = k.prmt(vals[0], vals[1], 0x0040)
+    hi = k.prmt(vals[2], vals[3], 0x0040)
+    return k.prmt(lo, hi, 0x5410)
+
+
+def x_planes(k, vals, inv):
+    """Split f32 values into three int8 planes for ``dp4a``: ``x = s (x0 +
+    x1/254 + x2/254^2)`` up to 2^-22 of ``max|x|``, with ``s = max|x| / 127 =
+    1 / inv`` (:func:`plane_inverse`; each plane in -127..127).  Returns
+    ``planes[p][w]``: plane ``p``'s bytes of values ``4w .. 4w + 3`` as one
+    word."""
+    words = [[], [], []]
+    for w in range(len(vals) // 4):
+        cols = [[], [], []]
+        for v in vals[4 * w:4 * w + 4]:
+            t = v * inv
+            for p in range(3):
+                # |t| <= 127: t + 1.5 * 2^23 rounds t to the nearest
+                # integer n (ties to even, as cvt.rni) and holds
+                # 0x4B400000 + n, whose low byte is n as an int8; two
+                # fp32 adds instead of an F2I and an I2F, which share
+                # the SM's 16-a-clock conversion unit
+                b = t + _ROUND
+                cols[p].append(b.bitcast(u32))
+                if p < 2:
+                    t = (t - (b - _ROUND)) * float(PLANE)
+        for p in range(3):
+            words[p].append(_pack_bytes(k, cols[p]))
+    return words
 
 
 def silu_times(k, g, u):

@@ -37,8 +37,8 @@ import ptxgen
 from ptxgen.target import MAX_STATIC_SHARED
 from ptxgen.types import f16, f32, u32, u64
 
-from .gemv_common import (GemvSpec, declare_params, norm_scale, warp_sum, warp_threads,
-                          write_outputs)
+from .gemv_common import (PLANE, GemvSpec, declare_params, norm_scale, plane_inverse,
+                          warp_sum, warp_threads, write_outputs, x_planes)
 from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_q4k", "q4k_layout"]
@@ -150,56 +150,18 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
     pc["x"], pc["xs"] = xv, sums
 
 
-_PLANE = 254                # base of the int8 planes of x ("dp4a" dot)
-_ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
-
-
-def _pack_bytes(k, vals):
-    """The low bytes of four 32-bit registers as one word (byte ``i`` from ``vals[i]``)."""
-    lo = k.prmt(vals[0], vals[1], 0x0040)
-    hi = k.prmt(vals[2], vals[3], 0x0040)
-    return k.prmt(lo, hi, 0x5410)
-
-
 def _piece_planes(k, pc):
-    """Split the piece's 32 x values into three int8 planes (``dot="dp4a"``):
-    ``x = s (x0 + x1/254 + x2/254^2)`` up to 2^-22 of ``max|x|``, with
-    ``s = max|x| / 127`` (each plane in -127..127).  Sets ``pc["planes"]``
-    (per half, per plane, four words of four bytes) and ``pc["xscale"]`` (the
-    factor that turns :func:`_piece_dot`'s combined sums, 16 times the sums
-    of q x, into those sums); drops the f32 values."""
+    """Split the piece's 32 x values into three int8 planes (``dot="dp4a"``,
+    :func:`gemv_common.x_planes`).  Sets ``pc["planes"]`` (per half, per
+    plane, four words of four bytes) and ``pc["xscale"]`` (the factor that
+    turns :func:`_piece_dot`'s combined sums, 16 times the sums of q x, into
+    those sums); drops the f32 values."""
     halves = pc.pop("x")
-    vals = halves[0] + halves[1]
-    amax = k.abs(vals[0])
-    for v in vals[1:]:
-        amax = k.max(amax, k.abs(v))
-    some = amax > 0.0
-    # a piece of zeros (past K) gets zero planes, not 0 * inf
-    inv = k.select(some, k.div(127.0, amax, approx=False), k.mov(0.0, f32))
+    amax, inv = plane_inverse(k, halves[0] + halves[1])
     # 1/16: the high nibbles enter dp4a in place (16 q), _piece_dot scales the
     # low half's sums by 16 to match
-    pc["xscale"] = amax * (1.0 / (16 * 127 * _PLANE * _PLANE))
-    planes = []
-    for half in halves:
-        words = [[], [], []]
-        for w in range(4):
-            cols = [[], [], []]
-            for v in half[4 * w:4 * w + 4]:
-                t = v * inv
-                for p in range(3):
-                    # |t| <= 127: t + 1.5 * 2^23 rounds t to the nearest
-                    # integer n (ties to even, as cvt.rni) and holds
-                    # 0x4B400000 + n, whose low byte is n as an int8; two
-                    # fp32 adds instead of an F2I and an I2F, which share
-                    # the SM's 16-a-clock conversion unit
-                    b = t + _ROUND
-                    cols[p].append(b.bitcast(u32))
-                    if p < 2:
-                        t = (t - (b - _ROUND)) * float(_PLANE)
-            for p in range(3):
-                words[p].append(_pack_bytes(k, cols[p]))
-        planes.append(words)
-    pc["planes"] = planes
+    pc["xscale"] = amax * (1.0 / (16 * 127 * PLANE * PLANE))
+    pc["planes"] = [x_planes(k, half, inv) for half in halves]
     # for _piece_scales: the prmt selector that gathers bytes b, b+1 of two
     # words (b = 2 (j & 1)), and the masks of the lane's case (j < 2, j >= 2)
     j = pc["c"] >> 1
@@ -230,9 +192,9 @@ def _half_planes_dot(k, words, planes, high):
         for p in range(3):
             acc[p] = k.dp4a(q, planes[p][w], acc[p], signed_b=True)
     if high:
-        return k.fma(acc[0].to(f32), float(_PLANE * _PLANE),
-                     k.mad(acc[1], _PLANE, acc[2]).to(f32))
-    return k.mad(k.mad(acc[0], _PLANE, acc[1]), _PLANE, acc[2]).to(f32)
+        return k.fma(acc[0].to(f32), float(PLANE * PLANE),
+                     k.mad(acc[1], PLANE, acc[2]).to(f32))
+    return k.mad(k.mad(acc[0], PLANE, acc[1]), PLANE, acc[2]).to(f32)
 
 
 def _piece_scales(k, hdr, pc):

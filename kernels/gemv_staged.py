@@ -24,12 +24,13 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.types import f16, f32, s8, u8, u16, u32
+from ptxgen.types import f16, f32, s8, s32, u8, u16, u32
 
-from .gemv_common import GemvSpec, declare_params, warp_threads, write_outputs
+from .gemv_common import (PLANE, GemvSpec, declare_params, plane_inverse, warp_threads,
+                          write_outputs, x_planes)
 from .spec_fields import pdl_prologue
 
-__all__ = ["build_staged", "staged_layout"]
+__all__ = ["build_staged", "staged_layout", "q6_planes"]
 
 _PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4}
 
@@ -107,11 +108,26 @@ def _q6_piece(k, sm, x, tile_k0, tid, lay):
                 d=boff + 208)
 
 
+def q6_planes(k, pc):
+    """``dot="dp4a"``: the piece's 16 x values as three int8 planes
+    (``pc["planes"][p][s]``: plane ``p`` of run ``s``) and the factor that
+    turns :func:`_q6_dot`'s combined sums into sums of ``x (q - 32)``;
+    drops the f32 values."""
+    vals = [v for run in pc.pop("x") for v in run]
+    pc.pop("xs")
+    amax, inv = plane_inverse(k, vals)
+    # the dot's bytes are 4 (q - 32)
+    pc["xscale"] = amax * (1.0 / (4 * 127 * PLANE * PLANE))
+    pc["planes"] = x_planes(k, vals, inv)
+
+
 def _q6_dot(k, spec, sm_row, pc):
     d = k.ld(sm_row[pc["d"]], u16).bitcast(f16).to(f32)
     ql = [_u32_at(k, sm_row[pc["ql"]]), _u32_at(k, sm_row[pc["ql"]] + 32)]
     qh = _u32_at(k, sm_row[pc["qh"]])
     scb = sm_row[pc["sc"]]
+    if "planes" in pc:
+        return _q6_dot_planes(k, pc, d, ql, qh, scb)
     acc = None
     for s in range(4):
         sc = k.ld(scb + 2 * s, s8).to(f32)
@@ -127,6 +143,30 @@ def _q6_dot(k, spec, sm_row, pc):
         t = k.fma(ssum, 64.0, pc["xs"][s] * -96.0)
         acc = sc * t if acc is None else k.fma(sc, t, acc)
     return d * acc
+
+
+def _q6_dot_planes(k, pc, d, ql, qh, scb):
+    """The ``dp4a`` form of :func:`_q6_dot`: each run's four 6-bit ``q``
+    become the signed bytes ``4 (q - 32)`` (the low nibble at bits 2..5, the
+    two high bits at 6..7 with bit 7 flipped: ``q ^ 32`` shifted left by
+    two is ``4 (q - 32)`` as an int8), three ``dp4a`` against the
+    planes, and the run's scale applied in s32 (``mad``): ``|sum| <= 4 runs *
+    128 * 4 * 4 * 32 * 127 < 2^26``, exact.  The planes are combined once per
+    piece in f32."""
+    acc = [None, None, None]
+    # the top bit of every 2-bit field flipped once, so each run's bit 7 comes flipped
+    qh = qh ^ 0xAAAAAAAA
+    for s in range(4):
+        sc = k.ld(scb + 2 * s, s8).to(s32)
+        w = ql[s & 1]
+        nib = ((w << 2) if s < 2 else (w >> 2)) & 0x3C3C3C3C
+        pk = nib | (((qh << (6 - 2 * s)) if s < 3 else qh) & 0xC0C0C0C0)
+        for p in range(3):
+            t = k.dp4a(pk, pc["planes"][p][s], 0, signed_a=True, signed_b=True)
+            acc[p] = t * sc if acc[p] is None else k.mad(t, sc, acc[p])
+    f = k.fma(acc[0].to(f32), float(PLANE * PLANE),
+              k.fma(acc[1].to(f32), float(PLANE), acc[2].to(f32)))
+    return (d * pc["xscale"]) * f
 
 
 _FORMATS = {"Q6_K": (_q6_piece, _q6_dot), "Q8_0": (_q8_piece, _q8_dot)}

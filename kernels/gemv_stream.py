@@ -57,7 +57,7 @@ from ptxgen.values import Address
 from .gemv_common import GemvSpec, declare_params, write_outputs
 from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
                        _piece_x, q4k_layout)
-from .gemv_staged import _FORMATS, staged_layout
+from .gemv_staged import _FORMATS, q6_planes, staged_layout
 from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_stream", "copy_rows"]
@@ -191,8 +191,11 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             spcs = []
             for i in range(lay["ppt"]):
                 p = tid + i * thr if i else tid
-                spcs.append((p < lay["pieces"],
-                             piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)))
+                active = p < lay["pieces"]
+                spc = piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)
+                if spec.dot == "dp4a":
+                    q6_planes(k, spc)
+                spcs.append((active, spc))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
             issue(first_row(s_), k.mov(s_ * stage_bytes, u32), s_)

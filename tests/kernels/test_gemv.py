@@ -101,6 +101,13 @@ CASES = [
     ("Q8_0", 768, "residual", {"stages": 3, "rows": 2, "tile": 768, "pieces": 2}),
     ("Q8_0", 512, "swiglu", {"stages": 2, "rows": 1, "tile": 512, "pieces": 2}),
     ("Q6_K", 4096, "none", {"stages": 2, "rows": 2, "tile": 4096, "pieces": 3}),
+    # Q6_K's dp4a dot through the ring: several pieces (the last round past K),
+    # a residual, two matrices
+    ("Q6_K", 2048, "none", {"dot": "dp4a", "stages": 2, "rows": 2, "tile": 2048,
+                            "pieces": 3}),
+    ("Q6_K", 2048, "residual", {"dot": "dp4a", "stages": 3, "rows": 1, "tile": 2048,
+                                "interleave": True}),
+    ("Q6_K", 2048, "swiglu", {"dot": "dp4a", "stages": 2, "rows": 2, "tile": 2048}),
     # the ring filled by the bulk copy engine (sm_90): the last group partial
     ("Q4_K", 512, "none", {"dot": "dp4a", "stages": 3, "rows": 2, "bulk": True,
                            "target": "sm_90"}),
@@ -139,23 +146,38 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
-@pytest.mark.parametrize("knobs", [{}, {"stages": 2, "rows": 2}])
-def test_gemv_dp4a_outlier_activations(run, knobs):
+@pytest.mark.parametrize("qtype,k,knobs", [
+    ("Q4_K", 1024, {}), ("Q4_K", 1024, {"stages": 2, "rows": 2}),
+    ("Q6_K", 2048, {"stages": 2, "rows": 2, "tile": 2048})])
+def test_gemv_dp4a_outlier_activations(run, qtype, k, knobs):
     """dot="dp4a" keeps x to 2^-22 of each piece's largest value: activations
     with a few entries 100x the rest (as LLM hidden states have) still meet
     the f32 bound, M = 37."""
     rng = np.random.default_rng()
-    m, k = 37, 1024
-    spec = G.GemvSpec("Q4_K", k, max_ctas=4, dot="dp4a", **knobs)
-    ws, x, r = _data(rng, "Q4_K", m, k, 1)
+    m = 37
+    spec = G.GemvSpec(qtype, k, max_ctas=4, dot="dp4a", **knobs)
+    ws, x, r = _data(rng, qtype, m, k, 1)
     x[rng.choice(k, 10, replace=False)] *= 100.0
     x[rng.choice(k, 64, replace=False)] *= 1e-3
     y = _run_gemv(run, spec, ws, x, r)
     assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
 
 
+def test_q6k_dp4a_default_where_measured():
+    """Q6_K takes the dp4a dot where it measured faster (the ring at K = 12288
+    to 16384 without an epilogue or with the residual, and SwiGLU through the
+    ring at K = 4096) and keeps the f32 dot at K = 4096 otherwise."""
+    def dot(m, k, epi):
+        return G.default_spec("Q6_K", k, epi, target="sm_90", m=m).dot
+    assert [dot(4096, 14336, "none"), dot(4096, 14336, "residual"), dot(2048, 16384, "none"),
+            dot(14336, 4096, "swiglu")] == ["dp4a"] * 4
+    assert [dot(m, 4096, e) for m, e in ((4096, "none"), (14336, "none"), (128256, "none"),
+                                         (4096, "residual"))] == ["fma"] * 4
+
+
 def test_dp4a_dot_refused_where_not_built():
-    for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q4_K", k=512, xmode="shared")):
+    for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q8_0", k=512, stages=2, tile=512),
+                dict(qtype="Q4_K", k=512, xmode="shared")):
         with pytest.raises(ValueError, match="dp4a"):
             G.GemvSpec(dot="dp4a", **bad)
 
@@ -174,28 +196,29 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype,m,k,epi,knobs", [
-    ("Q4_K", 1031, 14336, "none", (3, 4, 264, 0, True)),
-    ("Q4_K", 1031, 14336, "residual", (3, 4, 264, 0, True)),
-    ("Q4_K", 4096, 14336, "none", (3, 4, 205, 0, True)),
-    ("Q6_K", 14339, 4096, "none", (4, 4, 528, 2, True)),
-    ("Q4_K", 8195, 4096, "residual", (4, 8, 330, 0, False)),
-    ("Q6_K", 1031, 14336, "none", (2, 4, 264, 2, False)),
-    ("Q6_K", 1031, 14336, "residual", (2, 4, 264, 2, False)),
-    ("Q6_K", 2053, 4096, "swiglu", (3, 4, 264, 2, False)),
-    ("Q8_0", 1031, 14336, "none", (4, 1, 264, 8, False)),
-    ("Q8_0", 1031, 14336, "residual", (4, 1, 264, 8, False)),
-    ("Q8_0", 1031, 4096, "residual", (4, 4, 396, 2, False)),
-    ("Q8_0", 1031, 8192, "residual", (0, 8, 2112, 0, False))])
+    ("Q4_K", 1031, 14336, "none", (3, 4, 264, 0, True, "dp4a")),
+    ("Q4_K", 1031, 14336, "residual", (3, 4, 264, 0, True, "dp4a")),
+    ("Q4_K", 4096, 14336, "none", (3, 4, 205, 0, True, "dp4a")),
+    ("Q6_K", 14339, 4096, "none", (4, 4, 528, 2, True, "fma")),
+    ("Q4_K", 8195, 4096, "residual", (4, 8, 330, 0, False, "dp4a")),
+    ("Q6_K", 1031, 14336, "none", (2, 4, 264, 2, False, "dp4a")),
+    ("Q6_K", 1031, 14336, "residual", (2, 4, 264, 2, False, "dp4a")),
+    ("Q6_K", 2053, 4096, "swiglu", (3, 4, 264, 2, False, "dp4a")),
+    ("Q8_0", 1031, 14336, "none", (4, 1, 264, 8, False, "fma")),
+    ("Q8_0", 1031, 14336, "residual", (4, 1, 264, 8, False, "fma")),
+    ("Q8_0", 1031, 4096, "residual", (4, 4, 396, 2, False, "fma")),
+    ("Q8_0", 1031, 8192, "residual", (0, 8, 2112, 0, False, "fma"))])
 def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
     """The defaults at K = 14336 (Q4_K alone: 3 stages filled by the bulk copy
     engine, at 4096 rows 205 CTAs of 5 row groups; Q6_K: two CTAs of 448
     threads per SM through the ring; Q8_0: two of 224, 8 pieces a thread), at
     8192 <= M < 16384 (330 CTAs at most), Q6_K and Q8_0 with two pieces a
     thread at K = 4096, and Q8_0 tiles of 1024 weights at K = 8192, with their
-    own launch geometry."""
+    own launch geometry (the dp4a dot: Q4_K through the ring, Q6_K at K =
+    14336 and with SwiGLU)."""
     rng = np.random.default_rng()
     spec = G.default_spec(qtype, k, epi, target="sm_90", m=m)
-    assert (spec.stages, spec.rows, spec.max_ctas, spec.pieces, spec.bulk) == knobs
+    assert (spec.stages, spec.rows, spec.max_ctas, spec.pieces, spec.bulk, spec.dot) == knobs
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     y = _run_gemv(gpu_run, spec, ws, x, r)
     assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
