@@ -36,8 +36,8 @@ from .spec_fields import has_bulk_copy, pdl_field, target_field
 
 __all__ = ["GemvSpec", "QTYPE_INFO", "EPILOGUES", "check_k", "threads",
            "launch_geometry", "reference", "rope_reference",
-           "RopeArgs", "warp_sum", "silu_times", "write_outputs", "PLANE",
-           "plane_inverse", "x_planes"]
+           "RopeArgs", "warp_sum", "silu_times", "write_outputs", "XFULL",
+           "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes"]
 
 #: qtype -> (weights per block, bytes per block)
 QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
@@ -164,16 +164,20 @@ class GemvSpec:
         Q4_K, ``xmode="reg"``: how a piece's 32 products are summed.
         "fma": each nibble becomes the f32 ``1 + q/16`` (one ``prmt``) and
         meets its x in an f32 fma, two instructions per weight.  "dp4a": each
-        thread splits its 32 x values once into three int8 planes, ``x ~
-        s (x0 + x1/254 + x2/254^2)`` with ``s = max|x| / 127`` (error below
-        2^-22 of ``max|x|``), and a 32-bit word of four nibbles meets each
-        plane in one ``dp4a``; the three exact integer sums are combined
-        and converted once per half piece (the high nibbles are used in
-        place, as 16 q).  Three ``dp4a`` and one mask per four weights, and a
-        sub-block pair's scales gathered with two ``prmt``: ptxas (sm_90)
-        emits 106 instructions per thread and row at K = 4096 (32 weights
-        and the row's share of the reduction), 112 before the decode was
-        rewritten (docs/gemv.md, thirteenth pass).
+        thread splits its 32 x values once into three byte planes, ``x ~
+        s (x0 2^16 + x1 2^8 + x2)`` with ``s = max|x| / 4e6`` (error below
+        2^-22.9 of ``max|x|``; :func:`x_planes`, about 3.5 instructions a
+        value), and a 32-bit word of four nibbles meets each plane in one
+        ``dp4a``; the three exact integer sums are combined and converted
+        once per half piece (the high nibbles are used in place, as 16 q).
+        Three ``dp4a`` and one mask per four weights, and a sub-block pair's
+        scales gathered with two ``prmt``: ptxas (sm_90) emits 106
+        instructions per thread and row at K = 4096 (32 weights and the
+        row's share of the reduction), 112 before the decode was rewritten
+        (docs/gemv.md, thirteenth pass).  Q6_K through the ring: each run
+        of four 6-bit q becomes the signed bytes ``4 (q - 32)`` against the
+        same planes, the 16-weight scale applied in s32 (docs/gemv.md,
+        twenty-fifth pass).
     ahead : int
         Ring (``stages >= 2``): how many of the first ``S - 1`` row groups are
         issued before the PDL wait and the x loads; the rest go out once the
@@ -489,52 +493,48 @@ def warp_sum(k, v):
     return v
 
 
-#: base of the int8 planes of x (``dot="dp4a"``)
-PLANE = 254
+#: ``dot="dp4a"``: x is held as the integer ``T = round(x / s)``, ``|T| <=
+#: XFULL``, ``s = max|x| / XFULL``, in three byte planes ``T = x0 2^16 + x1
+#: 2^8 + x2`` (``x0`` signed, ``x1`` and ``x2`` the unsigned bytes of ``T``)
+XFULL = 4.0e6
+#: the planes' weights (planes 0 and 1; plane 2 has 1) and signedness
+PLANE_W = (65536, 256)
+PLANE_SIGNED = (True, False, False)
 _ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
 
 
 def plane_inverse(k, vals):
-    """``(max|x|, 127 / max|x|)`` over ``vals`` for :func:`x_planes`; the
+    """``(max|x|, XFULL / max|x|)`` over ``vals`` for :func:`x_planes`; the
     inverse is 0 where every value is 0 (a piece past K), not inf."""
     amax = k.abs(vals[0])
     for v in vals[1:]:
         amax = k.max(amax, k.abs(v))
     some = amax > 0.0
-    inv = k.select(some, k.div(127.0, amax, approx=False), k.mov(0.0, f32))
+    inv = k.select(some, k.div(XFULL, amax, approx=False), k.mov(0.0, f32))
     return amax, inv
 
 
-def _pack_bytes(k, vals):
-    """The low bytes of four 32-bit registers as one word (byte ``i`` from ``vals[i]``)."""
-    lo = k.prmt(vals[0], vals[1], 0x0040)
-    hi = k.prmt(vals[2], vals[3], 0x0040)
-    return k.prmt(lo, hi, 0x5410)
-
-
 def x_planes(k, vals, inv):
-    """Split f32 values into three int8 planes for ``dp4a``: ``x = s (x0 +
-    x1/254 + x2/254^2)`` up to 2^-22 of ``max|x|``, with ``s = max|x| / 127 =
-    1 / inv`` (:func:`plane_inverse`; each plane in -127..127).  Returns
-    ``planes[p][w]``: plane ``p``'s bytes of values ``4w .. 4w + 3`` as one
-    word."""
+    """Split f32 values into the three byte planes of ``dp4a`` (``XFULL``):
+    ``x = (x0 2^16 + x1 2^8 + x2) / inv`` to half a unit, 2^-22.9 of
+    ``max|x|`` (:func:`plane_inverse`).  Returns ``planes[p][w]``: plane
+    ``p``'s bytes of values ``4w .. 4w + 3`` as one word.
+
+    One ``fma`` a value: ``x inv + 1.5 2^23`` rounds ``x inv`` to the
+    nearest integer ``T`` (ties to even) and holds ``0x4B400000 + T``, whose
+    bytes 0 and 1 are those of ``T`` and byte 2 is ``(T >> 16) + 64`` (0..125
+    for ``|T| < 4.0e6``).  Seven ``prmt`` gather the three bytes of four
+    values; plane 0 is byte 2 less 64 as an int8 (``v ^ 0x40``, with bit 6
+    copied into bit 7)."""
     words = [[], [], []]
     for w in range(len(vals) // 4):
-        cols = [[], [], []]
-        for v in vals[4 * w:4 * w + 4]:
-            t = v * inv
-            for p in range(3):
-                # |t| <= 127: t + 1.5 * 2^23 rounds t to the nearest
-                # integer n (ties to even, as cvt.rni) and holds
-                # 0x4B400000 + n, whose low byte is n as an int8; two
-                # fp32 adds instead of an F2I and an I2F, which share
-                # the SM's 16-a-clock conversion unit
-                b = t + _ROUND
-                cols[p].append(b.bitcast(u32))
-                if p < 2:
-                    t = (t - (b - _ROUND)) * float(PLANE)
-        for p in range(3):
-            words[p].append(_pack_bytes(k, cols[p]))
+        b = [k.fma(v, inv, _ROUND).bitcast(u32) for v in vals[4 * w:4 * w + 4]]
+        lo = k.prmt(b[0], b[1], 0x5140)         # [b0.0, b1.0, b0.1, b1.1]
+        hi = k.prmt(b[2], b[3], 0x5140)
+        words[2].append(k.prmt(lo, hi, 0x5410))
+        words[1].append(k.prmt(lo, hi, 0x7632))
+        top = k.prmt(k.prmt(b[0], b[1], 0x0062), k.prmt(b[2], b[3], 0x0062), 0x5410) ^ 0x40404040
+        words[0].append(top + ((top & 0x40404040) << 1))
     return words
 
 

@@ -35,10 +35,10 @@ import math
 
 import ptxgen
 from ptxgen.target import MAX_STATIC_SHARED
-from ptxgen.types import f16, f32, u32, u64
+from ptxgen.types import f16, f32, s32, u32, u64
 
-from .gemv_common import (PLANE, GemvSpec, declare_params, norm_scale, plane_inverse,
-                          warp_sum, warp_threads, write_outputs, x_planes)
+from .gemv_common import (PLANE_SIGNED, PLANE_W, XFULL, GemvSpec, declare_params, norm_scale,
+                          plane_inverse, warp_sum, warp_threads, write_outputs, x_planes)
 from .spec_fields import pdl_prologue, pdl_wait
 
 __all__ = ["build_q4k", "q4k_layout"]
@@ -160,7 +160,7 @@ def _piece_planes(k, pc):
     amax, inv = plane_inverse(k, halves[0] + halves[1])
     # 1/16: the high nibbles enter dp4a in place (16 q), _piece_dot scales the
     # low half's sums by 16 to match
-    pc["xscale"] = amax * (1.0 / (16 * 127 * PLANE * PLANE))
+    pc["xscale"] = amax * (1.0 / (16 * XFULL))
     pc["planes"] = [x_planes(k, half, inv) for half in halves]
     # for _piece_scales: the prmt selector that gathers bytes b, b+1 of two
     # words (b = 2 (j & 1)), and the masks of the lane's case (j < 2, j >= 2)
@@ -180,21 +180,22 @@ def _byte_times16(k, v, b):
 
 
 def _half_planes_dot(k, words, planes, high):
-    """The sum ``sum q (x0 254^2 + x1 254 + x2)`` over one half piece as f32
-    (16 times it for the high nibbles): four words of nibbles against the
-    three planes with ``dp4a``.  The low nibbles are masked (``q``, 0..15);
-    the high ones stay in place (``16 q``, one ``and`` fewer), so their plane
-    sums reach 487680 and are combined in f32 (one rounding, 2^-24) where
-    the low half's fit in an s32 exactly."""
+    """The sum ``sum q T`` over one half piece as f32 (16 times it for the
+    high nibbles; ``T``: x as :func:`gemv_common.x_planes` holds it): four
+    words of nibbles against the three planes with ``dp4a``.  The low
+    nibbles are masked (``q``, 0..15); the high ones stay in place (``16 q``,
+    one ``and`` fewer), so their plane sums are combined in f32 (one
+    rounding, 2^-24) where the low half's fit in an s32 exactly."""
     acc = [0, 0, 0]
     for w, word in enumerate(words):
         q = word & (0xF0F0F0F0 if high else 0x0F0F0F0F)
         for p in range(3):
-            acc[p] = k.dp4a(q, planes[p][w], acc[p], signed_b=True)
+            acc[p] = k.dp4a(q, planes[p][w], acc[p], signed_b=PLANE_SIGNED[p])
+    w0, w1 = PLANE_W
+    lo = k.mad(acc[1].bitcast(s32), w1, acc[2].bitcast(s32))
     if high:
-        return k.fma(acc[0].to(f32), float(PLANE * PLANE),
-                     k.mad(acc[1], PLANE, acc[2]).to(f32))
-    return k.mad(k.mad(acc[0], PLANE, acc[1]), PLANE, acc[2]).to(f32)
+        return k.fma(acc[0].to(f32), float(w0), lo.to(f32))
+    return k.mad(acc[0].bitcast(s32), w0, lo).to(f32)
 
 
 def _piece_scales(k, hdr, pc):

@@ -26,8 +26,8 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, s8, s32, u8, u16, u32
 
-from .gemv_common import (PLANE, GemvSpec, declare_params, plane_inverse, warp_threads,
-                          write_outputs, x_planes)
+from .gemv_common import (PLANE_SIGNED, PLANE_W, XFULL, GemvSpec, declare_params,
+                          plane_inverse, warp_threads, write_outputs, x_planes)
 from .spec_fields import pdl_prologue
 
 __all__ = ["build_staged", "staged_layout", "q6_planes"]
@@ -117,7 +117,7 @@ def q6_planes(k, pc):
     pc.pop("xs")
     amax, inv = plane_inverse(k, vals)
     # the dot's bytes are 4 (q - 32)
-    pc["xscale"] = amax * (1.0 / (4 * 127 * PLANE * PLANE))
+    pc["xscale"] = amax * (1.0 / (4 * XFULL))
     pc["planes"] = x_planes(k, vals, inv)
 
 
@@ -162,10 +162,10 @@ def _q6_dot_planes(k, pc, d, ql, qh, scb):
         nib = ((w << 2) if s < 2 else (w >> 2)) & 0x3C3C3C3C
         pk = nib | (((qh << (6 - 2 * s)) if s < 3 else qh) & 0xC0C0C0C0)
         for p in range(3):
-            t = k.dp4a(pk, pc["planes"][p][s], 0, signed_a=True, signed_b=True)
+            t = k.dp4a(pk, pc["planes"][p][s], 0, signed_a=True, signed_b=PLANE_SIGNED[p])
             acc[p] = t * sc if acc[p] is None else k.mad(t, sc, acc[p])
-    f = k.fma(acc[0].to(f32), float(PLANE * PLANE),
-              k.fma(acc[1].to(f32), float(PLANE), acc[2].to(f32)))
+    f = k.fma(acc[0].to(f32), float(PLANE_W[0]),
+              k.fma(acc[1].to(f32), float(PLANE_W[1]), acc[2].to(f32)))
     return (d * pc["xscale"]) * f
 
 

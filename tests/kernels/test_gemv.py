@@ -611,3 +611,54 @@ def test_ab_configs_name_valid_specs(ptxas):
                                       m=shape["m"], **knobs)
                 _, reports = assemble(G.build(spec).to_ptx(), "sm_90")
                 assert reports[0].spill_stores == 0, (path.name, name, reports)
+
+
+@attrs.frozen
+class _PlanesProbe:
+    """A kernel that splits 4 x values a thread with ``gemv_common.x_planes``
+    and stores the three plane words."""
+    target: str = "sm_80"
+    kernel_name: str = "x_planes_probe"
+
+
+def _build_planes_probe(spec):
+    import ptxgen
+    from ptxgen.types import f32, u32
+    from ptxgen.kernels.gemv_common import x_planes
+    m = ptxgen.Module(spec.target)
+    with m.kernel(spec.kernel_name) as k:
+        x = k.param_ptr("x", f32)
+        inv = k.param("inv", f32)
+        out = k.param_ptr("out", u32)
+        i = k.ctaid.x * 32 + k.tid.x
+        planes = x_planes(k, list(k.ld(x[i * 4], f32, vec=4)), inv)
+        for p in range(3):
+            k.st(out[i * 3 + p], planes[p][0])
+    return m
+
+
+def test_x_planes_hold_the_rounded_integer(run):
+    """The dp4a dot's three byte planes of x hold exactly ``T = round(x *
+    inv)`` (ties to even, one rounding) as ``x0 2^16 + x1 2^8 + x2`` with
+    ``x0`` a signed and ``x1, x2`` unsigned bytes, over the whole range
+    ``|T| <= 4e6`` (``inv = 4e6 / max|x|``): ties, both ends, zero and
+    values of every magnitude."""
+    from ptxgen.kernels.gemv_common import XFULL
+    rng = np.random.default_rng()
+    n = 64 * 4
+    amax = np.float32(rng.uniform(0.5, 3.0))
+    inv = np.float32(XFULL / np.float64(amax))
+    x = (rng.uniform(-1, 1, n) * amax * 10.0 ** rng.integers(-7, 1, n)).astype(np.float32)
+    # exact ends, zero, and values that land on .5 ties (rounded to even)
+    x[:4] = [amax, -amax, 0.0, np.float32(2.5 / np.float64(inv))]
+    x[4:8] = np.float32(np.array([-0.5, 1.5, 65535.5, -65536.5]) / np.float64(inv))
+    out = run.poisoned(n // 4 * 3, np.uint32)
+    fn = run.function(_build_planes_probe, _PlanesProbe())
+    run.launch(fn, (n // 128, 1, 1), (32, 1, 1), run.array(x), inv, out)
+    words = run.get(out).reshape(-1, 3)
+    b = words.view(np.uint8).reshape(-1, 3, 4)       # [group, plane, value]
+    t = (b[:, 0].astype(np.int8).astype(np.int64) * 65536 + b[:, 1].astype(np.int64) * 256
+         + b[:, 2].astype(np.int64)).reshape(-1)
+    want = np.rint(x.astype(np.float64) * np.float64(inv)).astype(np.int64)
+    assert np.abs(want).max() <= XFULL + 1
+    np.testing.assert_array_equal(t, want)
