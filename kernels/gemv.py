@@ -108,19 +108,23 @@ def _ring_ctas_per_sm(k: int) -> int:
 def _free_slots(knobs: dict, m: int) -> None:
     """Two CTAs an SM of the K > 8192 ring (``max_ctas`` 264, no room for a
     third) where the round-robin deal would fill all but a few slots with 3
-    or 4 row groups each: one group more per CTA instead, so that the next
+    row groups each: one group more per CTA instead, so that the next
     launch's CTAs find free slots and issue their first copies early (H100,
-    3-4 rounds, five calls, µs): 4096x14336 13.55-13.97 -> 13.26-13.66 (256 ->
-    205 CTAs), 3072x14336 11.92-12.08 -> 11.35-11.44 (256 -> 192), 4096x12288
-    12.23-12.31 -> 11.83-12.06, 4096x11008 11.79-11.95 -> 11.42-11.67.  Where
-    the deal leaves slots free already (3584 rows: 224 CTAs, 4608: 231), has
-    5 or more groups (5120, 8192 rows) or 2 (2048), fewer CTAs were slower by
-    0.3-2.3 µs, and with the residual epilogue by 0.7 at 4096x14336; with 3
-    CTAs an SM (K = 8192, 396 slots) by 1.5 (docs/gemv.md "Twenty-fourth
-    pass")."""
+    3 rounds, µs): 3072x14336 11.20-11.33 -> 10.63-10.74 (256 -> 192 CTAs),
+    3072x12288 9.96-10.15 -> 9.40-9.52.  With 4 groups a CTA it paid while
+    the dp4a dot's split of x was long (4096x14336 13.55-13.97 -> 13.26-13.66
+    at 205 CTAs), and lost once the split was cheap (12.75-12.91 at 256 CTAs
+    against 13.03-13.19; also 4096x12288 and 4096x11008, by 0.3-0.45): what
+    the free slots buy is the next launch's prologue landing before the
+    wait, and what they cost is parallelism after it.  Where the deal leaves
+    slots free already (3584 rows: 224 CTAs, 4608: 231), has 5 or more
+    groups (5120, 8192 rows) or 2 (2048), fewer CTAs were slower by 0.3-2.3
+    µs, and with the residual epilogue by 0.7 at 4096x14336; with 3 CTAs an
+    SM (K = 8192, 396 slots) by 1.5 (docs/gemv.md "Twenty-fourth pass",
+    "Twenty-fifth pass")."""
     rows, slots = knobs["rows"], knobs["max_ctas"]
     g = groups_per_cta(m, rows, slots)
-    if g in (3, 4) and math.ceil(m / (g * rows)) > slots - 16:
+    if g == 3 and math.ceil(m / (g * rows)) > slots - 16:
         knobs["max_ctas"] = math.ceil(math.ceil(m / rows) / (g + 1))
 
 

@@ -198,7 +198,7 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
 @pytest.mark.parametrize("qtype,m,k,epi,knobs", [
     ("Q4_K", 1031, 14336, "none", (3, 4, 264, 0, True, "dp4a")),
     ("Q4_K", 1031, 14336, "residual", (3, 4, 264, 0, True, "dp4a")),
-    ("Q4_K", 4096, 14336, "none", (3, 4, 205, 0, True, "dp4a")),
+    ("Q4_K", 3072, 14336, "none", (3, 4, 192, 0, True, "dp4a")),
     ("Q6_K", 14339, 4096, "none", (4, 4, 528, 2, True, "fma")),
     ("Q4_K", 8195, 4096, "residual", (4, 8, 330, 0, False, "dp4a")),
     ("Q6_K", 1031, 14336, "none", (2, 4, 264, 2, False, "dp4a")),
@@ -210,7 +210,7 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
     ("Q8_0", 1031, 8192, "residual", (0, 8, 2112, 0, False, "fma"))])
 def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
     """The defaults at K = 14336 (Q4_K alone: 3 stages filled by the bulk copy
-    engine, at 4096 rows 205 CTAs of 5 row groups; Q6_K: two CTAs of 448
+    engine, at 3072 rows 192 CTAs of 4 row groups; Q6_K: two CTAs of 448
     threads per SM through the ring; Q8_0: two of 224, 8 pieces a thread), at
     8192 <= M < 16384 (330 CTAs at most), Q6_K and Q8_0 with two pieces a
     thread at K = 4096, and Q8_0 tiles of 1024 weights at K = 8192, with their
@@ -281,16 +281,17 @@ def test_default_spec_streams_q4k_with_dp4a():
     # none, and keeps two stages with the residual
     assert knobs(spec(4096, "residual", k=14336)) == knobs(spec(1031, k=14336)) \
         == (3, 4, 264, "dp4a")
-    # alone, where the deal would fill 256 of the 264 slots with 3 or 4 row
-    # groups each: one group more per CTA, so the next launch finds free slots
+    # alone, where the deal would fill 256 of the 264 slots with 3 row groups
+    # each: one group more per CTA, so the next launch finds free slots
     assert [G.launch_geometry(spec(m, k=k), m)[0][0] for m, k in
-            ((4096, 14336), (3072, 14336), (4096, 11008))] == [205, 192, 205]
-    # not where slots are free already, nor at 2 or 5+ groups, nor with three
+            ((3072, 14336), (3072, 12288))] == [192, 192]
+    # not where slots are free already, nor at 2 or 4+ groups, nor with three
     # CTAs an SM (K = 8192), nor with the residual
     assert [G.launch_geometry(spec(m, epi, k=k), m)[0][0] for m, epi, k in
             ((3584, "none", 14336), (4608, "none", 14336), (2048, "none", 14336),
-             (5120, "none", 14336), (8192, "none", 14336), (4096, "none", 8192),
-             (4096, "residual", 14336))] == [224, 231, 256, 256, 256, 256, 256]
+             (4096, "none", 14336), (4096, "none", 11008), (5120, "none", 14336),
+             (8192, "none", 14336), (4096, "none", 8192), (4096, "residual", 14336))
+            ] == [224, 231, 256, 256, 256, 256, 256, 256, 256]
     # nor with one CTA an SM (K = 28672: 132 slots), where it was not measured
     assert [G.launch_geometry(spec(m, k=28672), m)[0][0] for m in (1536, 2048)] == [128, 128]
     assert spec(4096, k=14336).bulk and spec(4096, "residual", k=14336).bulk
