@@ -522,8 +522,8 @@ def x_planes(k, vals, inv):
 
     One ``fma`` a value: ``x inv + 1.5 2^23`` rounds ``x inv`` to the
     nearest integer ``T`` (ties to even) and holds ``0x4B400000 + T``, whose
-    bytes 0 and 1 are those of ``T`` and byte 2 is ``(T >> 16) + 64`` (0..125
-    for ``|T| < 4.0e6``).  Seven ``prmt`` gather the three bytes of four
+    bytes 0 and 1 are those of ``T`` and byte 2 is ``(T >> 16) + 64`` (2..125
+    for ``|T| <= 4e6 + 1``).  Seven ``prmt`` gather the three bytes of four
     values; plane 0 is byte 2 less 64 as an int8 (``v ^ 0x40``, with bit 6
     copied into bit 7)."""
     words = [[], [], []]

@@ -151,7 +151,7 @@ def _piece_x(k, x, pc, nw=None, shared=False, cache=None):
 
 
 def _piece_planes(k, pc):
-    """Split the piece's 32 x values into three int8 planes (``dot="dp4a"``,
+    """Split the piece's 32 x values into three byte planes (``dot="dp4a"``,
     :func:`gemv_common.x_planes`).  Sets ``pc["planes"]`` (per half, per
     plane, four words of four bytes) and ``pc["xscale"]`` (the factor that
     turns :func:`_piece_dot`'s combined sums, 16 times the sums of q x, into

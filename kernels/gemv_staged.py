@@ -109,7 +109,7 @@ def _q6_piece(k, sm, x, tile_k0, tid, lay):
 
 
 def q6_planes(k, pc):
-    """``dot="dp4a"``: the piece's 16 x values as three int8 planes
+    """``dot="dp4a"``: the piece's 16 x values as three byte planes
     (``pc["planes"][p][s]``: plane ``p`` of run ``s``) and the factor that
     turns :func:`_q6_dot`'s combined sums into sums of ``x (q - 32)``;
     drops the f32 values."""
@@ -151,8 +151,8 @@ def _q6_dot_planes(k, pc, d, ql, qh, scb):
     two high bits at 6..7 with bit 7 flipped: ``q ^ 32`` shifted left by
     two is ``4 (q - 32)`` as an int8), three ``dp4a`` against the
     planes, and the run's scale applied in s32 (``mad``): ``|sum| <= 4 runs *
-    128 * 4 * 4 * 32 * 127 < 2^26``, exact.  The planes are combined once per
-    piece in f32."""
+    128 (scale) * 4 weights * 128 * 255 (plane byte) < 2^27``, exact.  The
+    planes are combined once per piece in f32."""
     acc = [None, None, None]
     # the top bit of every 2-bit field flipped once, so each run's bit 7 comes flipped
     qh = qh ^ 0xAAAAAAAA
