@@ -18,9 +18,12 @@ against the block's own size); ``bar.sync`` parks the arriving threads
 until every non-exited thread *of their block* has arrived at the same
 instruction; a thread arriving at a different ``bar.sync`` for the same
 barrier, or exiting while others of its block wait, is a
-:class:`BarrierError`.  Between two block-wide barriers of a block every
-shared-memory access is logged and, at that block's barrier, checked for a
-race (:mod:`ptxgen.emu.races`).  A register read by a thread for which no
+:class:`BarrierError`; ``bar.sync a, b`` waits for ``b`` threads, and warps
+(not the lanes of one warp) may name different barriers at one instruction.
+Between two block-wide barriers of a block every shared-memory access is
+logged and, at that block's barrier, checked for a race
+(:mod:`ptxgen.emu.races`); a barrier of part of the block orders its
+threads' accesses only among themselves (:func:`_races`).  A register read by a thread for which no
 path has written it is an :class:`UninitializedRegister` error.  Global
 memory is shared by all blocks and sequentially consistent: a store is
 complete for all its lanes before the next instruction runs; atomics are
@@ -145,7 +148,7 @@ class BlockState:
     """Registers, memory views and masks of the batch of blocks being run."""
 
     __slots__ = ("n", "regs", "written", "sreg", "shared", "shared_size", "shared_base",
-                 "params", "exited", "race_log", "all_tids", "full_mask", "lanebit",
+                 "params", "exited", "race_log", "race_tagged", "all_tids", "full_mask", "lanebit",
                  "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
                  "async_committed", "mbarriers", "coords", "cluster_n", "cl_of_lane",
@@ -208,6 +211,8 @@ class BlockState:
         self.params = params
         self.exited = np.zeros(n, bool)
         self.race_log = [] if races else None
+        # (lane mask, entries) batches a partial barrier ordered (_races)
+        self.race_tagged = []
         # cp.async copies not yet written to shared memory (see memops)
         self.async_copies = []
         self.async_committed = np.zeros(n, np.int64)
@@ -457,13 +462,20 @@ def _barrier(k, op, st, geo, waiting, parked, active, arr):
         groups = [(int(bidv), arr)]
     else:
         vals = np.broadcast_to(bidv, (n,)).astype(np.int64)
-        lo = np.where(arr, vals, np.iinfo(np.int64).max).reshape(B, T).min(axis=1)
-        hi = np.where(arr, vals, -1).reshape(B, T).max(axis=1)
+        # the id must be the same across a warp (warps may name different
+        # barriers at one instruction, as a CTA's slices do)
+        wid = np.arange(n, dtype=np.int64) // T * ((T + 31) // 32) + np.arange(n) % T // 32
+        nwid = B * ((T + 31) // 32)
+        lo = np.full(nwid, np.iinfo(np.int64).max)
+        hi = np.full(nwid, -1, np.int64)
+        np.minimum.at(lo, wid[arr], vals[arr])
+        np.maximum.at(hi, wid[arr], vals[arr])
         bad = (hi >= 0) & (lo != hi)
         if bad.any():
-            b = int(np.flatnonzero(bad)[0])
-            raise _error(BarrierError, "bar.sync barrier id differs between threads", op, st,
-                         geo, b * T + _first(arr[b * T:(b + 1) * T]))
+            w_ = int(np.flatnonzero(bad)[0])
+            lane = int(np.flatnonzero(arr & (wid == w_))[0])
+            raise _error(BarrierError, "bar.sync barrier id differs between the threads of a "
+                         "warp", op, st, geo, lane)
         groups = [(int(u), arr & (vals == u)) for u in np.unique(vals[arr])]
     active = active & ~arr
     if arrive_only:
@@ -516,6 +528,13 @@ def _barrier(k, op, st, geo, waiting, parked, active, arr):
                     full_bar &= ow.count == 0
             if full_bar.any():
                 _races(k, st, geo, None if full_bar.all() else full_bar)
+            part = release & ~full_bar
+            if part.any():
+                # a barrier of some of a block's threads (a CTA's slices):
+                # check the block's accesses so far, then drop those of the
+                # threads it released (the barrier orders them before what
+                # those threads do next; the others' stay logged)
+                _races(k, st, geo, part, drop=freed)
         if not freed.any():
             continue
         tset = np.unique(targets[targets > 0])
@@ -598,30 +617,71 @@ def _cluster_deadlock(ops, st, geo):
                   _first(missing) if missing.any() else _first(st.cl_wait & mine))
 
 
-def _races(k, st, geo, blocks):
-    """Check (and drop) the logged shared accesses of the batch's blocks
-    ``blocks`` (a bool per block; ``None``: all)."""
+def _split(log, lanes):
+    """``(in, out)``: the entries of ``log`` cut into the parts of lanes with
+    ``lanes[tid]`` true and the rest."""
+    ins, outs = [], []
+    for e in log:
+        op, tids, offs, nbytes, kind = e
+        sel = lanes[tids]
+        if sel.all():
+            ins.append(e)
+        elif not sel.any():
+            outs.append(e)
+        else:
+            ins.append((op, tids[sel], offs[sel], nbytes, kind))
+            outs.append((op, tids[~sel], offs[~sel], nbytes, kind))
+    return ins, outs
+
+
+def _races(k, st, geo, blocks, drop=None):
+    """Check the logged shared accesses of the batch's blocks ``blocks`` (a
+    bool per block; ``None``: all) at a barrier and drop what it orders.
+
+    A block-wide barrier orders everything before it: those blocks' entries
+    are dropped.  A barrier of part of a block (``drop``: the lanes it
+    released, e.g. one slice of a CTA) orders its threads' accesses only
+    before what those same threads do next: their entries move to
+    ``st.race_tagged`` as a batch with that lane mask, and are checked at
+    every later barrier against the accesses of threads outside the mask,
+    until a block-wide barrier drops them."""
     log = st.race_log
-    if not log:
+    tagged = st.race_tagged
+    if not log and not tagged:
         return
-    if blocks is None:
-        mine = log
-        keep = []
-    else:
-        mine, keep = [], []
-        for e in log:
-            op, tids, offs, nbytes, kind = e
-            sel = blocks[geo.blk[tids]]
-            if sel.all():
-                mine.append(e)
-            elif not sel.any():
-                keep.append(e)
-            else:
-                mine.append((op, tids[sel], offs[sel], nbytes, kind))
-                keep.append((op, tids[~sel], offs[~sel], nbytes, kind))
+    lanes = None if blocks is None else blocks[geo.blk]
+    mine, keep = (log, []) if lanes is None else _split(log, lanes)
+    checks = [(mine, None)]
+    cut = [(mask, batch if lanes is None else _split(batch, lanes)[0]) for mask, batch in tagged]
+    for n_, (mask, tb) in enumerate(cut):
+        if tb:
+            # the batch against every access of the threads it does not order
+            # (not within itself: a partial barrier ordered those), logged or
+            # in a later batch
+            others = _split(mine, ~mask)[0]
+            for o, (_, ob) in enumerate(cut):
+                if o > n_:
+                    others += _split(ob, ~mask)[0]
+            checks.append((tb + others, len(tb)))
     try:
-        check_races(mine, geo.coords, st.shared_size)
+        for c, split in checks:
+            check_races(c, geo.coords, st.shared_size, split=split)
     except Fault as f:
         raise _error(f.cls, f.message, f.op, st, geo, f.thread) from None
-    finally:
+    if drop is None:
         log[:] = keep
+        if lanes is None:
+            tagged.clear()
+        else:
+            tagged[:] = [(mk, b) for mk, b in ((mk, _split(b, ~lanes)[0]) for mk, b in tagged)
+                         if b]
+        return
+    moved, stay = _split(log, drop)
+    log[:] = stay
+    if moved:
+        for n_, (mask, batch) in enumerate(tagged):
+            if np.array_equal(mask, drop):
+                tagged[n_] = (mask, batch + moved)
+                break
+        else:
+            tagged.append((drop.copy(), moved))

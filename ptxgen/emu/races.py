@@ -19,13 +19,17 @@ __all__ = ["check_races"]
 _KIND = {0: "reads", 1: "writes", 2: "atomically updates"}
 
 
-def check_races(log, coords, block_bytes=None):
+def check_races(log, coords, block_bytes=None, split=None):
     """Raise a :class:`Fault` (RaceError) for the first racing byte in ``log``.
 
     ``coords(linear_thread) -> (x, y, z)`` names threads in the message.
     Offsets are those of a batch's flat shared buffer (block ``b`` at
     ``b * block_bytes``), so two blocks never share a byte; the message
-    gives the offset in the block (modulo ``block_bytes``)."""
+    gives the offset in the block (modulo ``block_bytes``).
+
+    ``split``: only pairs of an entry before index ``split`` with one from
+    ``split`` on are checked (two sets of accesses ordered within each set,
+    by different threads across them)."""
     if not log:
         return
     byte, tid, kind, entry = [], [], [], []
@@ -42,11 +46,21 @@ def check_races(log, coords, block_bytes=None):
     order = np.argsort(byte, kind="stable")
     b, t, kd, en = byte[order], tid[order], kind[order], entry[order]
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
-    tmin = np.minimum.reduceat(t, starts)
-    tmax = np.maximum.reduceat(t, starts)
-    nonread = np.maximum.reduceat((kd != 0).astype(np.int8), starts)
-    nonatomic = np.maximum.reduceat((kd != 2).astype(np.int8), starts)
-    race = (tmin != tmax) & (nonread > 0) & (nonatomic > 0)
+
+    def any_(m):
+        return np.maximum.reduceat(m.astype(np.int8), starts) > 0
+
+    if split is None:
+        tmin = np.minimum.reduceat(t, starts)
+        tmax = np.maximum.reduceat(t, starts)
+        race = (tmin != tmax) & any_(kd != 0) & any_(kd != 2)
+    else:
+        side = en >= split
+        a = [(any_(~side & (kd == q)), any_(side & (kd == q))) for q in range(3)]
+        rd, wr, at = a
+        # a write meets anything; an atomic meets a read
+        race = ((wr[0] & (rd[1] | wr[1] | at[1])) | (wr[1] & (rd[0] | at[0]))
+                | (at[0] & rd[1]) | (at[1] & rd[0]))
     if not race.any():
         return
     g = int(np.flatnonzero(race)[0])
@@ -54,9 +68,16 @@ def check_races(log, coords, block_bytes=None):
     hi = starts[g + 1] if g + 1 < starts.size else b.size
     gk, gt, ge = kd[lo:hi], t[lo:hi], en[lo:hi]
     # first access that is not a read (or any access if all are atomics), then
-    # the first access by another thread that conflicts with it
-    i = int(np.flatnonzero(gk != 0)[0])
-    others = (gt != gt[i]) & ((gk != 2) | (gk[i] != 2)) & ((gk != 0) | (gk[i] != 0))
+    # the first access by another thread (on the other side) that conflicts with it
+    if split is None:
+        i = int(np.flatnonzero(gk != 0)[0])
+        others = gt != gt[i]
+    else:
+        gs = ge >= split
+        i = next(int(c) for c in np.flatnonzero(gk != 0)
+                 if (((gs != gs[c]) & ((gk != 2) | (gk[c] != 2))).any()))
+        others = gs != gs[i]
+    others = others & ((gk != 2) | (gk[i] != 2)) & ((gk != 0) | (gk[i] != 0))
     j = int(np.flatnonzero(others)[0])
     op_i, op_j = log[ge[i]][0], log[ge[j]][0]
     byte = int(b[lo]) % block_bytes if block_bytes else int(b[lo])

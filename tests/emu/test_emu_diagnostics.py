@@ -215,3 +215,49 @@ def test_early_exit_before_a_barrier_is_fine():
     got = x.to_numpy()
     np.testing.assert_array_equal(got[:n], 2 * (n - 1 - np.arange(n)))
     assert (got[n:] == 7).all()
+
+
+def _halves_kernel(read_other, bar_id=None):
+    """Two 64-thread halves of a block, each behind its own named barrier
+    (``bar.sync 1 + half, 64``, the id a register): a thread writes its
+    slot, its half syncs, it reads a neighbour's slot (``read_other``: in
+    the other half, which no barrier orders)."""
+    m = ptxgen.Module("sm_80")
+    with m.kernel("halves") as k:
+        x = k.param_ptr("x", f32)
+        buf = k.shared_array("buf", f32, 128)
+        t = k.tid.x
+        half = t >> 6
+        k.st(buf[t], k.ld(x[t]))
+        k.bar_sync(bar_id(k, t) if bar_id else half + 1, 64)
+        k.st(x[t], k.ld(buf[(t ^ 64) if read_other else (t ^ 1)]))
+    return m.to_ptx()
+
+
+def test_named_barriers_of_two_halves():
+    """Warps may name different barriers at one bar.sync (a CTA of
+    independent slices): each half syncs alone, and its threads' accesses on
+    either side of its own barrier do not race."""
+    host = RNG.standard_normal(128).astype(np.float32)
+    x = emu.DeviceArray.from_numpy(host)
+    emu.launch(emu.Module.from_ptx(_halves_kernel(False))["halves"], 2, 128, x)
+    np.testing.assert_array_equal(x.to_numpy(), host[np.arange(128) ^ 1])
+
+
+def test_a_named_barrier_does_not_order_the_other_half():
+    text = _halves_kernel(True)
+    x = emu.DeviceArray.from_numpy(RNG.standard_normal(128).astype(np.float32))
+    with pytest.raises(emu.RaceError, match="no bar.sync between") as ei:
+        emu.launch(emu.Module.from_ptx(text)["halves"], 1, 128, x)
+    e = ei.value
+    assert e.line in _line_of(text, "ld.shared.f32") + _line_of(text, "st.shared.f32")
+    assert e.block == (0, 0, 0)
+
+
+def test_a_barrier_id_must_be_warp_uniform():
+    # planted: lanes 16..31 of each warp name another barrier
+    text = _halves_kernel(False, bar_id=lambda k, t: ((t >> 4) & 1) + 1)
+    x = emu.DeviceArray.from_numpy(RNG.standard_normal(128).astype(np.float32))
+    with pytest.raises(emu.BarrierError, match="differs between the threads of a warp") as ei:
+        emu.launch(emu.Module.from_ptx(text)["halves"], 1, 128, x)
+    assert ei.value.line in _line_of(text, "bar.sync")
