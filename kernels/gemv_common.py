@@ -393,12 +393,32 @@ class GemvSpec:
 
     @property
     def kernel_name(self) -> str:
+        """The PTX entry's name: every knob that changes the kernel's text
+        and is not at its default (``max_ctas`` and ``per_sm`` shape only
+        the launch), so that profiles and timelines tell variants apart."""
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
         dp += "_il" if self.interleave else ""
+        # the direct and staged kernels' knobs
+        if self.pieces:
+            dp += f"_p{self.pieces}"
+        if self.qtype != "Q4_K" and self.tile < self.k:
+            dp += f"_t{self.tile}"
+        if self.qtype != "Q4_K" and self.load_width:
+            dp += f"_w{self.load_width}"
+        if self.slices > 1:
+            dp += f"_sl{self.slices}"
+        if self.qtype == "Q4_K" and not self.stages:
+            # read by the direct Q4_K kernel only
+            if self.xmode != "reg":
+                dp += f"_x{self.xmode}"
+            dp += ("_pf" if self.prefetch else "") + ("_st" if self.stage else "")
+            dp += ("_e" if self.early else "") + ("_l2" if self.l2_prefetch else "")
+        if self.min_ctas:
+            dp += f"_c{self.min_ctas}"
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 

@@ -357,6 +357,25 @@ def test_bulk_knob_refused_where_not_built():
         == "gemv_q4_k_k512_r4_s3_bulk"
 
 
+def test_kernel_names_tell_text_changing_knobs_apart():
+    """Specs whose PTX differs get different entry names (profiles and
+    timelines go by name); launch-only knobs leave the name alone."""
+    base = dict(qtype="Q4_K", k=1024, rows=2)
+    variants = [{}, {"pieces": 2}, {"slices": 2}, {"min_ctas": 2}, {"xmode": "shared"},
+                {"early": True}, {"prefetch": True}, {"stage": True}, {"l2_prefetch": True},
+                {"stages": 3}, {"stages": 3, "pieces": 2}, {"stages": 3, "min_ctas": 2}]
+    specs = [G.GemvSpec(**base, **v) for v in variants]
+    names = [s.kernel_name for s in specs]
+    assert len(set(names)) == len(names), names
+    texts = {G.build(s).to_ptx().replace(s.kernel_name, "K") for s in specs}
+    assert len(texts) == len(specs)          # each knob changes the text
+    staged = [G.GemvSpec("Q6_K", 4096, **v).kernel_name
+              for v in ({}, {"tile": 1024}, {"tile": 1024, "load_width": 4})]
+    assert len(set(staged)) == 3
+    assert G.GemvSpec(**base, max_ctas=7, per_sm=0).kernel_name == names[0]
+    assert G.GemvSpec(**base, stages=3, max_ctas=7, per_sm=2).kernel_name == names[9]
+
+
 def test_interleave_knob_refused_without_the_ring():
     with pytest.raises(ValueError, match="it needs stages"):
         G.GemvSpec("Q4_K", 512, interleave=True)
