@@ -395,14 +395,14 @@ class GemvSpec:
     def kernel_name(self) -> str:
         """The PTX entry's name: every knob that changes the kernel's text
         and is not at its default (``max_ctas`` and ``per_sm`` shape only
-        the launch), so that profiles and timelines tell variants apart."""
+        the launch; the target is the module's), so that profiles and
+        timelines tell variants apart."""
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
         dp += "_il" if self.interleave else ""
-        # the direct and staged kernels' knobs
         if self.pieces:
             dp += f"_p{self.pieces}"
         if self.qtype != "Q4_K" and self.tile < self.k:
@@ -419,6 +419,7 @@ class GemvSpec:
             dp += ("_e" if self.early else "") + ("_l2" if self.l2_prefetch else "")
         if self.min_ctas:
             dp += f"_c{self.min_ctas}"
+        dp += "_pdl" if self.pdl else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 

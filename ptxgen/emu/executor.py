@@ -23,8 +23,9 @@ barrier, or exiting while others of its block wait, is a
 Between two block-wide barriers of a block every shared-memory access is
 logged and, at that block's barrier, checked for a race
 (:mod:`ptxgen.emu.races`); a barrier of part of the block orders its
-threads' accesses only among themselves (:func:`_races`).  A register read by a thread for which no
-path has written it is an :class:`UninitializedRegister` error.  Global
+threads' accesses only among themselves (:func:`_races`).  A register read
+by a thread for which no path has written it is an
+:class:`UninitializedRegister` error.  Global
 memory is shared by all blocks and sequentially consistent: a store is
 complete for all its lanes before the next instruction runs; atomics are
 serialised in lane (= global thread id) order.
@@ -531,9 +532,9 @@ def _barrier(k, op, st, geo, waiting, parked, active, arr):
             part = release & ~full_bar
             if part.any():
                 # a barrier of some of a block's threads (a CTA's slices):
-                # check the block's accesses so far, then drop those of the
-                # threads it released (the barrier orders them before what
-                # those threads do next; the others' stay logged)
+                # check the block's accesses so far, then set aside those of
+                # the threads it released (ordered before what those threads
+                # do next, not before the others' accesses)
                 _races(k, st, geo, part, drop=freed)
         if not freed.any():
             continue
@@ -644,7 +645,10 @@ def _races(k, st, geo, blocks, drop=None):
     before what those same threads do next: their entries move to
     ``st.race_tagged`` as a batch with that lane mask, and are checked at
     every later barrier against the accesses of threads outside the mask,
-    until a block-wide barrier drops them."""
+    until a block-wide barrier drops them.  (Batches of one mask are merged;
+    two batches are checked against each other one way, the later one's
+    accesses by threads outside the earlier mask: exact for groups that are
+    disjoint or equal, as a CTA's slices are.)"""
     log = st.race_log
     tagged = st.race_tagged
     if not log and not tagged:
