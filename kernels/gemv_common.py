@@ -395,8 +395,9 @@ class GemvSpec:
     def kernel_name(self) -> str:
         """The PTX entry's name: every knob that changes the kernel's text
         and is not at its default (``max_ctas`` and ``per_sm`` shape only
-        the launch; the target is the module's), so that profiles and
-        timelines tell variants apart."""
+        the launch), so that profiles and timelines tell variants apart.
+        The target and ``pdl`` are left out: the executor builds a graph's
+        launches by name and sets ``pdl`` for the device afterwards."""
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope)
@@ -419,7 +420,6 @@ class GemvSpec:
             dp += ("_e" if self.early else "") + ("_l2" if self.l2_prefetch else "")
         if self.min_ctas:
             dp += f"_c{self.min_ctas}"
-        dp += "_pdl" if self.pdl else ""
         return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
                 f"_r{self.rows}{st}{dp}")
 

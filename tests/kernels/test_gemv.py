@@ -372,7 +372,8 @@ def test_kernel_names_tell_text_changing_knobs_apart():
     staged = [G.GemvSpec("Q6_K", 4096, **v).kernel_name
               for v in ({}, {"tile": 1024}, {"tile": 1024, "load_width": 4})]
     assert len(set(staged)) == 3
-    assert G.GemvSpec(**base, pdl=True, target="sm_90").kernel_name not in names
+    # pdl is set by the executor after the graph names its launches
+    assert G.GemvSpec(**base, pdl=True, target="sm_90").kernel_name == names[0]
     assert G.GemvSpec(**base, max_ctas=7, per_sm=0).kernel_name == names[0]
     assert G.GemvSpec(**base, stages=3, max_ctas=7, per_sm=2).kernel_name == names[9]
 
