@@ -674,11 +674,9 @@ def _races(k, st, geo, blocks, drop=None):
         raise _error(f.cls, f.message, f.op, st, geo, f.thread) from None
     if drop is None:
         log[:] = keep
-        if lanes is None:
-            tagged.clear()
-        else:
-            tagged[:] = [(mk, b) for mk, b in ((mk, _split(b, ~lanes)[0]) for mk, b in tagged)
-                         if b]
+        # the batches' entries of other blocks stay
+        left = [] if lanes is None else [(mk, _split(b, ~lanes)[0]) for mk, b in tagged]
+        tagged[:] = [(mk, b) for mk, b in left if b]
         return
     moved, stay = _split(log, drop)
     log[:] = stay

@@ -56,8 +56,8 @@ def check_races(log, coords, block_bytes=None, split=None):
         race = (tmin != tmax) & any_(kd != 0) & any_(kd != 2)
     else:
         side = en >= split
-        a = [(any_(~side & (kd == q)), any_(side & (kd == q))) for q in range(3)]
-        rd, wr, at = a
+        # per kind (read, write, atomic): (before split, from split on)
+        rd, wr, at = [(any_(~side & (kd == q)), any_(side & (kd == q))) for q in range(3)]
         # a write meets anything; an atomic meets a read
         race = ((wr[0] & (rd[1] | wr[1] | at[1])) | (wr[1] & (rd[0] | at[0]))
                 | (at[0] & rd[1]) | (at[1] & rd[0]))
