@@ -139,13 +139,6 @@ class FlashDecodeSpec:
         block of a head streams from the same moving window of the cache
         instead of its own contiguous range; shorter lengths keep the
         contiguous ranges (measured faster at L = 1024, docs/kernels.md).
-    speculate : bool
-        (``interleave`` only.)  Issue each warp's first trip of loads at
-        its round-robin position together with the length's load, before
-        the length is known, instead of one round trip after it: where the
-        length turns out too short for round robin, the first trip is loaded
-        again at its contiguous position (rows are clamped to the capacity,
-        so the early loads always read inside the cache).
     combine_warps : {1, 2, 4, 8, 16}
         Warps of a combine block (one block per query head; default 2).
         Each warp keeps a running merge of splits ``w, w + warps, ...`` in
@@ -192,7 +185,6 @@ class FlashDecodeSpec:
     per_sm: int = attrs.field(default=0)
     mma: bool = attrs.field(default=False)
     interleave: int = attrs.field(default=0)
-    speculate: bool = attrs.field(default=False)
     combine_warps: int = attrs.field(default=COMBINE_WARPS,
                                      validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
@@ -239,11 +231,6 @@ class FlashDecodeSpec:
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 64):
             raise ValueError(f"interleave must be an int in 0..64 (trips per warp), got {v!r}")
 
-    @speculate.validator
-    def _check_speculate(self, _, v):
-        if not isinstance(v, bool):
-            raise ValueError(f"speculate must be a bool, got {v!r}")
-
     @per_sm.validator
     def _check_per_sm(self, _, v):
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 32):
@@ -272,8 +259,6 @@ class FlashDecodeSpec:
                 raise ValueError("mma=True needs " + ", ".join(bad))
         if self.interleave and not self.mma:
             raise ValueError("interleave needs the tensor-core split (mma=True)")
-        if self.speculate and not self.interleave:
-            raise ValueError("speculate needs keys dealt round robin (interleave >= 1)")
         if self.early_kv and not self.early_kv_possible:
             raise ValueError("early_kv needs the register prefetch path "
                              "(stages=0, prefetch=True) or mma=True")
@@ -355,7 +340,6 @@ class FlashDecodeSpec:
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + ("e" if self.early_kv else "")
                 + (f"i{self.interleave}" if self.interleave else "")
-                + ("v" if self.speculate else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -567,18 +551,16 @@ def _build_split(m, spec: FlashDecodeSpec):
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
 
 
-def _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit, raw=None):
+def _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit):
     """The current length ``L``, clamped to ``[0, capacity]`` (read with
     ``ld.global.cg`` under ``early_kv``: before the wait it must come from
     L2, not a line an earlier grid left in L1), and this split's keys.  The
     first ``ceil(L / min_keys)`` splits (at most all) work; the length's
     groups of ``unit`` keys are dealt out evenly among them: split ``s``
     takes groups ``[s g / n, (s + 1) g / n)``, the others see ``start >= L``.
-    ``raw``: the length as already loaded (by a caller that issued it
-    earlier).  Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
+    Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
     split's last key, where the caller wants it."""
-    if raw is None:
-        raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
+    raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
     L = k.min(k.max(raw, 0).bitcast(u32), cap)
     ng = (L + (unit - 1)) // unit
     nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
@@ -740,43 +722,9 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                     for kt in range(KT)]
 
         early = spec.early_kv
-        # the KV head's first row (emitted here only for the guessed loads)
-        row0 = h * cap if spec.speculate else None
-
-        def row_words(n, row, cg=False):
-            """The lane's words of row ``row``: of K (``n < 2``: chunks ``t +
-            4 i``) or of V (chunks ``8 g + 64 c``)."""
-            ptr, first, nchunk, stride = ((kc, 8 * t, KC, 32) if n < 2 else
-                                          (vc, 8 * g, VC, 64))
-            idx = (row0 + row) * d + first
-            return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
-                              cache="cg" if cg else None)) for c_ in range(nchunk)]
-
-        def rows_at(kb, clamp):
-            """The rows a lane loads for the chunk at ``kb``, clamped to
-            ``clamp``: K rows ``kb + 8 j + g`` (j = 0, 1), then V rows ``kb +
-            2 t + (0, 1, 8, 9)``."""
-            return ([k.min(kb + (8 * j) + g, clamp) for j in range(2)]
-                    + [k.min(kb + 2 * t + r, clamp) for r in (0, 1, 8, 9)])
-
-        def as_vars(words):
-            """The loaded words as variables (the pipeline's registers)."""
-            if isinstance(words, (list, tuple)):
-                return [as_vars(w) for w in words]
-            return k.var(b32, words)
-
-        raw = guess = None
-        if spec.speculate:
-            # the length, then the first trip where round robin would put it
-            # (clamped inside the cache), one round trip for both; q after
-            raw = k.ld(kv_len_ptr[0], cache="cg") if early else k.ld(kv_len_ptr[0])
-            g0 = (warp * nsplit + split) * (CH * U)
-            capc = k.max(cap, 1) - 1
-            guess = as_vars([[row_words(n, row, early) for n, row in
-                              enumerate(rows_at(g0 + CH * u, capc))] for u in range(U)])
         qa = None if early else load_q()
         # this split's keys, dealt in chunks of 16
-        L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH, raw=raw)
+        L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
         first_key = start                        # the split's first key (empty: >= L)
         end, stride = split_end(), CH * U * NW
         if spec.interleave:
@@ -790,25 +738,41 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             end = k.select(il, L, end)
             stride = k.select(il, rnd, k.mov(stride, u32))
         lastc = k.max(end, 1) - 1                # rows clamped to a valid one (0 when empty)
-        if row0 is None:
-            row0 = h * cap
+        row0 = h * cap
         wofs = warp * (CH * U)                   # the warp's first key in a trip
         if spec.interleave:
             wofs = k.select(il, k.mov(0, u32), wofs)
 
         def chunk_rows(kb):
-            """The split's rows for the chunk at ``kb`` (clamped to its last)."""
-            return rows_at(kb, lastc)
+            """The rows a lane loads for the chunk at ``kb``, clamped: K rows
+            ``kb + 8 j + g`` (j = 0, 1), then V rows ``kb + 2 t + (0, 1, 8, 9)``."""
+            return ([k.min(kb + (8 * j) + g, lastc) for j in range(2)]
+                    + [k.min(kb + 2 * t + r, lastc) for r in (0, 1, 8, 9)])
+
+        def row_words(n, row, cg=False):
+            """The lane's words of row ``row``: of K (``n < 2``: chunks ``t +
+            4 i``) or of V (chunks ``8 g + 64 c``)."""
+            ptr, first, nchunk, stride = ((kc, 8 * t, KC, 32) if n < 2 else
+                                          (vc, 8 * g, VC, 64))
+            idx = (row0 + row) * d + first
+            return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
+                              cache="cg" if cg else None)) for c_ in range(nchunk)]
 
         def trip_loads(base, cg=False):
             """Per chunk ``u``: the words of its 6 rows (K j = 0, 1, V r)."""
             return [[row_words(n, row, cg) for n, row in
                      enumerate(chunk_rows(base + wofs + CH * u))] for u in range(U)]
 
+        def as_vars(words):
+            """The loaded words as variables (the pipeline's registers)."""
+            if isinstance(words, (list, tuple)):
+                return [as_vars(w) for w in words]
+            return k.var(b32, words)
+
         if early:
             # the first trip in flight before the wait; then q, and the row
             # the grid before may have appended, loaded again
-            first = guess if spec.speculate else as_vars(trip_loads(start, cg=True))
+            first = as_vars(trip_loads(start, cg=True))
             pdl_wait(k, spec)
             qa = load_q()
             newest = L - 1
@@ -820,13 +784,6 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                     with k.if_(row.eq(newest)):
                         for cw, nw in zip(_leaves(first[u][n]), _leaves(row_words(n, row, True))):
                             k.assign(cw, nw)
-        elif spec.speculate:
-            first = guess
-        if spec.speculate:
-            # too short for round robin: the guess read the wrong rows
-            with k.if_(~il):
-                for cw, nw in zip(_leaves(first), _leaves(trip_loads(start, early))):
-                    k.assign(cw, nw)
         with k.if_(first_key >= L):
             _write_empty_split(k, spec, part_o, part_ml, h, split, nsplit, tid, merge)
 
@@ -885,9 +842,9 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                         for r, x in zip(acc, k.mma_m16n8k16(pa, b, tuple(acc))):
                             k.assign(r, x)
 
-        if early or spec.speculate:
-            # the first trip on the words loaded early (before the wait, or
-            # with the length), the rest loading theirs at the top of the trip
+        if early:
+            # the first trip on the words loaded before the wait, the rest
+            # loading theirs at the top of the trip, as without early_kv
             with k.if_(start < end):
                 trip(start, first)
             with k.for_range(start + stride, end, stride) as base:

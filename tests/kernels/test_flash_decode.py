@@ -100,15 +100,6 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
                       interleave=1, fused_combine=True),
-    # the first trip guessed at its round-robin place (speculate): right at
-    # L = 100, loaded again at L = 1, 7 and 33; with 2 warps of 32-key trips
-    # the guess of split 2's warp 1 (key 160) lies past the capacity, clamped
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
-                      speculate=True),
-    F.FlashDecodeSpec(head_dim=64, group=2, warps=2, unroll=2, mma=True, interleave=1,
-                      speculate=True),
-    F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
-                      interleave=1, speculate=True),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
@@ -127,18 +118,15 @@ def test_flash_decode(run, spec):
         assert err <= 1e-4, (L, err)
 
 
-@pytest.mark.parametrize("interleave,speculate", [(0, False), (1, False), (2, False),
-                                                  (1, True), (2, True)])
-def test_splits_take_the_keys_they_are_dealt(run, interleave, speculate):
+@pytest.mark.parametrize("interleave", [0, 1, 2])
+def test_splits_take_the_keys_they_are_dealt(run, interleave):
     """Each split's partial ``(m, l)`` is that of the keys it was dealt, in
     float64: contiguous ranges, or with ``interleave=1`` (L = 100 is more
     than one round of 3 splits x 2 warps x 16 keys) warp trips ``s, s + n,
     ...`` (split 0 takes keys 0-15, 48-63 and 96-99); ``interleave=2`` needs
-    two rounds (192 keys), so L = 100 keeps contiguous ranges.  The same
-    with the first trip guessed (``speculate``): kept at ``interleave=1``,
-    loaded again at 2."""
+    two rounds (192 keys), so L = 100 keeps contiguous ranges."""
     spec = F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True,
-                             interleave=interleave, speculate=speculate)
+                             interleave=interleave)
     n_kv, cap, L, n = 2, 100, 100, 3
     q, kc, vc = _data(n_kv, 3, cap, 64, np.float16, 5)
     split = run.function(F.build, spec, spec.split_name)
@@ -174,10 +162,7 @@ def test_flash_decode_empty_and_clamped(run, fused):
 GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
              "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True),
              "mma_w8e_cw1": dict(mma=True, warps=8, unroll=1, early_kv=True, combine_warps=1),
-             "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1),
-             "mma_w8iv": dict(mma=True, warps=8, unroll=1, interleave=2, speculate=True),
-             "mma_w8eiv": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
-                               speculate=True)}
+             "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1)}
 
 
 @pytest.mark.gpu
@@ -221,8 +206,7 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
                                  dict(mma=True, stages=2), dict(mma=True, chunks=2),
                                  dict(mma=True, unroll=5), dict(mma=1),
                                  dict(interleave=1), dict(mma=True, interleave=True),
-                                 dict(mma=True, interleave=65), dict(mma=True, speculate=True),
-                                 dict(mma=True, interleave=1, speculate=1)])
+                                 dict(mma=True, interleave=65)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
