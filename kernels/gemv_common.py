@@ -189,11 +189,6 @@ class GemvSpec:
         (``cp.async.bulk``, one copy per matrix of the row group's contiguous
         bytes) completing on the stage's mbarrier, which every thread waits
         on, instead of every thread copying 16-byte chunks with ``cp.async``.
-    row_waits : bool
-        Ring with ``bulk``: every row of a stage is its own bulk copy (one
-        per matrix) on its own mbarrier, and the math of a row waits only
-        for that row, so a row group's first rows are computed while its
-        last ones are still arriving.
     interleave : bool
         Ring: CTA ``c`` of ``n`` takes row groups ``c, c + n, c + 2 n, ...``
         (every CTA's stream in the same moving window of the matrix) instead
@@ -232,7 +227,6 @@ class GemvSpec:
     rope: tuple = attrs.field(default=(), converter=tuple)
     bulk: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     interleave: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    row_waits: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @dot.validator
     def _check_dot(self, attr, v):
@@ -283,12 +277,6 @@ class GemvSpec:
         if v and not has_bulk_copy(self.target):
             raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
                              f"not {self.target}")
-
-    @row_waits.validator
-    def _check_row_waits(self, attr, v):
-        if v and not self.bulk:
-            raise ValueError("row_waits=True splits the bulk copies of a stage by row; "
-                             "it needs bulk=True")
 
     @interleave.validator
     def _check_interleave(self, attr, v):
@@ -415,7 +403,7 @@ class GemvSpec:
             epi += "{}h{}x{}".format(*self.rope)
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
-        dp += ("_il" if self.interleave else "") + ("_rw" if self.row_waits else "")
+        dp += "_il" if self.interleave else ""
         if self.pieces:
             dp += f"_p{self.pieces}"
         if self.qtype != "Q4_K" and self.tile < self.k:

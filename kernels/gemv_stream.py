@@ -131,12 +131,10 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             my_chunk = k.mul_wide(tid, 16)          # u64 byte offset of chunk t
             dst_off = tid * 16
         else:
-            # one mbarrier per stage (per row of a stage with row_waits),
-            # completed by the bytes of its bulk copies
-            nbar = S * R if spec.row_waits else S
-            full = k.shared_array("full", u64, nbar)
+            # one mbarrier per stage, completed by the bytes of its bulk copies
+            full = k.shared_array("full", u64, S)
             with k.if_(tid.eq(0)):
-                for s_ in range(nbar):
+                for s_ in range(S):
                     k.mbarrier_init(full[s_], 1)
                 k.fence_mbarrier_init()
 
@@ -146,23 +144,6 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             commit (an empty group past the CTA's rows).  With ``bulk``:
             thread 0 copies the group's rows below M, one bulk copy per
             matrix, onto the stage's mbarrier; nothing past the CTA's rows."""
-            if spec.bulk and spec.row_waits:
-                # row j on mbarrier R stage + j; a row past M arrives with no
-                # bytes, so its phase completes all the same
-                with k.if_(k.setp("lt", rg, row_end, combine=("and", tid.eq(0)))):
-                    off = k.mul_wide(rg, rb)
-                    for j in range(R):
-                        bar = full[stage * R + j]
-                        have = (rg + j) < mrows if j else None
-                        nb = rb * nm
-                        k.mbarrier_arrive_expect_tx(
-                            bar, nb if have is None else k.select(have, k.mov(nb, u32),
-                                                                  k.mov(0, u32)))
-                        for mi, w in enumerate(ws):
-                            dst = slot + (mi * group_bytes + j * rb)
-                            k.cp_async_bulk(ring[dst], k.ptr_add(w, off + j * rb)[0], rb, bar,
-                                            guard=have)
-                return
             if spec.bulk:
                 with k.if_(k.setp("lt", rg, row_end, combine=("and", tid.eq(0)))):
                     nbytes = k.min(mrows - rg, R) * rb
@@ -235,8 +216,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
             wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
             if spec.bulk:
                 issue(rg + (S - 1) * gstep, wr, wi)
-                if not spec.row_waits:
-                    k.mbarrier_wait(full[si], parity)
+                k.mbarrier_wait(full[si], parity)
             else:
                 issue(rg + (S - 1) * gstep, wr)
             acc = [[None] * R for _ in range(nm)]
@@ -244,35 +224,21 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                 base = ring_base + rd
                 zero = k.mov(0.0, f32)
                 for i in range(R):
-                    if spec.row_waits:
-                        k.mbarrier_wait(full[si * R + i], parity)
                     for mi in range(nm):
                         row = _RowView(base + (mi * group_bytes + i * rb))
                         for active, spc in spcs:
                             d = k.select(active, dot_fn(k, spec, row, spc), zero)
                             acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
-            def row_dots(i, hb, qb, pc):
-                for mi in range(nm):
-                    o = mi * group_bytes + i * rb
-                    hdr = k.ld(hb + o, u32, vec=4)
-                    qs = k.ld(qb + o, u32, vec=4)
-                    d = _piece_dot(k, hdr, qs, pc)
-                    acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
-
-            if spec.row_waits:
-                # rows outer: row i's math after its own mbarrier (each row's
-                # sum over the pieces in the same order as below)
-                bases = [(ring[rd + pc["h32"]], ring[rd + pc["q32"]]) for pc in pcs]
+            for pc in pcs:
+                hb = ring[rd + pc["h32"]]
+                qb = ring[rd + pc["q32"]]
                 for i in range(R):
-                    k.mbarrier_wait(full[si * R + i], parity)
-                    for (hb, qb), pc in zip(bases, pcs):
-                        row_dots(i, hb, qb, pc)
-            else:
-                for pc in pcs:
-                    hb = ring[rd + pc["h32"]]
-                    qb = ring[rd + pc["q32"]]
-                    for i in range(R):
-                        row_dots(i, hb, qb, pc)
+                    for mi in range(nm):
+                        o = mi * group_bytes + i * rb
+                        hdr = k.ld(hb + o, u32, vec=4)
+                        qs = k.ld(qb + o, u32, vec=4)
+                        d = _piece_dot(k, hdr, qs, pc)
+                        acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum,
                           trailing_barrier=False)
             nxt = rd + stage_bytes

@@ -119,17 +119,6 @@ CASES = [
                             "target": "sm_90"}),
     ("Q8_0", 512, "swiglu", {"stages": 2, "rows": 4, "tile": 512, "bulk": True,
                              "target": "sm_90"}),
-    # every row of a stage on its own mbarrier (row_waits): M = 37 leaves the
-    # last group with 1 of 4 rows (three arrive with no bytes), two matrices,
-    # Q6_K's path, round robin
-    ("Q4_K", 512, "none", {"dot": "dp4a", "stages": 3, "rows": 4, "bulk": True,
-                           "row_waits": True, "target": "sm_90"}),
-    ("Q4_K", 256, "swiglu", {"dot": "dp4a", "stages": 2, "rows": 2, "bulk": True,
-                             "row_waits": True, "target": "sm_90"}),
-    ("Q6_K", 2048, "residual", {"stages": 3, "rows": 4, "tile": 2048, "bulk": True,
-                                "row_waits": True, "target": "sm_90"}),
-    ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 4, "bulk": True,
-                               "row_waits": True, "interleave": True, "target": "sm_90"}),
     # row groups dealt round robin over the CTAs (interleave): 19 groups on 4
     # CTAs, the partial last group on CTA 2
     ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 2, "interleave": True}),
