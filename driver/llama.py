@@ -63,7 +63,8 @@ FAMILIES = {
 #: 16 splits; H100, two rounds: 2.2162-2.2168 -> 2.2093-2.2101 ms per token at
 #: context 4096 with every length dealt round robin, 2.0435-2.0472 ->
 #: 2.0564-2.0568 at 128, which the threshold leaves contiguous).
-MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2, "interleave": 2}
+MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2, "interleave": 2,
+                     "l2_prefetch": True}
 
 
 class ContextOverflowError(RuntimeError):

@@ -139,6 +139,11 @@ class FlashDecodeSpec:
         block of a head streams from the same moving window of the cache
         instead of its own contiguous range; shorter lengths keep the
         contiguous ranges (measured faster at L = 1024, docs/kernels.md).
+    l2_prefetch : bool
+        (``mma`` only.)  The K/V loads carry the ``.L2::256B`` prefetch-size
+        hint: a lane's load reads 64 (K) or 128 (V) bytes of a 256-byte row
+        (d = 128, f16), and the hint has L2 fetch the whole row from DRAM on
+        the first miss, so the row's other loads find it there.
     combine_warps : {1, 2, 4, 8, 16}
         Warps of a combine block (one block per query head; default 2).
         Each warp keeps a running merge of splits ``w, w + warps, ...`` in
@@ -185,6 +190,7 @@ class FlashDecodeSpec:
     per_sm: int = attrs.field(default=0)
     mma: bool = attrs.field(default=False)
     interleave: int = attrs.field(default=0)
+    l2_prefetch: bool = attrs.field(default=False)
     combine_warps: int = attrs.field(default=COMBINE_WARPS,
                                      validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
@@ -230,6 +236,14 @@ class FlashDecodeSpec:
     def _check_interleave(self, _, v):
         if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 64):
             raise ValueError(f"interleave must be an int in 0..64 (trips per warp), got {v!r}")
+
+    @l2_prefetch.validator
+    def _check_l2_prefetch(self, _, v):
+        if not isinstance(v, bool):
+            raise ValueError(f"l2_prefetch must be a bool, got {v!r}")
+        if v and not self.mma:
+            raise ValueError("l2_prefetch is built for the tensor-core split (mma=True), whose "
+                             "lanes read parts of a row")
 
     @per_sm.validator
     def _check_per_sm(self, _, v):
@@ -340,6 +354,7 @@ class FlashDecodeSpec:
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + ("e" if self.early_kv else "")
                 + (f"i{self.interleave}" if self.interleave else "")
+                + ("l" if self.l2_prefetch else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -722,6 +737,8 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                     for kt in range(KT)]
 
         early = spec.early_kv
+        # a lane reads a quarter (K) or half (V) of a row's 256 bytes per load
+        l2 = "L2::256B" if spec.l2_prefetch else None
         qa = None if early else load_q()
         # this split's keys, dealt in chunks of 16
         L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
@@ -756,7 +773,8 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                                           (vc, 8 * g, VC, 64))
             idx = (row0 + row) * d + first
             return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
-                              cache="cg" if cg else None)) for c_ in range(nchunk)]
+                              cache="cg" if cg else None, prefetch=l2))
+                    for c_ in range(nchunk)]
 
         def trip_loads(base, cg=False):
             """Per chunk ``u``: the words of its 6 rows (K j = 0, 1, V r)."""
@@ -1164,13 +1182,16 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     return max(1, n)
 
 
-MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "interleave": 2}
+MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "interleave": 2, "l2_prefetch": True}
 """The tensor-core split's knobs where no others are asked for (fastest of
 those measured alone on the H100, docs/kernels.md): one chunk of 16 keys a
 trip, dealt round robin from two rounds on.  Against the 2 chunks a trip of
 before, contiguous (2 rounds of a chain of calls, µs at L = 1K / 4K / 8K /
 16K / 32K): 6.03 / 7.46-7.49 / 10.77-10.79 / 29.16-29.67 / 51.16-51.36 ->
-5.48 / 7.49-7.57 / 10.03-10.13 / 27.56-27.61 / 49.20-49.74."""
+5.48 / 7.49-7.57 / 10.03-10.13 / 27.56-27.61 / 49.20-49.74.  The K/V loads'
+``.L2::256B`` hint (``l2_prefetch``), 5 rounds over two calls: 16K
+27.44-27.81 -> 27.05-27.44, 32K 49.30-49.79 -> 48.83-49.24, 4K and 8K
+0.15-0.25 slower."""
 
 
 def _mma_shape_misses(head_dim: int, group: int, kv_dtype: str) -> list:

@@ -100,6 +100,11 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
                       interleave=1, fused_combine=True),
+    # the K/V loads with the .L2::256B prefetch-size hint, d = 64 and 128
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
+                      l2_prefetch=True),
+    F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
+                      l2_prefetch=True),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
@@ -162,7 +167,10 @@ def test_flash_decode_empty_and_clamped(run, fused):
 GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
              "mma_w8e": dict(mma=True, warps=8, unroll=1, early_kv=True),
              "mma_w8e_cw1": dict(mma=True, warps=8, unroll=1, early_kv=True, combine_warps=1),
-             "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1)}
+             "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1),
+             "mma_w8il": dict(mma=True, warps=8, unroll=1, interleave=2, l2_prefetch=True),
+             "mma_w8eil": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
+                               l2_prefetch=True)}
 
 
 @pytest.mark.gpu
@@ -206,7 +214,8 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
                                  dict(mma=True, stages=2), dict(mma=True, chunks=2),
                                  dict(mma=True, unroll=5), dict(mma=1),
                                  dict(interleave=1), dict(mma=True, interleave=True),
-                                 dict(mma=True, interleave=65)])
+                                 dict(mma=True, interleave=65), dict(l2_prefetch=True),
+                                 dict(mma=True, l2_prefetch=1)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
