@@ -62,9 +62,13 @@ FAMILIES = {
 #: robin from two rounds on (``interleave=2``: contexts of 4096 and more with
 #: 16 splits; H100, two rounds: 2.2162-2.2168 -> 2.2093-2.2101 ms per token at
 #: context 4096 with every length dealt round robin, 2.0435-2.0472 ->
-#: 2.0564-2.0568 at 128, which the threshold leaves contiguous).
+#: 2.0564-2.0568 at 128, which the threshold leaves contiguous).  The K/V loads
+#: carry the .L2::256B hint and pass by L1 (l2_prefetch, l1_bypass: each layer
+#: reads its own cache once a token, so L1 lines would never be hit again);
+#: two rounds: 1.9763 / 1.9749 -> 1.9698 / 1.9711 ms at context 128 and
+#: 2.1457 / 2.1452 -> 2.1367 / 2.1388 at 4096 from l1_bypass, docs/kernels.md.
 MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2, "interleave": 2,
-                     "l2_prefetch": True}
+                     "l2_prefetch": True, "l1_bypass": True}
 
 
 class ContextOverflowError(RuntimeError):

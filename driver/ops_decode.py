@@ -219,7 +219,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
                  fused_combine=None, merge_unroll=None, stages=None, early_kv=None,
                  mma=None, per_sm=None, combine_warps=None, interleave=None, l2_prefetch=None,
-                 blocks_per_sm=None, pdl=None, stream=None):
+                 l1_bypass=None, blocks_per_sm=None, pdl=None, stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -233,7 +233,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
     ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
     ``flash_decode.MMA_KNOBS`` under the knobs given), ``per_sm``,
-    ``combine_warps``, ``interleave``, ``l2_prefetch`` pick the spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
+    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass`` pick the spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
     partials).  ``pdl`` (default: on for sm_90 and newer) launches both with
@@ -265,7 +265,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                         early_kv=early_kv, mma=mma, per_sm=per_sm,
                                         combine_warps=combine_warps,
                                         interleave=interleave,
-                                        l2_prefetch=l2_prefetch).items()
+                                        l2_prefetch=l2_prefetch,
+                                        l1_bypass=l1_bypass).items()
              if v_ is not None}
     tgt = device_target()
     # the tensor-core split where the shape takes it and no knob of the

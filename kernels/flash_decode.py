@@ -144,6 +144,12 @@ class FlashDecodeSpec:
         hint: a lane's load reads 64 (K) or 128 (V) bytes of a 256-byte row
         (d = 128, f16), and the hint has L2 fetch the whole row from DRAM on
         the first miss, so the row's other loads find it there.
+    l1_bypass : bool
+        (``mma`` only.)  The K/V loads after the wait are
+        ``ld.global.nc.L1::no_allocate``: the cache passes by L1 without
+        taking its lines.  Where one call follows another over the same
+        cache (a benchmark's chain) an SM's share of a short cache stays in
+        L1 between calls otherwise; in a decode step each layer reads its own.
     combine_warps : {1, 2, 4, 8, 16}
         Warps of a combine block (one block per query head; default 2).
         Each warp keeps a running merge of splits ``w, w + warps, ...`` in
@@ -191,6 +197,7 @@ class FlashDecodeSpec:
     mma: bool = attrs.field(default=False)
     interleave: int = attrs.field(default=0)
     l2_prefetch: bool = attrs.field(default=False)
+    l1_bypass: bool = attrs.field(default=False)
     combine_warps: int = attrs.field(default=COMBINE_WARPS,
                                      validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
@@ -244,6 +251,13 @@ class FlashDecodeSpec:
         if v and not self.mma:
             raise ValueError("l2_prefetch is built for the tensor-core split (mma=True), whose "
                              "lanes read parts of a row")
+
+    @l1_bypass.validator
+    def _check_l1_bypass(self, _, v):
+        if not isinstance(v, bool):
+            raise ValueError(f"l1_bypass must be a bool, got {v!r}")
+        if v and not self.mma:
+            raise ValueError("l1_bypass is built for the tensor-core split (mma=True)")
 
     @per_sm.validator
     def _check_per_sm(self, _, v):
@@ -354,7 +368,7 @@ class FlashDecodeSpec:
                 + (f"m{self.min_blocks}" if self.min_blocks else "")
                 + ("e" if self.early_kv else "")
                 + (f"i{self.interleave}" if self.interleave else "")
-                + ("l" if self.l2_prefetch else "")
+                + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -773,7 +787,8 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                                           (vc, 8 * g, VC, 64))
             idx = (row0 + row) * d + first
             return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
-                              cache="cg" if cg else None, prefetch=l2))
+                              cache="cg" if cg else None, prefetch=l2,
+                              evict=None if cg or not spec.l1_bypass else "L1::no_allocate"))
                     for c_ in range(nchunk)]
 
         def trip_loads(base, cg=False):

@@ -104,7 +104,7 @@ EMU_SPECS = [
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
                       l2_prefetch=True),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
-                      l2_prefetch=True),
+                      l2_prefetch=True, l1_bypass=True),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
@@ -170,7 +170,9 @@ GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
              "mma_w8ei": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=1),
              "mma_w8il": dict(mma=True, warps=8, unroll=1, interleave=2, l2_prefetch=True),
              "mma_w8eil": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
-                               l2_prefetch=True)}
+                               l2_prefetch=True),
+             "mma_w8eiln": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
+                                l2_prefetch=True, l1_bypass=True)}
 
 
 @pytest.mark.gpu
@@ -215,7 +217,7 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
                                  dict(mma=True, unroll=5), dict(mma=1),
                                  dict(interleave=1), dict(mma=True, interleave=True),
                                  dict(mma=True, interleave=65), dict(l2_prefetch=True),
-                                 dict(mma=True, l2_prefetch=1)])
+                                 dict(mma=True, l2_prefetch=1), dict(l1_bypass=True)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
