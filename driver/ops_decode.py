@@ -233,7 +233,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
     ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
     ``flash_decode.MMA_KNOBS`` under the knobs given), ``per_sm``,
-    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass`` pick the spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
+    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass`` pick the
+    spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
     partials).  ``pdl`` (default: on for sm_90 and newer) launches both with
