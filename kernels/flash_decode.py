@@ -245,19 +245,14 @@ class FlashDecodeSpec:
             raise ValueError(f"interleave must be an int in 0..64 (trips per warp), got {v!r}")
 
     @l2_prefetch.validator
-    def _check_l2_prefetch(self, _, v):
-        if not isinstance(v, bool):
-            raise ValueError(f"l2_prefetch must be a bool, got {v!r}")
-        if v and not self.mma:
-            raise ValueError("l2_prefetch is built for the tensor-core split (mma=True), whose "
-                             "lanes read parts of a row")
-
     @l1_bypass.validator
-    def _check_l1_bypass(self, _, v):
+    def _check_load_hint(self, attr, v):
+        """The K/V load hints: bools, for the tensor-core split's loads."""
         if not isinstance(v, bool):
-            raise ValueError(f"l1_bypass must be a bool, got {v!r}")
+            raise ValueError(f"{attr.name} must be a bool, got {v!r}")
         if v and not self.mma:
-            raise ValueError("l1_bypass is built for the tensor-core split (mma=True)")
+            raise ValueError(f"{attr.name} is built for the tensor-core split (mma=True), "
+                             "whose K/V loads it marks")
 
     @per_sm.validator
     def _check_per_sm(self, _, v):
@@ -753,6 +748,7 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
         early = spec.early_kv
         # a lane reads a quarter (K) or half (V) of a row's 256 bytes per load
         l2 = "L2::256B" if spec.l2_prefetch else None
+        l1 = "L1::no_allocate" if spec.l1_bypass else None
         qa = None if early else load_q()
         # this split's keys, dealt in chunks of 16
         L, start, split_end = _deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
@@ -788,7 +784,7 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             idx = (row0 + row) * d + first
             return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
                               cache="cg" if cg else None, prefetch=l2,
-                              evict=None if cg or not spec.l1_bypass else "L1::no_allocate"))
+                              evict=None if cg else l1))
                     for c_ in range(nchunk)]
 
         def trip_loads(base, cg=False):
