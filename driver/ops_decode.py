@@ -219,7 +219,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                  warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
                  fused_combine=None, merge_unroll=None, stages=None, early_kv=None,
                  mma=None, per_sm=None, combine_warps=None, interleave=None, l2_prefetch=None,
-                 l1_bypass=None, blocks_per_sm=None, pdl=None, stream=None):
+                 l1_bypass=None, bypass_from=None, blocks_per_sm=None, pdl=None,
+                 stream=None):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -233,7 +234,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
     ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
     ``flash_decode.MMA_KNOBS`` under the knobs given), ``per_sm``,
-    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass`` pick the
+    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass``,
+    ``bypass_from`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
     default: a split kernel and a separate combine kernel; ``fused_combine=True``
     makes it one launch, the last split block of each KV head merging the
@@ -267,14 +269,13 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
                                         combine_warps=combine_warps,
                                         interleave=interleave,
                                         l2_prefetch=l2_prefetch,
-                                        l1_bypass=l1_bypass).items()
+                                        l1_bypass=l1_bypass,
+                                        bypass_from=bypass_from).items()
              if v_ is not None}
     tgt = device_target()
     # the tensor-core split where the shape takes it and no knob of the
-    # CUDA-core split's own (chunks, prefetch, stages, unroll past 4) was asked for
-    if mma is None and not {"chunks", "prefetch", "stages"} & knobs.keys() \
-            and knobs.get("unroll", 1) <= 4 and _fd.mma_fits(d, n_q // n_kv, kv_dtype):
-        knobs = {**_fd.MMA_KNOBS, **knobs}
+    # CUDA-core split's own was asked for
+    knobs = _fd.op_knobs(knobs, d, n_q // n_kv, kv_dtype)
     spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
                                pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl),
                                **knobs)

@@ -147,9 +147,17 @@ class FlashDecodeSpec:
     l1_bypass : bool
         (``mma`` only.)  The K/V loads after the wait are
         ``ld.global.nc.L1::no_allocate``: the cache passes by L1 without
-        taking its lines.  Where one call follows another over the same
-        cache (a benchmark's chain) an SM's share of a short cache stays in
-        L1 between calls otherwise; in a decode step each layer reads its own.
+        taking its lines.  Measured on the H100 (docs/kernels.md): faster in
+        a decode step and from 16K in a chain of calls over one cache, but
+        2.6 and 5 µs slower at 4K and 8K in that chain, where the cache
+        largely stays in L2 between calls (``ld.global.cg`` loads, which
+        skip L1 too, do not lose there; the cause was not found).
+    bypass_from : int
+        (``l1_bypass`` only.)  0 (default): the loads bypass L1 at every
+        length.  ``t >= 1``: only where every warp has at least ``t`` trips
+        (``kv_len >= t * splits * warps * 16 * unroll``, decided in the
+        kernel); shorter lengths run a second copy of the loop whose loads
+        take L1 lines as without ``l1_bypass``.
     combine_warps : {1, 2, 4, 8, 16}
         Warps of a combine block (one block per query head; default 2).
         Each warp keeps a running merge of splits ``w, w + warps, ...`` in
@@ -198,6 +206,7 @@ class FlashDecodeSpec:
     interleave: int = attrs.field(default=0)
     l2_prefetch: bool = attrs.field(default=False)
     l1_bypass: bool = attrs.field(default=False)
+    bypass_from: int = attrs.field(default=0)
     combine_warps: int = attrs.field(default=COMBINE_WARPS,
                                      validator=attrs.validators.in_((1, 2, 4, 8, 16)))
     target: str = attrs.field(default="sm_80", validator=attrs.validators.in_(tuple(TARGETS)))
@@ -253,6 +262,14 @@ class FlashDecodeSpec:
         if v and not self.mma:
             raise ValueError(f"{attr.name} is built for the tensor-core split (mma=True), "
                              "whose K/V loads it marks")
+
+    @bypass_from.validator
+    def _check_bypass_from(self, _, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 64):
+            raise ValueError(f"bypass_from must be an int in 0..64 (trips per warp), got {v!r}")
+        if v and not self.l1_bypass:
+            raise ValueError("bypass_from chooses where l1_bypass applies; it needs "
+                             "l1_bypass=True")
 
     @per_sm.validator
     def _check_per_sm(self, _, v):
@@ -364,6 +381,7 @@ class FlashDecodeSpec:
                 + ("e" if self.early_kv else "")
                 + (f"i{self.interleave}" if self.interleave else "")
                 + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
+                + (str(self.bypass_from) if self.bypass_from else "")
                 + (f"_fused{self.merge_unroll}" if self.fused_combine else ""))
 
     @property
@@ -776,20 +794,21 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             return ([k.min(kb + (8 * j) + g, lastc) for j in range(2)]
                     + [k.min(kb + 2 * t + r, lastc) for r in (0, 1, 8, 9)])
 
-        def row_words(n, row, cg=False):
+        def row_words(n, row, cg=False, evict=None):
             """The lane's words of row ``row``: of K (``n < 2``: chunks ``t +
-            4 i``) or of V (chunks ``8 g + 64 c``)."""
+            4 i``) or of V (chunks ``8 g + 64 c``); ``evict`` the L1 hint of
+            the ``.nc`` loads."""
             ptr, first, nchunk, stride = ((kc, 8 * t, KC, 32) if n < 2 else
                                           (vc, 8 * g, VC, 64))
             idx = (row0 + row) * d + first
             return [list(k.ld(ptr[idx + stride * c_], ty=b32, vec=4, nc=not cg,
                               cache="cg" if cg else None, prefetch=l2,
-                              evict=None if cg else l1))
+                              evict=None if cg else evict))
                     for c_ in range(nchunk)]
 
-        def trip_loads(base, cg=False):
+        def trip_loads(base, cg=False, evict=None):
             """Per chunk ``u``: the words of its 6 rows (K j = 0, 1, V r)."""
-            return [[row_words(n, row, cg) for n, row in
+            return [[row_words(n, row, cg, evict) for n, row in
                      enumerate(chunk_rows(base + wofs + CH * u))] for u in range(U)]
 
         def as_vars(words):
@@ -871,16 +890,28 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
                         for r, x in zip(acc, k.mma_m16n8k16(pa, b, tuple(acc))):
                             k.assign(r, x)
 
+        loop_from = start
         if early:
             # the first trip on the words loaded before the wait, the rest
             # loading theirs at the top of the trip, as without early_kv
             with k.if_(start < end):
                 trip(start, first)
-            with k.for_range(start + stride, end, stride) as base:
-                trip(base, trip_loads(base))
+            loop_from = start + stride
+
+        def loop(evict):
+            with k.for_range(loop_from, end, stride) as base:
+                trip(base, trip_loads(base, evict=evict))
+
+        if spec.bypass_from:
+            # two copies of the loop: the loads bypass L1 only from
+            # bypass_from rounds of trips on
+            with k.if_else(L >= nsplit * (CH * U * NW * spec.bypass_from)) as (by, plain):
+                with by:
+                    loop(l1)
+                with plain:
+                    loop(None)
         else:
-            with k.for_range(start, end, stride) as base:
-                trip(base, trip_loads(base))
+            loop(l1)
 
         # the warp's partial: the head's sum over its 4 lanes; o = hi + lo 2^-11
         l_run = l_run + k.shfl_xor(l_run, 1)
@@ -1193,7 +1224,8 @@ def resident_blocks(spec: FlashDecodeSpec) -> int:
     return max(1, n)
 
 
-MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "interleave": 2, "l2_prefetch": True}
+MMA_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "interleave": 2, "l2_prefetch": True,
+             "l1_bypass": True, "bypass_from": 6}
 """The tensor-core split's knobs where no others are asked for (fastest of
 those measured alone on the H100, docs/kernels.md): one chunk of 16 keys a
 trip, dealt round robin from two rounds on.  Against the 2 chunks a trip of
@@ -1202,7 +1234,10 @@ before, contiguous (2 rounds of a chain of calls, µs at L = 1K / 4K / 8K /
 5.48 / 7.49-7.57 / 10.03-10.13 / 27.56-27.61 / 49.20-49.74.  The K/V loads'
 ``.L2::256B`` hint (``l2_prefetch``), 5 rounds over two calls: 16K
 27.44-27.81 -> 27.05-27.44, 32K 49.30-49.79 -> 48.83-49.24, 4K and 8K
-0.15-0.25 slower."""
+0.15-0.25 slower.  ``.L1::no_allocate`` from six rounds on (``l1_bypass``,
+``bypass_from``; 12288 keys at 16 splits), 5 rounds: 16K 27.08-27.27 ->
+26.79-27.07, the other lengths level (at every length it would cost 4K and
+8K 2.6 and 5 µs)."""
 
 
 def _mma_shape_misses(head_dim: int, group: int, kv_dtype: str) -> list:
@@ -1216,6 +1251,21 @@ def mma_fits(head_dim: int, group: int, kv_dtype: str) -> bool:
     """Whether the tensor-core split (``mma=True``) takes this shape (every
     ptxgen target, sm_80 and newer, has ``mma.sync.m16n8k16``)."""
     return not _mma_shape_misses(head_dim, group, kv_dtype)
+
+
+def op_knobs(given: dict, head_dim: int, group: int, kv_dtype: str) -> dict:
+    """The spec knobs ``ops.flash_decode`` builds with: :data:`MMA_KNOBS`
+    under the knobs ``given`` where the shape takes the tensor-core split and
+    no knob of the CUDA-core split's own (``chunks``, ``prefetch``,
+    ``stages``, ``unroll`` past 4) nor ``mma`` was given; else ``given``.
+    ``bypass_from`` comes with the default ``l1_bypass`` only."""
+    if "mma" in given or {"chunks", "prefetch", "stages"} & given.keys() \
+            or given.get("unroll", 1) > 4 or not mma_fits(head_dim, group, kv_dtype):
+        return dict(given)
+    knobs = {**MMA_KNOBS, **given}
+    if not knobs.get("l1_bypass") and "bypass_from" not in given:
+        del knobs["bypass_from"]
+    return knobs
 
 
 def choose_splits(spec: FlashDecodeSpec, sm_count: int, n_kv_heads: int, capacity: int,

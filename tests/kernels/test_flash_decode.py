@@ -105,6 +105,10 @@ EMU_SPECS = [
                       l2_prefetch=True),
     F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
                       l2_prefetch=True, l1_bypass=True),
+    # L1 bypassed from one round on (96 keys on 3 splits): L = 100 runs the
+    # bypassing copy of the loop, 1, 7 and 33 the other
+    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
+                      l2_prefetch=True, l1_bypass=True, bypass_from=1),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
@@ -172,7 +176,9 @@ GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
              "mma_w8eil": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
                                l2_prefetch=True),
              "mma_w8eiln": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
-                                l2_prefetch=True, l1_bypass=True)}
+                                l2_prefetch=True, l1_bypass=True),
+             "mma_w8iln6": dict(mma=True, warps=8, unroll=1, interleave=2, l2_prefetch=True,
+                                l1_bypass=True, bypass_from=6)}
 
 
 @pytest.mark.gpu
@@ -217,10 +223,31 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma):
                                  dict(mma=True, unroll=5), dict(mma=1),
                                  dict(interleave=1), dict(mma=True, interleave=True),
                                  dict(mma=True, interleave=65), dict(l2_prefetch=True),
-                                 dict(mma=True, l2_prefetch=1), dict(l1_bypass=True)])
+                                 dict(mma=True, l2_prefetch=1), dict(l1_bypass=True),
+                                 dict(mma=True, bypass_from=2),
+                                 dict(mma=True, l1_bypass=True, bypass_from=True),
+                                 dict(mma=True, l1_bypass=True, bypass_from=65)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
         F.FlashDecodeSpec(**bad)
+
+
+@pytest.mark.parametrize("given,want", [
+    ({}, F.MMA_KNOBS),
+    ({"l1_bypass": False}, {**F.MMA_KNOBS, "l1_bypass": False, "bypass_from": None}),
+    ({"bypass_from": 3}, {**F.MMA_KNOBS, "bypass_from": 3}),
+    ({"warps": 4, "interleave": 0}, {**F.MMA_KNOBS, "warps": 4, "interleave": 0}),
+    ({"stages": 3}, {"stages": 3}), ({"mma": False}, {"mma": False}),
+    ({"unroll": 5}, {"unroll": 5})])
+def test_op_knobs(given, want):
+    """ops.flash_decode's knobs: the tensor-core defaults under the given
+    ones, the default bypass threshold dropped with the bypass; each makes a
+    spec."""
+    got = F.op_knobs(given, 128, 4, "f16")
+    assert got == {k: v for k, v in want.items() if v is not None}
+    F.FlashDecodeSpec(head_dim=128, group=4, **got)
+    # shapes the tensor-core split does not take keep the knobs given
+    assert F.op_knobs({}, 128, 4, "f32") == {} and F.op_knobs({}, 256, 2, "f16") == {}
 
 
 def test_choose_splits():
