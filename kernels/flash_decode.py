@@ -67,10 +67,10 @@ import numpy as np
 import ptxgen
 from ptxgen import registry
 from ptxgen.target import CTA_RESERVED_SHARED, MAX_STATIC_SHARED, TARGETS
-from ptxgen.types import b32, f16, f32, s32, u8, u32, u64
+from ptxgen.types import b32, f16, f32, s32, u8, u32
 
 from .gemv_common import MAX_RING_BYTES
-from .spec_fields import has_bulk_copy, pdl_field, pdl_prologue, pdl_wait
+from .spec_fields import pdl_field, pdl_prologue, pdl_wait
 
 LOG2E = 1.0 / math.log(2.0)
 NEG = -1.0e30           # finite "minus infinity" for running maxima
@@ -120,10 +120,7 @@ class FlashDecodeSpec:
         the block streams its tiles through a ring of that many
         shared-memory stages with ``cp.async`` (``stages - 1`` tiles in
         flight, holding no registers; ``prefetch`` is then unused); the
-        split kernel takes ``ring_bytes`` of dynamic shared memory.  With
-        ``mma`` (sm_90): each warp streams its own trips through its slots
-        of the stages, filled by the bulk copy engine
-        (:func:`_mma_ring_loop`).
+        split kernel takes ``ring_bytes`` of dynamic shared memory.
     mma : bool
         The split on tensor cores (``mma.sync``, f16 cache, head_dim 64 or
         128, group at most 8): q and the probabilities enter as two f16
@@ -296,15 +293,10 @@ class FlashDecodeSpec:
             bad = _mma_shape_misses(self.head_dim, self.group, self.kv_dtype) + [
                 what for what, ok in (
                 ("chunks=1", self.chunks == 1),
-                ("no ring (stages=0) before sm_90's bulk copies",
-                 not self.stages or has_bulk_copy(self.target)),
+                ("no ring (stages=0)", not self.stages),
                 ("unroll at most 4", self.unroll <= 4)) if not ok]
             if bad:
                 raise ValueError("mma=True needs " + ", ".join(bad))
-            if self.stages and (self.early_kv or self.l2_prefetch or self.l1_bypass):
-                raise ValueError("the tensor-core split's ring (stages) is filled by bulk "
-                                 "copies: early_kv, l2_prefetch and l1_bypass apply to its "
-                                 "register loads only")
         if self.interleave and not self.mma:
             raise ValueError("interleave needs the tensor-core split (mma=True)")
         if self.early_kv and not self.early_kv_possible:
@@ -327,12 +319,6 @@ class FlashDecodeSpec:
             raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
                              f"warps needs {self.shared_bytes} bytes of shared memory "
                              f"(limit {MAX_STATIC_SHARED}); use fewer warps")
-
-    @property
-    def bulk(self) -> bool:
-        """Whether the split's ring is filled by the bulk copy engine (the
-        tensor-core split with ``stages``, sm_90)."""
-        return self.mma and bool(self.stages)
 
     @property
     def elems_per_lane(self) -> int:
@@ -916,10 +902,7 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
             with k.for_range(loop_from, end, stride) as base:
                 trip(base, trip_loads(base, evict=evict))
 
-        if spec.stages:
-            _mma_ring_loop(k, spec, kc, vc, row0, start, end, stride, wofs, lastc, warp, lane,
-                           chunk_rows, trip)
-        elif spec.bypass_from:
+        if spec.bypass_from:
             # two copies of the loop: the loads bypass L1 only from
             # bypass_from rounds of trips on
             with k.if_else(L >= nsplit * (CH * U * NW * spec.bypass_from)) as (by, plain):
@@ -951,95 +934,6 @@ def _build_split_mma(m, spec: FlashDecodeSpec):
         if fused:
             k.place(merge)
             _fused_merge(k, spec, part_o, part_ml, out, counter, h, nsplit, tid)
-
-
-def _mma_ring_loop(k, spec, kc, vc, row0, start, end, stride, wofs, lastc, warp, lane,
-                   chunk_rows, trip):
-    """The tensor-core split's trips through a per-warp ring of
-    ``spec.stages`` shared-memory stages filled by the bulk copy engine
-    (sm_90): each warp streams its own trips, ``stages - 1`` of them in flight
-    without registers, and no warp waits for another.
-
-    Warp ``w``'s slot of a stage holds its trip's ``16 unroll`` K rows, then
-    as many V rows (contiguous in the cache, so one bulk copy each).  Lane 0
-    copies the trip's rows from ``kb`` (the warp's first key) up to ``end``
-    (at least one row: a trip wholly past ``end``, masked in the math, copies
-    row ``lastc``), onto the stage's mbarrier; every lane then reads its
-    words of rows clamped as the register path clamps them, so a row past
-    the copied ones is never read and the math sees the same words.  Per
-    trip ``i``::
-
-        bar.sync 1 + w, 32          the warp is done with trip i - 1's stage
-        lane 0: trip i + S - 1 into that stage (expect_tx, two bulk copies)
-        mbarrier wait on the stage of trip i, parity (i / S) & 1
-        read the words, the trip's math
-
-    Every copy issued is waited for in the loop, so none is in flight when
-    the block's shared memory is reused."""
-    S, U, CH, NW = spec.stages, spec.unroll, 16, spec.warps
-    rowb = spec.row_bytes
-    keys = CH * U
-    mat = keys * rowb                        # a warp's K (or V) rows of a trip
-    wslot = 2 * mat
-    ring = k.dynamic_shared("ring", u8)
-    full = k.shared_array("ring_full", u64, S * NW)
-    wbar = warp * S                          # the warp's first mbarrier
-    mine = warp * wslot                      # the warp's slot in a stage
-    with k.if_(lane.eq(0)):
-        for s_ in range(S):
-            k.mbarrier_init(full[wbar + s_], 1)
-        k.fence_mbarrier_init()
-    k.bar_sync(warp + 1, 32)
-
-    def src_row(kb):
-        """The first row a trip at ``kb`` copies (``lastc`` past the end)."""
-        return k.min(kb, lastc)
-
-    def issue(base, si):
-        """Lane 0: trip ``base``'s rows into stage ``si``."""
-        kb = base + wofs
-        with k.if_(k.setp("lt", base, end, combine=("and", lane.eq(0)))):
-            nrows = k.select(kb < end, k.min(end - kb, keys), k.mov(1, u32))
-            nbytes = nrows * rowb
-            bar = full[wbar + si]
-            k.mbarrier_arrive_expect_tx(bar, nbytes << 1)
-            first = (row0 + src_row(kb)) * spec.head_dim
-            dst = si * spec.stage_bytes + mine
-            k.cp_async_bulk(ring[dst], kc[first], nbytes, bar)
-            k.cp_async_bulk(ring[dst + mat], vc[first], nbytes, bar)
-
-    for j in range(S - 1):
-        issue(start + j * stride if j else start, k.mov(j, u32))
-    si = k.var(u32, 0)                       # the stage of trip i
-    parity = k.var(u32, 0)                   # the phase trip i completes
-    KC, VC = spec.head_dim // 32, spec.head_dim // 64
-    kfirst, vfirst = (lane & 3) << 4, (lane >> 2) << 4
-    with k.for_range(start, end, stride) as base:
-        # trip i + S - 1 goes to the stage trip i - 1 used, once every lane
-        # of the warp has read it
-        k.bar_sync(warp + 1, 32)
-        issue(base + (S - 1) * stride, k.select(si.eq(0), k.mov(S - 1, u32), si - 1))
-        k.mbarrier_wait(full[wbar + si], parity)
-        kb = base + wofs
-        r0 = src_row(kb)
-        stage = si * spec.stage_bytes + mine
-        words = []
-        for u in range(U):
-            rows = []
-            for n, row in enumerate(chunk_rows(kb + CH * u)):
-                # K: 16-byte chunks t + 4 i of the row; V: 8 g + 64 c (halves)
-                first, nchunk, step = (kfirst, KC, 64) if n < 2 else (vfirst, VC, 128)
-                at = stage + (row - r0) * rowb + first
-                if n >= 2:
-                    at = at + mat
-                rows.append([list(k.ld(ring[at + step * c_] if c_ else ring[at], ty=b32,
-                                       vec=4)) for c_ in range(nchunk)])
-            words.append(rows)
-        trip(base, words)
-        nxt = si + 1
-        wrap = nxt.eq(S)
-        k.assign(si, k.select(wrap, k.mov(0, u32), nxt))
-        k.assign(parity, k.select(wrap, parity ^ 1, parity))
 
 
 def _leaves(tree):

@@ -109,32 +109,10 @@ EMU_SPECS = [
     # bypassing copy of the loop, 1, 7 and 33 the other
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
                       l2_prefetch=True, l1_bypass=True, bypass_from=1),
-    # the tensor-core split through per-warp rings filled by bulk copies
-    # (sm_90): 16-key trips contiguous, then 32-key trips round robin
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, stages=3,
-                      target="sm_90"),
-    F.FlashDecodeSpec(head_dim=128, group=5, warps=2, unroll=2, mma=True, stages=2,
-                      interleave=1, fused_combine=True, target="sm_90"),
     # a combine of one warp (registers only) and of two (shared memory)
     F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
     F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
 ]
-
-
-@pytest.mark.parametrize("spec", [
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, stages=2,
-                      target="sm_90"),
-    F.FlashDecodeSpec(head_dim=64, group=2, warps=1, unroll=2, mma=True, stages=3,
-                      interleave=1, target="sm_90")], ids=lambda s: s.kernel_name)
-def test_flash_decode_ring_reuse(run, spec):
-    """The bulk-copy ring of the tensor-core split over many trips a warp
-    (2 splits of up to 256 keys: 8 trips a warp, every stage reused with
-    both parities), the last trip partial and, at L = 45, trips wholly past
-    a split's keys."""
-    q, kc, vc = _data(2, spec.group, 512, 64, np.float16, 11)
-    lengths = [512, 301, 45]
-    for L, out in zip(lengths, _run(run, spec, q, kc, vc, lengths, n_splits=2)):
-        assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
 
 
 @pytest.mark.parametrize("spec", EMU_SPECS, ids=lambda s: s.kernel_name)
@@ -199,8 +177,6 @@ GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
                                l2_prefetch=True),
              "mma_w8eiln": dict(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
                                 l2_prefetch=True, l1_bypass=True),
-             "mma_w8s3i": dict(mma=True, warps=8, unroll=1, interleave=2, stages=3,
-                               target="sm_90"),
              "mma_w8iln6": dict(mma=True, warps=8, unroll=1, interleave=2, l2_prefetch=True,
                                 l1_bypass=True, bypass_from=6)}
 
