@@ -30,8 +30,9 @@ def main():
     vc = D(rng.standard_normal((8, 2048, 128)).astype(np.float16))
     for L in (1, 7, 1000, 2048):
         # the tensor-core split (the default here; its keys dealt round robin
-        # from one round on, which L = 2048 reaches), the CUDA-core split's
-        # register and ring paths, each split with early_kv
+        # from two rounds on, and with interleave=1 from one, which L = 2048
+        # reaches), the CUDA-core split's register and ring paths, each
+        # split with early_kv
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), interleave=1)
@@ -39,6 +40,9 @@ def main():
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False, early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
+        # the L1-bypassing copy of the loop from one round on (L = 2048; the
+        # default's six rounds are past this cache)
+        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), bypass_from=1)
     ops.kv_append(D(f(8, 128)), D(f(8, 128)), kc, vc, i32(2047))
     for qt in ("Q4_K", "Q6_K", "Q8_0"):
         raw = quants.quantize(f(3, 512), qt)
