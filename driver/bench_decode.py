@@ -164,6 +164,8 @@ def run_all(verbose: bool = True) -> dict:
         q = torch.randn(n_q, d, device="cuda")
         o = torch.empty(n_q, d, device="cuda")
         dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
+        from .llama import MODEL_FLASH_KNOBS
+        step_knobs = {**MODEL_FLASH_KNOBS, "early_kv": True}     # as LlamaModel runs it
         for L in (1024, 4096, 16384, 32768):
             lens = _i32(torch, L)
             dl = _dev(lens)
@@ -173,6 +175,12 @@ def run_all(verbose: bool = True) -> dict:
             vt = vc[:, :L].unsqueeze(0).contiguous()
             theirs = _torch(lambda: F.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
             rec(f"flash_decode_L{L}", ours, theirs, nbytes=2 * n_kv * L * d * 2)
+            # the configuration the decode step runs (early_kv: the length and
+            # the first trip read before the PDL wait; the call before in this
+            # chain, a combine, writes nothing the split reads)
+            step = _ours(lambda s: ops.flash_decode(dq, dk, dv, dl, out=do, stream=s,
+                                                    **step_knobs), stream)
+            rec(f"flash_decode_step_L{L}", step, theirs, nbytes=2 * n_kv * L * d * 2)
             # variants (combine, merge, split kernel) at the same length
             sweep = {}
             for name, kw in FD_VARIANTS.items():
