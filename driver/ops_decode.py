@@ -233,7 +233,8 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     ``mma`` (the split on tensor cores; None: on where the shape allows, f16
     cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
     ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
-    ``flash_decode.MMA_KNOBS`` under the knobs given), ``per_sm``,
+    ``flash_decode.MMA_KNOBS`` under the knobs given: ``flash_decode.op_knobs``),
+    ``per_sm``,
     ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass``,
     ``bypass_from`` pick the
     spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
