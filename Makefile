@@ -33,7 +33,7 @@ demo: $(STAMP)
 	$(PY) -m ptxgen demo
 
 bench: $(STAMP)
-	$(PY) -m ptxgen.driver.bench_all bench-results $(BENCH_ARGS)
+	$(PY) -m benchmarks.bench_all bench-results $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -41,8 +41,8 @@ def run_command(argv) -> int:
     p.add_argument("--capacity", type=int, default=None, help="KV cache length")
     p.add_argument("--summary", action="store_true", help="print the decode graph summary")
     a = p.parse_args(argv)
-    from .gguf_loader import GGUFError
-    from .llama import ContextOverflowError, LlamaModel
+    from .model.gguf_loader import GGUFError
+    from .model.llama import ContextOverflowError, LlamaModel
     try:
         model = LlamaModel.from_gguf(a.model, backend=a.backend, capacity=a.capacity)
         if a.summary:
@@ -65,9 +65,9 @@ def demo_command(argv) -> int:
     p.add_argument("--keep", metavar="DIR", help="keep the generated GGUF in DIR")
     a = p.parse_args(argv)
     from .backend import get_backend
-    from .gguf_synth import write_synthetic_llama
-    from .llama import LlamaModel
-    from .llama_ref import LlamaReference
+    from .model.gguf_synth import write_synthetic_llama
+    from .model.llama import LlamaModel
+    from .model.llama_ref import LlamaReference
 
     be = get_backend(a.backend)
     n_new = a.max_new_tokens or (24 if be.name == "cuda" else 4)

@@ -3,4 +3,4 @@
 # has its own python3 with torch).  JSON per part in $OUT.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-timeout 560 python3 -m ptxgen.driver.bench_all "$OUT" ${BENCH_SKIP:+--skip $BENCH_SKIP} 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -120
+timeout 560 python3 -m benchmarks.bench_all "$OUT" ${BENCH_SKIP:+--skip $BENCH_SKIP} 2>&1 | tee "$OUT/bench.log" | grep -v "^\s*$" | tail -120

@@ -9,9 +9,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ptxgen.driver import gguf_synth  # noqa: E402
-from ptxgen.driver.gguf_synth import PRESETS, write_synthetic_llama  # noqa: E402
-from ptxgen.driver.llama_ref import (LlamaReference, attention, load_llama_gguf,  # noqa: E402
+from ptxgen.driver.model import gguf_synth  # noqa: E402
+from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama  # noqa: E402
+from ptxgen.driver.model.llama_ref import (LlamaReference, attention, load_llama_gguf,  # noqa: E402
                                      rms_norm, rope_norm, silu)
 
 TINY = PRESETS["tiny"]

@@ -112,9 +112,9 @@ def test_emulator_checks_pdl_launches():
 
 def test_enable_pdl_rewrites_launches_and_the_emulator_runs_them(tmp_path):
     pytest.importorskip("gguf")
-    from ptxgen.driver.gguf_synth import write_synthetic_llama
-    from ptxgen.driver.llama import LlamaModel
-    from ptxgen.driver.llama_ref import LlamaReference
+    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.driver.model.llama_ref import LlamaReference
     path = str(tmp_path / "tiny.gguf")
     write_synthetic_llama(path, n_layers=1, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
                           vocab=512, context_length=64)

@@ -10,7 +10,7 @@ echo "== gpu tests"
 timeout 120 python3 -m pytest tests/kernels -m gpu -q -p no:cacheprovider -rfE \
   --junitxml="$OUT/gpu_tests.xml" 2>&1 | tee "$OUT/gpu_tests.log" | tail -40
 echo "== bench"
-timeout 85 python3 -m ptxgen.driver.bench_decode "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+timeout 85 python3 -m benchmarks.bench_decode "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
 echo "== memcheck"
 timeout 30 compute-sanitizer --tool memcheck --error-exitcode 3 python3 tests/kernels/sanitize_decode.py \
   2>&1 | tail -15 | tee "$OUT/memcheck.log"

@@ -59,8 +59,8 @@ def main():
                       threads=128)
     driver.get_device().synchronize()
     import tempfile
-    from ptxgen.driver.gguf_synth import write_synthetic_llama
-    from ptxgen.driver.llama import LlamaModel
+    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    from ptxgen.driver.model.llama import LlamaModel
     with tempfile.TemporaryDirectory() as tmp:
         path = tmp + "/tiny.gguf"
         write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,

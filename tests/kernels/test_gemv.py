@@ -617,13 +617,13 @@ def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype):
 
 
 def test_ab_configs_name_valid_specs(ptxas):
-    """Every variant of the knob A/B configs in scripts/ab/ is a spec the
+    """Every variant of the knob A/B configs in benchmarks/ab/ is a spec the
     builder accepts and ptxas assembles for sm_90 without spilling
-    (python -m ptxgen.driver.bench_gemv_ab would otherwise find out on the
+    (python -m benchmarks.bench_gemv_ab would otherwise find out on the
     GPU machine)."""
     import json
     import pathlib
-    cfgs = sorted((pathlib.Path(__file__).parents[2] / "scripts" / "ab").glob("*.json"))
+    cfgs = sorted((pathlib.Path(__file__).parents[2] / "benchmarks" / "ab").glob("*.json"))
     assert cfgs
     for path in cfgs:
         for shape in json.loads(path.read_text())["shapes"]:

@@ -7,9 +7,9 @@ import pytest
 pytest.importorskip("gguf")
 
 from backends import cuda_available
-from ptxgen.driver.gguf_synth import write_synthetic_llama
-from ptxgen.driver.llama import ContextOverflowError, LlamaModel
-from ptxgen.driver.llama_ref import LlamaReference
+from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+from ptxgen.driver.model.llama import ContextOverflowError, LlamaModel
+from ptxgen.driver.model.llama_ref import LlamaReference
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
@@ -83,7 +83,7 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
     """Each ring GEMV of the graph asks for the shared memory that holds at
     most ceil(grid / SMs) of its CTAs on an SM (where its ring alone would
     allow more), and the attention split takes the model's flash knobs."""
-    from ptxgen.driver.llama import MODEL_FLASH_KNOBS
+    from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
     from ptxgen.kernels import gemv as G
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=60)
     rings = [L for op in m.graph.ops for L in op.launches
@@ -155,7 +155,7 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     """bench_model's ablation (timing what an op kind costs) builds the graph
     without those ops' launches, keeps everything else, and restores
     ComputeGraph.add afterwards even when the build fails."""
-    from ptxgen.driver import bench_model
+    from benchmarks import bench_model
     from ptxgen.driver.executor import ComputeGraph
     add = ComputeGraph.add
     full = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
@@ -168,7 +168,7 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     assert cut.graph.launch_count == (full.graph.launch_count - per_kind["RmsNorm"]
                                       - per_kind["Attention"])
     assert [op.kind for op in cut.graph.ops] == [op.kind for op in full.graph.ops]
-    from ptxgen.driver.gguf_loader import GGUFError
+    from ptxgen.driver.model.gguf_loader import GGUFError
     with pytest.raises(GGUFError):
         with bench_model._without({"RmsNorm"}):
             LlamaModel.from_gguf(__file__, backend="emu", progress=False)
@@ -230,7 +230,7 @@ def test_gpu_graph_replay_equals_eager_bit_for_bit(tiny):
 @pytest.mark.gpu
 @gpu
 def test_gpu_errors_leave_context_usable(tiny, tmp_path):
-    from ptxgen.driver.gguf_loader import GGUFError
+    from ptxgen.driver.model.gguf_loader import GGUFError
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(open(tiny, "rb").read()[:100_000])
     with pytest.raises(GGUFError, match="truncated"):
@@ -283,7 +283,7 @@ def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path):
     """16 query heads of 128 per KV head: 8 warps' partials would overflow
     the split's 48 KB of static shared memory, so the kernel's own knobs are
     used (and knobs a caller gives are kept)."""
-    from ptxgen.driver.llama import MODEL_FLASH_KNOBS
+    from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
     path = str(tmp_path / "g16.gguf")
     write_synthetic_llama(path, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
     for knobs in (None, {"unroll": 2}):

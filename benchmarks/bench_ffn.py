@@ -1,6 +1,6 @@
 """The Llama-3-8B FFN as one persistent kernel against two GEMVs (GPU).
 
-``python -m ptxgen.driver.bench_ffn [OUT.json]``: gate/up + SwiGLU (2 ×
+``python -m benchmarks.bench_ffn [OUT.json]``: gate/up + SwiGLU (2 ×
 14336×4096) then down + residual (4096×14336), all Q4_K, over 8 layers of
 distinct random weights (so L2 does not serve them), launched with
 programmatic dependent launch and replayed from a CUDA graph:
@@ -43,10 +43,10 @@ def main(argv=None, variants=None):
     import torch
 
     from . import bench_gemv as BG
-    from . import ops_gemv
+    from ptxgen.driver import ops_gemv
     from .bench_common import copy_bandwidth
-    from .launch import launch
-    from .memory import DeviceArray
+    from ptxgen.driver.launch import launch
+    from ptxgen.driver.memory import DeviceArray
     argv = sys.argv[1:] if argv is None else argv
     variants = VARIANTS if variants is None else variants
     gen = torch.Generator(device="cuda")

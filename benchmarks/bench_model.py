@@ -1,6 +1,6 @@
 """Decode-step benchmark of a Llama-3-8B-shaped Q4_K model (GPU).
 
-``python -m ptxgen.driver.bench_model [OUT.json] [--gguf PATH]`` writes the
+``python -m benchmarks.bench_model [OUT.json] [--gguf PATH]`` writes the
 synthetic model (32 layers, hidden 4096, FFN 14336, 32/8 heads, vocab
 128256; Q4_K weights, Q6_K output) unless ``--gguf`` names one, then times
 the decode step at contexts 128 and 4096 in eager mode (one Python launch
@@ -95,7 +95,7 @@ def _without(kinds):
     """While open, ops of the given kinds (``"RmsNorm"``, ``"Attention"`` ...)
     join a graph with no launches: an ablation for timing only (the step's
     numbers are then garbage; what the other kernels read is not)."""
-    from .executor import ComputeGraph
+    from ptxgen.driver.executor import ComputeGraph
     add = ComputeGraph.add
     kinds = frozenset(kinds)
 
@@ -114,8 +114,8 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
     :class:`LlamaModel` keyword arguments; default: the ones below).  A
     configuration's ``"drop"`` entry (op kinds) builds the model without
     those ops' launches, to time what they cost (:func:`_without`)."""
-    from .gguf_synth import write_synthetic_llama
-    from .llama import LlamaModel
+    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    from ptxgen.driver.model.llama import LlamaModel
     tmp = None
     if gguf_path is None:
         tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")

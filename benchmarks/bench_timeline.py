@@ -1,6 +1,6 @@
 """Where a decode step's time goes between and inside its kernels.
 
-``python -m ptxgen.driver.bench_timeline [--contexts 128,4096] [--gguf MODEL]`` loads
+``python -m benchmarks.bench_timeline [--contexts 128,4096] [--gguf MODEL]`` loads
 the Llama-3-8B-shaped synthetic model of :mod:`bench_model` with every kernel
 instrumented (:mod:`ptxgen.driver.timeline`), replays one decode step from its
 CUDA graph and prints, per op kind averaged over the layers:
@@ -34,7 +34,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from . import timeline
+from ptxgen.driver import timeline
 
 def _step_ms(model, ctx, n=30):
     from .bench_model import _measure
@@ -171,8 +171,8 @@ def main(argv=None):
         ap.error(f"--gemv-knobs: a JSON object of epilogue -> overrides, got {args.gemv_knobs!r}")
     from .bench_common import copy_bandwidth
     from .bench_model import _without
-    from .gguf_synth import write_synthetic_llama
-    from .llama import LlamaModel
+    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    from ptxgen.driver.model.llama import LlamaModel
     path = args.gguf
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="ptxgen-timeline-"), "llama3-8b-q4k.gguf")

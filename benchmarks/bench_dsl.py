@@ -1,6 +1,6 @@
 """Emission speed of the DSL: instructions built and emitted per second.
 
-``python -m ptxgen.bench`` times two workloads, seven runs each:
+``python -m benchmarks.bench_dsl`` times two workloads, seven runs each:
 
 - ``kernels``: every registered canonical kernel (GEMV, flash decode,
   RMSNorm, ... about 7,000 instructions) built and emitted three times over;

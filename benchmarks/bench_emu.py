@@ -1,6 +1,6 @@
 """Emulator speed: thread-instructions per second on this machine.
 
-``python -m ptxgen.emu.bench [--repeat N]`` runs the block reduction
+``python -m benchmarks.bench_emu [--repeat N]`` runs the block reduction
 (256 threads per block) and vector add canonical kernels on fresh random
 inputs, checks their results, and prints a table.  A thread-instruction is
 one PTX instruction issued for one thread of the running group.
@@ -14,14 +14,14 @@ import time
 
 import numpy as np
 
-from .. import registry
-from . import DeviceArray, Module, launch
+from ptxgen import registry
+from ptxgen.emu import DeviceArray, Module, launch
 
 __all__ = ["measure", "main"]
 
 
 def _reduce_case(n, grid):
-    from ..kernels import reduce as rk
+    from ptxgen.kernels import reduce as rk
     spec = registry.canonical_specs()["block_reduce"][1]
     fn = Module.from_ptx(rk.build(spec))[spec.kernel_name]
     x = np.random.default_rng().uniform(-1, 1, n).astype(np.float32)
@@ -40,7 +40,7 @@ def _reduce_case(n, grid):
 
 
 def _vadd_case(n):
-    from ..kernels import vector_add as vk
+    from ptxgen.kernels import vector_add as vk
     spec = registry.canonical_specs()["vector_add"][1]
     fn = Module.from_ptx(vk.build(spec))[spec.kernel_name]
     rng = np.random.default_rng()

@@ -1,6 +1,6 @@
 """``make bench``: every benchmark in one run, results as JSON.
 
-``python -m ptxgen.driver.bench_all [OUT_DIR] [--skip model,...]`` runs the
+``python -m benchmarks.bench_all [OUT_DIR] [--skip model,...]`` runs the
 driver (launch, graph, module-load) benchmark, the GEMV, decode-kernel and
 Llama-decode benchmarks on the GPU, the streaming ceiling of the same
 positions (``bench_ceiling``), plus the CPU-side DSL emission and
@@ -21,13 +21,13 @@ PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model", "ceiling")
 
 def _run(name):
     if name == "emit":
-        from ptxgen import bench
+        from . import bench_dsl as bench
         return bench.main()
     if name == "emulator":
-        from ptxgen.emu import bench
+        from . import bench_emu as bench
         return bench.main([])
     if name == "driver":
-        from . import bench
+        from . import bench_driver as bench
         return bench.run_all()
     if name == "gemv":
         from . import bench_gemv

@@ -1,6 +1,6 @@
 """One Llama-3-8B layer's four Q4_K GEMVs as a chain, and grid-sizing variants.
 
-``python -m ptxgen.driver.bench_layer [--extra]``: QKV (6144×4096), O + residual
+``python -m benchmarks.bench_layer [--extra]``: QKV (6144×4096), O + residual
 (4096×4096), gate/up + SwiGLU (2 × 14336×4096) and down + residual (4096×14336),
 launched with programmatic dependent launch and replayed from a CUDA graph,
 over 8 layers of distinct random weights (so L2 does not serve them); time
@@ -32,9 +32,9 @@ def main(argv=None, variants=None):
     from ptxgen.kernels import gemv as G
 
     from . import bench_gemv as BG
-    from . import ops_gemv
+    from ptxgen.driver import ops_gemv
     from .bench_common import copy_bandwidth
-    from .ops_decode import _resident
+    from ptxgen.driver.ops_decode import _resident
     argv = sys.argv[1:] if argv is None else argv
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(np.random.default_rng().integers(1 << 31)))

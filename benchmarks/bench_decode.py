@@ -6,7 +6,7 @@ graph holds ``REPS`` calls and a timing is the median over ``REPEATS``
 replays, divided by ``REPS``.  A device-to-device copy measured in the same
 run gives the bandwidth ceiling (bytes read + written per second).
 
-``python -m ptxgen.driver.bench_decode`` prints the table; :func:`run_all`
+``python -m benchmarks.bench_decode`` prints the table; :func:`run_all`
 returns the numbers (microseconds, TB/s); ``--flash`` runs :func:`bench_flash`
 instead (flash decode only: fused vs separate combine vs SDPA, with numerics).
 """
@@ -113,7 +113,7 @@ def run_all(verbose: bool = True) -> dict:
     import torch.nn.functional as F
 
     from ptxgen.driver import Stream, get_device
-    from . import ops_decode as ops
+    from ptxgen.driver import ops_decode as ops
 
     dev = get_device()
     stream = Stream(non_blocking=True)
@@ -164,7 +164,7 @@ def run_all(verbose: bool = True) -> dict:
         q = torch.randn(n_q, d, device="cuda")
         o = torch.empty(n_q, d, device="cuda")
         dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
-        from .llama import MODEL_FLASH_KNOBS
+        from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
         step_knobs = {**MODEL_FLASH_KNOBS, "early_kv": True}     # as LlamaModel runs it
         for L in (1024, 4096, 16384, 32768):
             lens = _i32(torch, L)
@@ -286,9 +286,9 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
 
     from ptxgen.kernels import flash_decode as fd
 
-    from . import ops_decode as ops
-    from .device import get_device
-    from .launch import launch
+    from ptxgen.driver import ops_decode as ops
+    from ptxgen.driver.device import get_device
+    from ptxgen.driver.launch import launch
     n_kv, cap, d = dk.shape
     n_q = dq.size // d
     spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, fused_combine=False,
@@ -317,7 +317,7 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
 
     from ptxgen.driver import Stream, get_device
     from ptxgen.kernels import flash_decode as fd
-    from . import ops_decode as ops
+    from ptxgen.driver import ops_decode as ops
 
     dev = get_device()
     stream = Stream(non_blocking=True)

@@ -1,6 +1,6 @@
 """Quantized GEMV benchmark: our kernels against copy bandwidth and cuBLAS f16.
 
-Run on a GPU with ``python -m ptxgen.driver.bench_gemv [out.json]`` or call
+Run on a GPU with ``python -m benchmarks.bench_gemv [out.json]`` or call
 :func:`run_all`.  Needs torch (for the copy/cuBLAS peers and the CUDA
 graphs).  For every shape (M x K) and qtype it reports our time (CUDA-graph
 replay of ``CALLS`` launches, median of ``REPEATS`` replays, rotating over
@@ -26,7 +26,7 @@ import numpy as np
 
 from ptxgen.kernels import gemv as G
 
-from . import ops_gemv
+from ptxgen.driver import ops_gemv
 
 __all__ = ["run_all", "SHAPES", "QTYPES"]
 
@@ -84,7 +84,7 @@ def _time_graph(torch, fn, calls=CALLS, repeats=REPEATS):
 
 def copy_bandwidth(torch=None, nbytes=1 << 30):
     """Device-to-device copy bandwidth, bytes read + written per second, and
-    the seconds per copy (:func:`ptxgen.driver.bench_common.copy_bandwidth`)."""
+    the seconds per copy (:func:`benchmarks.bench_common.copy_bandwidth`)."""
     from .bench_common import copy_bandwidth as cb
     return cb(nbytes)
 

@@ -1,6 +1,6 @@
 """Driver-layer benchmarks, each beside the raw ``cuda.bindings.driver`` equivalent.
 
-Run on a GPU with ``python -m ptxgen.driver.bench [out.json]`` or call
+Run on a GPU with ``python -m benchmarks.bench_driver [out.json]`` or call
 :func:`run_all`. Goals (issue 4): one ``launch`` of an empty kernel costs at
 most 1.5x a raw ``cuLaunchKernel`` and at most 6 us of host time; a small
 kernel inside a replayed graph costs at most 1 us; a cached module load takes
@@ -22,14 +22,14 @@ import uuid
 
 import numpy as np
 
-from . import cache as _cache
-from .device import get_device
-from .errors import check, cuda
-from .graph import capture
-from .launch import launch
-from .memory import DeviceArray
-from .module import Module
-from .stream import Event, Stream
+from ptxgen.driver import cache as _cache
+from ptxgen.driver.device import get_device
+from ptxgen.driver.errors import check, cuda
+from ptxgen.driver.graph import capture
+from ptxgen.driver.launch import launch
+from ptxgen.driver.memory import DeviceArray
+from ptxgen.driver.module import Module
+from ptxgen.driver.stream import Event, Stream
 
 __all__ = ["bench_graph", "bench_launch", "bench_leaks", "bench_module_load", "run_all"]
 
@@ -226,7 +226,7 @@ def bench_module_load(cold: int = 10, warm: int = 50) -> dict:
             m[VADD_NAME]
             m.unload()
         disk_ms.append(timed(load))
-    from .jit import link_cubin
+    from ptxgen.driver.jit import link_cubin
 
     cubin, _ = link_cubin(warm_texts[0], {})
 

@@ -22,8 +22,8 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]
     device-to-device copy of ``nbytes``."""
     from cuda.bindings import driver as cu
 
-    from . import DeviceArray, Event, Stream
-    from .errors import check
+    from ptxgen.driver import DeviceArray, Event, Stream
+    from ptxgen.driver.errors import check
     a = DeviceArray.empty((nbytes,), np.uint8)
     b = DeviceArray.empty((nbytes,), np.uint8)
     s = Stream()

@@ -1,6 +1,6 @@
 """Knob A/B for the quantized GEMV: variants of one shape timed in alternating rounds.
 
-``python -m ptxgen.driver.bench_gemv_ab CONFIG.json [--rounds N]`` on a GPU
+``python -m benchmarks.bench_gemv_ab CONFIG.json [--rounds N]`` on a GPU
 with torch.  The config names shapes and, for each, the variants to compare
 (``default_spec`` overrides; ``{}`` is the default)::
 
@@ -84,7 +84,7 @@ def run(config: dict, rounds: int = 3, out=print) -> list[dict]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.bench_gemv_ab",
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gemv_ab",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("config", help="JSON file: {'shapes': [{qtype, m, k, epi, variants}]}")
     ap.add_argument("--rounds", type=int, default=3)

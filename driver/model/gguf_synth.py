@@ -14,7 +14,7 @@ Llama-3-8B-shaped file takes minutes instead of an hour of quantizing.
 
 CLI::
 
-    python -m ptxgen.driver.gguf_synth OUT.gguf --preset tiny|llama3-8b [--qtype Q4_K] [--seed N]
+    python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny|llama3-8b [--qtype Q4_K] [--seed N]
 """
 from __future__ import annotations
 
@@ -251,8 +251,8 @@ def write_synthetic_llama(
 
 
 def main(argv=None) -> int:
-    """Command line: ``python -m ptxgen.driver.gguf_synth OUT.gguf --preset tiny``."""
-    ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.gguf_synth",
+    """Command line: ``python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny``."""
+    ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.model.gguf_synth",
                                  description="Write a synthetic Llama GGUF with random quantized weights.")
     ap.add_argument("out", help="output .gguf path")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")

@@ -1,6 +1,6 @@
 """The streaming ceiling: how fast a kernel could be in each position of the decode step.
 
-``python -m ptxgen.driver.bench_ceiling [OUT.json]`` (GPU, torch for graphs).
+``python -m benchmarks.bench_ceiling [OUT.json]`` (GPU, torch for graphs).
 
 A GEMV, a flash-decode split or a decode step is judged by its share of a
 device copy's bandwidth.  Part of what it misses is its own (instructions,
@@ -78,8 +78,8 @@ class _Reader:
     def __init__(self, spec, pdl, sms, out):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-        from . import ops_decode as ops
-        from .launch import launch
+        from ptxgen.driver import ops_decode as ops
+        from ptxgen.driver.launch import launch
         self._launch = launch
         target = ops.device_target()
         self.pdl = pdl and has_griddepcontrol(target)

@@ -36,9 +36,9 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, gemv_
                             kv_append, rmsnorm, rope, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .executor import ComputeGraph, Executor, Launch
+from ..executor import ComputeGraph, Executor, Launch
 from .gguf_loader import GGUFError, LlamaFile, RawTensor
-from . import gemv_lowering
+from . import lowering
 
 __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
 
@@ -46,7 +46,7 @@ FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
     "swiglu": swiglu, "gemv_ffn": gemv_ffn,
-    **gemv_lowering.FAMILIES,
+    **lowering.FAMILIES,
 }
 
 
@@ -114,7 +114,7 @@ class LlamaModel:
     one before it drains, issues its first weight loads, and waits
     (``griddepcontrol.wait``) before it reads activations.  ``fuse_norm``
     names the RMSNorms folded into the Q4_K GEMVs that read their output
-    instead of launched on their own (see :func:`gemv_lowering.can_fuse_norm`):
+    instead of launched on their own (see :func:`lowering.can_fuse_norm`):
     any of ``"attn"`` (into the stacked Q/K/V GEMV), ``"ffn"`` (gate/up) and
     ``"output"`` (the logits GEMV); ``True`` for all, ``False`` for none.
     The default, ``("attn",)``, is the fastest measured on an H100 (``make
@@ -126,7 +126,7 @@ class LlamaModel:
     default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
     allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
     knobs per GEMV shape; ring GEMVs take ``per_sm = ceil(grid / SMs)``
-    (:func:`gemv_lowering._balanced`).  ``flash_knobs`` overrides
+    (:func:`lowering._balanced`).  ``flash_knobs`` overrides
     :class:`FlashDecodeSpec` fields of the attention kernels (e.g.
     ``{"warps": 4}``, or ``{"mma": False, "unroll": 3}`` for the CUDA-core
     split) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
@@ -159,13 +159,13 @@ class LlamaModel:
         self.fuse_ffn = bool(fuse_ffn)
         self.ffn_knobs = dict(ffn_knobs or {})
         self.graph = ComputeGraph()
-        gemv_lowering.Q4K_KNOBS = gemv_knobs or {}
-        gemv_lowering.SM_COUNT = self.sm_count
+        lowering.Q4K_KNOBS = gemv_knobs or {}
+        lowering.SM_COUNT = self.sm_count
         try:
             self._build()
         finally:
-            gemv_lowering.Q4K_KNOBS = {}
-            gemv_lowering.SM_COUNT = None
+            lowering.Q4K_KNOBS = {}
+            lowering.SM_COUNT = None
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
@@ -179,7 +179,7 @@ class LlamaModel:
     @classmethod
     def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True, **kw):
         """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``)."""
-        from .backend import get_backend
+        from ..backend import get_backend
         be = get_backend(backend) if isinstance(backend, str) else backend
         return cls(LlamaFile(path), be, capacity=capacity, progress=progress, **kw)
 
@@ -275,7 +275,7 @@ class LlamaModel:
                                    (part_o, part_ml, att, n_splits)))
             g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
-            gemv_lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
+            lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
             ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
             if norm is None and self._ffn_persistent(p):
@@ -283,12 +283,12 @@ class LlamaModel:
                 continue
             self._gate_up(g, p, inp, act, tgt, norm)
             w, t = self._weight(p + "ffn_down.weight")
-            gemv_lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
+            lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
         self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
         out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
         inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
-        gemv_lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt)
+        lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
         scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
@@ -308,7 +308,7 @@ class LlamaModel:
         ``(x, (weight, eps))`` when the RMSNorm ``name`` fuses into them, else
         an RmsNorm op writing ``h`` and ``(h, None)``."""
         kind = name.rsplit(".", 1)[-1].removesuffix("_norm")
-        if kind in self.fuse_norm and gemv_lowering.can_fuse_norm(*tensors):
+        if kind in self.fuse_norm and lowering.can_fuse_norm(*tensors):
             w, _ = self._weight(name + ".weight")
             return x, (w, self.hp.eps)
         self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
@@ -349,15 +349,15 @@ class LlamaModel:
             w = g.buffer(t.name, t.data.shape, t.data.dtype, "weight", t.data)
             if self.fuse_rope:
                 hp = self.hp
-                gemv_lowering.mul_mat_rope(
+                lowering.mul_mat_rope(
                     g, p + "attn_qkv", w, t, h, qkv, (hp.head_dim, hp.n_heads, hp.n_kv_heads),
                     *rope, self.capacity, state=self.state, norm=norm, target=tgt)
                 return True
-            gemv_lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt)
+            lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt)
             return False
         for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
             w, t = self._weight(p + name + ".weight")
-            gemv_lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt)
+            lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt)
         return False
 
     def _gate_up(self, g, p, h, act, tgt, norm=None):
@@ -366,13 +366,13 @@ class LlamaModel:
         wg, tg = self._weight(p + "ffn_gate.weight")
         wu, tu = self._weight(p + "ffn_up.weight")
         if tg.qtype == tu.qtype:
-            gemv_lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act,
+            lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act,
                                          norm=norm, target=tgt)
             return
         gate = g.buffer(p + "ffn_gate_out", (self.hp.ffn,), np.float32)
         up = g.buffer(p + "ffn_up_out", (self.hp.ffn,), np.float32)
-        gemv_lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt)
-        gemv_lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt)
+        lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt)
+        lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt)
         ss = swiglu.SwiGluSpec(target=tgt)
         grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
         g.add("SwiGLU", p + "swiglu", [gate, up], [act],
