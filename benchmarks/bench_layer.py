@@ -95,7 +95,7 @@ def main(argv=None, variants=None):
             o2, _, regs = occ(m, k, ep, dict(min_ctas=mc))
             run(f"{n}:min{mc}->occ{o2},regs{regs}", {n: dict(min_ctas=mc, max_ctas=o2 * sms)})
     if "--extra" in argv:
-        run("gu:ring R2S3C792", {"gu": dict(stages=3, rows=2, max_ctas=792, slices=1, min_ctas=0)})
+        run("gu:ring R2S3C792", {"gu": dict(stages=3, rows=2, max_ctas=792, min_ctas=0)})
         run("d:rows8", {"d": dict(rows=8)})
         run("qkv:rows4", {"qkv": dict(rows=4)})
         run("qkv:rows4 wave", {"qkv": dict(rows=4, max_ctas=2 * sms)})

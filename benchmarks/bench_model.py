@@ -86,7 +86,7 @@ def _measure(model, ctx: int, mode: str, n: int = 30) -> float:
 
 
 def _stream_gate_up(m, k, epilogue):
-    return (dict(stages=3, rows=2, max_ctas=792, slices=1, min_ctas=0)
+    return (dict(stages=3, rows=2, max_ctas=792, min_ctas=0)
             if epilogue == "swiglu" else {})
 
 
@@ -136,7 +136,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         configs["no_fused_norm"] = dict(fuse_norm=False)
         configs["slices2"] = dict(gemv_knobs={"slices": 2})
         # the fused gate/up GEMV through the cp.async ring (faster on its own,
-        # not followed by the down projection: docs/gemv.md, fifth pass)
+        # not followed by the down projection: docs/notes/gemv.md, fifth pass)
         configs["stream_gate_up"] = dict(gemv_knobs=_stream_gate_up)
     copy_bw = _copy_bandwidth()
     out = {"device": get_device().name, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": []}

@@ -3,7 +3,7 @@
 They accept ``ptxgen.driver.DeviceArray``, torch or cupy CUDA tensors
 (through ``__cuda_array_interface__``) and numpy arrays (copied).
 
-GEMV: :func:`gemv`, :func:`gemv_swiglu`, :func:`gemv_ffn` (``driver/ops_gemv.py``).
+GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).
 Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
 :func:`flash_decode`, :func:`embedding`, :func:`kv_append`, :func:`argmax`
 (``driver/ops_decode.py``).
@@ -11,7 +11,7 @@ Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
 
 from .ops_decode import (argmax, embedding, flash_decode, kv_append, rmsnorm, rope,
                          swiglu)
-from .ops_gemv import gemv, gemv_ffn, gemv_spec, gemv_swiglu
+from .ops_gemv import gemv, gemv_spec, gemv_swiglu
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "gemv_ffn", "rmsnorm", "rope", "swiglu", "flash_decode",
+__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "rmsnorm", "rope", "swiglu", "flash_decode",
            "embedding", "kv_append", "argmax"]

@@ -2,8 +2,7 @@
 
 ``gemv(w, x, qtype)`` computes ``y = W x`` for a GGUF-layout weight ``w``
 (``uint8 [M, row_bytes]``) and f32 ``x`` (``K`` values); ``gemv_swiglu``
-fuses the gate/up pair with ``silu(Wg x) * (Wu x)``; ``gemv_ffn`` runs a
-whole Llama FFN (gate/up, SwiGLU, down + residual) in one persistent kernel.  Arguments may be
+fuses the gate/up pair with ``silu(Wg x) * (Wu x)``.  Arguments may be
 :class:`~ptxgen.driver.DeviceArray`, torch/cupy CUDA tensors (zero copy) or
 numpy arrays (copied to the device).  Kernels are built once per
 (qtype, K, epilogue, device target) and cached; launches go to ``stream``.
@@ -16,14 +15,13 @@ import functools
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
-from ptxgen.kernels import gemv_ffn as _ffn
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .launch import launch
 from .memory import DeviceArray, as_device_array
 from .module import Module
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "gemv_ffn", "ffn_spec", "ffn_geometry"]
+__all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,13 +65,16 @@ def _shape_of(w, qtype):
 
 
 def gemv_spec(qtype, k, epilogue="none", m=None, **knobs):
-    """The (cached-kernel) spec used for this call on the current device
-    (``m``: the call's row count, when known; some defaults depend on it).
-    ``pdl`` (programmatic dependent launch) defaults to on for sm_90 and newer."""
+    """The plan (spec and tuned config, a cached kernel) used for this call
+    on the current device (``m``: the call's row count, when known; the
+    config depends on it).  ``knobs``: GemvConfig fields replacing the
+    tuned ones; ``pdl`` (programmatic dependent launch) defaults to on for
+    sm_90 and newer."""
     tgt = _target()
-    if knobs.get("pdl") is None:
-        knobs["pdl"] = has_griddepcontrol(tgt)
-    return _g.default_spec(qtype.upper(), k, epilogue, target=tgt, m=m, **knobs)
+    pdl = knobs.pop("pdl", None)
+    if pdl is None:
+        pdl = has_griddepcontrol(tgt)
+    return _g.default_plan(qtype.upper(), k, epilogue, target=tgt, m=m, pdl=pdl, **knobs)
 
 
 def _vec(a, n, what):
@@ -142,81 +143,3 @@ def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, **knobs):
         raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
     spec = gemv_spec(qtype, k, "swiglu", m=m, **knobs)
     return _run(spec, m, [_dev(wg, "wg"), _dev(wu, "wu"), _vec(x, k, "x"), None], out, stream)
-
-
-@functools.lru_cache(maxsize=None)
-def _ffn_function(spec):
-    fn = Module.from_ptx(_ffn.build(spec).to_ptx()).function(spec.kernel_name)
-    fn.require_dynamic_shared(spec.shared_bytes)
-    return fn
-
-
-def ffn_resident(fn, spec) -> int:
-    """CTAs of the persistent FFN kernel one SM holds at once (the driver's
-    occupancy with the kernel's ring of dynamic shared memory)."""
-    from .errors import check, cuda
-    return int(check(cuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        fn.handle, spec.threads, spec.shared_bytes),
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
-
-
-def ffn_spec(hidden, ffn, **knobs):
-    """The :class:`~ptxgen.kernels.gemv_ffn.FfnSpec` used on the current
-    device (``pdl`` on for sm_90 and newer unless given)."""
-    tgt = _target()
-    if knobs.get("pdl") is None:
-        knobs["pdl"] = has_griddepcontrol(tgt)
-    return _ffn.FfnSpec(hidden=hidden, ffn=ffn, target=tgt, **knobs)
-
-
-def ffn_geometry(spec, ctas_per_sm=None):
-    """``(grid, block, shared)`` of one resident wave on the current device:
-    ``ctas_per_sm`` (default ``spec.ctas_per_sm``) times the SM count, refused above the
-    driver's occupancy (a persistent grid whose CTAs cannot all be resident
-    would wait at its grid barrier forever)."""
-    from .device import get_device
-    fn = _ffn_function(spec)
-    occ = ffn_resident(fn, spec)
-    n = spec.ctas_per_sm if ctas_per_sm is None else ctas_per_sm
-    if occ < 1 or n > occ:
-        raise ValueError(f"{spec.kernel_name}: {n} CTA(s) per SM requested, the device holds "
-                         f"{occ} ({spec.threads} threads, {spec.shared_bytes} bytes of shared "
-                         f"memory each)")
-    return _ffn.launch_geometry(spec, get_device().sm_count, n)
-
-
-def _counters(stream):
-    """Three zeroed u32 of the persistent FFN kernel, one set per stream
-    (every launch leaves them at zero; launches on one stream run in turn)."""
-    from .ops_decode import _workspace
-    from .stream import stream_handle
-    return _workspace(("ffn_counters", int(stream_handle(stream))), (3,), np.uint32, zero=True)
-
-
-def gemv_ffn(wg, wu, wd, x, residual, out=None, *, h=None, stream=None, ctas_per_sm=None,
-             **knobs):
-    """``y = Wd (silu(Wg x) * (Wu x)) + residual`` in one persistent kernel
-    (all three weights Q4_K; :mod:`ptxgen.kernels.gemv_ffn`).
-
-    ``wg``, ``wu``: uint8 ``[ffn, row_bytes(hidden)]``; ``wd``: uint8
-    ``[hidden, row_bytes(ffn)]``; ``x``, ``residual``: f32 ``[hidden]``;
-    ``out`` may be ``residual`` (in place).  ``h`` (f32 ``[ffn]``) receives
-    the SwiGLU activations (allocated when None).  ``knobs``: FfnSpec fields.
-    """
-    f, hidden = _shape_of(wg, "Q4_K")
-    if tuple(wu.shape) != tuple(wg.shape):
-        raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
-    hd, fd = _shape_of(wd, "Q4_K")
-    if (hd, fd) != (hidden, f):
-        raise ValueError(f"down weights are {hd}x{fd}, expected {hidden}x{f} for gate/up "
-                         f"{f}x{hidden}")
-    spec = ffn_spec(hidden, f, **knobs)
-    grid, block, shared = ffn_geometry(spec, ctas_per_sm)
-    r = _vec(residual, hidden, "residual")
-    y = r if out is residual else (DeviceArray.empty((hidden,), np.float32) if out is None
-                                   else _vec(out, hidden, "out"))
-    hbuf = DeviceArray.empty((f,), np.float32) if h is None else _vec(h, f, "h")
-    launch(_ffn_function(spec), grid, block, _dev(wg, "wg"), _dev(wu, "wu"), _dev(wd, "wd"),
-           _vec(x, hidden, "x"), r, hbuf, y, _counters(stream), shared=shared, stream=stream,
-           pdl=spec.pdl)
-    return y

@@ -69,7 +69,7 @@ from ptxgen import registry
 from ptxgen.target import CTA_RESERVED_SHARED, MAX_STATIC_SHARED, TARGETS
 from ptxgen.types import b32, f16, f32, s32, u8, u32
 
-from .gemv_common import MAX_RING_BYTES
+from .gemv.spec import MAX_RING_BYTES
 from .spec_fields import pdl_field, pdl_prologue, pdl_wait
 
 LOG2E = 1.0 / math.log(2.0)

@@ -88,13 +88,21 @@ def spec_fields(spec_cls) -> dict[str, attrs.Attribute]:
     return {a.name: a for a in attrs.fields(spec_cls)}
 
 
+def _is_plan(obj) -> bool:
+    """A plan: a family's spec and config together (attrs fields ``spec``
+    and ``config``), changed field by field through its ``evolve``."""
+    return attrs.has(type(obj)) and set(spec_fields(type(obj))) == {"spec", "config"}
+
+
 def spec_with(spec, overrides: dict[str, str]):
     """A copy of ``spec`` with fields set from ``key=value`` strings.
 
     Values are converted to the field's current type (int, float, bool,
     str, or a tuple of ints written ``1,2,3``); unknown keys raise KeyError
     listing the valid ones, bad values raise ValueError."""
-    fields = spec_fields(type(spec))
+    plan = _is_plan(spec)
+    fields = ({**spec_fields(type(spec.spec)), **spec_fields(type(spec.config))} if plan
+              else spec_fields(type(spec)))
     changes = {}
     for key, raw in overrides.items():
         if key not in fields:
@@ -103,7 +111,7 @@ def spec_with(spec, overrides: dict[str, str]):
         cur = getattr(spec, key)
         changes[key] = _convert(key, raw, cur)
     try:
-        return attrs.evolve(spec, **changes)
+        return spec.evolve(**changes) if plan else attrs.evolve(spec, **changes)
     except (TypeError, ValueError) as e:
         raise ValueError(f"invalid spec: {e}") from None
 

@@ -32,7 +32,7 @@ import time
 import attrs
 import numpy as np
 
-from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, gemv_ffn,
+from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
                             kv_append, rmsnorm, rope, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
@@ -45,7 +45,7 @@ __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
 FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu, "gemv_ffn": gemv_ffn,
+    "swiglu": swiglu,
     **lowering.FAMILIES,
 }
 
@@ -120,21 +120,17 @@ class LlamaModel:
     The default, ``("attn",)``, is the fastest measured on an H100 (``make
     bench`` at b3cce2a: 2.045 / 2.216 ms per token at context 128 / 4096,
     against 2.095 / 2.278 with none and 2.122 / 2.290 with all three; the
-    fused gate/up kernel is the loser, docs/gemv.md twelfth pass; the output
+    fused gate/up kernel is the loser, docs/notes/gemv.md twelfth pass; the output
     norm is level, docs/executor.md).
-    ``gemv_knobs`` overrides the
-    default knobs of the Q4_K GEMVs (e.g. ``{"slices": 4}``) where the shape
-    allows them, for tuning; a function ``(m, k, epilogue) -> dict`` gives
-    knobs per GEMV shape; ring GEMVs take ``per_sm = ceil(grid / SMs)``
-    (:func:`lowering._balanced`).  ``flash_knobs`` overrides
+    ``gemv_knobs`` replaces GemvConfig fields of the Q4_K GEMVs' tuned
+    configs (e.g. ``{"rows": 4}``), for tuning; a function ``(m, k,
+    epilogue) -> dict`` gives them per GEMV shape; a field a shape cannot
+    take is refused with the shape named.  Ring GEMVs take ``per_sm =
+    ceil(grid / SMs)`` (:func:`ptxgen.kernels.gemv.tuning.balanced`).  ``flash_knobs`` overrides
     :class:`FlashDecodeSpec` fields of the attention kernels (e.g.
     ``{"warps": 4}``, or ``{"mma": False, "unroll": 3}`` for the CUDA-core
     split) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
-    unless the knobs pick a path without it).  ``fuse_ffn``
-    runs each layer's FFN (gate/up, SwiGLU, down + residual) as one launch
-    of the persistent kernel :mod:`~ptxgen.kernels.gemv_ffn` where all three
-    weights are Q4_K (one CTA per SM, all resident at once; not with the FFN
-    norm folded); ``ffn_knobs`` overrides its :class:`FfnSpec` fields.
+    unless the knobs pick a path without it).
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
     stacked Q/K/V GEMV's epilogue instead of a launch of their own.
     """
@@ -142,8 +138,7 @@ class LlamaModel:
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm=("attn",),
-                 gemv_knobs=None, flash_knobs=None, fuse_ffn: bool = False, ffn_knobs=None,
-                 fuse_rope: bool = True):
+                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True):
         self.file = file
         self.hp = file.hparams
         self.backend = backend
@@ -156,16 +151,9 @@ class LlamaModel:
         self.fuse_rope = bool(fuse_rope)
         self._user_flash_knobs = dict(flash_knobs or {})
         self.flash_knobs = {**MODEL_FLASH_KNOBS, **self._user_flash_knobs}
-        self.fuse_ffn = bool(fuse_ffn)
-        self.ffn_knobs = dict(ffn_knobs or {})
         self.graph = ComputeGraph()
-        lowering.Q4K_KNOBS = gemv_knobs or {}
-        lowering.SM_COUNT = self.sm_count
-        try:
-            self._build()
-        finally:
-            lowering.Q4K_KNOBS = {}
-            lowering.SM_COUNT = None
+        self.tuning = lowering.Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
+        self._build()
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
@@ -247,10 +235,6 @@ class LlamaModel:
         attn_counter = g.buffer("attn_counter", (hp.n_kv_heads,), np.uint32, "state",
                                 np.zeros(hp.n_kv_heads, np.uint32))
         act = g.buffer("ffn_act", (hp.ffn,), np.float32)
-        # the persistent FFN kernel's grid counters (zero at upload and after
-        # every launch; the layers run in turn)
-        ffn_counters = g.buffer("ffn_counters", (3,), np.uint32, "state",
-                                np.zeros(3, np.uint32)) if self.fuse_ffn else None
         self.kv_caches = []
         for i in range(hp.n_layers):
             p = f"blk.{i}."
@@ -275,20 +259,17 @@ class LlamaModel:
                                    (part_o, part_ml, att, n_splits)))
             g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
-            lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt)
+            lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt, tuning=self.tuning)
             ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
-            if norm is None and self._ffn_persistent(p):
-                self._ffn(g, p, inp, act, x, ffn_counters, tgt)
-                continue
             self._gate_up(g, p, inp, act, tgt, norm)
             w, t = self._weight(p + "ffn_down.weight")
-            lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt)
+            lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt, tuning=self.tuning)
         self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
         out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
         inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
-        lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt)
+        lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt, tuning=self.tuning)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
         scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
@@ -314,27 +295,6 @@ class LlamaModel:
         self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
         return h, None
 
-    def _ffn_persistent(self, p) -> bool:
-        """Whether layer ``p``'s FFN runs as one persistent kernel: asked for
-        (``fuse_ffn``) and gate, up and down all Q4_K."""
-        if not self.fuse_ffn:
-            return False
-        return all(self.file.tensor(p + n + ".weight").qtype == "Q4_K"
-                   for n in ("ffn_gate", "ffn_up", "ffn_down"))
-
-    def _ffn(self, g, p, h, act, x, counters, tgt):
-        """``x += Wd (silu(Wg h) * (Wu h))`` as one launch of the persistent
-        FFN kernel (one CTA per SM; ``act`` receives the SwiGLU values)."""
-        wg, _ = self._weight(p + "ffn_gate.weight")
-        wu, _ = self._weight(p + "ffn_up.weight")
-        wd, _ = self._weight(p + "ffn_down.weight")
-        spec = gemv_ffn.FfnSpec(hidden=self.hp.hidden, ffn=self.hp.ffn, target=tgt,
-                                **self.ffn_knobs)
-        grid, block, sh = gemv_ffn.launch_geometry(spec, self.sm_count)
-        g.add("FFN", p + "ffn", [wg, wu, wd, h, x, counters], [act, x, counters],
-              [Launch("gemv_ffn", spec, spec.kernel_name, grid, block,
-                      (wg, wu, wd, h, x, act, x, counters), sh)])
-
     def _qkv(self, g, p, h, qkv, outs, tgt, norm=None, rope=None):
         """Q, K, V projections: one GEMV over the stacked weights when the
         three share a type (Q4_K_M files often keep attn_v in Q6_K), which
@@ -351,13 +311,13 @@ class LlamaModel:
                 hp = self.hp
                 lowering.mul_mat_rope(
                     g, p + "attn_qkv", w, t, h, qkv, (hp.head_dim, hp.n_heads, hp.n_kv_heads),
-                    *rope, self.capacity, state=self.state, norm=norm, target=tgt)
+                    *rope, self.capacity, state=self.state, norm=norm, target=tgt, tuning=self.tuning)
                 return True
-            lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt)
+            lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt, tuning=self.tuning)
             return False
         for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
             w, t = self._weight(p + name + ".weight")
-            lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt)
+            lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt, tuning=self.tuning)
         return False
 
     def _gate_up(self, g, p, h, act, tgt, norm=None):
@@ -367,12 +327,12 @@ class LlamaModel:
         wu, tu = self._weight(p + "ffn_up.weight")
         if tg.qtype == tu.qtype:
             lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act,
-                                         norm=norm, target=tgt)
+                                         norm=norm, target=tgt, tuning=self.tuning)
             return
         gate = g.buffer(p + "ffn_gate_out", (self.hp.ffn,), np.float32)
         up = g.buffer(p + "ffn_up_out", (self.hp.ffn,), np.float32)
-        lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt)
-        lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt)
+        lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt, tuning=self.tuning)
+        lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt, tuning=self.tuning)
         ss = swiglu.SwiGluSpec(target=tgt)
         grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
         g.add("SwiGLU", p + "swiglu", [gate, up], [act],
@@ -465,8 +425,11 @@ def enable_pdl(graph: ComputeGraph) -> int:
     for op in graph.ops:
         launches = []
         for L in op.launches:
-            if "pdl" in attrs.fields_dict(type(L.spec)) and not L.spec.pdl:
-                L = attrs.evolve(L, spec=attrs.evolve(L.spec, pdl=True))
+            s = L.spec
+            if getattr(s, "pdl", None) is False:
+                # a plan (spec + config) changes its spec's field through evolve
+                s = s.evolve(pdl=True) if hasattr(s, "evolve") else attrs.evolve(s, pdl=True)
+                L = attrs.evolve(L, spec=s)
                 n += 1
             launches.append(L)
         op.launches = tuple(launches)
@@ -485,6 +448,14 @@ def _backend_target(backend) -> str:
     if getattr(backend, "name", "") == "cuda":
         return backend.device.target
     return "sm_80"
+
+
+def _backend_device_name(backend) -> str | None:
+    """The GPU's name (the user tuning cache's key), None on the emulator."""
+    try:
+        return backend.device.name
+    except AttributeError:
+        return None
 
 
 def _backend_sm_count(backend) -> int:

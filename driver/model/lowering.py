@@ -18,7 +18,7 @@ from ptxgen.kernels import gemv
 
 from ..executor import Launch
 
-__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "FAMILIES"]
+__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "Tuning", "FAMILIES"]
 
 FAMILIES = {"gemv": gemv}
 
@@ -28,59 +28,45 @@ def can_fuse_norm(*tensors) -> bool:
     return all(t.qtype == "Q4_K" for t in tensors)
 
 
-#: the device's SM count, set by :class:`~.llama.LlamaModel` while it builds its
-#: graph: a ring GEMV's CTAs are then spread evenly over the SMs (:func:`_balanced`)
-SM_COUNT = None
+@attrs.frozen
+class Tuning:
+    """How the model's GEMVs are configured, passed down explicitly:
+    ``sm_count`` (a ring's CTAs are spread evenly over the SMs) and
+    ``overrides``, GemvConfig fields for every Q4_K GEMV (a dict, or a
+    function ``(m, k, epilogue) -> dict``).  An override a shape cannot take
+    is refused with the shape named."""
 
-#: knob overrides for Q4_K GEMVs, set by :class:`~.llama.LlamaModel` (``gemv_knobs``)
-#: while it builds its graph: a dict, or a function ``(m, k, epilogue) -> dict``;
-#: overrides a shape does not allow are skipped
-Q4K_KNOBS = {}
-
-
-def _balanced(spec, m):
-    """``spec`` with ``per_sm = ceil(grid / SM_COUNT)`` where that is binding:
-    a ring GEMV's shared memory often lets more CTAs share an SM than an even
-    spread of its grid needs, and under PDL a grid is placed while the one
-    before it drains, so its CTAs pile onto the SMs freed first (decode step
-    on an H100: the 4096x4096 O projection, 256 CTAs, capped at 2 per SM,
-    2.227 -> 2.189 ms per token at context 128, docs/results.md)."""
-    if not SM_COUNT or not spec.stages or spec.per_sm:
-        return spec
-    n = -(-gemv.launch_geometry(spec, m)[0][0] // SM_COUNT)
-    try:
-        capped = attrs.evolve(spec, per_sm=n)
-    except ValueError:           # n CTAs do not fit: the ring allows fewer already
-        return spec
-    return capped if capped.dynamic_shared > spec.ring_bytes else spec
+    sm_count: int | None = None
+    overrides: object = attrs.field(factory=dict)
+    #: the device's name: configs ``python -m ptxgen tune`` stored for it win
+    device: str | None = None
 
 
-def _spec(t, epilogue, target, norm=False, **fields):
-    spec, m = _spec_unbalanced(t, epilogue, target, norm, **fields)
-    return _balanced(spec, m), m
-
-
-def _spec_unbalanced(t, epilogue, target, norm=False, **fields):
+def _spec(t, epilogue, target, norm, tuning: Tuning, rope=()):
     if t.qtype not in gemv.QTYPE_INFO:
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(gemv.QTYPE_INFO)}")
     m, k = t.shape
-    knobs = Q4K_KNOBS(m, k, epilogue) if callable(Q4K_KNOBS) else Q4K_KNOBS
-    if t.qtype == "Q4_K" and knobs:
-        try:
-            return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm,
-                                     **fields, **knobs), m
-        except ValueError:
-            pass
-    return gemv.default_spec(t.qtype, k, epilogue, target=target, m=m, norm=norm, **fields), m
+    ov = tuning.overrides
+    knobs = ov(m, k, epilogue) if callable(ov) else ov
+    if t.qtype != "Q4_K" or not knobs:
+        return gemv.plan(gemv.GemvSpec(t.qtype, k, epilogue=epilogue, norm=norm, rope=rope,
+                                       target=target), m=m, sm_count=tuning.sm_count,
+                         device=tuning.device), m
+    try:
+        return gemv.default_plan(t.qtype, k, epilogue, target=target, m=m, norm=norm, rope=rope,
+                                 **knobs), m
+    except ValueError as e:
+        raise ValueError(f"gemv_knobs {knobs!r} for {t.name} ({m}x{k}, {epilogue}): {e}") from None
 
 
 def _norm_args(norm):
     return () if norm is None else (norm[0], float(norm[1]))
 
 
-def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
-    spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None)
+def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80", tuning=Tuning()):
+    spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None,
+                    tuning)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
     args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
             + (y, m, rpc))
@@ -90,11 +76,12 @@ def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80"):
                  [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
 
 
-def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80"):
+def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80",
+                   tuning=Tuning()):
     if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
         raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
                          "must have one type and shape to fuse")
-    spec, m = _spec(tg, "swiglu", target, norm is not None)
+    spec, m = _spec(tg, "swiglu", target, norm is not None, tuning)
     grid, block, shared, rpc = gemv.launch_geometry(spec, m)
     ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
     return g.add("MulMatSwiGLU", name, ins, [y],
@@ -103,13 +90,13 @@ def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80"):
 
 
 def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_cache,
-                 capacity, *, state, norm=None, target="sm_80"):
+                 capacity, *, state, norm=None, target="sm_80", tuning=Tuning()):
     """``qkv = [Wq; Wk; Wv] x`` with q and k rotated (interleaved RoPE at the
     device position ``pos_ptr``, table ``freqs``) and this token's k and v
     rows written to the f16 caches: one GEMV launch (``GemvSpec.rope``).
     ``rope_heads = (head_dim, n_q_heads, n_kv_heads)``; ``state`` is the
     buffer ``pos_ptr`` points into."""
-    spec, m = _spec(t, "rope", target, norm is not None, rope=tuple(rope_heads))
+    spec, m = _spec(t, "rope", target, norm is not None, tuning, rope=tuple(rope_heads))
     if m != spec.rope_rows:
         raise ValueError(f"{name}: {t.name} has {m} rows; {rope_heads[1]} query and "
                          f"{rope_heads[2]} KV heads of {rope_heads[0]} need {spec.rope_rows}")

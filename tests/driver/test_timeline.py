@@ -36,9 +36,9 @@ def _guarded_exit_module(target="sm_90"):
 
 
 def test_instrumented_ptx_assembles(ptxas):
-    mods = [gemv.build(gemv.default_spec("Q4_K", 4096, epilogue="swiglu", target="sm_90",
+    mods = [gemv.build(gemv.default_plan("Q4_K", 4096, epilogue="swiglu", target="sm_90",
                                          m=14336, pdl=True)),
-            gemv.build(gemv.default_spec("Q4_K", 4096, target="sm_90", m=128256, pdl=True)),
+            gemv.build(gemv.default_plan("Q4_K", 4096, target="sm_90", m=128256, pdl=True)),
             fd.build(fd.FlashDecodeSpec(target="sm_90", pdl=True)),
             _guarded_exit_module()]
     for mod in mods:

@@ -47,7 +47,9 @@ class Runner:
         # a spec built for PDL runs on a target without griddepcontrol (the
         # emulator's sm_80, beside a GPU run) as the same kernel without it
         pdl = getattr(spec, "pdl", False) and has_griddepcontrol(tgt)
-        spec = attrs.evolve(spec, target=tgt, **({"pdl": pdl} if hasattr(spec, "pdl") else {}))
+        change = dict(target=tgt, **({"pdl": pdl} if hasattr(spec, "pdl") else {}))
+        # a plan (spec + config) changes its fields through its own evolve
+        spec = spec.evolve(**change) if hasattr(spec, "evolve") else attrs.evolve(spec, **change)
         key = (build, spec)
         if key not in self._mods:
             self._mods[key] = self.api.Module.from_ptx(build(spec).to_ptx())

@@ -55,31 +55,17 @@ CASES = [
     ("Q4_K", 512, "none", {}),
     ("Q4_K", 512, "residual", {"rows": 2}),
     ("Q4_K", 256, "swiglu", {"rows": 1}),
-    ("Q4_K", 512, "none", {"stage": True, "rows": 4}),
-    ("Q4_K", 256, "swiglu", {"stage": True, "early": True, "rows": 2}),
-    ("Q4_K", 512, "residual", {"early": True, "l2_prefetch": True}),
-    ("Q4_K", 512, "none", {"xmode": "shared", "early": True}),
-    ("Q4_K", 512, "residual", {"xmode": "global", "rows": 2, "min_ctas": 4}),
-    ("Q4_K", 256, "swiglu", {"xmode": "shared", "rows": 2}),
-    ("Q4_K", 768, "none", {"xmode": "global", "pieces": 2, "rows": 2}),
     ("Q4_K", 512, "none", {"norm": True}),
-    ("Q4_K", 512, "residual", {"norm": True, "early": True, "rows": 2}),
+    ("Q4_K", 512, "residual", {"norm": True, "rows": 2}),
     ("Q4_K", 256, "swiglu", {"norm": True, "rows": 1}),
-    ("Q4_K", 768, "none", {"norm": True, "pieces": 2, "rows": 2, "prefetch": True}),
-    ("Q4_K", 512, "none", {"slices": 2, "early": True}),
-    ("Q4_K", 256, "swiglu", {"slices": 4, "rows": 1}),
-    ("Q4_K", 512, "residual", {"slices": 2, "norm": True, "rows": 2, "early": True}),
-    ("Q4_K", 768, "none", {"slices": 2, "pieces": 2, "rows": 2}),
-    ("Q4_K", 256, "none", {"slices": 8, "rows": 8, "early": True}),
     ("Q4_K", 512, "none", {"stages": 2, "rows": 2}),
     ("Q4_K", 512, "residual", {"stages": 3, "rows": 4}),
     ("Q4_K", 256, "swiglu", {"stages": 4, "rows": 1}),
     ("Q4_K", 768, "none", {"stages": 3, "rows": 2, "pieces": 2}),
     ("Q4_K", 1280, "residual", {"stages": 5, "rows": 1}),
     ("Q4_K", 512, "none", {"dot": "dp4a"}),
-    ("Q4_K", 512, "residual", {"dot": "dp4a", "early": True, "rows": 2}),
+    ("Q4_K", 512, "residual", {"dot": "dp4a", "rows": 2}),
     ("Q4_K", 256, "swiglu", {"dot": "dp4a", "rows": 1}),
-    ("Q4_K", 512, "none", {"dot": "dp4a", "slices": 2}),
     ("Q4_K", 768, "none", {"dot": "dp4a", "pieces": 2, "rows": 2}),
     ("Q4_K", 512, "residual", {"dot": "dp4a", "stages": 3, "rows": 4}),
     ("Q4_K", 1280, "none", {"dot": "dp4a", "stages": 2, "rows": 1}),
@@ -139,7 +125,7 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
     """M = 37 (not a multiple of rows) and max_ctas=4 so CTAs walk several row groups."""
     rng = np.random.default_rng()
     m = 37
-    spec = G.GemvSpec(qtype, k, epilogue=epi, max_ctas=4, **knobs)
+    spec = G.GemvPlan.make(qtype, k, epilogue=epi, max_ctas=4, **knobs)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(run, spec, ws, x, r, norm)
@@ -155,7 +141,7 @@ def test_gemv_dp4a_outlier_activations(run, qtype, k, knobs):
     the f32 bound, M = 37."""
     rng = np.random.default_rng()
     m = 37
-    spec = G.GemvSpec(qtype, k, max_ctas=4, dot="dp4a", **knobs)
+    spec = G.GemvPlan.make(qtype, k, max_ctas=4, dot="dp4a", **knobs)
     ws, x, r = _data(rng, qtype, m, k, 1)
     x[rng.choice(k, 10, replace=False)] *= 100.0
     x[rng.choice(k, 64, replace=False)] *= 1e-3
@@ -168,7 +154,7 @@ def test_q6k_dp4a_default_where_measured():
     to 16384 without an epilogue or with the residual, and SwiGLU through the
     ring at K = 4096) and keeps the f32 dot at K = 4096 otherwise."""
     def dot(m, k, epi):
-        return G.default_spec("Q6_K", k, epi, target="sm_90", m=m).dot
+        return G.default_plan("Q6_K", k, epi, target="sm_90", m=m).dot
     assert [dot(4096, 14336, "none"), dot(4096, 14336, "residual"), dot(2048, 16384, "none"),
             dot(14336, 4096, "swiglu")] == ["dp4a"] * 4
     assert [dot(m, 4096, e) for m, e in ((4096, "none"), (14336, "none"), (128256, "none"),
@@ -177,9 +163,9 @@ def test_q6k_dp4a_default_where_measured():
 
 def test_dp4a_dot_refused_where_not_built():
     for bad in (dict(qtype="Q6_K", k=512), dict(qtype="Q8_0", k=512, stages=2, tile=512),
-                dict(qtype="Q4_K", k=512, xmode="shared")):
+                ):
         with pytest.raises(ValueError, match="dp4a"):
-            G.GemvSpec(dot="dp4a", **bad)
+            G.GemvPlan.make(dot="dp4a", **bad)
 
 
 @pytest.mark.gpu
@@ -188,7 +174,7 @@ def test_dp4a_dot_refused_where_not_built():
 def test_gemv_gpu_large(gpu_run, qtype, epi):
     rng = np.random.default_rng()
     m, k = 1031, 4096
-    spec = attrs.evolve(G.default_spec(qtype, k, epi), max_ctas=200)
+    spec = (G.default_plan(qtype, k, epi)).evolve(max_ctas=200)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     y = _run_gemv(gpu_run, spec, ws, x, r)
     assert rel_err(y, _ref(spec, ws, x, r, None)) <= BOUND
@@ -217,7 +203,7 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
     own launch geometry (the dp4a dot: Q4_K through the ring, Q6_K at K =
     14336 and with SwiGLU)."""
     rng = np.random.default_rng()
-    spec = G.default_spec(qtype, k, epi, target="sm_90", m=m)
+    spec = G.default_plan(qtype, k, epi, target="sm_90", m=m)
     assert (spec.stages, spec.rows, spec.max_ctas, spec.pieces, spec.bulk, spec.dot) == knobs
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
     y = _run_gemv(gpu_run, spec, ws, x, r)
@@ -230,9 +216,6 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
                                          (14336, "none", {"norm": True}),
                                          (4096, "none", {"norm": True, "stages": 0}),
                                          (4096, "swiglu", {"norm": True, "stages": 0}),
-                                         (4096, "none", {"slices": 4}),
-                                         (4096, "swiglu", {"slices": 4}),
-                                         (4096, "residual", {"slices": 2, "norm": True}),
                                          (4096, "none", {"stages": 4, "rows": 4}),
                                          (4096, "swiglu", {"stages": 3, "rows": 2}),
                                          (14336, "residual", {"stages": 4, "rows": 1}),
@@ -248,11 +231,11 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
                                          (4096, "swiglu", {"stages": 2, "rows": 4,
                                                            "per_sm": 3})])
 def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
-    """Fused RMSNorm, x shared by slices and the cp.async ring at the model's
+    """Fused RMSNorm and the cp.async ring at the model's
     shapes (M = 1031)."""
     rng = np.random.default_rng()
     m = 1031
-    spec = attrs.evolve(G.default_spec("Q4_K", k, epi, **knobs), max_ctas=200)
+    spec = (G.default_plan("Q4_K", k, epi, **knobs)).evolve(max_ctas=200)
     ws, x, r = _data(rng, "Q4_K", m, k, spec.n_mats)
     norm = _norm_data(rng, k) if spec.norm else None
     y = _run_gemv(gpu_run, spec, ws, x, r, norm)
@@ -261,11 +244,11 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
 
 def test_default_spec_streams_q4k_with_dp4a():
     """Q4_K defaults to the cp.async ring with the dp4a dot wherever the other
-    knobs allow it (measured faster at every shape, docs/gemv.md seventh
+    knobs allow it (measured faster at every shape, docs/notes/gemv.md seventh
     pass), with the row group shrunk to fit shared memory; Q6_K/Q8_0 stream
     at K <= 4096 with 16-byte rows."""
     def spec(m, epi="none", k=4096, **kw):
-        return G.default_spec("Q4_K", k, epi, target="sm_90", m=m, **kw)
+        return G.default_plan("Q4_K", k, epi, target="sm_90", m=m, **kw)
 
     def knobs(s):
         return (s.stages, s.rows, s.max_ctas, s.dot)
@@ -295,9 +278,9 @@ def test_default_spec_streams_q4k_with_dp4a():
     # nor with one CTA an SM (K = 28672: 132 slots), where it was not measured
     assert [G.launch_geometry(spec(m, k=28672), m)[0][0] for m in (1536, 2048)] == [128, 128]
     assert spec(4096, k=14336).bulk and spec(4096, "residual", k=14336).bulk
-    old = G.default_spec("Q4_K", 14336, "residual", m=4096, target="sm_80")
+    old = G.default_plan("Q4_K", 14336, "residual", m=4096, target="sm_80")
     assert not old.bulk and old.stages == 2
-    assert not G.default_spec("Q4_K", 14336, m=4096, target="sm_80").bulk
+    assert not G.default_plan("Q4_K", 14336, m=4096, target="sm_80").bulk
     assert not any(spec(m).bulk for m in (1024, 4096, 14336, 128256))
     assert spec(4096, "residual", k=14336).min_ctas == 2 and spec(4096, k=28672).min_ctas == 0
     # 2 stages x 8 rows of 16128-byte rows exceed shared memory: fewer rows
@@ -306,32 +289,31 @@ def test_default_spec_streams_q4k_with_dp4a():
     assert knobs(spec(6144, norm=True)) == (4, 8, 396, "dp4a") and spec(6144, norm=True).norm
     assert knobs(spec(14336, "swiglu", norm=True)) == (2, 4, 528, "dp4a")
     # the ring needs x in registers and one slice: the direct kernel
-    for s in (spec(128256, slices=2), spec(14336, xmode="shared"),
-              spec(14336, "swiglu", k=14336), spec(14336, stages=0)):
+    for s in (spec(14336, "swiglu", k=14336), spec(14336, stages=0)):
         assert s.stages == 0 and s.dot == "fma"
-    assert (G.default_spec("Q6_K", 4096, m=128256).stages, G.default_spec("Q6_K", 4096).tile) \
+    assert (G.default_plan("Q6_K", 4096, m=128256).stages, G.default_plan("Q6_K", 4096).tile) \
         == (4, 4096)
-    assert G.default_spec("Q8_0", 4096, "residual").stages == 4
+    assert G.default_plan("Q8_0", 4096, "residual").stages == 4
     # Q6_K at 12288 <= K <= 16384: two CTAs of K/32 threads per SM, 2 stages of 4 rows
     assert [(s.stages, s.rows, s.max_ctas, s.tile, s.pieces, G.threads(s)) for s in
-            (G.default_spec("Q6_K", 14336), G.default_spec("Q6_K", 16384, "residual"))] \
+            (G.default_plan("Q6_K", 14336), G.default_plan("Q6_K", 16384, "residual"))] \
         == [(2, 4, 264, 14336, 2, 448), (2, 4, 264, 16384, 2, 512)]
     # Q8_0 there: two CTAs of K/64 threads (8 pieces each); elsewhere past
     # K = 4096, 1024-weight tiles
     assert [(s.stages, s.rows, s.tile, s.pieces, G.threads(s)) for s in
-            (G.default_spec("Q8_0", 14336), G.default_spec("Q8_0", 12288, "residual"))] \
+            (G.default_plan("Q8_0", 14336), G.default_plan("Q8_0", 12288, "residual"))] \
         == [(4, 1, 14336, 8, 224), (4, 1, 12288, 8, 192)]
-    assert (G.default_spec("Q8_0", 8192).tile, G.default_spec("Q8_0", 14336, "swiglu").tile) \
+    assert (G.default_plan("Q8_0", 8192).tile, G.default_plan("Q8_0", 14336, "swiglu").tile) \
         == (1024, 2048)
     # two pieces a thread at K = 4096: Q8_0 always, Q6_K at 2048 <= M < 28672
-    assert [G.default_spec(q, 4096, epi, m=m).pieces for q, epi, m in
+    assert [G.default_plan(q, 4096, epi, m=m).pieces for q, epi, m in
             (("Q8_0", "none", None), ("Q8_0", "swiglu", 14336), ("Q8_0", "none", 128256),
              ("Q6_K", "none", 1024), ("Q6_K", "none", 2048), ("Q6_K", "swiglu", 14336),
              ("Q6_K", "residual", 28671), ("Q6_K", "none", 28672), ("Q6_K", "none", None))] \
         == [2, 2, 2, 0, 2, 2, 2, 0, 0]
-    assert [G.default_spec("Q6_K", k, epi).stages for k, epi in
+    assert [G.default_plan("Q6_K", k, epi).stages for k, epi in
             ((8192, "none"), (18432, "none"), (14336, "swiglu"))] == [0, 0, 0]
-    assert (G.default_spec("Q6_K", 4096, "swiglu").stages, G.default_spec("Q8_0", 4096, "swiglu").rows) \
+    assert (G.default_plan("Q6_K", 4096, "swiglu").stages, G.default_plan("Q8_0", 4096, "swiglu").rows) \
         == (3, 4)
     # the ring's shared memory is what launch_geometry asks for
     s = spec(128256)
@@ -342,7 +324,7 @@ def test_default_ring_sends_part_of_a_short_prologue_after_x():
     """ahead=1 where a CTA's rows fit in the prologue's S - 1 groups (the
     model's QKV and O), the whole prologue before the wait otherwise."""
     def ahead(m, k=4096, epi="none"):
-        return G.default_spec("Q4_K", k, epi, m=m).ahead
+        return G.default_plan("Q4_K", k, epi, m=m).ahead
     assert ahead(6144) == 1 and ahead(4096, epi="residual") == 1 and ahead(1024) == 1
     assert ahead(14336) == 0 and ahead(128256) == 0
     assert ahead(14336, epi="swiglu") == 0 and ahead(4096, 14336, "residual") == 0
@@ -350,10 +332,10 @@ def test_default_ring_sends_part_of_a_short_prologue_after_x():
 
 def test_bulk_knob_refused_where_not_built():
     with pytest.raises(ValueError, match="needs stages"):
-        G.GemvSpec("Q4_K", 512, bulk=True, target="sm_90")
+        G.GemvPlan.make("Q4_K", 512, bulk=True, target="sm_90")
     with pytest.raises(ValueError, match="sm_90 or newer"):
-        G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_80")
-    assert G.GemvSpec("Q4_K", 512, stages=3, bulk=True, target="sm_90").kernel_name \
+        G.GemvPlan.make("Q4_K", 512, stages=3, bulk=True, target="sm_80")
+    assert G.GemvPlan.make("Q4_K", 512, stages=3, bulk=True, target="sm_90").kernel_name \
         == "gemv_q4_k_k512_r4_s3_bulk"
 
 
@@ -361,27 +343,25 @@ def test_kernel_names_tell_text_changing_knobs_apart():
     """Specs whose PTX differs get different entry names (profiles and
     timelines go by name); launch-only knobs leave the name alone."""
     base = dict(qtype="Q4_K", k=1024, rows=2)
-    variants = [{}, {"pieces": 2}, {"slices": 2}, {"min_ctas": 2}, {"xmode": "shared"},
-                {"early": True}, {"prefetch": True}, {"stage": True}, {"l2_prefetch": True},
+    variants = [{}, {"pieces": 2}, {"min_ctas": 2}, {"dot": "dp4a"},
                 {"stages": 3}, {"stages": 3, "pieces": 2}, {"stages": 3, "min_ctas": 2}]
-    specs = [G.GemvSpec(**base, **v) for v in variants]
+    specs = [G.GemvPlan.make(**base, **v) for v in variants]
     names = [s.kernel_name for s in specs]
     assert len(set(names)) == len(names), names
     texts = {G.build(s).to_ptx().replace(s.kernel_name, "K") for s in specs}
     assert len(texts) == len(specs)          # each knob changes the text
-    staged = [G.GemvSpec("Q6_K", 4096, **v).kernel_name
-              for v in ({}, {"tile": 1024}, {"tile": 1024, "load_width": 4})]
-    assert len(set(staged)) == 3
+    staged = [G.GemvPlan.make("Q6_K", 4096, **v).kernel_name for v in ({}, {"tile": 1024})]
+    assert len(set(staged)) == 2
     # pdl is set by the executor after the graph names its launches
-    assert G.GemvSpec(**base, pdl=True, target="sm_90").kernel_name == names[0]
-    assert G.GemvSpec(**base, max_ctas=7, per_sm=0).kernel_name == names[0]
-    assert G.GemvSpec(**base, stages=3, max_ctas=7, per_sm=2).kernel_name == names[9]
+    assert G.GemvPlan.make(**base, pdl=True, target="sm_90").kernel_name == names[0]
+    assert G.GemvPlan.make(**base, max_ctas=7, per_sm=0).kernel_name == names[0]
+    assert G.GemvPlan.make(**base, stages=3, max_ctas=7, per_sm=2).kernel_name == names[4]
 
 
 def test_interleave_knob_refused_without_the_ring():
     with pytest.raises(ValueError, match="it needs stages"):
-        G.GemvSpec("Q4_K", 512, interleave=True)
-    assert G.GemvSpec("Q4_K", 512, stages=3, interleave=True).kernel_name \
+        G.GemvPlan.make("Q4_K", 512, interleave=True)
+    assert G.GemvPlan.make("Q4_K", 512, stages=3, interleave=True).kernel_name \
         == "gemv_q4_k_k512_r4_s3_il"
 
 
@@ -390,7 +370,7 @@ def test_interleave_defaults():
     slower (Q4_K with few rows, the residual at K = 14336); the direct
     kernel has no ring to deal."""
     def spec(m, k=4096, epi="none", qtype="Q4_K", **kw):
-        return G.default_spec(qtype, k, epi, target="sm_90", m=m, **kw)
+        return G.default_plan(qtype, k, epi, target="sm_90", m=m, **kw)
     assert spec(4096, 14336).interleave and spec(14336).interleave
     assert spec(14336, epi="swiglu").interleave and spec(4096, epi="residual").interleave
     assert spec(6144, epi="rope", rope=(128, 32, 8)).interleave and spec(128256).interleave
@@ -406,85 +386,76 @@ def test_ring_and_static_arrays_must_fit_together():
     (31 warps x 2 rows, padded to a line) in front of it, is refused; with
     488 threads (one line of static memory) it fits."""
     with pytest.raises(ValueError, match="232544 with the kernel's static arrays"):
-        G.GemvSpec("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=2)
-    ok = G.GemvSpec("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=4)
+        G.GemvPlan.make("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=2)
+    ok = G.GemvPlan.make("Q8_0", 15616, stages=7, rows=2, tile=15616, pieces=4)
     assert ok.ring_bytes + ok.ring_static_bytes == 232288 + 128
 
 
 def test_stages_knob_refused_where_not_built():
     with pytest.raises(ValueError, match="stages must be"):
-        G.GemvSpec("Q4_K", 512, stages=1)
+        G.GemvPlan.make("Q4_K", 512, stages=1)
     with pytest.raises(ValueError, match="one tile per row"):
-        G.GemvSpec("Q6_K", 4096, stages=3, tile=2048)
+        G.GemvPlan.make("Q6_K", 4096, stages=3, tile=2048)
     with pytest.raises(ValueError, match="16-byte aligned rows"):
-        G.GemvSpec("Q6_K", 256, stages=3, tile=256)      # 210-byte rows
+        G.GemvPlan.make("Q6_K", 256, stages=3, tile=256)      # 210-byte rows
     with pytest.raises(ValueError, match="built for the ring"):
-        G.GemvSpec("Q8_0", 512, pieces=2)
-    with pytest.raises(ValueError, match="one slice"):
-        G.GemvSpec("Q4_K", 512, stages=3, slices=2)
+        G.GemvPlan.make("Q8_0", 512, pieces=2)
     with pytest.raises(ValueError, match="bytes of shared memory"):
-        G.GemvSpec("Q4_K", 14336, stages=8, rows=8)
+        G.GemvPlan.make("Q4_K", 14336, stages=8, rows=8)
     for stages, ahead in ((3, 3), (0, 1), (4, -1), (4, True)):
         with pytest.raises(ValueError, match="ahead"):
-            G.GemvSpec("Q4_K", 512, stages=stages, ahead=ahead)
+            G.GemvPlan.make("Q4_K", 512, stages=stages, ahead=ahead)
 
 
 @pytest.mark.parametrize("target,shared_kb", [("sm_90", 228), ("sm_80", 164), ("sm_86", 100)])
 def test_per_sm_caps_resident_rings_by_shared_memory(target, shared_kb):
     """per_sm=n asks for the dynamic shared memory at which n CTAs fit on an
     SM and n + 1 do not (1 KB reserved per CTA); the kernel text is unchanged."""
-    base = G.GemvSpec("Q4_K", 4096, "swiglu", rows=2, stages=2, target=target)
+    base = G.GemvPlan.make("Q4_K", 4096, "swiglu", rows=2, stages=2, target=target)
     ring = base.ring_bytes
     assert base.dynamic_shared == ring
     per = shared_kb * 1024
     for n in range(1, per // (ring + 1024) + 1):
-        s = attrs.evolve(base, per_sm=n)
+        s = base.evolve(per_sm=n)
         sh = G.launch_geometry(s, 14336)[2]
         assert sh == s.dynamic_shared >= ring and sh % 16 == 0
         assert per // (sh + 1024) == n, (n, sh)
         assert G.build(s).to_ptx() == G.build(base).to_ptx()
     with pytest.raises(ValueError, match="do not fit"):
-        attrs.evolve(base, per_sm=per // (ring + 1024) + 1)
+        base.evolve(per_sm=per // (ring + 1024) + 1)
     for bad in (-1, 33, True, 2.0):
         with pytest.raises(ValueError, match="per_sm"):
-            attrs.evolve(base, per_sm=bad)
+            base.evolve(per_sm=bad)
     with pytest.raises(ValueError, match="needs stages"):
-        G.GemvSpec("Q4_K", 4096, per_sm=2, target=target)
+        G.GemvPlan.make("Q4_K", 4096, per_sm=2, target=target)
 
 
 @pytest.mark.parametrize("qtype,k", [("Q4_K", 300), ("Q4_K", 128), ("Q6_K", 1000),
                                      ("Q8_0", 40), ("Q8_0", 0), ("Q4_K", 512.0)])
 def test_k_not_multiple_refused(qtype, k):
     with pytest.raises(ValueError, match="multiple"):
-        G.GemvSpec(qtype, k)
+        G.GemvPlan.make(qtype, k)
     with pytest.raises(ValueError):
-        G.default_spec(qtype, k)
+        G.default_plan(qtype, k)
 
 
 @pytest.mark.parametrize("bad", [dict(qtype="Q5_K"), dict(epilogue="gelu"), dict(rows=3),
-                                 dict(rows=32), dict(tile=100), dict(load_width=3),
+                                 dict(rows=32), dict(tile=100), dict(slices=2),
                                  dict(target="sm_75"), dict(max_ctas=0)])
 def test_bad_spec_refused(bad):
     kw = dict(qtype="Q8_0", k=256) | bad
     with pytest.raises(ValueError):
-        G.GemvSpec(**kw)
+        G.GemvPlan.make(**kw)
 
 
 def test_norm_is_q4k_register_only():
-    with pytest.raises(ValueError, match="norm=True .* Q4_K with xmode='reg', not Q6_K"):
-        G.GemvSpec("Q6_K", 512, norm=True)
-    with pytest.raises(ValueError, match="not Q4_K xmode='shared'"):
-        G.GemvSpec("Q4_K", 512, norm=True, xmode="shared")
-    assert "_norm" in G.GemvSpec("Q4_K", 512, norm=True).kernel_name
-
-
-def test_load_width_must_divide_alignment():
-    with pytest.raises(ValueError, match="load_width"):
-        G.build(G.GemvSpec("Q8_0", 96, load_width=16))
+    with pytest.raises(ValueError, match="norm=True .* built for Q4_K, not Q6_K"):
+        G.GemvPlan.make("Q6_K", 512, norm=True)
+    assert "_norm" in G.GemvPlan.make("Q4_K", 512, norm=True).kernel_name
 
 
 def test_launch_geometry_covers_rows():
-    spec = G.GemvSpec("Q4_K", 4096, rows=4, max_ctas=100)
+    spec = G.GemvPlan.make("Q4_K", 4096, rows=4, max_ctas=100)
     for m in (1, 3, 4, 5, 399, 401, 128256):
         grid, block, shared, rpc = G.launch_geometry(spec, m)
         assert rpc % spec.rows == 0 and grid[0] <= 100 and grid[0] * rpc >= m
@@ -494,7 +465,7 @@ def test_launch_geometry_covers_rows():
 
 
 def test_deterministic_and_named():
-    spec = G.GemvSpec("Q6_K", 512, epilogue="swiglu")
+    spec = G.GemvPlan.make("Q6_K", 512, epilogue="swiglu")
     assert G.build(spec).to_ptx() == G.build(spec).to_ptx()
     assert spec.kernel_name in G.build(spec).to_ptx()
 
@@ -502,10 +473,10 @@ def test_deterministic_and_named():
 @pytest.mark.parametrize("target", ["sm_80", "sm_86", "sm_89", "sm_90"])
 @pytest.mark.parametrize("name", sorted(G.CANONICAL) + ["q4k_14336_swiglu", "q6k_4096"])
 def test_ptxas_no_spills(ptxas, target, name):
-    extra = {"q4k_14336_swiglu": G.default_spec("Q4_K", 14336, "swiglu"),
-             "q6k_4096": G.default_spec("Q6_K", 4096)}
+    extra = {"q4k_14336_swiglu": G.default_plan("Q4_K", 14336, "swiglu"),
+             "q6k_4096": G.default_plan("Q6_K", 4096)}
     try:
-        spec = attrs.evolve(G.CANONICAL.get(name) or extra[name], target=target)
+        spec = (G.CANONICAL.get(name) or extra[name]).evolve(target=target)
     except ValueError as e:         # the bulk copy engine needs sm_90
         pytest.skip(f"{name} is not built for {target}: {e}")
     _, reports = assemble(G.build(spec).to_ptx(), target)     # raises on a ptxas error
@@ -547,7 +518,7 @@ ROPE_CASES = [
     # the decode step's QKV knobs: 8 rows, 3 stages, one group ahead, the norm folded
     ("Q4_K", 512, (32, 4, 2), {"rows": 8, "norm": True, "stages": 3, "dot": "dp4a",
                                "ahead": 1}),
-    ("Q4_K", 512, (32, 4, 2), {"rows": 2, "slices": 2}),
+    ("Q4_K", 512, (32, 4, 2), {"rows": 2}),
     ("Q6_K", 512, (32, 3, 1), {"rows": 2}),
     ("Q8_0", 256, (8, 6, 3), {"rows": 4, "stages": 3, "tile": 256}),
 ]
@@ -561,7 +532,7 @@ def test_gemv_rope_epilogue(run, qtype, k, rope, knobs):
     capacity y is still rotated and the caches are untouched.  M is not a
     multiple of a CTA's rows (small max_ctas)."""
     rng = np.random.default_rng()
-    spec = G.GemvSpec(qtype, k, epilogue="rope", rope=rope, max_ctas=3, **knobs)
+    spec = G.GemvPlan.make(qtype, k, epilogue="rope", rope=rope, max_ctas=3, **knobs)
     cap = 11
     w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
     norm = _norm_data(rng, k) if spec.norm else None
@@ -583,14 +554,14 @@ def test_gemv_rope_epilogue(run, qtype, k, rope, knobs):
 
 def test_rope_epilogue_refused_where_not_built():
     with pytest.raises(ValueError, match="rows must be even"):
-        G.GemvSpec("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=1)
+        G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=1)
     for bad in ((), (64, 4), (63, 4, 2), (64, 0, 2), (1024, 1, 1), (64.0, 4, 2)):
         with pytest.raises(ValueError, match="rope=\\(head_dim"):
-            G.GemvSpec("Q4_K", 512, epilogue="rope", rope=bad, rows=2)
+            G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=bad, rows=2)
     with pytest.raises(ValueError, match="is for epilogue='rope'"):
-        G.GemvSpec("Q4_K", 512, rope=(64, 4, 2))
+        G.GemvPlan.make("Q4_K", 512, rope=(64, 4, 2))
     # default_spec keeps rows even for the pairs
-    s = G.default_spec("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
+    s = G.default_plan("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
     assert s.rows % 2 == 0 and s.epilogue == "rope"
     assert (s.rows, s.stages, s.ahead, s.dot) == (8, 3, 1, "dp4a")
     assert "rope128h32x8" in s.kernel_name
@@ -602,7 +573,7 @@ def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype):
     """The model's QKV shape (32 query / 8 KV heads of 128, K = 4096) with
     the default knobs, on the GPU."""
     rng = np.random.default_rng()
-    spec = G.default_spec(qtype, 4096, "rope", m=6144, rope=(128, 32, 8))
+    spec = G.default_plan(qtype, 4096, "rope", m=6144, rope=(128, 32, 8))
     cap = 300
     w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
     plain = G.reference(spec, w, x, epilogue="none")
@@ -628,7 +599,7 @@ def test_ab_configs_name_valid_specs(ptxas):
     for path in cfgs:
         for shape in json.loads(path.read_text())["shapes"]:
             for name, knobs in shape["variants"].items():
-                spec = G.default_spec(shape.get("qtype", "Q4_K"), shape["k"],
+                spec = G.default_plan(shape.get("qtype", "Q4_K"), shape["k"],
                                       shape.get("epi", "none"), target="sm_90", pdl=True,
                                       m=shape["m"], **knobs)
                 _, reports = assemble(G.build(spec).to_ptx(), "sm_90")
@@ -637,7 +608,7 @@ def test_ab_configs_name_valid_specs(ptxas):
 
 @attrs.frozen
 class _PlanesProbe:
-    """A kernel that splits 4 x values a thread with ``gemv_common.x_planes``
+    """A kernel that splits 4 x values a thread with ``gemv.common.x_planes``
     and stores the three plane words."""
     target: str = "sm_80"
     kernel_name: str = "x_planes_probe"
@@ -646,7 +617,7 @@ class _PlanesProbe:
 def _build_planes_probe(spec):
     import ptxgen
     from ptxgen.types import f32, u32
-    from ptxgen.kernels.gemv_common import x_planes
+    from ptxgen.kernels.gemv.common import x_planes
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name) as k:
         x = k.param_ptr("x", f32)
@@ -665,7 +636,7 @@ def test_x_planes_hold_the_rounded_integer(run):
     ``x0`` a signed and ``x1, x2`` unsigned bytes, over the whole range
     ``|T| <= 4e6`` (``inv = 4e6 / max|x|``): ties, both ends, zero and
     values of every magnitude."""
-    from ptxgen.kernels.gemv_common import XFULL
+    from ptxgen.kernels.gemv.common import XFULL
     rng = np.random.default_rng()
     n = 64 * 4
     amax = np.float32(rng.uniform(0.5, 3.0))

@@ -5,8 +5,8 @@ inside a row, so a thread cannot read "its" block with wide loads.  Instead a
 CTA works on ``spec.rows`` consecutive rows at a time and walks K in tiles:
 
 1. copy: the rows' tile bytes (contiguous per row) are read with coalesced
-   ``ld.global.nc.L1::no_allocate`` loads of ``load_width`` bytes (16 when
-   the row and tile sizes allow) and stored to shared memory, all loads
+   ``ld.global.nc.L1::no_allocate`` loads, as wide (16, 8, 4 or 2 bytes)
+   as the row and tile sizes allow, and stored to shared memory, all loads
    issued before the first store;
 2. decode: each thread owns one *piece* of the tile (Q8_0: 8 weights of a
    block; Q6_K: 16 weights, four runs of 4) for every row; it loads its x
@@ -26,31 +26,25 @@ import math
 import ptxgen
 from ptxgen.types import f16, f32, s8, s32, u8, u16, u32
 
-from .gemv_common import (PLANE_SIGNED, PLANE_W, XFULL, GemvSpec, declare_params,
-                          plane_inverse, warp_threads, write_outputs, x_planes)
-from .spec_fields import pdl_prologue
+from ..spec_fields import pdl_prologue
+from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, plane_inverse,
+                     warp_threads, write_outputs, x_planes)
 
-__all__ = ["build_staged", "staged_layout", "q6_planes"]
+__all__ = ["build_staged", "staged_layout", "q6_planes", "FORMATS"]
 
 _PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4}
 
 
-def staged_layout(spec: GemvSpec) -> dict:
+def staged_layout(spec) -> dict:
     """Tile geometry: blocks per tile, bytes, load width, threads."""
     nb = spec.k // spec.block_weights
     limit = max(1, spec.tile // spec.block_weights)
     tb = max(d for d in range(1, min(nb, limit) + 1) if nb % d == 0)
     tile_bytes = tb * spec.block_bytes
     align = math.gcd(spec.row_bytes, tile_bytes)
-    if spec.load_width:
-        if align % spec.load_width:
-            raise ValueError(f"load_width {spec.load_width} does not divide the row/tile "
-                             f"alignment {align} of {spec.qtype} K={spec.k}")
-        lw = spec.load_width
-    else:
-        lw = next(w for w in (16, 8, 4, 2) if align % w == 0)
+    lw = next(w for w in (16, 8, 4, 2) if align % w == 0)
     pieces = tb * _PIECES_PER_BLOCK[spec.qtype]
-    # pieces per thread: more than one only through the ring (gemv_stream)
+    # pieces per thread: more than one only through the ring (.ring)
     ppt = spec.pieces or 1
     thr = warp_threads(pieces, ppt)
     if thr > 1024:
@@ -169,13 +163,13 @@ def _q6_dot_planes(k, pc, d, ql, qh, scb):
     return (d * pc["xscale"]) * f
 
 
-_FORMATS = {"Q6_K": (_q6_piece, _q6_dot), "Q8_0": (_q8_piece, _q8_dot)}
+FORMATS = {"Q6_K": (_q6_piece, _q6_dot), "Q8_0": (_q8_piece, _q8_dot)}
 
 
-def build_staged(spec: GemvSpec) -> ptxgen.Module:
+def build_staged(spec) -> ptxgen.Module:
     """Build the Q6_K or Q8_0 GEMV kernel described by ``spec``."""
     lay = staged_layout(spec)
-    piece_fn, dot_fn = _FORMATS[spec.qtype]
+    piece_fn, dot_fn = FORMATS[spec.qtype]
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     thr, lw, stride = lay["threads"], lay["lw"], lay["stride"]
     warps = thr // 32

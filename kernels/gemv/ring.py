@@ -1,7 +1,7 @@
 """Quantized GEMV streamed through a ring of shared-memory stages with ``cp.async``.
 
-``GemvSpec(stages=S)`` (S >= 2), Q4_K, and Q6_K/Q8_0 when one tile covers
-the row and rows are 16-byte aligned.  The direct Q4_K kernel (:mod:`gemv_q4k`) loads
+``GemvConfig(stages=S)`` (S >= 2), Q4_K, and Q6_K/Q8_0 when one tile covers
+the row and rows are 16-byte aligned.  The direct Q4_K kernel (:mod:`.q4k`) loads
 weights into registers, so how many bytes are in flight is decided by the
 JIT's register allocation (it interleaves the loads with the math to stay
 under its register budget).  Here the CTA's weight bytes travel by
@@ -19,7 +19,7 @@ super-block read the same header, a broadcast; a quarter warp's qs reads
 cover 128 contiguous bytes, no bank conflicts) and computes exactly as the
 direct kernel does, x in registers.  Q6_K and Q8_0 threads decode their
 piece of each row (``pieces`` of them, ``tid + i * threads``) from the stage
-exactly as the staged kernel (:mod:`gemv_staged`) decodes it from its tile,
+exactly as the staged kernel (:mod:`.staged`) decodes it from its tile,
 with their x values loaded once (the tile is the whole row).
 
 Per row group ``g`` (iteration of the CTA's loop)::
@@ -54,13 +54,12 @@ import ptxgen
 from ptxgen.types import f32, u8, u32, u64
 from ptxgen.values import Address
 
-from .gemv_common import GemvSpec, declare_params, write_outputs
-from .gemv_q4k import (_norm_sum, _piece_dot, _piece_nw, _piece_offsets, _piece_planes,
-                       _piece_x, q4k_layout)
-from .gemv_staged import _FORMATS, q6_planes, staged_layout
-from .spec_fields import pdl_prologue, pdl_wait
+from ..spec_fields import pdl_prologue, pdl_wait
+from .common import declare_params, write_outputs
+from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x, q4k_layout
+from .staged import FORMATS, q6_planes, staged_layout
 
-__all__ = ["build_stream", "copy_rows"]
+__all__ = ["build_ring", "copy_rows"]
 
 
 class _RowView:
@@ -89,14 +88,14 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
                        guard=guard)
 
 
-def build_stream(spec: GemvSpec) -> ptxgen.Module:
+def build_ring(spec) -> ptxgen.Module:
     q4k = spec.qtype == "Q4_K"
     if q4k:
         ppt, thr, total = q4k_layout(spec)
     else:
         lay = staged_layout(spec)
         thr = lay["threads"]
-        piece_fn, dot_fn = _FORMATS[spec.qtype]
+        piece_fn, dot_fn = FORMATS[spec.qtype]
     nm, R, rb, S = spec.n_mats, spec.rows, spec.row_bytes, spec.stages
     warps = thr // 32
     group_bytes = R * rb                    # one matrix's share of a stage
@@ -115,7 +114,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         # alignment, target.SHARED_LINE)
         ring = k.dynamic_shared("ring", u8)
         tid = k.tid.x
-        pcs = [_piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
+        pcs = [piece_offsets(k, tid, i, thr, total) for i in range(ppt)] if q4k else []
         if spec.interleave:
             # groups c, c + n, ...: consecutive groups of a CTA are ``gstep`` rows apart
             row0 = k.ctaid.x * R
@@ -174,18 +173,18 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
         if norm:
             # the fused RMSNorm's weights are constants too
             for pc in pcs:
-                _piece_nw(k, norm[0], pc)
+                piece_nw(k, norm[0], pc)
         pdl_wait(k, spec)
         for pc in pcs:
-            _piece_x(k, x, pc, norm[0] if norm else None)
+            piece_x(k, x, pc, norm[0] if norm else None)
             if spec.dot == "dp4a":
-                _piece_planes(k, pc)
+                piece_planes(k, pc)
             # the piece's header and qs offsets inside one row of a stage
             pc["h32"] = pc["sb"] * 144
             pc["q32"] = pc["h32"] + (pc["c"] << 4) + 16
         # fused RMSNorm: the pieces hold x * nw; the CTA's 1/sqrt(mean + eps)
         # is computed once here, and write_outputs scales every row by it
-        nsum = _norm_sum(k, spec, pcs, norm, red, warps, tid)
+        nsum = norm_sum(k, spec, pcs, norm, red, warps, tid)
         if not q4k:
             # piece p = tid + i * thr of the row, for each of the thread's ppt
             spcs = []
@@ -237,7 +236,7 @@ def build_stream(spec: GemvSpec) -> ptxgen.Module:
                         o = mi * group_bytes + i * rb
                         hdr = k.ld(hb + o, u32, vec=4)
                         qs = k.ld(qb + o, u32, vec=4)
-                        d = _piece_dot(k, hdr, qs, pc)
+                        d = piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum,
                           trailing_barrier=False)

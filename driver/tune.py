@@ -1,0 +1,145 @@
+"""``python -m ptxgen tune [gemv] [--model FILE.gguf] [--rounds N]``: time
+candidate configs on the present GPU and keep the fastest per call in the
+user's tuning cache (:mod:`ptxgen.kernels.tuning`), which the family's
+selector then prefers over the shipped table on this device.
+
+For ``gemv`` the calls are the weight shapes of ``--model`` (a GGUF file's
+Q4_K/Q6_K/Q8_0 matrices, with the epilogues the decode step uses) or, by
+default, those of an 8B Llama: for each, :func:`gemv.candidate_configs`
+(the selected config and its neighbours) are timed in alternating rounds,
+each a median of CUDA-event-timed launches over random valid weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from ptxgen.kernels import gemv, tuning
+
+__all__ = ["tune_command", "gemv_calls", "tune_gemv"]
+
+#: (qtype, m, k, epilogue) of an 8B Llama's decode step
+LLAMA_8B = [("Q4_K", 6144, 4096, "rope"), ("Q4_K", 4096, 4096, "residual"),
+            ("Q4_K", 14336, 4096, "swiglu"), ("Q4_K", 4096, 14336, "residual"),
+            ("Q6_K", 128256, 4096, "none")]
+
+
+def gemv_calls(model: str | None) -> list:
+    """``(qtype, m, k, epilogue)`` of every distinct GEMV of ``model`` (the
+    8B list without one)."""
+    if model is None:
+        return list(LLAMA_8B)
+    from .model.gguf_loader import LlamaFile
+    f = LlamaFile(model)
+    hp = f.hparams
+    out = []
+    for name, epi in (("attn_q", "rope"), ("attn_output", "residual"), ("ffn_gate", "swiglu"),
+                      ("ffn_down", "residual")):
+        t = f.tensor(f"blk.0.{name}.weight")
+        m = hp.q_dim + 2 * hp.kv_dim if epi == "rope" else t.shape[0]
+        out.append((t.qtype, m, t.shape[1], epi))
+    t = f.tensor("output.weight" if f.has("output.weight") else "token_embd.weight")
+    out.append((t.qtype, t.shape[0], t.shape[1], "none"))
+    return sorted(set(c for c in out if c[0] in gemv.QTYPE_INFO), key=out.index)
+
+
+def _spec(qtype, m, k, epi, target, hp_heads):
+    rope = hp_heads if epi == "rope" else ()
+    return gemv.GemvSpec(qtype, k, epilogue=epi, rope=rope, target=target, pdl=False)
+
+
+def _time(fn_launch, stream, reps):
+    from . import Event
+    fn_launch()
+    stream.synchronize()
+    e0, e1 = Event(), Event()
+    e0.record(stream)
+    for _ in range(reps):
+        fn_launch()
+    e1.record(stream)
+    e1.synchronize()
+    return e0.elapsed_ms(e1) * 1e3 / reps
+
+
+def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
+    """Time every candidate of every call; store the winners; return rows
+    ``(call, config, us, default_us)``."""
+    from ptxgen.kernels.quants import quantize
+    from . import DeviceArray, Stream, get_device
+    from .launch import launch
+    from .module import Module
+    dev = get_device()
+    target, sms, name = dev.target, dev.attribute("MULTIPROCESSOR_COUNT"), dev.name
+    rng = np.random.default_rng(0)
+    stream = Stream()
+    rows = []
+    for qtype, m, k, epi in calls:
+        heads = (128, (m - 2048) // 128, 8) if epi == "rope" else ()
+        spec = _spec(qtype, m, k, epi, target, heads)
+        if epi == "rope" and spec.rope_rows != m:
+            print(f"skip {qtype} {m}x{k} rope: not an 8-KV-head stack", file=out)
+            continue
+        w = [DeviceArray.from_numpy(quantize(rng.standard_normal((m, k)).astype(np.float32) * 0.02,
+                                             qtype)) for _ in range(spec.n_mats)]
+        x = DeviceArray.from_numpy(rng.standard_normal(k).astype(np.float32))
+        y = DeviceArray.empty((m,), np.float32)
+        extra = ()
+        if epi == "residual":
+            extra = (DeviceArray.from_numpy(np.zeros(m, np.float32)),)
+        elif epi == "rope":
+            d, nq, nkv = heads
+            extra = (DeviceArray.from_numpy(np.ones((d // 2, 2), np.float32)),
+                     DeviceArray.from_numpy(np.zeros(8, np.int32)),
+                     DeviceArray.empty((nkv, 16, d), np.float16),
+                     DeviceArray.empty((nkv, 16, d), np.float16), 16)
+        cands = gemv.candidate_configs(spec, m, sms)
+        launches = []
+        for cfg in cands:
+            plan = gemv.GemvPlan(spec, cfg)
+            fn = Module.from_ptx(gemv.build(plan).to_ptx()).function(plan.kernel_name)
+            grid, block, shared, rpc = gemv.launch_geometry(plan, m)
+            if shared:
+                fn.require_dynamic_shared(shared)
+            args = (*w, x, *extra, y, m, rpc)
+            launches.append(lambda fn=fn, g=grid, b=block, a=args, s=shared:
+                            launch(fn, g, b, *a, shared=s, stream=stream))
+        times = [[] for _ in cands]
+        for _ in range(rounds):
+            for i, go in enumerate(launches):
+                times[i].append(_time(go, stream, reps))
+        med = [statistics.median(t) for t in times]
+        best = min(range(len(cands)), key=med.__getitem__)
+        call = gemv.tuning.call_of(spec, m)
+        import attrs
+        cfg = attrs.asdict(cands[best])
+        cfg.pop("per_sm")            # derived from the grid and the SMs at selection
+        tuning.store_user_config("gemv", name, call, cfg,
+                                 {"us": round(med[best], 3), "default_us": round(med[0], 3),
+                                  "date": time.strftime("%Y-%m-%d")})
+        print(f"{qtype} {m}x{k} {epi:8s} default {med[0]:8.2f} us  best {med[best]:8.2f} us "
+              f"({len(cands)} configs){'  (default kept)' if best == 0 else ''}", file=out)
+        rows.append(((qtype, m, k, epi), cands[best], med[best], med[0]))
+    return rows
+
+
+def tune_command(argv) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ptxgen tune",
+                                 description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("family", nargs="?", default="gemv", choices=["gemv"],
+                    help="kernel family to tune")
+    ap.add_argument("--model", default=None, help="a GGUF file whose shapes to tune for")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
+    args = ap.parse_args(argv)
+    from . import is_available
+    if not is_available():
+        print("error: tune times kernels on a GPU, and none is available", file=sys.stderr)
+        return 2
+    tune_gemv(gemv_calls(args.model), rounds=args.rounds)
+    print(f"stored in {tuning.cache_dir() / 'tuning' / 'gemv.json'}")
+    return 0

@@ -1,0 +1,105 @@
+"""Quantized GEMV ``y = W x`` (Q4_K, Q6_K, Q8_0) with optional fused epilogues.
+
+``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``, rows of
+blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
+``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
+matrices) and ``rope`` (the decode step's stacked Q/K/V projection with
+RoPE on q and k and the K/V-cache append).  K is a spec field; M is a
+launch argument and arbitrary.
+
+What is computed is a :class:`GemvSpec`; how it runs is a :class:`GemvConfig`
+chosen by :func:`select_config` from the per-device tuning table
+(``kernels/tuning/gemv.json``).  Kernel bodies: :mod:`.q4k` (Q4_K, x and
+weights in registers), :mod:`.staged` (Q6_K/Q8_0 tile by tile through
+shared memory), :mod:`.ring` (every format through a ``cp.async`` ring of
+row-group stages; the tuned choice almost everywhere).  Measurements:
+docs/notes/gemv.md.
+
+Launch: ``grid, block, shared, rpc = launch_geometry(plan, M)``; arguments
+``(w[, wu], x[, nw, eps][, r | freqs, pos_ptr, k_cache, v_cache, capacity],
+y, M, rpc)``.
+"""
+
+from __future__ import annotations
+
+import ptxgen
+from ptxgen import registry
+
+from .common import launch_geometry, threads
+from .q4k import build_q4k
+from .reference import reference, rope_reference
+from .ring import build_ring
+from .spec import EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvConfig, GemvPlan, GemvSpec, check_k
+from .staged import build_staged
+from .tuning import balanced, candidate_configs, select_config
+
+__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
+           "select_config", "candidate_configs", "launch_geometry", "reference",
+           "rope_reference", "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "MAX_RING_BYTES",
+           "CANONICAL"]
+
+
+def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = None,
+         sm_count: int | None = None, device: str | None = None) -> GemvPlan:
+    """``spec`` with ``config`` (default: :func:`select_config` for ``m``
+    rows on ``sm_count`` SMs of ``device``), checked together."""
+    if isinstance(spec, GemvPlan):
+        return spec
+    return GemvPlan(spec, config or select_config(spec, m, sm_count, device))
+
+
+def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "sm_80",
+                 m: int | None = None, sm_count: int | None = None, norm: bool = False,
+                 rope: tuple = (), pdl: bool = False, device: str | None = None,
+                 **config) -> GemvPlan:
+    """The plan of the tuned config for a call; ``config`` fields given here
+    replace the table's (a combination the kernels do not build is refused)."""
+    import attrs
+    spec = GemvSpec(qtype.upper() if isinstance(qtype, str) else qtype, k, epilogue=epilogue,
+                    norm=norm, rope=rope, target=target, pdl=pdl)
+    if not config:
+        return GemvPlan(spec, select_config(spec, m, sm_count, device))
+    cfg = select_config(spec, m)
+    if config:
+        if config.get("stages") == 0:
+            # the direct kernel: the ring's fields go back to their defaults
+            ring_only = {"ahead", "per_sm", "bulk", "interleave"}
+            cfg = attrs.evolve(cfg, **{f: attrs.fields_dict(GemvConfig)[f].default
+                                       for f in ring_only})
+            cfg = attrs.evolve(cfg, dot="fma", pieces=0)
+        cfg = attrs.evolve(cfg, **config)
+    GemvPlan(spec, cfg)                     # refuse a combination before balancing
+    return GemvPlan(spec, balanced(spec, cfg, m, sm_count))
+
+
+def build(spec, config: GemvConfig | None = None) -> ptxgen.Module:
+    """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
+    :class:`GemvSpec` with ``config``, default the selected one, or a
+    :class:`GemvPlan`)."""
+    p = plan(spec, config)
+    if p.stages:
+        return build_ring(p)
+    if p.qtype == "Q4_K":
+        return build_q4k(p)
+    return build_staged(p)
+
+
+def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", **config):
+    return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, target=target),
+                    GemvConfig(**config))
+
+
+CANONICAL = {
+    "gemv_q4_k": _canon("Q4_K", 512),
+    "gemv_q6_k_swiglu": _canon("Q6_K", 512, "swiglu"),
+    "gemv_q8_0_residual": _canon("Q8_0", 256, "residual"),
+    "gemv_q4_k_stream": _canon("Q4_K", 512, rows=2, stages=3),
+    "gemv_q8_0_ring": _canon("Q8_0", 768, rows=2, stages=3, tile=768, pieces=2),
+    "gemv_q6_k_dp4a": _canon("Q6_K", 2048, rows=2, stages=2, tile=2048, pieces=2, dot="dp4a"),
+    "gemv_q4_k_bulk": _canon("Q4_K", 512, rows=2, stages=3, dot="dp4a", bulk=True,
+                             target="sm_90"),
+    "gemv_q4_k_rope": _canon("Q4_K", 512, "rope", rope=(64, 4, 2), rows=4, stages=3,
+                             dot="dp4a"),
+}
+
+registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0])

@@ -1,0 +1,327 @@
+"""Shared parts of the quantized GEMV kernels: geometry, signature, reduction, epilogues.
+
+``y = W @ x`` with ``W`` an ``[M, K]`` matrix stored as GGUF rows of
+quantized blocks (``uint8 [M, row_bytes]``), ``x`` and ``y`` float32.  One
+plan (:class:`.spec.GemvPlan`: a spec and its config) covers every format
+and epilogue; the kernel bodies live in :mod:`.q4k` (Q4_K, direct 16-byte
+loads), :mod:`.staged` (Q6_K and Q8_0, tile by tile through shared memory)
+and :mod:`.ring` (every format through a ``cp.async`` ring).
+
+Kernel parameters, in order::
+
+    w      u8*   weights (gate weights for swiglu)
+    wu     u8*   up weights                      (swiglu only)
+    x      f32*  activations, K values
+    r      f32*  residual, M values              (residual only)
+    y      f32*  output, M values
+    m      u32   rows
+    rpc    u32   rows per CTA (a multiple of ``spec.rows``; see launch_geometry)
+
+(``norm`` adds ``nw, eps`` after ``x``; ``rope`` replaces ``r`` with its
+table, position and caches: :func:`declare_params`.)  Launch: ``grid =
+ceil(M / rpc)`` CTAs of ``threads(spec)`` threads, with the ring's
+dynamic shared memory (:func:`launch_geometry`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ptxgen.types import f16, f32, s32, u8, u32
+
+from ..reduce import warp_sum
+
+__all__ = ["threads", "warp_threads", "groups_per_cta", "launch_geometry", "declare_params",
+           "RopeArgs", "warp_sum", "silu_times", "write_outputs", "norm_scale", "XFULL",
+           "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes"]
+
+LOG2E = 1.4426950408889634
+
+
+def threads(spec) -> int:
+    """Threads per CTA."""
+    if spec.qtype == "Q4_K":
+        from .q4k import q4k_layout
+        return q4k_layout(spec)[1]
+    from .staged import staged_layout
+    return staged_layout(spec)["threads"]
+
+
+def warp_threads(pieces: int, per_thread: int) -> int:
+    """Threads for ``pieces`` pieces at ``per_thread`` a thread, rounded up
+    to whole warps (at least one)."""
+    return max(32, math.ceil(math.ceil(pieces / per_thread) / 32) * 32)
+
+
+def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:
+    """Row groups of ``unit`` rows each CTA takes when ``m`` rows are dealt
+    out over at most ``max_ctas`` CTAs (``launch_geometry``'s split)."""
+    return math.ceil(math.ceil(m / unit) / max_ctas)
+
+
+def launch_geometry(spec, m: int):
+    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
+    (``shared_bytes``: :attr:`.GemvPlan.dynamic_shared`, the ``stages`` ring
+    and any ``per_sm`` cap).
+
+    ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
+    ``spec.rows`` that keeps the grid within ``spec.max_ctas``.
+    """
+    if not isinstance(m, int) or m < 1:
+        raise ValueError(f"M must be a positive int, got {m!r}")
+    unit = spec.rows
+    rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
+    grid = math.ceil(m / rpc)
+    return (grid, 1, 1), (threads(spec), 1, 1), spec.dynamic_shared, rpc
+
+
+def declare_params(k, spec, warps):
+    """The GEMV kernel signature, shared by every weight format:
+    ``w, [wu], x, [nw, eps], [r | freqs, pos_ptr, k_cache, v_cache,
+    capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
+    with ``norm``, ``r`` with the residual epilogue, the RoPE table, the
+    device position and the f16 caches with the rope epilogue; the decode
+    graph and ops pass arguments in this order), plus the ``red`` shared
+    array :func:`write_outputs` reduces in.
+
+    Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
+    or None; ``r`` is the residual pointer, the rope epilogue's
+    :class:`RopeArgs`, or None.
+    """
+    ws = [k.param_ptr("w", u8, align=16)]
+    if spec.n_mats == 2:
+        ws.append(k.param_ptr("wu", u8, align=16))
+    x = k.param_ptr("x", f32, align=16)
+    norm = (k.param_ptr("nw", f32, align=16), k.param("eps", f32)) if spec.norm else None
+    r = None
+    if spec.epilogue == "residual":
+        r = k.param_ptr("r", f32)
+    elif spec.epilogue == "rope":
+        r = RopeArgs(k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32),
+                     k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
+                     k.param("capacity", u32))
+    y = k.param_ptr("y", f32)
+    mrows = k.param("m", u32)
+    rpc = k.param("rpc", u32)
+    red = k.shared_array("red", f32, warps * (spec.n_mats * spec.rows + spec.norm), align=16)
+    return ws, x, r, y, mrows, rpc, red, norm
+
+
+@attrs.frozen
+class RopeArgs:
+    """The rope epilogue's kernel parameters: the ``[head_dim / 2, 2]`` (hi,
+    lo) inverse-frequency table of :func:`kernels.rope.freq_table`, the
+    device int32 position, the f16 caches ``[n_kv_heads, capacity,
+    head_dim]`` and their capacity."""
+    freqs: object
+    pos_ptr: object
+    k_cache: object
+    v_cache: object
+    capacity: object
+
+
+#: ``dot="dp4a"``: x is held as the integer ``T = round(x / s)``, ``|T| <=
+#: XFULL``, ``s = max|x| / XFULL``, in three byte planes ``T = x0 2^16 + x1
+#: 2^8 + x2`` (``x0`` signed, ``x1`` and ``x2`` the unsigned bytes of ``T``)
+XFULL = 4.0e6
+#: the planes' weights (planes 0 and 1; plane 2 has 1) and signedness
+PLANE_W = (65536, 256)
+PLANE_SIGNED = (True, False, False)
+_ROUND = 12582912.0         # 1.5 * 2^23: x + _ROUND - _ROUND rounds |x| < 2^22
+
+
+def plane_inverse(k, vals):
+    """``(max|x|, XFULL / max|x|)`` over ``vals`` for :func:`x_planes`; the
+    inverse is 0 where every value is 0 (a piece past K), not inf."""
+    amax = k.abs(vals[0])
+    for v in vals[1:]:
+        amax = k.max(amax, k.abs(v))
+    some = amax > 0.0
+    inv = k.select(some, k.div(XFULL, amax, approx=False), k.mov(0.0, f32))
+    return amax, inv
+
+
+def x_planes(k, vals, inv):
+    """Split f32 values into the three byte planes of ``dp4a`` (``XFULL``):
+    ``x = (x0 2^16 + x1 2^8 + x2) / inv`` to half a unit, 2^-22.9 of
+    ``max|x|`` (:func:`plane_inverse`).  Returns ``planes[p][w]``: plane
+    ``p``'s bytes of values ``4w .. 4w + 3`` as one word.
+
+    One ``fma`` a value: ``x inv + 1.5 2^23`` rounds ``x inv`` to the
+    nearest integer ``T`` (ties to even) and holds ``0x4B400000 + T``, whose
+    bytes 0 and 1 are those of ``T`` and byte 2 is ``(T >> 16) + 64`` (2..125
+    for ``|T| <= 4e6 + 1``).  Seven ``prmt`` gather the three bytes of four
+    values; plane 0 is byte 2 less 64 as an int8 (``v ^ 0x40``, with bit 6
+    copied into bit 7)."""
+    words = [[], [], []]
+    for w in range(len(vals) // 4):
+        b = [k.fma(v, inv, _ROUND).bitcast(u32) for v in vals[4 * w:4 * w + 4]]
+        lo = k.prmt(b[0], b[1], 0x5140)         # [b0.0, b1.0, b0.1, b1.1]
+        hi = k.prmt(b[2], b[3], 0x5140)
+        words[2].append(k.prmt(lo, hi, 0x5410))
+        words[1].append(k.prmt(lo, hi, 0x7632))
+        top = k.prmt(k.prmt(b[0], b[1], 0x0062), k.prmt(b[2], b[3], 0x0062), 0x5410) ^ 0x40404040
+        words[0].append(top + ((top & 0x40404040) << 1))
+    return words
+
+
+def silu_times(k, g, u):
+    """``silu(g) * u = g * u / (1 + 2^(-g log2 e))`` (ex2.approx, div.rn)."""
+    e = k.ex2(g * (-LOG2E))
+    return (g * u) / (e + 1.0)
+
+
+def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
+                  trailing_barrier=True):
+    """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
+
+    Each warp folds its lanes with shuffles; lane 0 writes the warp's sums to
+    the shared array ``red`` ([warps, mats*rows]); after a barrier thread
+    ``i < rows`` adds the warps' values for row ``row0 + i``, applies the
+    epilogue and stores it if the row is below ``row_end``.  A second
+    barrier lets ``red`` be reused.
+
+    ``norm`` (fused RMSNorm): the CTA's ``1/sqrt(mean(x^2) + eps)`` from
+    :func:`norm_scale`, a register; the storing threads multiply the row
+    sums by it.
+
+    ``trailing_barrier=False`` leaves out the second barrier, for a caller
+    whose loop passes another barrier before ``red`` is written again.
+    """
+    nm, R = spec.n_mats, spec.rows
+    lane = tid & 31
+    warp = tid >> 5
+    sums = [[warp_sum(k, acc[mi][i]) for i in range(R)] for mi in range(nm)]
+    def slot(i):
+        return red[i]
+
+    if spec.epilogue == "rope":
+        # the angle's inputs first, so their latency overlaps the reduction
+        ropein = _rope_inputs(k, spec, r, row0 + tid, tid)
+    with k.if_(lane.eq(0)):
+        base = warp * (nm * R)
+        for mi in range(nm):
+            for i in range(R):
+                k.st(slot(base + (mi * R + i)), sums[mi][i])
+    k.bar_sync(0)
+    row = row0 + tid
+    ok = k.setp("lt", tid, R, combine=("and", row < row_end))
+    if spec.epilogue == "rope":
+        _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, r, norm, ropein)
+        if trailing_barrier:
+            k.bar_sync(0)
+        return
+    with k.if_(ok):
+        tot = _row_totals(k, spec, slot, warps, tid, norm)
+        if spec.epilogue == "swiglu":
+            out = silu_times(k, tot[0], tot[1])
+        elif spec.epilogue == "residual":
+            # plain ld, not .nc: y may alias r (x += W.a) within this launch
+            out = tot[0] + k.ld(r[row])
+        else:
+            out = tot[0]
+        k.st(y[row], out)
+    if trailing_barrier:
+        k.bar_sync(0)
+
+
+def _row_totals(k, spec, slot, warps, tid, norm):
+    """Thread ``tid``'s row sums, one per matrix, added over the warps'
+    partials in ``red`` (through ``slot``) in a fixed order, and multiplied
+    by ``norm`` (the fused RMSNorm's scale from :func:`norm_scale`) if given."""
+    nm, R = spec.n_mats, spec.rows
+    tot = []
+    for mi in range(nm):
+        t = k.ld(slot(tid + mi * R))
+        for w in range(1, warps):
+            t = t + k.ld(slot(tid + (w * nm * R + mi * R)))
+        tot.append(t)
+    if norm is not None:
+        tot = [t * norm for t in tot]
+    return tot
+
+
+def norm_scale(k, spec, red, warps, norm, tid):
+    """The fused RMSNorm's ``1/sqrt.rn(sum(x^2)/K + eps)``, computed once per
+    CTA before the row loop, or None without ``norm``.
+
+    ``norm = (sq, eps)``: ``sq`` is the warp's sum of x squares (every lane
+    holds it).  Lane 0 of each warp stores it in the norm slots of ``red``
+    (after the partials :func:`write_outputs` uses, so the loop never
+    overwrites them); after one barrier every thread adds the warps' sums in
+    a fixed order, so every CTA gets the same bits.  (Computing it inside
+    every row group's reduction put two ``div.rn`` and a ``sqrt.rn`` on the
+    storing threads' path once per group.)"""
+    if norm is None:
+        return None
+    nm, R = spec.n_mats, spec.rows
+    sq, eps = norm
+    base = warps * nm * R
+    with k.if_((tid & 31).eq(0)):
+        k.st(red[base + (tid >> 5)], sq)
+    k.bar_sync(0)
+    tot = k.ld(red[base])
+    for w in range(1, warps):
+        tot = tot + k.ld(red[base + w])
+    mean = k.div(tot, k.mov(float(spec.k), f32))
+    return k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
+
+
+def _rope_inputs(k, spec, ra, row, tid):
+    """Per storing thread (``tid < rows``): the head-row index ``j = row mod
+    head_dim`` and the (hi, lo) inverse frequency of its pair ``j / 2``, and
+    the position (loads only; every thread of warp 0 issues them)."""
+    d = spec.rope[0]
+    j = k.rem(row, d)
+    ok = k.setp("lt", tid, spec.rows)
+    hi, lo = k.ld(ra.freqs[(j >> 1) << 1], vec=2, nc=True, guard=ok)
+    # plain ld: the position is advanced by the previous decode step's last grid
+    pos = k.ld(ra.pos_ptr[0], guard=ok)
+    return j, hi, lo, pos
+
+
+def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
+    """The rope epilogue's stores for one row group (warp 0).
+
+    Thread ``tid < rows`` sums row ``row``; rows come in rotation pairs
+    ``(2i, 2i + 1)`` of a head (the interleaved RoPE layout GGUF Llama
+    weights use), so lanes ``tid`` and ``tid ^ 1`` hold a pair (rows is even
+    and row groups start at multiples of it) and exchange their sums with
+    one shuffle.  Query and key rows are rotated by ``pos * inv_freq[i]``
+    (:func:`kernels.rope.angle_sincos`) and stored to ``y``; value rows are
+    stored as they are; key and value rows are also written (``cvt.rn`` to
+    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.
+    """
+    from ..rope import angle_sincos, rotate_pair
+    d, nq, nkv = spec.rope
+    j, hi, lo, pos = ropein
+    with k.if_(tid < 32):
+        t = k.var(f32, 0.0)
+        with k.if_(ok):
+            t.set(_row_totals(k, spec, slot, warps, tid, norm)[0])
+        other = k.shfl_xor(t, 1)
+        with k.if_(ok):
+            odd = k.setp("ne", tid & 1, 0)
+            a = k.select(odd, other, t)
+            b = k.select(odd, t, other)
+            s, c = angle_sincos(k, pos.to(f32), hi, lo)
+            a2, b2 = rotate_pair(k, a, b, s, c)
+            rot = k.select(odd, b2, a2)
+            qk_rows = (nq + nkv) * d
+            out = k.select(k.setp("lt", row, qk_rows), rot, t)
+            k.st(y[row], out)
+            # K and V rows of a position inside the cache: f16 into [h, pos, j]
+            kv = row - nq * d
+            pos_u = pos.bitcast(u32)
+            app = k.setp("ge", row, nq * d, combine=("and", pos >= 0))
+            app = k.setp("lt", pos_u, ra.capacity, combine=("and", app))
+            with k.if_(app):
+                is_v = k.setp("ge", kv, nkv * d)
+                kvr = k.select(is_v, kv - nkv * d, kv)
+                head = kvr // d
+                cache = k.ptr_reg(f16)
+                k.select(is_v, ra.v_cache, ra.k_cache, out=cache)
+                dst = k.mad(k.mad(head, ra.capacity, pos_u), d, j)
+                k.st(cache[dst], k.cvt(f16, out, rnd="rn"))

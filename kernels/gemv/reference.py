@@ -1,0 +1,68 @@
+"""float64 references of the GEMV family: the weights dequantized (by
+:func:`ptxgen.kernels.quants.dequantize`, itself checked bit-exact against
+the gguf package) times x, with the epilogues written out in numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["reference", "rope_reference"]
+
+
+def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None):
+    """float64 model of the rope epilogue applied to the plain product
+    ``y`` (float64, ``spec.rope_rows``): returns the stored ``y`` (q and k
+    heads rotated in the interleaved layout by ``pos * inv_freq``, v as it
+    is) and, when ``0 <= pos < capacity``, writes this token's k and v rows
+    into the f16 caches ``[n_kv_heads, capacity, head_dim]`` in place."""
+    from ..rope import rotate
+    d, nq, nkv = spec.rope
+    y = np.array(y, dtype=np.float64)
+    if y.shape != (spec.rope_rows,):
+        raise ValueError(f"y has shape {y.shape}, the rope epilogue writes {spec.rope_rows} rows")
+    qk = (nq + nkv) * d
+    y[:qk] = rotate(y[:qk].reshape(nq + nkv, d), pos, inv_freq, "interleaved").reshape(-1)
+    if k_cache is not None and 0 <= pos < k_cache.shape[1]:
+        k_cache[:, pos, :] = y[nq * d:(nq + nkv) * d].reshape(nkv, d)
+        v_cache[:, pos, :] = y[(nq + nkv) * d:].reshape(nkv, d)
+    return y
+
+
+def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,
+              norm_w=None, eps=None):
+    """float64 reference: gguf-dequantized weights (as float64) times x.
+
+    Parameters
+    ----------
+    spec_or_qtype : GemvSpec, GemvPlan or str
+    w_raw : uint8 [M, row_bytes]
+        Weights (gate weights for swiglu).
+    x : float [K]
+    residual : float [M], optional
+    w_up : uint8 [M, row_bytes], optional
+        Up weights for swiglu.
+    epilogue : str, optional
+        Defaults to the spec's (or "none" for a bare qtype).
+    norm_w, eps : optional
+        Fused RMSNorm: x is replaced by ``x / sqrt(mean(x^2) + eps) * norm_w``.
+    """
+    from ..quants import dequantize
+    if not isinstance(spec_or_qtype, str):
+        qtype, epi = spec_or_qtype.qtype, spec_or_qtype.epilogue
+    else:
+        qtype, epi = spec_or_qtype, "none"
+    epi = epilogue or epi
+    x = np.asarray(x, dtype=np.float64)
+    if norm_w is not None:
+        x = x / np.sqrt(np.mean(x * x) + float(eps)) * np.asarray(norm_w, dtype=np.float64)
+    m = w_raw.shape[0]
+    w = dequantize(np.ascontiguousarray(w_raw), qtype, (m, x.size)).astype(np.float64)
+    y = w @ x
+    if epi == "residual":
+        y = y + np.asarray(residual, dtype=np.float64)
+    elif epi == "swiglu":
+        wu = dequantize(np.ascontiguousarray(w_up), qtype, (m, x.size)).astype(np.float64)
+        u = wu @ x
+        y = y / (1.0 + np.exp(-y)) * u
+    return y
+

@@ -1,0 +1,351 @@
+"""What a GEMV computes (:class:`GemvSpec`), how fast it runs
+(:class:`GemvConfig`), and the two resolved into the kernel a builder emits
+(:class:`GemvPlan`).
+
+A spec changes the kernel's meaning or interface; a config changes only its
+speed (and, for ``dot="dp4a"``, the rounding of x within a stated bound).
+:func:`~.tuning.select_config` picks the config for a spec from the
+per-device tuning table.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ptxgen.target import SHARED_LINE, TARGETS
+
+from ..spec_fields import has_bulk_copy, pdl_field, target_field
+
+__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "QTYPE_INFO", "EPILOGUES", "check_k",
+           "MAX_RING_BYTES"]
+
+#: qtype -> (weights per block, bytes per block)
+QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+EPILOGUES = ("none", "residual", "swiglu", "rope")
+
+#: dynamic shared memory a CTA may ask for on sm_80/sm_90 (the ring's limit)
+MAX_RING_BYTES = 227 * 1024
+
+
+def check_k(qtype: str, k: int) -> None:
+    """Raise ValueError unless ``k`` is a positive multiple of ``qtype``'s block."""
+    if qtype not in QTYPE_INFO:
+        raise ValueError(f"qtype must be one of {', '.join(QTYPE_INFO)}, got {qtype!r}")
+    bs = QTYPE_INFO[qtype][0]
+    if not isinstance(k, int) or isinstance(k, bool) or k <= 0 or k % bs:
+        raise ValueError(f"{qtype} GEMV: K={k!r} is not a positive multiple of the "
+                         f"{qtype} block size ({bs} weights)")
+
+
+def _in(name, allowed):
+    def check(inst, attr, v):
+        if v not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {v!r}")
+    return check
+
+
+def _int_in(lo, hi, pow2=False, zero=False):
+    def check(inst, attr, v):
+        ok = isinstance(v, int) and not isinstance(v, bool) and (
+            (zero and v == 0) or (lo <= v <= hi and not (pow2 and v & (v - 1))))
+        if not ok:
+            what = "a power of two" if pow2 else "an int"
+            raise ValueError(f"{attr.name} must be {what} in {lo}..{hi}"
+                             f"{' or 0' if zero else ''}, got {v!r}")
+    return check
+
+
+def _bool(inst, attr, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{attr.name} must be a bool, got {v!r}")
+
+
+@attrs.frozen
+class GemvSpec:
+    """A quantized GEMV ``y = W x`` (``W`` ``[M, K]`` in GGUF rows of blocks,
+    ``x`` and ``y`` f32).
+
+    Parameters
+    ----------
+    qtype : {"Q4_K", "Q6_K", "Q8_0"}
+        Weight format.
+    k : int
+        Row length (a multiple of the block: 256, or 32 for Q8_0); a
+        build-time constant so loops over K unroll.  M is a launch argument.
+    epilogue : {"none", "residual", "swiglu", "rope"}
+        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; or the
+        stacked ``[Wq; Wk; Wv]`` projection of a decode step with RoPE on its
+        q and k rows and this token's k and v rows appended to an f16 KV
+        cache (needs ``rope``).
+    norm : bool
+        Q4_K: RMSNorm of x fused in front, ``y = W (x / sqrt(mean(x^2) +
+        eps) * nw)``; the kernel takes ``nw`` (f32 [K]) and ``eps`` after x.
+    rope : tuple
+        ``(head_dim, n_q_heads, n_kv_heads)`` with ``epilogue="rope"`` (else
+        empty): y holds the query heads, then the key heads, then as many
+        value heads, ``head_dim`` rows each.
+    target : str
+        ``sm_80`` ... ``sm_90a``.
+    pdl : bool
+        Built for programmatic dependent launch (:func:`spec_fields.pdl_field`).
+    """
+
+    qtype: str = attrs.field(validator=_in("qtype", tuple(QTYPE_INFO)))
+    k: int = attrs.field()
+    epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
+    norm: bool = attrs.field(default=False, validator=_bool)
+    rope: tuple = attrs.field(default=(), converter=tuple)
+    target: str = target_field()
+    pdl: bool = pdl_field()
+
+    @k.validator
+    def _check_k(self, attr, v):
+        check_k(self.qtype, v)
+
+    @norm.validator
+    def _check_norm(self, attr, v):
+        if v and self.qtype != "Q4_K":
+            raise ValueError(f"norm=True (fused RMSNorm) is built for Q4_K, not {self.qtype}")
+
+    @rope.validator
+    def _check_rope(self, attr, v):
+        if self.epilogue != "rope":
+            if v:
+                raise ValueError(f"rope={v!r} is for epilogue='rope', not {self.epilogue!r}")
+            return
+        if (len(v) != 3 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0
+                                   for n in v) or v[0] % 2 or v[0] > 512):
+            raise ValueError("epilogue='rope' needs rope=(head_dim, n_q_heads, n_kv_heads): "
+                             f"positive ints, head_dim even and at most 512; got {v!r}")
+
+    @property
+    def block_weights(self) -> int:
+        return QTYPE_INFO[self.qtype][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return QTYPE_INFO[self.qtype][1]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.k // self.block_weights * self.block_bytes
+
+    @property
+    def n_mats(self) -> int:
+        return 2 if self.epilogue == "swiglu" else 1
+
+    @property
+    def rope_rows(self) -> int:
+        """Rows of y (M) that ``epilogue="rope"`` expects."""
+        d, nq, nkv = self.rope
+        return (nq + 2 * nkv) * d
+
+
+@attrs.frozen
+class GemvConfig:
+    """How a GEMV runs; :func:`~.tuning.select_config` picks one per device
+    and shape from the tuning table.
+
+    Parameters
+    ----------
+    rows : int
+        Rows a CTA works on at once (one row group: their loads are in
+        flight together, x is reused across them).
+    pieces : int
+        Q4_K: 32-weight pieces a thread owns (0 = as few as fit in 1024
+        threads).  Q6_K/Q8_0 through the ring: 16- and 8-weight pieces a
+        thread (0 = one).
+    tile : int
+        Q6_K/Q8_0 without the ring: weights per K tile (a multiple of the
+        block).  With the ring the tile is the whole row.
+    max_ctas : int
+        Upper bound on the grid; rows per CTA grow beyond it.
+    min_ctas : int
+        ``.minnctapersm`` hint (0: none): ptxas limits registers so that
+        many CTAs fit an SM.
+    stages : int
+        0: weights loaded straight into registers (Q4_K) or tile by tile
+        through shared memory (Q6_K/Q8_0).  ``S >= 2``: streamed with
+        ``cp.async`` through a ring of S row-group stages in dynamic shared
+        memory, S - 1 groups in flight while one is computed (:mod:`.ring`).
+    dot : {"fma", "dp4a"}
+        How products are summed: f32 fma against dequantized weights, or
+        ``dp4a`` against x split once into three byte planes (``x ~ s (x0
+        2^16 + x1 2^8 + x2)``, ``s = max|x| / 4e6``: error below 2^-22.9 of
+        ``max|x|``; :func:`.common.x_planes`).  Q4_K, and Q6_K through the ring.
+    ahead : int
+        Ring: how many of the first ``S - 1`` row groups are issued before
+        the PDL wait and x (0: all of them).
+    per_sm : int
+        Ring: at most this many CTAs resident on one SM (0: no cap); the
+        launch asks for enough dynamic shared memory that another would not
+        fit.  The kernel text is the same.
+    bulk : bool
+        Ring, sm_90+: one thread fills each stage with the bulk copy engine
+        (``cp.async.bulk``) onto the stage's mbarrier.
+    interleave : bool
+        Ring: CTA ``c`` of ``n`` takes row groups ``c, c + n, ...`` instead
+        of consecutive rows.
+    """
+
+    rows: int = attrs.field(default=4, validator=_int_in(1, 16, pow2=True))
+    pieces: int = attrs.field(default=0, validator=_int_in(0, 8))
+    tile: int = attrs.field(default=2048, validator=_int_in(1, 1 << 20))
+    max_ctas: int = attrs.field(default=1056, validator=_int_in(1, 1 << 20))
+    min_ctas: int = attrs.field(default=0, validator=_int_in(0, 32))
+    stages: int = attrs.field(default=0, validator=_int_in(2, 8, zero=True))
+    dot: str = attrs.field(default="fma", validator=_in("dot", ("fma", "dp4a")))
+    ahead: int = attrs.field(default=0, validator=_int_in(0, 7))
+    per_sm: int = attrs.field(default=0, validator=_int_in(0, 32))
+    bulk: bool = attrs.field(default=False, validator=_bool)
+    interleave: bool = attrs.field(default=False, validator=_bool)
+
+
+SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemvSpec))
+CONFIG_FIELDS = tuple(f.name for f in attrs.fields(GemvConfig))
+
+
+@attrs.frozen(init=False)
+class GemvPlan:
+    """A spec and a config resolved into the one kernel the builders emit:
+    every field of both, checked together (a config a spec cannot take is
+    refused here, with the reason).  Make one with ``GemvPlan(spec,
+    config)``, :meth:`make` or :func:`~.plan`.  Spec and config fields given
+    as keywords replace theirs, so ``attrs.evolve(plan, rows=2)`` works."""
+
+    spec: GemvSpec
+    config: GemvConfig
+
+    def __init__(self, spec: GemvSpec, config: GemvConfig, **changes):
+        if changes:
+            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
+            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
+            bad = set(changes) - set(s) - set(c)
+            if bad:
+                raise ValueError(f"unknown GEMV field(s): {', '.join(sorted(bad))}")
+            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
+        if not isinstance(spec, GemvSpec) or not isinstance(config, GemvConfig):
+            raise TypeError(f"GemvPlan takes a GemvSpec and a GemvConfig, got "
+                            f"{type(spec).__name__} and {type(config).__name__}")
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "config", config)
+        self.__attrs_post_init__()
+
+    @classmethod
+    def of(cls, spec: GemvSpec, config: GemvConfig | None = None) -> "GemvPlan":
+        if config is None:
+            from .tuning import select_config
+            config = select_config(spec)
+        return cls(spec, config)
+
+    @classmethod
+    def make(cls, qtype: str, k: int, epilogue: str = "none", **fields) -> "GemvPlan":
+        """A plan from spec and config fields given side by side (fields not
+        given take the spec's and the config's defaults, not the tuned ones)."""
+        fields["epilogue"] = epilogue
+        s = {f: v for f, v in fields.items() if f in SPEC_FIELDS}
+        c = {f: v for f, v in fields.items() if f in CONFIG_FIELDS}
+        bad = set(fields) - set(s) - set(c)
+        if bad:
+            raise ValueError(f"unknown GEMV field(s): {', '.join(sorted(bad))}")
+        return cls(GemvSpec(qtype, k, **s), GemvConfig(**c))
+
+    def __getattr__(self, name):
+        # the builders read spec and config fields alike (plan.qtype, plan.rows)
+        if name in SPEC_FIELDS or name in ("block_weights", "block_bytes", "row_bytes",
+                                           "n_mats", "rope_rows"):
+            return getattr(self.spec, name)
+        if name in CONFIG_FIELDS:
+            return getattr(self.config, name)
+        raise AttributeError(name)
+
+    def evolve(self, **changes) -> "GemvPlan":
+        """A plan with some spec and config fields changed."""
+        return GemvPlan(self.spec, self.config, **changes)
+
+    def __attrs_post_init__(self):
+        sp, c = self.spec, self.config
+        bs = sp.block_weights
+        if c.tile % bs:
+            raise ValueError(f"tile must be a positive multiple of {bs}, got {c.tile!r}")
+        if c.dot == "dp4a" and not (sp.qtype == "Q4_K" or (sp.qtype == "Q6_K" and c.stages)):
+            raise ValueError("dot='dp4a' is built for Q4_K and for Q6_K through the ring "
+                             "(stages >= 2)")
+        if c.pieces > 1 and sp.qtype != "Q4_K" and not c.stages:
+            raise ValueError(f"pieces={c.pieces} for {sp.qtype} is built for the ring "
+                             "(stages >= 2); tile by tile a thread owns one piece")
+        if c.stages and sp.qtype != "Q4_K":
+            from .staged import staged_layout
+            lay = staged_layout(self)
+            if lay["tiles"] != 1 or sp.row_bytes % 16:
+                raise ValueError(f"stages > 0 for {sp.qtype} needs one tile per row "
+                                 f"(tile >= K={sp.k}) and 16-byte aligned rows "
+                                 f"({sp.row_bytes} bytes)")
+        if c.ahead and not c.ahead < c.stages:
+            raise ValueError(f"ahead={c.ahead} needs a ring of more than {c.ahead} stages "
+                             f"(stages={c.stages})")
+        for knob, on, what in (("bulk", c.bulk, "fills the ring with the bulk copy engine"),
+                               ("interleave", c.interleave, "deals the ring's row groups"),
+                               ("per_sm", c.per_sm, "caps a ring's CTAs per SM")):
+            if on and not c.stages:
+                raise ValueError(f"{knob}={on} {what} (stages >= 2); it needs stages")
+        if c.bulk and not has_bulk_copy(sp.target):
+            raise ValueError(f"bulk=True needs the bulk copy engine of sm_90 or newer, "
+                             f"not {sp.target}")
+        if sp.epilogue == "rope" and c.rows % 2:
+            raise ValueError(f"epilogue='rope' rotates row pairs within a row group: rows "
+                             f"must be even, got {c.rows}")
+        ring, static = self.ring_bytes, (self.ring_static_bytes if c.stages else 0)
+        if ring + static > MAX_RING_BYTES:
+            raise ValueError(f"stages={c.stages} x rows={c.rows} x {sp.n_mats} matrices of "
+                             f"{sp.row_bytes}-byte rows need {ring} bytes of shared memory, "
+                             f"{ring + static} with the kernel's static arrays (at most "
+                             f"{MAX_RING_BYTES})")
+        if c.per_sm:
+            try:
+                TARGETS[sp.target].capped_shared(c.per_sm, self.ring_bytes)
+            except ValueError as e:
+                raise ValueError(f"per_sm={c.per_sm}: {e}") from None
+
+    @property
+    def ring_bytes(self) -> int:
+        """Dynamic shared memory of the ``stages`` ring (0 without one)."""
+        return self.stages * self.n_mats * self.rows * self.row_bytes
+
+    @property
+    def ring_static_bytes(self) -> int:
+        """Static shared memory in front of the ring: the reduction array
+        (:func:`.common.declare_params`) and with ``bulk`` the stages'
+        mbarriers, padded to the line the ring starts on."""
+        from .common import threads
+        red = 4 * (threads(self) // 32) * (self.n_mats * self.rows + self.norm)
+        return -(-(red + (8 * self.stages if self.bulk else 0)) // SHARED_LINE) * SHARED_LINE
+
+    @property
+    def dynamic_shared(self) -> int:
+        """Dynamic shared memory a launch asks for: the ring, raised with
+        ``per_sm`` so that no more than ``per_sm`` CTAs fit on one SM."""
+        if not self.per_sm:
+            return self.ring_bytes
+        return TARGETS[self.target].capped_shared(self.per_sm, self.ring_bytes)
+
+    @property
+    def kernel_name(self) -> str:
+        """The PTX entry's name: the spec and every config field that changes
+        the kernel's text and is not at its default (``max_ctas`` and
+        ``per_sm`` shape only the launch).  The target and ``pdl`` are left
+        out: the executor sets ``pdl`` for the device after naming launches."""
+        epi = "" if self.epilogue == "none" else "_" + self.epilogue
+        if self.rope:
+            epi += "{}h{}x{}".format(*self.rope)
+        st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
+        dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
+        dp += "_il" if self.interleave else ""
+        if self.pieces:
+            dp += f"_p{self.pieces}"
+        if self.qtype != "Q4_K" and self.tile < self.k:
+            dp += f"_t{self.tile}"
+        if self.min_ctas:
+            dp += f"_c{self.min_ctas}"
+        return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
+                f"_r{self.rows}{st}{dp}")

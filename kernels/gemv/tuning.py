@@ -1,0 +1,113 @@
+"""The GEMV config selector: the tuning table (``kernels/tuning/gemv.json``),
+then the rules that follow from the grid and the device rather than from
+measurements of one shape, one function each."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ptxgen.target import TARGETS
+
+from .. import tuning
+from .common import groups_per_cta, launch_geometry
+from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
+
+__all__ = ["select_config", "call_of", "candidate_configs", "balanced"]
+
+
+def call_of(spec: GemvSpec, m: int | None) -> dict:
+    """The keys a tuning rule may test for ``spec`` at ``m`` rows."""
+    return {"qtype": spec.qtype, "epilogue": spec.epilogue, "k": spec.k, "m": m,
+            "sm": TARGETS[spec.target].sm, "target": spec.target}
+
+
+def select_config(spec: GemvSpec, m: int | None = None, sm_count: int | None = None,
+                  device: str | None = None) -> GemvConfig:
+    """The config for ``spec`` at ``m`` rows (when known) on a device with
+    ``sm_count`` SMs (when known; a ring's CTAs are then spread evenly over
+    them).  An entry the user's ``python -m ptxgen tune`` stored for
+    ``device`` wins over the shipped table."""
+    call = call_of(spec, m)
+    stored = tuning.user_config("gemv", device, call)
+    if stored is not None:
+        return balanced(spec, GemvConfig(**stored), m, sm_count)
+    knobs = tuning.cascade("gemv", call)
+    free_slots = knobs.pop("_free_slots", False)
+    if knobs.get("stages") and spec.qtype != "Q4_K":
+        knobs["tile"] = spec.k
+    knobs = _fit_ring(spec, knobs)
+    if free_slots and m is not None and knobs.get("stages"):
+        _free_slots(knobs, m)
+    if m is not None and knobs.get("stages", 0) > 2 and \
+            groups_per_cta(m, knobs["rows"], knobs["max_ctas"]) <= knobs["stages"] - 1:
+        knobs["ahead"] = 1
+    if spec.epilogue == "rope" and knobs.get("rows", 4) % 2:
+        knobs["rows"] *= 2
+    return balanced(spec, GemvConfig(**knobs), m, sm_count)
+
+
+def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
+    """Halve a ring's rows until its stages fit the shared memory; without
+    a fit, the direct kernel's config (no ring fields)."""
+    if not knobs.get("stages"):
+        return knobs
+
+    def ring_bytes():
+        return knobs["stages"] * spec.n_mats * knobs["rows"] * spec.row_bytes
+
+    while knobs["rows"] > 1 and ring_bytes() > MAX_RING_BYTES:
+        knobs["rows"] //= 2
+    if ring_bytes() > MAX_RING_BYTES:
+        return {"rows": 8 if spec.qtype != "Q6_K" else 2, "max_ctas": 2112}
+    return knobs
+
+
+def _free_slots(knobs: dict, m: int) -> None:
+    """Where the round-robin deal gives nearly every CTA slot of a two-CTA-
+    an-SM ring 3 row groups, give each CTA one group more, so that the next
+    launch's CTAs find free slots and issue their first copies early."""
+    rows, slots = knobs["rows"], knobs["max_ctas"]
+    g = groups_per_cta(m, rows, slots)
+    if g == 3 and math.ceil(m / (g * rows)) > slots - 16:
+        knobs["max_ctas"] = math.ceil(math.ceil(m / rows) / (g + 1))
+
+
+def balanced(spec: GemvSpec, config: GemvConfig, m: int | None,
+              sm_count: int | None) -> GemvConfig:
+    """``per_sm = ceil(grid / sm_count)`` where that binds: a ring's shared
+    memory often lets more CTAs share an SM than an even spread needs, and
+    under PDL a grid placed while the one before drains piles onto the SMs
+    freed first."""
+    if not sm_count or m is None or not config.stages or config.per_sm:
+        return config
+    plan = GemvPlan(spec, config)
+    n = -(-launch_geometry(plan, m)[0][0] // sm_count)
+    try:
+        capped = GemvPlan(spec, attrs.evolve(config, per_sm=n))
+    except ValueError:           # n CTAs do not fit: the ring allows fewer already
+        return config
+    return capped.config if capped.dynamic_shared > plan.ring_bytes else config
+
+
+def candidate_configs(spec: GemvSpec, m: int, sm_count: int | None = None) -> list:
+    """Configs ``python -m ptxgen tune`` times for ``spec`` at ``m`` rows:
+    the selected one and its neighbours (rows halved and doubled, one stage
+    fewer and more, the grid cap halved and doubled), each kept only where
+    the plan builds."""
+    base = select_config(spec, m, sm_count)
+    out = [base]
+    moves = [dict(rows=base.rows // 2), dict(rows=base.rows * 2),
+             dict(max_ctas=max(1, base.max_ctas // 2)), dict(max_ctas=base.max_ctas * 2)]
+    if base.stages:
+        moves += [dict(stages=base.stages - 1, ahead=0), dict(stages=base.stages + 1, ahead=0)]
+    for mv in moves:
+        try:
+            c = attrs.evolve(base, **mv)
+            GemvPlan(spec, c)
+        except ValueError:
+            continue
+        if c not in out:
+            out.append(c)
+    return out
