@@ -6,8 +6,9 @@ canonical specs it registers for the CLI and the golden tests.
 """
 
 from . import (argmax, decode_state, embedding, flash_decode, gemv,  # noqa: F401
-               gemv_ffn, kv_append, reduce, rmsnorm, rope, stream_read, swiglu,
-               vector_add)
+               gemv_ffn, kv_append, reduce, rmsnorm, rope, sampling, stream_read,
+               swiglu, vector_add)
 
 __all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemv", "gemv_ffn",
-           "kv_append", "reduce", "rmsnorm", "rope", "stream_read", "swiglu", "vector_add"]
+           "kv_append", "reduce", "rmsnorm", "rope", "sampling", "stream_read", "swiglu",
+           "vector_add"]
