@@ -4,7 +4,7 @@ bitonic sort of a shared array, and a radix select over shared keys."""
 
 from __future__ import annotations
 
-from ptxgen.types import f32, f64, pred, u32, u64
+from ptxgen.types import f32, pred, u32, u64
 
 __all__ = ["Block", "ord_key", "key_value"]
 
