@@ -6,12 +6,14 @@ They accept ``ptxgen.driver.DeviceArray``, torch or cupy CUDA tensors
 GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).
 Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
 :func:`flash_decode`, :func:`embedding`, :func:`kv_append`, :func:`argmax`
-(``driver/ops_decode.py``).
+(``driver/ops_decode.py``).  Sampling: :func:`sample`, :func:`sampling_params`
+(``driver/ops_sampling.py``).
 """
 
 from .ops_decode import (argmax, embedding, flash_decode, kv_append, rmsnorm, rope,
                          swiglu)
 from .ops_gemv import gemv, gemv_spec, gemv_swiglu
+from .ops_sampling import sample, sampling_params
 
 __all__ = ["gemv", "gemv_swiglu", "gemv_spec", "rmsnorm", "rope", "swiglu", "flash_decode",
-           "embedding", "kv_append", "argmax"]
+           "embedding", "kv_append", "argmax", "sample", "sampling_params"]

@@ -6,7 +6,8 @@ canonical specs it registers for the CLI and the golden tests.
 """
 
 from . import (argmax, decode_state, embedding, flash_decode, gemv,  # noqa: F401
-               kv_append, reduce, rmsnorm, rope, stream_read, swiglu, vector_add)
+               kv_append, reduce, rmsnorm, rope, sampling, stream_read, swiglu,
+               vector_add)
 
-__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemv",
-           "kv_append", "reduce", "rmsnorm", "rope", "stream_read", "swiglu", "vector_add"]
+__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemv", "kv_append",
+           "reduce", "rmsnorm", "rope", "sampling", "stream_read", "swiglu", "vector_add"]

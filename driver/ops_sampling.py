@@ -1,0 +1,90 @@
+"""The sampler as an op (``ptxgen.kernels.sampling``): penalties, top-k,
+top-p, min-p, temperature and a seeded Philox draw over f32 logits, one
+launch writing int32 tokens to device memory."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ptxgen.kernels import sampling as _smp
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from .launch import launch
+from .memory import DeviceArray
+from .ops_decode import _arr, _check_dtype, _fn, _out, _scalar_i32, _workspace, device_target
+
+__all__ = ["sample", "sampling_params", "sampling_spec"]
+
+
+def sampling_spec(n_vocab: int, *, pdl=None) -> _smp.SamplingSpec:
+    """The spec :func:`sample` uses for ``n_vocab`` logits on this device:
+    blocks of 512 threads (1024 logits each) and 64 keys per block, up to
+    524,288 logits."""
+    tgt = device_target()
+    block = 512 if n_vocab <= 2 * 512 * 512 else 1024
+    return _smp.SamplingSpec(block=block, top=64, target=tgt,
+                             pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
+
+
+def sampling_params(**kw) -> DeviceArray:
+    """A device copy of :func:`ptxgen.kernels.sampling.pack_params` (u32[12]).
+    Keep it and rewrite it with ``copy_from`` between graph replays to change
+    the sampling without recapture."""
+    return DeviceArray.from_numpy(_smp.pack_params(**kw))
+
+
+def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, info=None,
+           work=None, pdl=None, stream=None, **kw):
+    """Draw ``n_draws`` tokens (int32, device) from ``logits`` (f32[V]).
+
+    Parameters
+    ----------
+    logits : device array or CUDA tensor, float32, V values
+    history : device int32 array of the sequence's tokens (prompt and
+        generated); the penalty window is ``history[pos - n + 1 .. pos]``.
+    pos : device int32 scalar (graph-safe) or int: the position of the
+        token whose logits these are; with the seed it keys the draw.
+    params : device u32[12] from :func:`sampling_params` (graph-safe), or
+        None to pack ``**kw`` (``top_k``, ``top_p``, ``min_p``,
+        ``temperature``, ``penalty_last_n``, ``penalty_repeat``,
+        ``penalty_freq``, ``penalty_present``, ``seed``) into a fresh
+        device array (not graph-safe).
+    out : int32[n_draws] or None.  Draw ``r`` uses the Philox counter
+        ``(pos, r, 0, 0)``.
+    info : int32[4] or None: kept count, flags, smallest kept index, keys
+        known exactly (see ``ptxgen.kernels.sampling``).
+    work : f32[V] or None: receives the penalised logits.
+
+    Returns
+    -------
+    DeviceArray or the given ``out``.
+    """
+    xa = _arr(logits, "logits")
+    _check_dtype(xa, np.float32, "logits")
+    ha = _arr(history, "history")
+    _check_dtype(ha, np.int32, "history")
+    if n_draws < 1:
+        raise ValueError(f"n_draws must be at least 1, got {n_draws}")
+    if params is None:
+        params = sampling_params(**kw)
+    elif kw:
+        raise TypeError(f"give either params or keyword parameters, not both ({sorted(kw)})")
+    pa = _arr(params, "params")
+    if pa.size != _smp.PARAM_WORDS or pa.dtype.itemsize != 4:
+        raise ValueError(f"params must be {_smp.PARAM_WORDS} 32-bit words "
+                         f"(sampling_params()), got {pa.size} of {pa.dtype}")
+    v = xa.size
+    spec = sampling_spec(v, pdl=pdl)
+    grid, blk, shared = _smp.launch_geometry(spec, v)
+    fn = _fn(_smp.build, spec)
+    fn.require_dynamic_shared(shared)
+    out = _out(out, (n_draws,), np.int32)
+    work = _workspace(("sample_work", v), (v,), np.float32) if work is None \
+        else _out(work, (v,), np.float32, "work")
+    info_arg = 0 if info is None else _out(info, (_smp.INFO_WORDS,), np.int32, "info")
+    scratch = _workspace(("sample_scratch", spec.block, v), (_smp.scratch_words(spec, v),),
+                         np.uint64)
+    counter = _workspace(("sample_counter",), (1,), np.uint32, zero=True)
+    launch(fn, grid, blk, xa, v, ha, _scalar_i32(pos, "pos"), pa, out, n_draws, work, info_arg,
+           scratch, counter, shared=shared, stream=stream, pdl=spec.pdl)
+    return out
