@@ -39,8 +39,7 @@ def _run(run, spec, table, token, n, n_vocab):
 
 @pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 512),
                                      ("Q6_K", 256)])
-def test_embedding(run, qtype, n):
-    rng = np.random.default_rng(n)
+def test_embedding(run, qtype, n, rng):
     n_vocab = 5
     table, deq = _table(qtype, n_vocab, n, rng)
     for token in (0, 3):
@@ -49,8 +48,7 @@ def test_embedding(run, qtype, n):
         np.testing.assert_array_equal(out, deq[token])
 
 
-def test_embedding_bad_token_writes_nothing(run):
-    rng = np.random.default_rng(0)
+def test_embedding_bad_token_writes_nothing(run, rng):
     table, _ = _table("Q8_0", 4, 64, rng)
     for token in (-1, 4):
         out = _run(run, E.EmbeddingSpec(qtype="Q8_0", block=64), table, token, 64, 4)
@@ -59,8 +57,7 @@ def test_embedding_bad_token_writes_nothing(run):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16"])
-def test_embedding_gpu(gpu_run, qtype):
-    rng = np.random.default_rng(9)
+def test_embedding_gpu(gpu_run, qtype, rng):
     n_vocab, n = 300, 4096
     table, deq = _table(qtype, n_vocab, n, rng)
     out = _run(gpu_run, E.EmbeddingSpec(qtype=qtype), table, 297, n, n_vocab)

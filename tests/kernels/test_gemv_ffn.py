@@ -43,10 +43,9 @@ SPECS = [
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.kernel_name)
-def test_ffn_numerics_and_counters(run, spec):
+def test_ffn_numerics_and_counters(run, spec, rng):
     """Two launches with fresh inputs on 3 CTAs (so CTAs grab items and meet
     at the grid barrier): both within the bound, counters back to zero."""
-    rng = np.random.default_rng()
     counters = run.array(np.zeros(3, np.uint32))
     for _ in range(2):
         wg, wu, wd, x, r = _data(rng, spec.hidden, spec.ffn)
@@ -58,11 +57,10 @@ def test_ffn_numerics_and_counters(run, spec):
         assert np.array_equal(run.get(counters), np.zeros(3, np.uint32))
 
 
-def test_ffn_more_ctas_than_items(run):
+def test_ffn_more_ctas_than_items(run, rng):
     """CTAs whose static first items are already past the end only arrive
     and leave."""
     spec = F.FfnSpec(hidden=256, ffn=256, rows_up=2, rows_down=8, stages=3, threads=64)
-    rng = np.random.default_rng()
     wg, wu, wd, x, r = _data(rng, spec.hidden, spec.ffn)
     counters = run.array(np.zeros(3, np.uint32))
     y, h = _launch(run, spec, [run.array(w) for w in (wg, wu, wd)], x, r, counters,
@@ -76,7 +74,7 @@ def test_ffn_more_ctas_than_items(run):
 @pytest.mark.parametrize("hidden,ffn,knobs", [
     (4096, 14336, {}), (4096, 11008, {}),
     (4096, 14336, dict(threads=256, ctas_per_sm=2, rows_down=2))])
-def test_ffn_gpu_model_shapes(gpu_run, hidden, ffn, knobs):
+def test_ffn_gpu_model_shapes(gpu_run, hidden, ffn, knobs, rng):
     """Llama-3-8B and Llama-2-7B FFN shapes on one CTA per SM (and two of 256
     threads, two pieces of a down row each), launched twice
     back to back (with programmatic dependent launch where the device has
@@ -87,7 +85,6 @@ def test_ffn_gpu_model_shapes(gpu_run, hidden, ffn, knobs):
     from ptxgen.kernels.spec_fields import has_griddepcontrol
     tgt = gpu_run.target()
     spec = F.FfnSpec(hidden=hidden, ffn=ffn, target=tgt, pdl=has_griddepcontrol(tgt), **knobs)
-    rng = np.random.default_rng()
     wg, wu, wd, x, r = _data(rng, hidden, ffn)
     ws = [gpu_run.array(w) for w in (wg, wu, wd)]
     xd, rd = gpu_run.array(x), gpu_run.array(r)

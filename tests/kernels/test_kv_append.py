@@ -18,8 +18,7 @@ def _run(run, spec, k, v, kc, vc, pos):
 
 @pytest.mark.parametrize("d,dtype", [(64, np.float16), (128, np.float16), (12, np.float32)])
 @pytest.mark.parametrize("pos", [0, 5, 6])
-def test_kv_append(run, d, dtype, pos):
-    rng = np.random.default_rng(d + pos)
+def test_kv_append(run, d, dtype, pos, rng):
     n_kv, cap = 3, 7
     kc = rng.standard_normal((n_kv, cap, d)).astype(dtype)
     vc = rng.standard_normal((n_kv, cap, d)).astype(dtype)
@@ -35,8 +34,7 @@ def test_kv_append(run, d, dtype, pos):
 
 
 @pytest.mark.parametrize("pos", [-1, 7, 1 << 30])
-def test_kv_append_out_of_range_writes_nothing(run, pos):
-    rng = np.random.default_rng(3)
+def test_kv_append_out_of_range_writes_nothing(run, pos, rng):
     kc = rng.standard_normal((2, 7, 64)).astype(np.float16)
     vc = rng.standard_normal((2, 7, 64)).astype(np.float16)
     k = rng.standard_normal((2, 64)).astype(np.float32)

@@ -33,8 +33,7 @@ CASES = [(3, 37), (2, 516), (3, 259), (1, 1), (2, 1030), (2, 4), (3, 1024), (2, 
 @pytest.mark.parametrize("rows,n", CASES)
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cache_vec", [0, 2])
-def test_rmsnorm(run, rows, n, residual, cache_vec):
-    rng = np.random.default_rng(rows * 1000 + n)
+def test_rmsnorm(run, rows, n, residual, cache_vec, rng):
     x = rng.standard_normal((rows, n)).astype(np.float32) * 3
     w = rng.standard_normal(n).astype(np.float32)
     res = rng.standard_normal((rows, n)).astype(np.float32) if residual else None
@@ -48,8 +47,7 @@ def test_rmsnorm(run, rows, n, residual, cache_vec):
         assert rel_err(out[r], ref[r]) <= 1e-5, (r, rel_err(out[r], ref[r]))
 
 
-def test_rmsnorm_approx(run):
-    rng = np.random.default_rng(7)
+def test_rmsnorm_approx(run, rng):
     x = rng.standard_normal((2, 300)).astype(np.float32)
     w = rng.standard_normal(300).astype(np.float32)
     out, _ = _run(run, R.RmsNormSpec(precise=False, block=64), x, w, 1e-6)
@@ -58,8 +56,7 @@ def test_rmsnorm_approx(run):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,n", [(1, 4096), (1, 8192), (64, 4096), (5, 14339)])
-def test_rmsnorm_gpu(gpu_run, rows, n):
-    rng = np.random.default_rng(n)
+def test_rmsnorm_gpu(gpu_run, rows, n, rng):
     x = rng.standard_normal((rows, n)).astype(np.float32)
     w = rng.standard_normal(n).astype(np.float32)
     res = rng.standard_normal((rows, n)).astype(np.float32)

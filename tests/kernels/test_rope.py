@@ -35,8 +35,7 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.layout}-{s.head_dim}-{s.scaling}")
 @pytest.mark.parametrize("pos", [0, 1, 17, 4099, 131071])
-def test_rope(run, spec, pos):
-    rng = np.random.default_rng(pos + spec.head_dim)
+def test_rope(run, spec, pos, rng):
     q = rng.standard_normal((5, spec.head_dim)).astype(np.float32)
     k = rng.standard_normal((1, spec.head_dim)).astype(np.float32)
     gq, gk = _run(run, spec, q, k, pos)
@@ -59,9 +58,8 @@ def test_llama3_frequencies():
 
 
 @pytest.mark.gpu
-def test_rope_gpu(gpu_run):
+def test_rope_gpu(gpu_run, rng):
     spec = R.RopeSpec(theta=500000.0, scaling="llama3")
-    rng = np.random.default_rng(5)
     q = rng.standard_normal((32, 128)).astype(np.float32)
     k = rng.standard_normal((8, 128)).astype(np.float32)
     for pos in (0, 8191, 100000):
@@ -138,10 +136,8 @@ APPEND_SPECS = [R.RopeSpec(head_dim=d, layout=lay, append=app, block=64,
 @pytest.mark.parametrize("spec", APPEND_SPECS,
                          ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
 @pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
-def test_rope_append(run, spec, heads):
+def test_rope_append(run, spec, heads, rng):
     n_q, n_kv = heads
-    seed = spec.head_dim * 7 + n_q + (spec.layout == "neox") * 3 + (spec.append == "f16")
-    rng = np.random.default_rng(seed)
     cap = 37
     pos = int(rng.integers(0, cap))
     q, k, v, kc, vc = _inputs(rng, spec, n_q, n_kv, cap)
@@ -171,8 +167,7 @@ def test_rope_append(run, spec, heads):
 @pytest.mark.parametrize("spec", [APPEND_SPECS[0], APPEND_SPECS[-1]],
                          ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
 @pytest.mark.parametrize("where", ["capacity", "negative"])
-def test_rope_append_out_of_range_leaves_cache(run, spec, where):
-    rng = np.random.default_rng(11)
+def test_rope_append_out_of_range_leaves_cache(run, spec, where, rng):
     cap = 5
     pos = cap if where == "capacity" else -1
     q, k, v, kc, vc = _inputs(rng, spec, 6, 2, cap)

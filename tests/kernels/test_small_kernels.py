@@ -6,8 +6,7 @@ import numpy as np
 from ptxgen.kernels import reduce, vector_add
 
 
-def test_vector_add(run):
-    rng = np.random.default_rng()
+def test_vector_add(run, rng):
     n = int(rng.integers(1000, 5000))
     a = rng.standard_normal(n).astype(np.float32)
     b = rng.standard_normal(n).astype(np.float32)
@@ -20,8 +19,7 @@ def test_vector_add(run):
     np.testing.assert_array_equal(run.get(c), a + b)
 
 
-def test_block_reduce(run):
-    rng = np.random.default_rng()
+def test_block_reduce(run, rng):
     n = int(rng.integers(3000, 9000))
     x = rng.standard_normal(n).astype(np.float32)
     spec = reduce.BlockReduceSpec()

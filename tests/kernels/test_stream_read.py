@@ -15,8 +15,7 @@ from ptxgen.kernels.spec_fields import has_griddepcontrol
     (True, 64, 3, 5),          # persistent: 5 blocks walk all steps
     (True, 128, 1, 2),
 ])
-def test_stream_read_xor(run, persistent, block, loads, grid):
-    rng = np.random.default_rng()
+def test_stream_read_xor(run, persistent, block, loads, grid, rng):
     spec = S.StreamReadSpec(block=block, loads=loads, persistent=persistent)
     steps = int(rng.integers(3, 7))
     # a size that ends part-way through the last step (and part-way through a load)

@@ -26,8 +26,7 @@ def _run(run, spec, g, u, offset=0):
 
 
 @pytest.mark.parametrize("n,offset", [(1, 0), (7, 0), (1000, 0), (1027, 0), (1029, 1)])
-def test_swiglu(run, n, offset):
-    rng = np.random.default_rng(n)
+def test_swiglu(run, n, offset, rng):
     g = (rng.standard_normal(n) * 4).astype(np.float32)
     u = rng.standard_normal(n).astype(np.float32)
     out = _run(run, S.SwiGluSpec(block=64), g, u, offset)
@@ -38,8 +37,7 @@ def test_swiglu(run, n, offset):
 
 
 @pytest.mark.gpu
-def test_swiglu_gpu(gpu_run):
-    rng = np.random.default_rng(1)
+def test_swiglu_gpu(gpu_run, rng):
     n = 14336 * 3 + 5
     g = (rng.standard_normal(n) * 4).astype(np.float32)
     u = rng.standard_normal(n).astype(np.float32)
