@@ -78,7 +78,12 @@ def rmsnorm(x, w, eps):
 
 
 def swiglu(g, u):
-    """``silu(g) * u`` with ``silu(g) = g * sigmoid(g)``, the sigmoid written
-    as ``(1 + tanh(g / 2)) / 2``."""
-    g = np.asarray(g, dtype=np.float64)
-    return g * (0.5 + 0.5 * np.tanh(0.5 * g)) * np.asarray(u, dtype=np.float64)
+    """``silu(g) * u`` with ``silu(g) = g * sigmoid(g)``, the sigmoid taken
+    element by element as ``e / (1 + e)`` with ``e = exp(-|g|)`` for
+    negative ``g`` and ``1 / (1 + e)`` otherwise (no cancellation)."""
+    out = []
+    for a, b in zip(np.ravel(np.asarray(g, np.float64)), np.ravel(np.asarray(u, np.float64))):
+        e = math.exp(-abs(a))
+        sig = e / (1.0 + e) if a < 0 else 1.0 / (1.0 + e)
+        out.append(a * sig * b)
+    return np.array(out).reshape(np.shape(g))

@@ -1,4 +1,8 @@
-"""Argmax: ties to the lowest index, NaN wins, -0 == +0."""
+"""Argmax: ties to the lowest index, NaN wins, -0 == +0.
+
+The oracle is ``numpy.argmax`` and, for ties, NaN and signed zeros, indices
+written out in the test.
+"""
 
 import numpy as np
 import pytest

@@ -1,4 +1,13 @@
-"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64."""
+"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64.
+
+The oracle is ``gemv.reference``: float64 weights from ``quants.dequantize``
+times x.  ``_data`` checks, for the very weights of each test, that
+``quants.dequantize`` equals gguf's decoder (``gguf.quants.dequantize``)
+bit for bit, so the oracle's weights are gguf's (tests/test_quants.py
+checks the two decoders on random bytes as well).  The fused-RoPE
+epilogue's frequencies come from tests/kernels/formulas.py, not from the
+table the kernel reads.
+"""
 
 import attrs
 import numpy as np
@@ -22,6 +31,11 @@ def rel_err(out, ref) -> float:
 def _data(rng, qtype, m, k, n_mats):
     ws = [quants.quantize(rng.standard_normal((m, k)).astype(np.float32), qtype)
           for _ in range(n_mats)]
+    gguf = pytest.importorskip("gguf")
+    for w in ws:          # the oracle's decoder is gguf's, bit for bit
+        ours = quants.dequantize(w, qtype, (m, k))
+        theirs = gguf.quants.dequantize(w, gguf.GGMLQuantizationType[qtype])
+        assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
     x = rng.standard_normal(k).astype(np.float32)
     r = rng.standard_normal(m).astype(np.float32)
     return ws, x, r
@@ -518,7 +532,10 @@ def _rope_case(rng, spec, capacity):
     ws, x, _ = _data(rng, spec.qtype, m, spec.k, 1)
     rs = rope.RopeSpec(head_dim=d, layout="interleaved", theta=500000.0, scaling="llama3")
     caches = [rng.standard_normal((nkv, capacity, d)).astype(np.float16) for _ in range(2)]
-    return ws[0], x, rope.freq_table(rs), rope.inv_freq(rs), caches
+    from formulas import llama3_inv_freq
+    inv = llama3_inv_freq(rs.theta, d, rs.factor, rs.low_freq_factor, rs.high_freq_factor,
+                          rs.original_context)
+    return ws[0], x, rope.freq_table(rs), inv, caches
 
 
 def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):

@@ -1,5 +1,13 @@
 """The DSL's two small kernels through the kernel-test runner, so they are
-also compared emulator-against-GPU (the ``emu_vs_cuda`` case)."""
+also compared emulator-against-GPU (the ``emu_vs_cuda`` case).
+
+Oracles: vector_add against numpy's float32 sum (exact); block_reduce
+against per-block sums written out here with ``math.fsum`` over the
+elements each block's grid-stride loop visits (``reduce.reference`` is
+checked against the same sums).
+"""
+
+import math
 
 import numpy as np
 
@@ -28,7 +36,9 @@ def test_block_reduce(run, rng):
     out = run.poisoned((grid,))
     g, b, _ = reduce.launch_geometry(spec, n, grid)
     run.launch(fn, g, b, run.array(x), out, n)
-    want = reduce.reference(x, grid, spec.block)
+    want = np.array([math.fsum(float(x[i]) for i in range(n)
+                               if (i // spec.block) % grid == b) for b in range(grid)])
+    assert np.max(np.abs(reduce.reference(x, grid, spec.block) - want)) <= 1e-9 * np.sum(np.abs(x))
     got = run.get(out).astype(np.float64)
     # f32 sums of ~1000 terms each: relative error well under 1e-5 of sum |x|
     bound = 1e-5 * np.bincount((np.arange(n) % (grid * spec.block)) // spec.block,
