@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
 VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench clean
+.PHONY: all setup test golden demo bench clean mutate
 
 all: test
 
@@ -37,3 +37,7 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# mutation check (tests/mutants.toml): every mutant must be caught
+mutate: $(STAMP)
+	$(PY) scripts/mutate.py $(MUTATE_ARGS)

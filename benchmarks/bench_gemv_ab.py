@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.bench_gemv_ab CONFIG.json [--rounds N]`` on a GPU
 with torch.  The config names shapes and, for each, the variants to compare
-(``default_spec`` overrides; ``{}`` is the default)::
+(``default_plan`` overrides; ``{}`` is the default)::
 
     {"shapes": [{"qtype": "Q4_K", "m": 4096, "k": 14336, "epi": "none",
                  "variants": {"default": {}, "rows8": {"rows": 8}}}]}

@@ -1,12 +1,63 @@
 """Test-wide fixtures: the ``backend`` fixture runs a test on the CPU
 emulator always and on a GPU (through ptxgen.driver) when one is present;
-the GPU case is skipped cleanly, never errors, where there is none."""
+the GPU case is skipped cleanly, never errors, where there is none.
+
+Random inputs: the ``rng`` fixture is the test's ``numpy.random.Generator``
+and ``seed`` an integer seed for APIs that take one, both derived from the
+session seed and the test's node id (tests/seeding.py).  ``pytest --seed N``
+sets the session seed; by default each session draws a fresh one.  The seed
+is shown in the report header and in a "random seed" section of every
+failing test's report, with the command that reruns it.
+"""
 
 import os
 
 import pytest
 
+import seeding
 from backends import Backend, cuda_available
+
+
+def pytest_addoption(parser):
+    parser.addoption("--seed", type=int, default=None, metavar="N",
+                     help="session seed for the tests' random inputs (default: a fresh one)")
+
+
+def pytest_configure(config):
+    seeding.configure(config.getoption("--seed"))
+
+
+def pytest_report_header(config):
+    n = seeding.session_seed()
+    return f"random seed: {n} (rerun with pytest --seed {n})"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        n = seeding.session_seed()
+        report.sections.append(("random seed", f"seed={n}; rerun with pytest --seed {n} "
+                                               f"'{item.nodeid}'"))
+
+
+@pytest.fixture
+def rng(request):
+    """The test's ``numpy.random.Generator`` (reproduced by ``--seed``)."""
+    return seeding.rng_for(request.node.nodeid)
+
+
+@pytest.fixture(scope="module")
+def module_seed(request):
+    """An integer seed for module-scoped fixtures (reproduced by ``--seed``)."""
+    return seeding.seed_for(request.node.nodeid + "#module")
+
+
+@pytest.fixture
+def seed(request):
+    """The test's integer seed (reproduced by ``--seed``)."""
+    return seeding.seed_for(request.node.nodeid + "#seed")
 
 _CUDA = None
 

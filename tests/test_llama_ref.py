@@ -1,7 +1,6 @@
 """Tests of driver/gguf_synth.py (synthetic Llama GGUF) and driver/llama_ref.py (float64 reference)."""
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -18,11 +17,9 @@ TINY = PRESETS["tiny"]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    seed = int.from_bytes(os.urandom(8), "little") >> 1
-    print(f"tiny model seed={seed}")
+def tiny(tmp_path_factory, module_seed):
     path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    info = write_synthetic_llama(path, seed=seed, **TINY)
+    info = write_synthetic_llama(path, seed=module_seed, **TINY)
     return path, info
 
 
@@ -89,22 +86,24 @@ def test_synth_metadata_and_tensors(tiny):
     assert abs(norm.mean() - 1) < 0.02 and 0 < norm.std() < 0.1
 
 
-def test_synth_fast_and_reproducible(tmp_path):
+def test_synth_fast_and_reproducible(tmp_path, seed):
     import gguf as _  # noqa: F401  (import time is not the writer's)
     t = time.perf_counter()
-    a = write_synthetic_llama(tmp_path / "a.gguf", seed=1234, **TINY)
+    a = write_synthetic_llama(tmp_path / "a.gguf", seed=seed, **TINY)
     dt = time.perf_counter() - t
     assert dt < 1.0, f"tiny model took {dt:.2f} s"
-    write_synthetic_llama(tmp_path / "b.gguf", seed=1234, **TINY)
-    assert a.seed == 1234
+    write_synthetic_llama(tmp_path / "b.gguf", seed=seed, **TINY)
+    write_synthetic_llama(tmp_path / "c.gguf", seed=seed + 1, **TINY)
+    assert a.seed == seed
     assert (tmp_path / "a.gguf").read_bytes() == (tmp_path / "b.gguf").read_bytes()
+    assert (tmp_path / "a.gguf").read_bytes() != (tmp_path / "c.gguf").read_bytes()
 
 
-def test_synth_pooled_blocks_and_types(tmp_path):
+def test_synth_pooled_blocks_and_types(tmp_path, seed):
     # a pool smaller than the tensors: they are assembled from quantized blocks
     p = tmp_path / "p.gguf"
     write_synthetic_llama(p, qtype="Q8_0", output_qtype="F16", tie_embeddings=False,
-                          pool_weights=1 << 15, seed=5, **TINY)
+                          pool_weights=1 << 15, seed=seed, **TINY)
     hp, W = load_llama_gguf(p)
     by = {t.name: t for t in gguf.GGUFReader(p).tensors}
     assert by["blk.0.ffn_up.weight"].tensor_type.name == "Q8_0"
@@ -210,9 +209,9 @@ def test_weights_are_gguf_decoded(tiny):
     assert np.array_equal(W["blk.1.attn_v.weight"], gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64))
 
 
-def test_tied_embeddings(tmp_path):
+def test_tied_embeddings(tmp_path, seed):
     p = tmp_path / "tied.gguf"
-    write_synthetic_llama(p, tie_embeddings=True, seed=9, **TINY)
+    write_synthetic_llama(p, tie_embeddings=True, seed=seed, **TINY)
     assert "output.weight" not in {t.name for t in gguf.GGUFReader(p).tensors}
     m = LlamaReference(p)
     assert m.weights["output.weight"] is m.weights["token_embd.weight"]

@@ -87,9 +87,8 @@ def test_every_kernel_of_a_pdl_spec_waits(family, spec):
     assert entries and all("griddepcontrol.wait" in e for e in entries)
 
 
-def test_emulator_checks_pdl_launches():
+def test_emulator_checks_pdl_launches(rng):
     from ptxgen import emu
-    rng = np.random.default_rng()
     n = int(rng.integers(100, 3000))
     g, u = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     plain = swiglu.SwiGluSpec(target="sm_90")
@@ -108,19 +107,19 @@ def test_emulator_checks_pdl_launches():
         assert np.max(np.abs(got - ref)) / np.max(np.abs(ref)) <= 1e-5
 
 
-def test_enable_pdl_rewrites_launches_and_the_emulator_runs_them(tmp_path):
+def test_enable_pdl_rewrites_launches_and_the_emulator_runs_them(tmp_path, rng, seed):
     pytest.importorskip("gguf")
     from ptxgen.driver.model.gguf_synth import write_synthetic_llama
     from ptxgen.driver.model.llama import LlamaModel
     from ptxgen.driver.model.llama_ref import LlamaReference
     path = str(tmp_path / "tiny.gguf")
     write_synthetic_llama(path, n_layers=1, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
-                          vocab=512, context_length=64)
+                          vocab=512, context_length=64, seed=seed)
     m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False,
                              target="sm_90", pdl=True)
     launches = [L for op in m.graph.ops for L in op.launches]
     assert launches and all(L.spec.pdl for L in launches)
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
+    prompt = [int(t) for t in rng.integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     ref = LlamaReference(path, kv_dtype=np.float16)
     for tok, got in zip(prompt + res.tokens, logits):
@@ -133,7 +132,7 @@ gpu = pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver av
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_pdl_chain_eager_and_captured():
+def test_gpu_pdl_chain_eager_and_captured(rng):
     """64 dependent SwiGLU launches, each reading the previous one's output,
     with PDL: eager and graph replay give the same bits as the same chain
     launched without PDL (any launch reading early would change them), and
@@ -147,7 +146,6 @@ def test_gpu_pdl_chain_eager_and_captured():
     fn = Module.from_ptx(swiglu.build(spec)).function(spec.kernel_name)
     plain = attrs.evolve(spec, pdl=False)
     fplain = Module.from_ptx(swiglu.build(plain)).function(plain.kernel_name)
-    rng = np.random.default_rng()
     n = int(rng.integers(200_000, 400_000))
     # silu(g) ~ g for g >= 20, so the chain stays in [20, 40] over 64 steps
     u = (1.0 + 0.01 * rng.random(n)).astype(np.float32)

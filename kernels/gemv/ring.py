@@ -64,7 +64,7 @@ __all__ = ["build_ring", "copy_rows"]
 
 class _RowView:
     """``view[i]`` -> shared address ``base + i`` (``base`` a u32 register;
-    :mod:`gemv_staged`'s view adds a constant to a symbol instead)."""
+    :mod:`.staged`'s view adds a constant to a symbol instead)."""
 
     def __init__(self, base):
         self.base = base

@@ -24,8 +24,6 @@ from ptxgen.driver import (
 
 pytestmark = pytest.mark.gpu
 
-RNG = np.random.default_rng(1234)
-
 
 @pytest.fixture
 def vadd(gpu_device, cache_root):
@@ -62,9 +60,9 @@ def test_device_attributes(gpu_device):
 # ----------------------------------------------------------------------------- modules
 
 
-def test_vadd_matches_numpy(vadd):
+def test_vadd_matches_numpy(vadd, rng):
     n = 1000  # not a multiple of the block
-    a, b = RNG.standard_normal(n, np.float32), RNG.standard_normal(n, np.float32)
+    a, b = rng.standard_normal(n, np.float32), rng.standard_normal(n, np.float32)
     da, db, dc = DeviceArray.from_numpy(a), DeviceArray.from_numpy(b), _poisoned(n)
     launch(vadd, _blocks(n), 256, da, db, dc, n)
     np.testing.assert_array_equal(dc.to_numpy(), a + b)
@@ -73,11 +71,11 @@ def test_vadd_matches_numpy(vadd):
     assert [p.name for p in vadd.params] == ["a", "b", "c", "n"]
 
 
-def test_block_sum_matches_numpy(gpu_device, cache_root):
+def test_block_sum_matches_numpy(gpu_device, cache_root, rng):
     f = Module.from_ptx(BLOCK_SUM_PTX).function("block_sum")
     assert f.shared_size_bytes == 256 * 4
     n = 256 * 7 + 13
-    x = RNG.standard_normal(n, np.float32)
+    x = rng.standard_normal(n, np.float32)
     out = _poisoned(_blocks(n))
     f(_blocks(n), 256, DeviceArray.from_numpy(x), out, n)
     ref = np.add.reduceat(x.astype(np.float64), np.arange(0, n, 256))
@@ -146,9 +144,9 @@ def test_bad_launches_refused(vadd):
         vadd.set_max_dynamic_shared(optin + 1)
 
 
-def test_launch_from_another_thread(vadd):
+def test_launch_from_another_thread(vadd, rng):
     n = 300
-    a = RNG.standard_normal(n, np.float32)
+    a = rng.standard_normal(n, np.float32)
     da, dc = DeviceArray.from_numpy(a), _poisoned(n)
     errors = []
 
@@ -168,8 +166,8 @@ def test_launch_from_another_thread(vadd):
 # ----------------------------------------------------------------------------- arrays
 
 
-def test_array_roundtrip_fill_and_copies(gpu_device):
-    x = RNG.standard_normal((3, 5)).astype(np.float16)
+def test_array_roundtrip_fill_and_copies(gpu_device, rng):
+    x = rng.standard_normal((3, 5)).astype(np.float16)
     d = DeviceArray.from_numpy(x)
     assert d.shape == (3, 5) and d.dtype == np.float16 and d.nbytes == 30
     np.testing.assert_array_equal(d.to_numpy(), x)
@@ -286,11 +284,11 @@ def test_streams_and_events(vadd):
 # ----------------------------------------------------------------------------- graphs
 
 
-def test_graph_capture_replay_update(vadd):
+def test_graph_capture_replay_update(vadd, rng):
     n = 1000
     s = Stream()
-    a = RNG.standard_normal(n, np.float32)
-    b = RNG.standard_normal(n, np.float32)
+    a = rng.standard_normal(n, np.float32)
+    b = rng.standard_normal(n, np.float32)
     da, db, dc, dd = DeviceArray.from_numpy(a), DeviceArray.from_numpy(b), _poisoned(n), _poisoned(n)
     with capture(s) as g:
         launch(vadd, _blocks(n, 256), 256, da, db, dc, n, stream=s)      # c = a + b
@@ -304,7 +302,7 @@ def test_graph_capture_replay_update(vadd):
     s.synchronize()
     np.testing.assert_array_equal(dd.to_numpy(), (a + b) + b)
     # point the first kernel at a new input, replay
-    a2 = RNG.standard_normal(n, np.float32)
+    a2 = rng.standard_normal(n, np.float32)
     da2 = DeviceArray.from_numpy(a2)
     exe.set_kernel_args(first, da2, db, dc, n)
     exe.launch(s)
@@ -324,10 +322,10 @@ def test_graph_nodes_in_capture_order(vadd):
     assert [nd.grid[0] for nd in g.kernel_nodes] == [1, 2, 3]
 
 
-def test_failed_capture_ends_and_context_survives(vadd):
+def test_failed_capture_ends_and_context_survives(vadd, rng):
     s = Stream()
     n = 512
-    a = RNG.standard_normal(n, np.float32)
+    a = rng.standard_normal(n, np.float32)
     da, dc = DeviceArray.from_numpy(a), _poisoned(n)
     with pytest.raises(GraphCaptureError, match="capture"):
         with capture(s):

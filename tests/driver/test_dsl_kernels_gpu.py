@@ -18,9 +18,8 @@ def _fn(family, spec):
     return Module.from_ptx(family.build(spec)).function(spec.kernel_name), spec
 
 
-def test_vector_add_numpy_and_torch():
+def test_vector_add_numpy_and_torch(rng):
     from ptxgen.driver import DeviceArray, get_device, launch
-    rng = np.random.default_rng()
     n = int(rng.integers(10_000, 50_000))
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     f, spec = _fn(vector_add, vector_add.VectorAddSpec())
@@ -38,9 +37,8 @@ def test_vector_add_numpy_and_torch():
     assert torch.equal(tc.cpu(), torch.from_numpy(a + b))
 
 
-def test_block_reduce_numpy_and_torch():
+def test_block_reduce_numpy_and_torch(rng):
     from ptxgen.driver import DeviceArray, get_device, launch
-    rng = np.random.default_rng()
     n = int(rng.integers(100_000, 300_000))
     x = rng.standard_normal(n).astype(np.float32)
     grid = 7

@@ -59,8 +59,7 @@ def test_freed_array_is_refused():
         emu.launch(mod[name], 1, 32, a, b, a, 8)
 
 
-def test_device_array_roundtrip():
-    rng = np.random.default_rng()
+def test_device_array_roundtrip(rng):
     x = rng.standard_normal((3, 5)).astype(np.float32)
     d = emu.DeviceArray.from_numpy(x)
     assert d.shape == (3, 5) and d.dtype == np.float32 and d.nbytes == 60
@@ -72,7 +71,7 @@ def test_device_array_roundtrip():
     assert d.copy().to_numpy().sum() == 2.5 * 15
 
 
-def test_dynamic_shared_and_int_pointer():
+def test_dynamic_shared_and_int_pointer(rng):
     """``.extern .shared`` sized at launch; a raw int address as a pointer."""
     m = ptxgen.Module("sm_80")
     with m.kernel("rev") as k:
@@ -83,7 +82,6 @@ def test_dynamic_shared_and_int_pointer():
         k.st(sh[t], k.ld(x[t]))
         k.bar_sync(0)
         k.st(x[t], k.ld(sh[n - 1 - t]))
-    rng = np.random.default_rng()
     host = rng.standard_normal(96).astype(np.float32)
     d = emu.DeviceArray.from_numpy(host)
     mod = emu.Module.from_ptx(m)

@@ -12,8 +12,6 @@ from ptxgen import emu
 from ptxgen.errors import PtxBuildError, PtxTypeError
 from ptxgen.types import f32, u32
 
-RNG = np.random.default_rng()
-
 
 def _build(wait, groups=2, pending=0):
     """Thread t copies 16 bytes per group into its slot; after the wait and a
@@ -36,8 +34,8 @@ def _build(wait, groups=2, pending=0):
     return m
 
 
-def _run(mod, groups=2):
-    x = RNG.standard_normal(256 * groups).astype(np.float32)
+def _run(rng, mod, groups=2):
+    x = rng.standard_normal(256 * groups).astype(np.float32)
     dx = emu.DeviceArray.from_numpy(x)
     dy = emu.DeviceArray.from_numpy(np.full(256 * groups, np.nan, np.float32))
     emu.launch(emu.Module.from_ptx(mod)["cpa"], 1, 64, dx, dy)
@@ -45,19 +43,19 @@ def _run(mod, groups=2):
     return dy.to_numpy(), want
 
 
-def test_copies_land_after_the_wait():
-    got, want = _run(_build(wait=True))
+def test_copies_land_after_the_wait(rng):
+    got, want = _run(rng, _build(wait=True))
     np.testing.assert_array_equal(got, want)
 
 
-def test_read_before_the_wait_sees_stale_bytes():
-    got, want = _run(_build(wait=False))
+def test_read_before_the_wait_sees_stale_bytes(rng):
+    got, want = _run(rng, _build(wait=False))
     assert np.isnan(got).all()        # shared memory starts as 0xFF bytes
 
 
-def test_wait_group_leaves_the_newest_groups_pending():
+def test_wait_group_leaves_the_newest_groups_pending(rng):
     """wait_group 1 retires the first of two groups only."""
-    got, want = _run(_build(wait=True, pending=1))
+    got, want = _run(rng, _build(wait=True, pending=1))
     np.testing.assert_array_equal(got[:256], want[:256])
     assert np.isnan(got[256:]).all()
 
@@ -84,7 +82,7 @@ def test_builder_refuses_misuse():
             k.cp_async_wait(k.mov(1, u32))
 
 
-def test_read_of_a_neighbours_copy_without_a_barrier_is_a_race():
+def test_read_of_a_neighbours_copy_without_a_barrier_is_a_race(rng):
     """The copy's write is logged at the wait: another thread's read in the
     same barrier interval is a race."""
     m = ptxgen.Module("sm_80")
@@ -97,7 +95,7 @@ def test_read_of_a_neighbours_copy_without_a_barrier_is_a_race():
         k.cp_async_commit()
         k.cp_async_wait(0)
         k.st(dst[t * 4], k.ld(sh[((t + 1) & 63) * 4], f32, vec=4))
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(256).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(256).astype(np.float32))
     y = emu.DeviceArray.from_numpy(np.zeros(256, np.float32))
     with pytest.raises(emu.RaceError):
         emu.launch(emu.Module.from_ptx(m)["cpa"], 1, 64, x, y)
@@ -120,7 +118,7 @@ def _prefetch_kernel():
     return m
 
 
-def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend):
+def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend, rng):
     """On the emulator and on an sm_90 GPU (where the driver's JIT takes the
     instruction): the whole 256-byte array prefetched, nothing changed."""
     if backend.name == "cuda":
@@ -130,7 +128,7 @@ def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend):
     m = _prefetch_kernel()
     text = m.to_ptx()
     assert ".version 8.0" in text and "cp.async.bulk.prefetch.L2.global" in text
-    x = RNG.standard_normal(64).astype(np.float32)
+    x = rng.standard_normal(64).astype(np.float32)
     dw = backend.array(x)
     dy = backend.array(np.full(64, np.nan, np.float32))
     backend.launch(backend.load(text)["pf"], 1, 64, dw, 0, 256, dy)
@@ -140,11 +138,11 @@ def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend):
 
 @pytest.mark.parametrize("off,n,what", [(0, 24, "multiple of 16"), (2, 16, "16-byte aligned"),
                                         (0, 0, "positive"), (32, 256, "past the end")])
-def test_bulk_prefetch_bad_range_is_a_fault(off, n, what):
+def test_bulk_prefetch_bad_range_is_a_fault(off, n, what, rng):
     """A misaligned start, a size not a positive multiple of 16, or a range
     past the allocation (256 bytes) is refused, naming the thread."""
     text = _prefetch_kernel().to_ptx()
-    dw = emu.DeviceArray.from_numpy(RNG.standard_normal(64).astype(np.float32))
+    dw = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
     dy = emu.DeviceArray.empty(64, np.float32)
     with pytest.raises(emu.MemoryFault, match=what):
         emu.launch(emu.Module.from_ptx(text)["pf"], 1, 64, dw, off, n, dy)

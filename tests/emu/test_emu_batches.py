@@ -11,8 +11,6 @@ from ptxgen.emu import executor
 from ptxgen.kernels import argmax as A
 from ptxgen.types import f32, s32, u32
 
-RNG = np.random.default_rng()
-
 
 @pytest.fixture(params=["default", "small"])
 def batch(request, monkeypatch):
@@ -71,7 +69,7 @@ def test_blocks_do_not_see_each_others_shared_memory(batch):
         np.testing.assert_array_equal(got[b], want, err_msg=f"block {b}")
 
 
-def test_dynamic_shared_per_block_reduction(batch):
+def test_dynamic_shared_per_block_reduction(batch, rng):
     """A shared-memory tree reduction in every block of a batch (dynamic
     shared memory, a barrier per level), checked per block."""
     T = 128
@@ -92,7 +90,7 @@ def test_dynamic_shared_per_block_reduction(batch):
         with k.if_(t.eq(0)):
             k.st(out[k.ctaid.x], k.ld(sh[0]))
     grid = 37
-    x = RNG.integers(-50, 50, grid * T).astype(np.float32)
+    x = rng.integers(-50, 50, grid * T).astype(np.float32)
     out = emu.DeviceArray.empty(grid, np.float32)
     emu.launch(emu.Module.from_ptx(m)["tree"], grid, T, emu.DeviceArray.from_numpy(x), out,
                shared=T * 4)
@@ -137,7 +135,7 @@ def test_two_barriers_in_one_block_of_a_2d_grid(batch):
     assert ei.value.line in _line_of(text, "bar.sync")
 
 
-def test_race_in_one_block_names_that_block(batch):
+def test_race_in_one_block_names_that_block(batch, rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("racy") as k:
         x = k.param_ptr("x", f32)
@@ -147,7 +145,7 @@ def test_race_in_one_block_names_that_block(batch):
         with k.if_(k.ctaid.x.ne(4)):      # planted: block 4 skips the barrier
             k.bar_sync(0)
         k.st(x[t], k.ld(buf[t ^ 1]))
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(64).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
     with pytest.raises(emu.RaceError) as ei:
         emu.launch(emu.Module.from_ptx(m)["racy"], 6, 64, x)
     assert ei.value.block == (4, 0, 0)
@@ -200,7 +198,7 @@ def test_shared_bounds_are_per_block(batch):
     assert ei.value.block == (2, 0, 0) and ei.value.thread == (9, 0, 0)
 
 
-def test_global_atomics_across_blocks_serialise_in_thread_order(batch):
+def test_global_atomics_across_blocks_serialise_in_thread_order(batch, rng):
     T, grid = 64, 50
     m = ptxgen.Module("sm_80")
     with m.kernel("count") as k:
@@ -212,7 +210,7 @@ def test_global_atomics_across_blocks_serialise_in_thread_order(batch):
         k.st(old[g], k.atom("add", cnt[0], 1))
         k.atom("add", fs[0], k.ld(x[g]))
     n = T * grid
-    x = RNG.uniform(-1, 1, n).astype(np.float32)
+    x = rng.uniform(-1, 1, n).astype(np.float32)
     cnt = emu.DeviceArray.zeros(1, np.uint32)
     old = emu.DeviceArray.empty(n, np.uint32)
     fs = emu.DeviceArray.zeros(1, np.float32)
@@ -275,9 +273,9 @@ def test_warps_do_not_span_blocks(batch):
 
 
 @pytest.mark.parametrize("n,grid,block", [(5000, 5, 64), (777, 3, 32), (40000, 9, 128)])
-def test_argmax_last_block_pattern(batch, n, grid, block):
-    x = RNG.standard_normal(n).astype(np.float32)
-    x[RNG.integers(0, n, 3)] = 7.5                     # ties: the lowest index wins
+def test_argmax_last_block_pattern(batch, n, grid, block, rng):
+    x = rng.standard_normal(n).astype(np.float32)
+    x[rng.integers(0, n, 3)] = 7.5                     # ties: the lowest index wins
     spec = A.ArgmaxSpec(block=block)
     fn = emu.Module.from_ptx(A.build(spec))[spec.kernel_name]
     dx = emu.DeviceArray.from_numpy(x)
@@ -333,7 +331,7 @@ def test_spin_wait_on_another_block_hits_the_step_limit(batch, monkeypatch):
     assert "spin-wait on another block" in str(ei.value)
 
 
-def test_batched_results_equal_block_by_block(monkeypatch):
+def test_batched_results_equal_block_by_block(monkeypatch, rng):
     """One launch with batches of every size from 1 block to all of them
     gives the same bytes (a kernel with divergence, barriers, shuffles)."""
     T, grid = 64, 13
@@ -354,7 +352,7 @@ def test_batched_results_equal_block_by_block(monkeypatch):
         w = w + k.shfl_down(w.bitcast(u32), 1).bitcast(f32)
         k.st(out[g], w)
     fn = emu.Module.from_ptx(m)["mix"]
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(grid * T).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(grid * T).astype(np.float32))
     results = []
     for per in (T, 3 * T, 1 << 16):
         monkeypatch.setattr(executor, "BATCH_THREADS", per)

@@ -14,7 +14,6 @@ from ptxgen import emu
 from ptxgen.errors import PtxBuildError
 from ptxgen.types import f32, u32, u64
 
-RNG = np.random.default_rng()
 N = 256                 # f32 values per copy (1 KB)
 
 
@@ -47,8 +46,8 @@ def _kernel(wait=True, parity=0, rounds=2, barrier=True, expect=4 * N):
     return m
 
 
-def _run(backend, mod, rounds=2):
-    x = RNG.standard_normal(rounds * N).astype(np.float32)
+def _run(rng, backend, mod, rounds=2):
+    x = rng.standard_normal(rounds * N).astype(np.float32)
     dx = backend.array(x)
     dy = backend.array(np.full(rounds * N, np.nan, np.float32))
     backend.launch(backend.load(mod.to_ptx())["bulk"], 1, 64, dx, dy)
@@ -56,13 +55,13 @@ def _run(backend, mod, rounds=2):
     return dy.to_numpy(), want
 
 
-def test_copies_land_for_the_waiters(backend):
+def test_copies_land_for_the_waiters(backend, rng):
     """Two phases of one mbarrier, on the emulator and an sm_90 GPU."""
     if backend.name == "cuda":
         from ptxgen.driver import get_device
         if get_device().compute_capability < (9, 0):
             pytest.skip("cp.async.bulk needs sm_90")
-    got, want = _run(backend, _kernel())
+    got, want = _run(rng, backend, _kernel())
     np.testing.assert_array_equal(got, want)
 
 
@@ -77,11 +76,11 @@ def test_ptx_text_and_parse_round_trip():
     emu.Module.from_ptx(text)
 
 
-def test_read_without_waiting_is_a_race_and_sees_stale_bytes():
+def test_read_without_waiting_is_a_race_and_sees_stale_bytes(rng):
     """No wait: the race check names the copy and the read; without the
     check the bytes never land (shared memory starts as 0xFF, NaN)."""
     fn = emu.Module.from_ptx(_kernel(wait=False))["bulk"]
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(2 * N).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(2 * N).astype(np.float32))
     dy = emu.DeviceArray.from_numpy(np.zeros(2 * N, np.float32))
     with pytest.raises(emu.RaceError, match="cp.async.bulk.*reads it"):
         emu.launch(fn, 1, 64, x, dy)
@@ -89,11 +88,11 @@ def test_read_without_waiting_is_a_race_and_sees_stale_bytes():
     assert np.isnan(dy.to_numpy()).all()
 
 
-def test_copy_into_a_stage_still_being_read_is_a_race():
+def test_copy_into_a_stage_still_being_read_is_a_race(rng):
     """Without the barrier after the reads, the second copy overwrites the
     stage other threads read in the same interval."""
     mod = _kernel(barrier=False)
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(2 * N).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(2 * N).astype(np.float32))
     y = emu.DeviceArray.from_numpy(np.zeros(2 * N, np.float32))
     with pytest.raises(emu.RaceError, match="cp.async.bulk"):
         emu.launch(emu.Module.from_ptx(mod)["bulk"], 1, 64, x, y)
@@ -101,17 +100,17 @@ def test_copy_into_a_stage_still_being_read_is_a_race():
 
 @pytest.mark.parametrize("kw,match", [(dict(parity=1), "never completes"),
                                       (dict(expect=4 * N + 16), "never completes")])
-def test_a_phase_that_cannot_complete_is_reported(kw, match):
+def test_a_phase_that_cannot_complete_is_reported(kw, match, rng):
     """Waiting on the wrong parity, or for more bytes than are copied, would
     hang a GPU; the emulator names the deadlock."""
     mod = _kernel(rounds=1, **kw)
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(N).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(N).astype(np.float32))
     y = emu.DeviceArray.from_numpy(np.zeros(N, np.float32))
     with pytest.raises(emu.MemoryFault, match=match):
         emu.launch(emu.Module.from_ptx(mod)["bulk"], 1, 64, x, y)
 
 
-def _one_copy(init=True, first=0, nbytes=4 * N):
+def _one_copy(rng, init=True, first=0, nbytes=4 * N):
     """Thread 0 copies ``nbytes`` from ``src[first]`` into shared memory."""
     m = ptxgen.Module("sm_90")
     with m.kernel("bulk", maxntid=32) as k:
@@ -123,24 +122,24 @@ def _one_copy(init=True, first=0, nbytes=4 * N):
                 k.mbarrier_init(bar[0], 1)
             k.mbarrier_arrive_expect_tx(bar[0], nbytes)
             k.cp_async_bulk(sh[0], src[first], nbytes, bar[0])
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(N).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(N).astype(np.float32))
     emu.launch(emu.Module.from_ptx(m)["bulk"], 1, 32, x)
 
 
-def test_use_before_init_is_refused():
+def test_use_before_init_is_refused(rng):
     with pytest.raises(emu.MemoryFault, match="no mbarrier.init"):
-        _one_copy(init=False)
+        _one_copy(rng, init=False)
 
 
-def test_misaligned_bulk_copy_faults():
+def test_misaligned_bulk_copy_faults(rng):
     """A source 4 bytes off a 16-byte boundary faults, as on the GPU."""
     with pytest.raises(emu.MemoryFault, match="16-byte aligned"):
-        _one_copy(first=1, nbytes=64)
+        _one_copy(rng, first=1, nbytes=64)
 
 
-def test_copy_past_the_allocation_faults():
+def test_copy_past_the_allocation_faults(rng):
     with pytest.raises(emu.MemoryFault, match="cp.async.bulk"):
-        _one_copy(first=N - 4, nbytes=64)
+        _one_copy(rng, first=N - 4, nbytes=64)
 
 
 def test_builder_refuses_misuse():

@@ -50,10 +50,9 @@ def _need_sm90(backend):
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_peers_exchange_through_shared_memory(backend, n):
+def test_peers_exchange_through_shared_memory(backend, n, rng):
     """Three clusters of n CTAs, on the emulator and an sm_90 GPU."""
     _need_sm90(backend)
-    rng = np.random.default_rng()
     grid = 3 * n
     x = rng.standard_normal(grid * T).astype(np.float32)
     dx = backend.array(x)

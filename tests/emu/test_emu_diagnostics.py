@@ -7,15 +7,13 @@ import ptxgen
 from ptxgen import emu
 from ptxgen.types import f32, u32
 
-RNG = np.random.default_rng()
-
 
 def _line_of(text, needle):
     """1-based numbers of the lines of ``text`` containing ``needle``."""
     return [i + 1 for i, ln in enumerate(text.split("\n")) if needle in ln]
 
 
-def test_out_of_bounds_write_names_line_block_thread():
+def test_out_of_bounds_write_names_line_block_thread(rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("copy_unguarded") as k:
         x = k.param_ptr("x", f32)
@@ -24,9 +22,9 @@ def test_out_of_bounds_write_names_line_block_thread():
         i = k.global_id()
         k.st(y[i], k.ld(x[i]))            # planted: no i < n guard
     text = m.to_ptx()
-    n = int(RNG.integers(100, 200))
+    n = int(rng.integers(100, 200))
     # a big enough source, an output exactly n long: the write runs off the end
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(256).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(256).astype(np.float32))
     y = emu.DeviceArray.empty(n, np.float32)
     mod = emu.Module.from_ptx(text)
     with pytest.raises(emu.MemoryFault) as ei:
@@ -40,7 +38,7 @@ def test_out_of_bounds_write_names_line_block_thread():
     assert "past the end" in str(e) and f"line {e.line}" in str(e)
 
 
-def test_missing_barrier_is_a_shared_race():
+def test_missing_barrier_is_a_shared_race(rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("neighbour") as k:
         x = k.param_ptr("x", f32)
@@ -50,7 +48,7 @@ def test_missing_barrier_is_a_shared_race():
         # planted: no k.bar_sync(0) here
         k.st(x[t], k.ld(buf[t ^ 1]))
     text = m.to_ptx()
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(64).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
     with pytest.raises(emu.RaceError) as ei:
         emu.launch(emu.Module.from_ptx(text)["neighbour"], 1, 64, x)
     e = ei.value
@@ -60,7 +58,7 @@ def test_missing_barrier_is_a_shared_race():
     assert "no bar.sync between" in str(e)
 
 
-def test_with_the_barrier_there_is_no_race():
+def test_with_the_barrier_there_is_no_race(rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("neighbour") as k:
         x = k.param_ptr("x", f32)
@@ -69,7 +67,7 @@ def test_with_the_barrier_there_is_no_race():
         k.st(buf[t], k.ld(x[t]))
         k.bar_sync(0)
         k.st(x[t], k.ld(buf[t ^ 1]))
-    host = RNG.standard_normal(64).astype(np.float32)
+    host = rng.standard_normal(64).astype(np.float32)
     x = emu.DeviceArray.from_numpy(host)
     emu.launch(emu.Module.from_ptx(m)["neighbour"], 1, 64, x)
     np.testing.assert_array_equal(x.to_numpy(), host[np.arange(64) ^ 1])
@@ -198,7 +196,7 @@ def test_out_of_bounds_shared_read():
     assert ei.value.line in _line_of(text, "ld.shared.f32")
 
 
-def test_early_exit_before_a_barrier_is_fine():
+def test_early_exit_before_a_barrier_is_fine(rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("early") as k:
         x = k.param_ptr("x", u32)
@@ -209,7 +207,7 @@ def test_early_exit_before_a_barrier_is_fine():
         k.st(buf[t], t * 2)
         k.bar_sync(0)
         k.st(x[t], k.ld(buf[n - 1 - t]))
-    n = int(RNG.integers(1, 64))
+    n = int(rng.integers(1, 64))
     x = emu.DeviceArray.from_numpy(np.full(64, 7, np.uint32))
     emu.launch(emu.Module.from_ptx(m)["early"], 1, 64, x, n)
     got = x.to_numpy()
@@ -234,19 +232,19 @@ def _halves_kernel(read_other, bar_id=None):
     return m.to_ptx()
 
 
-def test_named_barriers_of_two_halves():
+def test_named_barriers_of_two_halves(rng):
     """Warps may name different barriers at one bar.sync (a CTA of
     independent slices): each half syncs alone, and its threads' accesses on
     either side of its own barrier do not race."""
-    host = RNG.standard_normal(128).astype(np.float32)
+    host = rng.standard_normal(128).astype(np.float32)
     x = emu.DeviceArray.from_numpy(host)
     emu.launch(emu.Module.from_ptx(_halves_kernel(False))["halves"], 2, 128, x)
     np.testing.assert_array_equal(x.to_numpy(), host[np.arange(128) ^ 1])
 
 
-def test_a_named_barrier_does_not_order_the_other_half():
+def test_a_named_barrier_does_not_order_the_other_half(rng):
     text = _halves_kernel(True)
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(128).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(128).astype(np.float32))
     with pytest.raises(emu.RaceError, match="no bar.sync between") as ei:
         emu.launch(emu.Module.from_ptx(text)["halves"], 1, 128, x)
     e = ei.value
@@ -254,10 +252,10 @@ def test_a_named_barrier_does_not_order_the_other_half():
     assert e.block == (0, 0, 0)
 
 
-def test_a_barrier_id_must_be_warp_uniform():
+def test_a_barrier_id_must_be_warp_uniform(rng):
     # planted: lanes 16..31 of each warp name another barrier
     text = _halves_kernel(False, bar_id=lambda k, t: ((t >> 4) & 1) + 1)
-    x = emu.DeviceArray.from_numpy(RNG.standard_normal(128).astype(np.float32))
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(128).astype(np.float32))
     with pytest.raises(emu.BarrierError, match="differs between the threads of a warp") as ei:
         emu.launch(emu.Module.from_ptx(text)["halves"], 1, 128, x)
     assert ei.value.line in _line_of(text, "bar.sync")

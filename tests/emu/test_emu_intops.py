@@ -10,15 +10,14 @@ from backends import run_map
 from ptxgen import isa
 from ptxgen import types as T
 
-RNG = np.random.default_rng()
 N = 257
 
 
-def rand(ty, n=N):
+def rand(rng, ty, n=N):
     t = T.type_by_name(ty)
     if t.is_signed:
-        return RNG.integers(-2 ** (t.bits - 1), 2 ** (t.bits - 1), n, dtype=np.int64).astype(t.np_dtype)
-    return RNG.integers(0, 2 ** t.bits, n, dtype=np.uint64).astype(t.np_dtype)
+        return rng.integers(-2 ** (t.bits - 1), 2 ** (t.bits - 1), n, dtype=np.int64).astype(t.np_dtype)
+    return rng.integers(0, 2 ** t.bits, n, dtype=np.uint64).astype(t.np_dtype)
 
 
 def wrap(v, bits, signed):
@@ -27,9 +26,9 @@ def wrap(v, bits, signed):
 
 
 @pytest.mark.parametrize("ty", ["u64", "s64", "u32", "s32", "s16"])
-def test_mul_hi_lo_wide(backend, ty):
+def test_mul_hi_lo_wide(backend, ty, rng):
     t = T.type_by_name(ty)
-    a, b = rand(ty), rand(ty)
+    a, b = rand(rng, ty), rand(rng, ty)
     hi = run_map(backend, lambda k, x, y: k.mul_hi(x, y), [a, b], [ty, ty], ty)
     lo = run_map(backend, lambda k, x, y: x * y, [a, b], [ty, ty], ty)
     for x, y, h, l in zip(a.tolist(), b.tolist(), hi.tolist(), lo.tolist()):
@@ -42,11 +41,11 @@ def test_mul_hi_lo_wide(backend, ty):
 
 
 @pytest.mark.parametrize("ty", ["s32", "u32", "s64", "u64"])
-def test_div_rem_truncate(backend, ty):
+def test_div_rem_truncate(backend, ty, rng):
     t = T.type_by_name(ty)
-    a, b = rand(ty), rand(ty)
+    a, b = rand(rng, ty), rand(rng, ty)
     b[b == 0] = 3
-    b[:20] = (RNG.integers(1, 50, 20) * (-1 if t.is_signed else 1)).astype(b.dtype)
+    b[:20] = (rng.integers(1, 50, 20) * (-1 if t.is_signed else 1)).astype(b.dtype)
     q = run_map(backend, lambda k, x, y: k.div(x, y), [a, b], [ty, ty], ty)
     r = run_map(backend, lambda k, x, y: x % y, [a, b], [ty, ty], ty)
     for x, y, qq, rr in zip(a.tolist(), b.tolist(), q.tolist(), r.tolist()):
@@ -55,11 +54,11 @@ def test_div_rem_truncate(backend, ty):
         assert rr == wrap(x - want * y, t.bits, t.is_signed)
 
 
-def test_add_sat_and_wrap(backend):
-    a, b = rand("s32"), rand("s32")
+def test_add_sat_and_wrap(backend, rng):
+    a, b = rand(rng, "s32"), rand(rng, "s32")
     sat = run_map(backend, lambda k, x, y: k.add(x, y, sat=True), [a, b], ["s32"] * 2, "s32")
     assert sat.tolist() == [max(-2 ** 31, min(2 ** 31 - 1, x + y)) for x, y in zip(a.tolist(), b.tolist())]
-    u, v = rand("u32"), rand("u32")
+    u, v = rand(rng, "u32"), rand(rng, "u32")
     np.testing.assert_array_equal(run_map(backend, lambda k, x, y: x - y, [u, v], ["u32"] * 2, "u32"),
                                   u - v)
 
@@ -76,21 +75,21 @@ def ref_bfe(a, pos, ln, bits, signed):
 
 
 @pytest.mark.parametrize("ty", ["u32", "s32", "u64", "s64"])
-def test_bfe(backend, ty):
+def test_bfe(backend, ty, rng):
     t = T.type_by_name(ty)
-    a = rand(ty)
-    pos = RNG.integers(0, t.bits + 8, N).astype(np.uint32)
-    ln = RNG.integers(0, t.bits + 8, N).astype(np.uint32)
+    a = rand(rng, ty)
+    pos = rng.integers(0, t.bits + 8, N).astype(np.uint32)
+    ln = rng.integers(0, t.bits + 8, N).astype(np.uint32)
     got = run_map(backend, lambda k, x, p, l: k.bfe(x, p, l), [a, pos, ln], [ty, "u32", "u32"], ty)
     for x, p, l, g in zip(a.tolist(), pos.tolist(), ln.tolist(), got.tolist()):
         assert g == ref_bfe(x, p, l, t.bits, t.is_signed), (x, p, l)
 
 
 @pytest.mark.parametrize("ty,bits", [("u32", 32), ("u64", 64)])
-def test_bfi(backend, ty, bits):
-    f, b = rand(ty), rand(ty)
-    pos = RNG.integers(0, bits + 4, N).astype(np.uint32)
-    ln = RNG.integers(0, bits + 4, N).astype(np.uint32)
+def test_bfi(backend, ty, bits, rng):
+    f, b = rand(rng, ty), rand(rng, ty)
+    pos = rng.integers(0, bits + 4, N).astype(np.uint32)
+    ln = rng.integers(0, bits + 4, N).astype(np.uint32)
     got = run_map(backend, lambda k, x, y, p, l: k.bfi(x, y, p, l), [f, b, pos, ln],
                   [ty, ty, "u32", "u32"], ty)
     for x, y, p, l, g in zip(f.tolist(), b.tolist(), pos.tolist(), ln.tolist(), got.tolist()):
@@ -113,8 +112,8 @@ _MODES = {
 
 
 @pytest.mark.parametrize("mode", [None] + list(_MODES))
-def test_prmt(backend, mode):
-    a, b, c = rand("u32"), rand("u32"), rand("u32")
+def test_prmt(backend, mode, rng):
+    a, b, c = rand(rng, "u32"), rand(rng, "u32"), rand(rng, "u32")
     got = run_map(backend, lambda k, x, y, z: k.prmt(x, y, z, mode=mode), [a, b, c],
                   ["u32"] * 3, "u32")
     for x, y, z, g in zip(a.tolist(), b.tolist(), c.tolist(), got.tolist()):
@@ -133,8 +132,8 @@ def test_prmt(backend, mode):
 
 
 @pytest.mark.parametrize("sa,sb", [(False, False), (True, False), (True, True)])
-def test_dp4a_dp2a(backend, sa, sb):
-    a, b, c = rand("u32"), rand("u32"), rand("s32" if (sa or sb) else "u32")
+def test_dp4a_dp2a(backend, sa, sb, rng):
+    a, b, c = rand(rng, "u32"), rand(rng, "u32"), rand(rng, "s32" if (sa or sb) else "u32")
     acc = "s32" if (sa or sb) else "u32"
     ab = a.view(np.int8 if sa else np.uint8).reshape(-1, 4).astype(np.int64)
     bb = b.view(np.int8 if sb else np.uint8).reshape(-1, 4).astype(np.int64)
@@ -151,22 +150,22 @@ def test_dp4a_dp2a(backend, sa, sb):
         np.testing.assert_array_equal(got.view(np.uint32), want.astype(np.uint32))
 
 
-def test_popc_clz_shifts_neg_abs(backend):
-    a = rand("u32")
+def test_popc_clz_shifts_neg_abs(backend, rng):
+    a = rand(rng, "u32")
     a[:3] = [0, 1, 0xFFFFFFFF]
     assert run_map(backend, lambda k, x: k.popc(x), [a], ["u32"], "u32").tolist() == \
         [bin(v).count("1") for v in a.tolist()]
     assert run_map(backend, lambda k, x: k.clz(x), [a], ["u32"], "u32").tolist() == \
         [32 - v.bit_length() for v in a.tolist()]
-    d = rand("u64")
+    d = rand(rng, "u64")
     assert run_map(backend, lambda k, x: k.clz(x), [d], ["u64"], "u32").tolist() == \
         [64 - v.bit_length() for v in d.tolist()]
-    sh = RNG.integers(0, 40, N).astype(np.uint32)
+    sh = rng.integers(0, 40, N).astype(np.uint32)
     assert run_map(backend, lambda k, x, s: x << s, [a, sh], ["u32", "u32"], "u32").tolist() == \
         [(v << s) & 0xFFFFFFFF for v, s in zip(a.tolist(), sh.tolist())]
     assert run_map(backend, lambda k, x, s: x >> s, [a, sh], ["u32", "u32"], "u32").tolist() == \
         [v >> s for v, s in zip(a.tolist(), sh.tolist())]
-    s = rand("s32")
+    s = rand(rng, "s32")
     assert run_map(backend, lambda k, x, q: x >> q, [s, sh], ["s32", "u32"], "s32").tolist() == \
         [v >> min(q, 31) for v, q in zip(s.tolist(), sh.tolist())]
     s[0] = -2 ** 31
@@ -191,9 +190,9 @@ def _cmp(op, x, y):
 
 @pytest.mark.parametrize("cmp", [c for c in isa.CMP_OPS if c not in ("lo", "ls", "hi", "hs")])
 @pytest.mark.parametrize("ty", ["f32", "f16", "bf16"])
-def test_setp_float_incl_unordered(backend, cmp, ty):
-    x = RNG.integers(-3, 4, N).astype(np.float32)
-    y = RNG.integers(-3, 4, N).astype(np.float32)
+def test_setp_float_incl_unordered(backend, cmp, ty, rng):
+    x = rng.integers(-3, 4, N).astype(np.float32)
+    y = rng.integers(-3, 4, N).astype(np.float32)
     x[::7], y[::11] = np.nan, np.nan
     if ty == "f32":
         xs, ys = x, y
@@ -208,8 +207,8 @@ def test_setp_float_incl_unordered(backend, cmp, ty):
 
 
 @pytest.mark.parametrize("bop", ["and", "or", "xor"])
-def test_setp_combine_and_unsigned_compares(backend, bop):
-    a, b, c = rand("s32"), rand("s32"), rand("s32")
+def test_setp_combine_and_unsigned_compares(backend, bop, rng):
+    a, b, c = rand(rng, "s32"), rand(rng, "s32"), rand(rng, "s32")
     body = lambda k, x, y, z: k.select(  # noqa: E731
         k.setp("lt", x, y, combine=(bop, k.setp("hi", z.bitcast(T.u32), y.bitcast(T.u32)))),
         k.const(T.u32, 1), k.const(T.u32, 0))

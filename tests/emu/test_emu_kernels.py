@@ -7,26 +7,24 @@ from ptxgen import registry
 from ptxgen.kernels import reduce as reduce_k
 from ptxgen.kernels import vector_add as vadd_k
 
-RNG = np.random.default_rng()
-
 
 def _spec(name):
     return registry.canonical_specs()[name][1]
 
 
 @pytest.mark.parametrize("cname", ["vector_add", "vector_add_u32"])
-def test_vector_add(backend, cname):
+def test_vector_add(backend, cname, rng):
     spec = _spec(cname)
     mod = backend.load(vadd_k.build(spec))
     fn = mod[spec.kernel_name]
-    n = int(RNG.integers(3, 40) * spec.block + RNG.integers(1, spec.block))   # not a multiple
+    n = int(rng.integers(3, 40) * spec.block + rng.integers(1, spec.block))   # not a multiple
     if spec.dtype == "f32":
-        a = (RNG.uniform(0.5, 2.0, n) * RNG.choice([-1, 1], n)).astype(np.float32)
-        b = RNG.uniform(0.5, 2.0, n).astype(np.float32)
+        a = (rng.uniform(0.5, 2.0, n) * rng.choice([-1, 1], n)).astype(np.float32)
+        b = rng.uniform(0.5, 2.0, n).astype(np.float32)
         out_host = np.full(n, np.nan, np.float32)
     else:
-        a = RNG.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
-        b = RNG.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+        a = rng.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
+        b = rng.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
         out_host = np.full(n, 0xDEADBEEF, np.uint32)
     da, db, dc = backend.array(a), backend.array(b), backend.array(out_host)
     grid, block, shared = vadd_k.launch_geometry(spec, n)
@@ -41,12 +39,12 @@ def test_vector_add(backend, cname):
 
 @pytest.mark.parametrize("cname,grid", [("block_reduce", 1), ("block_reduce", 3),
                                         ("block_reduce_1024", 2)])
-def test_block_reduce(backend, cname, grid):
+def test_block_reduce(backend, cname, grid, rng):
     spec = _spec(cname)
     mod = backend.load(reduce_k.build(spec))
     fn = mod[spec.kernel_name]
-    n = int(RNG.integers(2, 30) * spec.block * grid + RNG.integers(1, spec.block))
-    x = (RNG.uniform(0.5, 1.5, n) * RNG.choice([-1.0, 1.0], n)).astype(np.float32)
+    n = int(rng.integers(2, 30) * spec.block * grid + rng.integers(1, spec.block))
+    x = (rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
     dx = backend.array(x)
     out = backend.poisoned(grid, np.float32)
     g, block, shared = reduce_k.launch_geometry(spec, n, grid)

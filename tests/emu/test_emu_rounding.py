@@ -10,7 +10,6 @@ import pytest
 from backends import run_map
 from ptxgen import types as T
 
-RNG = np.random.default_rng()
 MODES = ["rn", "rz", "rm", "rp"]
 _FMT = {"f16": (11, -14, 15), "bf16": (8, -126, 127), "f32": (24, -126, 127),
         "f64": (53, -1022, 1023)}
@@ -63,31 +62,31 @@ def got_bits(arr, fmt):
                                  "f64": np.uint64}[fmt])
 
 
-def f32_inputs(n, lo=-30, hi=30):
+def f32_inputs(rng, n, lo=-30, hi=30):
     """Random f32 values spread over exponents, incl. f16/bf16 ties, tiny
     and huge ones."""
-    x = (RNG.uniform(1, 2, n) * 2.0 ** RNG.integers(lo, hi, n)
-         * RNG.choice([-1, 1], n)).astype(np.float32)
+    x = (rng.uniform(1, 2, n) * 2.0 ** rng.integers(lo, hi, n)
+         * rng.choice([-1, 1], n)).astype(np.float32)
     # exact ties for f16 and bf16 rounding
-    h = RNG.standard_normal(n // 4).astype(np.float16).astype(np.float32)
+    h = rng.standard_normal(n // 4).astype(np.float16).astype(np.float32)
     ties = h + np.spacing(h.astype(np.float16)).astype(np.float32) / 2
-    b = (RNG.integers(0, 2 ** 16, n // 4).astype(np.uint32) << 16 | 0x8000).view(np.float32)
+    b = (rng.integers(0, 2 ** 16, n // 4).astype(np.uint32) << 16 | 0x8000).view(np.float32)
     x = np.concatenate([x, ties, b[np.isfinite(b)]])
     return x
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dst", ["f16", "bf16"])
-def test_cvt_f32_to_half(backend, mode, dst):
-    x = f32_inputs(400, -28, 20)
+def test_cvt_f32_to_half(backend, mode, dst, rng):
+    x = f32_inputs(rng, 400, -28, 20)
     got = run_map(backend, lambda k, a: k.cvt(dst, a, rnd=mode), [x], ["f32"], dst)
     want = bits([ref_round(float(v), dst, mode) for v in x], dst)
     np.testing.assert_array_equal(got_bits(got, dst), want)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_cvt_f64_to_f32(backend, mode):
-    x = RNG.standard_normal(300) * 2.0 ** RNG.integers(-140, 130, 300)
+def test_cvt_f64_to_f32(backend, mode, rng):
+    x = rng.standard_normal(300) * 2.0 ** rng.integers(-140, 130, 300)
     got = run_map(backend, lambda k, a: k.cvt(T.f32, a, rnd=mode), [x], ["f64"], "f32")
     want = bits([ref_round(float(v), "f32", mode) for v in x], "f32")
     np.testing.assert_array_equal(got_bits(got, "f32"), want)
@@ -96,13 +95,13 @@ def test_cvt_f64_to_f32(backend, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("src,dst", [("s64", "f32"), ("u64", "f64"), ("s64", "f64"),
                                      ("s32", "f16"), ("u32", "f32")])
-def test_cvt_int_to_float(backend, mode, src, dst):
+def test_cvt_int_to_float(backend, mode, src, dst, rng):
     bits_ = int(src[1:])
     signed = src[0] == "s"
     lo, hi = (-(2 ** (bits_ - 1)), 2 ** (bits_ - 1)) if signed else (0, 2 ** bits_)
-    shifts = RNG.integers(0, bits_, 300)
-    raw = [int(v) >> int(s) for v, s in zip(RNG.integers(0, 2 ** 63, 300, dtype=np.int64), shifts)]
-    vals = [max(lo, min(hi - 1, v * (1 if not signed or RNG.random() < .5 else -1))) for v in raw]
+    shifts = rng.integers(0, bits_, 300)
+    raw = [int(v) >> int(s) for v, s in zip(rng.integers(0, 2 ** 63, 300, dtype=np.int64), shifts)]
+    vals = [max(lo, min(hi - 1, v * (1 if not signed or rng.random() < .5 else -1))) for v in raw]
     x = np.array(vals, dtype=np.dtype(src.replace("s", "int").replace("u", "uint")))
     if dst == "f16":
         x = (x % 70000 - 35000).astype(np.int32)
@@ -114,9 +113,9 @@ def test_cvt_int_to_float(backend, mode, src, dst):
 @pytest.mark.parametrize("mode", ["rni", "rzi", "rmi", "rpi"])
 @pytest.mark.parametrize("src,dst", [("f32", "s32"), ("f32", "u32"), ("f64", "s64"),
                                      ("f32", "s16")])
-def test_cvt_float_to_int_saturates(backend, mode, src, dst):
+def test_cvt_float_to_int_saturates(backend, mode, src, dst, rng):
     n = 300
-    x = RNG.standard_normal(n) * 2.0 ** RNG.integers(0, 70, n)
+    x = rng.standard_normal(n) * 2.0 ** rng.integers(0, 70, n)
     x[:8] = [np.nan, np.inf, -np.inf, 0.5, -0.5, 1.5, -2.5, 2.5]
     x = x.astype(np.dtype("float32" if src == "f32" else "float64"))
     got = run_map(backend, lambda k, a: k.cvt(dst, a, rnd=mode), [x], [src], dst)
@@ -136,26 +135,26 @@ def test_cvt_float_to_int_saturates(backend, mode, src, dst):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_cvt_rounds_to_integral_float(backend, mode):
-    x = (RNG.standard_normal(200) * 100).astype(np.float32)
+def test_cvt_rounds_to_integral_float(backend, mode, rng):
+    x = (rng.standard_normal(200) * 100).astype(np.float32)
     r = {"rn": "rni", "rz": "rzi", "rm": "rmi", "rp": "rpi"}[mode]
     got = run_map(backend, lambda k, a: k.cvt(T.f32, a, rnd=r), [x], ["f32"], "f32")
     f = {"rn": np.rint, "rz": np.trunc, "rm": np.floor, "rp": np.ceil}[mode]
     np.testing.assert_array_equal(got, f(x))
 
 
-def test_cvt_sat_and_widening(backend):
-    x = (RNG.standard_normal(200) * 2).astype(np.float32)
+def test_cvt_sat_and_widening(backend, rng):
+    x = (rng.standard_normal(200) * 2).astype(np.float32)
     x[:2] = [np.nan, -0.0]
     got = run_map(backend, lambda k, a: k.cvt(T.f32, a, rnd="rn", sat=True)
                   if False else k.cvt(T.f16, a, sat=True), [x], ["f32"], "f16")
     want = np.where(np.isnan(x), 0, np.clip(x, 0, 1)).astype(np.float16)
     np.testing.assert_array_equal(got.view(np.uint16)[2:], want.view(np.uint16)[2:])
     assert got[0] == 0
-    h = RNG.standard_normal(200).astype(np.float16)
+    h = rng.standard_normal(200).astype(np.float16)
     np.testing.assert_array_equal(
         run_map(backend, lambda k, a: k.cvt(T.f32, a), [h], ["f16"], "f32"), h.astype(np.float32))
-    i = RNG.integers(-2 ** 31, 2 ** 31, 200).astype(np.int32)
+    i = rng.integers(-2 ** 31, 2 ** 31, 200).astype(np.int32)
     np.testing.assert_array_equal(
         run_map(backend, lambda k, a: k.cvt(T.s64, a), [i], ["s32"], "s64"), i.astype(np.int64))
     np.testing.assert_array_equal(
@@ -180,21 +179,21 @@ def _exact(op, a, b=None, c=None):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "fma"])
-def test_f32_arithmetic_every_mode(backend, op, mode):
+def test_f32_arithmetic_every_mode(backend, op, mode, rng):
     n = 300
-    a = f32_inputs(n, -20, 20)[:n]
-    b = f32_inputs(n, -20, 20)[:n]
+    a = f32_inputs(rng, n, -20, 20)[:n]
+    b = f32_inputs(rng, n, -20, 20)[:n]
     # operands far apart: the exact sum needs more than float64's 53 bits
-    b[:60] = (a[:60] * 2.0 ** -RNG.integers(24, 90, 60)).astype(np.float32)
+    b[:60] = (a[:60] * 2.0 ** -rng.integers(24, 90, 60)).astype(np.float32)
     c = -(a.astype(np.float64) * b).astype(np.float32)  # cancellation for fma
-    c[::2] = f32_inputs(n, -20, 20)[:n][::2]
+    c[::2] = f32_inputs(rng, n, -20, 20)[:n][::2]
     # products that are exact f32 midpoints, nudged by a tiny addend: rounding
     # the float64 sum again would give the wrong neighbour (double rounding)
-    i, j = RNG.integers(1, 4096, 60) | 1, RNG.integers(1, 4096, 60) | 1
-    sc = 2.0 ** RNG.integers(-10, 10, 60)
+    i, j = rng.integers(1, 4096, 60) | 1, rng.integers(1, 4096, 60) | 1
+    sc = 2.0 ** rng.integers(-10, 10, 60)
     a[60:120] = ((1 + i * 2.0 ** -12) * sc).astype(np.float32)
-    b[60:120] = ((1 + j * 2.0 ** -12) * RNG.choice([-1, 1], 60)).astype(np.float32)
-    c[60:120] = (RNG.choice([-1, 1], 60) * sc * 2.0 ** -60).astype(np.float32)
+    b[60:120] = ((1 + j * 2.0 ** -12) * rng.choice([-1, 1], 60)).astype(np.float32)
+    c[60:120] = (rng.choice([-1, 1], 60) * sc * 2.0 ** -60).astype(np.float32)
     ins = [a, b, c] if op == "fma" else [a, b]
     if op == "fma":
         body = lambda k, x, y, z: k.fma(x, y, z, rnd=mode)  # noqa: E731
@@ -207,11 +206,11 @@ def test_f32_arithmetic_every_mode(backend, op, mode):
 
 @pytest.mark.parametrize("op", ["add", "mul", "fma"])
 @pytest.mark.parametrize("ty", ["f16x2", "bf16x2", "f16"])
-def test_half_arithmetic(backend, op, ty):
+def test_half_arithmetic(backend, op, ty, rng):
     n = 200
     fmt = "bf16" if ty.startswith("bf") else "f16"
     lanes = 2 if ty.endswith("x2") else 1
-    vals = [RNG.standard_normal((n, lanes)) * 4 for _ in range(3)]
+    vals = [rng.standard_normal((n, lanes)) * 4 for _ in range(3)]
     hb = [bits([ref_round(float(v), fmt, "rn") for v in x.ravel()], fmt).reshape(n, lanes)
           for x in vals]
     if lanes == 2:
@@ -238,9 +237,9 @@ def test_half_arithmetic(backend, op, ty):
 
 
 @pytest.mark.parametrize("mode", ["rn", "rz", "rp"])
-def test_sqrt_and_rcp(backend, mode):
+def test_sqrt_and_rcp(backend, mode, rng):
     from ptxgen.types import f32
-    x = np.abs(f32_inputs(300, -30, 30))
+    x = np.abs(f32_inputs(rng, 300, -30, 30))
     x = x[(x > 2.0 ** -120) & (x < 2.0 ** 120)]       # results stay finite and normal
 
     def body(k, a, op):

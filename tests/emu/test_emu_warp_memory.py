@@ -8,8 +8,6 @@ from backends import np_dtype, run_map
 from ptxgen import types as T
 from ptxgen.types import f32, u32
 
-RNG = np.random.default_rng()
-
 
 def ref_shfl(vals, mode, b, c):
     """The PTX ISA pseudocode of shfl.sync, one warp at a time."""
@@ -33,8 +31,8 @@ def ref_shfl(vals, mode, b, c):
 
 
 @pytest.mark.parametrize("mode", ["up", "down", "bfly", "idx"])
-def test_shfl_modes_with_clamp_and_segments(backend, mode):
-    x = RNG.integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
+def test_shfl_modes_with_clamp_and_segments(backend, mode, rng):
+    x = rng.integers(0, 2 ** 32, 64, dtype=np.uint64).astype(np.uint32)
     for b in (0, 1, 3, 7, 16, 31):
         for c in ((0 if mode == "up" else 31), 7, 15, 0x1818, 0x1C00, 0x1F07):
             got = run_map(backend, lambda k, v: k.shfl_sync(mode, v, b, c), [x], ["u32"], "u32",
@@ -42,9 +40,9 @@ def test_shfl_modes_with_clamp_and_segments(backend, mode):
             np.testing.assert_array_equal(got, ref_shfl(x, mode, b, c), err_msg=f"b={b} c={c:#x}")
 
 
-def test_shfl_idx_lane_from_register_and_float_payload(backend):
-    x = RNG.standard_normal(96).astype(np.float32)
-    lanes = RNG.integers(0, 32, 96).astype(np.uint32)
+def test_shfl_idx_lane_from_register_and_float_payload(backend, rng):
+    x = rng.standard_normal(96).astype(np.float32)
+    lanes = rng.integers(0, 32, 96).astype(np.uint32)
     got = run_map(backend, lambda k, v, l: k.shfl_idx(v, l), [x, lanes], ["f32", "u32"], "f32",
                   block=96)
     want = x[(np.arange(96) // 32) * 32 + lanes]
@@ -52,8 +50,8 @@ def test_shfl_idx_lane_from_register_and_float_payload(backend):
 
 
 @pytest.mark.parametrize("mode", ["all", "any", "uni", "ballot"])
-def test_vote(backend, mode):
-    x = RNG.integers(0, 2, 128).astype(np.uint32)
+def test_vote(backend, mode, rng):
+    x = rng.integers(0, 2, 128).astype(np.uint32)
     x[32:64] = 1          # a uniform warp
     x[64:96] = 0
 
@@ -72,7 +70,7 @@ def test_vote(backend, mode):
         assert (got[32 * w:32 * w + 32] == want).all(), (mode, w)
 
 
-def test_vote_with_partial_membermask(emu_backend):
+def test_vote_with_partial_membermask(emu_backend, rng):
     m = ptxgen.Module("sm_80")
     with m.kernel("half") as k:
         x = k.param_ptr("x", u32)
@@ -80,7 +78,7 @@ def test_vote_with_partial_membermask(emu_backend):
         t = k.tid.x
         with k.if_(t < 16):
             k.st(out[t], k.vote_sync("ballot", k.setp("ne", k.ld(x[t]), 0), mask=0xFFFF))
-    host = RNG.integers(0, 2, 32).astype(np.uint32)
+    host = rng.integers(0, 2, 32).astype(np.uint32)
     out = emu_backend.poisoned(32, np.uint32)
     mod = emu_backend.load(m)
     emu_backend.launch(mod["half"], 1, 32, emu_backend.array(host), out)
@@ -102,11 +100,11 @@ def _frag_rows_cols():
 
 
 @pytest.mark.parametrize("ab", ["f16", "bf16"])
-def test_mma_m16n8k16_fragments(backend, ab):
+def test_mma_m16n8k16_fragments(backend, ab, rng):
     tiles = 3
-    A = RNG.standard_normal((tiles, 16, 16))
-    B = RNG.standard_normal((tiles, 16, 8))
-    C = RNG.standard_normal((tiles, 16, 8)).astype(np.float32)
+    A = rng.standard_normal((tiles, 16, 16))
+    B = rng.standard_normal((tiles, 16, 8))
+    C = rng.standard_normal((tiles, 16, 8)).astype(np.float32)
     if ab == "f16":
         A, B = A.astype(np.float16), B.astype(np.float16)
         hbits = lambda v: v.view(np.uint16).astype(np.uint32)  # noqa: E731
@@ -154,9 +152,9 @@ def test_mma_m16n8k16_fragments(backend, ab):
         assert np.all(np.abs(D - want) <= 2.0 ** -21 * scale), (tt, np.abs(D - want).max())
 
 
-def test_atomic_histogram_returns_serial_old_values(backend):
+def test_atomic_histogram_returns_serial_old_values(backend, rng):
     n, bins = 1000, 7
-    keys = RNG.integers(0, bins, n).astype(np.uint32)
+    keys = rng.integers(0, bins, n).astype(np.uint32)
     m = ptxgen.Module("sm_80")
     with m.kernel("hist") as k:
         kp = k.param_ptr("keys", u32)
@@ -178,11 +176,11 @@ def test_atomic_histogram_returns_serial_old_values(backend):
 
 
 @pytest.mark.parametrize("op", ["min", "max", "exch", "inc", "dec", "cas", "and", "or", "xor"])
-def test_atomic_ops_per_thread(backend, op):
+def test_atomic_ops_per_thread(backend, op, rng):
     n = 200
-    mem = RNG.integers(0, 50, n).astype(np.uint32)
-    val = RNG.integers(0, 50, n).astype(np.uint32)
-    cmpv = np.where(RNG.random(n) < 0.5, mem, val).astype(np.uint32)
+    mem = rng.integers(0, 50, n).astype(np.uint32)
+    val = rng.integers(0, 50, n).astype(np.uint32)
+    cmpv = np.where(rng.random(n) < 0.5, mem, val).astype(np.uint32)
     m = ptxgen.Module("sm_80")
     with m.kernel("at") as k:
         mp = k.param_ptr("mem", u32)
@@ -210,9 +208,9 @@ def test_atomic_ops_per_thread(backend, op):
     np.testing.assert_array_equal(dm.to_numpy(), f(mem, val).astype(np.uint32))
 
 
-def test_float_atomic_add_and_shared_red(backend):
+def test_float_atomic_add_and_shared_red(backend, rng):
     n = 512
-    x = RNG.uniform(0.5, 1.5, n).astype(np.float32)
+    x = rng.uniform(0.5, 1.5, n).astype(np.float32)
     m = ptxgen.Module("sm_80")
     with m.kernel("fsum") as k:
         xp = k.param_ptr("x", f32)
@@ -237,17 +235,17 @@ def test_float_atomic_add_and_shared_red(backend):
 
 
 @pytest.mark.parametrize("ty", ["s8", "u8", "s16", "u16"])
-def test_narrow_loads_extend(backend, ty):
-    x = np.frombuffer(RNG.bytes(300 * T.type_by_name(ty).bytes), np_dtype(ty)).copy()
+def test_narrow_loads_extend(backend, ty, rng):
+    x = np.frombuffer(rng.bytes(300 * T.type_by_name(ty).bytes), np_dtype(ty)).copy()
     wide = "s32" if ty[0] == "s" else "u32"
     body = lambda k, v: v if v.type.bits == 32 else k.cvt(wide, v)  # noqa: E731
     got = run_map(backend, body, [x], [ty], wide)
     np.testing.assert_array_equal(got, x.astype(np.int64).astype(np_dtype(wide)))
 
 
-def test_vector_loads_and_byte_stores(backend):
+def test_vector_loads_and_byte_stores(backend, rng):
     n = 40
-    x = RNG.standard_normal(4 * n).astype(np.float32)
+    x = rng.standard_normal(4 * n).astype(np.float32)
     m = ptxgen.Module("sm_80")
     with m.kernel("vec") as k:
         xp = k.param_ptr("x", f32, align=16)
@@ -312,8 +310,8 @@ def test_generic_addresses_of_shared_memory(emu_backend):
     ("rsqrt", lambda v: 1 / np.sqrt(v), 1e-3, 1e3, 2.0 ** -22, 0),
     ("tanh", np.tanh, -5, 5, 2.0 ** -10.9, 0),
 ])
-def test_approx_functions_within_isa_bounds(backend, fn, ref, lo, hi, rel, abs_):
-    x = RNG.uniform(lo, hi, 300).astype(np.float32)
+def test_approx_functions_within_isa_bounds(backend, fn, ref, lo, hi, rel, abs_, rng):
+    x = rng.uniform(lo, hi, 300).astype(np.float32)
     got = run_map(backend, lambda k, v: getattr(k, fn)(v), [x], ["f32"], "f32").astype(np.float64)
     want = ref(x.astype(np.float64))
     # plus the rounding of the f32 result itself

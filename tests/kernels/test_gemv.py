@@ -1,4 +1,13 @@
-"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64."""
+"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64.
+
+The oracle is ``gemv.reference``: float64 weights from ``quants.dequantize``
+times x.  ``_data`` checks, for the very weights of each test, that
+``quants.dequantize`` equals gguf's decoder (``gguf.quants.dequantize``)
+bit for bit, so the oracle's weights are gguf's (tests/test_quants.py
+checks the two decoders on random bytes as well).  The fused-RoPE
+epilogue's frequencies come from tests/kernels/formulas.py, not from the
+table the kernel reads.
+"""
 
 import attrs
 import numpy as np
@@ -22,6 +31,11 @@ def rel_err(out, ref) -> float:
 def _data(rng, qtype, m, k, n_mats):
     ws = [quants.quantize(rng.standard_normal((m, k)).astype(np.float32), qtype)
           for _ in range(n_mats)]
+    gguf = pytest.importorskip("gguf")
+    for w in ws:          # the oracle's decoder is gguf's, bit for bit
+        ours = quants.dequantize(w, qtype, (m, k))
+        theirs = gguf.quants.dequantize(w, gguf.GGMLQuantizationType[qtype])
+        assert np.array_equal(ours.view(np.uint32), theirs.astype(np.float32).view(np.uint32))
     x = rng.standard_normal(k).astype(np.float32)
     r = rng.standard_normal(m).astype(np.float32)
     return ws, x, r
@@ -121,9 +135,8 @@ CASES = [
 
 
 @pytest.mark.parametrize("qtype,k,epi,knobs", CASES)
-def test_gemv_numerics(run, qtype, k, epi, knobs):
+def test_gemv_numerics(run, qtype, k, epi, knobs, rng):
     """M = 37 (not a multiple of rows) and max_ctas=4 so CTAs walk several row groups."""
-    rng = np.random.default_rng()
     m = 37
     spec = G.GemvPlan.make(qtype, k, epilogue=epi, max_ctas=4, **knobs)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
@@ -135,11 +148,10 @@ def test_gemv_numerics(run, qtype, k, epi, knobs):
 @pytest.mark.parametrize("qtype,k,knobs", [
     ("Q4_K", 1024, {}), ("Q4_K", 1024, {"stages": 2, "rows": 2}),
     ("Q6_K", 2048, {"stages": 2, "rows": 2, "tile": 2048})])
-def test_gemv_dp4a_outlier_activations(run, qtype, k, knobs):
+def test_gemv_dp4a_outlier_activations(run, qtype, k, knobs, rng):
     """dot="dp4a" keeps x to 2^-22 of each piece's largest value: activations
     with a few entries 100x the rest (as LLM hidden states have) still meet
     the f32 bound, M = 37."""
-    rng = np.random.default_rng()
     m = 37
     spec = G.GemvPlan.make(qtype, k, max_ctas=4, dot="dp4a", **knobs)
     ws, x, r = _data(rng, qtype, m, k, 1)
@@ -171,8 +183,7 @@ def test_dp4a_dot_refused_where_not_built():
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("epi", ["none", "residual", "swiglu"])
-def test_gemv_gpu_large(gpu_run, qtype, epi):
-    rng = np.random.default_rng()
+def test_gemv_gpu_large(gpu_run, qtype, epi, rng):
     m, k = 1031, 4096
     spec = (G.default_plan(qtype, k, epi)).evolve(max_ctas=200)
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
@@ -194,7 +205,7 @@ def test_gemv_gpu_large(gpu_run, qtype, epi):
     ("Q8_0", 1031, 14336, "residual", (4, 1, 264, 8, False, "fma")),
     ("Q8_0", 1031, 4096, "residual", (4, 4, 396, 2, False, "fma")),
     ("Q8_0", 1031, 8192, "residual", (0, 8, 2112, 0, False, "fma"))])
-def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
+def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs, rng):
     """The defaults at K = 14336 (Q4_K alone: 3 stages filled by the bulk copy
     engine, at 3072 rows 192 CTAs of 4 row groups; Q6_K: two CTAs of 448
     threads per SM through the ring; Q8_0: two of 224, 8 pieces a thread), at
@@ -202,7 +213,6 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
     thread at K = 4096, and Q8_0 tiles of 1024 weights at K = 8192, with their
     own launch geometry (the dp4a dot: Q4_K through the ring, Q6_K at K =
     14336 and with SwiGLU)."""
-    rng = np.random.default_rng()
     spec = G.default_plan(qtype, k, epi, target="sm_90", m=m)
     assert (spec.stages, spec.rows, spec.max_ctas, spec.pieces, spec.bulk, spec.dot) == knobs
     ws, x, r = _data(rng, qtype, m, k, spec.n_mats)
@@ -230,10 +240,9 @@ def test_gemv_gpu_default_wide_and_tall(gpu_run, qtype, m, k, epi, knobs):
                                                               "rows": 4, "ahead": 1}),
                                          (4096, "swiglu", {"stages": 2, "rows": 4,
                                                            "per_sm": 3})])
-def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
+def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs, rng):
     """Fused RMSNorm and the cp.async ring at the model's
     shapes (M = 1031)."""
-    rng = np.random.default_rng()
     m = 1031
     spec = (G.default_plan("Q4_K", k, epi, **knobs)).evolve(max_ctas=200)
     ws, x, r = _data(rng, "Q4_K", m, k, spec.n_mats)
@@ -242,7 +251,7 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs):
     assert rel_err(y, _ref(spec, ws, x, r, norm)) <= BOUND
 
 
-def test_default_spec_streams_q4k_with_dp4a():
+def test_default_plan_streams_q4k_with_dp4a():
     """Q4_K defaults to the cp.async ring with the dp4a dot wherever the other
     knobs allow it (measured faster at every shape, docs/notes/gemv.md seventh
     pass), with the row group shrunk to fit shared memory; Q6_K/Q8_0 stream
@@ -494,7 +503,10 @@ def _rope_case(rng, spec, capacity):
     ws, x, _ = _data(rng, spec.qtype, m, spec.k, 1)
     rs = rope.RopeSpec(head_dim=d, layout="interleaved", theta=500000.0, scaling="llama3")
     caches = [rng.standard_normal((nkv, capacity, d)).astype(np.float16) for _ in range(2)]
-    return ws[0], x, rope.freq_table(rs), rope.inv_freq(rs), caches
+    from formulas import llama3_inv_freq
+    inv = llama3_inv_freq(rs.theta, d, rs.factor, rs.low_freq_factor, rs.high_freq_factor,
+                          rs.original_context)
+    return ws[0], x, rope.freq_table(rs), inv, caches
 
 
 def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):
@@ -525,13 +537,12 @@ ROPE_CASES = [
 
 
 @pytest.mark.parametrize("qtype,k,rope,knobs", ROPE_CASES)
-def test_gemv_rope_epilogue(run, qtype, k, rope, knobs):
+def test_gemv_rope_epilogue(run, qtype, k, rope, knobs, rng):
     """The stacked QKV GEMV with RoPE and the f16 KV append: y against float64
     (rotated q/k, plain v; bound BOUND), the caches' row ``pos`` against
     f16(y) and every other cache row unchanged; at a position past the
     capacity y is still rotated and the caches are untouched.  M is not a
     multiple of a CTA's rows (small max_ctas)."""
-    rng = np.random.default_rng()
     spec = G.GemvPlan.make(qtype, k, epilogue="rope", rope=rope, max_ctas=3, **knobs)
     cap = 11
     w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
@@ -560,7 +571,7 @@ def test_rope_epilogue_refused_where_not_built():
             G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=bad, rows=2)
     with pytest.raises(ValueError, match="is for epilogue='rope'"):
         G.GemvPlan.make("Q4_K", 512, rope=(64, 4, 2))
-    # default_spec keeps rows even for the pairs
+    # default_plan keeps rows even for the pairs
     s = G.default_plan("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
     assert s.rows % 2 == 0 and s.epilogue == "rope"
     assert (s.rows, s.stages, s.ahead, s.dot) == (8, 3, 1, "dp4a")
@@ -569,10 +580,9 @@ def test_rope_epilogue_refused_where_not_built():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype):
+def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype, rng):
     """The model's QKV shape (32 query / 8 KV heads of 128, K = 4096) with
     the default knobs, on the GPU."""
-    rng = np.random.default_rng()
     spec = G.default_plan(qtype, 4096, "rope", m=6144, rope=(128, 32, 8))
     cap = 300
     w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
@@ -630,14 +640,13 @@ def _build_planes_probe(spec):
     return m
 
 
-def test_x_planes_hold_the_rounded_integer(run):
+def test_x_planes_hold_the_rounded_integer(run, rng):
     """The dp4a dot's three byte planes of x hold exactly ``T = round(x *
     inv)`` (ties to even, one rounding) as ``x0 2^16 + x1 2^8 + x2`` with
     ``x0`` a signed and ``x1, x2`` unsigned bytes, over the whole range
     ``|T| <= 4e6`` (``inv = 4e6 / max|x|``): ties, both ends, zero and
     values of every magnitude."""
     from ptxgen.kernels.gemv.common import XFULL
-    rng = np.random.default_rng()
     n = 64 * 4
     amax = np.float32(rng.uniform(0.5, 3.0))
     inv = np.float32(XFULL / np.float64(amax))

@@ -18,10 +18,9 @@ def drv():
     return driver, ops_decode
 
 
-def test_ops_eager(drv):
+def test_ops_eager(drv, rng):
     driver, ops = drv
     D = driver.DeviceArray.from_numpy
-    rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 4099)).astype(np.float32)
     w = rng.standard_normal(4099).astype(np.float32)
     out = ops.rmsnorm(D(x), D(w), 1e-5).to_numpy()
@@ -32,14 +31,13 @@ def test_ops_eager(drv):
 
 
 @pytest.mark.parametrize("pdl", [True, False])
-def test_rmsnorm_chain_in_a_graph(drv, pdl):
+def test_rmsnorm_chain_in_a_graph(drv, pdl, rng):
     """Each RMSNorm reads the previous one's output: with programmatic
     dependent launch (the sm_90 default) the wait must still order them."""
     driver, ops = drv
     if pdl and driver.get_device().compute_capability[0] < 9:
         pytest.skip("programmatic dependent launch needs sm_90")
     D = driver.DeviceArray.from_numpy
-    rng = np.random.default_rng()
     n, links = 4096, 6
     x = rng.standard_normal((1, n)).astype(np.float32) * 3 + 1
     ws = [rng.uniform(0.5, 1.5, n).astype(np.float32) for _ in range(links)]
@@ -61,11 +59,10 @@ def test_rmsnorm_chain_in_a_graph(drv, pdl):
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) <= links * 1e-5
 
 
-def test_graph_replay_follows_device_length(drv):
+def test_graph_replay_follows_device_length(drv, rng):
     """One captured step (append + attention) replayed at growing positions."""
     driver, ops = drv
     D = driver.DeviceArray.from_numpy
-    rng = np.random.default_rng(1)
     n_kv, G, d, cap = 8, 4, 128, 4096
     kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)

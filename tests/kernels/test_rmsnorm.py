@@ -1,9 +1,23 @@
-"""RMSNorm and fused residual-add + RMSNorm against float64 numpy."""
+"""RMSNorm and fused residual-add + RMSNorm against float64 numpy.
+
+The oracle is ``formulas.rmsnorm`` (tests/kernels/formulas.py: the mean
+square by ``math.fsum`` row by row).  ``rmsnorm.reference`` (used by other
+tests) is checked against it here, on rows whose mean square is near eps
+as well as on ordinary ones, so that eps's sign and presence matter.
+"""
 
 import numpy as np
 import pytest
 
+from formulas import rmsnorm as formula
 from ptxgen.kernels import rmsnorm as R
+
+
+def want(x, w, eps, res=None):
+    """The oracle: ``(out, sum)`` with a residual, else ``out``."""
+    s = np.asarray(x, np.float64) + (0 if res is None else np.asarray(res, np.float64))
+    out = formula(s, w, eps)
+    return out if res is None else (out, s)
 
 
 def rel_err(out, ref) -> float:
@@ -33,14 +47,13 @@ CASES = [(3, 37), (2, 516), (3, 259), (1, 1), (2, 1030), (2, 4), (3, 1024), (2, 
 @pytest.mark.parametrize("rows,n", CASES)
 @pytest.mark.parametrize("residual", [False, True])
 @pytest.mark.parametrize("cache_vec", [0, 2])
-def test_rmsnorm(run, rows, n, residual, cache_vec):
-    rng = np.random.default_rng(rows * 1000 + n)
+def test_rmsnorm(run, rows, n, residual, cache_vec, rng):
     x = rng.standard_normal((rows, n)).astype(np.float32) * 3
     w = rng.standard_normal(n).astype(np.float32)
     res = rng.standard_normal((rows, n)).astype(np.float32) if residual else None
     spec = R.RmsNormSpec(residual=residual, block=128, cache_vec=cache_vec)
     out, s = _run(run, spec, x, w, 1e-5, res)
-    ref = R.reference(x, w, 1e-5, res)
+    ref = want(x, w, 1e-5, res)
     if residual:
         ref, ref_sum = ref
         assert rel_err(s, ref_sum) <= 1e-6       # one f32 add
@@ -48,29 +61,71 @@ def test_rmsnorm(run, rows, n, residual, cache_vec):
         assert rel_err(out[r], ref[r]) <= 1e-5, (r, rel_err(out[r], ref[r]))
 
 
-def test_rmsnorm_approx(run):
-    rng = np.random.default_rng(7)
+def test_rmsnorm_approx(run, rng):
     x = rng.standard_normal((2, 300)).astype(np.float32)
     w = rng.standard_normal(300).astype(np.float32)
     out, _ = _run(run, R.RmsNormSpec(precise=False, block=64), x, w, 1e-6)
-    assert rel_err(out, R.reference(x, w, 1e-6)) <= 1e-4
+    assert rel_err(out, want(x, w, 1e-6)) <= 1e-4
+
+
+def _near_eps_rows(rng, rows, n, eps):
+    """Rows whose mean square is eps times a factor in [0.5, 2]."""
+    x = rng.standard_normal((rows, n))
+    x /= np.sqrt(np.mean(x * x, axis=1, keepdims=True))
+    return (x * np.sqrt(eps * rng.uniform(0.5, 2.0, (rows, 1)))).astype(np.float32)
+
+
+@pytest.mark.parametrize("precise", [True, False])
+@pytest.mark.parametrize("cache_vec", [0, 4])
+def test_rmsnorm_mean_square_near_eps(run, precise, cache_vec, rng):
+    """eps is as large as the rows' mean square: dropping it, or subtracting
+    it, is off by far more than the bound (checked on the oracle too)."""
+    eps = float(rng.uniform(1e-6, 1e-4))
+    rows, n = 3, 260
+    x = _near_eps_rows(rng, rows, n, eps)
+    w = rng.standard_normal(n).astype(np.float32)
+    bound = 1e-5 if precise else 1e-4
+    for residual in (False, True):
+        res = _near_eps_rows(rng, rows, n, eps) if residual else None
+        spec = R.RmsNormSpec(residual=residual, block=64, precise=precise, cache_vec=cache_vec)
+        out, _ = _run(run, spec, x, w, eps, res)
+        ref = want(x, w, eps, res)
+        ref = ref[0] if residual else ref
+        for r in range(rows):
+            assert rel_err(out[r], ref[r]) <= bound, (r, rel_err(out[r], ref[r]))
+    s = x.astype(np.float64)
+    assert rel_err(formula(s, w, 0.0), formula(s, w, eps)) > 100 * bound
+    ms = np.mean(s * s, axis=1, keepdims=True)
+    assert rel_err(s / np.sqrt(np.abs(ms - eps) + 1e-30) * w, formula(s, w, eps)) > 100 * bound
+
+
+def test_rmsnorm_reference_matches_the_formula(rng):
+    """rmsnorm.reference against the plain formula, ordinary rows and rows
+    whose mean square is near eps, with and without a residual."""
+    for eps in (1e-5, float(rng.uniform(1e-6, 1e-3))):
+        for x in (rng.standard_normal((3, 67)) * 3, _near_eps_rows(rng, 3, 67, eps)):
+            w = rng.standard_normal(67)
+            res = rng.standard_normal(x.shape) * np.sqrt(eps)
+            assert rel_err(R.reference(x, w, eps), formula(x, w, eps)) < 1e-13
+            out, s = R.reference(x, w, eps, res)
+            assert rel_err(out, formula(x + res, w, eps)) < 1e-13
+            assert rel_err(s, x + res) == 0.0
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows,n", [(1, 4096), (1, 8192), (64, 4096), (5, 14339)])
-def test_rmsnorm_gpu(gpu_run, rows, n):
-    rng = np.random.default_rng(n)
+def test_rmsnorm_gpu(gpu_run, rows, n, rng):
     x = rng.standard_normal((rows, n)).astype(np.float32)
     w = rng.standard_normal(n).astype(np.float32)
     res = rng.standard_normal((rows, n)).astype(np.float32)
     for block, cv in ((256, 4), (1024, 2), (256, 0)):
         spec = R.RmsNormSpec(residual=True, block=block, cache_vec=cv)
         out, s = _run(gpu_run, spec, x, w, 1e-5, res)
-        ref, ref_sum = R.reference(x, w, 1e-5, res)
+        ref, ref_sum = want(x, w, 1e-5, res)
         assert rel_err(out, ref) <= 1e-5
         assert rel_err(s, ref_sum) <= 1e-6
         out, _ = _run(gpu_run, R.RmsNormSpec(block=block, cache_vec=cv), x, w, 1e-6)
-        assert rel_err(out, R.reference(x, w, 1e-6)) <= 1e-5
+        assert rel_err(out, want(x, w, 1e-6)) <= 1e-5
 
 
 @pytest.mark.parametrize("bad", [dict(block=100), dict(block=2048), dict(residual=1),

@@ -1,9 +1,32 @@
-"""RoPE (NeoX and interleaved, Llama-3 scaling) against float64 numpy."""
+"""RoPE (NeoX and interleaved, Llama-3 scaling) against float64 numpy.
+
+The oracle is tests/kernels/formulas.py: the inverse frequencies written
+out from Llama 3.1's published rope-scaling definition (every one of the
+d/2 frequencies checked, the smoothed band included) and a pair-by-pair
+rotation.  ``rope.reference`` builds its frequencies with ``rope.inv_freq``,
+the function that also fills the kernel's table, so it is itself checked
+against the formulas here and is never the oracle of a kernel test.
+"""
+
 
 import numpy as np
 import pytest
 
+from formulas import llama3_inv_freq, rope_rotate, smoothed_band
 from ptxgen.kernels import rope as R
+
+
+def formula_freqs(spec):
+    """The spec's inverse frequencies from the plain formula."""
+    if spec.scaling == "llama3":
+        return llama3_inv_freq(spec.theta, spec.head_dim, spec.factor, spec.low_freq_factor,
+                               spec.high_freq_factor, spec.original_context)
+    return llama3_inv_freq(spec.theta, spec.head_dim)
+
+
+def want(x, pos, spec):
+    """The float64 oracle of RoPE at ``pos`` for ``spec``."""
+    return rope_rotate(x, pos, formula_freqs(spec), spec.layout)
 
 
 def rel_err(out, ref) -> float:
@@ -35,39 +58,113 @@ SPECS = [
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: f"{s.layout}-{s.head_dim}-{s.scaling}")
 @pytest.mark.parametrize("pos", [0, 1, 17, 4099, 131071])
-def test_rope(run, spec, pos):
-    rng = np.random.default_rng(pos + spec.head_dim)
+def test_rope(run, spec, pos, rng):
     q = rng.standard_normal((5, spec.head_dim)).astype(np.float32)
     k = rng.standard_normal((1, spec.head_dim)).astype(np.float32)
     gq, gk = _run(run, spec, q, k, pos)
     for got, x in ((gq, q), (gk, k)):
-        ref = R.reference(x, pos, spec)
+        ref = want(x, pos, spec)
         for h in range(x.shape[0]):
             assert rel_err(got[h], ref[h]) <= 1e-5, (h, rel_err(got[h], ref[h]))
 
 
-def test_llama3_frequencies():
-    # Llama-3.1 8B: theta 5e5, factor 8, low 1, high 4, original context 8192
-    spec = R.RopeSpec(theta=500000.0, scaling="llama3")
+# Llama 3.1 8B (theta 5e5, factor 8, low 1, high 4, original context 8192),
+# Llama 3.2 1B/3B (factor 32), and a made-up set that moves every boundary.
+LLAMA3_SETS = [
+    dict(theta=500000.0, head_dim=128, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_context=8192),
+    dict(theta=500000.0, head_dim=64, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+         original_context=8192),
+    dict(theta=10000.0, head_dim=128, factor=4.0, low_freq_factor=2.0, high_freq_factor=8.0,
+         original_context=4096),
+]
+
+
+@pytest.mark.parametrize("p", LLAMA3_SETS, ids=lambda p: f"f{p['factor']:g}-d{p['head_dim']}")
+def test_llama3_frequencies(p):
+    """Every frequency, the smoothed band between the two wavelengths too,
+    equals the plain formula; the (hi, lo) table sums to it."""
+    spec = R.RopeSpec(scaling="llama3", **p)
     f = R.inv_freq(spec)
-    base = 1.0 / 500000.0 ** (np.arange(0, 128, 2) / 128)
-    wl = 2 * np.pi / base
-    assert np.allclose(f[wl < 8192 / 4], base[wl < 8192 / 4])       # high frequencies kept
-    assert np.allclose(f[wl > 8192], base[wl > 8192] / 8)           # low frequencies / factor
+    ref = llama3_inv_freq(p["theta"], p["head_dim"], p["factor"], p["low_freq_factor"],
+                          p["high_freq_factor"], p["original_context"])
+    assert f.shape == ref.shape == (p["head_dim"] // 2,)
+    assert np.max(np.abs(f - ref) / ref) < 1e-14
+    band = smoothed_band(p["theta"], p["head_dim"], p["low_freq_factor"], p["high_freq_factor"],
+                         p["original_context"])
+    assert len(band) >= 3, band            # the blend is exercised, not only the two ends
     t = R.freq_table(spec).astype(np.float64)
-    assert np.max(np.abs(t[:, 0] + t[:, 1] - f) / f) < 1e-13
+    assert np.max(np.abs(t[:, 0] + t[:, 1] - ref) / ref) < 1e-13
+
+
+@pytest.mark.parametrize("name", ["theta", "factor", "low_freq_factor", "high_freq_factor",
+                                  "original_context"])
+def test_llama3_every_parameter_moves_frequencies(name):
+    """A 10% change of any one parameter moves some frequency by more than
+    1e-3 relative, in the kernel's table and in the formula alike."""
+    p = dict(LLAMA3_SETS[0])
+    spec = R.RopeSpec(scaling="llama3", **p)
+    p2 = dict(p, **{name: p[name] * (1.1 if name != "original_context" else 1)
+                    + (410 if name == "original_context" else 0)})
+    spec2 = R.RopeSpec(scaling="llama3", **p2)
+    moved = np.max(np.abs(R.inv_freq(spec2) - R.inv_freq(spec)) / R.inv_freq(spec))
+    assert moved > 1e-3
+    assert np.max(np.abs(formula_freqs(spec2) - R.inv_freq(spec2)) / formula_freqs(spec2)) < 1e-14
+
+
+def test_rope_reference_matches_the_formula(rng):
+    for spec in SPECS:
+        x = rng.standard_normal((3, spec.head_dim))
+        pos = int(rng.integers(0, 1 << 20))
+        assert rel_err(R.reference(x, pos, spec), want(x, pos, spec)) < 1e-9   # angles ~1e6 rad
+
+
+@pytest.mark.parametrize("layout", ["neox", "interleaved"])
+def test_rope_where_the_smoothed_band_dominates(run, layout, rng):
+    """Llama 3.1 scaling at a long position, Q and K carrying their weight in
+    the smoothed band's pairs (the other pairs 1000 times smaller): an error
+    in a blended frequency moves the largest elements."""
+    spec = R.RopeSpec(head_dim=128, layout=layout, theta=500000.0, scaling="llama3", block=64)
+    band = smoothed_band(500000.0, 128, 1.0, 4.0, 8192)
+    pair = np.zeros(128, bool)
+    for i in band:
+        pair[[i, i + 64] if layout == "neox" else [2 * i, 2 * i + 1]] = True
+    scale = np.where(pair, 1.0, 1e-3)
+    q = (rng.standard_normal((4, 128)) * scale).astype(np.float32)
+    k = (rng.standard_normal((2, 128)) * scale).astype(np.float32)
+    pos = int(rng.integers(60000, 130000))
+    gq, gk = _run(run, spec, q, k, pos)
+    for got, x in ((gq, q), (gk, k)):
+        assert rel_err(got, want(x, pos, spec)) <= 1e-5
+    # the bound is tight enough: the band's frequencies 1e-4 off fail it
+    f = formula_freqs(spec)
+    f[band] *= 1 + 1e-4
+    assert rel_err(rope_rotate(q, pos, f, layout), want(q, pos, spec)) > 1e-4
+
+
+def test_rope_theta_matters(run, rng):
+    """theta 10000 against 500000 (no scaling): the results differ far beyond
+    the bound at the position used, and the kernel follows the spec's."""
+    q = rng.standard_normal((2, 64)).astype(np.float32)
+    k = rng.standard_normal((1, 64)).astype(np.float32)
+    pos = int(rng.integers(100, 5000))
+    for theta in (10000.0, 500000.0):
+        spec = R.RopeSpec(head_dim=64, theta=theta, block=64)
+        gq, _ = _run(run, spec, q, k, pos)
+        assert rel_err(gq, want(q, pos, spec)) <= 1e-5
+    other = R.RopeSpec(head_dim=64, theta=10000.0)
+    assert rel_err(want(q, pos, R.RopeSpec(head_dim=64, theta=500000.0)), want(q, pos, other)) > 1e-2
 
 
 @pytest.mark.gpu
-def test_rope_gpu(gpu_run):
+def test_rope_gpu(gpu_run, rng):
     spec = R.RopeSpec(theta=500000.0, scaling="llama3")
-    rng = np.random.default_rng(5)
     q = rng.standard_normal((32, 128)).astype(np.float32)
     k = rng.standard_normal((8, 128)).astype(np.float32)
     for pos in (0, 8191, 100000):
         gq, gk = _run(gpu_run, spec, q, k, pos)
-        assert rel_err(gq, R.reference(q, pos, spec)) <= 1e-5
-        assert rel_err(gk, R.reference(k, pos, spec)) <= 1e-5
+        assert rel_err(gq, want(q, pos, spec)) <= 1e-5
+        assert rel_err(gk, want(k, pos, spec)) <= 1e-5
 
 
 @pytest.mark.parametrize("bad", [dict(head_dim=7), dict(head_dim=1024), dict(layout="gptj"),
@@ -124,7 +221,7 @@ def _f16_ulps(a, b):
 
 def _check_qk(gq, gk, q, k, pos, spec):
     for got, x in ((gq, q), (gk, k)):
-        ref = R.reference(x, pos, spec)
+        ref = want(x, pos, spec)
         for h in range(x.shape[0]):
             assert rel_err(got[h], ref[h]) <= 1e-5, (h, rel_err(got[h], ref[h]))
 
@@ -138,10 +235,8 @@ APPEND_SPECS = [R.RopeSpec(head_dim=d, layout=lay, append=app, block=64,
 @pytest.mark.parametrize("spec", APPEND_SPECS,
                          ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
 @pytest.mark.parametrize("heads", [(32, 8), (6, 2)], ids=lambda h: f"{h[0]}q{h[1]}kv")
-def test_rope_append(run, spec, heads):
+def test_rope_append(run, spec, heads, rng):
     n_q, n_kv = heads
-    seed = spec.head_dim * 7 + n_q + (spec.layout == "neox") * 3 + (spec.append == "f16")
-    rng = np.random.default_rng(seed)
     cap = 37
     pos = int(rng.integers(0, cap))
     q, k, v, kc, vc = _inputs(rng, spec, n_q, n_kv, cap)
@@ -149,7 +244,7 @@ def test_rope_append(run, spec, heads):
     _check_qk(gq, gk, q, k, pos, spec)
 
     cty = kc.dtype
-    ref_k = R.reference(k, pos, spec)
+    ref_k = want(k, pos, spec)
     for h in range(n_kv):
         row = gkc[h, pos]
         if cty == np.float16:
@@ -171,8 +266,7 @@ def test_rope_append(run, spec, heads):
 @pytest.mark.parametrize("spec", [APPEND_SPECS[0], APPEND_SPECS[-1]],
                          ids=lambda s: f"{s.layout}-{s.head_dim}-{s.append}")
 @pytest.mark.parametrize("where", ["capacity", "negative"])
-def test_rope_append_out_of_range_leaves_cache(run, spec, where):
-    rng = np.random.default_rng(11)
+def test_rope_append_out_of_range_leaves_cache(run, spec, where, rng):
     cap = 5
     pos = cap if where == "capacity" else -1
     q, k, v, kc, vc = _inputs(rng, spec, 6, 2, cap)

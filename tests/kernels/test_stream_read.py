@@ -1,6 +1,11 @@
 """The stream-read yardstick kernel (kernels/stream_read.py): every word it
 is asked to read is folded into exactly one block's XOR, in both modes, at
-sizes that end inside a step, with and without programmatic dependent launch."""
+sizes that end inside a step, with and without programmatic dependent launch.
+
+Oracle: the fold written out here unit by unit (unit u belongs to step
+``u // step_units``, step s to block ``s % grid``), which
+``stream_read.reference`` is checked against, and the XOR of every word.
+"""
 
 import numpy as np
 import pytest
@@ -15,8 +20,7 @@ from ptxgen.kernels.spec_fields import has_griddepcontrol
     (True, 64, 3, 5),          # persistent: 5 blocks walk all steps
     (True, 128, 1, 2),
 ])
-def test_stream_read_xor(run, persistent, block, loads, grid):
-    rng = np.random.default_rng()
+def test_stream_read_xor(run, persistent, block, loads, grid, rng):
     spec = S.StreamReadSpec(block=block, loads=loads, persistent=persistent)
     steps = int(rng.integers(3, 7))
     # a size that ends part-way through the last step (and part-way through a load)
@@ -36,7 +40,13 @@ def test_stream_read_xor(run, persistent, block, loads, grid):
     out = run.poisoned((g[0],), np.uint32)
     run.launch(fn, g, b, run.array(src), out, n16)
     got = run.get(out)
-    want = S.reference(words, spec, g[0])
+    want = np.zeros(g[0], np.uint32)
+    for u in range(n16):
+        s = u // spec.step_units
+        if persistent or s < g[0]:
+            for w in words[4 * u:4 * u + 4]:
+                want[s % g[0]] ^= w
+    np.testing.assert_array_equal(S.reference(words, spec, g[0]), want)
     np.testing.assert_array_equal(got, want)
     # and the fold covers every word once
     assert np.bitwise_xor.reduce(got) == np.bitwise_xor.reduce(words)

@@ -30,8 +30,7 @@ def test_chain_reuses_dead_buffers():
     assert any(_overlap(bufs[0], b) for b in bufs[2:])  # something reused a0's bytes
 
 
-def test_live_buffers_never_overlap_random_graphs():
-    rng = np.random.default_rng()
+def test_live_buffers_never_overlap_random_graphs(rng):
     for _ in range(20):
         g = ComputeGraph()
         acts = [g.buffer("in", (int(rng.integers(1, 5000)),), np.float32)]

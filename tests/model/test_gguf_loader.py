@@ -15,9 +15,9 @@ TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, module_seed):
     p = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
-    write_synthetic_llama(str(p), **TINY)
+    write_synthetic_llama(str(p), seed=module_seed, **TINY)
     return str(p)
 
 
@@ -54,7 +54,7 @@ def test_not_gguf_and_missing(tmp_path):
         LlamaFile(tmp_path / "absent.gguf")
 
 
-def _rewrite(src, dst, *, arch=None, drop=None, retype=None):
+def _rewrite(rng, src, dst, *, arch=None, drop=None, retype=None):
     """Copy a GGUF, changing the architecture, dropping or retyping a tensor."""
     r = gguf.GGUFReader(src)
     a = arch or "llama"
@@ -76,7 +76,7 @@ def _rewrite(src, dst, *, arch=None, drop=None, retype=None):
             continue
         shape = [int(d) for d in reversed(t.shape)]
         if t.name == retype:   # re-store this weight as Q5_0, a type we do not decode
-            vals = np.random.default_rng().standard_normal(shape).astype(np.float32)
+            vals = rng.standard_normal(shape).astype(np.float32)
             q5 = gguf.quants.quantize(vals, gguf.GGMLQuantizationType.Q5_0)
             w.add_tensor(t.name, np.asarray(q5), raw_dtype=gguf.GGMLQuantizationType.Q5_0)
         else:
@@ -88,22 +88,22 @@ def _rewrite(src, dst, *, arch=None, drop=None, retype=None):
     w.close()
 
 
-def test_wrong_architecture(tiny, tmp_path):
+def test_wrong_architecture(tiny, tmp_path, rng):
     dst = str(tmp_path / "gpt2.gguf")
-    _rewrite(tiny, dst, arch="gpt2")
+    _rewrite(rng, tiny, dst, arch="gpt2")
     with pytest.raises(GGUFError, match="architecture 'gpt2' is not supported"):
         LlamaFile(dst)
 
 
-def test_missing_tensor(tiny, tmp_path):
+def test_missing_tensor(tiny, tmp_path, rng):
     dst = str(tmp_path / "missing.gguf")
-    _rewrite(tiny, dst, drop="blk.1.ffn_up.weight")
+    _rewrite(rng, tiny, dst, drop="blk.1.ffn_up.weight")
     with pytest.raises(GGUFError, match="'blk.1.ffn_up.weight' is missing"):
         LlamaFile(dst)
 
 
-def test_unsupported_tensor_type(tiny, tmp_path):
+def test_unsupported_tensor_type(tiny, tmp_path, rng):
     dst = str(tmp_path / "q5.gguf")
-    _rewrite(tiny, dst, retype="blk.0.attn_v.weight")
+    _rewrite(rng, tiny, dst, retype="blk.0.attn_v.weight")
     with pytest.raises(GGUFError, match="'blk.0.attn_v.weight' has type Q5_0, which is not supported"):
         LlamaFile(dst)

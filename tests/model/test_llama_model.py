@@ -16,9 +16,9 @@ TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny(tmp_path_factory, module_seed):
     p = tmp_path_factory.mktemp("model") / "tiny.gguf"
-    write_synthetic_llama(str(p), **TINY)   # fresh random weights (seed=None)
+    write_synthetic_llama(str(p), seed=module_seed, **TINY)
     return str(p)
 
 
@@ -56,19 +56,19 @@ def _check_logits(model, path, prompt, res, logits, bound=1e-4):
     return worst
 
 
-def test_emulator_decode_matches_reference(tiny):
+def test_emulator_decode_matches_reference(tiny, rng):
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False)
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
+    prompt = [int(t) for t in rng.integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     assert len(logits) == 2 and len(res.tokens) == 1
     _check_logits(m, tiny, prompt, res, logits)
 
 
-def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny):
+def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny, rng):
     """By default the stacked QKV GEMV rotates q and k and appends k and v to
     the cache (one MulMatRopeKv op, no RopeKvAppend launch); fuse_rope=False
     keeps the separate RoPE + append launch.  Both match the reference."""
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
+    prompt = [int(t) for t in rng.integers(0, 512, 3)]
     for fuse, kind in ((True, "MulMatRopeKv"), (False, "RopeKvAppend")):
         m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False,
                                  fuse_rope=fuse)
@@ -137,7 +137,7 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
                              fuse_norm=["attention"])
 
 
-def test_emulator_persistent_ffn_matches_reference(tiny):
+def test_emulator_persistent_ffn_matches_reference(tiny, rng):
     """fuse_ffn: each layer's gate/up, SwiGLU and down + residual are one FFN
     launch (4 persistent CTAs on the emulator), and the logits still match."""
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, fuse_ffn=True,
@@ -146,7 +146,7 @@ def test_emulator_persistent_ffn_matches_reference(tiny):
     assert kinds.count("FFN") == TINY["n_layers"] and "MulMatSwiGLU" not in kinds
     assert kinds.count("MulMat") == TINY["n_layers"] + 1            # O; output
     assert kinds.count("MulMatRopeKv") == TINY["n_layers"]           # QKV with RoPE
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 2)]
+    prompt = [int(t) for t in rng.integers(0, 512, 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     _check_logits(m, tiny, prompt, res, logits)
 
@@ -175,11 +175,11 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     assert ComputeGraph.add is add
 
 
-def test_mixed_types_use_unfused_paths(tmp_path):
+def test_mixed_types_use_unfused_paths(tmp_path, seed):
     """attn_v and ffn_up in Q6_K (as Q4_K_M files do): Q, K, V are then three
     GEMVs and gate/up two GEMVs plus a SwiGLU launch; results still match."""
     path = str(tmp_path / "mixed.gguf")
-    write_synthetic_llama(path, **dict(TINY, n_layers=1),
+    write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1),
                           type_overrides={"blk.0.attn_v.weight": "Q6_K",
                                           "blk.0.ffn_up.weight": "Q8_0"})
     m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False)
@@ -205,9 +205,9 @@ gpu = pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver av
 
 @pytest.mark.gpu
 @gpu
-def test_gpu_decode_32_steps_matches_reference(tiny):
+def test_gpu_decode_32_steps_matches_reference(tiny, rng):
     m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
-    prompt = [int(t) for t in np.random.default_rng().integers(0, 512, 3)]
+    prompt = [int(t) for t in rng.integers(0, 512, 3)]
     res, logits = m.generate(prompt, 30, mode="graph", return_logits=True)
     assert len(logits) == 32
     _check_logits(m, tiny, prompt, res, logits)
@@ -261,7 +261,6 @@ def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
         assert a.tobytes() == b.tobytes()
 
 
-
 @pytest.mark.gpu
 @gpu
 def test_gpu_persistent_ffn_replay_equals_eager_and_reference(tiny):
@@ -279,13 +278,13 @@ def test_gpu_persistent_ffn_replay_equals_eager_and_reference(tiny):
     _check_logits(m, tiny, prompt, r2, l2)
 
 
-def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path):
+def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path, seed):
     """16 query heads of 128 per KV head: 8 warps' partials would overflow
     the split's 48 KB of static shared memory, so the kernel's own knobs are
     used (and knobs a caller gives are kept)."""
     from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
     path = str(tmp_path / "g16.gguf")
-    write_synthetic_llama(path, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
+    write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
     for knobs in (None, {"unroll": 2}):
         m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False,
                                  flash_knobs=knobs)
