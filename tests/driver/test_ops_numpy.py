@@ -314,7 +314,10 @@ def test_bad_arguments_name_themselves():
 def test_environment_variable_picks_the_backend(monkeypatch, rng, seed):
     x = f32(rng, 50)
     monkeypatch.setenv(ops_backend.ENV_VAR, "emu")
+    assert ops_backend.op_args(None, x=x).backend.name == "emu"      # on a GPU machine too
     assert int(ops.argmax(x)[0]) == int(np.argmax(x)), f"seed={seed}"
+    # a device array still runs where it lives
+    assert ops_backend.op_args(None, x=emu.DeviceArray.from_numpy(x)).backend.name == "emu"
     monkeypatch.setenv(ops_backend.ENV_VAR, "gpu")
     with pytest.raises(ValueError, match="PTXGEN_OPS_BACKEND='gpu'"):
         ops.argmax(x)
