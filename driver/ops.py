@@ -1,7 +1,10 @@
 """Python entry points that build (cached per spec) and launch one kernel.
 
 They accept ``ptxgen.driver.DeviceArray``, torch or cupy CUDA tensors
-(through ``__cuda_array_interface__``) and numpy arrays (copied).
+(through ``__cuda_array_interface__``), ``ptxgen.emu.DeviceArray`` (run on the
+CPU emulator) and numpy arrays (copied; numpy in, numpy out, on the GPU when
+there is one and on the emulator otherwise).  :mod:`.ops_backend` decides
+where a call runs and converts its arguments (docs/driver.md).
 
 GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).
 Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,

@@ -3,9 +3,11 @@
 ``gemv(w, x, qtype)`` computes ``y = W x`` for a GGUF-layout weight ``w``
 (``uint8 [M, row_bytes]``) and f32 ``x`` (``K`` values); ``gemv_swiglu``
 fuses the gate/up pair with ``silu(Wg x) * (Wu x)``.  Arguments may be
-:class:`~ptxgen.driver.DeviceArray`, torch/cupy CUDA tensors (zero copy) or
-numpy arrays (copied to the device).  Kernels are built once per
-(qtype, K, epilogue, device target) and cached; launches go to ``stream``.
+:class:`~ptxgen.driver.DeviceArray`, torch/cupy CUDA tensors (zero copy),
+``ptxgen.emu.DeviceArray`` (the CPU emulator) or numpy arrays (copied; numpy
+in, numpy out, on the GPU if there is one, else on the emulator: see
+:mod:`ptxgen.driver.ops_backend`).  Kernels are built once per (qtype, K,
+epilogue, target) and backend and cached; launches go to ``stream``.
 """
 
 from __future__ import annotations
@@ -20,21 +22,17 @@ from ptxgen.kernels.spec_fields import has_griddepcontrol
 from .launch import launch
 from .memory import DeviceArray, as_device_array
 from .module import Module
+from .ops_backend import get_backend, op_args
 
 __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 
 
-@functools.lru_cache(maxsize=None)
-def _function(spec):
-    fn = Module.from_ptx(_g.build(spec).to_ptx()).function(spec.kernel_name)
-    fn.require_dynamic_shared(spec.dynamic_shared)
-    return fn
+def _function(spec, backend="cuda"):
+    return get_backend(backend).function(_g.build, spec, dynamic_shared=spec.dynamic_shared)
 
 
-@functools.lru_cache(maxsize=None)
-def _target():
-    from .ops_decode import device_target
-    return device_target()
+def _target(backend="cuda"):
+    return get_backend(backend).target
 
 
 def _dev(a, what):
@@ -64,13 +62,14 @@ def _shape_of(w, qtype):
     return m, rb // bb * bw
 
 
-def gemv_spec(qtype, k, epilogue="none", m=None, **knobs):
+def gemv_spec(qtype, k, epilogue="none", m=None, *, backend="cuda", **knobs):
     """The plan (spec and tuned config, a cached kernel) used for this call
     on the current device (``m``: the call's row count, when known; the
-    config depends on it).  ``knobs``: GemvConfig fields replacing the
-    tuned ones; ``pdl`` (programmatic dependent launch) defaults to on for
-    sm_90 and newer."""
-    tgt = _target()
+    config depends on it; ``backend``: the GPU's, or the emulator's
+    stand-in target).  ``knobs``: GemvConfig fields replacing the tuned
+    ones; ``pdl`` (programmatic dependent launch) defaults to on for sm_90
+    and newer."""
+    tgt = _target(backend)
     pdl = knobs.pop("pdl", None)
     if pdl is None:
         pdl = has_griddepcontrol(tgt)
@@ -86,15 +85,22 @@ def _vec(a, n, what):
     return d
 
 
-def _run(spec, m, ptrs, out, stream):
-    y = DeviceArray.empty((m,), np.float32) if out is None else _vec(out, m, "out")
+def _run(a, spec, m, ptrs):
+    y = a.out("out", (m,))
     grid, block, shared, rpc = _g.launch_geometry(spec, m)
-    launch(_function(spec), grid, block, *ptrs[:-1], *([ptrs[-1]] if ptrs[-1] is not None else []),
-           y, m, rpc, shared=shared, stream=stream, pdl=spec.pdl)
-    return y
+    a.launch(_function(spec, a.backend.name), grid, block, *ptrs, y, m, rpc, shared=shared,
+             pdl=spec.pdl)
+    return a.result(y)
 
 
-def gemv(w, x, qtype, out=None, residual=None, *, stream=None, **knobs):
+def _weights(a, name):
+    w = a.array(name, np.uint8)
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [M, row_bytes] uint8, got shape {w.shape}")
+    return w
+
+
+def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **knobs):
     """``y = W x`` (``+ residual``) for quantized ``W``.
 
     Parameters
@@ -111,9 +117,14 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, **knobs):
     **knobs
         Spec overrides (rows, tile, ...), for tuning.
 
+    backend : {"cuda", "emu"}, optional
+        Where a call with numpy arrays only runs (default: the GPU if there
+        is one, else the CPU emulator; ``$PTXGEN_OPS_BACKEND``).
+
     Returns
     -------
-    The output array (``out`` when given, else a new DeviceArray).
+    The output array (``out`` when given, else a new device array, or numpy
+    when every array argument was numpy).
 
     Raises
     ------
@@ -122,24 +133,27 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, **knobs):
     TypeError
         Wrong dtypes.
     """
-    m, k = _shape_of(w, qtype)
-    wd = _dev(w, "w")
-    xd = _vec(x, k, "x")
+    a = op_args(backend, writes=("out",), stream=stream, w=w, x=x, out=out, residual=residual)
+    m, k = _shape_of(_weights(a, "w"), qtype)
+    wd = a["w"]
+    xd = a.array("x", np.float32, k)
+    be = a.backend.name
     if residual is None:
-        spec = gemv_spec(qtype, k, "none", m=m, **knobs)
-        return _run(spec, m, [wd, xd, None], out, stream)
-    spec = gemv_spec(qtype, k, "residual", m=m, **knobs)
-    return _run(spec, m, [wd, xd, _vec(residual, m, "residual")], out, stream)
+        spec = gemv_spec(qtype, k, "none", m=m, backend=be, **knobs)
+        return _run(a, spec, m, [wd, xd])
+    spec = gemv_spec(qtype, k, "residual", m=m, backend=be, **knobs)
+    return _run(a, spec, m, [wd, xd, a.array("residual", np.float32, m)])
 
 
-def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, **knobs):
+def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, backend=None, **knobs):
     """``y = silu(Wg x) * (Wu x)`` in one kernel reading both matrices.
 
     ``wg`` and ``wu`` are uint8 ``[M, row_bytes]`` of the same shape and
     qtype; see :func:`gemv` for the other arguments.
     """
-    m, k = _shape_of(wg, qtype)
-    if tuple(wu.shape) != tuple(wg.shape):
+    a = op_args(backend, writes=("out",), stream=stream, wg=wg, wu=wu, x=x, out=out)
+    m, k = _shape_of(_weights(a, "wg"), qtype)
+    if tuple(_weights(a, "wu").shape) != tuple(wg.shape):
         raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
-    spec = gemv_spec(qtype, k, "swiglu", m=m, **knobs)
-    return _run(spec, m, [_dev(wg, "wg"), _dev(wu, "wu"), _vec(x, k, "x"), None], out, stream)
+    spec = gemv_spec(qtype, k, "swiglu", m=m, backend=a.backend.name, **knobs)
+    return _run(a, spec, m, [a["wg"], a["wu"], a.array("x", np.float32, k)])

@@ -35,7 +35,14 @@ from .instr import Comment, Instr, LabelDef
 __all__ = ["emit_module", "emit_kernel"]
 
 
-def emit_module(module, *, annotate: bool = False) -> str:
+def emit_module(module, *, annotate: bool = False, sources: dict | None = None) -> str:
+    """The module's PTX text.
+
+    ``annotate`` ends each instruction's line with its builder ``file:line``
+    as a comment; a dict given as ``sources`` receives the same facts as
+    data, ``{1-based PTX line: SourceLoc}`` for every instruction whose
+    builder call site is known (the text is unchanged by it).
+    """
     from . import __version__
     t = module.target
     # the target's version, or the newest one an instruction needs
@@ -62,11 +69,20 @@ def emit_module(module, *, annotate: bool = False) -> str:
     if externs:
         out.append("")
     for k in module.kernels:
-        out.append(emit_kernel(k, annotate=annotate))
+        # the kernel's lines continue `out`: its i-th line is PTX line len(out) + i + 1
+        out.extend(_kernel_lines(k, annotate, sources, len(out) + 1))
     return "\n".join(out)
 
 
 def emit_kernel(k, *, annotate: bool = False) -> str:
+    """One kernel's ``.entry`` as text (ending in a newline)."""
+    return "\n".join(_kernel_lines(k, annotate, None, 1))
+
+
+def _kernel_lines(k, annotate, sources, first_line):
+    """The kernel's lines (the last one empty); ``sources`` (a dict or
+    None) gets ``{PTX line: SourceLoc}`` with the first line numbered
+    ``first_line``."""
     lines = [f"\t// .globl\t{k.name}", f".visible .entry {k.name}("]
     decls = [p.render_decl() for p in k.params]
     for i, d in enumerate(decls):
@@ -87,11 +103,15 @@ def emit_kernel(k, *, annotate: bool = False) -> str:
         if s.count is not None:
             lines.append(f"\t.shared .align {s.align} .b8 {s.name}[{s.nbytes}];")
     lines.append("")
+    where = annotate or sources is not None
     for item in k.body:
         if isinstance(item, Instr):   # by far the most common: tested first
             text = "\t" + item.render()
-            if annotate and item.loc is not None:
-                text += f"\t// {os.path.basename(item.loc.filename)}:{item.loc.lineno}"
+            if where and item.loc is not None:
+                if annotate:
+                    text += f"\t// {os.path.basename(item.loc.filename)}:{item.loc.lineno}"
+                if sources is not None:
+                    sources[first_line + len(lines)] = item.loc
             lines.append(text)
         elif isinstance(item, LabelDef):
             lines.append(item.render())
@@ -101,7 +121,7 @@ def emit_kernel(k, *, annotate: bool = False) -> str:
         lines.append("\tret;")
     lines.append("}")
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 def _ends_in_return(body) -> bool:

@@ -65,6 +65,16 @@ class Module:
         self.finish()
         return emit_module(self, annotate=annotate)
 
+    def to_ptx_and_sources(self) -> "tuple[str, dict]":
+        """The module's PTX text (as :meth:`to_ptx`) and ``{1-based PTX
+        line: SourceLoc}``: the Python ``file:line`` that built the
+        instruction on each line (instructions built with no user frame
+        have none).  The emulator reports run-time errors with it."""
+        from .emit import emit_module
+        self.finish()
+        sources: dict = {}
+        return emit_module(self, sources=sources), sources
+
     def __str__(self) -> str:
         return self.to_ptx()
 

@@ -16,7 +16,9 @@ scheduling) and per-block shared memory and barriers, so divergence, barriers,
 warp shuffles/votes and mma.sync behave as on the GPU.  Out-of-bounds or
 misaligned accesses, reads of unwritten registers, barriers not all threads
 reach and shared-memory races raise :class:`EmulatorError` subclasses that
-name the PTX line, the block and the thread.  See docs/emulator.md.
+name the PTX line, the block and the thread, and for a module built in this
+process (a :class:`ptxgen.Module`) the Python file:line that built the
+instruction.  See docs/emulator.md.
 """
 
 from __future__ import annotations
@@ -115,25 +117,38 @@ class Module:
     ----------
     ptx : str
     entries : dict of str to list of ParamInfo
+    sources : dict of int to SourceLoc
+        ``{PTX line: Python file:line}`` of the builder, for a module made
+        from a :class:`ptxgen.Module`; empty for plain text.
     """
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, sources=None):
         self.ptx = text
+        self.sources = dict(sources or {})
         self._kernels = parse_module(text)
         self.entries = {name: list(k.params) for name, k in self._kernels.items()}
         self._functions = {}
 
     @classmethod
-    def from_ptx(cls, ptx) -> "Module":
+    def from_ptx(cls, ptx, *, sources=None) -> "Module":
         """Parse and compile PTX text (``str``/``bytes``, or an object with
         ``to_ptx()`` such as a :class:`ptxgen.Module`).
+
+        A :class:`ptxgen.Module` also hands over where the builder made each
+        instruction (``to_ptx_and_sources``), so run-time errors name the
+        Python ``file:line`` beside the PTX line; ``sources`` gives that
+        map (``{1-based PTX line: SourceLoc or "file:line"}``) for text.
 
         Raises
         ------
         PtxParseError
             A construct outside what ptxgen emits, with its line.
         """
-        return cls(_text(ptx))
+        with_sources = getattr(ptx, "to_ptx_and_sources", None)
+        if with_sources is not None:
+            text, found = with_sources()
+            return cls(text, found if sources is None else sources)
+        return cls(_text(ptx), sources)
 
     def function(self, name: str) -> Function:
         f = self._functions.get(name)
@@ -141,7 +156,8 @@ class Module:
             if name not in self._kernels:
                 raise KeyError(f"no kernel {name!r} in this module; kernels: "
                                f"{', '.join(self._kernels)}")
-            f = self._functions[name] = Function(self, CompiledKernel(self._kernels[name]))
+            f = self._functions[name] = Function(self, CompiledKernel(self._kernels[name],
+                                                                      self.sources))
         return f
 
     __getitem__ = function

@@ -6,6 +6,11 @@ Every run-time error names the PTX line (number and text), the block
     MemoryFault: line 31 `st.global.f32 [%rd6], %f24;`, block (3, 0, 0),
     thread (17, 0, 0): global store of 4 bytes at 0x400000001000 is 4 bytes
     past the end of a 4096-byte allocation at 0x400000000000
+
+When the module came from a :class:`ptxgen.Module` (built in this process),
+the Python ``file:line`` that built the instruction follows the PTX line::
+
+    MemoryFault: line 31 `st.global.f32 [%rd6], %f24;` at /home/me/copy.py:12, ...
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 __all__ = ["EmulatorError", "PtxParseError", "UnsupportedError", "MemoryFault",
            "BarrierError", "RaceError", "UninitializedRegister", "WarpSyncError",
            "LaunchConfigError",
-           "Fault"]
+           "Fault", "describe_op"]
 
 
 class EmulatorError(Exception):
@@ -27,17 +32,22 @@ class EmulatorError(Exception):
         That line's instruction text.
     block, thread : tuple of int or None
         Where it happened.
+    source : ptxgen.errors.SourceLoc or None
+        The Python ``file:line`` that built the instruction (modules built
+        in-process only).
     """
 
-    def __init__(self, message, *, line=None, text=None, block=None, thread=None):
+    def __init__(self, message, *, line=None, text=None, block=None, thread=None, source=None):
         self.message = message
         self.line = line
         self.text = text
         self.block = block
         self.thread = thread
+        self.source = source
         where = []
         if line is not None:
-            where.append(f"line {line}" + (f" `{text}`" if text else ""))
+            where.append(f"line {line}" + (f" `{text}`" if text else "")
+                         + (f" at {source}" if source is not None else ""))
         if block is not None:
             where.append(f"block {tuple(block)}")
         if thread is not None:
@@ -86,6 +96,14 @@ class Fault(Exception):
         #: lane of the running batch of blocks (block * threads_per_block +
         #: linear thread index in the block), or None
         self.thread = thread
+
+
+def describe_op(op) -> str:
+    """``line N (`text`)``, with ``at file:line`` inside the parentheses
+    when the builder's call site of the instruction is known: how a message
+    names an instruction other than the one the error is raised at."""
+    src = getattr(op, "src", None)
+    return f"line {op.line} (`{op.text}`" + (f" at {src})" if src is not None else ")")
 
 
 class LaunchConfigError(EmulatorError, ValueError):

@@ -48,7 +48,7 @@ import numpy as np
 
 from ..abi import ArgPacker
 from . import alu, convert, memops, warpops  # noqa: F401  (register semantics)
-from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister)
+from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister, describe_op)
 from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
 from .races import check_races
 
@@ -68,17 +68,22 @@ BATCH_BYTES = 256 << 20
 
 
 class CompiledKernel:
-    """A kernel's instructions compiled to :class:`~ptxgen.emu.operands.Op`."""
+    """A kernel's instructions compiled to :class:`~ptxgen.emu.operands.Op`.
 
-    def __init__(self, kt):
+    ``sources`` (optional): ``{PTX line: SourceLoc}`` of the module, from
+    the builder; errors name the ``file:line`` beside the PTX line."""
+
+    def __init__(self, kt, sources=None):
         self.name = kt.name
         self.kt = kt
-        self.ctx = Ctx(kt)
+        self.ctx = Ctx(kt, sources)
         self.ops = []
         for st in kt.body:
             self.ctx.stmt = st
             op = SEMANTICS[st.op](st, self.ctx)
             op.pc = len(self.ops)
+            if sources:
+                op.src = sources.get(st.line)
             self.ops.append(op)
         self.ctx.stmt = None
         ret = Op(kind=EXIT)
@@ -97,8 +102,8 @@ class CompiledKernel:
         self.thread_instructions = 0
 
 
-def compile_kernel(kt) -> CompiledKernel:
-    return CompiledKernel(kt)
+def compile_kernel(kt, sources=None) -> CompiledKernel:
+    return CompiledKernel(kt, sources)
 
 
 def batch_blocks(k: CompiledKernel, nthreads: int, shared_bytes: int, nblocks: int) -> int:
@@ -271,7 +276,8 @@ def _error(cls, msg, op, st, geo, lane, blk=None):
         blk = int(lane) // geo.T
     block = tuple(int(v) for v in st.ctaids[0 if blk is None else blk])
     return cls(msg, line=op.line or None, text=op.text if op.line else None, block=block,
-               thread=None if lane is None else geo.coords(int(lane)))
+               thread=None if lane is None else geo.coords(int(lane)),
+               source=op.src if op.line else None)
 
 
 def _first(mask):
@@ -429,7 +435,7 @@ def _check_exit(ops, op, st, geo, waiting, e):
             b = lane // geo.T
             bpc = int(w.pc[b])
             nw = int(np.count_nonzero(w.mask[b * geo.T:(b + 1) * geo.T]))
-            where = (f"bar.sync {bid} on line {ops[bpc].line} (`{ops[bpc].text}`)"
+            where = (f"bar.sync {bid} on {describe_op(ops[bpc])}"
                      if bpc >= 0 else f"barrier {bid}")
             raise _error(BarrierError, f"thread exits while {nw} threads wait at {where}, "
                          "which it never reached", op, st, geo, lane)
@@ -495,8 +501,7 @@ def _barrier(k, op, st, geo, waiting, parked, active, arr):
                 other = ops[int(w.pc[b])]
                 nw = int(np.count_nonzero(w.mask[b * T:(b + 1) * T]))
                 raise _error(BarrierError, f"divergent barrier: threads reach bar.sync {bid} "
-                             f"here while {nw} threads wait at line {other.line} "
-                             f"(`{other.text}`)", op, st, geo,
+                             f"here while {nw} threads wait at {describe_op(other)}", op, st, geo,
                              b * T + _first(a[b * T:(b + 1) * T]))
             w.pc[has] = pc
             w.mask |= a
@@ -572,7 +577,7 @@ def _cluster_wait(k, op, st, geo, active, arr):
         c = int(np.flatnonzero(clash)[0])
         other = k.ops[int(st.cl_wait_pc[c])]
         raise _error(BarrierError, f"divergent cluster barrier: threads reach this wait while "
-                     f"others of their cluster wait at line {other.line} (`{other.text}`)",
+                     f"others of their cluster wait at {describe_op(other)}",
                      op, st, geo, _first(arr & (cl == c)))
     st.cl_wait_pc[has] = op.pc
     st.cl_wait = st.cl_wait | arr
@@ -602,7 +607,7 @@ def _check_cluster_exit(ops, op, st, geo, e):
         at = ops[int(st.cl_wait_pc[cl[lane]])]
         nw = int(np.count_nonzero(st.cl_wait & (cl == cl[lane])))
         raise _error(BarrierError, f"thread exits while {nw} threads of its cluster wait at "
-                     f"barrier.cluster.wait on line {at.line}, which it never reached",
+                     f"barrier.cluster.wait on {describe_op(at)}, which it never reached",
                      op, st, geo, lane)
 
 

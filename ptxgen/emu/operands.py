@@ -56,7 +56,7 @@ class Op:
     """One compiled instruction."""
 
     __slots__ = ("kind", "fn", "guard", "neg", "reads", "writes", "line", "text",
-                 "target", "pc", "extra")
+                 "src", "target", "pc", "extra")
 
     def __init__(self, kind=NORMAL, fn=None):
         self.kind = kind
@@ -67,6 +67,7 @@ class Op:
         self.writes = ()
         self.line = 0
         self.text = ""
+        self.src = None       # the builder's SourceLoc of the instruction, if known
         self.target = None    # branch target pc
         self.pc = 0
         self.extra = None     # bar: (id getter, count getter)
@@ -75,8 +76,9 @@ class Op:
 class Ctx:
     """What compiling one kernel needs: register indices and types, symbols."""
 
-    def __init__(self, kt):
+    def __init__(self, kt, sources=None):
         self.kt = kt
+        self.sources = sources or {}
         self.reg_index = {}
         self.reg_types = []
         for name, ty in kt.regs.items():
@@ -88,7 +90,8 @@ class Ctx:
 
     def error(self, msg, cls=PtxParseError):
         s = self.stmt
-        return cls(msg, line=s.line if s else None, text=s.text if s else None)
+        return cls(msg, line=s.line if s else None, text=s.text if s else None,
+                   source=self.sources.get(s.line) if s else None)
 
     def reg(self, name):
         return self.reg_index[name]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import Fault, RaceError
+from .errors import Fault, RaceError, describe_op
 
 __all__ = ["check_races"]
 
@@ -82,9 +82,9 @@ def check_races(log, coords, block_bytes=None, split=None):
     op_i, op_j = log[ge[i]][0], log[ge[j]][0]
     byte = int(b[lo]) % block_bytes if block_bytes else int(b[lo])
     msg = (f"shared-memory race on byte {byte}: thread {coords(int(gt[i]))} "
-           f"{_KIND[int(gk[i])]} it at line {op_i.line} (`{op_i.text}`) and thread "
-           f"{coords(int(gt[j]))} {_KIND[int(gk[j])]} it at line {op_j.line} "
-           f"(`{op_j.text}`) with no bar.sync between")
+           f"{_KIND[int(gk[i])]} it at {describe_op(op_i)} and thread "
+           f"{coords(int(gt[j]))} {_KIND[int(gk[j])]} it at {describe_op(op_j)} "
+           f"with no bar.sync between")
     f = Fault(RaceError, msg, int(gt[j]))
     f.op = op_j
     raise f

@@ -1,4 +1,8 @@
-"""Planted bugs are reported with the PTX line, the block and the thread."""
+"""Planted bugs are reported with the PTX line, the block and the thread,
+and for a module built in-process with the test's own file:line."""
+
+import os
+import re
 
 import numpy as np
 import pytest
@@ -6,6 +10,8 @@ import pytest
 import ptxgen
 from ptxgen import emu
 from ptxgen.types import f32, u32
+
+from backends import line_of
 
 
 def _line_of(text, needle):
@@ -259,3 +265,122 @@ def test_a_barrier_id_must_be_warp_uniform(rng):
     with pytest.raises(emu.BarrierError, match="differs between the threads of a warp") as ei:
         emu.launch(emu.Module.from_ptx(text)["halves"], 1, 128, x)
     assert ei.value.line in _line_of(text, "bar.sync")
+
+
+# --- the builder's file:line beside the PTX line ------------------------------
+
+def _here(marker):
+    """``path:line`` of the line of this file carrying ``marker``."""
+    return f"{__file__}:{line_of(__file__, marker)}"
+
+
+def _race_module():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("swap_pairs") as k:
+        x = k.param_ptr("x", f32)
+        buf = k.shared_array("buf", f32, 64)
+        t = k.tid.x
+        k.st(buf[t], k.ld(x[t]))            # MARK-race-store
+        k.st(x[t], k.ld(buf[t ^ 1]))        # MARK-race-load (planted: no bar.sync before)
+    return m
+
+
+def test_race_names_both_python_lines(rng):
+    m = _race_module()
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
+    with pytest.raises(emu.RaceError) as ei:
+        emu.launch(emu.Module.from_ptx(m)["swap_pairs"], 1, 64, x)
+    e = ei.value
+    msg = str(e)
+    store, load = _here("MARK-race-store"), _here("MARK-race-load")
+    # both conflicting accesses, each beside its own PTX instruction
+    assert re.search(r"\(`st\.shared\.f32[^`]*` at " + re.escape(store) + r"\)", msg), msg
+    assert re.search(r"\(`ld\.shared\.f32[^`]*` at " + re.escape(load) + r"\)", msg), msg
+    # the error's own line (where the second access ran) and its source agree
+    assert str(e.source) in (store, load)
+    assert f"line {e.line} `{e.text}` at {e.source}" in msg
+    assert e.source.filename == __file__
+
+
+def test_out_of_bounds_global_load_names_the_python_line(rng):
+    m = ptxgen.Module("sm_80")
+    with m.kernel("gather") as k:
+        x = k.param_ptr("x", f32)
+        y = k.param_ptr("y", f32)
+        i = k.global_id()
+        v = k.ld(x[i + 3])                  # MARK-oob-load (planted: runs 3 past the end)
+        k.st(y[i], v)
+    n = 96
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(n).astype(np.float32))
+    y = emu.DeviceArray.empty(n, np.float32)
+    mod = emu.Module.from_ptx(m)
+    with pytest.raises(emu.MemoryFault, match="past the end") as ei:
+        emu.launch(mod["gather"], 1, n, x, y)
+    e = ei.value
+    assert "ld.global.f32" in e.text
+    assert str(e.source) == _here("MARK-oob-load")
+    assert f"line {e.line} `{e.text}` at {_here('MARK-oob-load')}, block (0, 0, 0)" in str(e)
+    assert e.thread == (n - 3, 0, 0)
+    # the PTX line is the one the module's text has there
+    assert "ld.global.f32" in mod.ptx.split("\n")[e.line - 1]
+
+
+def test_divergent_barrier_names_both_python_lines():
+    m = ptxgen.Module("sm_80")
+    with m.kernel("two_bars") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        with k.if_else(t < 8) as (then, other):
+            with then:
+                k.bar_sync(0)               # MARK-bar-then
+            with other:
+                k.bar_sync(0)               # MARK-bar-else
+        k.st(x[t], t)
+    with pytest.raises(emu.BarrierError, match="divergent barrier") as ei:
+        emu.launch(emu.Module.from_ptx(m)["two_bars"], 1, 32, emu.DeviceArray.zeros(32, np.uint32))
+    msg = str(ei.value)
+    assert _here("MARK-bar-then") in msg and _here("MARK-bar-else") in msg, msg
+
+
+def test_text_without_a_builder_names_the_ptx_line_only(rng):
+    text = _race_module().to_ptx()
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
+    mod = emu.Module.from_ptx(text)
+    assert mod.sources == {}
+    with pytest.raises(emu.RaceError) as ei:
+        emu.launch(mod["swap_pairs"], 1, 64, x)
+    e = ei.value
+    assert e.source is None
+    assert os.path.basename(__file__) not in str(e)
+    assert re.search(r"at line \d+ \(`st\.shared\.f32[^`]*`\)", str(e)), str(e)
+    assert f"line {e.line} `{e.text}`, block" in str(e)
+
+
+def test_a_source_map_given_with_text(rng):
+    text = _race_module().to_ptx()
+    line = next(i for i, ln in enumerate(text.split("\n"), 1) if "ld.shared.f32" in ln)
+    mod = emu.Module.from_ptx(text, sources={line: "kernel_src.py:7"})
+    x = emu.DeviceArray.from_numpy(rng.standard_normal(64).astype(np.float32))
+    with pytest.raises(emu.RaceError, match=r"ld\.shared\.f32[^`]*` at kernel_src\.py:7\)"):
+        emu.launch(mod["swap_pairs"], 1, 64, x)
+
+
+def test_the_source_map_agrees_with_the_annotated_text():
+    """``to_ptx_and_sources`` gives the text of ``to_ptx`` and, per line, the
+    file:line that ``to_ptx(annotate=True)`` writes in a comment there."""
+    m = _race_module()
+    with m.kernel("second") as k:            # a second kernel: line numbers carry on
+        y = k.param_ptr("y", u32)
+        k.st(y[k.tid.x], k.tid.x)            # MARK-second-store
+    text, sources = m.to_ptx_and_sources()
+    assert text == m.to_ptx()
+    annotated = m.to_ptx(annotate=True).split("\n")
+    assert len(annotated) == len(text.split("\n"))
+    seen = {}
+    for no, ln in enumerate(annotated, 1):
+        hit = re.search(r"\t// (\S+:\d+)$", ln)
+        if hit and not ln.lstrip().startswith("//"):
+            seen[no] = hit.group(1)
+    assert seen and seen == {no: loc.short for no, loc in sources.items()}
+    st = [no for no, ln in enumerate(annotated, 1) if "st.global.u32" in ln]
+    assert str(sources[st[-1]]) == _here("MARK-second-store")
