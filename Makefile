@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
 VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench clean mutate
+.PHONY: all setup test golden demo bench llamacpp clean mutate
 
 all: test
 
@@ -34,6 +34,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_all bench-results $(BENCH_ARGS)
+
+# llama.cpp (CPU) built once per machine outside the tree, in
+# $${PTXGEN_CACHE_DIR:-~/.cache/ptxgen}/llama.cpp-<version>; the oracle of scripts/conformance.py.
+llamacpp:
+	bash scripts/llamacpp_build.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

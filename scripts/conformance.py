@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Compare ptxgen's logits with llama.cpp's on one GGUF file.
+
+    python scripts/conformance.py MODEL.gguf [--tokens 1,2,3 | --n-tokens 8 --seed S]
+                                             [--side ref] [--oracle PATH] [--json OUT]
+
+llama.cpp (a CPU build made by scripts/llamacpp_build.sh; its program
+``ptxgen-logits``) evaluates the token sequence and writes the logits of every
+position; ptxgen evaluates the same sequence (``--side ref``: the float64 numpy
+reference, driver/llama_ref.py). A third pass, the same reference with
+llama.cpp's rounding of matrix-multiply inputs emulated (Q8_K / Q8_0 / F16 / BF16
+by the weight's type, as llama.cpp's CPU backend does), measures how far apart
+two correct implementations are expected to be; the bounds follow from it
+(docs/conformance.md):
+
+- cosine similarity of the logits at every position >= ``1 - C * (1 - cos_emul)``
+  (C = 4 by default), and never below ``--cos-floor``;
+- top-1 agreement at every position where llama.cpp's two largest logits differ
+  by more than the margin ``K * sqrt(2) * rms(emulated - ref)`` (K = 4).
+
+Exit status 0 when every position passes, 1 when one fails, 2 on bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "llamacpp_build.sh"
+
+# llama.cpp's CPU backend converts a matrix multiply's activations to this type
+# (ggml-cpu.c, type_traits_cpu[weight type].vec_dot_type) before the dot products.
+ACTIVATION_TYPE = {
+    "F32": "F32", "F16": "F16", "BF16": "BF16",
+    "Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0",
+    "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+    "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+}
+
+
+# ---------------------------------------------------------------------------
+# llama.cpp's side
+
+def find_oracle(path=None, build=True) -> Path:
+    """The ptxgen-logits binary: ``path``, $PTXGEN_LLAMACPP_LOGITS, or built by llamacpp_build.sh."""
+    path = path or os.environ.get("PTXGEN_LLAMACPP_LOGITS")
+    if path:
+        p = Path(path)
+        if not (p.is_file() and os.access(p, os.X_OK)):
+            raise FileNotFoundError(f"llama.cpp oracle {p} is not an executable file")
+        return p
+    if not build:
+        raise FileNotFoundError("no llama.cpp oracle: pass --oracle or run scripts/llamacpp_build.sh")
+    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, stdout=subprocess.PIPE, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def file_overrides(model) -> list[str]:
+    """Metadata llama.cpp needs that the file lacks: a vocabulary model ("none" for none)."""
+    import gguf
+    r = gguf.GGUFReader(str(model))
+    if "tokenizer.ggml.model" not in r.fields:
+        return ["tokenizer.ggml.model=str:none"]
+    return []
+
+
+def llamacpp_logits(oracle, model, tokens, *, threads=1, kv="f16", stepwise=False) -> np.ndarray:
+    """Logits (n_tokens, n_vocab) float32 of every position, from llama.cpp."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "logits.f32"
+        cmd = [str(oracle), str(model), str(out), "--tokens", ",".join(map(str, tokens)),
+               "--all", "--threads", str(threads), "--kv", kv]
+        if stepwise:
+            cmd.append("--stepwise")
+        for o in file_overrides(model):
+            cmd += ["--override", o]
+        res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"llama.cpp failed ({res.returncode}): {res.stderr.strip()[-2000:]}")
+        fields = dict(kv.split("=") for kv in res.stdout.split())
+        rows, n_vocab = int(fields["rows"]), int(fields["n_vocab"])
+        data = np.fromfile(out, dtype="<f4")
+    if data.size != rows * n_vocab or rows != len(tokens):
+        raise RuntimeError(f"llama.cpp wrote {data.size} floats, expected {len(tokens)} x {n_vocab}")
+    return data.reshape(rows, n_vocab)
+
+
+# ---------------------------------------------------------------------------
+# ptxgen's side
+
+def _round_q8_k(x: np.ndarray) -> np.ndarray:
+    """llama.cpp's Q8_K of float32 ``x`` (blocks of 256), decoded."""
+    f32 = np.float32
+    b = x.astype(f32).reshape(-1, 256)
+    idx = np.abs(b).argmax(axis=1)[:, None]
+    mx = np.take_along_axis(b, idx, axis=1)
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, f32(-127) / mx, f32(0)).astype(f32)
+        d = np.where(mx != 0, f32(1) / iscale, f32(0)).astype(f32)
+    q = np.minimum(np.rint(iscale * b), f32(127))
+    return (q * d).reshape(x.shape)
+
+
+def activation_rounding(kind: str):
+    """x -> x as llama.cpp's CPU backend rounds a matrix multiply's input of this kind."""
+    from ptxgen.kernels import quants
+
+    def q8_0(x):
+        x32 = x.astype(np.float32)
+        return quants.dequantize(quants.quantize(x32, "Q8_0"), "Q8_0", x32.shape)
+
+    table = {
+        "F32": lambda x: x.astype(np.float32),
+        "F16": lambda x: x.astype(np.float16),
+        "BF16": lambda x: quants.dequantize(quants.quantize(x, "BF16"), "BF16", x.shape),
+        "Q8_0": q8_0,
+        "Q8_1": q8_0,          # the same rounding of x (Q8_1 adds the block sum)
+        "Q8_K": _round_q8_k,
+    }
+    return table[kind]
+
+
+class _RoundedInput:
+    """A weight matrix whose ``@`` rounds its input first, as llama.cpp's CPU matmul."""
+
+    def __init__(self, w: np.ndarray, rounding):
+        self.w = w
+        self.rounding = rounding
+        self.shape = w.shape
+
+    def __matmul__(self, x):
+        return self.w @ self.rounding(np.asarray(x)).astype(np.float64)
+
+
+def tensor_types(model) -> dict[str, str]:
+    import gguf
+    return {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(model)).tensors}
+
+
+def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
+    """Logits (n_tokens, n_vocab) float64 from the numpy reference (f16 KV cache)."""
+    from ptxgen.driver.llama_ref import LlamaReference
+    ref = LlamaReference(model, kv_dtype=np.float16, max_context=len(tokens))
+    if emulate_llamacpp:
+        types = tensor_types(model)
+        out_type = types.get("output.weight", types["token_embd.weight"])
+        for name, w in list(ref.weights.items()):
+            if w.ndim != 2 or name == "token_embd.weight":
+                continue
+            t = out_type if name == "output.weight" else types[name]
+            ref.weights[name] = _RoundedInput(w, activation_rounding(ACTIVATION_TYPE[t]))
+    return np.stack([ref.step(t) for t in tokens])
+
+
+SIDES = {"ref": reference_logits}
+
+
+# ---------------------------------------------------------------------------
+# the comparison
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.astype(np.float64)
+    b = b.astype(np.float64)
+    return (a * b).sum(-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def compare(ours, theirs, emulated, *, c_cos=4.0, k_margin=4.0, cos_floor=0.99) -> dict:
+    """Per-position metrics and the pass/fail of each, as a JSON-able dict."""
+    ours = np.asarray(ours, np.float64)
+    theirs = np.asarray(theirs, np.float64)
+    emulated = np.asarray(emulated, np.float64)
+    cos = cosine(ours, theirs)
+    cos_emul = cosine(ours, emulated)
+    cos_min = np.maximum(1 - c_cos * (1 - cos_emul), cos_floor)
+    noise = np.sqrt(np.mean((emulated - ours) ** 2, axis=-1))
+    margin = k_margin * np.sqrt(2) * noise
+    top2 = np.sort(theirs, axis=-1)[:, -2:]
+    gap = top2[:, 1] - top2[:, 0]
+    same_top1 = ours.argmax(-1) == theirs.argmax(-1)
+    decided = gap > margin
+    rows = []
+    for p in range(ours.shape[0]):
+        ok = bool(cos[p] >= cos_min[p] and (same_top1[p] or not decided[p]))
+        rows.append(dict(pos=p, cos=float(cos[p]), cos_emulated=float(cos_emul[p]),
+                         cos_min=float(cos_min[p]), top1_ours=int(ours[p].argmax()),
+                         top1_llamacpp=int(theirs[p].argmax()), gap=float(gap[p]),
+                         margin=float(margin[p]), decided=bool(decided[p]),
+                         rel_rms=float(np.sqrt(np.mean((ours[p] - theirs[p]) ** 2)
+                                               / np.mean(ours[p] ** 2))),
+                         ok=ok))
+    return dict(ok=all(r["ok"] for r in rows), positions=rows,
+                top1_agree=int(same_top1.sum()), decided=int(decided.sum()),
+                min_cos=float(cos.min()), min_cos_emulated=float(cos_emul.min()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/conformance.py", description=__doc__.split("\n")[0])
+    ap.add_argument("model", help="a GGUF file")
+    ap.add_argument("--tokens", help="comma-separated token ids (default: random, see --seed)")
+    ap.add_argument("--n-tokens", type=int, default=8, help="random sequence length (default 8)")
+    ap.add_argument("--seed", type=int, default=None, help="seed of the random tokens (default: fresh)")
+    ap.add_argument("--side", choices=sorted(SIDES), default="ref", help="the ptxgen implementation")
+    ap.add_argument("--oracle", help="the ptxgen-logits binary (default: build/find it)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--stepwise", action="store_true", help="llama.cpp decodes one token per call")
+    ap.add_argument("--c-cos", type=float, default=4.0, help="cosine bound factor C")
+    ap.add_argument("--k-margin", type=float, default=4.0, help="top-1 margin factor K")
+    ap.add_argument("--cos-floor", type=float, default=0.99)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+
+    model = Path(a.model)
+    if not model.is_file():
+        print(f"conformance: no such file {model}", file=sys.stderr)
+        return 2
+    import gguf
+    n_vocab = None
+    r = gguf.GGUFReader(str(model))
+    for t in r.tensors:
+        if t.name == "token_embd.weight":
+            n_vocab = int(t.shape[-1])
+    if a.tokens:
+        try:
+            tokens = [int(t) for t in a.tokens.split(",")]
+        except ValueError:
+            print(f"conformance: --tokens must be comma-separated integers, got {a.tokens!r}",
+                  file=sys.stderr)
+            return 2
+    else:
+        seed = a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little")
+        print(f"token seed: {seed}")
+        tokens = np.random.default_rng(seed).integers(0, n_vocab, size=a.n_tokens).tolist()
+    if n_vocab is not None and any(not 0 <= t < n_vocab for t in tokens):
+        print(f"conformance: token ids must be in 0..{n_vocab - 1}", file=sys.stderr)
+        return 2
+    print(f"tokens: {','.join(map(str, tokens))}")
+
+    oracle = find_oracle(a.oracle)
+    theirs = llamacpp_logits(oracle, model, tokens, threads=a.threads, stepwise=a.stepwise)
+    ours = SIDES[a.side](model, tokens)
+    emulated = reference_logits(model, tokens, emulate_llamacpp=True)
+    res = compare(ours, theirs, emulated, c_cos=a.c_cos, k_margin=a.k_margin, cos_floor=a.cos_floor)
+    res.update(model=str(model), side=a.side, tokens=tokens)
+
+    print(f"{'pos':>3} {'cos':>10} {'cos_emul':>10} {'cos_min':>10} {'rel_rms':>8} "
+          f"{'top1 ours/llama':>16} {'gap':>7} {'margin':>7}  ok")
+    for p in res["positions"]:
+        print(f"{p['pos']:>3} {p['cos']:.8f} {p['cos_emulated']:.8f} {p['cos_min']:.8f} "
+              f"{p['rel_rms']:8.5f} {p['top1_ours']:>7}/{p['top1_llamacpp']:<8} "
+              f"{p['gap']:7.4f} {p['margin']:7.4f}  {'ok' if p['ok'] else 'FAIL'}"
+              f"{'' if p['decided'] else ' (undecided)'}")
+    print(f"top-1 agreement {res['top1_agree']}/{len(tokens)} ({res['decided']} decided by the "
+          f"margin); min cosine {res['min_cos']:.8f} (emulated {res['min_cos_emulated']:.8f}): "
+          f"{'PASS' if res['ok'] else 'FAIL'}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    return 0 if res["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

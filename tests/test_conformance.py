@@ -1,0 +1,122 @@
+"""Tests of scripts/conformance.py: its emulation of llama.cpp's activation
+rounding, its pass/fail rules, and (when a llama.cpp build is present) a run
+against llama.cpp on a tiny synthetic model.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("conformance", ROOT / "scripts" / "conformance.py")
+conf = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(conf)
+
+
+@pytest.fixture
+def seed(request):
+    s = int.from_bytes(os.urandom(8), "little")
+    print(f"{request.node.name}: seed={s}")
+    return s
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def test_q8_k_rounding(rng, seed):
+    # blocks of 256: the signed extreme lands on -127 steps, every value on a step
+    # d = max/-127 (float32), and no value moves by more than half a step
+    x = (rng.standard_normal((3, 512)) * rng.uniform(0.01, 100)).astype(np.float32)
+    x[0, 256:] = 0                                              # an all-zero block stays zero
+    y = conf._round_q8_k(x).astype(np.float64)
+    assert not y[0, 256:].any()
+    for b in (x[0, :256], x[1, :256], x[1, 256:], x[2, :256], x[2, 256:]):
+        mx = float(b[np.abs(b).argmax()])
+        d = float(np.float32(1) / (np.float32(-127) / np.float32(mx)))
+        yb = conf._round_q8_k(b[None, :]).astype(np.float64)[0]
+        steps = yb / d
+        assert np.allclose(steps, np.round(steps), atol=1e-4), f"seed={seed}"
+        assert np.round(steps).min() >= -127 and np.round(steps).max() <= 127
+        assert np.abs(yb - b).max() <= abs(d) * 0.5 * (1 + 1e-5), f"seed={seed}"
+        assert yb[np.abs(b).argmax()] == pytest.approx(mx, rel=1e-6)
+    assert np.array_equal(y[1:, :256], np.stack([conf._round_q8_k(x[i, None, :256])[0]
+                                                 for i in (1, 2)]))
+
+
+# the spacing of the rounding grid, relative to max|x| of a block (Q8_0) or to |x| (floats;
+# f16's normal range starts at 2^-14, below it the spacing is absolute)
+@pytest.mark.parametrize("kind,step", [("Q8_0", 1 / 127), ("F16", 2.0 ** -10), ("BF16", 2.0 ** -7)])
+def test_activation_rounding_error(kind, step, rng, seed):
+    x = rng.standard_normal((4, 256))
+    y = conf.activation_rounding(kind)(x).astype(np.float64)
+    scale = (np.abs(x.reshape(-1, 32)).max(axis=1, keepdims=True) if kind == "Q8_0"
+             else np.maximum(np.abs(x), 2.0 ** -14).reshape(-1, 32))
+    rel = np.abs(y - x).reshape(-1, 32) / scale
+    assert 0 < rel.max() <= step * 0.5 * 1.01 + (2.0 ** -11 if kind == "Q8_0" else 0), f"seed={seed}"
+
+
+def _logits(rng, n=3, v=200):
+    return rng.standard_normal((n, v)) * 3
+
+
+def test_compare_passes_small_noise_and_fails_a_flip(rng, seed):
+    ours = _logits(rng)
+    ours[:, 7] = ours.max(axis=1) + 2.0                         # a clear winner at every position
+    emulated = ours + rng.standard_normal(ours.shape) * 1e-3
+    theirs = ours + rng.standard_normal(ours.shape) * 1e-3
+    res = conf.compare(ours, theirs, emulated)
+    assert res["ok"] and res["top1_agree"] == 3 and res["decided"] == 3, f"seed={seed}"
+    flipped = theirs.copy()
+    flipped[1, 9] = flipped[1, 7] + 1.0                         # llama.cpp prefers another token, clearly
+    res = conf.compare(ours, flipped, emulated)
+    assert not res["ok"] and [p["ok"] for p in res["positions"]] == [True, False, True]
+
+
+def test_compare_undecided_flip_passes_low_cosine_fails(rng, seed):
+    ours = _logits(rng)
+    ours[:, 7] = ours.max(axis=1) + 2.0
+    ours[0, 9] = ours[0, 7] - 1e-4                              # a near tie at position 0
+    emulated = ours + rng.standard_normal(ours.shape) * 1e-2
+    theirs = ours.copy()
+    theirs[0, 9] = theirs[0, 7] + 1e-4                          # llama.cpp breaks it the other way
+    res = conf.compare(ours, theirs, emulated)
+    assert res["positions"][0]["ok"] and not res["positions"][0]["decided"], f"seed={seed}"
+    far = ours + rng.standard_normal(ours.shape) * 1.0          # cosine far below the bound
+    res = conf.compare(ours, far, emulated)
+    assert not res["ok"]
+
+
+def _oracle():
+    env = os.environ.get("PTXGEN_LLAMACPP_LOGITS")
+    if env:
+        return Path(env)
+    cache = Path(os.environ.get("PTXGEN_CACHE_DIR", Path.home() / ".cache" / "ptxgen"))
+    found = sorted(cache.glob("llama.cpp-*/build/ptxgen-logits"))
+    return found[-1] if found else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("qtype,out_qtype", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("F32", "F32")])
+def test_tiny_model_matches_llamacpp(qtype, out_qtype, tmp_path, seed):
+    oracle = _oracle()
+    if oracle is None or not oracle.is_file():
+        pytest.skip("no llama.cpp build (make llamacpp)")
+    model = tmp_path / "tiny.gguf"
+    from ptxgen.driver.gguf_synth import PRESETS, write_synthetic_llama
+    write_synthetic_llama(model, **PRESETS["tiny"], qtype=qtype, output_qtype=out_qtype,
+                          seed=seed % 2**32)
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
+                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "6"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(res.stdout)
+    assert res.returncode == 0, f"seed={seed}\n{res.stdout}"
