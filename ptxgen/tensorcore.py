@@ -15,7 +15,7 @@ from . import types as T
 from .errors import PtxBuildError, PtxTypeError
 from .instr import Vec
 from .smem_layout import SWIZZLE_CODE, SWIZZLES
-from .values import Address, Imm, NotPred, Reg, Symbol, TensorRef, as_operand
+from .values import Imm, NotPred, Reg, Symbol, TensorRef, as_operand
 
 __all__ = ["TensorCoreMixin", "MMA_SHAPES", "wgmma_n_ok"]
 
@@ -297,6 +297,3 @@ class TensorCoreMixin:
                 "mbarrier::complete_tx::bytes"]
         return self.emit("cp.async.bulk.tensor", mods, [], [dst, TensorRef(tmap, cs), mbar],
                          guard=guard, dsts=0, _own_frames=1)
-
-
-_ = Address

@@ -24,9 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import TABLE
-from ..types import b32, f32, pred, u32
+from ..types import b32, pred, u32
 from .errors import BarrierError, Fault, UninitializedRegister, WarpSyncError
-from .floatops import decode
 from .operands import BAR, BRA, CBAR, EXIT, Op, finish_op, getter, semantics, setter
 
 __all__ = ["check_members"]

@@ -175,6 +175,3 @@ def test_driver_encodes_a_map(backend):
     arr = backend.array(np.zeros((16, 64), np.float16))
     enc = backend.tensor_map(TensorMap.for_array(arr, (8, 64), swizzle="128B"))
     assert len(enc.tobytes()) == 128
-
-
-_ = u32
