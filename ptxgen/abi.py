@@ -421,8 +421,11 @@ def _make_bytes_conv(p: ParamInfo):
             if len(data) == p.size:
                 return data
             raise _Refused(f"{p.size} bytes for .{p.type}[{p.count}]", f"{len(data)} bytes")
-        raise _Refused(f"a bytes-like object of {p.size} bytes for .{p.type}[{p.count}]",
-                       _describe(v))
+        given = _describe(v)
+        if hasattr(v, "emu_bytes"):
+            given += (" (an emulator tensor-map description: on a GPU pass "
+                      "ptxgen.driver.tensor_map.encode_tiled(map))")
+        raise _Refused(f"a bytes-like object of {p.size} bytes for .{p.type}[{p.count}]", given)
     return conv
 
 

@@ -25,8 +25,9 @@ from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
 from .target import MAX_PTX, MAX_STATIC_SHARED, SHARED_LINE
 from .instr import Comment, Instr, LabelDef, Vec, _leaves
 from .instructions import InstructionsMixin
+from .tensorcore import TensorCoreMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
-                     SpecialReg, Symbol, Var)
+                     SpecialReg, Symbol, TensorRef, Var)
 
 __all__ = ["KernelBuilder", "Param"]
 
@@ -36,16 +37,20 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*$")
 class Param:
     """A declared kernel parameter."""
 
-    __slots__ = ("name", "type", "pointer_space", "align", "symbol")
+    __slots__ = ("name", "type", "pointer_space", "align", "symbol", "count")
 
-    def __init__(self, name, ty, pointer_space=None, align=None):
+    def __init__(self, name, ty, pointer_space=None, align=None, count=None):
         self.name = name
         self.type = ty
         self.pointer_space = pointer_space
         self.align = align
-        self.symbol = Symbol(name, "param", ty, ty=ty)
+        #: element count of a by-value byte array (``.b8 name[count]``), else None
+        self.count = count
+        self.symbol = Symbol(name, "param", ty, ty=ty if count is None else T.u64)
 
     def render_decl(self) -> str:
+        if self.count is not None:
+            return f".param .align {self.align} .{self.type.name} {self.name}[{self.count}]"
         s = f".param .{self.type.name}"
         if self.pointer_space is not None:
             s += f" .ptr .{self.pointer_space}"
@@ -71,7 +76,7 @@ class _Dims:
     z = property(lambda self: self._get("z"))
 
 
-class KernelBuilder(InstructionsMixin, ControlFlowMixin):
+class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
     """Builds one ``.entry`` kernel.
 
     Parameters
@@ -193,14 +198,14 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
         self.emit("cvta", ["to", space], [T.u64], [out, raw], _own_frames=1)
         return out
 
-    def _declare_param(self, name, ty, pointer_space=None, align=None) -> Param:
+    def _declare_param(self, name, ty, pointer_space=None, align=None, count=None) -> Param:
         if not _IDENT.match(name):
             raise PtxBuildError(f"parameter name {name!r} is not a valid PTX identifier")
         if any(p.name == name for p in self.params):
             raise PtxBuildError(f"parameter {name!r} is declared twice")
-        if ty.is_pred or ty.bits < 16 and not ty.is_int:
+        if count is None and (ty.is_pred or ty.bits < 16 and not ty.is_int):
             raise PtxTypeError(f"a kernel parameter cannot be {ty.name}")
-        p = Param(name, ty, pointer_space, align)
+        p = Param(name, ty, pointer_space, align, count)
         self.params.append(p)
         return p
 
@@ -334,6 +339,11 @@ class KernelBuilder(InstructionsMixin, ControlFlowMixin):
                 f"{full} needs sm_{need_sm} and PTX ISA {need_ptx[0]}.{need_ptx[1]}; "
                 f"target {self.target.name} has sm_{self.target.sm} and "
                 f"PTX ISA {self.target.version_text} (at most {MAX_PTX[0]}.{MAX_PTX[1]})", loc)
+        if sp.arch_specific and not self.target.arch_specific:
+            full = ".".join([op, *mods, *(t.name for t in types)])
+            raise TargetError(
+                f"{full} needs the architecture-specific target sm_{need_sm}a; target "
+                f"{self.target.name} lacks it (build for sm_{need_sm}a)", loc)
         check_operands(self, sp, ins, loc)
         return need_ptx
 
@@ -448,6 +458,9 @@ def _signature(operands) -> tuple:
                         b.space if b.__class__ is Symbol else None))
         elif cls is Label:
             out.append(cls)
+        elif cls is TensorRef:
+            out.append((cls, o.base.__class__, o.base.type,
+                        tuple((c.__class__, c.type) for c in o.coords)))
         else:
             out += (cls, o.type)
     return tuple(out)

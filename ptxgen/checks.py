@@ -104,6 +104,9 @@ def check_operands(kb, sp, ins, loc):
         elif code in ("fA", "fB", "fC", "fD"):
             _check_fragment(ins, code, o, what, loc)
             continue
+        elif code in ("xd", "xs", "gD", "gA", "g", "i", "t"):
+            check_tensorcore_operand(ins, code, o, what, loc)
+            continue
         else:  # pragma: no cover - table error
             raise AssertionError(f"unknown operand code {code}")
         if code in ("d", "D", "d2", "du") and not isinstance(o, Reg):
@@ -183,6 +186,8 @@ def _check_address(ins, a, what, loc):
         inst_space = "shared" if a is ins.operands[0] else "global"
     elif ins.op == "cp.async.bulk":    # [dst] shared, [src] global, size, [mbarrier] shared
         inst_space = "global" if a is ins.operands[1] else "shared"
+    elif ins.op == "cp.async.bulk.tensor":     # [dst] shared, [map, {..}], [mbarrier] shared
+        inst_space = "shared"
     if inst_space is not None and a.space != inst_space and a.space != "generic":
         raise PtxTypeError(f"{what}: a {a.space} address used by {ins.opcode}", loc)
     if inst_space is None and a.space not in ("generic",):
@@ -205,17 +210,57 @@ def _check_address(ins, a, what, loc):
                            f"address .shared or .local, not .{a.space}", loc)
 
 
-_FRAG = {"fA": (4, T.b32), "fB": (2, T.b32), "fC": (4, T.f32), "fD": (4, T.f32)}
+#: mma.sync fragment sizes (registers of A, B) by shape; C and D take 4
+MMA_FRAGMENTS = {"m16n8k16": (4, 2), "m16n8k8": (2, 1), "m16n8k32": (4, 2)}
 
 
 def _check_fragment(ins, code, o, what, loc):
-    n, want = _FRAG[code]
+    shape = next((m for m in ins.mods if m in MMA_FRAGMENTS), "m16n8k16")
+    na, nb = MMA_FRAGMENTS[shape]
+    n = {"fA": na, "fB": nb}.get(code, 4)
+    want = T.b32 if code in ("fA", "fB") else ins.types[0]
     items = o.items if isinstance(o, Vec) else ()
     if len(items) != n:
         raise PtxTypeError(f"{what}: {ins.opcode} needs a fragment of {n} registers", loc)
     for x in items:
         if not _fits(x, want) or isinstance(x, Imm):
             raise PtxTypeError(f"{what}: fragment element {_desc(x)} should be {want.name}", loc)
+
+
+def check_tensorcore_operand(ins, code, o, what, loc):
+    """ldmatrix/stmatrix vectors, wgmma operands and TMA tensor operands."""
+    from .values import TensorRef
+    if code in ("xd", "xs"):
+        n = {"x1": 1, "x2": 2, "x4": 4}[next(m for m in ins.mods if m in ("x1", "x2", "x4"))]
+        items = o.items if isinstance(o, Vec) else (o,)
+        if len(items) != n or any(isinstance(x, Imm) or not _fits(x, T.b32) for x in items):
+            raise PtxTypeError(f"{what}: {ins.opcode} takes {n} b32 register(s), "
+                               f"got {_desc(o)}", loc)
+    elif code == "gD":
+        items = o.items if isinstance(o, Vec) else ()
+        if not items or any(not isinstance(x, Reg) or not _fits(x, ins.types[0]) for x in items):
+            raise PtxTypeError(f"{what}: {ins.opcode} accumulates in a vector of "
+                               f"{ins.types[0].name} registers, got {_desc(o)}", loc)
+    elif code in ("gA", "g"):
+        if code == "gA" and isinstance(o, Vec):
+            if len(o.items) != 4 or any(isinstance(x, Imm) or not _fits(x, T.b32)
+                                        for x in o.items):
+                raise PtxTypeError(f"{what}: A in registers is 4 b32 registers, got "
+                                   f"{_desc(o)}", loc)
+        elif not isinstance(o, Reg) or o.type.bits != 64 or o.type.is_float:
+            raise PtxTypeError(f"{what}: a matrix descriptor is a 64-bit integer register, "
+                               f"got {_desc(o)}", loc)
+    elif code == "i":
+        if not isinstance(o, Imm) or not (o.type.is_int or o.type.is_bits):
+            raise PtxTypeError(f"{what} must be an integer constant, got {_desc(o)}", loc)
+    elif code == "t":
+        if not isinstance(o, TensorRef):
+            raise PtxTypeError(f"{what} must be a tensor operand [map, {{coords}}], "
+                               f"got {_desc(o)}", loc)
+        rank = int(next(m for m in ins.mods if m.endswith("d") and m[:-1].isdigit())[:-1])
+        if len(o.coords) != rank:
+            raise PtxTypeError(f"{what}: a {rank}d tensor copy takes {rank} coordinates, "
+                               f"got {len(o.coords)}", loc)
 
 
 def verify_kernel(kb):

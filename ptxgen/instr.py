@@ -7,7 +7,7 @@ An :class:`Instr` is plain data; rendering it to PTX text is
 
 from __future__ import annotations
 
-from .values import Address, NotPred, Operand
+from .values import Address, NotPred, Operand, TensorRef
 
 __all__ = ["Instr", "LabelDef", "Comment", "Vec", "render_operand"]
 
@@ -75,7 +75,7 @@ class Instr:
             cls = o.__class__
             if cls is Address:
                 out.append(o.base)
-            elif cls is Vec or cls is NotPred:
+            elif cls is Vec or cls is NotPred or cls is TensorRef:
                 out.extend(_leaves(o))
             else:
                 out.append(o)
@@ -104,6 +104,8 @@ def _leaves(o):
         return [o.base]
     if isinstance(o, NotPred):
         return [o.pred]
+    if isinstance(o, TensorRef):
+        return [o.base, *o.coords]
     return [o]
 
 

@@ -816,29 +816,6 @@ class InstructionsMixin:
                       _own_frames=1)
         return d
 
-    # -------------------------------------------------------- tensor cores
-    def mma_m16n8k16(self, a, b, c, *, ab_type=T.f16):
-        """``mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}``.
-
-        ``a``: 4 b32 registers (8 halves), ``b``: 2, ``c``: 4 f32; returns
-        the 4 f32 registers of ``d``, laid out as the PTX ISA specifies."""
-        ab_type = T.type_by_name(ab_type)
-        for what, regs, n, types in (("a", a, 4, ("b32", ab_type.name + "x2")),
-                                     ("b", b, 2, ("b32", ab_type.name + "x2")),
-                                     ("c", c, 4, ("f32",))):
-            if len(regs) != n:
-                raise PtxTypeError(f"mma.m16n8k16: {what} takes {n} registers, got {len(regs)}")
-            for r in regs:
-                ty = getattr(r, "type", None)
-                if ty is None or ty.name not in types:
-                    raise PtxTypeError(
-                        f"mma.m16n8k16: {what} registers must be {' or '.join(types)} "
-                        f"(ptxas refuses other types here), got {r!r}")
-        d = tuple(self.reg(T.f32) for _ in range(4))
-        self.emit("mma", ["sync", "aligned", "m16n8k16", "row", "col"],
-                  [T.f32, ab_type, ab_type, T.f32], [Vec(d), Vec(a), Vec(b), Vec(c)], _own_frames=1)
-        return d
-
     # ------------------------------------------------------------- control
     def ret(self, *, guard=None):
         return self.emit("ret", [], [], [], guard=guard, dsts=0, _own_frames=1)

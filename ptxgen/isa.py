@@ -22,7 +22,16 @@ Operand kinds (``OpSpec.operands``), one code per operand:
 An opcode name may hold dots (``cp.async.wait_group``): PTX text is matched
 to the longest table name that prefixes its dotted opcode.
 ``fA``/``fB``/``fC``/``fD``  mma.sync fragments (vectors of registers)
+``xd`` / ``xs``  ldmatrix destination / stmatrix source: ``.x1/.x2/.x4`` b32 registers
+``gD`` wgmma accumulator (a vector of registers, read and written)
+``gA`` wgmma A: a 64-bit matrix descriptor or a vector of 4 b32 registers
+``g``  a 64-bit matrix descriptor (wgmma B)
+``i``  an integer immediate (wgmma's scale and transpose constants)
+``t``  a tensor operand ``[tensorMap, {c0, ...}]`` (cp.async.bulk.tensor)
 A trailing ``?`` marks an optional operand.
+
+An entry with ``arch_specific=True`` needs the architecture-specific target
+(``sm_90a``): ptxas refuses it for plain ``sm_90``.
 """
 
 from __future__ import annotations
@@ -53,18 +62,20 @@ MEM = ("b8", "b16", "b32", "b64", "u8", "u16", "u32", "u64",
 
 
 #: operand codes of written operands (they come first)
-DEST_CODES = frozenset({"d", "D", "d2", "du", "p", "V", "fD"})
+DEST_CODES = frozenset({"d", "D", "d2", "du", "p", "V", "fD", "xd", "gD"})
 
 
 class OpSpec:
     """One opcode: what it accepts and what it needs from the target."""
 
     __slots__ = ("name", "operands", "types", "mods", "min_sm", "min_ptx",
-                 "type_sm", "doc", "ndst", "exclude")
+                 "type_sm", "doc", "ndst", "exclude", "arch_specific")
 
     def __init__(self, name, operands, types, mods=(), min_sm=20, min_ptx=(1, 0),
-                 type_sm=None, doc="", exclude=()):
+                 type_sm=None, doc="", exclude=(), arch_specific=False):
         self.name = name
+        #: needs the architecture-specific target (sm_90a), not only its sm
+        self.arch_specific = arch_specific
         #: operand kind codes, see module docstring
         self.operands = tuple(operands.split()) if isinstance(operands, str) else tuple(operands)
         #: allowed type names per type-suffix slot (a tuple of tuples)
@@ -140,6 +151,11 @@ def _table(*specs: OpSpec) -> dict[str, OpSpec]:
     return out
 
 
+#: mma.sync shapes ptxgen builds (m16n8k8: f16/bf16; m16n8k32: s8/u8)
+MMA_SHAPES = ("m16n8k16", "m16n8k8", "m16n8k32")
+#: wgmma.mma_async shapes: m64nNk16 (f16/bf16) and m64nNk32 (s8/u8), N = 8..256 step 8
+WGMMA_SHAPES = tuple(f"m64n{n}k{k}" for k in (16, 32) for n in range(8, 257, 8))
+
 _HALF_SM = {"bf16": (90, (7, 8)), "bf16x2": (90, (7, 8)),
             "f16": (53, (4, 2)), "f16x2": (53, (4, 2))}
 _FMA_HALF_SM = {"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0)),
@@ -152,7 +168,9 @@ TABLE: dict[str, OpSpec] = _table(
            [ROUNDING_F + ROUNDING_I, ("ftz",), ("sat",)],
            type_sm={"bf16": (80, (7, 0))}, doc="convert between types"),
     OpSpec("cvta", "d s", [("u32", "u64")], [("to",), ("global", "shared", "const", "param")],
-           doc="generic <-> state-space address"),
+           type_sm={"param": (70, (7, 7))},
+           doc="generic <-> state-space address (cvta.param: a kernel parameter's "
+               "generic address)"),
     OpSpec("ld", "V m", [MEM],
            [("weak", "relaxed", "acquire", "volatile"), SCOPES,
             ("global", "shared", "shared::cta", "shared::cluster", "param", "const"),
@@ -310,9 +328,48 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("vote", "d q u", [("pred", "b32")], [("sync",), ("all", "any", "uni", "ballot")],
            min_sm=30, min_ptx=(6, 0)),
     # -- tensor cores ------------------------------------------------------------
-    OpSpec("mma", "fD fA fB fC", [("f32",), ("f16", "bf16"), ("f16", "bf16"), ("f32",)],
-           [("sync",), ("aligned",), ("m16n8k16",), ("row",), ("col",)],
-           min_sm=80, min_ptx=(7, 0), doc="mma.sync.aligned.m16n8k16.row.col"),
+    OpSpec("mma", "fD fA fB fC", [("f32", "s32"), ("f16", "bf16", "s8", "u8"),
+                                  ("f16", "bf16", "s8", "u8"), ("f32", "s32")],
+           [("sync",), ("aligned",), MMA_SHAPES, ("row",), ("col",), ("satfinite",)],
+           min_sm=80, min_ptx=(7, 0),
+           exclude=[("satfinite", t) for t in ("f16", "bf16", "f32")],
+           doc="mma.sync.aligned: a warp's 16x8 tile D = A.B + C (m16n8k16 / m16n8k8 "
+               "f16 and bf16 into f32, m16n8k32 s8/u8 into s32)"),
+    OpSpec("ldmatrix", "xd m", [("b16",)],
+           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",),
+            ("shared", "shared::cta")],
+           min_sm=75, min_ptx=(6, 5), type_sm={"shared::cta": (75, (7, 8))},
+           doc="load 1, 2 or 4 8x8 b16 matrices from shared memory into a warp's "
+               "registers (rows addressed by lanes 0-7, 8-15, 16-23, 24-31)"),
+    OpSpec("stmatrix", "m xs", [("b16",)],
+           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",),
+            ("shared", "shared::cta")],
+           min_sm=90, min_ptx=(7, 8),
+           doc="store 1, 2 or 4 8x8 b16 matrices from a warp's registers to shared "
+               "memory (the inverse of ldmatrix)"),
+    OpSpec("wgmma.fence", "", [], [("sync",), ("aligned",)], min_sm=90, min_ptx=(8, 0),
+           arch_specific=True,
+           doc="order the warpgroup's register accesses before the wgmma.mma_async "
+               "that follow"),
+    OpSpec("wgmma.commit_group", "", [], [("sync",), ("aligned",)], min_sm=90,
+           min_ptx=(8, 0), arch_specific=True,
+           doc="close the warpgroup's pending wgmma.mma_async into one group"),
+    OpSpec("wgmma.wait_group", "i", [], [("sync",), ("aligned",)], min_sm=90,
+           min_ptx=(8, 0), arch_specific=True,
+           doc="wait until at most N of the warpgroup's committed wgmma groups are pending"),
+    OpSpec("wgmma.mma_async", "gD gA g q i? i? i? i?",
+           [("f32", "s32"), ("f16", "bf16", "s8", "u8"), ("f16", "bf16", "s8", "u8")],
+           [("sync",), ("aligned",), WGMMA_SHAPES, ("satfinite",)],
+           min_sm=90, min_ptx=(8, 0), arch_specific=True,
+           exclude=[("satfinite", t) for t in ("f16", "bf16", "f32")],
+           doc="a warpgroup's (4 warps) 64xN tile D = A.B + scale-d * D; A from a "
+               "shared-memory descriptor or registers, B from a descriptor"),
+    OpSpec("cp.async.bulk.tensor", "m t m", [],
+           [("1d", "2d", "3d", "4d", "5d"), ("shared::cluster",), ("global",), ("tile",),
+            ("mbarrier::complete_tx::bytes",)],
+           min_sm=90, min_ptx=(8, 0),
+           doc="TMA: copy a box of a tensor (described by a tensor map) from global to "
+               "shared memory, completing its bytes on an mbarrier"),
 )
 
 

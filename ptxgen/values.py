@@ -15,7 +15,7 @@ from . import types as T
 from .errors import PtxBuildError, PtxTypeError
 
 __all__ = ["Operand", "Reg", "Var", "Ptr", "Imm", "Address", "SpecialReg",
-           "NotPred", "Symbol", "Label", "format_imm", "as_operand"]
+           "NotPred", "Symbol", "Label", "TensorRef", "format_imm", "as_operand"]
 
 
 class Operand:
@@ -395,6 +395,28 @@ class Address(Operand):
 
     def __repr__(self) -> str:
         return f"Address({self.space} {self.render()})"
+
+
+class TensorRef(Operand):
+    """A TMA tensor operand ``[map, {c0, c1, ...}]``: the generic address of a
+    tensor map (a u64 register) and the box's start coordinates (s32, the
+    innermost dimension first)."""
+
+    __slots__ = ("base", "coords")
+
+    def __init__(self, base, coords):
+        self.base = base
+        self.coords = tuple(coords)
+
+    @property
+    def type(self):
+        return self.base.type
+
+    def render(self) -> str:
+        return f"[{self.base.render()}, {{{', '.join(c.render() for c in self.coords)}}}]"
+
+    def __repr__(self) -> str:
+        return f"TensorRef({self.render()})"
 
 
 class Label(Operand):

@@ -59,6 +59,24 @@ class Backend:
     def array(self, host):
         return self.DeviceArray.from_numpy(np.ascontiguousarray(host))
 
+    def tensor_map(self, desc):
+        """The launch argument for a :class:`ptxgen.tensor_map.TensorMap`:
+        the description itself on the emulator, the driver's encoded
+        ``CUtensorMap`` on a GPU."""
+        if self.name == "emu":
+            return desc
+        from ptxgen.driver.tensor_map import encode_tiled
+        return encode_tiled(desc)
+
+    def require_sm(self, sm):
+        """Skip unless the backend's device is at least ``sm`` (e.g. 90)."""
+        if self.name == "cuda":
+            import pytest
+            from ptxgen.driver import get_device
+            major, minor = get_device().compute_capability
+            if major * 10 + minor < sm:
+                pytest.skip(f"needs sm_{sm}, the GPU is sm_{major}{minor}")
+
     def poisoned(self, shape, dtype):
         """A device array filled with NaN (floats) or 0xA5 bytes (others)."""
         return self.array(poison(shape, dtype))

@@ -1,7 +1,7 @@
 """Tests of kernels/quants.py against the gguf package's reference decoder.
 
-Inputs are fresh random data every run; each test prints its seed (pytest
-shows it when the test fails) and puts it in assertion messages.
+Inputs are fresh random data every run from the suite's seeded ``rng`` fixture; a failing
+test shows its seed (``pytest --seed N`` reruns it).
 """
 from __future__ import annotations
 

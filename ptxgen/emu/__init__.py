@@ -13,7 +13,9 @@ kernel on either backend::
 Blocks run in batches of consecutive blocks (up to 64K threads); all the
 threads of a batch run together as numpy arrays with per-thread PCs (min-PC
 scheduling) and per-block shared memory and barriers, so divergence, barriers,
-warp shuffles/votes and mma.sync behave as on the GPU.  Out-of-bounds or
+warp shuffles/votes and the tensor-core instructions (mma.sync, ldmatrix,
+wgmma, TMA with :class:`ptxgen.tensor_map.TensorMap` arguments) behave as
+on the GPU.  Out-of-bounds or
 misaligned accesses, reads of unwritten registers, barriers not all threads
 reach and shared-memory races raise :class:`EmulatorError` subclasses that
 name the PTX line, the block and the thread, and for a module built in this
@@ -24,6 +26,7 @@ instruction.  See docs/emulator.md.
 from __future__ import annotations
 
 from ..abi import LaunchArgumentError, ParamInfo
+from ..tensor_map import TensorMap
 from .errors import (BarrierError, EmulatorError, LaunchConfigError, MemoryFault,
                      PtxParseError, RaceError, UninitializedRegister, UnsupportedError,
                      WarpSyncError)
@@ -233,4 +236,5 @@ def launch(function: Function, grid, block, *args, shared: int = 0, stream=None,
             raise UnsupportedError(f"{function.name}: the emulator runs clusters along x "
                                    f"only, the kernel asks for {function.cluster}")
         cluster = function.cluster[0]
+    args = tuple(a.emu_bytes() if isinstance(a, TensorMap) else a for a in args)
     run_grid(function.compiled, g, b, args, shared, races, cluster)

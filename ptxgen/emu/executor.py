@@ -47,7 +47,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..abi import ArgPacker
-from . import alu, convert, memops, warpops  # noqa: F401  (register semantics)
+from . import alu, convert, memops, mma, tma, warpops, wgmma  # noqa: F401  (semantics)
 from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister, describe_op)
 from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
 from .races import check_races
@@ -158,7 +158,8 @@ class BlockState:
                  "warp_starts", "uniform_warps", "lane", "warp", "warp_base", "warp_end",
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
                  "async_committed", "mbarriers", "coords", "cluster_n", "cl_of_lane",
-                 "cl_arrived", "cl_waited", "cl_wait", "cl_wait_pc")
+                 "cl_arrived", "cl_waited", "cl_wait", "cl_wait_pc", "wg_pending",
+                 "wg_committed")
 
     def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races, cluster_n=1):
         n = geo.n
@@ -224,6 +225,10 @@ class BlockState:
         self.async_committed = np.zeros(n, np.int64)
         # mbarriers by shared offset (see memops)
         self.mbarriers = {}
+        # wgmma accumulators in flight: register -> (thread mask, group per
+        # thread), and each thread's committed wgmma groups (see wgmma)
+        self.wg_pending = {}
+        self.wg_committed = np.zeros(n, np.int64)
         self.coords = geo.coords
         self.all_tids = geo.all_tids
         self.full_mask = geo.full
@@ -340,6 +345,11 @@ def _run_batch(k, st, geo):
                     if bad.any():
                         raise _error(UninitializedRegister, f"{k.reg_names[r]} is read before "
                                      "any path writes it", op, st, geo, _first(bad))
+            if st.wg_pending and op.extra is not wgmma.ASYNC:
+                try:
+                    wgmma.check_pending(op, st, m, k.reg_names)
+                except Fault as f:
+                    raise _error(f.cls, f.message, op, st, geo, f.thread) from None
             if m is None or m.any():
                 try:
                     op.fn(st, m)

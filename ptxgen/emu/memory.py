@@ -6,7 +6,8 @@ landing in a neighbour.  Shared memory is per block, addressed by offsets
 from 0 (what ``mov.u32 %r, array`` gives); generic addresses of shared
 memory are ``SHARED_WINDOW + offset`` (``cvta.shared`` / ``cvta.to.shared``
 convert), and ``.global`` addresses equal generic ones (``cvta.to.global``
-is the identity).
+is the identity).  A kernel parameter's generic address (``cvta.param``)
+is ``PARAM_WINDOW`` plus its offset in the launch's parameter buffer.
 
 :class:`DeviceArray` mirrors ``ptxgen.driver.DeviceArray`` (``empty``,
 ``zeros``, ``from_numpy``, ``to_numpy``, ``copy_from``, ``fill``, ``ptr``,
@@ -24,11 +25,14 @@ import numpy as np
 from ..device_array import DeviceArrayBase, normalize_shape
 from .errors import Fault, MemoryFault
 
-__all__ = ["DeviceArray", "Memory", "MEMORY", "GLOBAL_BASE", "SHARED_WINDOW",
+__all__ = ["DeviceArray", "Memory", "MEMORY", "GLOBAL_BASE", "SHARED_WINDOW", "PARAM_WINDOW",
            "UINT", "gather", "scatter"]
 
 GLOBAL_BASE = 0x7F00_0000_0000
 SHARED_WINDOW = 0x0100_0000_0000
+#: generic address of byte 0 of the launch's parameter buffer (``mov`` of a
+#: parameter's name, then ``cvta.param``, the identity here)
+PARAM_WINDOW = 0x0200_0000_0000
 _ALIGN = 256
 UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 

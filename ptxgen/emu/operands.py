@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import PtxParseError, UnsupportedError
+from .memory import PARAM_WINDOW
 from ..isa import DEST_CODES
 
 __all__ = ["Op", "NAT", "UINT", "SINT", "Ctx", "SEMANTICS", "semantics", "getter",
@@ -158,8 +159,11 @@ def getter(ctx, o, ty):
             val = nat(ctx.shared_offsets[name])
             return lambda st: val
         if name in ctx.params:
-            raise ctx.error(f"taking the address of parameter {name} is not supported",
-                            UnsupportedError)
+            if w != 64:
+                raise ctx.error(f"the address of parameter {name} is 64 bits, read as "
+                                f".{ty.name}")
+            val = nat(PARAM_WINDOW + ctx.kt.param_offsets[name])
+            return lambda st: val
         raise ctx.error(f"unknown symbol {name}")
     raise ctx.error(f"operand {o!r} cannot be read here")
 
@@ -222,6 +226,8 @@ def reg_indices(o, ctx):
         return out
     if o[0] == "addr":
         return reg_indices(o[1], ctx)
+    if o[0] == "tensor":
+        return reg_indices(o[1], ctx) + reg_indices(("vec", o[2]), ctx)
     return []
 
 

@@ -15,7 +15,8 @@ Operands are tuples:
 (``%tid.x``), ``("imm", kind, value)`` with kind ``int``/``f32``/``f64``
 (float kinds carry the bit pattern, ``float`` a Python float),
 ``("sym", name)`` (a label, shared array or parameter),
-``("addr", base, offset)`` (``[base+offset]``), ``("vec", [operands])``.
+``("addr", base, offset)`` (``[base+offset]``), ``("vec", [operands])``,
+``("tensor", base, [coordinates])`` (``[%rd1, {%r1, %r2}]``, TMA).
 """
 
 from __future__ import annotations
@@ -329,6 +330,17 @@ def _instruction(k, s, lineno):
     return Stmt(lineno, text, guard, op, mods, types, operands)
 
 
+def _tensor_operand(k, o, lineno, text):
+    """``[%rd1, {%r1, %r2}]``: a TMA tensor map address and its coordinates."""
+    m = re.match(r"^\[\s*([^,{}\s]+)\s*,\s*(\{[^{}]*\})\s*\]$", o)
+    if not m:
+        raise PtxParseError(f"cannot parse the tensor operand {o}", line=lineno, text=text)
+    base = _operand(k, m.group(1), lineno, text)
+    if base[0] != "reg":
+        raise PtxParseError("a tensor map address must be a register", line=lineno, text=text)
+    return ("tensor", base, _operand(k, m.group(2), lineno, text)[1])
+
+
 def _int(t):
     neg = t.startswith("-")
     t = t.lstrip("-")
@@ -345,6 +357,8 @@ def _operand(k, o, lineno, text):
     if o.startswith("{") and o.endswith("}"):
         items = [x.strip() for x in o[1:-1].split(",")]
         return ("vec", [_operand(k, x, lineno, text) for x in items])
+    if o.startswith("[") and "{" in o:
+        return _tensor_operand(k, o, lineno, text)
     if o.startswith("["):
         m = _ADDR_RE.match(o)
         if not m:

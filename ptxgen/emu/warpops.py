@@ -1,5 +1,5 @@
 """Warp-level and control instructions: ``shfl.sync``, ``vote.sync``,
-``mma.sync``, ``bar``, ``membar``/``fence``, ``griddepcontrol``, ``bra``,
+``bar``, ``membar``/``fence``, ``griddepcontrol``, ``bra``,
 ``ret``/``exit``.  (``griddepcontrol`` is a no-op here: the emulator runs
 launches one after another, so a grid's predecessors are always complete.)
 
@@ -7,8 +7,8 @@ launches one after another, so a grid's predecessors are always complete.)
 member mask to execute the same instruction together with the thread
 (min-PC scheduling converges them when control flow allows); a lane that is
 named but elsewhere, a thread not in its own mask, or a shuffle that reads
-a lane not taking part, is a :class:`WarpSyncError`.  ``mma.sync.aligned``
-needs the whole warp.
+a lane not taking part, is a :class:`WarpSyncError`.  (The tensor-core
+instructions are in :mod:`ptxgen.emu.mma` and :mod:`ptxgen.emu.wgmma`.)
 
 ``barrier.cluster.arrive`` counts the thread's arrival for the current
 phase (a second arrival before the wait is a :class:`BarrierError`);
@@ -16,10 +16,7 @@ phase (a second arrival before the wait is a :class:`BarrierError`);
 its cluster waits at the same instruction (see :mod:`ptxgen.emu.executor`).
 
 ``shfl`` follows the PTX ISA pseudocode (``c`` packs the clamp value in
-bits 0-4 and the segment mask in bits 8-12).  ``mma.m16n8k16.row.col``
-gathers A (16x16), B (16x8) and C (16x8) from the lanes with the ISA's
-fragment layout (groupID = lane >> 2, threadID_in_group = lane % 4),
-multiplies exactly in float64 and rounds D once to f32.
+bits 0-4 and the segment mask in bits 8-12).
 """
 
 from __future__ import annotations
@@ -27,28 +24,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..isa import TABLE
-from ..types import b32, f32, pred, u32
+from ..types import b32, pred, u32
 from .errors import BarrierError, Fault, UninitializedRegister, WarpSyncError
-from .floatops import decode
 from .operands import BAR, BRA, CBAR, EXIT, Op, finish_op, getter, semantics, setter
 
-__all__ = ["A_LAYOUT", "B_LAYOUT", "C_LAYOUT"]
-
-
-def _layouts():
-    lane = np.arange(32)
-    g, t = lane >> 2, lane % 4
-    a_r = np.stack([g + 8 * ((i // 2) % 2) for i in range(8)], axis=1)
-    a_c = np.stack([2 * t + (i & 1) + 8 * (i >= 4) for i in range(8)], axis=1)
-    b_r = np.stack([2 * t + (i & 1) + 8 * (i >= 2) for i in range(4)], axis=1)
-    b_c = np.stack([g for _ in range(4)], axis=1)
-    c_r = np.stack([g + 8 * (i >= 2) for i in range(4)], axis=1)
-    c_c = np.stack([2 * t + (i & 1) for i in range(4)], axis=1)
-    return (a_r, a_c), (b_r, b_c), (c_r, c_c)
-
-
-#: (rows, cols) of element i held by lane l: arrays of shape (32, elements)
-A_LAYOUT, B_LAYOUT, C_LAYOUT = _layouts()
+__all__ = ["check_members"]
 
 
 def _warp_bits(st, mask):
@@ -160,58 +140,6 @@ def _vote(stmt, ctx):
             r = (true_bits == part) | (true_bits == 0)
         put(st, r, m)
     return finish_op(Op(fn=fn), stmt, ctx, TABLE["vote"])
-
-
-@semantics("mma")
-def _mma(stmt, ctx):
-    _, ta, tb, _ = stmt.types
-    fd, fa, fb, fc = stmt.operands
-    if any(o[0] != "vec" for o in (fd, fa, fb, fc)) or \
-            [len(o[1]) for o in (fd, fa, fb, fc)] != [4, 4, 2, 4]:
-        raise ctx.error("mma.m16n8k16 takes {4 x f32}, {4 x b32}, {2 x b32}, {4 x f32}")
-    ga = [getter(ctx, o, b32) for o in fa[1]]
-    gb = [getter(ctx, o, b32) for o in fb[1]]
-    gc = [getter(ctx, o, f32) for o in fc[1]]
-    puts = [setter(ctx, o, f32) for o in fd[1]]
-    hty = {"f16": "f16x2", "bf16": "bf16x2"}
-    from ..types import type_by_name
-    pa, pb = type_by_name(hty[ta.name]), type_by_name(hty[tb.name])
-
-    def elems(gets, ty, st):
-        out = []
-        for g in gets:
-            lo, hi = decode(np.broadcast_to(np.asarray(g(st)), (st.n,)), ty)
-            out += [lo, hi]
-        return np.stack(out, axis=1)     # (n, elements)
-
-    def fn(st, m):
-        ex = st.full_mask if m is None else m
-        if st.block_threads % 32:
-            raise Fault(WarpSyncError, "mma.sync needs whole warps (block size a multiple of 32)", 0)
-        full = ex.reshape(-1, 32)
-        part = full.any(axis=1)
-        if (part & ~full.all(axis=1)).any():
-            w = int(np.flatnonzero(part & ~full.all(axis=1))[0])
-            lane = int(np.flatnonzero(~full[w])[0])
-            raise Fault(WarpSyncError, f"mma.sync.aligned: lane {lane} of warp "
-                        f"{w % (st.block_threads // 32)} does not "
-                        "execute it with the rest of the warp", w * 32 + lane)
-        nw = st.n // 32
-        av = elems(ga, pa, st).reshape(nw, 32, 8)
-        bv = elems(gb, pb, st).reshape(nw, 32, 4)
-        cv = np.stack([np.broadcast_to(np.asarray(g(st), dtype=np.float64), (st.n,))
-                       for g in gc], axis=1).reshape(nw, 32, 4)
-        A = np.zeros((nw, 16, 16))
-        B = np.zeros((nw, 16, 8))
-        C = np.zeros((nw, 16, 8))
-        A[:, A_LAYOUT[0], A_LAYOUT[1]] = av
-        B[:, B_LAYOUT[0], B_LAYOUT[1]] = bv
-        C[:, C_LAYOUT[0], C_LAYOUT[1]] = cv
-        D = (np.matmul(A, B) + C).astype(np.float32)
-        dv = D[:, C_LAYOUT[0], C_LAYOUT[1]].reshape(st.n, 4)
-        for i, put in enumerate(puts):
-            put(st, dv[:, i], m)
-    return finish_op(Op(fn=fn), stmt, ctx, TABLE["mma"])
 
 
 @semantics("bar")

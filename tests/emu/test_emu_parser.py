@@ -56,7 +56,7 @@ def _kernel(body, decls=".reg .u32 %r<4>;"):
 
 
 @pytest.mark.parametrize("body,what", [
-    ("\tldmatrix.sync.aligned.m8n8.x4.shared.b16 {%r1}, [%r2];", "ldmatrix"),
+    ("\tsuld.b.1d.b32.trap {%r1}, [%r2, {%r3}];", "suld"),
     ("\tmov.u32 %r1, %r9;", "%r9 is not declared"),
     ("\tadd.q32 %r1, %r2, %r3;", "q32"),
     ("\tadd.u32 %r1, %r2;", "operands"),
