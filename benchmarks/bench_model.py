@@ -134,7 +134,6 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         configs["default"] = {}
         configs["fused_norm"] = dict(fuse_norm=True)
         configs["no_fused_norm"] = dict(fuse_norm=False)
-        configs["slices2"] = dict(gemv_knobs={"slices": 2})
         # the fused gate/up GEMV through the cp.async ring (faster on its own,
         # not followed by the down projection: docs/notes/gemv.md, fifth pass)
         configs["stream_gate_up"] = dict(gemv_knobs=_stream_gate_up)

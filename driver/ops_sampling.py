@@ -9,18 +9,17 @@ import numpy as np
 from ptxgen.kernels import sampling as _smp
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .launch import launch
 from .memory import DeviceArray
-from .ops_decode import _arr, _check_dtype, _fn, _out, _scalar_i32, _workspace, device_target
+from .ops_backend import device_target, op_args
 
 __all__ = ["sample", "sampling_params", "sampling_spec"]
 
 
-def sampling_spec(n_vocab: int, *, pdl=None) -> _smp.SamplingSpec:
+def sampling_spec(n_vocab: int, *, pdl=None, target=None) -> _smp.SamplingSpec:
     """The spec :func:`sample` uses for ``n_vocab`` logits on this device:
     blocks of 512 threads (1024 logits each) and 64 keys per block, up to
     524,288 logits."""
-    tgt = device_target()
+    tgt = target or device_target()
     block = 512 if n_vocab <= 2 * 512 * 512 else 1024
     return _smp.SamplingSpec(block=block, top=64, target=tgt,
                              pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
@@ -34,7 +33,7 @@ def sampling_params(**kw) -> DeviceArray:
 
 
 def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, info=None,
-           work=None, pdl=None, stream=None, **kw):
+           work=None, pdl=None, stream=None, backend=None, **kw):
     """Draw ``n_draws`` tokens (int32, device) from ``logits`` (f32[V]).
 
     Parameters
@@ -59,32 +58,32 @@ def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, inf
     -------
     DeviceArray or the given ``out``.
     """
-    xa = _arr(logits, "logits")
-    _check_dtype(xa, np.float32, "logits")
-    ha = _arr(history, "history")
-    _check_dtype(ha, np.int32, "history")
     if n_draws < 1:
         raise ValueError(f"n_draws must be at least 1, got {n_draws}")
     if params is None:
-        params = sampling_params(**kw)
+        params = _smp.pack_params(**kw)      # copied to the op's backend
     elif kw:
         raise TypeError(f"give either params or keyword parameters, not both ({sorted(kw)})")
-    pa = _arr(params, "params")
+    a = op_args(backend, writes=("out", "work", "info"), stream=stream, logits=logits,
+                history=history, pos=pos, params=params, out=out, work=work, info=info)
+    be = a.backend
+    xa = a.array("logits", np.float32)
+    ha = a.array("history", np.int32)
+    pa = a["params"]
     if pa.size != _smp.PARAM_WORDS or pa.dtype.itemsize != 4:
         raise ValueError(f"params must be {_smp.PARAM_WORDS} 32-bit words "
                          f"(sampling_params()), got {pa.size} of {pa.dtype}")
     v = xa.size
-    spec = sampling_spec(v, pdl=pdl)
+    spec = sampling_spec(v, pdl=pdl, target=be.target)
     grid, blk, shared = _smp.launch_geometry(spec, v)
-    fn = _fn(_smp.build, spec)
-    fn.require_dynamic_shared(shared)
-    out = _out(out, (n_draws,), np.int32)
-    work = _workspace(("sample_work", v), (v,), np.float32) if work is None \
-        else _out(work, (v,), np.float32, "work")
-    info_arg = 0 if info is None else _out(info, (_smp.INFO_WORDS,), np.int32, "info")
-    scratch = _workspace(("sample_scratch", spec.block, v), (_smp.scratch_words(spec, v),),
-                         np.uint64)
-    counter = _workspace(("sample_counter",), (1,), np.uint32, zero=True)
-    launch(fn, grid, blk, xa, v, ha, _scalar_i32(pos, "pos"), pa, out, n_draws, work, info_arg,
-           scratch, counter, shared=shared, stream=stream, pdl=spec.pdl)
-    return out
+    fn = be.function(_smp.build, spec, dynamic_shared=shared)
+    out = a.out("out", (n_draws,), np.int32)
+    work = (be.workspace(("sample_work", v), (v,), np.float32) if work is None
+            else a.out("work", (v,), np.float32))
+    info_arg = 0 if info is None else a.out("info", (_smp.INFO_WORDS,), np.int32)
+    scratch = be.workspace(("sample_scratch", spec.block, v), (_smp.scratch_words(spec, v),),
+                           np.uint64)
+    counter = be.workspace(("sample_counter",), (1,), np.uint32, zero=True)
+    a.launch(fn, grid, blk, xa, v, ha, a.scalar_i32("pos"), pa, out, n_draws, work, info_arg,
+             scratch, counter, shared=shared, pdl=spec.pdl)
+    return a.result(out)
