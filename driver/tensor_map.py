@@ -72,8 +72,9 @@ def encode_tiled(desc: TensorMap) -> EncodedTensorMap:
     fill = (d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE if desc.oob_fill == "zero"
             else d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
     raw = check(d.cuTensorMapEncodeTiled(
-        dtype, desc.rank, desc.address, list(desc.shape), list(desc.strides), list(desc.box),
-        [1] * desc.rank, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+        dtype, d.cuuint32_t(desc.rank), desc.address, [d.cuuint64_t(n) for n in desc.shape],
+        [d.cuuint64_t(n) for n in desc.strides], [d.cuuint32_t(n) for n in desc.box],
+        [d.cuuint32_t(1)] * desc.rank, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill),
         f"cuTensorMapEncodeTiled({desc!r})")
     return EncodedTensorMap(desc, raw)
