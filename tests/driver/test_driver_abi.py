@@ -269,3 +269,21 @@ def test_generated_pack_into_matches_pack():
     assert "def values(args):" in packer.source and "def pack_into(buffer, args):" in packer.source
     with pytest.raises(LaunchArgumentError, match="parameter 'eps'"):
         packer.pack_into(bytearray(packer.size), (bytes(16), "x", 0, 0, 0, 0.0, 0.0, 0.0, 0))
+
+
+def test_bf16_arguments_round_to_nearest_even(rng):
+    """A .bf16 argument is the f32 value rounded to nearest, ties to even:
+    the oracle keeps the top 16 bits and rounds up when the dropped 16 bits
+    exceed half, or equal half with an odd kept part.  Half the values are
+    exact ties."""
+    params = parse_entries(MIXED_PTX)["mixed"]
+    hb = params[6]
+    assert hb.type == "bf16"
+    bits = rng.integers(0, 0x7F000000, 200, dtype=np.int64).astype(np.uint32)
+    bits[::2] = (bits[::2] & 0xFFFF0000) | 0x8000                   # exact ties
+    for b in bits.tolist():
+        x = float(np.uint32(b).view(np.float32))
+        kept, dropped = b >> 16, b & 0xFFFF
+        want = kept + (dropped > 0x8000 or (dropped == 0x8000 and kept & 1))
+        (_, got), = pack_args([hb], (x,), "mixed")
+        assert got == want, (hex(b), hex(got), hex(want))

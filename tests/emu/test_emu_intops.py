@@ -218,6 +218,29 @@ def test_setp_combine_and_unsigned_compares(backend, bop, rng):
         assert g == int(f(x < y, (z & 0xFFFFFFFF) > (y & 0xFFFFFFFF)))
 
 
+_INT_CMPS = {"eq": lambda x, y: x == y, "ne": lambda x, y: x != y, "lt": lambda x, y: x < y,
+             "le": lambda x, y: x <= y, "gt": lambda x, y: x > y, "ge": lambda x, y: x >= y,
+             "lo": lambda x, y: x < y, "ls": lambda x, y: x <= y, "hi": lambda x, y: x > y,
+             "hs": lambda x, y: x >= y}
+
+
+@pytest.mark.parametrize("cmp", list(_INT_CMPS))
+@pytest.mark.parametrize("ty", ["u32", "s32", "u64", "s64"])
+def test_setp_every_integer_compare(backend, cmp, ty, rng):
+    """Each comparison on random operands, a third of them equal (where
+    lt/le, lo/ls and gt/ge differ) and some differing only in the sign bit."""
+    if cmp in ("lo", "ls", "hi", "hs") and ty[0] == "s":
+        pytest.skip("PTX defines lo/ls/hi/hs on unsigned and bit types only")
+    a, b = rand(rng, ty), rand(rng, ty)
+    b[: N // 3] = a[: N // 3]
+    b[N // 3: N // 3 + 20] = a[N // 3: N // 3 + 20] ^ np.array(1 << (int(ty[1:]) - 1)).astype(a.dtype)
+    body = lambda k, x, y: k.select(k.setp(cmp, x, y), k.const(T.u32, 1),  # noqa: E731
+                                    k.const(T.u32, 0))
+    got = run_map(backend, body, [a, b], [ty, ty], "u32")
+    want = [int(_INT_CMPS[cmp](x, y)) for x, y in zip(a.tolist(), b.tolist())]
+    assert got.tolist() == want
+
+
 def test_min_max_float_nan_and_zero(backend):
     x = np.array([1.0, np.nan, np.nan, -0.0, 0.0, 2.0] * 10, np.float32)
     y = np.array([np.nan, 3.0, np.nan, 0.0, -0.0, -5.0] * 10, np.float32)

@@ -213,7 +213,7 @@ def emitted_mods(op, mod):
     rounding or ``.approx`` an instruction needs to exist."""
     if mod == "ftz" and op in ("rcp", "sqrt", "rsqrt") + FM.APPROX_ONLY:
         return ["approx", "ftz"]
-    if mod in ("ftz", "sat", "relu") and op == "fma":
+    if mod in ("ftz", "sat", "relu") and op == "fma" or mod == "ftz" and op == "div":
         return ["rn", mod]
     return [mod] if mod else []
 
@@ -318,3 +318,39 @@ def test_every_float_combination_is_tested():
     assert not COVERED & set(FM.NOT_PTX)
     assert COVERED <= allowed
     assert all(FM.NOT_PTX.values())
+
+
+def _ptx_of(combos):
+    """One sm_90 kernel holding an instruction of each combination."""
+    import ptxgen
+    m = ptxgen.Module("sm_90")
+    with m.kernel("combos") as k:
+        ptrs = {ty: k.param_ptr(f"p_{ty}", T.type_by_name(ty)) for ty in FM.FLOAT_TYPES}
+        for op, mod, ty in combos:
+            t = T.type_by_name(ty)
+            srcs = [k.ld(ptrs[ty][j]) for j in range(ARITY.get(op, 1))]
+            d = k.reg(t)
+            k.emit(op, emitted_mods(op, mod), [t], [d, *srcs])
+            k.st(ptrs[ty][0], d)
+    return m.to_ptx()
+
+
+def test_ptxas_agrees_with_the_split(ptxas):
+    """ptxas assembles every tested form (all in one kernel) and refuses
+    each form named as not PTX (or the builder already does), so neither
+    list hides a mistake."""
+    from ptxgen.errors import PtxBuildError
+    from ptxgen.ptxas import PtxasError, assemble
+    assemble(_ptx_of(COMBOS), "sm_90")
+    accepted = []
+    for c in sorted(FM.NOT_PTX):
+        try:
+            text = _ptx_of([c])
+        except (PtxBuildError, TypeError):       # the builder refuses it
+            continue
+        try:
+            assemble(text, "sm_90")
+            accepted.append(c)
+        except PtxasError:
+            pass
+    assert not accepted, f"named as not PTX, but ptxas takes them: {accepted}"
