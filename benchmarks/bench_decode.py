@@ -23,26 +23,20 @@ import numpy as np
 REPS = 10
 REPEATS = 7
 #: flash-decode variants (``ops.flash_decode`` keyword arguments) timed beside the
-#: default (the tensor-core split, ``flash_decode.MMA_KNOBS``; splits from the driver's
-#: occupancy, separate combine kernel, programmatic dependent launch on sm_90+); ``no_pdl``: the
-#: same two launches fully serialised; ``fused_muN``: one launch, the last split block of each KV
-#: head merging N splits per round; blocks_per_sm above the occupancy makes more than
-#: one wave (slower, 2026-11-22)
+#: default (the tuned config: the tensor-core split; splits from the driver's
+#: occupancy, programmatic dependent launch on sm_90+); ``no_pdl``: the same two
+#: launches fully serialised
 FD_VARIANTS = {
     # the default is the tensor-core split (8 warps, 1 chunk of 16 keys a trip,
     # dealt round robin from two rounds on)
     "contiguous": dict(interleave=0),
     "w8u2": dict(unroll=2, interleave=0),             # the default before
-    "fused_mu16": dict(fused_combine=True),
-    "fused_mu4": dict(fused_combine=True, merge_unroll=4),
     "no_pdl": dict(pdl=False),
     "early_kv": dict(early_kv=True),
-    "w8u1_early_kv": dict(warps=8, unroll=1, early_kv=True),   # the decode step's, uncapped
     "w4u1": dict(warps=4, unroll=1),
-    # the CUDA-core split: its default (w4u3p), with early_kv, and w4u8 at 3 blocks/SM
-    "cuda_cores": dict(mma=False),
-    "cuda_cores_early_kv": dict(mma=False, early_kv=True),
-    "cuda_cores_w4u8b3": dict(mma=False, unroll=8, prefetch=False, blocks_per_sm=3),
+    # the CUDA-core split: its default (w4u3p) and with early_kv
+    "cuda_cores": dict(mma=False, warps=4, unroll=3),
+    "cuda_cores_early_kv": dict(mma=False, warps=4, unroll=3, early_kv=True),
 }
 
 
@@ -164,8 +158,7 @@ def run_all(verbose: bool = True) -> dict:
         q = torch.randn(n_q, d, device="cuda")
         o = torch.empty(n_q, d, device="cuda")
         dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
-        from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
-        step_knobs = {**MODEL_FLASH_KNOBS, "early_kv": True}     # as LlamaModel runs it
+        step_knobs = {"early_kv": True}     # as LlamaModel runs it (its tuned config)
         for L in (1024, 4096, 16384, 32768):
             lens = _i32(torch, L)
             dl = _dev(lens)
@@ -280,8 +273,8 @@ def run_all(verbose: bool = True) -> dict:
 
 
 def _split_only(dq, dk, dv, dl, do, stream, **kw):
-    """A launch function of the separate-combine spec's split kernel alone
-    (partials only: the floor that the merge adds to)."""
+    """A launch function of the split kernel alone (partials only: the floor
+    that the combine adds to)."""
     import math
 
     from ptxgen.kernels import flash_decode as fd
@@ -291,23 +284,21 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
     from ptxgen.driver.launch import launch
     n_kv, cap, d = dk.shape
     n_q = dq.size // d
-    spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, fused_combine=False,
-                              target=ops.device_target(), **kw)
+    spec = fd.with_overrides(fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv,
+                                                target=ops.device_target()), kw)
     fn = ops._module(fd.build, spec).function(spec.split_name)
-    # (_resident raises the function's dynamic shared memory limit to the ring's)
     S = fd.choose_splits(spec, get_device().sm_count, n_kv, cap,
                          ops._resident(fn, 32 * spec.warps, spec.dynamic_shared))
     po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)
     pml = ops._workspace(("fd_ml", n_q, S), (n_q, S, 2), np.float32)
     (g1, b1), _ = fd.launch_geometry(spec, n_kv, S)
-    return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, do, 0, cap,
+    return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, cap,
                             1.0 / math.sqrt(d), shared=spec.dynamic_shared, stream=s)
 
 
 def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
     """Flash decode only (32 q / 8 KV heads, d = 128, f16 cache of 32768): the
-    default (separate combine, two launches), the fused merge at several
-    ``merge_unroll`` and the split kernel alone, beside SDPA (timed before and
+    default (split and combine, two launches) and the split kernel alone, beside SDPA (timed before and
     after ours) at L = 1024, 4096, 16384, 32768; every output is checked
     against float64 attention after its timed replays (``err``: max error
     over the largest output).  ``extra``: more variants, name -> knobs of
@@ -334,13 +325,13 @@ def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:
     kh, vh, qh = kc.cpu().numpy(), vc.cpu().numpy(), q.cpu().numpy()
     dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
     variants = {"sep": {}, "sep_no_pdl": dict(pdl=False), "sep_early": dict(early_kv=True),
-                **{f"fused_mu{u}": dict(fused_combine=True, merge_unroll=u) for u in (1, 4)},
                 **(extra or {})}
-    fields = attrs.fields_dict(fd.FlashDecodeSpec).keys() - {"target", "pdl"}
+    fields = attrs.fields_dict(fd.FlashDecodeConfig).keys()
     for name, kw in variants.items():             # the JIT's registers, occupancy, splits
-        # the spec's own fields (ops also takes launch knobs: pdl, blocks_per_sm)
-        spec = fd.FlashDecodeSpec(target=ops.device_target(),
-                                  **{k: v for k, v in kw.items() if k in fields})
+        # config fields (ops also takes early_kv and launch knobs: pdl, blocks_per_sm)
+        spec = fd.with_overrides(
+            fd.FlashDecodeSpec(target=ops.device_target(), early_kv=kw.get("early_kv", False)),
+            {k: v for k, v in kw.items() if k in fields})
         fn = ops._module(fd.build, spec).function(spec.split_name)
         bps = kw.get("blocks_per_sm") or ops._resident(fn, 32 * spec.warps, spec.dynamic_shared)
         res[name] = {"regs": fn.num_regs, "blocks_per_sm": bps,

@@ -143,11 +143,8 @@ def _resident(fn, block, shared=0) -> "int | None":
 
 
 def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_splits=None,
-                 warps=None, unroll=None, chunks=None, prefetch=None, min_keys=None,
-                 fused_combine=None, merge_unroll=None, stages=None, early_kv=None,
-                 mma=None, per_sm=None, combine_warps=None, interleave=None, l2_prefetch=None,
-                 l1_bypass=None, bypass_from=None, blocks_per_sm=None, pdl=None,
-                 stream=None, backend=None):
+                 early_kv=False, blocks_per_sm=None, pdl=None, stream=None, backend=None,
+                 **config):
     """Attention of one token ``q [n_q_heads, d]`` (f32) over the first
     ``kv_len`` rows of ``k_cache``/``v_cache [n_kv_heads, capacity, d]``.
 
@@ -155,26 +152,15 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     graph follows it); ``n_splits`` defaults to :func:`choose_splits` for
     this device and the cache's capacity (fixed per shape), with
     ``blocks_per_sm`` defaulting to the driver's occupancy of the split
-    kernel (one whole wave).  ``warps``, ``unroll``, ``chunks``,
-    ``prefetch``, ``min_keys``, ``fused_combine``, ``merge_unroll``, ``stages``,
-    ``mma`` (the split on tensor cores; None: on where the shape allows, f16
-    cache, head_dim 64 or 128, group at most 8, and none of ``chunks``,
-    ``prefetch``, ``stages`` nor an ``unroll`` past 4 is given, with
-    ``flash_decode.MMA_KNOBS`` under the knobs given: ``flash_decode.op_knobs``),
-    ``per_sm``,
-    ``combine_warps``, ``interleave``, ``l2_prefetch``, ``l1_bypass``,
-    ``bypass_from`` pick the
-    spec (None: the :class:`~ptxgen.kernels.flash_decode.FlashDecodeSpec`
-    default: a split kernel and a separate combine kernel; ``fused_combine=True``
-    makes it one launch, the last split block of each KV head merging the
-    partials).  ``pdl`` (default: on for sm_90 and newer) launches both with
-    programmatic dependent launch, so the combine starts while the split
-    kernel drains.  ``early_kv=True`` reads the length and the first K/V tile
-    before the split kernel's wait (see ``FlashDecodeSpec.early_kv``: under
-    PDL, the kernel launched just before may write the cache row
-    ``kv_len - 1`` and nothing else the split reads).  The fused merge's
-    per-KV-head counter is cached per shape and device, zeroed once (each
-    launch leaves it at zero).
+    kernel (one whole wave).  The kernels' config is the tuned one for the
+    device and shape (``kernels/tuning/flash_decode.json``); ``config``
+    fields (``warps``, ``unroll``, ``mma``, ``per_sm``, ...) replace its
+    own (:func:`ptxgen.kernels.flash_decode.with_overrides`).  ``pdl``
+    (default: on for sm_90 and newer) launches both kernels with
+    programmatic dependent launch.  ``early_kv=True`` reads the length and
+    the first K/V tile before the split kernel's wait (see
+    ``FlashDecodeSpec.early_kv``: under PDL, the kernel launched just before
+    may write the cache row ``kv_len - 1`` and nothing else the split reads).
     """
     a = op_args(backend, writes=("out",), stream=stream, q=q, k_cache=k_cache,
                 v_cache=v_cache, kv_len=kv_len, out=out)
@@ -190,25 +176,12 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     kv_dtype = {np.dtype(np.float16): "f16", np.dtype(np.float32): "f32"}.get(kc.dtype)
     if kv_dtype is None:
         raise TypeError(f"the KV cache must be float16 or float32, got {kc.dtype}")
-    knobs = {k_: v_ for k_, v_ in dict(warps=warps, unroll=unroll, chunks=chunks,
-                                        prefetch=prefetch, min_keys=min_keys,
-                                        fused_combine=fused_combine,
-                                        merge_unroll=merge_unroll, stages=stages,
-                                        early_kv=early_kv, mma=mma, per_sm=per_sm,
-                                        combine_warps=combine_warps,
-                                        interleave=interleave,
-                                        l2_prefetch=l2_prefetch,
-                                        l1_bypass=l1_bypass,
-                                        bypass_from=bypass_from).items()
-             if v_ is not None}
     be = a.backend
     tgt = be.target
-    # the tensor-core split where the shape takes it and no knob of the
-    # CUDA-core split's own was asked for
-    knobs = _fd.op_knobs(knobs, d, n_q // n_kv, kv_dtype)
-    spec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype, target=tgt,
-                               pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl),
-                               **knobs)
+    fspec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
+                                early_kv=bool(early_kv), target=tgt,
+                                pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
+    spec = _fd.with_overrides(fspec, config)
     split = be.function(_fd.build, spec, spec.split_name, spec.dynamic_shared)
     if n_splits is None:
         if blocks_per_sm is None:
@@ -218,13 +191,11 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     part_ml = be.workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
     out = a.out("out", (n_q, d))
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    counter = be.workspace(("fd_counter", n_kv), (n_kv,), np.uint32, zero=True)
     (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
     a.launch(split, g1, b1, qa, kc, vc, a.scalar_i32("kv_len"),
-             part_o, part_ml, out, counter, cap, scale, shared=spec.dynamic_shared, pdl=spec.pdl)
-    if comb is not None:
-        a.launch(be.function(_fd.build, spec, spec.combine_name), *comb, part_o, part_ml, out,
-                 n_splits, pdl=spec.pdl)
+             part_o, part_ml, cap, scale, shared=spec.dynamic_shared, pdl=spec.pdl)
+    a.launch(be.function(_fd.build, spec, spec.combine_name), *comb, part_o, part_ml, out,
+             n_splits, pdl=spec.pdl)
     return a.result(out)
 
 

@@ -50,27 +50,6 @@ FAMILIES = {
 }
 
 
-#: attention knobs of the decode step (H100, docs/kernels.md "Flash decode on
-#: tensor cores"): the tensor-core split (mma.sync), one 16-key chunk per warp
-#: per trip, 8 warps per split block, at most 2 blocks per SM (the JIT gives it
-#: 186 registers with early_kv, so one block fits an SM and choose_splits deals
-#: 16 splits per KV head).  The CUDA-core split with the same warps and cap,
-#: in the same run: 2.102 ms per token at context 128, 2.299 at 4096; this
-#: one 2.097 / 2.298; 4 warps with no cap 2.112 / 2.282.
-#: A shape the tensor-core split does not take (head_dim 256, an f32 cache,
-#: groups past 8) falls back to the CUDA-core split.  Keys are dealt round
-#: robin from two rounds on (``interleave=2``: contexts of 4096 and more with
-#: 16 splits; H100, two rounds: 2.2162-2.2168 -> 2.2093-2.2101 ms per token at
-#: context 4096 with every length dealt round robin, 2.0435-2.0472 ->
-#: 2.0564-2.0568 at 128, which the threshold leaves contiguous).  The K/V loads
-#: carry the .L2::256B hint and pass by L1 (l2_prefetch, l1_bypass: each layer
-#: reads its own cache once a token, so L1 lines would never be hit again);
-#: two rounds: 1.9763 / 1.9749 -> 1.9698 / 1.9711 ms at context 128 and
-#: 2.1457 / 2.1452 -> 2.1367 / 2.1388 at 4096 from l1_bypass, docs/kernels.md.
-MODEL_FLASH_KNOBS = {"mma": True, "warps": 8, "unroll": 1, "per_sm": 2, "interleave": 2,
-                     "l2_prefetch": True, "l1_bypass": True}
-
-
 class ContextOverflowError(RuntimeError):
     """Generation would run past the KV cache's capacity."""
 
@@ -126,11 +105,11 @@ class LlamaModel:
     configs (e.g. ``{"rows": 4}``), for tuning; a function ``(m, k,
     epilogue) -> dict`` gives them per GEMV shape; a field a shape cannot
     take is refused with the shape named.  Ring GEMVs take ``per_sm =
-    ceil(grid / SMs)`` (:func:`ptxgen.kernels.gemv.tuning.balanced`).  ``flash_knobs`` overrides
-    :class:`FlashDecodeSpec` fields of the attention kernels (e.g.
-    ``{"warps": 4}``, or ``{"mma": False, "unroll": 3}`` for the CUDA-core
-    split) over :data:`MODEL_FLASH_KNOBS` (``early_kv`` is on
-    unless the knobs pick a path without it).
+    ceil(grid / SMs)`` (:func:`ptxgen.kernels.gemv.tuning.balanced`).
+    ``flash_knobs`` replaces FlashDecodeConfig fields of the attention
+    kernels' tuned config (e.g. ``{"warps": 4}``, or ``{"mma": False}`` for
+    the CUDA-core split); the split is built with ``early_kv`` (the decode
+    step keeps its contract), whose tuned config differs from the op's.
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
     stacked Q/K/V GEMV's epilogue instead of a launch of their own.
     """
@@ -149,8 +128,7 @@ class LlamaModel:
         self.sm_count = sm_count or _backend_sm_count(backend)
         self.fuse_norm = _norm_kinds(fuse_norm)
         self.fuse_rope = bool(fuse_rope)
-        self._user_flash_knobs = dict(flash_knobs or {})
-        self.flash_knobs = {**MODEL_FLASH_KNOBS, **self._user_flash_knobs}
+        self.flash_knobs = dict(flash_knobs or {})
         self.graph = ComputeGraph()
         self.tuning = lowering.Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
         self._build()
@@ -205,20 +183,10 @@ class LlamaModel:
         # the length is advanced at the end of the step and the launch just
         # before attention (the QKV GEMV, or the RoPE launch) appends row
         # kv_len - 1: early_kv's contract
-        fd_shape = dict(head_dim=D, group=hp.n_heads // hp.n_kv_heads, kv_dtype="f16",
-                        target=tgt)
-        try:
-            fds = flash_decode.FlashDecodeSpec(**fd_shape, **self.flash_knobs)
-        except ValueError:
-            # the model defaults do not fit every shape (8 warps of 16-head
-            # groups overflow the partials' shared memory): the kernel's own
-            self.flash_knobs = dict(self._user_flash_knobs)
-            fds = flash_decode.FlashDecodeSpec(**fd_shape, **self.flash_knobs)
-        if "early_kv" not in self.flash_knobs and fds.early_kv_possible:
-            fds = attrs.evolve(fds, early_kv=True)
+        fd_spec = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
+                                               kv_dtype="f16", early_kv=True, target=tgt)
+        fds = flash_decode.with_overrides(fd_spec, self.flash_knobs, self.tuning.device)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
-        # ((split grid, block), combine): combine is None when the last split
-        # block of each KV head merges the partials (fused, one launch)
         (sgrid, sblock), comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
         sm_scale = 1.0 / math.sqrt(D)
 
@@ -230,10 +198,6 @@ class LlamaModel:
         att = g.buffer("att", (hp.q_dim,), np.float32)
         part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
         part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
-        # per-KV-head arrival counters of the fused merge: zero at upload, and
-        # every launch leaves them at zero (shared by the layers, which run in turn)
-        attn_counter = g.buffer("attn_counter", (hp.n_kv_heads,), np.uint32, "state",
-                                np.zeros(hp.n_kv_heads, np.uint32))
         act = g.buffer("ffn_act", (hp.ffn,), np.float32)
         self.kv_caches = []
         for i in range(hp.n_layers):
@@ -252,11 +216,10 @@ class LlamaModel:
                               (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc,
                                cap), sh)])
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
-                           (q, kc, vc, kvlen_ptr, part_o, part_ml, att, attn_counter, cap,
-                            sm_scale), fds.dynamic_shared)]
-            if comb is not None:
-                attn.append(Launch("flash_decode", fds, fds.combine_name, *comb,
-                                   (part_o, part_ml, att, n_splits)))
+                           (q, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale),
+                           fds.dynamic_shared),
+                    Launch("flash_decode", fds, fds.combine_name, *comb,
+                           (part_o, part_ml, att, n_splits))]
             g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
             lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt, tuning=self.tuning)

@@ -40,15 +40,13 @@ def main(argv=None):
     for L in (1, 7, 1000, 2048):
         # the tensor-core split (the default here; its keys dealt round robin
         # from two rounds on, and with interleave=1 from one, which L = 2048
-        # reaches), the CUDA-core split's register and ring paths, each
-        # split with early_kv
+        # reaches) and the CUDA-core split, each with early_kv
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L))
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), interleave=1)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), interleave=1, early_kv=True)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), mma=False, early_kv=True)
-        ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), stages=3)
         # the L1-bypassing copy of the loop from one round on (L = 2048; the
         # default's six rounds are past this cache)
         ops.flash_decode(D(f(32, 128)), kc, vc, i32(L), bypass_from=1)
@@ -75,9 +73,9 @@ def main(argv=None):
         m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False)
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
-        # RMSNorms folded into the GEMVs (ring, dp4a) and the ring flash decode
+        # RMSNorms folded into the GEMVs (ring, dp4a) and the CUDA-core flash decode
         m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
-                                 fuse_norm=True, flash_knobs={"stages": 3})
+                                 fuse_norm=True, flash_knobs={"mma": False})
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
     driver.get_device().synchronize()

@@ -25,27 +25,22 @@ def rel_err(out, ref) -> float:
 
 def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
     """Outputs for each length in ``L``, launched with the same arguments
-    (as a replayed graph would); the fused merge's counters must be back at
-    zero after every launch."""
+    (as a replayed graph would)."""
     n_kv, cap, d = kc.shape
     n_q = q.shape[0]
     split = run.function(F.build, spec, spec.split_name)
     (g1, b1), comb_geo = F.launch_geometry(spec, n_kv, n_splits)
-    assert (comb_geo is None) == spec.fused_combine
-    comb = None if spec.fused_combine else run.function(F.build, spec, spec.combine_name)
+    comb = run.function(F.build, spec, spec.combine_name)
     part_o = run.poisoned((n_q, n_splits, d))
     part_ml = run.poisoned((n_q, n_splits, 2))
     out = run.poisoned((n_q, d))
-    counter = run.array(np.zeros(n_kv, np.uint32))
     dq, dk, dv = run.array(q), run.array(kc), run.array(vc)
     results = []
     for length in ([L] if np.isscalar(L) else L):      # one "graph": same args, new length
         lens = run.array(np.array([length], np.int32))
-        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, out, counter, cap,
-                   1 / math.sqrt(d), shared=spec.ring_bytes)
-        if comb is not None:
-            run.launch(comb, *comb_geo, part_o, part_ml, out, n_splits)
-        assert np.all(run.get(counter) == 0)
+        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap,
+                   1 / math.sqrt(d), shared=spec.dynamic_shared)
+        run.launch(comb, *comb_geo, part_o, part_ml, out, n_splits)
         results.append(run.get(out))
     return results
 
@@ -58,65 +53,39 @@ def _data(rng, n_kv, G, cap, d, dtype):
 
 
 EMU_SPECS = [
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2),
-    F.FlashDecodeSpec(head_dim=128, group=2, warps=1, unroll=2),
-    F.FlashDecodeSpec(head_dim=64, group=1, kv_dtype="f32", warps=1, unroll=3),
-    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2),
-    F.FlashDecodeSpec(head_dim=64, group=2, kv_dtype="f32", warps=2, unroll=1, chunks=2),
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, prefetch=True),
-    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, prefetch=True),
-    F.FlashDecodeSpec(head_dim=64, group=2, warps=2, unroll=2, prefetch=False, min_keys=64,
-                      min_blocks=2),
-    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=3, prefetch=True, min_keys=16),
-    # one launch: the last split block of each KV head merges (fused_combine)
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, fused_combine=True),
-    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, prefetch=True,
-                      fused_combine=True),
-    F.FlashDecodeSpec(head_dim=64, group=5, warps=1, unroll=2, fused_combine=True,
-                      merge_unroll=2),
-    F.FlashDecodeSpec(head_dim=128, group=4, warps=2, unroll=3, prefetch=True,
-                      fused_combine=True, merge_unroll=3),
-    # the cp.async ring: 2 and 4 stages, f16 and f32, 2 chunks a lane, a
-    # thread count that does not divide a stage's chunks (3 warps, d = 64:
-    # 24 rows x 8 chunks = 192 per matrix over 96 threads is 2; 2 warps,
-    # unroll 3, d = 128 f32: 24 rows x 32 = 768 over 64, and 1 warp f16
-    # d = 64 unroll 3: 6 rows x 8 = 48 over 32 leaves 16 threads idle)
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, stages=2),
-    F.FlashDecodeSpec(head_dim=128, group=2, warps=1, unroll=2, stages=4),
-    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=2, unroll=3, stages=3),
-    F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, stages=3),
-    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, stages=2),
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, stages=3, fused_combine=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=2),
+    F.FlashDecodePlan.make(head_dim=128, group=2, warps=1, unroll=2),
+    F.FlashDecodePlan.make(head_dim=64, group=1, kv_dtype="f32", warps=1, unroll=3),
+    F.FlashDecodePlan.make(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3),
+    F.FlashDecodePlan.make(head_dim=128, group=4, warps=1, unroll=3, min_keys=16),
     # early_kv: length and first tile before the wait, q and the newest row after
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, early_kv=True),
-    F.FlashDecodeSpec(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3, early_kv=True),
-    F.FlashDecodeSpec(head_dim=128, group=3, warps=1, unroll=2, chunks=2, early_kv=True,
-                      fused_combine=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=2, early_kv=True),
+    F.FlashDecodePlan.make(head_dim=128, group=2, kv_dtype="f32", warps=1, unroll=3,
+                           early_kv=True),
     # tensor cores: 16-key chunks (a split's last one masked), group 1..8,
-    # with and without the next trip's loads in flight, the fused merge
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True),
-    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=2, mma=True, prefetch=False),
-    F.FlashDecodeSpec(head_dim=128, group=8, warps=2, unroll=1, mma=True, fused_combine=True),
-    F.FlashDecodeSpec(head_dim=64, group=1, warps=1, unroll=3, mma=True, min_keys=16),
-    F.FlashDecodeSpec(head_dim=128, group=5, warps=2, unroll=2, mma=True, early_kv=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True),
+    F.FlashDecodePlan.make(head_dim=128, group=4, warps=1, unroll=2, mma=True),
+    F.FlashDecodePlan.make(head_dim=128, group=8, warps=2, unroll=1, mma=True),
+    F.FlashDecodePlan.make(head_dim=64, group=1, warps=1, unroll=3, mma=True, min_keys=16),
+    F.FlashDecodePlan.make(head_dim=128, group=5, warps=2, unroll=2, mma=True, early_kv=True),
     # warp trips dealt round robin over the splits from one round on
     # (interleave=1): at L = 100, 7 and 4 trips of 16 and 32 keys on 3 splits
     # (rounds of 96), the last trip partial; at L = 33, contiguous ranges
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1),
-    F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
-                      interleave=1, fused_combine=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1),
+    F.FlashDecodePlan.make(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
+                           interleave=1),
     # the K/V loads with the .L2::256B prefetch-size hint, d = 64 and 128
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
-                      l2_prefetch=True),
-    F.FlashDecodeSpec(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
-                      l2_prefetch=True, l1_bypass=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
+                           l2_prefetch=True),
+    F.FlashDecodePlan.make(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
+                           l2_prefetch=True, l1_bypass=True),
     # L1 bypassed from one round on (96 keys on 3 splits): L = 100 runs the
     # bypassing copy of the loop, 1, 7 and 33 the other
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
-                      l2_prefetch=True, l1_bypass=True, bypass_from=1),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
+                           l2_prefetch=True, l1_bypass=True, bypass_from=1),
     # a combine of one warp (registers only) and of two (shared memory)
-    F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
-    F.FlashDecodeSpec(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=2, combine_warps=1),
+    F.FlashDecodePlan.make(head_dim=128, group=4, warps=1, unroll=1, mma=True, combine_warps=2),
 ]
 
 
@@ -155,7 +124,7 @@ def test_splits_take_the_keys_they_are_dealt(run, interleave, rng):
     than one round of 3 splits x 2 warps x 16 keys) warp trips ``s, s + n,
     ...`` (split 0 takes keys 0-15, 48-63 and 96-99); ``interleave=2`` needs
     two rounds (192 keys), so L = 100 keeps contiguous ranges."""
-    spec = F.FlashDecodeSpec(head_dim=64, group=3, warps=2, unroll=1, mma=True,
+    spec = F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True,
                              interleave=interleave)
     n_kv, cap, L, n = 2, 100, 100, 3
     q, kc, vc = _data(rng, n_kv, 3, cap, 64, np.float16)
@@ -164,7 +133,7 @@ def test_splits_take_the_keys_they_are_dealt(run, interleave, rng):
     part_ml = run.poisoned((n_kv * 3, n, 2))
     run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
                run.array(np.array([L], np.int32)), run.poisoned((n_kv * 3, n, 64)), part_ml,
-               0, 0, cap, 1 / math.sqrt(64))
+               cap, 1 / math.sqrt(64))
     got = run.get(part_ml).astype(np.float64)
     trips = [range(t * 16, min(L, t * 16 + 16)) for t in range(-(-L // 16))]
     if interleave == 1:
@@ -180,9 +149,8 @@ def test_splits_take_the_keys_they_are_dealt(run, interleave, rng):
             assert np.allclose(got[qh, s], want, rtol=1e-4, atol=1e-4), (qh, s, got[qh, s], want)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_flash_decode_empty_and_clamped(run, fused, rng):
-    spec = attrs.evolve(EMU_SPECS[0], fused_combine=fused)
+def test_flash_decode_empty_and_clamped(run, rng):
+    spec = EMU_SPECS[0]
     q, kc, vc = _data(rng, 1, 3, 20, 64, np.float16)
     zero, big = _run(run, spec, q, kc, vc, [0, 1000], n_splits=4)
     assert np.all(zero == 0)
@@ -204,11 +172,10 @@ GPU_KNOBS = {"cuda_cores": {}, "mma": dict(mma=True, unroll=2),
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("knobs", list(GPU_KNOBS))
-@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("L", [1, 7, 1000, 4096, 32768])
-def test_flash_decode_gpu(gpu_run, L, fused, knobs, rng):
+def test_flash_decode_gpu(gpu_run, L, knobs, rng):
     from ptxgen.driver import get_device
-    spec = F.FlashDecodeSpec(fused_combine=fused, **GPU_KNOBS[knobs])
+    spec = F.FlashDecodePlan.make(**GPU_KNOBS[knobs])
     n_kv, cap = 8, 32768
     q, kc, vc = _data(rng, n_kv, 4, cap, 128, np.float16)
     S = F.choose_splits(spec, get_device().sm_count, n_kv, cap)
@@ -221,7 +188,7 @@ def test_flash_decode_gpu(gpu_run, L, fused, knobs, rng):
                                         (256, 2, "f16", False), (64, 5, "f16", True),
                                         (128, 8, "f16", True)])
 def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma, rng):
-    spec = F.FlashDecodeSpec(head_dim=d, group=G, kv_dtype=dt, warps=2 if d == 256 else 4,
+    spec = F.FlashDecodePlan.make(head_dim=d, group=G, kv_dtype=dt, warps=2 if d == 256 else 4,
                              mma=mma)
     n_kv, cap = 3, 5000
     q, kc, vc = _data(rng, n_kv, G, cap, d, np.float16 if dt == "f16" else np.float32)
@@ -232,15 +199,11 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma, rng):
 @pytest.mark.parametrize("bad", [dict(head_dim=96), dict(group=0), dict(group=17),
                                  dict(kv_dtype="bf16"), dict(warps=9), dict(unroll=0),
                                  dict(head_dim=256, kv_dtype="f32"),
-                                 dict(head_dim=256, group=16, warps=8), dict(chunks=3),
-                                 dict(min_keys=4), dict(min_keys=48), dict(min_blocks=33),
-                                 dict(merge_unroll=0), dict(merge_unroll=33),
-                                 dict(stages=1), dict(stages=9), dict(stages=True),
-                                 dict(stages=8, warps=8, unroll=8),
-                                 dict(early_kv=True, stages=3), dict(early_kv=True, prefetch=False),
+                                 dict(head_dim=256, group=16, warps=8), dict(chunks=2),
+                                 dict(min_keys=4), dict(min_keys=48), dict(stages=3),
+                                 dict(fused_combine=True), dict(prefetch=False),
                                  dict(early_kv=1), dict(mma=True, kv_dtype="f32"),
                                  dict(mma=True, head_dim=256), dict(mma=True, group=9),
-                                 dict(mma=True, stages=2), dict(mma=True, chunks=2),
                                  dict(mma=True, unroll=5), dict(mma=1),
                                  dict(interleave=1), dict(mma=True, interleave=True),
                                  dict(mma=True, interleave=65), dict(l2_prefetch=True),
@@ -250,38 +213,57 @@ def test_flash_decode_gpu_shapes(gpu_run, d, G, dt, mma, rng):
                                  dict(mma=True, l1_bypass=True, bypass_from=65)])
 def test_flash_decode_refuses(bad):
     with pytest.raises(ValueError):
-        F.FlashDecodeSpec(**bad)
+        F.FlashDecodePlan.make(**bad)
+
+
+MMA_OP = dict(mma=True, warps=8, unroll=1, interleave=2, l2_prefetch=True, l1_bypass=True,
+              bypass_from=6)
 
 
 @pytest.mark.parametrize("given,want", [
-    ({}, F.MMA_KNOBS),
-    ({"l1_bypass": False}, {**F.MMA_KNOBS, "l1_bypass": False, "bypass_from": None}),
-    ({"bypass_from": 3}, {**F.MMA_KNOBS, "bypass_from": 3}),
-    ({"warps": 4, "interleave": 0}, {**F.MMA_KNOBS, "warps": 4, "interleave": 0}),
-    ({"stages": 3}, {"stages": 3}), ({"mma": False}, {"mma": False}),
-    ({"unroll": 5}, {"unroll": 5})])
-def test_op_knobs(given, want):
-    """ops.flash_decode's knobs: the tensor-core defaults under the given
-    ones, the default bypass threshold dropped with the bypass; each makes a
-    spec."""
-    got = F.op_knobs(given, 128, 4, "f16")
-    assert got == {k: v for k, v in want.items() if v is not None}
-    F.FlashDecodeSpec(head_dim=128, group=4, **got)
-    # shapes the tensor-core split does not take keep the knobs given
-    assert F.op_knobs({}, 128, 4, "f32") == {} and F.op_knobs({}, 256, 2, "f16") == {}
+    ({}, MMA_OP),
+    ({"l1_bypass": False}, {**MMA_OP, "l1_bypass": False, "bypass_from": 0}),
+    ({"bypass_from": 3}, {**MMA_OP, "bypass_from": 3}),
+    ({"warps": 4, "interleave": 0}, {**MMA_OP, "warps": 4, "interleave": 0}),
+    ({"mma": False}, dict(mma=False, warps=8, unroll=1)),
+    ({"mma": False, "warps": 4, "unroll": 5}, dict(mma=False, warps=4, unroll=5))])
+def test_config_overrides(given, want):
+    """The tuned config at the op's shape (d 128, group 4, f16, no early_kv)
+    with a caller's fields over it: the tensor-core split's own fields go
+    with it, the bypass threshold with the bypass."""
+    spec = F.FlashDecodeSpec(head_dim=128, group=4, target="sm_90")
+    got = F.with_overrides(spec, given).config
+    defaults = attrs.asdict(F.FlashDecodeConfig())
+    want = {**{k: defaults[k] for k in ("interleave", "l2_prefetch", "l1_bypass",
+                                        "bypass_from", "per_sm")}, **want}
+    assert {k: getattr(got, k) for k in want} == want
+
+
+def test_tuned_configs():
+    """The table: the tensor-core split where the shape takes it (the op's
+    L1 bypass from six rounds; with early_kv, as the decode step runs it, at
+    every length and two blocks an SM); the CUDA-core split elsewhere."""
+    S = F.FlashDecodeSpec
+    op = F.select_config(S(head_dim=128, group=4, target="sm_90"))
+    assert attrs.asdict(op) == {**attrs.asdict(F.FlashDecodeConfig()), **MMA_OP}
+    step = F.select_config(S(head_dim=128, group=4, early_kv=True, target="sm_90"))
+    assert (step.mma, step.per_sm, step.bypass_from, step.l1_bypass) == (True, 2, 0, True)
+    for shape in (dict(head_dim=256), dict(kv_dtype="f32"), dict(group=16)):
+        c = F.select_config(S(target="sm_90", **shape))
+        assert c == F.FlashDecodeConfig(), shape
+        F.FlashDecodePlan(S(target="sm_90", **shape), c)      # builds
 
 
 def test_choose_splits():
-    spec = F.FlashDecodeSpec()
+    spec = F.FlashDecodePlan.make()
     assert F.resident_blocks(spec) == 3
     assert F.choose_splits(spec, 132, 8, 32768) == 49     # one wave: 392 of 396 slots
     assert F.choose_splits(spec, 132, 8, 32768, 4) == 66
     assert F.choose_splits(spec, 132, 8, 100) == 13       # capped by the capacity (8-key minimum)
-    assert F.choose_splits(F.FlashDecodeSpec(min_keys=64), 132, 8, 100) == 2
+    assert F.choose_splits(F.FlashDecodePlan.make(min_keys=64), 132, 8, 100) == 2
     assert F.choose_splits(spec, 1, 64, 4096) == 1
-    assert F.resident_blocks(F.FlashDecodeSpec(unroll=4, min_blocks=4)) == 4
     # the tensor-core split: 8 warps of ~190 registers fit once, 4 warps twice
-    mma = F.FlashDecodeSpec(mma=True, warps=8, unroll=1, early_kv=True)
+    mma = F.FlashDecodePlan.make(mma=True, warps=8, unroll=1, early_kv=True)
     assert F.resident_blocks(mma) == 1 and F.choose_splits(mma, 132, 8, 32768) == 16
     assert F.resident_blocks(attrs.evolve(mma, warps=4)) == 2
     assert F.mma_fits(128, 4, "f16") and F.mma_fits(64, 8, "f16")
@@ -289,11 +271,9 @@ def test_choose_splits():
     assert not F.mma_fits(128, 16, "f16")
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_flash_decode_many_splits(run, fused, rng):
-    """More splits than keys: most blocks write neutral partials (and, fused,
-    any of them may be the last to arrive and merge)."""
-    spec = attrs.evolve(EMU_SPECS[0], fused_combine=fused)
+def test_flash_decode_many_splits(run, rng):
+    """More splits than keys: most blocks write neutral partials."""
+    spec = EMU_SPECS[0]
     q, kc, vc = _data(rng, 1, 3, 100, 64, np.float16)
     for L, out in zip([100, 3], _run(run, spec, q, kc, vc, [100, 3], n_splits=37)):
         assert rel_err(out, F.reference(q, kc, vc, L)) <= 1e-4, L
@@ -305,7 +285,7 @@ def test_flash_decode_combine_rounds(run, d, n_splits, cw, rng):
     """The combine's lanes hold 8 columns at head_dim 256, and its warps take
     several rounds of splits (6 a round with 16 or 4 warps, 16 with one)
     past 96 splits (here most are empty)."""
-    spec = F.FlashDecodeSpec(head_dim=d, group=2, warps=1, unroll=2, combine_warps=cw)
+    spec = F.FlashDecodePlan.make(head_dim=d, group=2, warps=1, unroll=2, combine_warps=cw)
     q, kc, vc = _data(rng, 1, 2, 1200, d, np.float16)
     # the short length first: its empty splits' o must be written (the
     # workspace starts poisoned)
@@ -318,7 +298,7 @@ def test_splits_share_keys_evenly(run, rng):
     one: with 8-key groups, 7 splits and 100 keys (13 groups) each split's
     (m, l) partial must cover 1 or 2 groups (8..16 keys; rounding chunks up
     to whole groups would leave the last split 4); l counts keys when q = 0."""
-    spec = F.FlashDecodeSpec(head_dim=64, group=1, warps=2, unroll=2)
+    spec = F.FlashDecodePlan.make(head_dim=64, group=1, warps=2, unroll=2)
     assert spec.row_groups == 8
     n_kv, cap, d, S = 1, 128, 64, 7
     q = np.zeros((1, d), np.float32)             # every score 0: l = keys seen
@@ -327,25 +307,17 @@ def test_splits_share_keys_evenly(run, rng):
     split = run.function(F.build, spec, spec.split_name)
     (g1, b1), _ = F.launch_geometry(spec, n_kv, S)
     part_o, part_ml = run.poisoned((1, S, d)), run.poisoned((1, S, 2))
-    out = run.poisoned((1, d))
-    counter = run.array(np.zeros(1, np.uint32))
     run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
-               run.array(np.array([100], np.int32)), part_o, part_ml, out, counter, cap, 0.125)
+               run.array(np.array([100], np.int32)), part_o, part_ml, cap, 0.125)
     keys = run.get(part_ml)[0, :, 1]
     assert keys.sum() == 100 and np.all((keys >= 8) & (keys <= 16)), keys
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("warps,unroll,chunks,prefetch,stages",
-                         [(4, 2, 1, False, 0), (4, 4, 1, False, 0), (8, 2, 1, False, 0),
-                          (8, 4, 1, False, 0), (2, 4, 1, False, 0), (4, 2, 2, False, 0),
-                          (4, 4, 2, False, 0), (8, 2, 2, False, 0), (4, 4, 1, True, 0),
-                          (4, 2, 1, True, 0), (4, 3, 1, False, 3), (4, 3, 1, False, 4),
-                          (8, 2, 1, False, 4), (4, 4, 2, False, 2)])
-def test_flash_decode_gpu_variants(gpu_run, warps, unroll, chunks, prefetch, stages, rng):
+@pytest.mark.parametrize("warps,unroll", [(4, 2), (4, 4), (8, 2), (2, 4), (4, 3)])
+def test_flash_decode_gpu_variants(gpu_run, warps, unroll, rng):
     from ptxgen.driver import get_device
-    spec = F.FlashDecodeSpec(warps=warps, unroll=unroll, chunks=chunks, prefetch=prefetch,
-                             stages=stages)
+    spec = F.FlashDecodePlan.make(warps=warps, unroll=unroll)
     n_kv, cap = 8, 8192
     q, kc, vc = _data(rng, n_kv, 4, cap, 128, np.float16)
     for bps in (2, 8):
@@ -360,7 +332,7 @@ def test_early_kv_reads_only_the_length_and_cache_before_the_wait(mma):
     griddepcontrol.wait but the length and the first tile's K/V rows, through
     L2 (``.cg``), stores nothing before it, and after it loads q and, for the
     lanes whose row is ``kv_len - 1``, that row again."""
-    spec = F.FlashDecodeSpec(early_kv=True, target="sm_90", pdl=True, mma=mma, unroll=3)
+    spec = F.FlashDecodePlan.make(early_kv=True, target="sm_90", pdl=True, mma=mma, unroll=3)
     # the words of a tile a lane loads: CUDA cores, 3 rows of K and of V of
     # one 16-byte word; tensor cores, per 16-key chunk 2 K rows of 4 words
     # and 4 V rows of 2
@@ -396,8 +368,7 @@ def test_early_kv_reads_only_the_length_and_cache_before_the_wait(mma):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mma", [False, True])
-@pytest.mark.parametrize("fused", [False, True])
-def test_early_kv_sees_the_row_the_grid_before_appends(fused, mma, rng):
+def test_early_kv_sees_the_row_the_grid_before_appends(mma, rng):
     """The decode step's contract on the GPU: a PDL chain of KV append (this
     token's row at ``kv_len - 1``) then the early_kv split (and combine),
     captured once and replayed while the host advances the length.  Rows past
@@ -413,12 +384,12 @@ def test_early_kv_sees_the_row_the_grid_before_appends(fused, mma, rng):
     if dev.compute_capability < (9, 0):
         pytest.skip("PDL needs sm_90")
     tgt = dev.target
-    spec = F.FlashDecodeSpec(early_kv=True, fused_combine=fused, target=tgt, pdl=True, mma=mma,
-                             unroll=2 if mma else 3)
+    spec = F.FlashDecodePlan.make(early_kv=True, target=tgt, pdl=True, mma=mma,
+                                  unroll=2 if mma else 3)
     aspec = KA.KvAppendSpec(head_dim=128, target=tgt, pdl=True)
     fmod = Module.from_ptx(F.build(spec).to_ptx())
     split = fmod.function(spec.split_name)
-    comb = None if fused else fmod.function(spec.combine_name)
+    comb = fmod.function(spec.combine_name)
     app = Module.from_ptx(KA.build(aspec).to_ptx()).function(aspec.kernel_name)
     n_kv, G, d, cap = 8, 4, 128, 2048
     L0, steps = int(rng.integers(1, 300)), 24
@@ -435,15 +406,13 @@ def test_early_kv_sees_the_row_the_grid_before_appends(fused, mma, rng):
     part_o = DeviceArray.from_numpy(np.full((n_kv * G, S, d), np.nan, np.float32))
     part_ml = DeviceArray.from_numpy(np.full((n_kv * G, S, 2), np.nan, np.float32))
     out = DeviceArray.from_numpy(np.full((n_kv * G, d), np.nan, np.float32))
-    counter = DeviceArray.from_numpy(np.zeros(n_kv, np.uint32))
     ag, ab, _ = KA.launch_geometry(aspec, n_kv)
     s = Stream()
     with capture(s) as cg:
         launch(app, ag, ab, knew, vnew, dk, dv, pos, n_kv, cap, stream=s, pdl=True)
-        launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, out, counter, cap,
+        launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap,
                1 / math.sqrt(d), stream=s, pdl=True)
-        if comb is not None:
-            launch(comb, *cgeo, part_o, part_ml, out, S, stream=s, pdl=True)
+        launch(comb, *cgeo, part_o, part_ml, out, S, stream=s, pdl=True)
     ge = cg.instantiate()
     for step in range(steps):
         L = L0 + step + 1
@@ -468,8 +437,8 @@ def test_per_sm_caps_split_blocks_by_shared_memory(target):
     n + 1 do not; resident_blocks and so choose_splits count with it."""
     from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
     per = TARGETS[target].shared_per_sm
-    base = F.FlashDecodeSpec(target=target)
-    assert base.dynamic_shared == base.ring_bytes == 0
+    base = F.FlashDecodePlan.make(target=target)
+    assert base.dynamic_shared == 0
     for n in (1, 2, 3):
         s = attrs.evolve(base, per_sm=n)
         blk = s.dynamic_shared + s.shared_bytes + CTA_RESERVED_SHARED
@@ -479,4 +448,4 @@ def test_per_sm_caps_split_blocks_by_shared_memory(target):
     with pytest.raises(ValueError, match="per_sm"):
         attrs.evolve(base, per_sm=33)
     with pytest.raises(ValueError, match="do not fit"):
-        F.FlashDecodeSpec(target=target, stages=4, unroll=8, per_sm=8)
+        F.FlashDecodePlan.make(target=target, head_dim=256, group=8, warps=2, per_sm=32)

@@ -82,8 +82,8 @@ def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny, rng):
 def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
     """Each ring GEMV of the graph asks for the shared memory that holds at
     most ceil(grid / SMs) of its CTAs on an SM (where its ring alone would
-    allow more), and the attention split takes the model's flash knobs."""
-    from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
+    allow more), and the attention split takes the tuned config of an
+    early_kv split (two blocks an SM, the L1 bypass at every length)."""
     from ptxgen.kernels import gemv as G
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=60)
     rings = [L for op in m.graph.ops for L in op.launches
@@ -99,7 +99,9 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
             assert L.shared == L.spec.ring_bytes
     assert capped
     split = next(L for op in m.graph.ops for L in op.launches if L.kernel.endswith("_split"))
-    assert all(getattr(split.spec, k) == v for k, v in MODEL_FLASH_KNOBS.items())
+    want = dict(mma=True, warps=8, unroll=1, per_sm=2, interleave=2, l2_prefetch=True,
+                l1_bypass=True, bypass_from=0, early_kv=True)
+    assert {k: getattr(split.spec, k) for k in want} == want
     assert split.shared == split.spec.dynamic_shared > 0
 
 
@@ -251,11 +253,11 @@ def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
         assert a.tobytes() == b.tobytes()
 
 
-def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path, seed):
-    """16 query heads of 128 per KV head: 8 warps' partials would overflow
-    the split's 48 KB of static shared memory, so the kernel's own knobs are
-    used (and knobs a caller gives are kept)."""
-    from ptxgen.driver.model.llama import MODEL_FLASH_KNOBS
+def test_model_flash_config_where_the_tensor_cores_do_not_take_the_shape(tmp_path, seed):
+    """16 query heads of 128 per KV head: the tensor-core split does not
+    take the group, so the CUDA-core split's config is used (4 warps; 8
+    warps' partials would overflow the split's 48 KB of static shared
+    memory), and fields a caller gives are kept."""
     path = str(tmp_path / "g16.gguf")
     write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
     for knobs in (None, {"unroll": 2}):
@@ -263,5 +265,5 @@ def test_model_flash_knobs_fall_back_where_a_shape_cannot_take_them(tmp_path, se
                                  flash_knobs=knobs)
         split = next(L.spec for op in m.graph.ops for L in op.launches
                      if L.kernel.endswith("_split"))
-        assert split.group == 16 and split.warps != MODEL_FLASH_KNOBS["warps"]
+        assert split.group == 16 and not split.mma and split.warps == 4
         assert split.per_sm == 0 and split.unroll == (knobs or {}).get("unroll", 3)
