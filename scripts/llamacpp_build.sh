@@ -55,7 +55,9 @@ stamp_text() {
     sha256sum "$ORACLE_DIR/logits.cpp" "$ORACLE_DIR/CMakeLists.txt" | awk '{print $1}'
 }
 STAMP=$DEST/build.stamp
-if [[ -x $BIN && -f $STAMP ]] && [[ "$(stamp_text)" == "$(cat "$STAMP")" ]]; then
+# taken before building, so that a source edited during the build is rebuilt next time
+WANT=$(stamp_text)
+if [[ -x $BIN && -f $STAMP ]] && [[ "$WANT" == "$(cat "$STAMP")" ]]; then
     echo "llama.cpp oracle up to date"
     echo "$BIN"
     exit 0
@@ -93,5 +95,5 @@ cmake -S "$ORACLE_DIR" -B "$BUILD" "${CMAKE_ARGS[@]}" ${EXTRA[@]+"${EXTRA[@]}"} 
     || { echo "llamacpp_build: cmake configure failed; see $DEST/configure.log" >&2; tail -20 "$DEST/configure.log" >&2; exit 1; }
 cmake --build "$BUILD" --target ptxgen-logits -j "$JOBS"
 [[ -x $BIN ]] || { echo "llamacpp_build: $BIN was not produced" >&2; exit 1; }
-stamp_text >"$STAMP"
+printf '%s\n' "$WANT" >"$STAMP"
 echo "$BIN"

@@ -96,6 +96,30 @@ def test_compare_undecided_flip_passes_low_cosine_fails(rng, seed):
     assert not res["ok"]
 
 
+def test_compare_analytic_bound(rng, seed):
+    ours = _logits(rng)
+    ours[:, 7] = ours.max(axis=1) + 2.0
+    eps = 0.02
+    theirs = ours + rng.standard_normal(ours.shape) * eps * np.sqrt(np.mean(ours ** 2))
+    res = conf.compare(ours, theirs, analytic_eps=eps)
+    assert res["ok"], f"seed={seed}"
+    assert res["positions"][0]["cos_min"] == pytest.approx(1 - 4 * eps ** 2 / 2 - 1e-6)
+    res = conf.compare(ours, ours + (theirs - ours) * 3, analytic_eps=eps)   # 9x the deficit
+    assert not res["ok"], f"seed={seed}"
+    with pytest.raises(ValueError, match="needs emulated logits or analytic_eps"):
+        conf.compare(ours, theirs)
+
+
+def test_analytic_error_counts_each_rounded_input(tmp_path):
+    from ptxgen.driver.gguf_synth import PRESETS, write_synthetic_llama
+    p = tmp_path / "m.gguf"
+    write_synthetic_llama(p, **PRESETS["tiny"], qtype="Q4_K", output_qtype="Q8_0", seed=1)
+    per_layer = 3 * 7.0e-3 ** 2 + 1.54e-2 ** 2                 # Q8_K inputs, the SwiGLU one larger
+    assert conf.analytic_error(p) == pytest.approx(np.sqrt(2 * per_layer + 5.4e-3 ** 2))
+    write_synthetic_llama(p, **PRESETS["tiny"], qtype="F32", output_qtype="F32", seed=1)
+    assert conf.analytic_error(p) == 0
+
+
 def _oracle():
     env = os.environ.get("PTXGEN_LLAMACPP_LOGITS")
     if env:

@@ -116,8 +116,8 @@ def test_synth_cli(tmp_path, capsys):
     assert gguf_synth.main([str(out), "--preset", "tiny", "--seed", "3", "--quiet"]) == 0
     assert "seed 3" in capsys.readouterr().out
     assert field(gguf.GGUFReader(out), "llama.block_count") == 2
-    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "Q5_K", "--quiet"]) == 2
-    assert "unsupported quantization type 'Q5_K'" in capsys.readouterr().err
+    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "IQ2_XXS", "--quiet"]) == 2
+    assert "unsupported quantization type 'IQ2_XXS'" in capsys.readouterr().err
 
 
 def test_synth_refuses_bad_shapes(tmp_path):

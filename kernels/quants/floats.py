@@ -55,10 +55,10 @@ def quantize_bf16(x) -> np.ndarray:
         For a value that rounds past BF16's largest finite value (about 3.39e38).
     """
     x = as_float_rows(x, BF16)
-    u = x.view(np.uint32).astype(np.uint64)
-    # add just under half an ulp of bf16, plus one when the kept part is odd (ties to even)
-    top = ((u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16))
-    top = top.astype(np.uint32)
+    u = x.view(np.uint32)
+    # add just under half an ulp of bf16, plus one when the kept part is odd (ties to even);
+    # finite inputs stay below 0xFF7FFFFF + 0x8000, so uint32 does not overflow
+    top = (u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16)
     if ((top & 0x7F80) == 0x7F80).any():
         bad = float(np.abs(x[(top & 0x7F80) == 0x7F80]).max())
         raise ValueError(f"BF16 quantize: a value ({bad:.6g}) rounds past bfloat16's largest "
