@@ -7,7 +7,7 @@
 llama.cpp (a CPU build made by scripts/llamacpp_build.sh; its program
 ``ptxgen-logits``) evaluates the token sequence and writes the logits of every
 position; ptxgen evaluates the same sequence (``--side ref``: the float64 numpy
-reference, driver/llama_ref.py). A third pass, the same reference with
+reference, driver/model/llama_ref.py). A third pass, the same reference with
 llama.cpp's rounding of matrix-multiply inputs emulated (Q8_K / Q8_0 / F16 / BF16
 by the weight's type, and f16 queries and probabilities in attention, as
 llama.cpp's CPU backend does), measures how far apart two correct

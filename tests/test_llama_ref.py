@@ -1,4 +1,4 @@
-"""Tests of driver/gguf_synth.py (synthetic Llama GGUF) and driver/llama_ref.py (float64 reference)."""
+"""Tests of driver/model/gguf_synth.py (synthetic Llama GGUF) and driver/model/llama_ref.py (float64 reference)."""
 from __future__ import annotations
 
 import time

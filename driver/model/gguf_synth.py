@@ -40,7 +40,9 @@ PRESETS: dict[str, dict] = {
 }
 
 # llama.cpp's general.file_type values (LLAMA_FTYPE_*) for the main weight type
-_FILE_TYPE = {"F32": 0, "F16": 1, "Q8_0": 7, "Q4_K": 15, "Q6_K": 18}
+#: general.file_type (llama.cpp's LLAMA_FTYPE) of a file whose matrices are all one type
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
+              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
 _FLOAT_TYPES = {"F32": (np.float32,), "F16": (np.float16,)}
 
 
