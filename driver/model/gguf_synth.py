@@ -39,7 +39,6 @@ PRESETS: dict[str, dict] = {
                       vocab=128256, context_length=8192, rope_theta=500000.0),
 }
 
-# llama.cpp's general.file_type values (LLAMA_FTYPE_*) for the main weight type
 #: general.file_type (llama.cpp's LLAMA_FTYPE) of a file whose matrices are all one type
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
               "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
