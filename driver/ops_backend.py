@@ -84,6 +84,15 @@ class Backend:
         return device_target() if self.name == "cuda" else EMU_TARGET
 
     @functools.cached_property
+    def device_name(self) -> str | None:
+        """The GPU's name (the key of configs ``python -m ptxgen tune``
+        stored), None on the emulator."""
+        if self.name == "emu":
+            return None
+        from .device import get_device
+        return get_device().name
+
+    @functools.cached_property
     def sm_count(self) -> int:
         if self.name == "emu":
             return EMU_SM_COUNT

@@ -181,7 +181,7 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     fspec = _fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, kv_dtype=kv_dtype,
                                 early_kv=bool(early_kv), target=tgt,
                                 pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
-    spec = _fd.with_overrides(fspec, config)
+    spec = _fd.with_overrides(fspec, config, be.device_name)
     split = be.function(_fd.build, spec, spec.split_name, spec.dynamic_shared)
     if n_splits is None:
         if blocks_per_sm is None:

@@ -12,16 +12,13 @@ epilogue, target) and backend and cached; launches go to ``stream``.
 
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .launch import launch
 from .memory import DeviceArray, as_device_array
-from .module import Module
 from .ops_backend import get_backend, op_args
 
 __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
@@ -29,10 +26,6 @@ __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 
 def _function(spec, backend="cuda"):
     return get_backend(backend).function(_g.build, spec, dynamic_shared=spec.dynamic_shared)
-
-
-def _target(backend="cuda"):
-    return get_backend(backend).target
 
 
 def _dev(a, what):
@@ -69,11 +62,13 @@ def gemv_spec(qtype, k, epilogue="none", m=None, *, backend="cuda", **knobs):
     stand-in target).  ``knobs``: GemvConfig fields replacing the tuned
     ones; ``pdl`` (programmatic dependent launch) defaults to on for sm_90
     and newer."""
-    tgt = _target(backend)
+    be = get_backend(backend)
+    tgt = be.target
     pdl = knobs.pop("pdl", None)
     if pdl is None:
         pdl = has_griddepcontrol(tgt)
-    return _g.default_plan(qtype.upper(), k, epilogue, target=tgt, m=m, pdl=pdl, **knobs)
+    return _g.default_plan(qtype.upper(), k, epilogue, target=tgt, m=m, pdl=pdl,
+                           device=be.device_name, **knobs)
 
 
 def _vec(a, n, what):

@@ -1,4 +1,4 @@
-"""``python -m ptxgen tune [gemv] [--model FILE.gguf] [--rounds N]``: time
+"""``python -m ptxgen tune [gemv|flash_decode] [--model FILE.gguf] [--rounds N]``: time
 candidate configs on the present GPU and keep the fastest per call in the
 user's tuning cache (:mod:`ptxgen.kernels.tuning`), which the family's
 selector then prefers over the shipped table on this device.
@@ -8,6 +8,11 @@ Q4_K/Q6_K/Q8_0 matrices, with the epilogues the decode step uses) or, by
 default, those of an 8B Llama: for each, :func:`gemv.candidate_configs`
 (the selected config and its neighbours) are timed in alternating rounds,
 each a median of CUDA-event-timed launches over random valid weights.
+For ``flash_decode`` the call is the model's attention shape (8B: 32 query
+and 8 KV heads of 128, f16 cache), with and without ``early_kv``; each
+candidate (the tuned config and its neighbours in warps, unroll, the
+per-SM cap, the round-robin threshold and the L1 bypass threshold) is timed
+at 1K, 4K and 16K keys and ranked by the sum.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import numpy as np
 
 from ptxgen.kernels import gemv, tuning
 
-__all__ = ["tune_command", "gemv_calls", "tune_gemv"]
+__all__ = ["tune_command", "gemv_calls", "tune_gemv", "flash_calls", "flash_candidates",
+           "tune_flash"]
 
 #: (qtype, m, k, epilogue) of an 8B Llama's decode step
 LLAMA_8B = [("Q4_K", 6144, 4096, "rope"), ("Q4_K", 4096, 4096, "residual"),
@@ -127,11 +133,88 @@ def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
     return rows
 
 
+def flash_calls(model: str | None) -> list:
+    """``(n_q_heads, n_kv_heads, head_dim)`` of the model's attention."""
+    if model is None:
+        return [(32, 8, 128)]
+    from .model.gguf_loader import LlamaFile
+    hp = LlamaFile(model).hparams
+    return [(hp.n_heads, hp.n_kv_heads, hp.head_dim)]
+
+
+def flash_candidates(spec) -> list:
+    """The tuned config of ``spec`` and its neighbours that build."""
+    import attrs
+    from ptxgen.kernels import flash_decode as fd
+    base = fd.select_config(spec)
+    moves = [dict(warps=4), dict(warps=8), dict(unroll=2), dict(unroll=1),
+             dict(per_sm=0), dict(per_sm=2)]
+    if base.mma:
+        moves += [dict(interleave=0), dict(interleave=1), dict(bypass_from=0),
+                  dict(bypass_from=6), dict(l1_bypass=False, bypass_from=0)]
+    out = [base]
+    for mv in moves:
+        try:
+            c = attrs.evolve(base, **mv)
+            fd.FlashDecodePlan(spec, c)
+        except ValueError:
+            continue
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def tune_flash(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
+    """Time the candidates of each attention shape (with and without
+    early_kv); store the winners; return rows ``(spec, config, us, default_us)``."""
+    import attrs
+    from ptxgen.kernels import flash_decode as fd
+    from ptxgen.kernels.spec_fields import has_griddepcontrol
+    from . import DeviceArray, Stream, get_device
+    from .ops_decode import flash_decode
+    dev = get_device()
+    rng = np.random.default_rng(0)
+    stream = Stream()
+    rows = []
+    lengths = (1024, 4096, 16384)
+    for n_q, n_kv, d in calls:
+        cap = max(lengths)
+        q = DeviceArray.from_numpy(rng.standard_normal((n_q, d)).astype(np.float32))
+        kc = DeviceArray.from_numpy(rng.standard_normal((n_kv, cap, d)).astype(np.float16))
+        vc = DeviceArray.from_numpy(rng.standard_normal((n_kv, cap, d)).astype(np.float16))
+        o = DeviceArray.empty((n_q, d), np.float32)
+        lens = {L: DeviceArray.from_numpy(np.array([L], np.int32)) for L in lengths}
+        for early in (False, True):
+            spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, early_kv=early,
+                                      target=dev.target, pdl=has_griddepcontrol(dev.target))
+            cands = flash_candidates(spec)
+            times = [[] for _ in cands]
+            for _ in range(rounds):
+                for i, c in enumerate(cands):
+                    kw = attrs.asdict(c)
+                    times[i].append(sum(_time(lambda L=L: flash_decode(
+                        q, kc, vc, lens[L], out=o, early_kv=early, stream=stream, **kw),
+                        stream, reps) for L in lengths))
+            med = [statistics.median(t) for t in times]
+            best = min(range(len(cands)), key=med.__getitem__)
+            tuning.store_user_config("flash_decode", dev.name, fd.tuning.call_of(spec),
+                                     attrs.asdict(cands[best]),
+                                     {"us_sum": round(med[best], 3),
+                                      "default_us_sum": round(med[0], 3),
+                                      "lengths": list(lengths),
+                                      "date": time.strftime("%Y-%m-%d")})
+            print(f"flash_decode {n_q}/{n_kv} heads d{d} early_kv={early}: default "
+                  f"{med[0]:.2f} us, best {med[best]:.2f} us (sum over L = "
+                  f"{'/'.join(map(str, lengths))}; {len(cands)} configs)", file=out)
+            rows.append((spec, cands[best], med[best], med[0]))
+    return rows
+
+
 def tune_command(argv) -> int:
     ap = argparse.ArgumentParser(prog="python -m ptxgen tune",
                                  description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("family", nargs="?", default="gemv", choices=["gemv"],
+    ap.add_argument("family", nargs="?", default="gemv", choices=["gemv", "flash_decode"],
                     help="kernel family to tune")
     ap.add_argument("--model", default=None, help="a GGUF file whose shapes to tune for")
     ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
@@ -140,6 +223,9 @@ def tune_command(argv) -> int:
     if not is_available():
         print("error: tune times kernels on a GPU, and none is available", file=sys.stderr)
         return 2
-    tune_gemv(gemv_calls(args.model), rounds=args.rounds)
-    print(f"stored in {tuning.cache_dir() / 'tuning' / 'gemv.json'}")
+    if args.family == "gemv":
+        tune_gemv(gemv_calls(args.model), rounds=args.rounds)
+    else:
+        tune_flash(flash_calls(args.model), rounds=args.rounds)
+    print(f"stored in {tuning.cache_dir() / 'tuning' / (args.family + '.json')}")
     return 0
