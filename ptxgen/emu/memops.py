@@ -598,6 +598,22 @@ def _mbar_state(st, off, tid, what):
     return mb
 
 
+def land_bulk_copy(st, op, tid, t, d, data, nb, boff, what):
+    """A bulk copy of ``data`` (``nb`` bytes) by thread ``t`` to shared offset ``d``,
+    completing on the mbarrier at ``boff``: logged for the race check now, by
+    the issuing thread, and written to shared memory when the barrier's
+    phase completes (its transaction count reaches zero)."""
+    base = d + (0 if st.shared_base is None else int(st.shared_base[t]))
+    entry = (op, tid, np.array([base], np.int64), nb, WRITE)
+    if st.race_log is not None:
+        st.race_log.append(entry)
+    mb = _mbar_state(st, boff, t, what)
+    mb.copies.append([mb.phase, base, data, entry])
+    mb.tx -= nb
+    mb.spins = 0
+    mb.settle()
+
+
 def _land_in_race_log(st, entry):
     """A bulk copy seen landed: check the accesses logged before it against
     it, then drop its entry (what comes after the wait is ordered)."""
@@ -730,15 +746,6 @@ def _cp_async_bulk(stmt, ctx):
                 raise
             (buf, offs, _), = parts
             data = buf[int(offs[0]):int(offs[0]) + nb].copy()
-            base = d + (0 if st.shared_base is None else int(st.shared_base[t]))
-            entry = (op, tids[j:j + 1], np.array([base], np.int64), nb, WRITE)
-            if st.race_log is not None:
-                # logged now, by the issuing thread (see above)
-                st.race_log.append(entry)
-            mb = _mbar_state(st, boffs[j], t, "cp.async.bulk")
-            mb.copies.append([mb.phase, base, data, entry])
-            mb.tx -= nb
-            mb.spins = 0
-            mb.settle()
+            land_bulk_copy(st, op, tids[j:j + 1], t, d, data, nb, boffs[j], "cp.async.bulk")
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["cp.async.bulk"])

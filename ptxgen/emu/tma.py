@@ -27,7 +27,7 @@ from ..smem_layout import SWIZZLES, swizzle
 from ..tensor_map import decode_emu_bytes
 from ..types import type_by_name
 from .errors import Fault, MemoryFault
-from .memops import ATOMIC, WRITE, _addr_for, _address, _mbar_offsets, _mbar_state, _threads
+from .memops import ATOMIC, _addr_for, _address, _mbar_offsets, _threads, land_bulk_copy
 from .memory import MEMORY, PARAM_WINDOW
 from .operands import Op, finish_op, getter, semantics
 
@@ -131,14 +131,7 @@ def _tma(stmt, ctx):
                 img = np.empty_like(data)
                 img[swizzle(d + np.arange(nb), tm.swizzle) - d] = data
                 data = img
-            base = d + (0 if st.shared_base is None else int(st.shared_base[t]))
-            entry = (op, tids[j:j + 1], np.array([base], np.int64), nb, WRITE)
-            if st.race_log is not None:
-                st.race_log.append(entry)
-            mb = _mbar_state(st, boffs[j], t, "cp.async.bulk.tensor")
-            mb.copies.append([mb.phase, base, data, entry])
-            mb.tx -= nb
-            mb.spins = 0
-            mb.settle()
+            land_bulk_copy(st, op, tids[j:j + 1], t, d, data, nb, boffs[j],
+                           "cp.async.bulk.tensor")
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["cp.async.bulk.tensor"])
