@@ -57,7 +57,7 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.types import b32, f16, f16x2, f32, u8, u32, u64
+from ptxgen.types import b32, f16, f16x2, f32, u8, u32
 from ptxgen.values import Address
 
 from ..spec_fields import pdl_prologue
@@ -83,13 +83,18 @@ def _sh(addr, ty=b32):
 
 
 class _Copies:
-    """The per-thread copy plan of one stage (offsets fixed for the whole
-    kernel; each stage adds its K offset)."""
+    """The per-thread copy plan of a stage: for every 16-byte chunk the
+    thread copies, one u32 offset fixed for the whole kernel (rows clamped
+    to M - 1 and T - 1); each stage adds its K offset."""
+
+    #: f32 X: chunks loaded into registers before they are stored (bounds
+    #: the registers the conversion holds)
+    X_BATCH = 4
 
     def __init__(self, k, plan, tid, w, x, m0, mrows, n0, t):
         c = plan.config
         thr = plan.threads
-        self.k, self.plan = k, plan
+        self.k, self.plan, self.wp, self.xp = k, plan, w, x
         # weight chunks: per row the header (chunk 0) and bk/32 chunks of nibbles
         cw = 1 + c.bk // 32
         self.w = []
@@ -99,9 +104,10 @@ class _Copies:
             r, ch = idx // cw, idx % cw
             row = k.min(m0 + r, mrows - 1)
             is_q = k.setp("ne", ch, 0)
-            # chunk ch >= 1 sits at 16 + 16 (ch - 1) = 16 ch in both layouts
-            src = k.ptr_add(w, k.mad(row, plan.row_bytes, ch * 16).to(u64))
-            self.w.append((guard, is_q, src, r * plan.w_pitch + ch * 16))
+            # chunk ch >= 1 sits at 16 ch in the stage row and at 16 + 32 j0 +
+            # 16 (ch - 1) = 16 ch + 32 j0 in the super-block
+            self.w.append((guard, is_q, k.mad(row, plan.row_bytes, ch * 16),
+                           r * plan.w_pitch + ch * 16))
         # X chunks of 16 bytes (f16: 8 values, cp.async; f32: 4 values, registers)
         per = 16 // plan.x_bytes
         cx = c.bk // per
@@ -111,9 +117,8 @@ class _Copies:
             guard = (idx < c.bn * cx) if (i + 1) * thr > c.bn * cx else None
             n, ch = idx // cx, idx % cx
             tok = k.min(n0 + n, t - 1)
-            src = k.ptr_add(x, k.mad(tok, plan.k, ch * per).to(u64))
-            dst = plan.w_stage_bytes + n * plan.x_pitch + ch * (2 * per)
-            self.x.append((guard, src, dst))
+            dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
+            self.x.append((guard, k.mad(tok, plan.k, ch * per), dst))
 
     def weights(self, base, kk):
         """cp.async the weight chunks of the stage at K offset ``kk`` into
@@ -121,28 +126,26 @@ class _Copies:
         k = self.k
         hdr = (kk >> 8) * 144
         qoff = hdr + ((kk & 255) >> 1)          # group j0 = (kk & 255) / 64: 32 j0 bytes
-        for guard, is_q, src, dst in self.w:
-            off = k.select(is_q, qoff, hdr).to(u64)
-            k.cp_async(_sh(base + dst, u8), k.ptr_add(src, off)[0], 16, guard=guard)
+        for guard, is_q, off, dst in self.w:
+            src = self.wp[off + k.select(is_q, qoff, hdr)]
+            k.cp_async(_sh(base + dst, u8), src, 16, guard=guard)
 
     def x_f16(self, base, kk):
         k = self.k
-        for guard, src, dst in self.x:
-            k.cp_async(_sh(base + dst, u8), k.ptr_add(src, kk.to(u64))[0], 16, guard=guard)
+        for guard, off, dst in self.x:
+            k.cp_async(_sh(base + dst, u8), self.xp[off + kk], 16, guard=guard)
 
-    def x_load(self, kk):
-        """f32 X: issue the stage's loads (4 floats a chunk)."""
+    def x_f32(self, base, kk):
+        """f32 X: load the stage's chunks (4 floats each) a batch at a
+        time, round them to f16 and store them."""
         k = self.k
-        return [(guard, dst, k.ld(k.ptr_add(src, kk.to(u64))[0], f32, vec=4, nc=True,
-                                  guard=guard))
-                for guard, src, dst in self.x]
-
-    def x_store(self, base, loaded):
-        k = self.k
-        for guard, dst, vals in loaded:
-            h = [k.cvt(f16, v, rnd="rn") for v in vals]
-            words = (k.pack(b32, h[0], h[1]), k.pack(b32, h[2], h[3]))
-            k.st(_sh(base + dst), words, guard=guard)
+        for b0 in range(0, len(self.x), self.X_BATCH):
+            batch = [(guard, dst, k.ld(self.xp[off + kk], f32, vec=4, nc=True, guard=guard))
+                     for guard, off, dst in self.x[b0:b0 + self.X_BATCH]]
+            for guard, dst, vals in batch:
+                h = [k.cvt(f16, v, rnd="rn") for v in vals]
+                words = (k.pack(b32, h[0], h[1]), k.pack(b32, h[2], h[3]))
+                k.st(_sh(base + dst), words, guard=guard)
 
 
 def _decode_scales(k, plan, tid, wbase, sbase, kk):
@@ -200,32 +203,39 @@ def _dequant(k, cache, word, pair, high, scale):
 
 
 def _compute(k, plan, wbase, sbase, wrow, wcol, g, tq, acc):
-    """The warp's mma over one stage."""
+    """The warp's mma over one stage.  Steps run in the order 0, 2, 1, 3, so
+    the two steps that read one word of nibbles (low, then high) are
+    adjacent and its spread bytes live only between them."""
     c = plan.config
     mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
-    xbase = wbase + plan.w_stage_bytes
-    # per-lane row addresses (constant offsets are added per group / step)
-    wrows = [[wbase + (wrow + 16 * mt + g + 8 * h) * plan.w_pitch + 16 + 4 * tq
-              for h in range(2)] for mt in range(mt_n)]
-    srows = [[sbase + (wrow + 16 * mt + g + 8 * h) * 8 for h in range(2)] for mt in range(mt_n)]
-    xrows = [xbase + (wcol + 8 * nt + g) * plan.x_pitch + 8 * tq for nt in range(nt_n)]
+    # one register per lane and operand; the rest are constant offsets
+    wl = wbase + (wrow + g) * plan.w_pitch + 4 * tq
+    sl = sbase + (wrow + g) * 8
+    xl = wbase + (wcol + g) * plan.x_pitch + (plan.w_stage_bytes + 8 * tq)
+
+    def row_off(mt, h):
+        return 16 * mt + 8 * h
+
     for jj in range(c.bk // 64):
-        words = [[[k.ld(_sh(wrows[mt][h] + 32 * jj + 16 * w), b32) for w in range(2)]
-                  for h in range(2)] for mt in range(mt_n)]
-        scales = [[[k.ld(_sh(srows[mt][h] + (2 * jj + hi) * c.bm * 8), b32, vec=2)
-                    for hi in range(2)] for h in range(2)] for mt in range(mt_n)]
-        cache = {}
-        for step in range(4):
-            w, hi = step & 1, step >> 1
-            bfr = [k.ld(_sh(xrows[nt] + 2 * (64 * jj + 16 * step)), b32, vec=2)
-                   for nt in range(nt_n)]
-            for mt in range(mt_n):
-                a = [_dequant(k, cache, words[mt][h][w], pair, hi, scales[mt][h][hi])
-                     for pair in range(2) for h in range(2)]
-                for nt in range(nt_n):
-                    d = k.mma(tuple(a), bfr[nt], tuple(acc[mt][nt]))
-                    for e in range(4):
-                        acc[mt][nt][e].set(d[e])
+        for w in range(2):
+            words = [[k.ld(Address(wl, row_off(mt, h) * plan.w_pitch + 16 + 32 * jj + 16 * w,
+                                   "shared", b32))
+                      for h in range(2)] for mt in range(mt_n)]
+            cache = {}
+            for hi in range(2):
+                step = 2 * hi + w
+                bfr = [k.ld(Address(xl, 8 * nt * plan.x_pitch + 2 * (64 * jj + 16 * step),
+                                    "shared", b32), vec=2)
+                       for nt in range(nt_n)]
+                for mt in range(mt_n):
+                    sc = [k.ld(Address(sl, (row_off(mt, h) + (2 * jj + hi) * c.bm) * 8,
+                                       "shared", b32), vec=2) for h in range(2)]
+                    a = [_dequant(k, cache, words[mt][h], pair, hi, sc[h])
+                         for pair in range(2) for h in range(2)]
+                    for nt in range(nt_n):
+                        d = k.mma(tuple(a), bfr[nt], tuple(acc[mt][nt]))
+                        for e in range(4):
+                            acc[mt][nt][e].set(d[e])
 
 
 def build_q4k(plan) -> ptxgen.Module:
@@ -266,20 +276,16 @@ def build_q4k(plan) -> ptxgen.Module:
         def stage_base(i):
             return base + i * plan.stage_bytes
 
-        def issue(step, buf):
-            kk = k.mov(step * c.bk, u32) if isinstance(step, int) else step * c.bk
-            sb = stage_base(buf)
-            cp.weights(sb, kk)
+        def issue(buf_base, kk):
+            cp.weights(buf_base, kk)
             if plan.x_type == "f16":
-                cp.x_f16(sb, kk)
-                return None
-            return cp.x_load(kk)
+                cp.x_f16(buf_base, kk)
+            else:
+                cp.x_f32(buf_base, kk)
 
         for s in range(S - 1):
             if s < nk:
-                loaded = issue(s, s)
-                if loaded is not None:
-                    cp.x_store(stage_base(s), loaded)
+                issue(stage_base(s), k.mov(s * c.bk, u32))
             k.cp_async_commit()
         mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
         acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(nt_n)] for _ in range(mt_n)]
@@ -291,12 +297,7 @@ def build_q4k(plan) -> ptxgen.Module:
             ahead = step + (S - 1)
             nbase = base + nxt * plan.stage_bytes
             with k.if_(ahead < nk):
-                kk = ahead * c.bk
-                cp.weights(nbase, kk)
-                if plan.x_type == "f16":
-                    cp.x_f16(nbase, kk)
-                else:
-                    cp.x_store(nbase, cp.x_load(kk))
+                issue(nbase, ahead * c.bk)
             k.cp_async_commit()
             wb = base + cur * plan.stage_bytes
             _decode_scales(k, plan, tid, wb, sbase, step * c.bk)
