@@ -47,9 +47,12 @@ to f16 (``u`` each) and ``w`` once more (``u``), so each product is within
 
 Kernel parameters: ``w`` (u8*), ``x`` (f32* or f16*), ``r`` (f32*,
 residual only), ``y`` (f32*), ``m`` (u32, rows of W), then ``t`` (u32) or
-``t_ptr`` (u32*, ``t_device``).  Grid ``(ceil(M / bm), ceil(T_max / bn))``,
-``32 warps_m warps_n`` threads, :attr:`.GemmPlan.dynamic_shared` bytes of
-dynamic shared memory; CTAs whose tokens start at or past T exit at once.
+``t_ptr`` (u32*, ``t_device``).  Grid ``(ceil(T_max / bn), ceil(M / bm))``:
+the CTAs that share a tile of W are launched next to each other, so W
+(the large operand) comes from DRAM about once and X (``T K`` halves, a
+few MB) is re-read from L2.  ``32 warps_m warps_n`` threads,
+:attr:`.GemmPlan.dynamic_shared` bytes of dynamic shared memory; CTAs
+whose tokens start at or past T exit at once.
 """
 
 from __future__ import annotations
@@ -74,7 +77,7 @@ def launch_geometry(plan, m: int, t_max: int):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what} must be a positive int, got {v!r}")
     c = plan.config
-    return ((math.ceil(m / c.bm), math.ceil(t_max / c.bn), 1), (plan.threads, 1, 1),
+    return ((math.ceil(t_max / c.bn), math.ceil(m / c.bm), 1), (plan.threads, 1, 1),
             plan.dynamic_shared)
 
 
@@ -261,9 +264,9 @@ def build_q4k(plan) -> ptxgen.Module:
         smem = k.dynamic_shared("smem", u8)
         pdl_prologue(k, plan.spec)
         t = k.ld(t_ptr[0]) if plan.t_device else t_param
-        n0 = k.ctaid.y * c.bn
+        n0 = k.ctaid.x * c.bn
         k.exit(guard=n0 >= t)
-        m0 = k.ctaid.x * c.bm
+        m0 = k.ctaid.y * c.bm
         tid = k.tid.x
         warp, lane = tid >> 5, tid & 31
         g, tq = lane >> 2, lane & 3
