@@ -1,7 +1,7 @@
 """``make bench``: every benchmark in one run, results as JSON.
 
 ``python -m benchmarks.bench_all [OUT_DIR] [--skip model,...]`` runs the
-driver (launch, graph, module-load) benchmark, the GEMV, decode-kernel and
+driver (launch, graph, module-load) benchmark, the GEMV, GEMM (prefill), decode-kernel and
 Llama-decode benchmarks on the GPU, the streaming ceiling of the same
 positions (``bench_ceiling``), plus the CPU-side DSL emission and
 emulator speeds, and writes ``OUT_DIR/<name>.json`` for each.
@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-PARTS = ("emit", "emulator", "driver", "gemv", "decode", "model", "ceiling")
+PARTS = ("emit", "emulator", "driver", "gemv", "gemm", "decode", "model", "ceiling")
 
 
 def _run(name):
@@ -32,6 +32,9 @@ def _run(name):
     if name == "gemv":
         from . import bench_gemv
         return bench_gemv.run_all()
+    if name == "gemm":
+        from . import bench_gemm
+        return bench_gemm.run_all()
     if name == "decode":
         from . import bench_decode
         return bench_decode.run_all()

@@ -6,7 +6,8 @@ CPU emulator) and numpy arrays (copied; numpy in, numpy out, on the GPU when
 there is one and on the emulator otherwise).  :mod:`.ops_backend` decides
 where a call runs and converts its arguments (docs/driver.md).
 
-GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).
+GEMV: :func:`gemv`, :func:`gemv_swiglu` (``driver/ops_gemv.py``).  GEMM (a chunk of
+tokens on tensor cores): :func:`gemm` (``driver/ops_gemm.py``).
 Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
 :func:`flash_decode`, :func:`embedding`, :func:`kv_append`, :func:`argmax`
 (``driver/ops_decode.py``).  Sampling: :func:`sample`, :func:`sampling_params`
@@ -15,8 +16,9 @@ Decode step: :func:`rmsnorm`, :func:`rope`, :func:`swiglu`,
 
 from .ops_decode import (argmax, embedding, flash_decode, kv_append, rmsnorm, rope,
                          swiglu)
+from .ops_gemm import gemm, gemm_plan
 from .ops_gemv import gemv, gemv_spec, gemv_swiglu
 from .ops_sampling import sample, sampling_params
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_spec", "rmsnorm", "rope", "swiglu", "flash_decode",
-           "embedding", "kv_append", "argmax", "sample", "sampling_params"]
+__all__ = ["gemm", "gemm_plan", "gemv", "gemv_swiglu", "gemv_spec", "rmsnorm", "rope",
+           "swiglu", "flash_decode", "embedding", "kv_append", "argmax", "sample", "sampling_params"]

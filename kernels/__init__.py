@@ -5,9 +5,9 @@ Each module holds one family: a frozen spec, ``build(spec)`` returning a
 canonical specs it registers for the CLI and the golden tests.
 """
 
-from . import (argmax, decode_state, embedding, flash_decode, gemv,  # noqa: F401
+from . import (argmax, decode_state, embedding, flash_decode, gemm, gemv,  # noqa: F401
                kv_append, reduce, rmsnorm, rope, sampling, stream_read, swiglu,
                vector_add)
 
-__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemv", "kv_append",
+__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemm", "gemv", "kv_append",
            "reduce", "rmsnorm", "rope", "sampling", "stream_read", "swiglu", "vector_add"]

@@ -1,0 +1,183 @@
+"""Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (Q4_K) beside
+cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
+
+``python -m benchmarks.bench_gemm [out.json] [--sweep]`` on a GPU with torch.
+For every 8B-shaped matrix (M x K) and T in ``TS``: our time with f16 X and
+with f32 X (CUDA-graph replay of ``CALLS`` launches, median of ``REPEATS``,
+rotating over enough weight copies to defeat the L2), TFLOP/s (``2 T M K``
+per call), cuBLAS's time and TFLOP/s and the ratio ours / cuBLAS (below 1:
+faster).  Sampled rows of each output are checked against the float64
+reference (the gguf-layout dequantisation in numpy).  ``--sweep`` also
+times the config variants of ``SWEEP`` at T = 512 and 2048 (for the tuning
+table, ``kernels/tuning/gemm.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from ptxgen.driver import ops_backend
+from ptxgen.driver.launch import launch
+from ptxgen.kernels import gemm as G
+
+from .bench_gemv import _random_weights, _time_graph, _torch
+
+__all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP"]
+
+SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
+TS = [16, 64, 256, 512, 2048]
+L2_DEFEAT_BYTES = 256 << 20
+#: config variants ``--sweep`` times (GemmConfig fields)
+SWEEP = [
+    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=4, min_ctas=2),
+    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=3, min_ctas=2),
+    dict(bm=128, bn=128, bk=128, warps_m=2, warps_n=2, stages=3, min_ctas=1),
+    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=2, stages=4, min_ctas=2),
+    dict(bm=128, bn=64, bk=64, warps_m=2, warps_n=1, stages=4, min_ctas=2),
+    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=4, stages=4, min_ctas=2),
+    dict(bm=128, bn=128, bk=64, warps_m=4, warps_n=2, stages=4, min_ctas=1),
+    dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, min_ctas=1),
+    dict(bm=128, bn=256, bk=64, warps_m=2, warps_n=4, stages=3, min_ctas=1),
+]
+
+
+class _Gemm:
+    """One built GEMM plan and its launch on torch's current stream."""
+
+    def __init__(self, k, m, t, x_type, **knobs):
+        be = ops_backend.get_backend("cuda")
+        self.plan = G.default_plan("Q4_K", k, x_type=x_type, target=be.target, m=m, t=t,
+                                   **knobs)
+        self.grid, self.block, self.shared = G.launch_geometry(self.plan, m, t)
+        self.fn = be.function(G.build, self.plan, dynamic_shared=self.shared)
+        self.m, self.t = m, t
+
+    def __call__(self, torch, w, x, y):
+        launch(self.fn, self.grid, self.block, w, x, y, self.m, self.t, shared=self.shared,
+               stream=torch.cuda.current_stream())
+
+
+def _check(torch, w, x, y, rows=8):
+    """max |err| / max |ref| over sampled weight rows, all tokens."""
+    m = w.shape[0]
+    idx = np.unique(np.r_[0, m - 1, np.linspace(0, m - 1, rows).astype(int)])
+    wr = w[torch.as_tensor(idx, device="cuda")].cpu().numpy()
+    ref = G.reference("Q4_K", wr, x.float().cpu().numpy())
+    got = y[:, torch.as_tensor(idx, device="cuda")].cpu().numpy().astype(np.float64)
+    if not np.all(np.isfinite(got)) or not np.any(ref):
+        return float("inf")
+    return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
+
+
+def _weights(torch, m, k, gen):
+    rb = k // 256 * 144
+    copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
+    return [_random_weights(torch, "Q4_K", m, k, gen) for _ in range(copies)]
+
+
+def _cublas(torch, m, k, t, gen):
+    copies = max(1, math.ceil(L2_DEFEAT_BYTES / (2 * m * k)))
+    wf = [torch.randn(k, m, device="cuda", generator=gen, dtype=torch.float16)
+          for _ in range(copies)]
+    xf = torch.randn(t, k, device="cuda", generator=gen, dtype=torch.float16)
+    yf = torch.empty(t, m, device="cuda", dtype=torch.float16)
+    tc = _time_graph(torch, lambda i: torch.mm(xf, wf[i % copies], out=yf))
+    del wf
+    torch.cuda.empty_cache()
+    return tc
+
+
+def _time_ours(torch, g, ws, x, t, m):
+    ys = [torch.full((t, m), float("nan"), device="cuda") for _ in range(2)]
+    sec = _time_graph(torch, lambda i: g(torch, ws[i % len(ws)], x, ys[i % 2]))
+    ys[0].fill_(float("nan"))
+    g(torch, ws[0], x, ys[0])
+    torch.cuda.synchronize()
+    return sec, _check(torch, ws[0], x, ys[0])
+
+
+def bench_shape(torch, m, k, t, gen, ws=None):
+    """One row: ours (f16 X, f32 X) and cuBLAS f16 at ``T = t``."""
+    ws = ws or _weights(torch, m, k, gen)
+    flop = 2.0 * t * m * k
+    row = dict(m=m, k=k, t=t)
+    for xt, dt in (("f16", torch.float16), ("f32", torch.float32)):
+        x = torch.randn(t, k, device="cuda", generator=gen).to(dt)
+        g = _Gemm(k, m, t, xt)
+        sec, err = _time_ours(torch, g, ws, x, t, m)
+        row[xt] = dict(us=sec * 1e6, tflops=flop / sec / 1e12, rel_err=err,
+                       plan=g.plan.kernel_name, grid=list(g.grid), shared=g.shared,
+                       regs=getattr(g.fn, "num_regs", None))
+    tc = _cublas(torch, m, k, t, gen)
+    row["cublas_f16"] = dict(us=tc * 1e6, tflops=flop / tc / 1e12)
+    row["ratio_f16"] = row["f16"]["us"] / row["cublas_f16"]["us"]
+    row["ratio_f32"] = row["f32"]["us"] / row["cublas_f16"]["us"]
+    return row
+
+
+def _print_row(r):
+    a, b, c = r["f16"], r["f32"], r["cublas_f16"]
+    print(f"{r['m']:6d}x{r['k']:<6d} T={r['t']:5d}  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
+          f"  f32 X {b['us']:9.1f} us  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF"
+          f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}  err {a['rel_err']:.1e}"
+          f" {b['rel_err']:.1e}  {a['plan']} regs {a['regs']}", flush=True)
+
+
+def run_all(shapes=SHAPES, ts=TS, verbose=True) -> dict:
+    torch = _torch()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(time.time()))
+    out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=[])
+    for m, k in shapes:
+        ws = _weights(torch, m, k, gen)
+        for t in ts:
+            out["rows"].append(bench_shape(torch, m, k, t, gen, ws))
+            if verbose:
+                _print_row(out["rows"][-1])
+        del ws
+        torch.cuda.empty_cache()
+    return out
+
+
+def sweep(variants=SWEEP, shapes=SHAPES, ts=(512, 2048), verbose=True) -> dict:
+    """Time each config of ``variants`` (f16 X) per shape and T."""
+    torch = _torch()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(int(time.time()))
+    out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=[])
+    for m, k in shapes:
+        ws = _weights(torch, m, k, gen)
+        for t in ts:
+            x = torch.randn(t, k, device="cuda", generator=gen).half()
+            for knobs in variants:
+                try:
+                    g = _Gemm(k, m, t, "f16", **knobs)
+                    sec, err = _time_ours(torch, g, ws, x, t, m)
+                    r = dict(m=m, k=k, t=t, knobs=knobs, us=sec * 1e6,
+                             tflops=2.0 * t * m * k / sec / 1e12, rel_err=err,
+                             regs=getattr(g.fn, "num_regs", None))
+                except Exception as e:      # a variant that does not build or launch
+                    r = dict(m=m, k=k, t=t, knobs=knobs, error=f"{type(e).__name__}: {e}"[:200])
+                out["rows"].append(r)
+                if verbose:
+                    print(f"{m}x{k} T={t} " + (r["error"] if "error" in r else
+                          f"{r['us']:9.1f} us {r['tflops']:6.1f} TF err {r['rel_err']:.1e} "
+                          f"regs {r['regs']}") + f"  {knobs}", flush=True)
+        del ws
+        torch.cuda.empty_cache()
+    return out
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    res = run_all()
+    if "--sweep" in sys.argv:
+        res["sweep"] = sweep()
+    if args:
+        with open(args[0], "w") as f:
+            json.dump(res, f, indent=1)

@@ -1,0 +1,108 @@
+"""Quantized GEMM entry point (re-exported by ``ptxgen.driver.ops``).
+
+``gemm(w, x, qtype)`` computes ``Y[T, M] = X[T, K] . W[M, K]^T`` for a
+GGUF-layout weight ``w`` (``uint8 [M, row_bytes]``) and ``x`` f32 or f16
+``[T, K]`` on tensor cores (:mod:`ptxgen.kernels.gemm`).  Arguments may be
+device arrays, torch/cupy CUDA tensors, ``ptxgen.emu.DeviceArray`` or numpy
+(numpy in, numpy out, on the GPU if there is one, else the CPU emulator:
+:mod:`ptxgen.driver.ops_backend`).  Kernels are built once per plan and
+backend and cached.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ptxgen.kernels import gemm as _g
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from .ops_backend import get_backend, op_args
+
+__all__ = ["gemm", "gemm_plan"]
+
+_X_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_device=False,
+              backend="cuda", **knobs):
+    """The plan (spec and tuned config) of a call on ``backend``'s device
+    (``m`` weight rows and ``t`` tokens, when known, pick the config);
+    ``knobs``: GemmConfig fields replacing the tuned ones; ``pdl`` defaults
+    to on for sm_90 and newer."""
+    tgt = get_backend(backend).target
+    pdl = knobs.pop("pdl", None)
+    if pdl is None:
+        pdl = has_griddepcontrol(tgt)
+    return _g.default_plan(qtype, k, x_type=x_type, epilogue=epilogue, t_device=t_device,
+                           target=tgt, pdl=pdl, m=m, t=t, **knobs)
+
+
+def _weights(a, name, qtype):
+    w = a.array(name, np.uint8)
+    if w.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [M, row_bytes] uint8, got shape {tuple(w.shape)}")
+    q = qtype.upper() if isinstance(qtype, str) else qtype
+    if q not in _g.QTYPES:
+        raise ValueError(f"gemm: unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPES)}")
+    bw, bb = _g.QTYPES[q]
+    m, rb = w.shape
+    if rb % bb:
+        raise ValueError(f"{q}: a row of {rb} bytes is not a whole number of {bb}-byte blocks")
+    return q, m, rb // bb * bw
+
+
+def gemm(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **knobs):
+    """``Y = X . W^T`` (``+ residual``) for quantized ``W``.
+
+    Parameters
+    ----------
+    w : uint8 [M, row_bytes]
+        GGUF weight bytes.
+    x : float32 or float16 [T, K]
+        Rounded to f16 on the way into the tensor cores either way.
+    qtype : {"Q4_K"}
+    out : float32 [T, M], optional
+        Written in place; allocated when None.
+    residual : float32 [T, M], optional
+        Fused ``Y = X W^T + residual`` (``out`` may be ``residual``).
+    stream : Stream, optional
+    backend : {"cuda", "emu"}, optional
+        Where a call with numpy arrays only runs.
+    **knobs
+        GemmConfig fields (bm, bn, bk, warps_m, warps_n, stages, ...).
+
+    Returns
+    -------
+    The output array (``out`` when given; numpy when every array argument
+    was numpy).
+
+    Raises
+    ------
+    ValueError
+        K not a multiple of 256, mismatched shapes, an unsupported qtype.
+    TypeError
+        Wrong dtypes.
+    """
+    a = op_args(backend, writes=("out",), stream=stream, w=w, x=x, out=out, residual=residual)
+    q, m, k = _weights(a, "w", qtype)
+    xd = a.array("x")
+    x_type = _X_TYPES.get(np.dtype(xd.dtype))
+    if x_type is None:
+        raise TypeError(f"x must be float32 or float16, got {np.dtype(xd.dtype).name}")
+    if xd.ndim != 2 or xd.shape[1] != k:
+        raise ValueError(f"x must be [T, K={k}] for weights of shape {tuple(w.shape)} ({q}), "
+                         f"got shape {tuple(xd.shape)}")
+    t = int(xd.shape[0])
+    if t < 1:
+        raise ValueError("x has no rows (T = 0)")
+    be = a.backend
+    epi = "none" if residual is None else "residual"
+    plan = gemm_plan(q, k, m, t, x_type=x_type, epilogue=epi, backend=be.name, **knobs)
+    y = a.out("out", (t, m))
+    args = [a["w"], xd]
+    if residual is not None:
+        args.append(a.array("residual", np.float32, t * m))
+    grid, block, shared = _g.launch_geometry(plan, m, t)
+    fn = be.function(_g.build, plan, dynamic_shared=shared)
+    a.launch(fn, grid, block, *args, y, m, t, shared=shared, pdl=plan.pdl)
+    return a.result(y)

@@ -1,0 +1,74 @@
+"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K).
+
+``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``), ``X``
+f32 or f16 ``[T, K]`` row-major, ``Y`` f32 ``[T, M]``; epilogues ``none``
+and ``residual`` (``Y = X W^T + R``).  K is a spec field; M and T are launch
+arguments (T by value, or read from device memory with ``t_device`` so one
+captured launch serves any T up to the one it was sized for).
+
+What is computed is a :class:`GemmSpec`; how it runs a :class:`GemmConfig`
+from the per-device table ``kernels/tuning/gemm.json``
+(:func:`select_config`).  The kernel (:mod:`.q4k`): a ``cp.async`` ring of
+raw Q4_K bytes and f16 X tiles, nibbles decoded straight into
+``mma.sync.m16n8k16`` A fragments (f16, f32 accumulation).  Design, counts
+and accuracy: docs/notes/gemm.md.
+
+Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
+``(w, x[, r], y, M, T | t_ptr)``.
+"""
+
+from __future__ import annotations
+
+import ptxgen
+from ptxgen import registry
+
+from .q4k import build_q4k, launch_geometry
+from .reference import reference
+from .spec import EPILOGUES, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan, GemmSpec
+from .tuning import select_config
+
+__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
+           "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
+           "MAX_SHARED", "CANONICAL"]
+
+
+def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
+         t: int | None = None, device: str | None = None) -> GemmPlan:
+    """``spec`` with ``config`` (default: :func:`select_config` for ``m``
+    rows and ``t`` tokens), checked together."""
+    if isinstance(spec, GemmPlan):
+        return spec
+    return GemmPlan(spec, config or select_config(spec, m, t, device))
+
+
+def default_plan(qtype: str, k: int, *, x_type: str = "f32", epilogue: str = "none",
+                 t_device: bool = False, target: str = "sm_80", pdl: bool = False,
+                 m: int | None = None, t: int | None = None, device: str | None = None,
+                 **config) -> GemmPlan:
+    """The plan of the tuned config for a call; ``config`` fields given here
+    replace the table's."""
+    import attrs
+    spec = GemmSpec(qtype, k, x_type=x_type, epilogue=epilogue, t_device=t_device,
+                    target=target, pdl=pdl)
+    cfg = select_config(spec, m, t, device)
+    return GemmPlan(spec, attrs.evolve(cfg, **config) if config else cfg)
+
+
+def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
+    """The PTX module (one kernel, ``plan.kernel_name``) of ``spec`` (a
+    :class:`GemmSpec` with ``config``, default the table's, or a
+    :class:`GemmPlan`)."""
+    return build_q4k(plan(spec, config))
+
+
+def _canon(k, **fields):
+    return GemmPlan.make("Q4_K", k, **fields)
+
+
+CANONICAL = {
+    "gemm_q4_k": _canon(512, bm=64, bn=32, warps_m=2, warps_n=2, stages=3),
+    "gemm_q4_k_f16_residual": _canon(4096, x_type="f16", epilogue="residual", t_device=True,
+                                     target="sm_90"),
+}
+
+registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0])

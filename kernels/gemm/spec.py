@@ -1,0 +1,257 @@
+"""What a quantized GEMM computes (:class:`GemmSpec`), how it runs
+(:class:`GemmConfig`), and the two checked together (:class:`GemmPlan`).
+
+A spec changes the kernel's meaning or interface; a config changes only its
+speed (tile sizes, warps, pipeline depth).  :func:`~.tuning.select_config`
+picks a config from the per-device table ``kernels/tuning/gemm.json``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from ..spec_fields import pdl_field, target_field
+
+__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
+           "MAX_SHARED"]
+
+#: weight formats the GEMM builds (super-block of 256 weights, 144 bytes)
+QTYPES = {"Q4_K": (256, 144)}
+X_TYPES = ("f32", "f16")
+EPILOGUES = ("none", "residual")
+#: dynamic shared memory one CTA may ask for on sm_80 / sm_90
+MAX_SHARED = 227 * 1024
+
+
+def _in(name, allowed):
+    def check(inst, attr, v):
+        if v not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {v!r}")
+    return check
+
+
+def _pow2(lo, hi):
+    def check(inst, attr, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+                and not v & (v - 1)):
+            raise ValueError(f"{attr.name} must be a power of two in {lo}..{hi}, got {v!r}")
+    return check
+
+
+def _int(lo, hi):
+    def check(inst, attr, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            raise ValueError(f"{attr.name} must be an int in {lo}..{hi}, got {v!r}")
+    return check
+
+
+def _bool(inst, attr, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{attr.name} must be a bool, got {v!r}")
+
+
+@attrs.frozen
+class GemmSpec:
+    """A quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` (``W`` in GGUF rows
+    of blocks, ``uint8 [M, row_bytes]``; ``X`` row-major; ``Y`` f32
+    row-major).
+
+    Parameters
+    ----------
+    qtype : {"Q4_K"}
+        Weight format.
+    k : int
+        Row length, a multiple of 256; a build-time constant.  M and T are
+        launch arguments.
+    x_type : {"f32", "f16"}
+        X's element type.  Either way X enters the tensor cores as f16
+        (f32 is rounded to nearest on the way into shared memory).
+    epilogue : {"none", "residual"}
+        ``Y = X W^T`` or ``Y = X W^T + R`` (``R`` f32 ``[T, M]``; ``Y`` may
+        be ``R``).
+    t_device : bool
+        T is read from device memory (a ``u32`` the kernel's ``t_ptr``
+        points at) rather than passed by value, so a captured launch sized
+        for a maximum T can be replayed for any smaller T.
+    target : str
+        ``sm_80`` ... ``sm_90a``.
+    pdl : bool
+        Built for programmatic dependent launch (:func:`spec_fields.pdl_field`).
+    """
+
+    qtype: str = attrs.field(validator=_in("qtype", tuple(QTYPES)))
+    k: int = attrs.field()
+    x_type: str = attrs.field(default="f32", validator=_in("x_type", X_TYPES))
+    epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
+    t_device: bool = attrs.field(default=False, validator=_bool)
+    target: str = target_field()
+    pdl: bool = pdl_field()
+
+    @k.validator
+    def _check_k(self, attr, v):
+        bw = QTYPES[self.qtype][0]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % bw:
+            raise ValueError(f"{self.qtype} GEMM: K={v!r} is not a positive multiple of the "
+                             f"{self.qtype} super-block ({bw} weights)")
+
+    @property
+    def block_weights(self) -> int:
+        return QTYPES[self.qtype][0]
+
+    @property
+    def block_bytes(self) -> int:
+        return QTYPES[self.qtype][1]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.k // self.block_weights * self.block_bytes
+
+    @property
+    def x_bytes(self) -> int:
+        return 4 if self.x_type == "f32" else 2
+
+
+@attrs.frozen
+class GemmConfig:
+    """How a GEMM runs; :func:`~.tuning.select_config` picks one per device
+    and shape from the tuning table.
+
+    Parameters
+    ----------
+    bm : int
+        Weight rows (columns of Y) per CTA.
+    bn : int
+        Tokens (rows of Y) per CTA.
+    bk : {64, 128, 256}
+        K per pipeline stage (a quarter, half or whole super-block).
+    warps_m, warps_n : int
+        The CTA's warps as a ``warps_m x warps_n`` grid; a warp owns a
+        ``bm / warps_m`` (multiple of 16) by ``bn / warps_n`` (multiple of
+        8) tile of Y.
+    stages : int
+        Shared-memory stages of the ``cp.async`` ring (``stages - 1`` in
+        flight while one is computed).
+    min_ctas : int
+        ``.minnctapersm`` hint (0: none).
+    """
+
+    bm: int = attrs.field(default=128, validator=_pow2(16, 256))
+    bn: int = attrs.field(default=128, validator=_pow2(8, 256))
+    bk: int = attrs.field(default=64, validator=_in("bk", (64, 128, 256)))
+    warps_m: int = attrs.field(default=2, validator=_pow2(1, 16))
+    warps_n: int = attrs.field(default=2, validator=_pow2(1, 16))
+    stages: int = attrs.field(default=3, validator=_int(2, 8))
+    min_ctas: int = attrs.field(default=0, validator=_int(0, 32))
+
+
+SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemmSpec))
+CONFIG_FIELDS = tuple(f.name for f in attrs.fields(GemmConfig))
+
+
+@attrs.frozen(init=False)
+class GemmPlan:
+    """A spec and a config resolved into the one kernel the builder emits,
+    checked together.  ``GemmPlan(spec, config, **changes)``; spec and
+    config fields read alike (``plan.k``, ``plan.bm``)."""
+
+    spec: GemmSpec
+    config: GemmConfig
+
+    def __init__(self, spec: GemmSpec, config: GemmConfig, **changes):
+        if changes:
+            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
+            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
+            bad = set(changes) - set(s) - set(c)
+            if bad:
+                raise ValueError(f"unknown GEMM field(s): {', '.join(sorted(bad))}")
+            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
+        if not isinstance(spec, GemmSpec) or not isinstance(config, GemmConfig):
+            raise TypeError(f"GemmPlan takes a GemmSpec and a GemmConfig, got "
+                            f"{type(spec).__name__} and {type(config).__name__}")
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "config", config)
+        self._check()
+
+    @classmethod
+    def make(cls, qtype: str, k: int, **fields) -> "GemmPlan":
+        """A plan from spec and config fields side by side (the others at
+        their defaults, not the tuned ones)."""
+        s = {f: v for f, v in fields.items() if f in SPEC_FIELDS}
+        c = {f: v for f, v in fields.items() if f in CONFIG_FIELDS}
+        bad = set(fields) - set(s) - set(c)
+        if bad:
+            raise ValueError(f"unknown GEMM field(s): {', '.join(sorted(bad))}")
+        return cls(GemmSpec(qtype, k, **s), GemmConfig(**c))
+
+    def __getattr__(self, name):
+        if name in SPEC_FIELDS or name in ("block_weights", "block_bytes", "row_bytes",
+                                           "x_bytes"):
+            return getattr(self.spec, name)
+        if name in CONFIG_FIELDS:
+            return getattr(self.config, name)
+        raise AttributeError(name)
+
+    def evolve(self, **changes) -> "GemmPlan":
+        return GemmPlan(self.spec, self.config, **changes)
+
+    def _check(self):
+        c = self.config
+        if c.bm % (16 * c.warps_m):
+            raise ValueError(f"bm={c.bm} is not a multiple of 16 x warps_m={c.warps_m} "
+                             f"(a warp's rows come in 16-row mma tiles)")
+        if c.bn % (8 * c.warps_n):
+            raise ValueError(f"bn={c.bn} is not a multiple of 8 x warps_n={c.warps_n} "
+                             f"(a warp's tokens come in 8-column mma tiles)")
+        if self.threads > 1024:
+            raise ValueError(f"warps_m x warps_n = {c.warps_m * c.warps_n} warps is more "
+                             f"than 1024 threads")
+        if self.spec.k % c.bk:
+            raise ValueError(f"K={self.spec.k} is not a multiple of bk={c.bk}")
+        if self.dynamic_shared > MAX_SHARED:
+            raise ValueError(f"stages={c.stages} of bm={c.bm}, bn={c.bn}, bk={c.bk} need "
+                             f"{self.dynamic_shared} bytes of shared memory (at most "
+                             f"{MAX_SHARED})")
+
+    # ----------------------------------------------------------- geometry
+    @property
+    def threads(self) -> int:
+        return 32 * self.config.warps_m * self.config.warps_n
+
+    @property
+    def w_pitch(self) -> int:
+        """Shared bytes of one weight row of a stage: the super-block's
+        16-byte header, then ``bk / 2`` bytes of nibbles."""
+        return 16 + self.config.bk // 2
+
+    @property
+    def x_pitch(self) -> int:
+        """Shared bytes of one token row of a stage: ``bk`` halves and 16
+        bytes of padding (an odd multiple of 16: no bank conflicts)."""
+        return 2 * self.config.bk + 16
+
+    @property
+    def w_stage_bytes(self) -> int:
+        return self.config.bm * self.w_pitch
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.w_stage_bytes + self.config.bn * self.x_pitch
+
+    @property
+    def scale_bytes(self) -> int:
+        """The decoded scales of one stage: per sub-block and row, the
+        f16x2 pairs ``(s, s)`` and ``(-m, -m)``."""
+        return (self.config.bk // 32) * self.config.bm * 8
+
+    @property
+    def dynamic_shared(self) -> int:
+        return self.config.stages * self.stage_bytes + self.scale_bytes
+
+    @property
+    def kernel_name(self) -> str:
+        c = self.config
+        epi = "" if self.epilogue == "none" else "_" + self.epilogue
+        td = "_tdev" if self.t_device else ""
+        mc = f"_c{c.min_ctas}" if c.min_ctas else ""
+        return (f"gemm_{self.qtype.lower()}_k{self.k}_x{self.x_type}{epi}{td}_{c.bm}x{c.bn}"
+                f"x{c.bk}_w{c.warps_m}x{c.warps_n}_s{c.stages}{mc}")
