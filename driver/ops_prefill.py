@@ -25,14 +25,16 @@ def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, **conf
 
 
 def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=None,
-                  max_tokens=None, pdl=None, stream=None, backend=None, **config):
+                  n_q_heads=None, max_tokens=None, pdl=None, stream=None, backend=None,
+                  **config):
     """Causal attention of a chunk of ``T`` query rows at positions ``start
     .. start + T - 1`` against the first ``start + T`` cache rows.
 
     Parameters
     ----------
-    q : float32 [T_max, n_q_heads, head_dim]
-        The chunk's queries (RoPE applied).
+    q : float32 [T_max, n_q_heads, head_dim], or [T_max, row] with ``n_q_heads``
+        The chunk's queries (RoPE applied); a 2-D q holds each row's
+        queries at the start of a longer row (a QKV GEMM's output).
     k_cache, v_cache : float16 [n_kv_heads, capacity, head_dim]
         Rows ``start .. start + T - 1`` (the chunk's own keys and values)
         must already be written.
@@ -71,10 +73,16 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     if np.dtype(kc.dtype) != np.float16 or np.dtype(vc.dtype) != np.float16:
         raise TypeError(f"the KV cache must be float16, got {np.dtype(kc.dtype).name}")
     n_kv, cap, d = kc.shape
-    if qa.ndim != 3 or qa.shape[2] != d or qa.shape[1] % n_kv:
-        raise ValueError(f"q must be [T, n_q_heads, {d}] with n_q_heads a multiple of "
-                         f"{n_kv}, got shape {tuple(qa.shape)}")
-    t_max, n_q = int(qa.shape[0]), int(qa.shape[1])
+    if qa.ndim == 2 and n_q_heads is not None and qa.shape[1] >= n_q_heads * d:
+        t_max, n_q, q_stride = int(qa.shape[0]), int(n_q_heads), int(qa.shape[1])
+    elif qa.ndim == 3 and qa.shape[2] == d:
+        t_max, n_q = int(qa.shape[0]), int(qa.shape[1])
+        q_stride = n_q * d
+    else:
+        raise ValueError(f"q must be [T, n_q_heads, {d}] (or [T, row] with n_q_heads), "
+                         f"got shape {tuple(qa.shape)}")
+    if n_q % n_kv:
+        raise ValueError(f"{n_q} query heads are not a multiple of {n_kv} KV heads")
     if d not in (64, 128):
         raise ValueError(f"flash_prefill takes head_dim 64 or 128, got {d}")
     be = a.backend
@@ -84,5 +92,5 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     grid, block = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
     a.launch(be.function(_fp.build, plan), grid, block, qa, kc, vc, a.scalar_i32("start"),
-             a.scalar_i32("n_tokens"), o, cap, scale, pdl=plan.pdl)
+             a.scalar_i32("n_tokens"), o, cap, scale, q_stride, pdl=plan.pdl)
     return a.result(o)

@@ -25,7 +25,9 @@ def build_prefill(m, plan):
     """Emit the kernel ``plan.kernel_name`` into module ``m``.
 
     Parameters: ``q: f32*, k_cache: f16*, v_cache: f16*, start_ptr: s32*,
-    n_tokens_ptr: s32*, out: f32*, capacity: u32, sm_scale: f32``.
+    n_tokens_ptr: s32*, out: f32*, capacity: u32, sm_scale: f32, q_stride:
+    u32`` (elements between consecutive query rows; ``n_q_heads *
+    head_dim`` for a contiguous q, more where q sits in a wider QKV row).
     Grid ``(ceil(T_max / block_rows), n_q_heads)``, ``32 * warps`` threads.
 
     Block ``(x, qh)`` takes chunk rows ``[x R, (x + 1) R)`` of query head
@@ -57,6 +59,7 @@ def build_prefill(m, plan):
         out = k.param_ptr("out", f32, align=16)
         cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
+        q_stride = k.param("q_stride", u32)
         ks = k.shared_array("ks", f16, BN * P, align=16)
         vs = k.shared_array("vs", f16, BN * P, align=16)
         pdl_prologue(k, plan)
@@ -85,7 +88,7 @@ def build_prefill(m, plan):
         # q's A fragments (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
         # of each k-tile), prescaled, in f16
         c = k.mul(sm_scale, LOG2E, rnd="rn")
-        qbase = [((k.min(r, Tn - 1)) * nq + qh) * d + 2 * t for r in rows]
+        qbase = [k.min(r, Tn - 1) * q_stride + qh * d + 2 * t for r in rows]
         qa = []
         for kt in range(KT):
             regs = []
