@@ -5,9 +5,10 @@ Each module holds one family: a frozen spec, ``build(spec)`` returning a
 canonical specs it registers for the CLI and the golden tests.
 """
 
-from . import (argmax, decode_state, embedding, flash_decode, gemm, gemv,  # noqa: F401
-               kv_append, reduce, rmsnorm, rope, sampling, stream_read, swiglu,
+from . import (argmax, decode_state, embedding, flash_decode, flash_prefill,  # noqa: F401
+               gemm, gemv, kv_append, reduce, rmsnorm, rope, sampling, stream_read, swiglu,
                vector_add)
 
-__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "gemm", "gemv", "kv_append",
-           "reduce", "rmsnorm", "rope", "sampling", "stream_read", "swiglu", "vector_add"]
+__all__ = ["argmax", "decode_state", "embedding", "flash_decode", "flash_prefill", "gemm", "gemv",
+           "kv_append", "reduce", "rmsnorm", "rope", "sampling", "stream_read", "swiglu",
+           "vector_add"]

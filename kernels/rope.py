@@ -101,6 +101,7 @@ class RopeSpec:
     original_context: int = attrs.field(default=8192, validator=_positive)
     append: str = attrs.field(default="none",
                               validator=attrs.validators.in_(("none", "f16", "f32")))
+    rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     block: int = block_field(128)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -118,7 +119,7 @@ class RopeSpec:
     @property
     def kernel_name(self) -> str:
         app = "" if self.append == "none" else f"_app{self.append[1:]}"
-        return f"rope_{self.layout}_d{self.head_dim}{app}"
+        return f"rope_{self.layout}_d{self.head_dim}{app}" + ("_rows" if self.rows else "")
 
 
 def inv_freq(spec: RopeSpec) -> np.ndarray:
@@ -189,8 +190,17 @@ def build(spec: RopeSpec) -> ptxgen.Module:
             kc = k.param_ptr("k_cache", cty, align=8)
             vc = k.param_ptr("v_cache", cty, align=8)
             cap = k.param("capacity", u32)
+        if spec.rows:
+            rstride = k.param("row_stride", u32)
+            nrows_ptr = k.param_ptr("n_rows_ptr", s32)
+            yrow = k.ctaid.y
+            live = yrow < k.max(k.ld(nrows_ptr[0]), 0).bitcast(u32)
+            roff = yrow * rstride
         t = k.global_id()
-        with k.if_(t < (n_q + n_kv) * half):
+        inside = t < (n_q + n_kv) * half
+        if spec.rows:
+            inside = k.setp("lt", t, (n_q + n_kv) * half, combine=("and", live))
+        with k.if_(inside):
             head = t // half
             i = t - head * half
             is_q = head < n_q
@@ -198,9 +208,11 @@ def build(spec: RopeSpec) -> ptxgen.Module:
             sel = k.ptr_reg(f32)
             k.select(is_q, q, kk, out=sel)
             rd = row * d
-            xp = k.ptr_add(sel, rd)
+            xp = k.ptr_add(sel, rd + roff if spec.rows else rd)
             hi, lo = k.ld(freqs[i << 1], vec=2, nc=True)
             pos = k.ld(pos_ptr[0])
+            if spec.rows:
+                pos = pos + yrow.bitcast(s32)
             pos_f = pos.to(f32)
             s, c = angle_sincos(k, pos_f, hi, lo)
             if spec.layout == "neox":
@@ -217,7 +229,7 @@ def build(spec: RopeSpec) -> ptxgen.Module:
                 pos_u = pos.bitcast(u32)
                 ok = k.setp("ge", pos, 0, combine=("and", ~is_q))
                 ok = k.setp("lt", pos_u, cap, combine=("and", ok))
-                v_addr = vin[rd + j]
+                v_addr = vin[(rd + roff if spec.rows else rd) + j]
                 if spec.layout == "neox":
                     va = k.ld(v_addr, nc=True, guard=ok)
                     vb = k.ld(v_addr + half * f32.bytes, nc=True, guard=ok)

@@ -61,6 +61,10 @@ class GenerateResult:
     step_seconds: list
     launches_per_token: int
     mode: str
+    #: seconds spent on the prompt (chunked prefill, or the decode steps
+    #: over the prompt) and prompt tokens per second
+    prompt_seconds: float = float("nan")
+    prompt_tokens_per_second: float = float("nan")
 
     @property
     def tokens_per_second(self) -> float:
@@ -339,11 +343,14 @@ class LlamaModel:
             self.executor.run_eager(self._stream)
 
     def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
-                 return_logits: bool = False):
+                 return_logits: bool = False, prefill_chunk: int = 0):
         """Greedy decoding: feed ``token_ids``, then ``max_new_tokens`` more.
 
-        Returns a :class:`GenerateResult`; ``return_logits`` also returns the
-        logits of every step (a host copy per step, slower)."""
+        ``prefill_chunk > 0`` runs the prompt but its last token through
+        :class:`~.prefill.Prefill` in chunks of that many tokens (0: every
+        prompt token through the decode step).  Returns a
+        :class:`GenerateResult`; ``return_logits`` also returns the logits of
+        every decode step (a host copy per step, slower)."""
         n_prompt = len(token_ids)
         total = n_prompt + max_new_tokens
         if total > self.capacity:
@@ -352,7 +359,15 @@ class LlamaModel:
                 f"the KV cache holds {self.capacity}")
         self.reset(token_ids)
         times, logits = [], []
-        for _ in range(total - 1):
+        t_prompt, done = time.perf_counter(), 0
+        if prefill_chunk and n_prompt > 1:
+            from .prefill import Prefill
+            pre = getattr(self, "_prefill", None)
+            if pre is None or pre.chunk != prefill_chunk:
+                pre = self._prefill = Prefill(self, prefill_chunk)
+            done = pre.run(token_ids)
+        t_prefill = time.perf_counter() - t_prompt
+        for _ in range(total - 1 - done):
             t0 = time.perf_counter()
             self.step(mode)
             if return_logits:
@@ -364,10 +379,15 @@ class LlamaModel:
         if state[decode_state.OVERFLOW]:
             raise ContextOverflowError("the decode step reported a KV-cache overflow")
         hist = self.executor.read(self.history)[:total]
+        n_steps = n_prompt - 1 - done         # prompt tokens left to the decode step
+        prompt_s = t_prefill + sum(times[:n_steps])
         res = GenerateResult(tokens=[int(t) for t in hist[n_prompt:]],
                              step_seconds=times[1:] if len(times) > 1 else times,
                              launches_per_token=self.graph.launch_count,
-                             mode=mode if self.backend.can_capture else "eager")
+                             mode=mode if self.backend.can_capture else "eager",
+                             prompt_seconds=prompt_s,
+                             prompt_tokens_per_second=(n_prompt - 1) / prompt_s
+                             if prompt_s > 0 else float("nan"))
         return (res, logits) if return_logits else res
 
     def summary(self) -> str:

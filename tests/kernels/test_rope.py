@@ -292,3 +292,47 @@ def test_rope_append_parameters():
     none = R.build(R.RopeSpec()).to_ptx()
     assert [line.strip().rstrip(",").split()[-1] for line in none.splitlines()
             if line.strip().startswith(".param")] == order[:6]
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "neox"])
+def test_rope_rows_append(run, layout, rng):
+    """The rows form: row y of a [T_max, q | k | v] buffer at position start + y,
+    rows at or past T untouched, each row's K/V in the cache at its position."""
+    spec = R.RopeSpec(head_dim=64, layout=layout, append="f16", rows=True, block=64)
+    n_q, n_kv, d, cap, t_max, T, start = 4, 2, 64, 16, 5, 3, 6
+    stride = (n_q + 2 * n_kv) * d
+    qkv = rng.standard_normal((t_max, stride)).astype(np.float32)
+    kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+    vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
+    f = run.function(R.build, spec)
+    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    dqkv, dkc, dvc = run.array(qkv), run.array(kc), run.array(vc)
+    # q, k, v at element offsets 0, n_q d, (n_q + n_kv) d of each row
+    run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),
+               run.array(R.freq_table(spec)),
+               run.array(np.array([start], np.int32)), n_q, n_kv,
+               _offset(dqkv, (n_q + n_kv) * d), dkc, dvc, cap, stride,
+               run.array(np.array([T], np.int32)))
+    out, gkc, gvc = run.get(dqkv), run.get(dkc), run.get(dvc)
+    for y in range(t_max):
+        q = qkv[y, :n_q * d].reshape(n_q, d)
+        k = qkv[y, n_q * d:(n_q + n_kv) * d].reshape(n_kv, d)
+        v = qkv[y, (n_q + n_kv) * d:].reshape(n_kv, d)
+        if y >= T:
+            np.testing.assert_array_equal(out[y], qkv[y])
+            continue
+        pos = start + y
+        assert rel_err(out[y, :n_q * d].reshape(n_q, d), want(q, pos, spec)) <= 1e-5
+        kr = want(k, pos, spec)
+        assert rel_err(out[y, n_q * d:(n_q + n_kv) * d].reshape(n_kv, d), kr) <= 1e-5
+        np.testing.assert_array_equal(out[y, (n_q + n_kv) * d:], qkv[y, (n_q + n_kv) * d:])
+        assert rel_err(gkc[:, pos].astype(np.float64), kr) <= 2e-3
+        np.testing.assert_array_equal(gvc[:, pos], v.astype(np.float16))
+    untouched = [p for p in range(cap) if not start <= p < start + T]
+    np.testing.assert_array_equal(gkc[:, untouched], kc[:, untouched])
+    np.testing.assert_array_equal(gvc[:, untouched], vc[:, untouched])
+
+
+def _offset(arr, elems):
+    """A view of ``arr`` starting ``elems`` f32 elements in."""
+    return arr.view(offset=4 * elems)

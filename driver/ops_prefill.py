@@ -1,0 +1,96 @@
+"""Prefill entry points (re-exported by ``ptxgen.driver.ops``): attention of
+a chunk of prompt tokens on tensor cores (:func:`flash_prefill`)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ptxgen.kernels import flash_prefill as _fp
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from .ops_backend import op_args
+
+__all__ = ["flash_prefill", "flash_prefill_plan"]
+
+
+def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, **config):
+    """The plan (spec and tuned config, ``config`` fields replacing its own)
+    for ``target``; ``pdl`` defaults to on for sm_90 and newer."""
+    spec = _fp.FlashPrefillSpec(head_dim=head_dim, group=group, target=target,
+                                pdl=has_griddepcontrol(target) if pdl is None else bool(pdl))
+    return _fp.plan(spec, device=device).evolve(**config) if config else \
+        _fp.plan(spec, device=device)
+
+
+def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=None,
+                  n_q_heads=None, max_tokens=None, pdl=None, stream=None, backend=None,
+                  **config):
+    """Causal attention of a chunk of ``T`` query rows at positions ``start
+    .. start + T - 1`` against the first ``start + T`` cache rows.
+
+    Parameters
+    ----------
+    q : float32 [T_max, n_q_heads, head_dim], or [T_max, row] with ``n_q_heads``
+        The chunk's queries (RoPE applied); a 2-D q holds each row's
+        queries at the start of a longer row (a QKV GEMM's output).
+    k_cache, v_cache : float16 [n_kv_heads, capacity, head_dim]
+        Rows ``start .. start + T - 1`` (the chunk's own keys and values)
+        must already be written.
+    start, n_tokens : device int32 scalar, or int
+        ``L`` and ``T``, read by the kernel (device arrays: graph-replay
+        safe; a Python int is copied into a fresh device scalar).
+    out : float32 [T_max, n_q_heads, head_dim], optional
+        Rows ``[0, T)`` written; allocated when None.
+    sm_scale : float, optional
+        Default ``1 / sqrt(head_dim)``.
+    max_tokens : int, optional
+        The most rows a launch covers (the grid); default ``T_max``.
+    **config
+        FlashPrefillConfig fields (``warps``, ``block_keys``).
+
+    Returns
+    -------
+    ``out``.
+
+    Raises
+    ------
+    ValueError
+        Mismatched shapes, a head_dim other than 64/128.
+    TypeError
+        A cache not float16, q not float32.
+    """
+    a = op_args(backend, writes=("out",), stream=stream, q=q, k_cache=k_cache,
+                v_cache=v_cache, start=start, n_tokens=n_tokens, out=out)
+    qa = a.array("q")
+    if np.dtype(qa.dtype) != np.float32:
+        raise TypeError(f"q must be float32, got {np.dtype(qa.dtype).name}")
+    kc, vc = a.array("k_cache"), a.array("v_cache")
+    if kc.ndim != 3 or kc.shape != vc.shape:
+        raise ValueError(f"k_cache {tuple(kc.shape)} and v_cache {tuple(vc.shape)} must both "
+                         "be [n_kv_heads, capacity, head_dim]")
+    if np.dtype(kc.dtype) != np.float16 or np.dtype(vc.dtype) != np.float16:
+        raise TypeError(f"the KV cache must be float16, got {np.dtype(kc.dtype).name}")
+    n_kv, cap, d = kc.shape
+    if qa.ndim == 2 and n_q_heads is not None and qa.shape[1] >= n_q_heads * d:
+        t_max, n_q, q_stride = int(qa.shape[0]), int(n_q_heads), int(qa.shape[1])
+    elif qa.ndim == 3 and qa.shape[2] == d:
+        t_max, n_q = int(qa.shape[0]), int(qa.shape[1])
+        q_stride = n_q * d
+    else:
+        raise ValueError(f"q must be [T, n_q_heads, {d}] (or [T, row] with n_q_heads), "
+                         f"got shape {tuple(qa.shape)}")
+    if n_q % n_kv:
+        raise ValueError(f"{n_q} query heads are not a multiple of {n_kv} KV heads")
+    if d not in (64, 128):
+        raise ValueError(f"flash_prefill takes head_dim 64 or 128, got {d}")
+    be = a.backend
+    plan = flash_prefill_plan(d, n_q // n_kv, target=be.target, device=be.device_name,
+                              pdl=pdl, **config)
+    o = a.out("out", (t_max, n_q, d))
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    grid, block = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    a.launch(be.function(_fp.build, plan), grid, block, qa, kc, vc, a.scalar_i32("start"),
+             a.scalar_i32("n_tokens"), o, cap, scale, q_stride, pdl=plan.pdl)
+    return a.result(o)

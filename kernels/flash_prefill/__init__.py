@@ -1,0 +1,70 @@
+"""Flash prefill: causal attention of a chunk of new query rows on tensor cores.
+
+``out[i, qh] = softmax_j(q[i, qh] . K[h, j] * sm_scale) @ V[h, j]`` over the
+keys ``j <= L + i`` for chunk row ``i`` in ``[0, T)`` at position ``L + i``,
+every query head ``qh`` and its KV head ``h = qh // group`` (GQA).
+
+Layout
+    ``q``, ``out``: f32 ``[T_max, n_q_heads, head_dim]``.  ``k_cache``,
+    ``v_cache``: f16 ``[n_kv_heads, capacity, head_dim]``.  ``start_ptr``
+    (``L``) and ``n_tokens_ptr`` (``T``): device int32, read by the kernel,
+    so a CUDA graph captured for the largest chunk replays for any shorter
+    one at any start; clamped to ``[0, capacity]``, ``[0, capacity - L]``
+    and the grid's rows.  The chunk's own K and V rows (positions ``L ..
+    L + T - 1``) must already be in the cache: the RoPE/KV-append launch
+    before writes them.
+
+Accuracy: q and the probabilities are rounded to f16 (K and V are f16 as
+stored) with f32 accumulation, so the output is within about 2e-3 of
+float64 attention relative to the largest output value (tests: 5e-3).
+
+What is computed is a :class:`FlashPrefillSpec`; how it runs a
+:class:`FlashPrefillConfig` (``kernels/tuning/flash_prefill.json``); the
+kernel: :func:`.kernel.build_prefill`.
+"""
+
+from __future__ import annotations
+
+import ptxgen
+from ptxgen import registry
+
+from .kernel import build_prefill
+from .reference import reference
+from .spec import NEG, FlashPrefillConfig, FlashPrefillPlan, FlashPrefillSpec
+from .tuning import select_config
+
+__all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "build", "plan",
+           "select_config", "launch_geometry", "reference", "NEG", "CANONICAL"]
+
+
+def plan(spec: FlashPrefillSpec, config: FlashPrefillConfig | None = None, *,
+         device: str | None = None) -> FlashPrefillPlan:
+    """``spec`` with ``config`` (default: the tuned one)."""
+    if isinstance(spec, FlashPrefillPlan):
+        return spec
+    return FlashPrefillPlan(spec, config or select_config(spec, device))
+
+
+def build(spec, config: FlashPrefillConfig | None = None) -> ptxgen.Module:
+    """PTX with the kernel ``plan.kernel_name`` (parameters: see
+    :func:`.kernel.build_prefill`)."""
+    p = plan(spec, config)
+    m = ptxgen.Module(p.target)
+    build_prefill(m, p)
+    return m
+
+
+def launch_geometry(plan: FlashPrefillPlan, n_q_heads: int, max_tokens: int):
+    """``(grid, block)`` for chunks of up to ``max_tokens`` rows."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+    return ((-(-max_tokens // plan.block_rows), n_q_heads, 1), (32 * plan.warps, 1, 1))
+
+
+CANONICAL = {
+    "flash_prefill": FlashPrefillPlan.make(target="sm_90", pdl=True),
+    "flash_prefill_d64": FlashPrefillPlan.make(head_dim=64, group=1, warps=2, block_keys=32),
+}
+
+registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,
+                  doc=__doc__.splitlines()[0])

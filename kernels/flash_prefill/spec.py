@@ -1,0 +1,126 @@
+"""What a flash-prefill kernel computes (:class:`FlashPrefillSpec`), how it
+runs (:class:`FlashPrefillConfig`, chosen by :func:`~.tuning.select_config`
+from ``kernels/tuning/flash_prefill.json``), and the two resolved
+(:class:`FlashPrefillPlan`), which the kernel body reads."""
+
+from __future__ import annotations
+
+import attrs
+
+from ..spec_fields import pdl_field, target_field
+
+__all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "NEG"]
+
+NEG = -1.0e30           # finite "minus infinity" for running maxima
+
+
+def _one_of(name, allowed):
+    def check(inst, attr, v):
+        if isinstance(v, bool) or v not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {v!r}")
+    return check
+
+
+def _int_in(lo, hi):
+    def check(inst, attr, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi):
+            raise ValueError(f"{attr.name} must be an int in {lo}..{hi}, got {v!r}")
+    return check
+
+
+@attrs.frozen
+class FlashPrefillSpec:
+    """Causal attention of a chunk of new query rows against an f16 KV cache.
+
+    Parameters
+    ----------
+    head_dim : {64, 128}
+    group : int
+        Query heads per KV head (GQA), 1..16.
+    target : str
+    pdl : bool
+    """
+
+    head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128)))
+    group: int = attrs.field(default=4, validator=_int_in(1, 16))
+    target: str = target_field()
+    pdl: bool = pdl_field()
+
+
+@attrs.frozen
+class FlashPrefillConfig:
+    """How the kernel runs.
+
+    Parameters
+    ----------
+    warps : {1, 2, 4, 8}
+        Warps per block; each takes 16 query rows of one head, so a block
+        covers ``16 * warps`` rows (``block_rows``).
+    block_keys : {16, 32, 64}
+        Keys per shared-memory tile (K and V, rows padded by 8 halves).
+    """
+
+    warps: int = attrs.field(default=4, validator=_one_of("warps", (1, 2, 4, 8)))
+    block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
+
+
+SPEC_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillSpec))
+CONFIG_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillConfig))
+
+
+@attrs.frozen(init=False)
+class FlashPrefillPlan:
+    """A spec and a config together; the builder reads both kinds of field
+    from it (``plan.head_dim``, ``plan.warps``)."""
+
+    spec: FlashPrefillSpec
+    config: FlashPrefillConfig
+
+    def __init__(self, spec: FlashPrefillSpec, config: FlashPrefillConfig | None = None,
+                 **changes):
+        config = FlashPrefillConfig() if config is None else config
+        if changes:
+            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
+            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
+            bad = set(changes) - set(s) - set(c)
+            if bad:
+                raise ValueError(f"unknown flash-prefill field(s): {', '.join(sorted(bad))}; "
+                                 f"valid: {', '.join(SPEC_FIELDS + CONFIG_FIELDS)}")
+            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
+        if not isinstance(spec, FlashPrefillSpec) or not isinstance(config, FlashPrefillConfig):
+            raise TypeError("FlashPrefillPlan takes a FlashPrefillSpec and a FlashPrefillConfig")
+        object.__setattr__(self, "spec", spec)
+        object.__setattr__(self, "config", config)
+
+    @classmethod
+    def make(cls, **fields) -> "FlashPrefillPlan":
+        """A plan from spec and config fields side by side (others at their
+        defaults, not the tuned ones)."""
+        return cls(FlashPrefillSpec(), FlashPrefillConfig(), **fields)
+
+    def __getattr__(self, name):
+        if name in SPEC_FIELDS:
+            return getattr(self.spec, name)
+        if name in CONFIG_FIELDS:
+            return getattr(self.config, name)
+        raise AttributeError(name)
+
+    def evolve(self, **changes) -> "FlashPrefillPlan":
+        return FlashPrefillPlan(self.spec, self.config, **changes)
+
+    @property
+    def block_rows(self) -> int:
+        """Query rows of one block."""
+        return 16 * self.config.warps
+
+    @property
+    def pitch(self) -> int:
+        """Halves per shared K/V row (``head_dim + 8``: the 8 rows one
+        ``ldmatrix`` reads fall in different banks)."""
+        return self.spec.head_dim + 8
+
+    @property
+    def kernel_name(self) -> str:
+        c = self.config
+        return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_bn{c.block_keys}"
+                + ("_pdl" if self.pdl else ""))
