@@ -1,0 +1,1 @@
+"""Model-side pieces that sit around the kernels: the tokenizer and chat templates."""
