@@ -100,7 +100,7 @@ int main(int argc, char ** argv) {
         int add_special = atoi(argv[4]), parse_special = atoi(argv[5]);
         const char * sep = "\n__ggml_vocab_test__\n";
         size_t seplen = strlen(sep), pos = 0;
-        while (pos < len) {
+        for (;;) {  /* an empty text after the last separator is a case too */
             char * next = memmem(raw + pos, len - pos, sep, seplen);
             size_t end = next ? (size_t) (next - raw) : len;
             one_case(vocab, raw + pos, (int) (end - pos), add_special, parse_special);

@@ -146,14 +146,20 @@ def read_gguf_metadata(path) -> dict:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except ValueError:
             raise GGUFMetadataError(f"{path}: empty file, not a GGUF file") from None
+    view = memoryview(mm)
+    error = None
     try:
-        view = memoryview(mm)
-        try:
-            return _parse(view, path)
-        finally:
-            view.release()
-    finally:
-        mm.close()
+        meta = _parse(view, path)
+    except GGUFMetadataError as e:
+        # keep only the message: the traceback's frames hold views of the map
+        error = str(e)
+    if error is not None:
+        meta = None
+    view.release()
+    mm.close()
+    if error is not None:
+        raise GGUFMetadataError(error)
+    return meta
 
 
 def _parse(view: memoryview, path: str) -> dict:

@@ -61,11 +61,24 @@ _GPT4O = (f"[^\\r\\n\\p{{L}}\\p{{N}}]?{_UP}*{_LO}+{_CONTRACTIONS}?"
           f"|\\p{{N}}{{1,3}}| ?[^{_WS}\\p{{L}}\\p{{N}}]+[\\r\\n/]*|{_S}*[\\r\\n]+|{_S}+(?!{_NS})|{_S}+")
 
 
+# White_Space code points above ASCII
+_WIDE_SPACES = (0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
+
+
 def _ranges(pairs) -> str:
-    """A character-class body from (first, last) code point pairs."""
+    """A character-class body from (first, last) code point pairs.
+
+    llama.cpp matches expressions without ``\\p{..}`` classes on a copy of
+    the text in which every non-ASCII space is U+000B, so a range that spans
+    such a space does not match it there; it is left out here too.
+    """
     out = []
     for a, b in pairs:
-        out.append(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}")
+        cut = [a - 1, *(c for c in _WIDE_SPACES if a <= c <= b), b + 1]
+        for lo, hi in zip(cut, cut[1:]):
+            lo, hi = lo + 1, hi - 1
+            if lo <= hi:
+                out.append(f"\\U{lo:08x}" if lo == hi else f"\\U{lo:08x}-\\U{hi:08x}")
     return "".join(out)
 
 
@@ -155,9 +168,11 @@ _compiled: dict = {}
 
 
 def _compile(pattern: str):
+    # one capturing group around the whole expression (the expressions have
+    # no groups of their own): split() then returns gaps and matches in turn
     c = _compiled.get(pattern)
     if c is None:
-        c = _compiled[pattern] = regex.compile(pattern, regex.V0)
+        c = _compiled[pattern] = regex.compile(f"({pattern})", regex.V0)
     return c
 
 
@@ -177,23 +192,14 @@ def split_words(text: str, patterns) -> list[str]:
     """
     pieces = [text] if text else []
     for pattern in patterns:
-        rx = _compile(pattern)
-        out = []
+        split = _compile(pattern).split
+        if len(pieces) == 1:
+            pieces = list(filter(None, split(pieces[0])))
+            continue
+        out: list = []
+        extend = out.extend
         for piece in pieces:
-            found = rx.findall(piece)
-            if sum(map(len, found)) == len(piece):
-                # the matches tile the piece: no text between them
-                out.extend(found)
-                continue
-            last = 0
-            for m in rx.finditer(piece):
-                start, end = m.span()
-                if start > last:
-                    out.append(piece[last:start])
-                out.append(piece[start:end])
-                last = end
-            if last < len(piece):
-                out.append(piece[last:])
+            extend(filter(None, split(piece)))
         pieces = out
     return pieces
 

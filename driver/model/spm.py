@@ -18,13 +18,16 @@ There is no word splitting, so a merge may cross a ``▁``.  For speed the text
 is still cut into chunks at each ``▁`` that follows another character, and
 chunks are cached: a cut is made only where no token of the vocabulary that
 spans such a position occurs in the text around it, so no merge can cross it
-and the chunks' results are exactly the whole text's.
+and the chunks' results are exactly the whole text's.  A chunk is cut further
+between two characters that no token of the vocabulary holds side by side
+(no merge can join them either), and those pieces are cached too.
 """
 
 from __future__ import annotations
 
 import heapq
 
+import numpy as np
 import regex
 
 from .vocab import ATTR, TokenizerError, Vocab
@@ -33,6 +36,9 @@ __all__ = ["SpmEncoder"]
 
 _SPACE = "\u2581"
 _CACHE_LIMIT = 1 << 18
+# chunks up to this many characters are merged by scanning, longer ones with a heap
+_SHORT = 24
+_NO_PAIR = float("-inf")
 
 
 class SpmEncoder:
@@ -48,6 +54,8 @@ class SpmEncoder:
             raise TokenizerError("SentencePiece-style vocabulary without 'tokenizer.ggml.scores'")
         self._ids = vocab.token_to_id
         scores = vocab.scores.tolist()
+        # the scanning merge marks "no token" with -inf, below every real score
+        self._finite = bool(np.isfinite(vocab.scores).all()) if len(scores) else True
         self._score = {t: scores[i] for t, i in vocab.token_to_id.items()}
         self._vocab = vocab
         self._cache: dict = {}
@@ -56,6 +64,7 @@ class SpmEncoder:
                     if any(t[k] == _SPACE and t[k - 1] != _SPACE for k in range(1, len(t)))]
         self._crossing = crossing
         self._cut = regex.compile(f"(?<=[^{_SPACE}])(?={_SPACE})")
+        self._bigrams = {t[i:i + 2] for t in vocab.token_to_id for i in range(len(t) - 1)}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one fragment whose spaces are already ``▁``."""
@@ -64,12 +73,30 @@ class SpmEncoder:
         for chunk in self._chunks(text):
             ids = cache.get(chunk)
             if ids is None:
-                ids = self._merge(chunk)
+                ids = []
+                for piece in self._pieces(chunk):
+                    sub = cache.get(piece)
+                    if sub is None:
+                        sub = cache[piece] = self._merge(piece)
+                    ids.extend(sub)
                 if len(cache) >= _CACHE_LIMIT:
                     cache.clear()
                 cache[chunk] = ids
             out.extend(ids)
         return out
+
+    def _pieces(self, chunk: str) -> list[str]:
+        # Cut between two characters that no token holds side by side: a
+        # merge across the cut would make a token holding them, so none
+        # happens and the pieces merge alone exactly as within the chunk.
+        bigrams = self._bigrams
+        pieces, last = [], 0
+        for i in range(1, len(chunk)):
+            if chunk[i - 1:i + 1] not in bigrams:
+                pieces.append(chunk[last:i])
+                last = i
+        pieces.append(chunk[last:])
+        return pieces
 
     def _chunks(self, text: str) -> list[str]:
         pieces = self._cut.split(text)
@@ -99,10 +126,46 @@ class SpmEncoder:
         return blocked
 
     def _merge(self, text: str) -> list[int]:
+        if len(text) <= _SHORT and self._finite:
+            return self._merge_short(text)
+        return self._merge_long(text)
+
+    def _finish(self, pieces) -> list[int]:
+        ids = self._ids
+        out = []
+        for piece in pieces:
+            tok = ids.get(piece)
+            if tok is not None:
+                out.append(tok)
+            else:
+                out.extend(self._vocab.byte_token(b) for b in piece.encode("utf-8"))
+        return out
+
+    def _merge_short(self, text: str) -> list[int]:
+        # The best pair is found by scanning: the highest score, the leftmost
+        # on ties (list.index finds the first maximum) -- the order of the
+        # heap in _merge_long.  A pair that is no token scores -inf.
+        get = self._score.get
+        none = _NO_PAIR
+        syms = list(text)
+        pairs = [get(syms[i] + syms[i + 1], none) for i in range(len(syms) - 1)]
+        while pairs:
+            best = max(pairs)
+            if best == none:
+                break
+            at = pairs.index(best)
+            merged = syms[at] + syms[at + 1]
+            syms[at:at + 2] = [merged]
+            del pairs[at]
+            if at > 0:
+                pairs[at - 1] = get(syms[at - 1] + merged, none)
+            if at < len(pairs):
+                pairs[at] = get(merged + syms[at + 1], none)
+        return self._finish(syms)
+
+    def _merge_long(self, text: str) -> list[int]:
         n = len(text)
-        if n == 0:
-            return []
-        ids, score = self._ids, self._score
+        score = self._score
         start = list(range(n))          # first character of each symbol
         length = [1] * n                # characters in each symbol (0: merged away)
         nxt = list(range(1, n)) + [-1]
@@ -131,17 +194,12 @@ class SpmEncoder:
             push(prv[left], left)
             push(left, nxt[left])
 
-        out = []
+        pieces = []
         i = 0
         while i != -1:
-            piece = text[start[i]:start[i] + length[i]]
-            tok = ids.get(piece)
-            if tok is not None:
-                out.append(tok)
-            else:
-                out.extend(self._vocab.byte_token(b) for b in piece.encode("utf-8"))
+            pieces.append(text[start[i]:start[i] + length[i]])
             i = nxt[i]
-        return out
+        return self._finish(pieces)
 
 
 def spm_piece(vocab: Vocab, token: int) -> bytes:

@@ -22,6 +22,7 @@ not in :data:`SUPPORTED_PRE_TOKENIZERS` are refused with
 from __future__ import annotations
 
 import codecs
+import copy
 import os
 
 import regex
@@ -71,6 +72,16 @@ class Tokenizer:
         else:
             self._encoder = BpeEncoder(v)
         self._pieces: dict = {}
+        # special tokens split out of text, grouped by their first characters
+        # so that one search rules out a whole group (e.g. "[PAD...]")
+        self._special_groups = {}
+        for parse in (False, True):
+            groups: dict = {}
+            for tid in v.special_tokens:
+                if not parse and v.attrs[tid] & (ATTR.CONTROL | ATTR.UNKNOWN):
+                    continue
+                groups.setdefault(v.tokens[tid][:4], []).append(tid)
+            self._special_groups[parse] = list(groups.items())
 
     # -- construction ------------------------------------------------------------
 
@@ -108,6 +119,31 @@ class Tokenizer:
     def from_metadata(cls, meta: dict) -> "Tokenizer":
         """Build from a dict of GGUF metadata (key -> value, arrays as lists or arrays)."""
         return cls(dict(meta))
+
+    def with_pre_tokenizer(self, pre: str) -> "Tokenizer":
+        """This tokenizer with another byte-level BPE pre-tokenizer.
+
+        For a file whose ``tokenizer.ggml.pre`` is missing or wrong (what
+        llama.cpp's ``--override-kv tokenizer.ggml.pre=str:NAME`` does).  The
+        vocabulary tables and merges are shared with this tokenizer.
+
+        Raises
+        ------
+        TokenizerError
+            For an SPM vocabulary or an unsupported name.
+        """
+        if self.model != "gpt2":
+            raise TokenizerError(f"only byte-level BPE vocabularies have a pre-tokenizer; this "
+                                 f"one is {self.model!r}")
+        spec = PRE_TOKENIZERS.get(pre)
+        if spec is None:
+            raise TokenizerError(f"pre-tokenizer {pre!r} is not supported; supported: "
+                                 f"{', '.join(SUPPORTED_PRE_TOKENIZERS)}")
+        other = copy.copy(self)
+        other._vocab = self._vocab.with_pre(pre, spec)
+        other.pre = pre
+        other._encoder = self._encoder.with_pre(other._vocab)
+        return other
 
     # -- properties --------------------------------------------------------------
 
@@ -229,14 +265,17 @@ class Tokenizer:
         """Split text around special tokens: a list of str fragments and int ids."""
         v = self._vocab
         frags: list = [text]
-        skip = ATTR.CONTROL | ATTR.UNKNOWN
+        present = set()
+        for prefix, group in self._special_groups[bool(parse_special)]:
+            if prefix in text:
+                present.update(tid for tid in group if v.tokens[tid] in text)
+        if not present:
+            return frags
         for tid in v.special_tokens:
+            if tid not in present:
+                continue
             attr = v.attrs[tid]
-            if not parse_special and attr & skip:
-                continue
             tt = v.tokens[tid]
-            if tt not in text:
-                continue
             out = []
             for f in frags:
                 if isinstance(f, int) or tt not in f:

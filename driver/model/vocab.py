@@ -21,6 +21,8 @@ it loads a model (``llama_vocab::impl::load`` in ``src/llama-vocab.cpp``):
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 __all__ = ["Vocab", "TokenizerError", "ATTR", "TOKEN_TYPE"]
@@ -158,9 +160,12 @@ class Vocab:
         tokens = meta.get("tokenizer.ggml.tokens")
         if tokens is None or len(tokens) == 0:
             raise TokenizerError("GGUF metadata has no 'tokenizer.ggml.tokens' array")
-        self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        if all(tokens):
+            self.tokens = list(tokens)
+        else:
+            self.tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         n = len(self.tokens)
-        self.token_to_id = {t: i for i, t in enumerate(self.tokens)}
+        self.token_to_id = dict(zip(self.tokens, range(n)))
 
         scores = meta.get("tokenizer.ggml.scores")
         if scores is not None:
@@ -175,20 +180,26 @@ class Vocab:
             if types.shape[0] < n:
                 raise TokenizerError(f"tokenizer.ggml.token_type has {types.shape[0]} entries "
                                      f"for {n} tokens")
-            self.attrs = [_TYPE_TO_ATTR.get(int(t), ATTR.UNDEFINED) for t in types[:n]]
+            table = np.array([_TYPE_TO_ATTR.get(t, ATTR.UNDEFINED) for t in range(8)], np.int64)
+            types = types[:n].astype(np.int64)
+            types[(types < 0) | (types > 7)] = 7
+            self.attrs = table[types].tolist()
         else:
             self.attrs = [ATTR.NORMAL] * n
 
         self._read_flags(meta, pre_specs)
         self._read_merges(meta)
         self._read_special_ids(meta, n)
-        self.add_bos = bool(_meta_get(meta, "tokenizer.ggml.add_bos_token", self.add_bos))
+        self._meta_add_bos = _meta_get(meta, "tokenizer.ggml.add_bos_token")
+        if self._meta_add_bos is not None:
+            self.add_bos = bool(self._meta_add_bos)
         self.add_eos = bool(_meta_get(meta, "tokenizer.ggml.add_eos_token", self.add_eos))
         self._find_special_by_text()
         self._mark_unused()
         self._build_eog()
+        mask = ATTR.CONTROL | ATTR.USER_DEFINED | ATTR.UNKNOWN
         self.special_tokens = sorted(
-            (i for i in range(n) if self.attrs[i] & (ATTR.CONTROL | ATTR.USER_DEFINED | ATTR.UNKNOWN)),
+            np.flatnonzero(np.asarray(self.attrs) & mask).tolist(),
             key=lambda i: -len(self.tokens[i].encode("utf-8", "surrogateescape")))
         self._strip_attrs(meta)
 
@@ -230,10 +241,16 @@ class Vocab:
         raw = meta.get("tokenizer.ggml.merges")
         if raw is None:
             raise TokenizerError("byte-level BPE vocabulary without 'tokenizer.ggml.merges'")
-        merges = []
-        for m in raw:
-            pos = m.find(" ", 1)
-            merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
+        if len(set(raw)) != len(raw):
+            # llama.cpp keeps the first rank of a repeated merge
+            raw = list(dict.fromkeys(raw))
+        # "a b", split at the first space after the first character
+        merges = [tuple(m.split(" ")) for m in raw]
+        if not all(len(m) == 2 and m[0] for m in merges):
+            merges = []
+            for m in raw:
+                pos = m.find(" ", 1)
+                merges.append((m[:pos], m[pos + 1:]) if pos >= 0 else ("", ""))
         self.merges = merges
 
     # -- special ids -----------------------------------------------------------
@@ -271,8 +288,8 @@ class Vocab:
                     self.attrs[found] |= ATTR.CONTROL
 
     def _mark_unused(self):
-        for i, t in enumerate(self.tokens):
-            if self.attrs[i] & ATTR.CONTROL and "unused" in t:
+        for i in np.flatnonzero(np.asarray(self.attrs) & ATTR.CONTROL).tolist():
+            if "unused" in self.tokens[i]:
                 self.attrs[i] |= ATTR.UNUSED
 
     def _build_eog(self):
@@ -317,6 +334,15 @@ class Vocab:
                 if i is None:
                     continue
                 self.attrs[i] = (self.attrs[i] | ATTR.RSTRIP) if on else (self.attrs[i] & ~ATTR.RSTRIP)
+
+    def with_pre(self, pre: str, spec) -> "Vocab":
+        """A shallow copy using pre-tokenizer ``pre`` (its defaults, then the metadata's)."""
+        other = copy.copy(self)
+        other.pre = pre
+        other.clean_spaces = spec.clean_spaces
+        other.ignore_merges = spec.ignore_merges
+        other.add_bos = spec.add_bos if self._meta_add_bos is None else bool(self._meta_add_bos)
+        return other
 
     # -- queries ---------------------------------------------------------------
 
