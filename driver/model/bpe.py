@@ -100,22 +100,26 @@ class BpeEncoder:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one text fragment (no special tokens inside)."""
-        out: list[int] = []
         cache = self._cache
         # the first two expressions cut the text into words; any further ones
         # only cut within a word, so they run once per distinct word
         eager, lazy = self._patterns[:2], self._patterns[2:]
-        for word in split_words(text, eager):
-            ids = cache.get(word)
-            if ids is None:
-                ids = []
-                for w in (split_words(word, lazy) if lazy else (word,)):
-                    ids.extend(self._merge(w))
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[word] = ids
-            out.extend(ids)
-        return out
+        words = split_words(text, eager)
+        found = list(map(cache.get, words))
+        if None in found:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            for k, ids in enumerate(found):
+                if ids is None:
+                    word = words[k]
+                    ids = cache.get(word)
+                    if ids is None:
+                        ids = []
+                        for w in (split_words(word, lazy) if lazy else (word,)):
+                            ids.extend(self._merge(w))
+                        cache[word] = ids
+                    found[k] = ids
+        return list(itertools.chain.from_iterable(found))
 
     def _merge(self, word: str) -> list[int]:
         ids = [t.id for t in self._model.tokenize(byte_encode(word))]

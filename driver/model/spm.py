@@ -26,6 +26,8 @@ between two characters that no token of the vocabulary holds side by side
 from __future__ import annotations
 
 import heapq
+import itertools
+import operator
 
 import numpy as np
 import regex
@@ -39,6 +41,8 @@ _CACHE_LIMIT = 1 << 18
 # chunks up to this many characters are merged by scanning, longer ones with a heap
 _SHORT = 24
 _NO_PAIR = float("-inf")
+# chunks up to this many characters are merged whole, longer ones cut first
+_PIECE_MIN = 8
 
 
 class SpmEncoder:
@@ -68,22 +72,29 @@ class SpmEncoder:
 
     def encode(self, text: str) -> list[int]:
         """Token ids of one fragment whose spaces are already ``▁``."""
-        out: list[int] = []
         cache = self._cache
-        for chunk in self._chunks(text):
-            ids = cache.get(chunk)
-            if ids is None:
-                ids = []
-                for piece in self._pieces(chunk):
-                    sub = cache.get(piece)
-                    if sub is None:
-                        sub = cache[piece] = self._merge(piece)
-                    ids.extend(sub)
-                if len(cache) >= _CACHE_LIMIT:
-                    cache.clear()
-                cache[chunk] = ids
-            out.extend(ids)
-        return out
+        chunks = self._chunks(text)
+        found = list(map(cache.get, chunks))
+        if None in found:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            for k, ids in enumerate(found):
+                if ids is None:
+                    chunk = chunks[k]
+                    ids = cache.get(chunk)
+                    if ids is None:
+                        if len(chunk) <= _PIECE_MIN:
+                            ids = self._merge(chunk)
+                        else:
+                            ids = []
+                            for piece in self._pieces(chunk):
+                                sub = cache.get(piece)
+                                if sub is None:
+                                    sub = cache[piece] = self._merge(piece)
+                                ids.extend(sub)
+                        cache[chunk] = ids
+                    found[k] = ids
+        return list(itertools.chain.from_iterable(found))
 
     def _pieces(self, chunk: str) -> list[str]:
         # Cut between two characters that no token holds side by side: a
@@ -131,15 +142,17 @@ class SpmEncoder:
         return self._merge_long(text)
 
     def _finish(self, pieces) -> list[int]:
-        ids = self._ids
-        out = []
-        for piece in pieces:
-            tok = ids.get(piece)
+        out = list(map(self._ids.get, pieces))
+        if None not in out:
+            return out
+        # a character missing from the vocabulary: one byte token per UTF-8 byte
+        full = []
+        for piece, tok in zip(pieces, out):
             if tok is not None:
-                out.append(tok)
+                full.append(tok)
             else:
-                out.extend(self._vocab.byte_token(b) for b in piece.encode("utf-8"))
-        return out
+                full.extend(self._vocab.byte_token(b) for b in piece.encode("utf-8"))
+        return full
 
     def _merge_short(self, text: str) -> list[int]:
         # The best pair is found by scanning: the highest score, the leftmost
@@ -148,7 +161,7 @@ class SpmEncoder:
         get = self._score.get
         none = _NO_PAIR
         syms = list(text)
-        pairs = [get(syms[i] + syms[i + 1], none) for i in range(len(syms) - 1)]
+        pairs = list(map(get, map(operator.add, syms, syms[1:]), itertools.repeat(none)))
         while pairs:
             best = max(pairs)
             if best == none:
