@@ -117,6 +117,8 @@ def render_chat(template, messages, add_generation_prompt: bool = True, bos_toke
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template failed: {e}") from None
+    except Exception as e:  # an operation the template applies to the wrong values
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from None
 
 
 def _strip_bos(tokenizer, text: str) -> str:

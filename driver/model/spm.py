@@ -1,9 +1,10 @@
 """SentencePiece-style tokenization of a GGUF ``llama`` vocabulary.
 
 The algorithm is the one llama.cpp runs (``llm_tokenizer_spm_session`` in
-``src/llama-vocab.cpp``), which differs from SentencePiece's own trainer-side
-rules in ways that change ids, so it is implemented here rather than taken
-from a library:
+``src/llama-vocab.cpp``).  It is written out here: the libraries that run
+such vocabularies (Hugging Face ``tokenizers`` with merges rebuilt from the
+scores) order equal scores by merge rank rather than position and drop
+characters that llama.cpp keeps, which changes ids.
 
 1. spaces become U+2581 (``▁``); a space is prepended to the fragment when
    the vocabulary asks for it and the fragment starts the text or follows a

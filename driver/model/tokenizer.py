@@ -25,6 +25,7 @@ import codecs
 import copy
 import os
 
+import numpy as np
 import regex
 
 from .bpe import BpeEncoder
@@ -385,15 +386,10 @@ class Tokenizer:
     # -- helpers -----------------------------------------------------------------
 
     def _check_id(self, token) -> int:
-        if isinstance(token, bool) or not isinstance(token, int):
-            try:
-                import numpy as np
-                if isinstance(token, np.integer):
-                    token = int(token)
-                else:
-                    raise TypeError
-            except TypeError:
-                raise TypeError(f"token id must be an int, got {type(token).__name__}") from None
+        if isinstance(token, np.integer):
+            token = int(token)
+        elif isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"token id must be an int, got {type(token).__name__}")
         if not 0 <= token < len(self._vocab):
             raise ValueError(f"token id {token} is out of range for a vocabulary of "
                              f"{len(self._vocab)} tokens")

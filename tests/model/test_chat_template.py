@@ -123,6 +123,8 @@ def test_template_errors_are_clear(llama3):
         render_chat("ok\n{% for %}", msgs)
     with pytest.raises(ChatTemplateError, match="list of dicts"):
         render_chat(LLAMA3, "hello")
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        render_chat("{{ messages[0]['content'] + 1 }}", msgs)
     with pytest.raises(ChatTemplateError, match=r"messages\[1\] has no 'role'"):
         render_chat(LLAMA3, [msgs[0], {"content": "x"}])
     assert llama3.chat_template is None
