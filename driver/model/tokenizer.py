@@ -113,7 +113,7 @@ class Tokenizer:
         meta = {}
         for key, field in reader.fields.items():
             if key.startswith(("tokenizer.", "general.")):
-                meta[key] = field.contents()
+                meta[key] = _field_value(field)
         return cls(meta)
 
     @classmethod
@@ -397,6 +397,23 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(model={self.model!r}, pre={self.pre!r}, n_vocab={self.n_vocab})"
+
+
+def _field_value(field):
+    """The value of a ``gguf.ReaderField`` (``contents()`` where the package has it)."""
+    if hasattr(field, "contents"):
+        return field.contents()
+    # older gguf packages: parts indexed by data; type codes 8 = string, 9 = array
+    def text(part):
+        return bytes(part).decode("utf-8", "surrogateescape")
+    types = list(field.types)
+    if types[0] == 9:
+        if types[-1] == 8:
+            return [text(field.parts[i]) for i in field.data]
+        return np.concatenate([np.asarray(field.parts[i]).ravel() for i in field.data])
+    if types[0] == 8:
+        return text(field.parts[field.data[0]])
+    return np.asarray(field.parts[field.data[0]]).ravel()[0].item()
 
 
 def _split_at_token(f: str, tt: str, tid: int, attr: int, out: list) -> None:

@@ -351,10 +351,21 @@ def test_from_metadata_and_reader_agree(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    b = Tokenizer.from_reader(gguf.GGUFReader(path))
+    reader = gguf.GGUFReader(path)
+    b = Tokenizer.from_reader(reader)
     c = Tokenizer.from_gguf(path)
     assert b.n_vocab == c.n_vocab == n
     ids = c.encode(text, parse_special=True)
     assert b.encode(text, parse_special=True) == ids
+
+    class OldField:  # a reader field without contents(), as older gguf packages have
+        def __init__(self, f):
+            self.types, self.parts, self.data = f.types, f.parts, f.data
+
+    class OldReader:
+        fields = {k: OldField(f) for k, f in reader.fields.items()}
+
+    d = Tokenizer.from_reader(OldReader())
+    assert d.encode(text, parse_special=True) == ids and d.eog_ids == c.eog_ids
     assert max(ids) < n and ids.count(1) == 2  # BOS, and "<s>" parsed
     assert b.decode(ids) == c.decode(ids)
