@@ -57,7 +57,7 @@ from ptxgen.values import Address
 from ..spec_fields import pdl_prologue, pdl_wait
 from .common import declare_params, write_outputs
 from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x, q4k_layout
-from .staged import FORMATS, q6_planes, staged_layout
+from .staged import FORMATS, PLANES, staged_layout
 
 __all__ = ["build_ring", "copy_rows"]
 
@@ -193,7 +193,7 @@ def build_ring(spec) -> ptxgen.Module:
                 active = p < lay["pieces"]
                 spc = piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)
                 if spec.dot == "dp4a":
-                    q6_planes(k, spc)
+                    PLANES[spec.qtype](k, spc)
                 spcs.append((active, spc))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):
