@@ -1,4 +1,9 @@
-"""Q6_K and Q8_0 GEMV: weight tiles staged through shared memory.
+"""GEMV of every format but Q4_K: weight tiles staged through shared memory.
+
+The piece decoders of Q6_K and Q8_0 are here; those of Q4_0 ... Q5_1
+(:mod:`.legacy`), Q5_K (:mod:`.q5k`), F16 and BF16 (:mod:`.floats`) are
+registered in :data:`FORMATS` and :data:`PLANES` beside them.  The ring
+(:mod:`.ring`) uses the same decoders.
 
 Q6_K blocks (210 bytes) and Q8_0 blocks (34 bytes) are only 2-byte aligned
 inside a row, so a thread cannot read "its" block with wide loads.  Instead a
