@@ -308,9 +308,12 @@ def test_kernel_names_and_texts_differ_by_type():
 @pytest.mark.parametrize("qtype", NEW)
 def test_ptxas_no_spills_at_8b_shapes(ptxas, qtype):
     """The selected kernels of every 8B shape (with PDL, as the model and ops
-    launch them on sm_90) assemble for sm_90 without spills."""
+    launch them on sm_90), and of K = 11008, 18944, 28672, assemble for
+    sm_90 without spills."""
     from ptxgen.ptxas import assemble
-    for m, k, epi in SHAPES_8B:
+    # and the row lengths of other Llama and Qwen models
+    others = [(4096, k, epi) for k in (11008, 18944, 28672) for epi in ("none", "swiglu")]
+    for m, k, epi in SHAPES_8B + others:
         p = _default(qtype, m, k, epi, pdl=True)
         _, reports = assemble(G.build(p).to_ptx(), "sm_90")
         assert len(reports) == 1 and reports[0].spill_stores == 0, (m, k, epi, reports)
