@@ -1,17 +1,19 @@
-"""Quantized GEMV benchmark: our kernels against copy bandwidth and cuBLAS f16.
+"""GEMV benchmark: our kernels for every weight type against copy bandwidth and cuBLAS f16.
 
-Run on a GPU with ``python -m benchmarks.bench_gemv [out.json]`` or call
-:func:`run_all`.  Needs torch (for the copy/cuBLAS peers and the CUDA
-graphs).  For every shape (M x K) and qtype it reports our time (CUDA-graph
-replay of ``CALLS`` launches, median of ``REPEATS`` replays, rotating over
-enough weight copies to defeat the L2), bytes read per second, the share of
-a device-to-device copy's bandwidth measured in the same run, cuBLAS's f16
-GEMV time (``torch.mv``) and the ratio.  On sm_90 and newer our kernels
-are launched with programmatic dependent launch (as the model launches
-them: each GEMV's first weight loads overlap the previous call's tail), and
-the same kernel without it is timed beside; then the fused gate/up SwiGLU kernel
-against two GEMVs plus a SwiGLU.  A few rows of each output are checked
-against the float64 reference (gguf-layout dequantisation in numpy).
+Run on a GPU with ``python -m benchmarks.bench_gemv [out.json] [--qtypes
+Q4_0,F16] [--no-swiglu]`` or call :func:`run_all`.  Needs torch (for the
+copy/cuBLAS peers and the CUDA graphs).  For every shape (M x K) and qtype
+it reports our time (CUDA-graph replay of ``CALLS`` launches, median of
+``REPEATS`` replays, rotating over enough weight copies to defeat the L2),
+bytes read per second, the share of a device-to-device copy's bandwidth
+measured in the same run (and the share asked of the type), cuBLAS's f16
+GEMV time (``torch.mv``, timed once per shape in the run) and the ratio.
+On sm_90 and newer our kernels are launched with programmatic dependent
+launch (as the model launches them: each GEMV's first weight loads overlap
+the previous call's tail), and the same kernel without it is timed beside;
+then the fused gate/up SwiGLU kernel against two GEMVs plus a SwiGLU.  A
+few rows of each output are checked against the float64 reference
+(gguf-layout dequantisation in numpy).
 """
 
 from __future__ import annotations
@@ -30,8 +32,14 @@ from ptxgen.driver import ops_gemv
 
 __all__ = ["run_all", "SHAPES", "QTYPES"]
 
-SHAPES = [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096), (1024, 4096)]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
+SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
+          (1024, 4096)]
+QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "F16", "BF16"]
+#: share of copy bandwidth asked of each type on the large 8B shapes (issues 5 and 42)
+GOALS = {"Q4_K": 0.90, "F16": 0.90, "BF16": 0.90}
+GOAL_DEFAULT = 0.85
+#: byte ranges of a block's f16 scales, which random bytes must not fill
+_SCALES = {"Q4_K": (0, 4), "Q6_K": (208, 210), "Q5_K": (0, 4), "Q4_1": (0, 4), "Q5_1": (0, 4)}
 CALLS = 20
 REPEATS = 7
 L2_DEFEAT_BYTES = 256 << 20
@@ -44,17 +52,17 @@ def _torch():
 
 def _random_weights(torch, qtype, m, k, gen):
     """Random GGUF bytes with finite, sane f16 scales (on the device)."""
+    if qtype in ("F16", "BF16"):
+        dt = torch.float16 if qtype == "F16" else torch.bfloat16
+        w = torch.randn((m, k), device="cuda", generator=gen, dtype=torch.float32) * 0.02
+        return w.to(dt).view(torch.uint8).view(m, 2 * k)
     bw, bb = G.QTYPE_INFO[qtype]
     nb = k // bw
     w = torch.randint(0, 256, (m, nb, bb), dtype=torch.uint8, device="cuda", generator=gen)
     scale = (torch.rand((m, nb, 2), device="cuda", generator=gen) * 0.02 + 0.001).half()
     sb = scale.view(torch.uint8).view(m, nb, 4)
-    if qtype == "Q4_K":
-        w[:, :, 0:4] = sb
-    elif qtype == "Q6_K":
-        w[:, :, 208:210] = sb[:, :, 0:2]
-    else:
-        w[:, :, 0:2] = sb[:, :, 0:2]
+    a, b = _SCALES.get(qtype, (0, 2))
+    w[:, :, a:b] = sb[:, :, 0:b - a]
     return w.view(m, nb * bb)
 
 
@@ -117,8 +125,9 @@ def _check_rows(torch, qtype, w, x, y, rows=8, extra=None):
     return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
 
 
-def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
-    """One row of the table (see the module docstring)."""
+def bench_shape(torch, qtype, m, k, copy_bw, gen, cublas=None, **knobs):
+    """One row of the table (see the module docstring).  ``cublas``: a dict
+    of cuBLAS times by shape, filled and reused across types in one run."""
     spec, go = _launcher(torch, qtype, k, m=m, **knobs)
     nbytes = m * spec.row_bytes
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / nbytes))
@@ -135,17 +144,23 @@ def bench_shape(torch, qtype, m, k, copy_bw, gen, **knobs):
         t_plain = _time_graph(torch, lambda i: go0([ws[i % copies], x], ys[i % len(ys)], m))
     del ws
     read = nbytes + 4 * (k + m)
-    f16_bytes = 2 * m * k
-    fcopies = max(1, math.ceil(L2_DEFEAT_BYTES / f16_bytes))
-    wf = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float16) for _ in range(fcopies)]
-    xf = torch.randn(k, device="cuda", generator=gen, dtype=torch.float16)
-    yf = torch.empty(m, device="cuda", dtype=torch.float16)
-    tc = _time_graph(torch, lambda i: torch.mv(wf[i % fcopies], xf, out=yf))
-    del wf
+    tc = (cublas or {}).get((m, k))
+    if tc is None:
+        f16_bytes = 2 * m * k
+        fcopies = max(1, math.ceil(L2_DEFEAT_BYTES / f16_bytes))
+        wf = [torch.randn(m, k, device="cuda", generator=gen, dtype=torch.float16)
+              for _ in range(fcopies)]
+        xf = torch.randn(k, device="cuda", generator=gen, dtype=torch.float16)
+        yf = torch.empty(m, device="cuda", dtype=torch.float16)
+        tc = _time_graph(torch, lambda i: torch.mv(wf[i % fcopies], xf, out=yf))
+        del wf
+        if cublas is not None:
+            cublas[(m, k)] = tc
     torch.cuda.empty_cache()
     out = dict(qtype=qtype, m=m, k=k, spec=repr(spec), us=t * 1e6, bytes=read,
                gbps=read / t / 1e9, copy_share=read / t / copy_bw, cublas_f16_us=tc * 1e6,
-               vs_cublas=t / tc, rel_err=err, pdl=spec.pdl)
+               vs_cublas=t / tc, rel_err=err, pdl=spec.pdl,
+               copy_goal=GOALS.get(qtype, GOAL_DEFAULT))
     if t_plain is not None:
         out.update(us_no_pdl=t_plain * 1e6, copy_share_no_pdl=read / t_plain / copy_bw)
     return out
@@ -185,9 +200,10 @@ def run_all(shapes=SHAPES, qtypes=QTYPES, swiglu=True, verbose=True) -> dict:
     bw, tcopy = copy_bandwidth(torch)
     out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"),
                copy_bw_gbps=bw / 1e9, copy_1gib_us=tcopy * 1e6, gemv=[], swiglu=[])
+    cublas = {}         # cuBLAS f16 is the same GEMV for every type: timed once a shape
     for qtype in qtypes:
         for m, k in shapes:
-            out["gemv"].append(bench_shape(torch, qtype, m, k, bw, gen))
+            out["gemv"].append(bench_shape(torch, qtype, m, k, bw, gen, cublas))
             if verbose:
                 _print_row(out["gemv"][-1])
     if swiglu:
@@ -248,14 +264,32 @@ def sweep(variants, qtype="Q4_K", verbose=True) -> dict:
 
 def _print_row(r):
     print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} {r['us']:8.2f} us {r['gbps']:7.0f} GB/s "
-          f"{100 * r['copy_share']:5.1f}% copy  cuBLAS f16 {r['cublas_f16_us']:7.2f} us "
+          f"{100 * r['copy_share']:5.1f}% copy (goal {100 * r['copy_goal']:.0f}%)  "
+          f"cuBLAS f16 {r['cublas_f16_us']:7.2f} us "
           f"ratio {r['vs_cublas']:.3f}  err {r['rel_err']:.1e}"
           + (f"  (no PDL: {r['us_no_pdl']:.2f} us, {100 * r['copy_share_no_pdl']:.1f}%)"
              if "us_no_pdl" in r else ""), flush=True)
 
 
-if __name__ == "__main__":
-    res = run_all()
-    if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
+def main(argv=None):
+    """``[out.json] [--qtypes Q4_0,F16,...] [--no-swiglu]``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    qtypes, swiglu = QTYPES, True
+    if "--qtypes" in argv:
+        i = argv.index("--qtypes")
+        qtypes = [q.strip().upper() for q in argv[i + 1].split(",")]
+        bad = [q for q in qtypes if q not in G.QTYPE_INFO]
+        if bad:
+            raise SystemExit(f"unknown qtype(s) {', '.join(bad)}; known: {', '.join(G.QTYPE_INFO)}")
+        del argv[i:i + 2]
+    if "--no-swiglu" in argv:
+        argv.remove("--no-swiglu")
+        swiglu = False
+    res = run_all(qtypes=qtypes, swiglu=swiglu)
+    if argv:
+        with open(argv[0], "w") as f:
             json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

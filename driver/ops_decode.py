@@ -202,17 +202,19 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
 def embedding(table, qtype: str, token_id, out=None, *, n=None, stream=None, backend=None):
     """Gather row ``token_id`` (device int32) of ``table`` as f32.
 
-    ``table`` holds ``[n_vocab, n]`` weights in ``qtype`` (``"f32"``,
-    ``"f16"``, ``"Q8_0"``, ``"Q4_K"``, ``"Q6_K"``); for raw quantized bytes
-    give ``n`` (else the last dimension of ``table`` is used).
+    ``table`` holds ``[n_vocab, n]`` weights in ``qtype`` (one of
+    ``kernels.embedding.QTYPES``, any case: ``"f32"``, ``"f16"``, ``"bf16"``,
+    ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``, ``"Q4_K"``,
+    ``"Q5_K"``, ``"Q6_K"``); for raw quantized bytes give ``n`` (else the last
+    dimension of ``table`` is used; a bf16 table is 2-byte values).
     """
     a = op_args(backend, writes=("out",), stream=stream, table=table, token_id=token_id,
                 out=out)
     ta = a.array("table")
-    qtype = {"q8_0": "Q8_0", "q4_k": "Q4_K", "q6_k": "Q6_K"}.get(str(qtype).lower(), str(qtype))
-    spec = _emb.EmbeddingSpec(qtype=qtype, target=a.backend.target)
+    spec = _emb.EmbeddingSpec(qtype=str(qtype), target=a.backend.target)
+    qtype = spec.qtype
     if n is None:
-        if qtype in ("f32", "f16"):
+        if qtype in ("f32", "f16", "bf16"):
             n = ta.shape[-1]
         else:
             raise ValueError("give n (weights per row) for a quantized table")

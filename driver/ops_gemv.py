@@ -1,7 +1,8 @@
 """Quantized GEMV entry points (re-exported by ``ptxgen.driver.ops``).
 
 ``gemv(w, x, qtype)`` computes ``y = W x`` for a GGUF-layout weight ``w``
-(``uint8 [M, row_bytes]``) and f32 ``x`` (``K`` values); ``gemv_swiglu``
+(``uint8 [M, row_bytes]``; F16/BF16 matrices as their bytes, e.g.
+``w.view(np.uint8)``) and f32 ``x`` (``K`` values); ``gemv_swiglu``
 fuses the gate/up pair with ``silu(Wg x) * (Wu x)``.  Arguments may be
 :class:`~ptxgen.driver.DeviceArray`, torch/cupy CUDA tensors (zero copy),
 ``ptxgen.emu.DeviceArray`` (the CPU emulator) or numpy arrays (copied; numpy
@@ -50,7 +51,11 @@ def _shape_of(w, qtype):
         raise ValueError(f"unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPE_INFO)}")
     bw, bb = _g.QTYPE_INFO[q]
     m, rb = shape
-    if rb % bb:
+    if q in ("F16", "BF16"):
+        if rb % 2:
+            raise ValueError(f"{q}: row of {rb} bytes is not a whole number of 2-byte values")
+        _g.check_k(q, rb // 2)              # K a multiple of 8, said so
+    elif rb % bb:
         raise ValueError(f"{q}: row of {rb} bytes is not a whole number of {bb}-byte blocks")
     return m, rb // bb * bw
 
@@ -103,7 +108,9 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
     w : uint8 [M, row_bytes]
         GGUF weight bytes (device or numpy).
     x : float32 [K]
-    qtype : {"Q4_K", "Q6_K", "Q8_0"}
+    qtype : str
+        One of ``kernels.gemv.QTYPE_INFO``: Q4_K, Q6_K, Q8_0, Q4_0, Q4_1,
+        Q5_0, Q5_1, Q5_K, F16, BF16 (any case).
     out : float32 [M], optional
         Written in place; allocated when None.
     residual : float32 [M], optional

@@ -10,7 +10,12 @@ nothing.  The table is a row-major ``[n_vocab, n]`` tensor in one of:
   qs:u8[128]``; ``w = (d * sc) * q - (dmin * m)`` with GGML's 6-bit
   ``get_scale_min_k4`` packing;
 - ``Q6_K`` (210-byte blocks of 256): ``ql:u8[128] | qh:u8[64] |
-  scales:s8[16] | d:f16``; ``w = (d * sc) * (q - 32)``.
+  scales:s8[16] | d:f16``; ``w = (d * sc) * (q - 32)``;
+- ``bf16``: the top half of an f32;
+- ``Q4_0``, ``Q5_0`` (blocks of 32: ``d:f16 [| qh:u32] | qs:u8[16]``):
+  ``w = d * (q - 8)``, ``d * (q - 16)``; ``Q4_1``, ``Q5_1`` (``d:f16 |
+  m:f16 [| qh:u32] | qs:u8[16]``): ``w = d * q + m``;
+- ``Q5_K`` (176-byte blocks of 256): Q4_K's with a plane of fifth bits.
 
 The float operations are those of ``gguf.quants.dequantize`` in the same
 order (``mul.rn``/``sub.rn``, no contraction), so the rows match it exactly.
@@ -25,12 +30,24 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f16, f32, s32, u8, u32
+from ptxgen.types import f16, f32, s32, u8, u16, u32
 
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 #: format -> (weights per block, bytes per block)
-QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210),
+          "bf16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
+          "Q5_1": (32, 24), "Q5_K": (256, 176)}
+#: the 32-weight formats: (offset of m or None, of qh or None, of qs, q's offset)
+_LEGACY = {"Q4_0": (None, None, 2, 8), "Q4_1": (2, None, 4, 0), "Q5_0": (None, 2, 6, 16),
+           "Q5_1": (2, 4, 8, 0)}
+
+
+def _canon_qtype(v):
+    """GGUF's names in any case: the float types lower case, the others upper."""
+    if not isinstance(v, str):
+        return v
+    return v.lower() if v.lower() in ("f32", "f16", "bf16") else v.upper()
 
 
 @attrs.frozen
@@ -39,12 +56,14 @@ class EmbeddingSpec:
 
     Parameters
     ----------
-    qtype : {"f32", "f16", "Q8_0", "Q4_K", "Q6_K"}
+    qtype : {"f32", "f16", "bf16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
+        Any case (GGUF's "F16", "BF16" are taken).
     block : int
     target : str
     """
 
-    qtype: str = attrs.field(default="Q4_K", validator=attrs.validators.in_(tuple(QTYPES)))
+    qtype: str = attrs.field(default="Q4_K", converter=_canon_qtype,
+                             validator=attrs.validators.in_(tuple(QTYPES)))
     block: int = block_field(256)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -77,16 +96,21 @@ def _q8_0(k, row, i):
     return _mul(k, d, q)
 
 
-def _q4_k(k, row, i):
-    blk = k.ptr_add(row, k.mul_wide(i >> 8, k.mov(144, u32)))
+def _q4_k(k, row, i, q5=False):
+    """Q4_K, or with ``q5`` Q5_K (176-byte blocks: the fifth bit of weight
+    ``32 s + l`` is bit ``s`` of ``qh[l]``, bytes 16..47; qs from byte 48)."""
+    blk = k.ptr_add(row, k.mul_wide(i >> 8, k.mov(176 if q5 else 144, u32)))
     j = i & 255
     d = _f16_at(k, blk[0])
     dmin = _f16_at(k, blk[2])
     chunk = j >> 6                   # 64 weights share 32 bytes of qs
     hi = (j >> 5) & 1                # low or high nibbles
     sub = j >> 5                     # sub-block 0..7 (is = 2*chunk + hi)
-    byte = k.ld(blk[16 + (chunk << 5) + (j & 31)], ty=u8, nc=True)
+    byte = k.ld(blk[(48 if q5 else 16) + (chunk << 5) + (j & 31)], ty=u8, nc=True)
     q = k.bfe(byte, hi << 2, 4)
+    if q5:
+        top = k.ld(blk[16 + (j & 31)], ty=u8, nc=True)
+        q = q | (k.bfe(top, sub, 1) << 4)
     s = sub & 3
     a = k.ld(blk[4 + s], ty=u8, nc=True)     # scales[is] (is < 4) / scales[is - 4]
     b = k.ld(blk[8 + s], ty=u8, nc=True)     # scales[is + 4] / scales[is]
@@ -101,6 +125,27 @@ def _q4_k_value(k, d, dmin, sc, mn, q):
     ds = _mul(k, d, sc.to(f32))
     dm = _mul(k, dmin, mn.to(f32))
     return k.sub(_mul(k, ds, q.to(f32)), dm, rnd="rn")
+
+
+def _legacy(name):
+    """The 32-weight formats: ``d (q - zero)``, or ``d q + m`` (``mul.rn``
+    then ``add.rn``, as gguf computes them)."""
+    m_off, qh_off, qs_off, zero = _LEGACY[name]
+    bb = QTYPES[name][1]
+
+    def value(k, row, i):
+        blk = k.ptr_add(row, k.mul_wide(i >> 5, k.mov(bb, u32)))
+        j = i & 31
+        d = _f16_at(k, blk[0])
+        byte = k.ld(blk[qs_off + (j & 15)], ty=u8, nc=True)
+        q = k.bfe(byte, (j >> 4) << 2, 4)        # weight j < 16: low nibble of qs[j]
+        if qh_off is not None:
+            top = k.ld(blk[qh_off + (j >> 3)], ty=u8, nc=True)
+            q = q | (k.bfe(top, j & 7, 1) << 4)
+        if m_off is None:
+            return _mul(k, d, (q.bitcast(s32) - zero).to(f32))
+        return k.add(_mul(k, d, q.to(f32)), _f16_at(k, blk[m_off]), rnd="rn")
+    return value
 
 
 def _q6_k(k, row, i):
@@ -143,6 +188,13 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
                 val = k.ld(row[i << 2], ty=f32, nc=True)
             elif spec.qtype == "f16":
                 val = _f16_at(k, row[i << 1])
+            elif spec.qtype == "bf16":
+                # the top half of an f32
+                val = (k.ld(row[i << 1], ty=u16, nc=True).to(u32) << 16).bitcast(f32)
+            elif spec.qtype in _LEGACY:
+                val = _legacy(spec.qtype)(k, row, i)
+            elif spec.qtype == "Q5_K":
+                val = _q4_k(k, row, i, q5=True)
             else:
                 val = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}[spec.qtype](k, row, i)
             k.st(out[i], val)

@@ -1,4 +1,4 @@
-"""Quantized GEMV ``y = W x`` (Q4_K, Q6_K, Q8_0) with optional fused epilogues.
+"""GEMV ``y = W x`` of GGUF weights (K-quants, Q4_0 ... Q8_0, F16, BF16) with fused epilogues.
 
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``, rows of
 blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
@@ -10,10 +10,12 @@ launch argument and arbitrary.
 What is computed is a :class:`GemvSpec`; how it runs is a :class:`GemvConfig`
 chosen by :func:`select_config` from the per-device tuning table
 (``kernels/tuning/gemv.json``).  Kernel bodies: :mod:`.q4k` (Q4_K, x and
-weights in registers), :mod:`.staged` (Q6_K/Q8_0 tile by tile through
-shared memory), :mod:`.ring` (every format through a ``cp.async`` ring of
-row-group stages; the tuned choice almost everywhere).  Measurements:
-docs/notes/gemv.md.
+weights in registers), :mod:`.staged` (every other format tile by tile
+through shared memory), :mod:`.ring` (every format through a ``cp.async``
+ring of row-group stages; the tuned choice almost everywhere).  The other
+formats' piece decoders: :mod:`.staged` (Q6_K, Q8_0), :mod:`.legacy` (Q4_0,
+Q4_1, Q5_0, Q5_1), :mod:`.q5k` (Q5_K), :mod:`.floats` (F16, BF16).
+Measurements: docs/notes/gemv.md.
 
 Launch: ``grid, block, shared, rpc = launch_geometry(plan, M)``; arguments
 ``(w[, wu], x[, nw, eps][, r | freqs, pos_ptr, k_cache, v_cache, capacity],
@@ -100,6 +102,13 @@ CANONICAL = {
                              target="sm_90"),
     "gemv_q4_k_rope": _canon("Q4_K", 512, "rope", rope=(64, 4, 2), rows=4, stages=3,
                              dot="dp4a"),
+    "gemv_q4_0_dp4a": _canon("Q4_0", 512, rows=2, stages=3, tile=512, pieces=2, dot="dp4a"),
+    "gemv_q4_1_swiglu": _canon("Q4_1", 256, "swiglu", rows=2),
+    "gemv_q5_0_residual": _canon("Q5_0", 96, "residual", rows=2),
+    "gemv_q5_1_ring": _canon("Q5_1", 512, rows=2, stages=2, tile=512),
+    "gemv_q5_k_dp4a": _canon("Q5_K", 512, "residual", rows=2, stages=3, tile=512, dot="dp4a"),
+    "gemv_f16_swiglu": _canon("F16", 512, "swiglu", rows=2, stages=3, tile=512, pieces=2),
+    "gemv_bf16_rope": _canon("BF16", 256, "rope", rope=(32, 2, 1), rows=4, stages=3, tile=256),
 }
 
 registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0])

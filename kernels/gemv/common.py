@@ -29,13 +29,13 @@ import math
 
 import attrs
 
-from ptxgen.types import f16, f32, s32, u8, u32
+from ptxgen.types import f16, f32, s32, u8, u16, u32
 
 from ..reduce import warp_sum
 
 __all__ = ["threads", "warp_threads", "groups_per_cta", "launch_geometry", "declare_params",
            "RopeArgs", "warp_sum", "silu_times", "write_outputs", "norm_scale", "XFULL",
-           "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes"]
+           "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes", "u32_at", "plane_sums"]
 
 LOG2E = 1.4426950408889634
 
@@ -165,6 +165,21 @@ def x_planes(k, vals, inv):
         top = k.prmt(k.prmt(b[0], b[1], 0x0062), k.prmt(b[2], b[3], 0x0062), 0x5410) ^ 0x40404040
         words[0].append(top + ((top & 0x40404040) << 1))
     return words
+
+
+def u32_at(k, addr):
+    """A 32-bit little-endian word from a 2-byte aligned shared address."""
+    lo = k.ld(addr, u16)
+    hi = k.ld(addr + 2, u16)
+    return k.pack(u32, lo, hi)
+
+
+def plane_sums(k, acc):
+    """``acc[0] 2^16 + acc[1] 2^8 + acc[2]`` in s32 (``mad``): the sum of
+    ``q T`` from the three planes' ``dp4a`` sums ``acc``, exact where the
+    result fits an s32 (``mad.lo`` wraps, so the partial products may not)."""
+    w0, w1 = PLANE_W
+    return k.mad(acc[0].bitcast(s32), w0, k.mad(acc[1].bitcast(s32), w1, acc[2].bitcast(s32)))
 
 
 def silu_times(k, g, u):

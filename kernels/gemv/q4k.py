@@ -41,7 +41,7 @@ from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, norm_scale, p
                      warp_sum, warp_threads, write_outputs, x_planes)
 
 __all__ = ["build_q4k", "q4k_layout", "piece_offsets", "piece_x", "piece_nw", "piece_planes",
-           "piece_dot", "norm_sum"]
+           "piece_dot", "piece_scales", "scale_selectors", "norm_sum"]
 
 _SEL_BASE = 0x7044          # out = [0x00, 0x00, byte i of a, 0x3F]
 _ONE_EXP = 0x3F000000
@@ -159,14 +159,20 @@ def piece_planes(k, pc):
     # low half's sums by 16 to match
     pc["xscale"] = amax * (1.0 / (16 * XFULL))
     pc["planes"] = [x_planes(k, half, inv) for half in halves]
-    # for piece_scales: the prmt selector that gathers bytes b, b+1 of two
-    # words (b = 2 (j & 1)), and the masks of the lane's case (j < 2, j >= 2)
-    j = pc["c"] >> 1
+    pc.update(scale_selectors(k, pc["c"]))
+
+
+def scale_selectors(k, c):
+    """For :func:`piece_scales`, per lane of piece ``c`` (0..7, a register)
+    of a super-block: the prmt selector that gathers bytes b, b+1 of two
+    words (b = 2 (j & 1), j = c // 2), and the masks of the lane's case (j <
+    2, j >= 2), as ``sel``, ``g_a``, ``g_b``, ``g_c``."""
+    j = c >> 1
     hi = j >= 2
-    pc["sel"] = ((j & 1) << 1) * 0x1111 + 0x5410
-    pc["g_a"] = k.select(hi, k.mov(0, u32), k.mov(0x3F3F3F3F, u32))
-    pc["g_b"] = k.select(hi, k.mov(0x30303030, u32), k.mov(0, u32))
-    pc["g_c"] = k.select(hi, k.mov(0x0F0F0F0F, u32), k.mov(0, u32))
+    return dict(sel=((j & 1) << 1) * 0x1111 + 0x5410,
+                g_a=k.select(hi, k.mov(0, u32), k.mov(0x3F3F3F3F, u32)),
+                g_b=k.select(hi, k.mov(0x30303030, u32), k.mov(0, u32)),
+                g_c=k.select(hi, k.mov(0x0F0F0F0F, u32), k.mov(0, u32)))
 
 
 def byte_times16(k, v, b):

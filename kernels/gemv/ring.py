@@ -1,7 +1,7 @@
 """Quantized GEMV streamed through a ring of shared-memory stages with ``cp.async``.
 
-``GemvConfig(stages=S)`` (S >= 2), Q4_K, and Q6_K/Q8_0 when one tile covers
-the row and rows are 16-byte aligned.  The direct Q4_K kernel (:mod:`.q4k`) loads
+``GemvConfig(stages=S)`` (S >= 2), Q4_K, and the other formats when one tile
+covers the row and rows are 16-byte aligned.  The direct Q4_K kernel (:mod:`.q4k`) loads
 weights into registers, so how many bytes are in flight is decided by the
 JIT's register allocation (it interleaves the loads with the math to stay
 under its register budget).  Here the CTA's weight bytes travel by
@@ -17,10 +17,11 @@ headers too).  Each thread then reads its piece's 16 qs bytes and its
 super-block's header from the stage (``ld.shared.v4``; the 8 lanes of a
 super-block read the same header, a broadcast; a quarter warp's qs reads
 cover 128 contiguous bytes, no bank conflicts) and computes exactly as the
-direct kernel does, x in registers.  Q6_K and Q8_0 threads decode their
+direct kernel does, x in registers.  The other formats' threads decode their
 piece of each row (``pieces`` of them, ``tid + i * threads``) from the stage
 exactly as the staged kernel (:mod:`.staged`) decodes it from its tile,
-with their x values loaded once (the tile is the whole row).
+with their x values loaded once (the tile is the whole row) and, with
+``dot="dp4a"``, split into byte planes once (:data:`.staged.PLANES`).
 
 Per row group ``g`` (iteration of the CTA's loop)::
 
@@ -57,7 +58,7 @@ from ptxgen.values import Address
 from ..spec_fields import pdl_prologue, pdl_wait
 from .common import declare_params, write_outputs
 from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x, q4k_layout
-from .staged import FORMATS, q6_planes, staged_layout
+from .staged import FORMATS, PLANES, staged_layout
 
 __all__ = ["build_ring", "copy_rows"]
 
@@ -193,7 +194,7 @@ def build_ring(spec) -> ptxgen.Module:
                 active = p < lay["pieces"]
                 spc = piece_fn(k, None, x, 0, k.min(p, lay["pieces"] - 1), lay)
                 if spec.dot == "dp4a":
-                    q6_planes(k, spc)
+                    PLANES[spec.qtype](k, spc)
                 spcs.append((active, spc))
             ring_base = k.mov(ring)
         for s_ in range(pre, S - 1):

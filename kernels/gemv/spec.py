@@ -16,11 +16,18 @@ from ptxgen.target import SHARED_LINE, TARGETS
 
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 
-__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "QTYPE_INFO", "EPILOGUES", "check_k",
-           "MAX_RING_BYTES"]
+__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "QTYPE_INFO", "DP4A_RING", "EPILOGUES",
+           "check_k", "MAX_RING_BYTES"]
 
-#: qtype -> (weights per block, bytes per block)
-QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+#: qtype -> (weights per block, bytes per block) as the GEMV reads them: GGUF's
+#: blocks, except that F16 and BF16 rows (GGUF blocks of one weight) are read
+#: in units of 8 weights (16 bytes), so their K is a multiple of 8
+QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34),
+              "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
+              "Q5_K": (256, 176), "F16": (8, 16), "BF16": (8, 16)}
+#: the formats whose pieces have a ``dot="dp4a"`` form through the ring
+#: (Q4_K has one in both of its kernels)
+DP4A_RING = ("Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
 EPILOGUES = ("none", "residual", "swiglu", "rope")
 
 #: dynamic shared memory a CTA may ask for on sm_80/sm_90 (the ring's limit)
@@ -33,8 +40,9 @@ def check_k(qtype: str, k: int) -> None:
         raise ValueError(f"qtype must be one of {', '.join(QTYPE_INFO)}, got {qtype!r}")
     bs = QTYPE_INFO[qtype][0]
     if not isinstance(k, int) or isinstance(k, bool) or k <= 0 or k % bs:
-        raise ValueError(f"{qtype} GEMV: K={k!r} is not a positive multiple of the "
-                         f"{qtype} block size ({bs} weights)")
+        what = (f"of 8 (the GEMV reads {qtype} rows 16 bytes at a time)" if qtype in ("F16", "BF16")
+                else f"of the {qtype} block size ({bs} weights)")
+        raise ValueError(f"{qtype} GEMV: K={k!r} is not a positive multiple {what}")
 
 
 def _in(name, allowed):
@@ -67,11 +75,12 @@ class GemvSpec:
 
     Parameters
     ----------
-    qtype : {"Q4_K", "Q6_K", "Q8_0"}
-        Weight format.
+    qtype : {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "F16", "BF16"}
+        Weight format (GGUF's bytes; :data:`QTYPE_INFO`).
     k : int
-        Row length (a multiple of the block: 256, or 32 for Q8_0); a
-        build-time constant so loops over K unroll.  M is a launch argument.
+        Row length (a multiple of the block: 256 for the K-quants, 32 for
+        Q4_0 ... Q8_0, 8 for F16 and BF16); a build-time constant so loops
+        over K unroll.  M is a launch argument.
     epilogue : {"none", "residual", "swiglu", "rope"}
         ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; or the
         stacked ``[Wq; Wk; Wv]`` projection of a decode step with RoPE on its
@@ -153,11 +162,12 @@ class GemvConfig:
         flight together, x is reused across them).
     pieces : int
         Q4_K: 32-weight pieces a thread owns (0 = as few as fit in 1024
-        threads).  Q6_K/Q8_0 through the ring: 16- and 8-weight pieces a
-        thread (0 = one).
+        threads).  The other formats through the ring: pieces a thread (0 =
+        one; a piece is 16 weights of Q6_K and of Q4_0 ... Q5_1, 8 of Q8_0,
+        F16 and BF16, 32 of Q5_K).
     tile : int
-        Q6_K/Q8_0 without the ring: weights per K tile (a multiple of the
-        block).  With the ring the tile is the whole row.
+        The other formats without the ring: weights per K tile (a multiple
+        of the block).  With the ring the tile is the whole row.
     max_ctas : int
         Upper bound on the grid; rows per CTA grow beyond it.
     min_ctas : int
@@ -172,7 +182,8 @@ class GemvConfig:
         How products are summed: f32 fma against dequantized weights, or
         ``dp4a`` against x split once into three byte planes (``x ~ s (x0
         2^16 + x1 2^8 + x2)``, ``s = max|x| / 4e6``: error below 2^-22.9 of
-        ``max|x|``; :func:`.common.x_planes`).  Q4_K, and Q6_K through the ring.
+        ``max|x|``; :func:`.common.x_planes`).  Q4_K, and Q6_K, Q4_0, Q4_1,
+        Q5_0, Q5_1 and Q5_K through the ring.
     ahead : int
         Ring: how many of the first ``S - 1`` row groups are issued before
         the PDL wait and x (0: all of them).
@@ -268,9 +279,10 @@ class GemvPlan:
         bs = sp.block_weights
         if c.tile % bs:
             raise ValueError(f"tile must be a positive multiple of {bs}, got {c.tile!r}")
-        if c.dot == "dp4a" and not (sp.qtype == "Q4_K" or (sp.qtype == "Q6_K" and c.stages)):
-            raise ValueError("dot='dp4a' is built for Q4_K and for Q6_K through the ring "
-                             "(stages >= 2)")
+        if c.dot == "dp4a" and not (sp.qtype == "Q4_K" or (sp.qtype in DP4A_RING and c.stages)):
+            raise ValueError(f"dot='dp4a' is built for Q4_K and for {', '.join(DP4A_RING)} "
+                             f"through the ring (stages >= 2), not {sp.qtype}"
+                             f"{'' if c.stages else ' without it'}")
         if c.pieces > 1 and sp.qtype != "Q4_K" and not c.stages:
             raise ValueError(f"pieces={c.pieces} for {sp.qtype} is built for the ring "
                              "(stages >= 2); tile by tile a thread owns one piece")

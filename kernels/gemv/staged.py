@@ -1,4 +1,9 @@
-"""Q6_K and Q8_0 GEMV: weight tiles staged through shared memory.
+"""GEMV of every format but Q4_K: weight tiles staged through shared memory.
+
+The piece decoders of Q6_K and Q8_0 are here; those of Q4_0 ... Q5_1
+(:mod:`.legacy`), Q5_K (:mod:`.q5k`), F16 and BF16 (:mod:`.floats`) are
+registered in :data:`FORMATS` and :data:`PLANES` beside them.  The ring
+(:mod:`.ring`) uses the same decoders.
 
 Q6_K blocks (210 bytes) and Q8_0 blocks (34 bytes) are only 2-byte aligned
 inside a row, so a thread cannot read "its" block with wide loads.  Instead a
@@ -27,12 +32,23 @@ import ptxgen
 from ptxgen.types import f16, f32, s8, s32, u8, u16, u32
 
 from ..spec_fields import pdl_prologue
-from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, plane_inverse,
+from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, plane_inverse, u32_at,
                      warp_threads, write_outputs, x_planes)
+from .floats import FLOAT_FORMATS
+from .legacy import LEGACY_FORMATS
+from .q5k import Q5K_FORMAT
 
-__all__ = ["build_staged", "staged_layout", "q6_planes", "FORMATS"]
+__all__ = ["build_staged", "staged_layout", "pieces_per_row", "q6_planes", "FORMATS", "PLANES"]
 
-_PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4}
+#: pieces of a block (Q6_K 16 and Q4_0 ... Q5_1 2 pieces of 16 weights; Q8_0
+#: 4 of 8; F16 and BF16 one of 8, their GEMV block; Q5_K 8 of 32)
+_PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4, "Q4_0": 2, "Q4_1": 2, "Q5_0": 2, "Q5_1": 2,
+                     "F16": 1, "BF16": 1, "Q5_K": 8}
+
+
+def pieces_per_row(spec) -> int:
+    """Pieces in a row of ``spec.k`` weights (the ring's tile)."""
+    return spec.k // spec.block_weights * _PIECES_PER_BLOCK[spec.qtype]
 
 
 def staged_layout(spec) -> dict:
@@ -55,11 +71,7 @@ def staged_layout(spec) -> dict:
                 ppt=ppt)
 
 
-def _u32_at(k, addr):
-    """A 32-bit little-endian word from a 2-byte aligned shared address."""
-    lo = k.ld(addr, u16)
-    hi = k.ld(addr + 2, u16)
-    return k.pack(u32, lo, hi)
+_u32_at = u32_at
 
 
 def _q8_piece(k, sm, x, tile_k0, tid, lay):
@@ -163,11 +175,18 @@ def _q6_dot_planes(k, pc, d, ql, qh, scb):
     return (d * pc["xscale"]) * f
 
 
+#: qtype -> (piece_fn, dot_fn): the piece decoders of the staged and ring kernels
 FORMATS = {"Q6_K": (_q6_piece, _q6_dot), "Q8_0": (_q8_piece, _q8_dot)}
+#: qtype -> the function that turns a piece's x into ``dot="dp4a"`` planes
+PLANES = {"Q6_K": q6_planes}
+for _q, (_piece, _dot, _planes) in {**LEGACY_FORMATS, **FLOAT_FORMATS, "Q5_K": Q5K_FORMAT}.items():
+    FORMATS[_q] = (_piece, _dot)
+    if _planes is not None:
+        PLANES[_q] = _planes
 
 
 def build_staged(spec) -> ptxgen.Module:
-    """Build the Q6_K or Q8_0 GEMV kernel described by ``spec``."""
+    """Build the tile-by-tile GEMV kernel (every format but Q4_K) of ``spec``."""
     lay = staged_layout(spec)
     piece_fn, dot_fn = FORMATS[spec.qtype]
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes

@@ -48,11 +48,21 @@ def select_config(spec: GemvSpec, m: int | None = None, sm_count: int | None = N
     return balanced(spec, GemvConfig(**knobs), m, sm_count)
 
 
+#: rows of the direct kernel where a ring does not fit (F16/BF16 rows of a
+#: 2048-weight tile take 4 KB of static shared memory each)
+_DIRECT_ROWS = {"Q6_K": 2, "F16": 4, "BF16": 4}
+
+
 def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
-    """Halve a ring's rows until its stages fit the shared memory; without
-    a fit, the direct kernel's config (no ring fields)."""
+    """Halve a ring's rows until its stages fit the shared memory, and give
+    a thread more pieces until a row's pieces fit 1024 threads; where rows
+    are not 16-byte aligned (the ring copies 16-byte chunks) or nothing
+    fits, the direct kernel's config (no ring fields)."""
     if not knobs.get("stages"):
         return knobs
+    direct = {"rows": _DIRECT_ROWS.get(spec.qtype, 8), "max_ctas": 2112}
+    if spec.qtype != "Q4_K" and spec.row_bytes % 16:
+        return direct
 
     def ring_bytes():
         return knobs["stages"] * spec.n_mats * knobs["rows"] * spec.row_bytes
@@ -60,7 +70,13 @@ def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
     while knobs["rows"] > 1 and ring_bytes() > MAX_RING_BYTES:
         knobs["rows"] //= 2
     if ring_bytes() > MAX_RING_BYTES:
-        return {"rows": 8 if spec.qtype != "Q6_K" else 2, "max_ctas": 2112}
+        return direct
+    if spec.qtype != "Q4_K":
+        from .staged import pieces_per_row
+        while -(-pieces_per_row(spec) // max(1, knobs.get("pieces", 0))) > 1024:
+            if knobs.get("pieces", 0) >= 8:
+                return direct
+            knobs["pieces"] = max(2, 2 * knobs.get("pieces", 0))
     return knobs
 
 

@@ -1,4 +1,5 @@
-"""Embedding row gather from f32/f16/Q8_0/Q4_K/Q6_K tables (token id on device).
+"""Embedding row gather from f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K
+tables (token id on device).
 
 The oracle of a quantized table is gguf's own decoder
 (``gguf.quants.dequantize``), of f16/f32 tables numpy's cast; the rows are
@@ -22,7 +23,8 @@ def _table(qtype, n_vocab, n, rng):
     raw = quants.quantize(w, qtype)
     gguf = pytest.importorskip("gguf")       # the reference decoder (a test dependency)
     from gguf.quants import dequantize
-    return raw, dequantize(raw.reshape(n_vocab, -1), gguf.GGMLQuantizationType[qtype])
+    deq = dequantize(raw.reshape(n_vocab, -1), gguf.GGMLQuantizationType[qtype.upper()])
+    return raw, np.asarray(deq, np.float32).reshape(n_vocab, n)
 
 
 def _run(run, spec, table, token, n, n_vocab):
@@ -36,7 +38,8 @@ def _run(run, spec, table, token, n, n_vocab):
 
 
 @pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 512),
-                                     ("Q6_K", 256)])
+                                     ("Q6_K", 256), ("bf16", 70), ("Q4_0", 96), ("Q4_1", 64),
+                                     ("Q5_0", 96), ("Q5_1", 160), ("Q5_K", 512)])
 def test_embedding(run, qtype, n, rng):
     n_vocab = 5
     table, deq = _table(qtype, n_vocab, n, rng)
@@ -54,7 +57,8 @@ def test_embedding_bad_token_writes_nothing(run, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16", "bf16", "Q4_0", "Q4_1",
+                                   "Q5_0", "Q5_1", "Q5_K"])
 def test_embedding_gpu(gpu_run, qtype, rng):
     n_vocab, n = 300, 4096
     table, deq = _table(qtype, n_vocab, n, rng)
@@ -64,6 +68,11 @@ def test_embedding_gpu(gpu_run, qtype, rng):
 
 def test_embedding_refuses():
     with pytest.raises(ValueError):
-        E.EmbeddingSpec(qtype="Q5_K")
+        E.EmbeddingSpec(qtype="Q3_K")
+    with pytest.raises(ValueError):
+        E.EmbeddingSpec(qtype="Q5_K").row_bytes(128)
+    # GGUF's type names are taken in any case
+    assert E.EmbeddingSpec(qtype="BF16").qtype == "bf16"
+    assert E.EmbeddingSpec(qtype="q5_0").qtype == "Q5_0"
     with pytest.raises(ValueError):
         E.EmbeddingSpec(qtype="Q4_K").row_bytes(100)

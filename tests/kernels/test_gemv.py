@@ -1,4 +1,5 @@
-"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64.
+"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64 (the other weight
+types: test_gemv_qtypes.py).
 
 The oracle is ``gemv.reference``: float64 weights from ``quants.dequantize``
 times x.  ``_data`` checks, for the very weights of each test, that
@@ -448,7 +449,8 @@ def test_k_not_multiple_refused(qtype, k):
         G.default_plan(qtype, k)
 
 
-@pytest.mark.parametrize("bad", [dict(qtype="Q5_K"), dict(epilogue="gelu"), dict(rows=3),
+@pytest.mark.parametrize("bad", [dict(qtype="Q3_K"), dict(qtype="F32"), dict(epilogue="gelu"),
+                                 dict(rows=3),
                                  dict(rows=32), dict(tile=100), dict(slices=2),
                                  dict(target="sm_75"), dict(max_ctas=0)])
 def test_bad_spec_refused(bad):
