@@ -29,6 +29,7 @@ import numpy as np
 from ptxgen.kernels import gemv as G
 
 from ptxgen.driver import ops_gemv
+from ptxgen.driver.launch import launch
 
 __all__ = ["run_all", "SHAPES", "QTYPES"]
 
@@ -103,7 +104,7 @@ def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
 
     def go(ptrs, y, m):
         grid, block, shared, rpc = G.launch_geometry(spec, m)
-        ops_gemv.launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
+        launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
                         stream=torch.cuda.current_stream(), pdl=spec.pdl)
     return spec, go
 
