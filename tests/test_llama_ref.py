@@ -116,8 +116,8 @@ def test_synth_cli(tmp_path, capsys):
     assert gguf_synth.main([str(out), "--preset", "tiny", "--seed", "3", "--quiet"]) == 0
     assert "seed 3" in capsys.readouterr().out
     assert field(gguf.GGUFReader(out), "llama.block_count") == 2
-    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "Q5_K", "--quiet"]) == 2
-    assert "unsupported quantization type 'Q5_K'" in capsys.readouterr().err
+    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "Q7_K", "--quiet"]) == 2
+    assert "unsupported quantization type 'Q7_K'" in capsys.readouterr().err
 
 
 def test_synth_refuses_bad_shapes(tmp_path):
@@ -257,9 +257,10 @@ def test_rms_norm_and_silu_by_hand():
 # refusals
 
 def test_refuses_wrong_architecture(tmp_path, tiny):
-    p = tmp_path / "qwen.gguf"
-    rewrite(tiny[0], p, arch="qwen2")
-    with pytest.raises(ValueError, match=r"architecture 'qwen2' is not supported \(supported: llama, mistral\)"):
+    p = tmp_path / "gpt2.gguf"
+    rewrite(tiny[0], p, arch="gpt2")
+    with pytest.raises(ValueError, match=r"architecture 'gpt2' is not supported "
+                                         r"\(supported: llama, mistral, qwen2, qwen3\)"):
         LlamaReference(p)
 
 
