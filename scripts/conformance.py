@@ -146,7 +146,7 @@ def tensor_types(model) -> dict[str, str]:
 
 def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
     """Logits (n_tokens, n_vocab) float64 from the numpy reference (f16 KV cache)."""
-    from ptxgen.driver.llama_ref import LlamaReference
+    from ptxgen.driver.model.llama_ref import LlamaReference
     ref = LlamaReference(model, kv_dtype=np.float16, max_context=len(tokens))
     if emulate_llamacpp:
         types = tensor_types(model)
