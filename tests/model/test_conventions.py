@@ -39,6 +39,17 @@ def _kinds(m, layer):
     return [op.kind for op in m.graph.ops if op.name.startswith(p)]
 
 
+def _qkv_epilogue(m, path):
+    """The layer-0 Q/K/V GEMV's epilogue, which `python -m ptxgen tune`
+    must time too (its gemv_calls)."""
+    from ptxgen.driver.tune import gemv_calls
+    spec = next(L.spec for op in m.graph.ops if op.name == "blk.0.attn_qkv" for L in op.launches)
+    qt, rows, k, epi = gemv_calls(path)[0]
+    assert (qt, rows, k, epi) == (spec.qtype, m.hp.q_dim + 2 * m.hp.kv_dim, m.hp.hidden,
+                                  spec.epilogue)
+    return epi
+
+
 def _table(m):
     buf = next(b for b in m.graph.buffers if b.name == "rope_freqs")
     return buf.data[:, 0].astype(np.float64) + buf.data[:, 1]
@@ -64,6 +75,7 @@ def test_llama31_rope_freqs_and_q4_k_m(tmp_path, rng, seed, tied):
     m = _decode(path, rng)
     assert m.hp.rope_freqs and m.hp.tied == tied
     assert _kinds(m, 0)[0] == "MulMatRopeKv" and "RopeKvAppend" in _kinds(m, 1)
+    assert _qkv_epilogue(m, path) == "rope"
     # the kernels' table: base^(-2i/d) / factor_i, as (hi, lo) f32 pairs
     want = 10000.0 ** (-np.arange(0, d, 2) / d) / factors.astype(np.float64)
     np.testing.assert_allclose(_table(m), want, rtol=1e-12)
@@ -112,7 +124,7 @@ def test_qwen25_biases_tied_output(tmp_path, rng, seed):
     assert rope_specs == {"neox"}
     qkv = [L.spec for op in m.graph.ops if op.name.startswith("blk.0.attn_qkv")
            for L in op.launches]
-    assert qkv[0].epilogue == "residual"
+    assert qkv[0].epilogue == "residual" and _qkv_epilogue(m, path) == "residual"
     # the biases are large enough that leaving them out would show
     ref = LlamaReference(path)
     with_b = ref.step(7)
@@ -128,7 +140,7 @@ def test_qwen3_qk_norms(tmp_path, rng, seed):
     path = str(tmp_path / "qwen3.gguf")
     write_synthetic_llama(path, seed=seed, arch="qwen3", head_dim=128, **TINY)
     m = _decode(path, rng)
-    assert m.hp.qk_norm and m.hp.q_dim == 512
+    assert m.hp.qk_norm and m.hp.q_dim == 512 and _qkv_epilogue(m, path) == "none"
     ops = [(op.kind, op.name) for op in m.graph.ops if op.name.startswith("blk.0.")]
     assert ops[:4] == [("MulMat", "blk.0.attn_qkv"), ("RmsNorm", "blk.0.attn_q_norm"),
                        ("RmsNorm", "blk.0.attn_k_norm"), ("RopeKvAppend", "blk.0.rope_kv_append")]
