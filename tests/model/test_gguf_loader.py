@@ -278,6 +278,17 @@ def test_alignment(tmp_path, seed):
     bad.write_bytes(bytes(data))
     with pytest.raises(GGUFError, match="'general.alignment' must be a non-zero power of two"):
         LlamaFile(bad)
+    # a tensor whose data offset is not a multiple of the alignment
+    data = bytearray(open(a, "rb").read())
+    name = b"token_embd.weight"
+    at = data.index(name) + len(name) + 4 + 2 * 8 + 4     # n_dims, two dims, type, then offset
+    assert int.from_bytes(data[at:at + 8], "little") == 0
+    data[at:at + 8] = (4).to_bytes(8, "little")
+    moved = tmp_path / "moved.gguf"
+    moved.write_bytes(bytes(data))
+    with pytest.raises(GGUFError, match="'token_embd.weight' starts at data offset 4, not a "
+                                        "multiple of general.alignment 32"):
+        LlamaFile(moved)
 
 
 def test_rope_inv_freq(tmp_path, seed, rng):
