@@ -44,10 +44,16 @@ def gemv_calls(model: str | None) -> list:
     f = LlamaFile(model)
     hp = f.hparams
     out = []
-    for name, epi in (("attn_q", "rope"), ("attn_output", "residual"), ("ffn_gate", "swiglu"),
+    # the stacked Q/K/V GEMV's epilogue as the decode step picks it
+    # (driver/model/qkv.py): RoPE for Llama, the bias add for Qwen2, none
+    # for Qwen3's norms
+    biased = any(f.has(f"blk.0.{n}.bias") for n in ("attn_q", "attn_k", "attn_v"))
+    qkv_epi = ("residual" if biased else
+               "rope" if hp.rope_layout == "interleaved" and not hp.qk_norm else "none")
+    for name, epi in (("attn_q", qkv_epi), ("attn_output", "residual"), ("ffn_gate", "swiglu"),
                       ("ffn_down", "residual")):
         t = f.tensor(f"blk.0.{name}.weight")
-        m = hp.q_dim + 2 * hp.kv_dim if epi == "rope" else t.shape[0]
+        m = hp.q_dim + 2 * hp.kv_dim if name == "attn_q" else t.shape[0]
         out.append((t.qtype, m, t.shape[1], epi))
     t = f.tensor("output.weight" if f.has("output.weight") else "token_embd.weight")
     out.append((t.qtype, t.shape[0], t.shape[1], "none"))

@@ -142,7 +142,13 @@ def inv_freq(spec: RopeSpec) -> np.ndarray:
 
 def freq_table(spec: RopeSpec) -> np.ndarray:
     """The ``[d/2, 2]`` f32 (hi, lo) table the kernel reads."""
-    f = inv_freq(spec)
+    return table_of(inv_freq(spec))
+
+
+def table_of(inv_freq) -> np.ndarray:
+    """The ``[d/2, 2]`` f32 (hi, lo) table of any float64 inverse
+    frequencies (e.g. a model file's, with its per-frequency factors)."""
+    f = np.asarray(inv_freq, dtype=np.float64)
     hi = f.astype(np.float32)
     lo = (f - hi.astype(np.float64)).astype(np.float32)
     return np.ascontiguousarray(np.stack([hi, lo], axis=1))

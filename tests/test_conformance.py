@@ -144,3 +144,30 @@ def test_tiny_model_matches_llamacpp(qtype, out_qtype, tmp_path, seed):
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(res.stdout)
     assert res.returncode == 0, f"seed={seed}\n{res.stdout}"
+
+
+CONVENTIONS = {
+    "llama31_q4km": dict(rope_freqs=True, mix="Q4_K_M"),
+    "llama31_q4km_tied": dict(rope_freqs=True, mix="Q4_K_M", tie_embeddings=True),
+    "mistral_nemo": dict(arch="mistral", head_dim=128),
+    "qwen25_tied": dict(arch="qwen2", tie_embeddings=True, mix="Q4_K_M"),
+    "qwen3": dict(arch="qwen3", head_dim=128, tokenizer="llama"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CONVENTIONS))
+def test_conventions_match_llamacpp(name, tmp_path, seed):
+    """Files in each architecture's conventions (gguf_synth): llama.cpp's
+    logits against the float64 reference, which the decode tests use."""
+    oracle = _oracle()
+    if oracle is None or not oracle.is_file():
+        pytest.skip("no llama.cpp build (make llamacpp)")
+    model = tmp_path / f"{name}.gguf"
+    from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama
+    write_synthetic_llama(model, **PRESETS["tiny"], **CONVENTIONS[name], seed=seed % 2**32)
+    res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
+                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "8"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(res.stdout)
+    assert res.returncode == 0, f"seed={seed}\n{res.stdout}"

@@ -116,8 +116,35 @@ def test_synth_cli(tmp_path, capsys):
     assert gguf_synth.main([str(out), "--preset", "tiny", "--seed", "3", "--quiet"]) == 0
     assert "seed 3" in capsys.readouterr().out
     assert field(gguf.GGUFReader(out), "llama.block_count") == 2
-    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "IQ2_XXS", "--quiet"]) == 2
-    assert "unsupported quantization type 'IQ2_XXS'" in capsys.readouterr().err
+    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--qtype", "Q7_K", "--quiet"]) == 2
+    assert "unsupported quantization type 'Q7_K'" in capsys.readouterr().err
+
+
+def test_synth_cli_conventions(tmp_path, capsys):
+    """--arch, --head-dim, --mix, --tied, --vocab-size, --tokenizer and
+    --rope-freqs reach the file."""
+    from ptxgen.driver.model.gguf_loader import LlamaFile
+    q3 = tmp_path / "q3.gguf"
+    assert gguf_synth.main([str(q3), "--arch", "qwen3", "--head-dim", "128", "--mix", "Q4_K_M",
+                            "--tied", "--vocab-size", "1024", "--tokenizer", "llama",
+                            "--seed", "1", "--quiet"]) == 0
+    f = LlamaFile(q3)
+    hp = f.hparams
+    assert (hp.arch, hp.head_dim, hp.qk_norm, hp.tied, hp.vocab) == ("qwen3", 128, True, True, 1024)
+    assert f.tokenizer_model == "llama" and f.qtype("token_embd.weight") == "Q6_K"
+    assert field(gguf.GGUFReader(q3), "general.file_type") == 15
+    l31 = tmp_path / "l31.gguf"
+    assert gguf_synth.main([str(l31), "--rope-freqs", "--seed", "1", "--quiet"]) == 0
+    f = LlamaFile(l31)
+    assert f.hparams.rope_freqs
+    want = gguf_synth.llama31_rope_factors(64, 10000.0)
+    assert np.array_equal(f.tensor("rope_freqs.weight").data, want)
+    # Llama 3.1's rule: factor 1 at short wavelengths, 8 at long ones, a blend between
+    assert want[0] == 1.0 and want[-1] == 8.0 and np.all(np.diff(want) >= 0)
+    capsys.readouterr()
+    assert gguf_synth.main([str(tmp_path / "x.gguf"), "--arch", "qwen2", "--rope-freqs",
+                            "--quiet"]) == 2
+    assert "rope_freqs is a llama convention" in capsys.readouterr().err
 
 
 def test_synth_refuses_bad_shapes(tmp_path):
@@ -257,9 +284,10 @@ def test_rms_norm_and_silu_by_hand():
 # refusals
 
 def test_refuses_wrong_architecture(tmp_path, tiny):
-    p = tmp_path / "qwen.gguf"
-    rewrite(tiny[0], p, arch="qwen2")
-    with pytest.raises(ValueError, match=r"architecture 'qwen2' is not supported \(supported: llama, mistral\)"):
+    p = tmp_path / "gpt2.gguf"
+    rewrite(tiny[0], p, arch="gpt2")
+    with pytest.raises(ValueError, match=r"architecture 'gpt2' is not supported "
+                                         r"\(supported: llama, mistral, qwen2, qwen3\)"):
         LlamaReference(p)
 
 

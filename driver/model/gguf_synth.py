@@ -1,7 +1,12 @@
-"""Write a synthetic Llama-architecture GGUF with random, quantized weights.
+"""Write a synthetic decoder GGUF with random, quantized weights.
 
-The file has the metadata and tensor names llama.cpp uses for
-``general.architecture = llama``; weights are Gaussian (std 1/sqrt(fan_in)),
+The file has the metadata, tensor names and conventions llama.cpp's
+converter writes for ``llama`` (Llama 2/3; Llama 3.1+ with
+``rope_freqs.weight``; Mistral 7B / Nemo, which are written as ``llama``
+with an explicit head size), ``qwen2`` (Qwen2.5: q/k/v biases) and
+``qwen3`` (per-head q/k norms, explicit head size), optionally with
+llama.cpp's Q4_K_M / Q5_K_M quant mix (:func:`quant_mix`); weights are
+Gaussian (std 1/sqrt(fan_in)),
 norm weights near 1, quantized with :mod:`ptxgen.kernels.quants` and stored in
 GGUF's conventions (a numpy [out, in] weight is a GGUF tensor with
 ne = [in, out]), so that ``gguf.GGUFReader`` and ``gguf.quants.dequantize``
@@ -14,7 +19,9 @@ Llama-3-8B-shaped file takes minutes instead of an hour of quantizing.
 
 CLI::
 
-    python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny|llama3-8b [--qtype Q4_K] [--seed N]
+    python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny|llama3-8b|... [--arch qwen2]
+        [--qtype Q4_K] [--mix Q4_K_M] [--rope-freqs] [--head-dim N] [--tied] [--vocab-size N]
+        [--seed N]
 """
 from __future__ import annotations
 
@@ -30,19 +37,42 @@ import numpy as np
 
 from ptxgen.kernels import quants
 
-__all__ = ["PRESETS", "SynthInfo", "write_synthetic_llama", "main"]
+__all__ = ["PRESETS", "ARCHS", "MIXES", "SynthInfo", "write_synthetic_llama", "quant_mix",
+           "llama31_rope_factors", "main"]
 
+#: model shapes (the 8B-class ones as their Hugging Face configs give them)
 PRESETS: dict[str, dict] = {
     "tiny": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
                  context_length=2048, rope_theta=10000.0),
     "llama3-8b": dict(n_layers=32, hidden=4096, ffn=14336, n_heads=32, n_kv_heads=8,
                       vocab=128256, context_length=8192, rope_theta=500000.0),
+    "llama3.1-8b": dict(n_layers=32, hidden=4096, ffn=14336, n_heads=32, n_kv_heads=8,
+                        vocab=128256, context_length=131072, rope_theta=500000.0,
+                        rope_freqs=True),
+    "mistral-nemo-12b": dict(arch="mistral", n_layers=40, hidden=5120, ffn=14336, n_heads=32,
+                             n_kv_heads=8, head_dim=128, vocab=131072, context_length=1024000,
+                             rope_theta=1000000.0),
+    "qwen2.5-7b": dict(arch="qwen2", n_layers=28, hidden=3584, ffn=18944, n_heads=28,
+                       n_kv_heads=4, vocab=152064, context_length=32768, rope_theta=1000000.0,
+                       rms_eps=1e-6),
+    "qwen3-8b": dict(arch="qwen3", n_layers=36, hidden=4096, ffn=12288, n_heads=32,
+                     n_kv_heads=8, head_dim=128, vocab=151936, context_length=40960,
+                     rope_theta=1000000.0, rms_eps=1e-6),
 }
+
+#: --arch -> general.architecture written (llama.cpp's converter writes
+#: Mistral 7B and Mistral-Nemo as llama)
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+#: quant mixes -> (base type, llama.cpp's LLAMA_FTYPE_MOSTLY_* value)
+MIXES = {"Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17)}
 
 #: general.file_type (llama.cpp's LLAMA_FTYPE) of a file whose matrices are all one type
 _FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9,
-              "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "BF16": 32}
+              "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "BF16": 32}
 _FLOAT_TYPES = {"F32": (np.float32,), "F16": (np.float16,)}
+# llama.cpp's fallback when a row is not whole blocks of the chosen type
+# (tensor_type_fallback in llama-quant.cpp)
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 @attrs.frozen
@@ -65,18 +95,25 @@ def _type_name(t) -> str:
     return quants.qtype_of(t).name
 
 
-def _tensor_plan(*, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, head_dim,
-                 qtype, output_qtype, embd_qtype, tie_embeddings):
+def _tensor_plan(*, arch, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, head_dim,
+                 qtype, output_qtype, embd_qtype, tie_embeddings, rope_freqs):
     """(name, type, shape [out, in] or [n], kind) in llama.cpp's file order."""
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
-    plan = [("token_embd.weight", embd_qtype, (vocab, hidden), "embd")]
+    plan = []
+    if rope_freqs:
+        plan.append(("rope_freqs.weight", "F32", (head_dim // 2,), "rope_freqs"))
+    plan.append(("token_embd.weight", embd_qtype, (vocab, hidden), "embd"))
     for i in range(n_layers):
         b = f"blk.{i}."
+        plan += [(b + "attn_norm.weight", "F32", (hidden,), "norm")]
+        for name, rows in (("attn_q", q_dim), ("attn_k", kv_dim), ("attn_v", kv_dim)):
+            plan.append((b + name + ".weight", qtype, (rows, hidden), "w"))
+            if arch == "qwen2":
+                plan.append((b + name + ".bias", "F32", (rows,), "bias"))
+        if arch == "qwen3":
+            plan += [(b + "attn_k_norm.weight", "F32", (head_dim,), "norm"),
+                     (b + "attn_q_norm.weight", "F32", (head_dim,), "norm")]
         plan += [
-            (b + "attn_norm.weight", "F32", (hidden,), "norm"),
-            (b + "attn_q.weight", qtype, (q_dim, hidden), "w"),
-            (b + "attn_k.weight", qtype, (kv_dim, hidden), "w"),
-            (b + "attn_v.weight", qtype, (kv_dim, hidden), "w"),
             (b + "attn_output.weight", qtype, (hidden, q_dim), "w"),
             (b + "ffn_norm.weight", "F32", (hidden,), "norm"),
             (b + "ffn_gate.weight", qtype, (ffn, hidden), "w"),
@@ -87,6 +124,70 @@ def _tensor_plan(*, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, head_dim,
     if not tie_embeddings:
         plan.append(("output.weight", output_qtype, (vocab, hidden), "w"))
     return plan
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama-quant.cpp: the first and last eighth of the layers, and every
+    # third layer between them, get more bits
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def quant_mix(mix: str, names_shapes, n_layers: int, tied: bool) -> dict:
+    """Tensor name -> type under llama.cpp's ``mix`` ("Q4_K_M" or "Q5_K_M",
+    ``llama_tensor_get_type`` in llama-quant.cpp for a dense model):
+
+    - ``output.weight``, or ``token_embd.weight`` when it is tied: Q6_K
+      (Q8_0 when its rows are not whole 256-weight blocks);
+    - ``attn_v`` and ``ffn_down`` of the layers :func:`_use_more_bits`
+      picks (the first and last eighth, and every third layer from the
+      first eighth on): Q6_K;
+    - every other matrix: the base type (Q4_K, Q5_K);
+    - a row that is not whole blocks of the chosen type falls back as
+      llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16);
+    - vectors (norms, biases, rope_freqs) stay F32.
+
+    ``names_shapes``: (name, shape [out, in] or [n]) pairs.
+    """
+    if mix not in MIXES:
+        raise ValueError(f"unknown quant mix {mix!r}; known: {', '.join(MIXES)}")
+    base = MIXES[mix][0]
+    out = {}
+    for name, shape in names_shapes:
+        if len(shape) < 2:
+            out[name] = "F32"
+            continue
+        cols = shape[-1]
+        short = name.split(".")[-2] if name.startswith("blk.") else ""
+        layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
+        if name == "output.weight" or (tied and name == "token_embd.weight"):
+            t = "Q6_K" if cols % 256 == 0 else "Q8_0"
+        elif short in ("attn_v", "ffn_down") and _use_more_bits(layer, n_layers):
+            t = "Q6_K"
+        else:
+            t = base
+        bs = quants.qtype_of(t).block_size
+        if cols % bs:
+            t = _FALLBACK.get(t, t)
+            if cols % quants.qtype_of(t).block_size:
+                t = "F16"
+        out[name] = t
+    return out
+
+
+def llama31_rope_factors(head_dim: int, theta: float, factor: float = 8.0,
+                         low_freq_factor: float = 1.0, high_freq_factor: float = 4.0,
+                         original_context: int = 8192) -> np.ndarray:
+    """The f32 ``rope_freqs.weight`` a Llama 3.1 converter writes: per
+    frequency, the divisor that Llama 3's rope scaling applies (1 for short
+    wavelengths, ``factor`` for long ones, a smooth blend between)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freqs
+    lo_wl = original_context / low_freq_factor
+    hi_wl = original_context / high_freq_factor
+    smooth = (original_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = 1.0 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < hi_wl, 1.0, np.where(wavelen > lo_wl, factor, blended))
+    return out.astype(np.float32)
 
 
 def _nbytes(tname: str, shape) -> int:
@@ -112,6 +213,9 @@ class _Generator:
         if kind == "norm":
             x = 1.0 + 0.05 * self.rng.standard_normal(shape, dtype=np.float32)
             return x.astype(_FLOAT_TYPES[tname][0])
+        if kind == "bias":
+            # Qwen2's projection biases are of the order of the projections
+            return (0.5 * self.rng.standard_normal(shape, dtype=np.float32)).astype(np.float32)
         std = 1.0 / np.sqrt(shape[-1])
         if tname in _FLOAT_TYPES:
             return self.gaussian(shape, std).astype(_FLOAT_TYPES[tname][0])
@@ -138,19 +242,21 @@ def write_synthetic_llama(
     tie_embeddings: bool = False, seed: Optional[int] = None,
     pool_weights: int = 1 << 21, name: str = "synthetic-llama",
     progress: Optional[Callable[[int, int, str], None]] = None,
-    type_overrides: Optional[dict] = None,
+    type_overrides: Optional[dict] = None, arch: str = "llama",
+    head_dim: Optional[int] = None, rope_freqs=None, mix: Optional[str] = None,
+    tokenizer: str = "none", alignment: Optional[int] = None,
 ) -> SynthInfo:
-    """Write a random Llama GGUF to ``path``.
+    """Write a random decoder GGUF to ``path``.
 
     Parameters
     ----------
     n_layers, hidden, ffn, n_heads, n_kv_heads, vocab : int
-        Model shape; head_dim = hidden / n_heads.
+        Model shape; ``vocab`` is the embedding's (and output's) rows.
     context_length, rope_theta, rms_eps
-        Written as llama.context_length, llama.rope.freq_base and
-        llama.attention.layer_norm_rms_epsilon.
+        Written as {arch}.context_length, rope.freq_base and
+        attention.layer_norm_rms_epsilon.
     qtype : str
-        Type of the layer weights ("Q4_K", "Q6_K", "Q8_0", "F16", "F32").
+        Type of the layer weights ("Q4_K", "Q6_K", "Q8_0", "F16", "F32", ...).
     output_qtype, embd_qtype : str
         Types of output.weight and token_embd.weight (embd defaults to ``qtype``).
     tie_embeddings : bool
@@ -163,8 +269,27 @@ def write_synthetic_llama(
     progress : callable(done, total, tensor_name), optional
         Called after each tensor is written.
     type_overrides : dict, optional
-        Tensor name -> type for tensors that differ from ``qtype`` (real
-        Q4_K_M files keep some attn_v / ffn_down weights in Q6_K).
+        Tensor name -> type for tensors that differ from ``qtype`` (applied
+        after ``mix``).
+    arch : {"llama", "mistral", "qwen2", "qwen3"}
+        The conventions (:data:`ARCHS`): qwen2 adds f32 attn_q/k/v biases,
+        qwen3 per-head attn_q_norm/attn_k_norm weights and always writes
+        the head size; mistral is written as llama.
+    head_dim : int, optional
+        Head size, written as attention.key_length/value_length (default
+        ``hidden / n_heads``; q has ``n_heads * head_dim`` rows).
+    rope_freqs : bool or array, optional
+        Write ``rope_freqs.weight`` (llama only): True for Llama 3.1's
+        factors (:func:`llama31_rope_factors`), or ``head_dim / 2`` factors.
+    mix : {"Q4_K_M", "Q5_K_M"}, optional
+        llama.cpp's quant mix (:func:`quant_mix`); replaces ``qtype``,
+        ``output_qtype`` and ``embd_qtype``.
+    tokenizer : {"none", "llama"}
+        tokenizer.ggml.model; "llama" also writes a token list of ``vocab``
+        entries (<unk>, <s>, </s>, the 256 byte tokens, then placeholders),
+        their scores and types.
+    alignment : int, optional
+        general.alignment (a power of two; GGUF's default is 32).
 
     Returns
     -------
@@ -173,28 +298,54 @@ def write_synthetic_llama(
     import gguf
 
     t0 = time.perf_counter()
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
     for k, v in dict(n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, vocab=vocab, context_length=context_length).items():
         if int(v) <= 0:
             raise ValueError(f"{k} must be positive, got {v}")
-    if hidden % n_heads:
-        raise ValueError(f"hidden={hidden} is not divisible by n_heads={n_heads}")
+    if head_dim is None:
+        if hidden % n_heads:
+            raise ValueError(f"hidden={hidden} is not divisible by n_heads={n_heads}")
+        head_dim = hidden // n_heads
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads={n_heads} is not a multiple of n_kv_heads={n_kv_heads}")
-    head_dim = hidden // n_heads
-    if head_dim % 2:
+    if head_dim % 2 or head_dim <= 0:
         raise ValueError(f"head_dim={head_dim} must be even for RoPE")
+    if arch == "qwen2" and n_heads * head_dim != hidden:
+        raise ValueError(f"qwen2 needs n_heads * head_dim == hidden, got {n_heads} x {head_dim}")
+    if rope_freqs is not None and rope_freqs is not False and arch not in ("llama", "mistral"):
+        raise ValueError(f"rope_freqs is a llama convention; {arch} applies no frequency factors")
+    if tokenizer not in ("none", "llama"):
+        raise ValueError(f"tokenizer must be 'none' or 'llama', got {tokenizer!r}")
+    if tokenizer == "llama" and vocab < 259:
+        raise ValueError(f"a llama token list needs at least 259 tokens, vocab={vocab}")
+    factors = None
+    if rope_freqs is True:
+        factors = llama31_rope_factors(head_dim, rope_theta)
+    elif rope_freqs is not None and rope_freqs is not False:
+        factors = np.asarray(rope_freqs, dtype=np.float32)
+        if factors.shape != (head_dim // 2,):
+            raise ValueError(f"rope_freqs needs {head_dim // 2} factors, got shape {factors.shape}")
+    if mix is not None:
+        if mix not in MIXES:
+            raise ValueError(f"unknown quant mix {mix!r}; known: {', '.join(MIXES)}")
+        qtype = output_qtype = MIXES[mix][0]
+        embd_qtype = None
     qtype, output_qtype = _type_name(qtype), _type_name(output_qtype)
     embd_qtype = qtype if embd_qtype is None else _type_name(embd_qtype)
     if seed is None:
         seed = int.from_bytes(os.urandom(8), "little") >> 1
     rng = np.random.default_rng(seed)
 
-    plan = _tensor_plan(n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
+    plan = _tensor_plan(arch=arch, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
                         n_kv_heads=n_kv_heads, vocab=vocab, head_dim=head_dim, qtype=qtype,
                         output_qtype=output_qtype, embd_qtype=embd_qtype,
-                        tie_embeddings=tie_embeddings)
-    if type_overrides:   # e.g. {"blk.0.attn_v.weight": "Q6_K"}, as Q4_K_M files mix types
+                        tie_embeddings=tie_embeddings, rope_freqs=factors is not None)
+    if mix is not None:
+        types = quant_mix(mix, [(n, shape) for n, _, shape, _ in plan], n_layers, tie_embeddings)
+        plan = [(n, types[n], shape, kind) for n, _, shape, kind in plan]
+    if type_overrides:   # e.g. {"blk.0.attn_v.weight": "Q6_K"}
         names = {n for n, *_ in plan}
         unknown = sorted(set(type_overrides) - names)
         if unknown:
@@ -208,9 +359,11 @@ def write_synthetic_llama(
             raise ValueError(f"{tname_} {shape} cannot be stored as {tq}: {e}") from None
 
     path = Path(path)
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, ARCHS[arch])
+    if alignment is not None:
+        w.add_custom_alignment(int(alignment))
     w.add_name(name)
-    w.add_file_type(_FILE_TYPE[qtype])
+    w.add_file_type(MIXES[mix][1] if mix else _FILE_TYPE.get(qtype, 0))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_vocab_size(vocab)
     w.add_context_length(context_length)
@@ -220,8 +373,19 @@ def write_synthetic_llama(
     w.add_rope_dimension_count(head_dim)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
+    if arch == "qwen3" or head_dim != hidden // n_heads or hidden % n_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_rope_freq_base(rope_theta)
+    w.add_tokenizer_model(tokenizer)
+    if tokenizer == "llama":
+        toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+        toks += [f"tok{i}" for i in range(len(toks), vocab)]
+        w.add_token_list(toks)
+        w.add_token_scores([-float(i) for i in range(vocab)])
+        # llama.cpp's token types: 2 unknown, 3 control, 6 byte, 1 normal
+        w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
 
     n_bytes = 0
     for tname_, tq, shape, _ in plan:
@@ -239,7 +403,7 @@ def write_synthetic_llama(
         w.write_ti_data_to_file()
         gen = _Generator(rng, int(pool_weights))
         for i, (tname_, tq, shape, kind) in enumerate(plan):
-            data = gen.tensor(tq, shape, kind)
+            data = factors if kind == "rope_freqs" else gen.tensor(tq, shape, kind)
             w.write_tensor_data(data)
             del data
             if progress is not None:
@@ -254,18 +418,35 @@ def write_synthetic_llama(
 def main(argv=None) -> int:
     """Command line: ``python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny``."""
     ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.model.gguf_synth",
-                                 description="Write a synthetic Llama GGUF with random quantized weights.")
+                                 description="Write a synthetic decoder GGUF with random "
+                                             "quantized weights.")
     ap.add_argument("out", help="output .gguf path")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default=None,
+                    help="conventions (default: the preset's, else llama)")
     ap.add_argument("--qtype", default="Q4_K", help="layer weight type (Q4_K, Q6_K, Q8_0, F16, F32)")
     ap.add_argument("--output-qtype", default="Q6_K", help="type of output.weight")
+    ap.add_argument("--mix", choices=sorted(MIXES), default=None,
+                    help="llama.cpp's quant mix (replaces --qtype and --output-qtype)")
+    ap.add_argument("--rope-freqs", action="store_true",
+                    help="write Llama 3.1's rope_freqs.weight (llama only)")
+    ap.add_argument("--head-dim", type=int, default=None, help="head size (key_length)")
+    ap.add_argument("--tied", action="store_true", help="no output.weight (tied embeddings)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="embedding rows")
+    ap.add_argument("--tokenizer", choices=("none", "llama"), default="none")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     kw = dict(PRESETS[a.preset])
-    if a.layers is not None:
-        kw["n_layers"] = a.layers
+    for key, val in (("n_layers", a.layers), ("arch", a.arch), ("head_dim", a.head_dim),
+                     ("vocab", a.vocab_size), ("mix", a.mix)):
+        if val is not None:
+            kw[key] = val
+    if a.rope_freqs:
+        kw["rope_freqs"] = True
+    if a.tied:
+        kw["tie_embeddings"] = True
 
     def report(done, total, tname):
         if not a.quiet:
@@ -273,7 +454,7 @@ def main(argv=None) -> int:
 
     try:
         info = write_synthetic_llama(a.out, qtype=a.qtype, output_qtype=a.output_qtype,
-                                     seed=a.seed, progress=report, **kw)
+                                     tokenizer=a.tokenizer, seed=a.seed, progress=report, **kw)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

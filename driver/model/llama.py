@@ -1,5 +1,8 @@
-"""Llama decode from a GGUF file: the decode-step graph and greedy generation.
+"""Decode from a GGUF file: the decode-step graph and greedy generation.
 
+Architectures ``llama`` (and ``mistral``), ``qwen2`` and ``qwen3``, read as
+llama.cpp reads them (:mod:`.gguf_loader`: head size, RoPE layout and
+frequencies, q/k/v biases, q/k norms, tied output).
 :meth:`LlamaModel.from_gguf` validates the file (:mod:`.gguf_loader`),
 uploads every tensor in its own format, and builds the decode step as a
 :class:`~.executor.ComputeGraph`:
@@ -10,9 +13,11 @@ uploads every tensor in its own format, and builds the decode step as a
     (logits) -> Argmax -> StateAdvance
 
 The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
-its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, or when
-the three projections differ in type, a separate RoPE + KV-append launch
-follows the projections.  The attention RMSNorm is folded into the Q4_K
+its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, when
+the three projections differ in type, or for files with q/k/v biases (added
+by the GEMV's residual epilogue), q/k norms (one RMSNorm launch each for q
+and k) or neox RoPE (qwen2, qwen3), a separate RoPE + KV-append launch
+follows the projections (:mod:`.qkv`).  The attention RMSNorm is folded into the Q4_K
 Q/K/V GEMV that reads it (``fuse_norm``, default ``("attn",)``: the GEMV
 scales by the norm itself, no separate launch); ``fuse_norm=True`` folds the
 FFN and output norms too.
@@ -37,8 +42,9 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from ..executor import ComputeGraph, Executor, Launch
-from .gguf_loader import GGUFError, LlamaFile, RawTensor
+from .gguf_loader import GGUFError, LlamaFile
 from . import lowering
+from . import qkv as qkv_mod
 
 __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
 
@@ -124,6 +130,7 @@ class LlamaModel:
                  gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True):
         self.file = file
         self.hp = file.hparams
+        _check_attention_shape(file)
         self.backend = backend
         self.capacity = int(capacity or min(self.hp.context_length, 4096))
         if self.capacity < 2:
@@ -180,10 +187,13 @@ class LlamaModel:
 
         rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
         # RoPE on q and k, and this token's K/V rows appended to the f16 cache:
-        # the QKV GEMV's epilogue, or one launch of its own
-        ropes = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
-                              **_rope_scaling(hp), append="f16", target=tgt)
-        freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight", rope.freq_table(ropes))
+        # the QKV GEMV's epilogue, or one launch of its own (qkv.py).  The
+        # table holds the file's frequencies (rope_freqs factors and linear
+        # scaling included), so one kernel serves every convention
+        ropes = rope.RopeSpec(head_dim=D, layout=hp.rope_layout, theta=hp.rope_theta,
+                              append="f16", target=tgt)
+        freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight",
+                         rope.table_of(self.file.rope_inv_freq()))
         # the length is advanced at the end of the step and the launch just
         # before attention (the QKV GEMV, or the RoPE launch) appends row
         # kv_len - 1: early_kv's contract
@@ -198,7 +208,9 @@ class LlamaModel:
         # q, k and v are consecutive slices of one buffer, so one GEMV over
         # the stacked [Wq; Wk; Wv] can write all three when their types agree
         qkv = g.buffer("qkv", (hp.q_dim + 2 * hp.kv_dim,), np.float32)
-        q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
+        # qwen3: q and k after their per-head RMSNorms
+        qk_out = (g.buffer("qk_normed", (hp.q_dim + hp.kv_dim,), np.float32)
+                  if hp.qk_norm else None)
         att = g.buffer("att", (hp.q_dim,), np.float32)
         part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
         part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
@@ -211,20 +223,14 @@ class LlamaModel:
             self.kv_caches.append((kc, vc))
             qkv_ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
-            if not self._qkv(g, p, inp, qkv, (q, k, v), tgt, norm,
-                             rope=(freqs, pos_ptr, kc, vc)):
-                grid, block, sh = rope.launch_geometry(ropes, hp.n_heads, hp.n_kv_heads)
-                g.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state],
-                      [qkv, kc, vc],
-                      [Launch("rope", ropes, ropes.kernel_name, grid, block,
-                              (q, k, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc,
-                               cap), sh)])
+            q_att, q_buf = qkv_mod.lower_qkv(self, g, p, inp, norm, qkv, freqs, pos_ptr,
+                                             (kc, vc), ropes, qk_out=qk_out)
             attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
-                           (q, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale),
+                           (q_att, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale),
                            fds.dynamic_shared),
                     Launch("flash_decode", fds, fds.combine_name, *comb,
                            (part_o, part_ml, att, n_splits))]
-            g.add("Attention", p + "attention", [qkv, kc, vc, self.state], [att], attn)
+            g.add("Attention", p + "attention", [q_buf, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
             lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt, tuning=self.tuning)
             ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
@@ -261,31 +267,6 @@ class LlamaModel:
             return x, (w, self.hp.eps)
         self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
         return h, None
-
-    def _qkv(self, g, p, h, qkv, outs, tgt, norm=None, rope=None):
-        """Q, K, V projections: one GEMV over the stacked weights when the
-        three share a type (Q4_K_M files often keep attn_v in Q6_K), which
-        with ``fuse_rope`` also rotates q and k and appends k and v to the
-        cache (``rope = (freqs, pos_ptr, k_cache, v_cache)``).  Returns
-        whether RoPE and the append were done."""
-        ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-        if len({t.qtype for t in ts}) == 1:
-            rows = sum(t.shape[0] for t in ts)
-            t = RawTensor(p + "attn_qkv.weight", ts[0].qtype, (rows, ts[0].shape[1]),
-                          np.concatenate([t.data for t in ts]))
-            w = g.buffer(t.name, t.data.shape, t.data.dtype, "weight", t.data)
-            if self.fuse_rope:
-                hp = self.hp
-                lowering.mul_mat_rope(
-                    g, p + "attn_qkv", w, t, h, qkv, (hp.head_dim, hp.n_heads, hp.n_kv_heads),
-                    *rope, self.capacity, state=self.state, norm=norm, target=tgt, tuning=self.tuning)
-                return True
-            lowering.mul_mat(g, p + "attn_qkv", w, t, h, qkv, norm=norm, target=tgt, tuning=self.tuning)
-            return False
-        for name, out in zip(("attn_q", "attn_k", "attn_v"), outs):
-            w, t = self._weight(p + name + ".weight")
-            lowering.mul_mat(g, p + name, w, t, h, out, norm=norm, target=tgt, tuning=self.tuning)
-        return False
 
     def _gate_up(self, g, p, h, act, tgt, norm=None):
         """silu(Wg h) * (Wu h): the fused GEMV when gate and up share a type,
@@ -419,12 +400,18 @@ def enable_pdl(graph: ComputeGraph) -> int:
     return n
 
 
-def _rope_scaling(hp) -> dict:
-    if hp.rope_scaling is None:
-        return {}
-    f, lo, hi, orig = hp.rope_scaling
-    return {"scaling": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi,
-            "original_context": orig}
+def _check_attention_shape(file):
+    """Refuse, at load, head shapes no attention kernel takes."""
+    hp = file.hparams
+    try:
+        flash_decode.FlashDecodeSpec(head_dim=hp.head_dim, group=hp.n_heads // hp.n_kv_heads,
+                                     kv_dtype="f16")
+    except ValueError as e:
+        a = hp.arch
+        raise GGUFError(f"{file.path}: {hp.n_heads} query heads on {hp.n_kv_heads} KV heads "
+                        f"of size {hp.head_dim} (metadata keys '{a}.attention.key_length', "
+                        f"'{a}.attention.head_count', '{a}.attention.head_count_kv') have no "
+                        f"attention kernel: {e}") from None
 
 
 def _backend_target(backend) -> str:
@@ -467,5 +454,3 @@ class _ProgressBar:
         if self.enabled:
             sys.stderr.write(f"\rloaded in {time.perf_counter() - self.t0:.1f} s" + " " * 60 + "\n")
 
-
-_ = GGUFError

@@ -1,35 +1,42 @@
-"""A float64 numpy reference forward pass for Llama-architecture GGUF files.
+"""A float64 numpy reference forward pass for decoder GGUF files.
 
-Loads hyperparameters and tensors through :mod:`.gguf_loader`, decodes weights
-with ``gguf.quants.dequantize`` (the reference decoder), and runs one token
-at a time with a KV cache, in float64. It is the oracle the GPU decode is
-checked against, so it follows llama.cpp's ``llama`` architecture:
+Decodes weights with ``gguf.quants.dequantize`` (the reference decoder) and
+runs one token at a time with a KV cache, in float64.  It is the oracle the
+decode step is checked against, so it reads the file's conventions itself
+(:func:`read_conventions`, written apart from :mod:`.gguf_loader`, which only
+validates the file first) and follows llama.cpp's graphs for ``llama``
+(and ``mistral``), ``qwen2`` and ``qwen3``:
 
 - RMSNorm: ``x / sqrt(mean(x^2) + eps) * w`` with the file's eps;
-- RoPE of type NORM (``LLAMA_ROPE_TYPE_NORM``): consecutive pairs
-  ``(x[2i], x[2i+1])`` rotated by ``pos * theta^(-2i/n_rot)``, applied to the
-  GGUF (already permuted) Q/K weights' outputs; dims past n_rot untouched;
-- GQA: query head h reads KV head ``h // (n_head / n_head_kv)``;
+- q, k, v projections plus their biases where the file has them; for
+  qwen3 an RMSNorm of every q and k head (``attn_q_norm``/``attn_k_norm``);
+- RoPE at angle ``pos * freq_scale * base^(-2i/d) / factor_i`` (factors
+  from ``rope_freqs.weight``, llama only), rotating consecutive pairs
+  ``(x[2i], x[2i+1])`` for llama (llama.cpp's NORM type) and halves
+  ``(x[i], x[i+d/2])`` for qwen2/qwen3 (NEOX);
+- GQA: query head h reads KV head ``h // (n_head / n_head_kv)``, scores
+  scaled by ``1 / sqrt(head_dim)``;
 - the KV cache rounded to ``kv_dtype`` (float16 by default, as the GPU keeps
   it) and upcast to float64 for the attention arithmetic;
 - SwiGLU FFN ``down(silu(gate(x)) * up(x))``; output norm; output projection
   (token_embd when output.weight is absent).
 
 All weights live in memory as float64, so this is for small models (the tiny
-synthetic one: a few MB); a Llama-3-8B-shaped file would need 64 GB.
+synthetic ones: a few MB); a Llama-3-8B-shaped file would need 64 GB.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Optional
 
+import attrs
 import numpy as np
 
-from .gguf_loader import SUPPORTED_TYPES, LlamaFile, LlamaHParams, layer_tensor_names
+from .gguf_loader import SUPPORTED_TYPES, LlamaFile, LlamaHParams
 
-__all__ = ["LlamaHParams", "LlamaReference", "load_llama_gguf",
-           "rms_norm", "rope_norm", "attention", "silu", "SUPPORTED_TYPES"]
-
+__all__ = ["LlamaHParams", "RefConventions", "LlamaReference", "load_llama_gguf",
+           "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu",
+           "SUPPORTED_TYPES"]
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -37,7 +44,16 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
-def rope_norm(x: np.ndarray, pos: int, theta: float, n_rot: int) -> np.ndarray:
+def _angles(pos, theta, n_rot, freq_scale=1.0, freq_factors=None):
+    i = np.arange(n_rot // 2, dtype=np.float64)
+    ang = pos * freq_scale * theta ** (-2.0 * i / n_rot)
+    if freq_factors is not None:
+        ang = ang / np.asarray(freq_factors, dtype=np.float64)
+    return ang
+
+
+def rope_norm(x: np.ndarray, pos: int, theta: float, n_rot: int, *, freq_scale: float = 1.0,
+              freq_factors=None) -> np.ndarray:
     """Rotate consecutive pairs of the last axis (llama.cpp's NORM RoPE).
 
     Parameters
@@ -49,15 +65,33 @@ def rope_norm(x: np.ndarray, pos: int, theta: float, n_rot: int) -> np.ndarray:
         Frequency base (rope.freq_base).
     n_rot : int
         Rotated dimensions (rope.dimension_count); the rest pass through.
+    freq_scale : float
+        Every angle is multiplied by this (linear scaling, 1 / factor).
+    freq_factors : (n_rot / 2,) array, optional
+        Per-frequency divisors of the angle (``rope_freqs.weight``).
     """
     x = np.array(x, dtype=np.float64, copy=True)
-    i = np.arange(n_rot // 2, dtype=np.float64)
-    ang = pos * theta ** (-2.0 * i / n_rot)
+    ang = _angles(pos, theta, n_rot, freq_scale, freq_factors)
     c, s = np.cos(ang), np.sin(ang)
     x0 = x[..., 0:n_rot:2].copy()
     x1 = x[..., 1:n_rot:2].copy()
     x[..., 0:n_rot:2] = x0 * c - x1 * s
     x[..., 1:n_rot:2] = x0 * s + x1 * c
+    return x
+
+
+def rope_neox(x: np.ndarray, pos: int, theta: float, n_rot: int, *, freq_scale: float = 1.0,
+              freq_factors=None) -> np.ndarray:
+    """Rotate the pairs ``(x[i], x[i + n_rot/2])`` of the last axis
+    (llama.cpp's NEOX RoPE); parameters as :func:`rope_norm`."""
+    x = np.array(x, dtype=np.float64, copy=True)
+    ang = _angles(pos, theta, n_rot, freq_scale, freq_factors)
+    c, s = np.cos(ang), np.sin(ang)
+    h = n_rot // 2
+    x0 = x[..., :h].copy()
+    x1 = x[..., h:n_rot].copy()
+    x[..., :h] = x0 * c - x1 * s
+    x[..., h:n_rot] = x0 * s + x1 * c
     return x
 
 
@@ -93,27 +127,83 @@ def silu(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 # loading
 
-def load_llama_gguf(path) -> tuple[LlamaHParams, dict[str, np.ndarray]]:
-    """Read a llama GGUF: hyperparameters and every needed tensor as float64.
+@attrs.frozen
+class RefConventions:
+    """What the reference reads from a file's metadata (its own reading)."""
 
-    The file is opened and validated by :class:`.gguf_loader.LlamaFile`;
-    weights are decoded by ``gguf.quants.dequantize``, independently of the
-    GPU kernels' decoding.
+    arch: str
+    n_layers: int
+    hidden: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    context_length: int
+    eps: float
+    rope_theta: float
+    rope_dim: int
+    neox: bool
+    freq_scale: float
+
+
+def read_conventions(reader) -> RefConventions:
+    """The hyperparameters a ``gguf.GGUFReader``'s metadata gives, with
+    llama.cpp's defaults (head size ``embedding_length / head_count`` unless
+    ``attention.key_length`` says otherwise; freq base 10000; linear RoPE
+    scaling by ``1 / rope.scaling.factor``; vocabulary from the token list,
+    else ``vocab_size``, else the embedding rows)."""
+    fields = reader.fields
+
+    def get(key, default=None):
+        f = fields.get(key)
+        if f is None:
+            if default is None:
+                raise KeyError(key)
+            return default
+        v = f.contents()
+        return v[0] if isinstance(v, list) else v
+
+    arch = get("general.architecture")
+    hidden = int(get(f"{arch}.embedding_length"))
+    n_heads = int(get(f"{arch}.attention.head_count"))
+    head_dim = int(get(f"{arch}.attention.key_length", hidden // n_heads))
+    factor = float(get(f"{arch}.rope.scaling.factor", get(f"{arch}.rope.scale_linear", 0.0)))
+    kind = get(f"{arch}.rope.scaling.type", "linear")
+    emb = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    if "tokenizer.ggml.tokens" in fields:
+        vocab = len(fields["tokenizer.ggml.tokens"].data)
+    else:
+        vocab = int(get(f"{arch}.vocab_size", int(emb.shape[1])))
+    return RefConventions(
+        arch=arch, n_layers=int(get(f"{arch}.block_count")), hidden=hidden, n_heads=n_heads,
+        n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
+        vocab=vocab, context_length=int(get(f"{arch}.context_length")),
+        eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon")),
+        rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_dim=int(get(f"{arch}.rope.dimension_count", head_dim)),
+        neox=arch in ("qwen2", "qwen3"),
+        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor)
+
+
+def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
+    """Read a supported GGUF: its conventions and every tensor as float64.
+
+    The file is first validated by :class:`.gguf_loader.LlamaFile` (any
+    weight type); the conventions are then read by :func:`read_conventions`
+    and the weights decoded by ``gguf.quants.dequantize``, independently of
+    the decode step's loader and kernels.  ``output.weight`` is the
+    embedding when the file has none.
 
     Raises
     ------
     GGUFError (a ValueError)
-        Not a readable/complete GGUF, an architecture other than llama, a
-        missing tensor, a tensor of the wrong shape or of an unsupported type.
+        Not a readable/complete GGUF, an unsupported architecture or
+        convention, a missing or unexpected tensor, a tensor of the wrong
+        shape or of a type that holds no weights.
     """
-    f = LlamaFile(path)
-    hp = f.hparams
-    names = ["token_embd.weight", "output_norm.weight"]
-    for i in range(hp.n_layers):
-        names += layer_tensor_names(i)
-    if f.has("output.weight"):
-        names.append("output.weight")
-    weights = {n: f.dequantized(n).astype(np.float64) for n in names}
+    f = LlamaFile(path, check_kernels=False)
+    hp = read_conventions(f.reader)
+    weights = {n: f.dequantized(n).astype(np.float64) for n in f.names}
     weights.setdefault("output.weight", weights["token_embd.weight"])
     return hp, weights
 
@@ -122,12 +212,13 @@ def load_llama_gguf(path) -> tuple[LlamaHParams, dict[str, np.ndarray]]:
 # the model
 
 class LlamaReference:
-    """Token-at-a-time float64 Llama decode with a KV cache.
+    """Token-at-a-time float64 decode with a KV cache (llama, mistral,
+    qwen2, qwen3).
 
     Parameters
     ----------
     path : str or Path
-        A llama-architecture GGUF file.
+        A GGUF file of a supported architecture.
     kv_dtype : numpy dtype, optional
         K/V are rounded to this dtype when cached (float16 by default, like the
         GPU's cache); None keeps them in float64.
@@ -183,11 +274,14 @@ class LlamaReference:
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
-            q = (W[b + "attn_q.weight"] @ h).reshape(hp.n_heads, hp.head_dim)
-            k = (W[b + "attn_k.weight"] @ h).reshape(hp.n_kv_heads, hp.head_dim)
-            v = (W[b + "attn_v.weight"] @ h).reshape(hp.n_kv_heads, hp.head_dim)
-            q = rope_norm(q, p, hp.rope_theta, hp.rope_dim)
-            k = rope_norm(k, p, hp.rope_theta, hp.rope_dim)
+            q, k, v = (self._proj(b + n, h) for n in ("attn_q", "attn_k", "attn_v"))
+            q = q.reshape(hp.n_heads, hp.head_dim)
+            k = k.reshape(hp.n_kv_heads, hp.head_dim)
+            v = v.reshape(hp.n_kv_heads, hp.head_dim)
+            if b + "attn_q_norm.weight" in W:
+                q = rms_norm(q, W[b + "attn_q_norm.weight"], hp.eps)
+                k = rms_norm(k, W[b + "attn_k_norm.weight"], hp.eps)
+            q, k = self._rope(q, p), self._rope(k, p)
             self.last_kv.append((k, v))
             if kv is None:
                 self._k[i, :, p] = self._cache(k)
@@ -203,6 +297,18 @@ class LlamaReference:
         self.pos = p + 1
         h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
+
+    def _proj(self, name, h):
+        y = self.weights[name + ".weight"] @ h
+        bias = self.weights.get(name + ".bias")
+        return y if bias is None else y + bias
+
+    def _rope(self, x, pos):
+        hp = self.hparams
+        rot = rope_neox if hp.neox else rope_norm
+        ff = None if hp.neox else self.weights.get("rope_freqs.weight")
+        return rot(x, pos, hp.rope_theta, hp.rope_dim, freq_scale=hp.freq_scale,
+                   freq_factors=ff)
 
     def generate(self, token_ids, max_new_tokens: int) -> list[int]:
         """Greedy decoding: feed ``token_ids``, then append argmax tokens."""

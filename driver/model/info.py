@@ -1,0 +1,251 @@
+"""``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``: what a
+GGUF file holds and whether it fits a GPU.
+
+Reported from the file alone (metadata and tensor headers; no tensor data
+is read): the architecture, the parameter count (every tensor's elements,
+as llama.cpp counts them), the quant mix (tensors, parameters and bytes per
+GGML type), the tokenizer (``tokenizer.ggml.model`` and the token list's
+length) and vocabulary, the training context length, whether ptxgen's
+decode step runs the file (else the loader's reason), the memory for the
+weights (the tensors' bytes, uploaded as stored) and for the f16 KV cache
+at ``--ctx`` tokens (default: the decode step's, ``min(context, 4096)``):
+``2 * layers * kv_heads * ctx * head_dim * 2`` bytes.
+
+Fit: against the present GPU's free memory (or ``--gpu-memory``); when the
+weights and cache do not fit, the weight types with decode kernels are
+listed with the size of the weights re-quantized to each (every matrix in
+that type, or llama.cpp's Q4_K_M mix; vectors kept), and which would fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import attrs
+
+__all__ = ["ModelInfo", "TypeShare", "read_info", "weight_estimates", "format_info",
+           "info_command"]
+
+GIB = 1 << 30
+
+
+@attrs.frozen
+class TypeShare:
+    """The tensors of one GGML type in a file."""
+
+    qtype: str
+    tensors: int
+    params: int
+    nbytes: int
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8.0 * self.nbytes / self.params if self.params else 0.0
+
+
+@attrs.frozen
+class ModelInfo:
+    """What :func:`read_info` found in a file."""
+
+    path: str
+    arch: str | None
+    n_params: int
+    types: tuple
+    tokenizer: str | None
+    n_tokens: int | None
+    vocab: int | None
+    context_length: int | None
+    weight_bytes: int
+    ctx: int | None
+    kv_bytes: int | None
+    #: None when the decode step runs the file, else the loader's reason
+    not_runnable: str | None
+    hparams: object = attrs.field(default=None, repr=False)
+    #: (name, GGML type, logical shape) of every tensor
+    tensors: tuple = attrs.field(default=(), repr=False)
+
+
+def read_info(path, ctx: int | None = None) -> ModelInfo:
+    """Read ``path``'s metadata and tensor headers.
+
+    Raises
+    ------
+    GGUFError
+        Not a readable GGUF file.
+    """
+    from .gguf_loader import GGUFError, LlamaFile
+    path = os.fspath(path)
+    try:
+        import gguf
+    except ImportError:
+        raise GGUFError("reading GGUF files needs the gguf package: pip install gguf") from None
+    if not os.path.exists(path):
+        raise GGUFError(f"{path}: no such file")
+    try:
+        r = gguf.GGUFReader(path, "r")
+    except Exception as e:
+        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
+
+    def field(key):
+        f = r.fields.get(key)
+        return None if f is None else f.contents()
+
+    arch = field("general.architecture")
+    shares: dict = {}
+    tensors = []
+    for t in r.tensors:
+        qt = t.tensor_type.name
+        n = int(t.n_elements)
+        s = shares.setdefault(qt, [0, 0, 0])
+        s[0] += 1
+        s[1] += n
+        s[2] += int(t.n_bytes)
+        tensors.append((t.name, qt, tuple(int(d) for d in reversed(t.shape))))
+    types = tuple(sorted((TypeShare(q, *v) for q, v in shares.items()),
+                         key=lambda s: -s.nbytes))
+    tok = r.fields.get("tokenizer.ggml.tokens")
+    n_tokens = None if tok is None else len(tok.data)
+    hp, reason = None, None
+    try:
+        hp = LlamaFile(path, check_kernels=False).hparams
+        LlamaFile(path)
+    except GGUFError as e:
+        reason = str(e).removeprefix(f"{path}: ")
+    ctx_len = field(f"{arch}.context_length") if arch else None
+    kv = None
+    if hp is not None:
+        ctx = int(ctx or min(hp.context_length, 4096))
+        kv = 2 * hp.n_layers * hp.n_kv_heads * ctx * hp.head_dim * 2
+    return ModelInfo(path=path, arch=arch, n_params=sum(s.params for s in types), types=types,
+                     tokenizer=field("tokenizer.ggml.model"), n_tokens=n_tokens,
+                     vocab=None if hp is None else hp.vocab,
+                     context_length=None if ctx_len is None else int(ctx_len),
+                     weight_bytes=sum(s.nbytes for s in types), ctx=ctx if kv else None,
+                     kv_bytes=kv, not_runnable=reason, hparams=hp, tensors=tuple(tensors))
+
+
+def weight_estimates(info: ModelInfo) -> list:
+    """``(name, bytes)`` of the file's weights re-quantized to each weight
+    type with decode kernels (every matrix whose rows are whole blocks of it;
+    other tensors as stored), and to llama.cpp's Q4_K_M mix where all of its
+    types have kernels, smallest first."""
+    from ptxgen.kernels import quants
+    from .gguf_loader import kernel_types
+    from .gguf_synth import quant_mix
+    mats = kernel_types()["matrix"]
+
+    def size(qt, shape):
+        return int(shape[0]) * quants.row_bytes(qt, shape[-1])
+
+    out = []
+    for qt in mats:
+        bs = quants.qtype_of(qt).block_size
+        total = 0
+        for name, cur, shape in info.tensors:
+            if len(shape) == 2 and shape[-1] % bs == 0:
+                total += size(qt, shape)
+            else:
+                total += _nbytes(cur, shape)
+        out.append((qt, total))
+    if info.hparams is not None:
+        hp = info.hparams
+        mix = quant_mix("Q4_K_M", [(n, s) for n, _, s in info.tensors], hp.n_layers, hp.tied)
+        if all(mix[n] in mats or len(s) < 2 for n, _, s in info.tensors):
+            out.append(("Q4_K_M", sum(_nbytes(mix[n] if len(s) == 2 else cur, s)
+                                      for n, cur, s in info.tensors)))
+    return sorted(out, key=lambda e: e[1])
+
+
+def _nbytes(qt, shape) -> int:
+    import gguf
+    bs, ts = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qt]]
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n // bs * ts
+
+
+def _gib(n) -> str:
+    return f"{n:,} bytes ({n / GIB:.2f} GiB)"
+
+
+def format_info(info: ModelInfo, available: int | None = None, gpu: str | None = None) -> str:
+    """The report :func:`info_command` prints; ``available``: the GPU bytes
+    to fit in (None: no GPU), ``gpu``: how to name it."""
+    lines = [f"file: {info.path}",
+             f"architecture: {info.arch}",
+             f"parameters: {info.n_params:,} ({info.n_params / 1e9:.2f} B)",
+             "tensor types:"]
+    for s in info.types:
+        lines.append(f"  {s.qtype:<6} {s.tensors:>5} tensors {s.params:>16,} parameters "
+                     f"{s.nbytes:>16,} bytes {s.bits_per_weight:6.2f} bits/weight")
+    tok = info.tokenizer if info.tokenizer is not None else "none given"
+    ntok = (f"{info.n_tokens:,} tokens in its list" if info.n_tokens is not None
+            else "no token list")
+    lines.append(f"tokenizer: {tok} ({ntok})")
+    lines.append("vocabulary: " + (f"{info.vocab:,}" if info.vocab is not None else "unknown"))
+    lines.append("context length: " + (f"{info.context_length:,}" if info.context_length
+                                       is not None else "unknown"))
+    lines.append("ptxgen decode: " + ("yes" if info.not_runnable is None
+                                      else f"no: {info.not_runnable}"))
+    lines.append(f"weights: {_gib(info.weight_bytes)}")
+    if info.kv_bytes is None:
+        return "\n".join(lines)
+    need = info.weight_bytes + info.kv_bytes
+    lines.append(f"KV cache (f16, {info.ctx:,} tokens): {_gib(info.kv_bytes)}")
+    lines.append(f"weights + KV cache: {_gib(need)}")
+    if available is None:
+        lines.append("GPU: none found")
+        return "\n".join(lines)
+    fits = need <= available
+    lines.append(f"GPU: {gpu or 'given'} with {_gib(available)} free: "
+                 + ("fits" if fits else "does not fit"))
+    if not fits:
+        lines.append("weight types with decode kernels (weights + KV cache):")
+        for name, nb in weight_estimates(info):
+            ok = nb + info.kv_bytes <= available
+            lines.append(f"  {name:<7} {_gib(nb + info.kv_bytes)}: "
+                         + ("fits" if ok else "does not fit"))
+    return "\n".join(lines)
+
+
+def _present_gpu():
+    """``(free bytes, name)`` of GPU 0, or ``(None, None)``."""
+    try:
+        from ptxgen.driver import get_device, is_available
+        if not is_available():
+            return None, None
+        dev = get_device()
+        free, _ = dev.mem_info()
+        return free, dev.name
+    except Exception:
+        return None, None
+
+
+def info_command(argv) -> int:
+    """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``."""
+    p = argparse.ArgumentParser(prog="python -m ptxgen info",
+                                description="what a GGUF file holds and whether it fits a GPU")
+    p.add_argument("model", help="a .gguf file")
+    p.add_argument("--ctx", type=int, default=None,
+                   help="KV-cache length in tokens (default: min(context length, 4096))")
+    p.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
+                   help="fit against this many GiB instead of the present GPU's free memory")
+    a = p.parse_args(argv)
+    from .gguf_loader import GGUFError
+    if a.ctx is not None and a.ctx < 1:
+        print(f"error: --ctx must be a positive number of tokens, got {a.ctx}", file=sys.stderr)
+        return 2
+    try:
+        info = read_info(a.model, a.ctx)
+    except GGUFError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.gpu_memory is not None:
+        available, gpu = int(a.gpu_memory * GIB), "assumed"
+    else:
+        available, gpu = _present_gpu()
+    print(format_info(info, available, gpu))
+    return 0

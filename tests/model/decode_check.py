@@ -1,0 +1,40 @@
+"""Checking a decode's logits and cached K/V rows against the float64
+reference, step by step (shared by the model tests)."""
+
+import numpy as np
+
+from ptxgen.driver.model.llama_ref import LlamaReference
+
+
+def check_logits(model, path, prompt, res, logits, bound=1e-4):
+    """Step the float64 reference beside the model's logits.
+
+    The model's K/V rows (read back from its f16 cache) must lie within one
+    f16 ulp of the reference's unrounded rows; the reference then caches the
+    model's rows, so a value that rounds the other way at an f16 midpoint
+    (the two sides compute it in different orders) does not spread into every
+    later step's logits.  Cache bound: one f16 ulp of the reference value plus
+    1e-5 of the row's largest magnitude (the kernels' f32 error where the
+    GEMV sum cancels).  The logits bound is relative (L2 norm) per step."""
+    ref = LlamaReference(path, kv_dtype=np.float16)
+    caches = [tuple(model.executor.read(c) for c in pair) for pair in model.kv_caches]
+    seq = list(prompt) + res.tokens
+    worst = 0.0
+    for i, got in enumerate(logits):
+        rows = [(kc[:, i, :], vc[:, i, :]) for kc, vc in caches]
+        want = ref.step(seq[i], kv=rows)
+        for layer, (mine, theirs) in enumerate(zip(rows, ref.last_kv)):
+            for name, a, b in zip("KV", mine, theirs):
+                ulp = np.spacing(np.abs(b).astype(np.float16)).astype(np.float64)
+                err = np.abs(a.astype(np.float64) - b)
+                ulp = ulp + 1e-5 * np.max(np.abs(b), axis=-1, keepdims=True)
+                assert np.all(err <= ulp), (
+                    f"step {i} layer {layer}: cached {name} off by "
+                    f"{float(np.max(err / ulp)):.2f} f16 ulp")
+        worst = max(worst, float(np.linalg.norm(got - want) / np.linalg.norm(want)))
+        # greedy: the token chosen after step i is the argmax of the logits
+        # (where the prompt no longer dictates it); ties are vanishingly rare
+        if i + 1 >= len(prompt):
+            assert seq[i + 1] == int(np.argmax(got))
+    assert worst <= bound, worst
+    return worst

@@ -1,0 +1,157 @@
+"""``python -m ptxgen info``: every number it reports is checked against
+the synthetic file it describes, computed here from what the writer was
+asked for and GGML's block sizes."""
+
+import re
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from ptxgen.cli import main
+from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+
+TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
+            context_length=256)
+#: GGML type -> (weights per block, bytes per block), from ggml's type table
+BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144),
+          "Q6_K": (256, 210)}
+
+
+def _bytes(qt, shape):
+    bs, ts = BLOCKS[qt]
+    return int(np.prod(shape)) // bs * ts
+
+
+def _run(capsys, *args):
+    assert main(["info", *map(str, args)]) == 0
+    return capsys.readouterr().out
+
+
+def _num(text, pattern):
+    m = re.search(pattern, text, re.M)
+    assert m, f"{pattern!r} not in:\n{text}"
+    return int(m.group(1).replace(",", ""))
+
+
+def test_report_matches_the_file(tmp_path, capsys, seed):
+    """Qwen3-shaped, Q4_K_M, with a token list: parameters, the bytes and
+    parameters of each type, tokenizer, vocabulary, context, weights and
+    the KV cache at the default and a given context."""
+    path = tmp_path / "q3.gguf"
+    info = write_synthetic_llama(path, seed=seed, arch="qwen3", head_dim=128, mix="Q4_K_M",
+                                 tokenizer="llama", **TINY)
+    out = _run(capsys, path)
+    params = sum(int(np.prod(s)) for _, _, s in info.tensors)
+    assert _num(out, r"^parameters: ([\d,]+)") == params
+    by_type = {}
+    for _, qt, shape in info.tensors:
+        n, p, b = by_type.get(qt, (0, 0, 0))
+        by_type[qt] = (n + 1, p + int(np.prod(shape)), b + _bytes(qt, shape))
+    assert set(by_type) == {"Q4_K", "Q6_K", "F32"}
+    for qt, (n, p, b) in by_type.items():
+        row = re.search(rf"^  {qt}\s+(\d+) tensors\s+([\d,]+) parameters\s+([\d,]+) bytes\s+"
+                        rf"([\d.]+) bits/weight", out, re.M)
+        assert row, qt
+        assert (int(row[1]), int(row[2].replace(",", "")), int(row[3].replace(",", ""))) == (n, p, b)
+        assert float(row[4]) == pytest.approx(8 * b / p, abs=0.005)
+    assert "tokenizer: llama (512 tokens in its list)" in out
+    assert _num(out, r"^vocabulary: ([\d,]+)") == 512
+    assert _num(out, r"^context length: ([\d,]+)") == 256
+    assert "ptxgen decode: yes" in out
+    weights = sum(b for _, _, b in by_type.values())
+    assert weights == info.n_bytes
+    assert _num(out, r"^weights: ([\d,]+) bytes") == weights
+    kv = 2 * 2 * 2 * 256 * 128 * 2            # K and V, layers, KV heads, ctx, head, f16
+    assert _num(out, r"^KV cache \(f16, 256 tokens\): ([\d,]+) bytes") == kv
+    assert _num(out, r"^weights \+ KV cache: ([\d,]+) bytes") == weights + kv
+    out = _run(capsys, path, "--ctx", 100)
+    assert _num(out, r"^KV cache \(f16, 100 tokens\): ([\d,]+) bytes") == kv * 100 // 256
+
+
+def test_fit_and_the_types_that_would(tmp_path, capsys, seed):
+    """A Q8_0 Llama against a memory between its Q4_K and Q8_0 sizes: it does
+    not fit; Q4_K (every matrix re-quantized) and Q4_K_M (the size of a file
+    the writer's Q4_K_M mix actually produces) do, Q8_0 does not."""
+    path = tmp_path / "q8.gguf"
+    info = write_synthetic_llama(path, seed=seed, qtype="Q8_0", output_qtype="Q8_0", **TINY)
+    m = write_synthetic_llama(tmp_path / "m.gguf", seed=seed, mix="Q4_K_M", **TINY)
+    kv = 2 * 2 * 2 * 256 * 64 * 2
+    want = {}
+    for qt in ("Q4_K", "Q6_K", "Q8_0"):
+        want[qt] = sum(_bytes(qt, s) if len(s) == 2 else _bytes(t, s) for _, t, s in info.tensors)
+    want["Q4_K_M"] = m.n_bytes
+    assert want["Q8_0"] == info.n_bytes
+    gib = (want["Q4_K_M"] + kv + 100) / 2 ** 30
+    out = _run(capsys, path, "--gpu-memory", repr(gib))
+    avail = int(gib * 2 ** 30)
+    assert _num(out, r"^GPU: assumed with ([\d,]+) bytes") == avail
+    assert re.search(r"^GPU: .* free: does not fit$", out, re.M)
+    for name, nb in want.items():
+        row = re.search(rf"^  {name}\s+([\d,]+) bytes \(.*\): (fits|does not fit)$", out, re.M)
+        assert row, name
+        assert int(row[1].replace(",", "")) == nb + kv
+        assert (row[2] == "fits") == (nb + kv <= avail), name
+    assert [r for r in want if want[r] + kv <= avail] == ["Q4_K", "Q4_K_M"]
+    out = _run(capsys, path, "--gpu-memory", 1)
+    assert re.search(r"^GPU: assumed with 1,073,741,824 bytes .* free: fits$", out, re.M)
+    assert "weight types with decode kernels" not in out
+
+
+def test_files_ptxgen_cannot_run_are_still_described(tmp_path, capsys, seed, rng):
+    """A Q5_0 matrix (no kernel) and an architecture ptxgen does not know:
+    the metadata-only parts are reported, with the loader's reason."""
+    path = tmp_path / "q5.gguf"
+    info = write_synthetic_llama(path, seed=seed, type_overrides={"blk.0.ffn_up.weight": "Q5_0"},
+                                 **TINY)
+    out = _run(capsys, path)
+    assert re.search(r"^ptxgen decode: no: tensor 'blk.0.ffn_up.weight' has type Q5_0, which is "
+                     r"not supported for a matrix", out, re.M)
+    assert re.search(r"^  Q5_0\s+1 tensors\s+131,072 parameters\s+([\d,]+) bytes", out, re.M)
+    assert _num(out, r"^weights: ([\d,]+) bytes") == info.n_bytes
+    assert "KV cache" in out                     # the shape is known: the cache can be sized
+    r = gguf.GGUFReader(path)
+    other = tmp_path / "gpt2.gguf"
+    w = gguf.GGUFWriter(other, "gpt2")
+    w.add_context_length(1024)
+    t = next(t for t in r.tensors if t.name == "blk.0.attn_q.weight")
+    w.add_tensor("blk.0.attn_q.weight", np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = _run(capsys, other)
+    assert "architecture: gpt2" in out and "context length: 1,024" in out
+    assert "ptxgen decode: no: architecture 'gpt2' is not supported" in out
+    assert _num(out, r"^parameters: ([\d,]+)") == 256 * 256
+    assert "KV cache" not in out and "vocabulary: unknown" in out
+
+
+def test_bad_input(tmp_path, capsys):
+    assert main(["info", str(tmp_path / "none.gguf")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"NOPE" * 20)
+    assert main(["info", str(bad)]) == 2
+    assert "not a readable GGUF file" in capsys.readouterr().err
+    assert main(["info", str(bad), "--ctx", "0"]) == 2
+    assert "--ctx must be a positive number" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_present_gpu(tmp_path, capsys, seed):
+    """With a GPU, the fit is against its free memory, named."""
+    from backends import cuda_available
+    if not cuda_available():
+        pytest.skip("no NVIDIA GPU / driver available")
+    from ptxgen.driver import get_device
+    path = tmp_path / "t.gguf"
+    write_synthetic_llama(path, seed=seed, **TINY)
+    dev = get_device()
+    free, total = dev.mem_info()
+    out = _run(capsys, path)
+    row = re.search(r"^GPU: (.*) with ([\d,]+) bytes \(.*\) free: fits$", out, re.M)
+    assert row, out
+    assert row[1] == dev.name
+    assert abs(int(row[2].replace(",", "")) - free) <= 0.02 * total
