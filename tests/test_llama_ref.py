@@ -1,7 +1,6 @@
 """Tests of driver/model/gguf_synth.py (synthetic Llama GGUF) and driver/model/llama_ref.py (float64 reference)."""
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -86,12 +85,8 @@ def test_synth_metadata_and_tensors(tiny):
     assert abs(norm.mean() - 1) < 0.02 and 0 < norm.std() < 0.1
 
 
-def test_synth_fast_and_reproducible(tmp_path, seed):
-    import gguf as _  # noqa: F401  (import time is not the writer's)
-    t = time.perf_counter()
+def test_synth_reproducible(tmp_path, seed):
     a = write_synthetic_llama(tmp_path / "a.gguf", seed=seed, **TINY)
-    dt = time.perf_counter() - t
-    assert dt < 1.0, f"tiny model took {dt:.2f} s"
     write_synthetic_llama(tmp_path / "b.gguf", seed=seed, **TINY)
     write_synthetic_llama(tmp_path / "c.gguf", seed=seed + 1, **TINY)
     assert a.seed == seed
