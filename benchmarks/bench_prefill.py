@@ -1,6 +1,6 @@
-"""Prefill benchmarks: the chunk attention against torch SDPA (both timed as
-CUDA-graph replays of 20 calls, so host time per call is left out) (causal,
-lower-right aligned for L > 0) at T = 512, L = 0 / 4096 / 16384 on the 8B
+"""Prefill benchmarks: the chunk attention against torch SDPA (causal,
+lower-right aligned for L > 0; both timed as CUDA-graph replays of 20
+calls, so host time per call is left out) at T = 512, L = 0 / 4096 / 16384 on the 8B
 shape (32 query heads, 8 KV heads, head_dim 128), and end-to-end prompt
 tokens/s of the 8B-shaped synthetic Q4_K model at 512 and 4096 tokens
 (chunk graphs, and eager launches).

@@ -348,9 +348,8 @@ class LlamaModel:
 
         ``prefill_chunk > 0`` runs the prompt but its last token through
         :class:`~.prefill.Prefill` in chunks of that many tokens (0: every
-        prompt token through the decode step; None, the default: 512 on the
-        GPU where :func:`.prefill.refusal` has no objection to the model,
-        else 0).  The chunks replay one CUDA graph per chunk-size bucket
+        prompt token through the decode step; None, the default:
+        :meth:`default_prefill_chunk`).  The chunks replay one CUDA graph per chunk-size bucket
         with ``mode="graph"``, else run their launches eagerly.  Returns a
         :class:`GenerateResult`; ``return_logits`` also returns the logits of
         every decode step (a host copy per step, slower)."""
@@ -397,10 +396,11 @@ class LlamaModel:
 
     def default_prefill_chunk(self) -> int:
         """The prompt chunk :meth:`generate` uses by default: 512 on the GPU
-        when the model suits the chunked prefill, 0 (token by token)
-        otherwise and on the emulator."""
-        from .prefill import DEFAULT_CHUNK, refusal
-        if not self.backend.can_capture or refusal(self) is not None:
+        when the model suits the chunked prefill (one stacked QKV weight, a
+        GEMM for every layer weight's type), 0 (token by token) otherwise
+        and on the emulator."""
+        from .prefill import DEFAULT_CHUNK, gemm_ready, refusal
+        if not self.backend.can_capture or refusal(self) is not None or not gemm_ready(self):
             return 0
         return DEFAULT_CHUNK
 

@@ -32,11 +32,19 @@ from ptxgen.kernels import decode_state, gemm as _gemm, rope
 from .. import ops
 from ..ops_backend import get_backend, recording
 
-__all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal"]
+__all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal", "gemm_ready"]
 
 DEFAULT_CHUNK = 512
 #: chunk sizes a graph is captured for (those below the chunk, and the chunk)
 BUCKETS = (64, 128, 256)
+
+
+def gemm_ready(model) -> bool:
+    """Whether every per-layer weight has a GEMM (else the prefill runs a
+    GEMV per row for it: correct, but no faster than decoding the prompt)."""
+    names = ("attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    return all(model.file.tensor(f"blk.{i}.{n}.weight").qtype.upper() in _gemm.QTYPES
+               for i in range(model.hp.n_layers) for n in names)
 
 
 def refusal(model) -> str | None:
