@@ -1,7 +1,9 @@
 """Prefill benchmarks: the chunk attention against torch SDPA (causal,
-lower-right aligned for L > 0) at T = 512, L = 0 / 4096 / 16384 on the 8B
+lower-right aligned for L > 0; both timed as CUDA-graph replays of 20
+calls, so host time per call is left out) at T = 512, L = 0 / 4096 / 16384 on the 8B
 shape (32 query heads, 8 KV heads, head_dim 128), and end-to-end prompt
-tokens/s of the 8B-shaped synthetic Q4_K model at 512 and 4096 tokens.
+tokens/s of the 8B-shaped synthetic Q4_K model at 512 and 4096 tokens
+(chunk graphs, and eager launches).
 
     python benchmarks/bench_prefill.py [--model PATH.gguf] [--skip-model]
 """
@@ -12,6 +14,47 @@ import argparse
 import time
 
 import numpy as np
+
+
+def _graph_time_ptxgen(call, reps):
+    """Microseconds per call of ``call``'s launches, ``reps`` of them replayed
+    as one CUDA graph (no host time per launch, as in the prefill graph)."""
+    from ptxgen import driver
+    from ptxgen.driver.ops_backend import get_backend, recording
+    with recording() as seq:
+        call()
+    be, s = get_backend("cuda"), driver.Stream()
+    with driver.capture(s) as g:
+        for _ in range(reps):
+            for fn, grid, block, args, shared, pdl in seq:
+                be.launch(fn, grid, block, *args, shared=shared, stream=s, pdl=pdl)
+    ge = g.instantiate()
+    ge.launch(s)
+    s.synchronize()
+    t0 = time.perf_counter()
+    ge.launch(s)
+    s.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def _graph_time_torch(call, reps):
+    """The same for torch ops (``torch.cuda.CUDAGraph``)."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            call()
+    g.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
 
 
 def bench_attention(T=512, Ls=(0, 4096, 16384), nq=32, nkv=8, d=128, reps=20):
@@ -38,15 +81,7 @@ def bench_attention(T=512, Ls=(0, 4096, 16384), nq=32, nkv=8, d=128, reps=20):
 
         def sdpa():
             F.scaled_dot_product_attention(qh, kr, vr, attn_mask=mask)
-        res = {}
-        for name, fn in (("ptxgen", ours), ("sdpa", sdpa)):
-            fn()
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            torch.cuda.synchronize()
-            res[name] = (time.perf_counter() - t0) / reps * 1e6
+        res = {"ptxgen": _graph_time_ptxgen(ours, reps), "sdpa": _graph_time_torch(sdpa, reps)}
         ref = F.scaled_dot_product_attention(qh.float(), kr.float(), vr.float(),
                                              attn_mask=mask)[0].permute(1, 0, 2)
         err = float((out - ref).abs().max() / ref.abs().max())
@@ -62,9 +97,11 @@ def bench_model(path, lengths=(512, 4096), chunk=512):
         prompt = [int(t) for t in rng.integers(0, m.hp.vocab, n)]
         m.generate(prompt, 1, prefill_chunk=chunk)                  # warm-up
         r = m.generate(prompt, 1, prefill_chunk=chunk)
+        re = m.generate(prompt, 1, mode="eager", prefill_chunk=chunk)
         r0 = m.generate(prompt[:64], 1, prefill_chunk=0)
         print(f"prompt {n}: {r.prompt_tokens_per_second:.0f} tokens/s "
-              f"({r.prompt_seconds:.3f} s; chunk {chunk}); token-by-token at 64: "
+              f"({r.prompt_seconds:.3f} s; chunk {chunk}, graphs); eager launches "
+              f"{re.prompt_tokens_per_second:.0f} tokens/s; token-by-token at 64: "
               f"{r0.prompt_tokens_per_second:.0f} tokens/s")
 
 

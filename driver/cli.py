@@ -52,6 +52,8 @@ def run_command(argv) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print("tokens:", ",".join(map(str, res.tokens)))
+    print(f"prompt: {len(a.tokens)} tokens, {res.prompt_tokens_per_second:.1f} tokens/s "
+          f"({res.prompt_seconds:.3f} s)")
     print(f"{res.tokens_per_second:.1f} tokens/s ({res.mode}, {res.launches_per_token} "
           f"launches per token, backend {model.backend.name})")
     return 0

@@ -18,6 +18,7 @@ result when the op returns.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -27,8 +28,8 @@ import numpy as np
 
 from ptxgen.target import TARGETS
 
-__all__ = ["Backend", "OpArgs", "op_args", "get_backend", "device_target", "BACKENDS",
-           "ENV_VAR", "EMU_TARGET", "EMU_SM_COUNT"]
+__all__ = ["Backend", "OpArgs", "op_args", "get_backend", "device_target", "recording",
+           "BACKENDS", "ENV_VAR", "EMU_TARGET", "EMU_SM_COUNT"]
 
 #: names a backend can be chosen by
 BACKENDS = ("cuda", "emu")
@@ -125,6 +126,10 @@ class Backend:
         return fn
 
     def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
+        rec = getattr(_recorder, "launches", None)
+        if rec is not None:
+            rec.append((fn, grid, block, args, shared, pdl))
+            return
         self._launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl)
 
     def resident(self, fn, block, shared=0):
@@ -169,6 +174,24 @@ class Backend:
         if self.name == "cuda":
             return a.to_numpy(stream=stream)
         return a.to_numpy()
+
+
+_recorder = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the launches of the ops called inside instead of running them
+    (in this thread).  Yields a list that receives ``(fn, grid, block, args,
+    shared, pdl)`` per launch, in order; replaying them (e.g. into a CUDA
+    graph) runs the ops.  Device arrays an op allocates stay alive through
+    ``args``; an op that copies results to the host must not be recorded."""
+    outer = getattr(_recorder, "launches", None)
+    _recorder.launches = launches = []
+    try:
+        yield launches
+    finally:
+        _recorder.launches = outer
 
 
 @functools.lru_cache(maxsize=None)

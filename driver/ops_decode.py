@@ -120,16 +120,18 @@ def rope(q, k, pos, *, head_dim=None, layout="neox", theta=10000.0, scaling=None
     return q, k
 
 
-def swiglu(g, u, out=None, *, stream=None, backend=None):
-    """``out = silu(g) * u`` (f32, any length)."""
+def swiglu(g, u, out=None, *, pdl=False, stream=None, backend=None):
+    """``out = silu(g) * u`` (f32, any length); ``pdl``: launched as a
+    programmatic dependent launch (sm_90 and newer)."""
     a = op_args(backend, writes=("out",), stream=stream, g=g, u=u, out=out)
     ga, ua = a.array("g", np.float32), a.array("u", np.float32)
     if ga.size != ua.size:
         raise ValueError(f"g has {ga.size} elements, u {ua.size}")
-    spec = _swiglu.SwiGluSpec(target=a.backend.target)
+    spec = _swiglu.SwiGluSpec(target=a.backend.target, pdl=bool(pdl))
     out = a.out("out", ga.shape)
     grid, blk, _ = _swiglu.launch_geometry(spec, ga.size)
-    a.launch(a.backend.function(_swiglu.build, spec), grid, blk, ga, ua, out, ga.size)
+    a.launch(a.backend.function(_swiglu.build, spec), grid, blk, ga, ua, out, ga.size,
+             pdl=spec.pdl)
     return a.result(out)
 
 
@@ -199,19 +201,22 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     return a.result(out)
 
 
-def embedding(table, qtype: str, token_id, out=None, *, n=None, stream=None, backend=None):
+def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stream=None,
+              backend=None):
     """Gather row ``token_id`` (device int32) of ``table`` as f32.
 
     ``table`` holds ``[n_vocab, n]`` weights in ``qtype`` (one of
     ``kernels.embedding.QTYPES``, any case: ``"f32"``, ``"f16"``, ``"bf16"``,
     ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``, ``"Q4_K"``,
     ``"Q5_K"``, ``"Q6_K"``); for raw quantized bytes give ``n`` (else the last
-    dimension of ``table`` is used; a bf16 table is 2-byte values).
+    dimension of ``table`` is used; a bf16 table is 2-byte values).  With
+    ``rows``, ``token_id`` is a device int32 array of ``R`` ids and one
+    launch writes ``out [R, n]``.
     """
     a = op_args(backend, writes=("out",), stream=stream, table=table, token_id=token_id,
                 out=out)
     ta = a.array("table")
-    spec = _emb.EmbeddingSpec(qtype=str(qtype), target=a.backend.target)
+    spec = _emb.EmbeddingSpec(qtype=str(qtype), rows=bool(rows), target=a.backend.target)
     qtype = spec.qtype
     if n is None:
         if qtype in ("f32", "f16", "bf16"):
@@ -222,10 +227,15 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, stream=None, bac
     if ta.nbytes % rb:
         raise ValueError(f"table of {ta.nbytes} bytes is not whole rows of {rb} bytes")
     n_vocab = ta.nbytes // rb
-    out = a.out("out", (n,))
-    grid, blk, _ = _emb.launch_geometry(spec, n)
-    a.launch(a.backend.function(_emb.build, spec), grid, blk, ta, a.scalar_i32("token_id"), out,
-             n, n_vocab)
+    if rows:
+        ids = a.array("token_id", np.int32)
+        r = int(ids.size)
+        out = a.out("out", (r, n))
+    else:
+        ids, r = a.scalar_i32("token_id"), 1
+        out = a.out("out", (n,))
+    grid, blk, _ = _emb.launch_geometry(spec, n, r)
+    a.launch(a.backend.function(_emb.build, spec), grid, blk, ta, ids, out, n, n_vocab)
     return a.result(out)
 
 

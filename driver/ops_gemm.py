@@ -51,7 +51,8 @@ def _weights(a, name, qtype):
     return q, m, rb // bb * bw
 
 
-def gemm(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **knobs):
+def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, stream=None, backend=None,
+         **knobs):
     """``Y = X . W^T`` (``+ residual``) for quantized ``W``.
 
     Parameters
@@ -65,6 +66,10 @@ def gemm(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
         Written in place; allocated when None.
     residual : float32 [T, M], optional
         Fused ``Y = X W^T + residual`` (``out`` may be ``residual``).
+    n_tokens : device int32 scalar, optional
+        The rows of ``x`` to compute, read by the kernel (``t_device``): the
+        launch covers all ``T`` rows of ``x`` and the tiles past
+        ``n_tokens`` exit, so a captured launch serves any shorter chunk.
     stream : Stream, optional
     backend : {"cuda", "emu"}, optional
         Where a call with numpy arrays only runs.
@@ -83,7 +88,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
     TypeError
         Wrong dtypes.
     """
-    a = op_args(backend, writes=("out",), stream=stream, w=w, x=x, out=out, residual=residual)
+    a = op_args(backend, writes=("out",), stream=stream, w=w, x=x, out=out, residual=residual,
+                n_tokens=n_tokens)
     q, m, k = _weights(a, "w", qtype)
     xd = a.array("x")
     x_type = _X_TYPES.get(np.dtype(xd.dtype))
@@ -97,12 +103,15 @@ def gemm(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
         raise ValueError("x has no rows (T = 0)")
     be = a.backend
     epi = "none" if residual is None else "residual"
-    plan = gemm_plan(q, k, m, t, x_type=x_type, epilogue=epi, backend=be.name, **knobs)
+    t_dev = n_tokens is not None
+    plan = gemm_plan(q, k, m, t, x_type=x_type, epilogue=epi, t_device=t_dev, backend=be.name,
+                     **knobs)
     y = a.out("out", (t, m))
     args = [a["w"], xd]
     if residual is not None:
         args.append(a.array("residual", np.float32, t * m))
     grid, block, shared = _g.launch_geometry(plan, m, t)
     fn = be.function(_g.build, plan, dynamic_shared=shared)
-    a.launch(fn, grid, block, *args, y, m, t, shared=shared, pdl=plan.pdl)
+    a.launch(fn, grid, block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t,
+             shared=shared, pdl=plan.pdl)
     return a.result(y)

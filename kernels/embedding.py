@@ -21,6 +21,10 @@ The float operations are those of ``gguf.quants.dequantize`` in the same
 order (``mul.rn``/``sub.rn``, no contraction), so the rows match it exactly.
 Launch: one thread per output element, ``grid = ceil(n / block)``; ``n``
 (a launch parameter) must be a multiple of the format's block size.
+
+With ``rows``, one launch gathers ``R`` rows: ``out[r, :] =
+dequantize(table[token_ptr[r], :])`` for ``r = ctaid.y`` in ``[0, R)``,
+``grid = (ceil(n / block), R)`` (the prefill's chunk of tokens).
 """
 
 from __future__ import annotations
@@ -58,20 +62,23 @@ class EmbeddingSpec:
     ----------
     qtype : {"f32", "f16", "bf16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
         Any case (GGUF's "F16", "BF16" are taken).
+    rows : bool
+        Gather one row per ``ctaid.y`` (token ``token_ptr[ctaid.y]`` into
+        ``out + ctaid.y * n``) instead of the one row of ``token_ptr[0]``.
     block : int
     target : str
     """
 
     qtype: str = attrs.field(default="Q4_K", converter=_canon_qtype,
                              validator=attrs.validators.in_(tuple(QTYPES)))
+    rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     block: int = block_field(256)
     target: str = target_field()
     pdl: bool = pdl_field()
 
-
     @property
     def kernel_name(self) -> str:
-        return f"embedding_{self.qtype.lower()}"
+        return f"embedding_{self.qtype.lower()}" + ("_rows" if self.rows else "")
 
     def row_bytes(self, n: int) -> int:
         """Bytes per table row of ``n`` weights (refuses a bad ``n``)."""
@@ -177,7 +184,12 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
         out = k.param_ptr("out", f32, align=4)
         n = k.param("n", u32)
         n_vocab = k.param("n_vocab", u32)
-        tok = k.ld(token_ptr[0])
+        if spec.rows:
+            r = k.ctaid.y
+            tok = k.ld(token_ptr[r])
+            out = k.ptr_add(out, k.mul_wide(r, n))        # f32 elements
+        else:
+            tok = k.ld(token_ptr[0])
         i = k.global_id()
         ok = k.setp("lt", i, n, combine=("and", tok >= 0))
         ok = k.setp("lt", tok.bitcast(u32), n_vocab, combine=("and", ok))
@@ -201,9 +213,12 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
     return m
 
 
-def launch_geometry(spec: EmbeddingSpec, n: int):
-    """``(grid, block, shared_bytes)`` for a row of ``n`` weights."""
-    return ((n + spec.block - 1) // spec.block, 1, 1), (spec.block, 1, 1), 0
+def launch_geometry(spec: EmbeddingSpec, n: int, rows: int = 1):
+    """``(grid, block, shared_bytes)`` for ``rows`` rows (``spec.rows``;
+    else one) of ``n`` weights."""
+    if rows != 1 and not spec.rows:
+        raise ValueError(f"{rows} rows need EmbeddingSpec(rows=True)")
+    return ((n + spec.block - 1) // spec.block, rows, 1), (spec.block, 1, 1), 0
 
 
 def reference(table_rows: np.ndarray, token: int) -> np.ndarray:
@@ -215,6 +230,7 @@ CANONICAL = {
     "embedding_q4_k": EmbeddingSpec(),
     "embedding_q6_k": EmbeddingSpec(qtype="Q6_K"),
     "embedding_f16": EmbeddingSpec(qtype="f16"),
+    "embedding_q4_k_rows": EmbeddingSpec(rows=True),
 }
 
 registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

@@ -324,12 +324,14 @@ class LlamaModel:
             self.executor.run_eager(self._stream)
 
     def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
-                 return_logits: bool = False, prefill_chunk: int = 0):
+                 return_logits: bool = False, prefill_chunk: int | None = None):
         """Greedy decoding: feed ``token_ids``, then ``max_new_tokens`` more.
 
         ``prefill_chunk > 0`` runs the prompt but its last token through
         :class:`~.prefill.Prefill` in chunks of that many tokens (0: every
-        prompt token through the decode step).  Returns a
+        prompt token through the decode step; None, the default:
+        :meth:`default_prefill_chunk`).  The chunks replay one CUDA graph per chunk-size bucket
+        with ``mode="graph"``, else run their launches eagerly.  Returns a
         :class:`GenerateResult`; ``return_logits`` also returns the logits of
         every decode step (a host copy per step, slower)."""
         n_prompt = len(token_ids)
@@ -341,12 +343,14 @@ class LlamaModel:
         self.reset(token_ids)
         times, logits = [], []
         t_prompt, done = time.perf_counter(), 0
+        if prefill_chunk is None:
+            prefill_chunk = self.default_prefill_chunk()
         if prefill_chunk and n_prompt > 1:
             from .prefill import Prefill
             pre = getattr(self, "_prefill", None)
             if pre is None or pre.chunk != prefill_chunk:
                 pre = self._prefill = Prefill(self, prefill_chunk)
-            done = pre.run(token_ids)
+            done = pre.run(token_ids, mode)
         t_prefill = time.perf_counter() - t_prompt
         for _ in range(total - 1 - done):
             t0 = time.perf_counter()
@@ -370,6 +374,16 @@ class LlamaModel:
                              prompt_tokens_per_second=(n_prompt - 1) / prompt_s
                              if prompt_s > 0 else float("nan"))
         return (res, logits) if return_logits else res
+
+    def default_prefill_chunk(self) -> int:
+        """The prompt chunk :meth:`generate` uses by default: 512 on the GPU
+        when the model suits the chunked prefill (one stacked QKV weight, a
+        GEMM for every layer weight's type), 0 (token by token) otherwise
+        and on the emulator."""
+        from .prefill import DEFAULT_CHUNK, gemm_ready, refusal
+        if not self.backend.can_capture or refusal(self) is not None or not gemm_ready(self):
+            return 0
+        return DEFAULT_CHUNK
 
     def summary(self) -> str:
         return self.graph.summary()

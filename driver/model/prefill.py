@@ -3,50 +3,99 @@ the last run through the layers a chunk at a time on tensor cores, their K
 and V rows written to the model's cache, then the decode step takes over.
 
 Per chunk of ``T <= chunk`` tokens at positions ``L .. L + T - 1``: the
-embedding rows (one gather launch per token), then per layer RMSNorm over
-the rows, the QKV GEMM (``ops.gemm``; a weight type the GEMM does not take
-falls back to one GEMV per row), RoPE with the KV append over the rows
+embedding rows (one gather launch), then per layer RMSNorm over the rows,
+the QKV GEMM (``ops.gemm``; a weight type the GEMM does not take falls back
+to one GEMV per row), RoPE with the KV append over the rows
 (``RopeSpec(rows=True)``: the chunk's K/V rows land in the cache before the
 attention reads them), causal attention (``ops.flash_prefill``, reading q
 from the QKV rows), the O GEMM with the residual, RMSNorm, gate and up
-GEMMs, SwiGLU, the down GEMM with the residual.  ``L`` and ``T`` live in a
-device int32 pair the kernels read, and every launch covers the chunk size,
-so the sequence is the same for every chunk.  The last prompt token is left
-to the decode step, which computes its logits and the first new token, so
-generation continues exactly as after a token-by-token prompt.
-
-The launches are issued from the host on the model's stream (no CUDA graph
-yet).
+GEMMs, SwiGLU, the down GEMM with the residual.  The chunk's token ids and
+the int32 pair ``(L, T)`` live in device buffers the kernels read (the GEMMs
+with ``n_tokens``: tiles past ``T`` exit), so the launch sequence depends
+only on the *bucket*: the smallest of :attr:`Prefill.buckets` that holds
+``T``, every launch sized for it.  The sequence of each bucket is recorded
+once (:func:`~ptxgen.driver.ops_backend.recording`) and, on the GPU,
+captured into a CUDA graph replayed for every chunk of that bucket
+(programmatic dependent launch where the specs have it, as in the decode
+graph); ``mode="eager"`` (and the emulator) issues the recorded launches
+one by one.  The last prompt token is left to the decode step, which
+computes its logits and the first new token, so generation continues
+exactly as after a token-by-token prompt.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ptxgen.kernels import decode_state, rope
+from ptxgen.kernels import decode_state, gemm as _gemm, rope
 
 from .. import ops
-from ..ops_backend import get_backend
+from ..ops_backend import get_backend, recording
 
-__all__ = ["Prefill", "DEFAULT_CHUNK"]
+__all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal", "gemm_ready"]
 
 DEFAULT_CHUNK = 512
+#: chunk sizes a graph is captured for (those below the chunk, and the chunk)
+BUCKETS = (64, 128, 256)
+
+
+def gemm_ready(model) -> bool:
+    """Whether every per-layer weight has a GEMM (else the prefill runs a
+    GEMV per row for it: correct, but no faster than decoding the prompt)."""
+    names = ("attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    return all(model.file.tensor(f"blk.{i}.{n}.weight").qtype.upper() in _gemm.QTYPES
+               for i in range(model.hp.n_layers) for n in names)
+
+
+def refusal(model) -> str | None:
+    """Why :class:`Prefill` cannot run ``model`` (None when it can)."""
+    for i in range(model.hp.n_layers):
+        p = f"blk.{i}."
+        ts = [model.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
+        if len({t.qtype for t in ts}) != 1:
+            return (f"{p}attn_q/k/v differ in type ({', '.join(t.qtype for t in ts)}); "
+                    "chunked prefill needs one stacked QKV weight")
+    return None
 
 
 class Prefill:
-    """The prefill launches of one model, with activations for ``chunk`` rows."""
+    """The prefill launches of one model, with activations for ``chunk`` rows.
 
-    def __init__(self, model, chunk: int = DEFAULT_CHUNK):
+    Parameters
+    ----------
+    model : LlamaModel
+    chunk : int
+        The most tokens a chunk holds.
+    buckets : sequence of int, optional
+        Chunk sizes with a launch sequence (and graph) of their own; those
+        below ``chunk`` are kept and ``chunk`` is added.  Default
+        :data:`BUCKETS`.
+
+    Raises
+    ------
+    ValueError
+        ``chunk < 1``, or the model has a layout the prefill does not take
+        (:func:`refusal`).
+    """
+
+    def __init__(self, model, chunk: int = DEFAULT_CHUNK, *, buckets=None):
         if chunk < 1:
             raise ValueError(f"prefill chunk must be at least 1, got {chunk}")
+        why = refusal(model)
+        if why:
+            raise ValueError(why + " (use prefill_chunk=0)")
         self.model, self.chunk = model, int(chunk)
+        bs = BUCKETS if buckets is None else buckets
+        self.buckets = tuple(sorted({int(b) for b in bs if 0 < int(b) < self.chunk})
+                             ) + (self.chunk,)
         hp = model.hp
         ex = model.executor
         self._arrays = {b.name: ex.arrays[id(b)] for b in model.graph.buffers
                         if b.kind != "activation"}
-        be = ex.backend
+        be = self.backend = ex.backend
         self.stream = model._stream
-        self.ops_backend = "cuda" if type(be).__name__.startswith("Cuda") else "emu"
+        self.ops_backend = "cuda" if be.name == "cuda" else "emu"
+        self.pdl = bool(model.pdl)
         C, H, D = self.chunk, hp.hidden, hp.head_dim
         self.qkv_dim = hp.q_dim + 2 * hp.kv_dim
 
@@ -63,6 +112,8 @@ class Prefill:
         self.freqs = be.from_numpy(rope.freq_table(self.rope_spec))
         self.caches = [tuple(ex.arrays[id(c)].view(np.float16, (hp.n_kv_heads, model.capacity, D))
                              for c in pair) for pair in model.kv_caches]
+        self._seq: dict = {}          # bucket -> recorded launches
+        self._graphs: dict = {}       # bucket -> captured graph
 
     # ------------------------------------------------------------ pieces
     def _w(self, name):
@@ -74,80 +125,126 @@ class Prefill:
     def _kw(self):
         return dict(stream=self.stream, backend=self.ops_backend)
 
+    def _n(self):
+        """The device int32 ``T`` of the chunk."""
+        return self.info.view(offset=4, shape=(1,))
+
+    def _rows(self, a, n):
+        """The first ``n`` rows of the 2-D activation ``a``."""
+        return a.view(shape=(n, a.shape[1]))
+
     def _matmul(self, name, x, out, residual=None):
-        """``out = x W^T (+ residual)`` over the chunk's rows."""
+        """``out = x W^T (+ residual)`` over the rows of ``x``."""
         w, t = self._w(name)
         q = t.qtype.upper()
         rows = out.shape[1]
         w2 = w.view(np.uint8, (rows, w.nbytes // rows))
-        if q == "Q4_K":
-            ops.gemm(w2, x, q, out=out, residual=residual, **self._kw())
+        if q in _gemm.QTYPES:
+            ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
+                     **self._kw())
             return
-        for r in range(self.chunk):                   # fallback: a GEMV per row
+        for r in range(x.shape[0]):                  # fallback: a GEMV per row
             xr = x.view(offset=4 * r * x.shape[1], shape=(x.shape[1],))
             yr = out.view(offset=4 * r * out.shape[1], shape=(out.shape[1],))
             ops.gemv(w2, xr, q, out=yr, residual=None if residual is None else yr,
                      **self._kw())
 
-    def _layer(self, i):
+    def _layer(self, i, B):
         hp, m = self.model.hp, self.model
         p = f"blk.{i}."
         kw = self._kw()
-        ops.rmsnorm(self.x, self._w(p + "attn_norm.weight")[0], hp.eps, out=self.h, **kw)
-        if p + "attn_qkv.weight" in self._arrays:
-            self._matmul(p + "attn_qkv.weight", self.h, self.qkv)
-        else:
-            raise ValueError(f"{p}attn_q/k/v differ in type; chunked prefill needs one "
-                             "stacked QKV weight (use prefill_chunk=0)")
+        x, h = self._rows(self.x, B), self._rows(self.h, B)
+        qkv, att = self._rows(self.qkv, B), self._rows(self.att, B)
+        ops.rmsnorm(x, self._w(p + "attn_norm.weight")[0], hp.eps, out=h, pdl=self.pdl, **kw)
+        self._matmul(p + "attn_qkv.weight", h, qkv)
         kc, vc = self.caches[i]
         D = hp.head_dim
         rs = self.rope_spec
         fn = get_backend(self.ops_backend).function(rope.build, rs)
         grid, block, _ = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
-        q = self.qkv
         get_backend(self.ops_backend).launch(
-            fn, (grid[0], self.chunk, 1), block, q, q.view(offset=4 * hp.q_dim), self.freqs,
-            self.info, hp.n_heads, hp.n_kv_heads, q.view(offset=4 * (hp.q_dim + hp.kv_dim)),
-            kc, vc, m.capacity, self.qkv_dim, self.info.view(offset=4), stream=self.stream)
-        ops.flash_prefill(self.qkv, kc, vc, self.info.view(shape=(1,)), self.info.view(offset=4),
-                          out=self.att.view(shape=(self.chunk, hp.n_heads, D)),
-                          n_q_heads=hp.n_heads, **kw)
-        self._matmul(p + "attn_output.weight", self.att, self.x, residual=self.x)
-        ops.rmsnorm(self.x, self._w(p + "ffn_norm.weight")[0], hp.eps, out=self.h, **kw)
-        self._matmul(p + "ffn_gate.weight", self.h, self.gate)
-        self._matmul(p + "ffn_up.weight", self.h, self.up)
-        ops.swiglu(self.gate, self.up, out=self.act, **kw)
-        self._matmul(p + "ffn_down.weight", self.act, self.x, residual=self.x)
+            fn, (grid[0], B, 1), block, qkv, qkv.view(offset=4 * hp.q_dim), self.freqs,
+            self.info, hp.n_heads, hp.n_kv_heads, qkv.view(offset=4 * (hp.q_dim + hp.kv_dim)),
+            kc, vc, m.capacity, self.qkv_dim, self._n(), stream=self.stream)
+        ops.flash_prefill(qkv, kc, vc, self.info.view(shape=(1,)), self._n(),
+                          out=att.view(shape=(B, hp.n_heads, D)), n_q_heads=hp.n_heads,
+                          pdl=self.pdl, **kw)
+        self._matmul(p + "attn_output.weight", att, x, residual=x)
+        ops.rmsnorm(x, self._w(p + "ffn_norm.weight")[0], hp.eps, out=h, pdl=self.pdl, **kw)
+        gate, up, act = (self._rows(a, B) for a in (self.gate, self.up, self.act))
+        self._matmul(p + "ffn_gate.weight", h, gate)
+        self._matmul(p + "ffn_up.weight", h, up)
+        ops.swiglu(gate, up, out=act, pdl=self.pdl, **kw)
+        self._matmul(p + "ffn_down.weight", act, x, residual=x)
 
-    def _embed(self):
+    def _embed(self, B):
         emb, t = self._w("token_embd.weight")
         q = t.qtype.replace("F32", "f32").replace("F16", "f16")
-        H = self.model.hp.hidden
-        for r in range(self.chunk):
-            ops.embedding(emb, q, self.tokens.view(offset=4 * r, shape=(1,)),
-                          out=self.x.view(offset=4 * r * H, shape=(H,)), n=H, **self._kw())
+        ops.embedding(emb, q, self.tokens.view(shape=(B,)), out=self._rows(self.x, B),
+                      n=self.model.hp.hidden, rows=True, **self._kw())
+
+    def sequence(self, bucket: int) -> list:
+        """The launches of a chunk of up to ``bucket`` tokens, recorded once:
+        ``(fn, grid, block, args, shared, pdl)`` each."""
+        seq = self._seq.get(bucket)
+        if seq is None:
+            with recording() as seq:
+                self._embed(bucket)
+                for i in range(self.model.hp.n_layers):
+                    self._layer(i, bucket)
+            self._seq[bucket] = seq
+        return seq
+
+    def bucket(self, n: int) -> int:
+        """The smallest bucket that holds ``n`` tokens."""
+        for b in self.buckets:
+            if n <= b:
+                return b
+        raise ValueError(f"a chunk of {n} tokens exceeds the prefill chunk of {self.chunk}")
 
     # ------------------------------------------------------------ running
-    def run_chunk(self, tokens, start: int):
-        """Run ``tokens`` (at most ``chunk``) at positions ``start ..``."""
-        be = self.model.executor.backend
+    def _issue(self, seq):
+        launch = get_backend(self.ops_backend).launch
+        for fn, grid, block, args, shared, pdl in seq:
+            launch(fn, grid, block, *args, shared=shared, stream=self.stream, pdl=pdl)
+
+    def run_chunk(self, tokens, start: int, mode: str = "graph"):
+        """Run ``tokens`` (at most ``chunk``) at positions ``start ..``:
+        one graph replay (``mode="graph"`` on the GPU) or the launches one
+        by one."""
         T = len(tokens)
+        B = self.bucket(T)
         buf = np.zeros(self.chunk, np.int32)
         buf[:T] = tokens
-        be.copy_from_host(self.tokens, buf)
-        be.copy_from_host(self.info, np.array([start, T], np.int32))
-        self._embed()
-        for i in range(self.model.hp.n_layers):
-            self._layer(i)
+        self._put(self.tokens, buf)
+        self._put(self.info, np.array([start, T], np.int32))
+        seq = self.sequence(B)
+        be = self.backend
+        if mode == "graph" and be.can_capture:
+            g = self._graphs.get(B)
+            if g is None:
+                g = self._graphs[B] = be.capture(self.stream, lambda: self._issue(seq))
+            be.replay(g, self.stream)
+        else:
+            self._issue(seq)
 
-    def run(self, prompt):
+    def _put(self, arr, data):
+        """Host -> device copy ordered on the prefill's stream (a chunk's ids
+        are not overwritten while the previous chunk still reads them)."""
+        if self.backend.name == "cuda":
+            arr.view(np.uint8, (data.nbytes,)).copy_from(data.view(np.uint8), stream=self.stream)
+        else:
+            self.backend.copy_from_host(arr, data)
+
+    def run(self, prompt, mode: str = "graph"):
         """Prefill every prompt token but the last, then set the decode state
         to the last one (position ``n - 1``, attention length ``n``)."""
         prompt = [int(t) for t in prompt]
         n = len(prompt)
         for s in range(0, n - 1, self.chunk):
-            self.run_chunk(prompt[s:min(s + self.chunk, n - 1)], s)
+            self.run_chunk(prompt[s:min(s + self.chunk, n - 1)], s, mode)
         m = self.model
+        m.backend.synchronize(self.stream)
         state = decode_state.initial_state(prompt[-1], n)
         state[decode_state.POS] = n - 1
         state[decode_state.KV_LEN] = n

@@ -76,3 +76,45 @@ def test_embedding_refuses():
     assert E.EmbeddingSpec(qtype="q5_0").qtype == "Q5_0"
     with pytest.raises(ValueError):
         E.EmbeddingSpec(qtype="Q4_K").row_bytes(100)
+
+
+def _run_rows(run, spec, table, tokens, n, n_vocab):
+    f = run.function(E.build, spec)
+    grid, block, _ = E.launch_geometry(spec, n, len(tokens))
+    dout = run.poisoned(len(tokens) * n)
+    raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
+    run.launch(f, grid, block, run.array(raw), run.array(np.asarray(tokens, np.int32)), dout,
+               n, n_vocab)
+    return run.get(dout).reshape(len(tokens), n)
+
+
+@pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 256),
+                                     ("Q6_K", 256)])
+def test_embedding_rows(run, qtype, n, rng):
+    """One launch gathers a row per token; an id out of range leaves its
+    row untouched (poison)."""
+    n_vocab = 6
+    table, deq = _table(qtype, n_vocab, n, rng)
+    tokens = [int(t) for t in rng.integers(0, n_vocab, 4)] + [n_vocab, -1]
+    out = _run_rows(run, E.EmbeddingSpec(qtype=qtype, rows=True, block=64), table, tokens, n,
+                    n_vocab)
+    for r, t in enumerate(tokens):
+        if 0 <= t < n_vocab:
+            np.testing.assert_array_equal(out[r], deq[t])
+        else:
+            assert np.all(np.isnan(out[r])), r
+
+
+def test_embedding_rows_needs_spec():
+    with pytest.raises(ValueError, match="rows=True"):
+        E.launch_geometry(E.EmbeddingSpec(), 64, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16"])
+def test_embedding_rows_gpu(gpu_run, qtype, rng):
+    n_vocab, n = 300, 4096
+    table, deq = _table(qtype, n_vocab, n, rng)
+    tokens = [int(t) for t in rng.integers(0, n_vocab, 33)]
+    out = _run_rows(gpu_run, E.EmbeddingSpec(qtype=qtype, rows=True), table, tokens, n, n_vocab)
+    np.testing.assert_array_equal(out, deq[tokens])
