@@ -49,7 +49,11 @@ def gemm_ready(model) -> bool:
 
 def refusal(model) -> str | None:
     """Why :class:`Prefill` cannot run ``model`` (None when it can)."""
-    for i in range(model.hp.n_layers):
+    hp = model.hp
+    if hp.qk_norm or hp.qkv_bias:
+        return ("the file's q/k norms or q/k/v biases are not in the prefill graph; "
+                "its prompt runs through the decode step")
+    for i in range(hp.n_layers):
         p = f"blk.{i}."
         ts = [model.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
         if len({t.qtype for t in ts}) != 1:
@@ -106,10 +110,12 @@ class Prefill:
         self.gate, self.up, self.act = buf((C, hp.ffn)), buf((C, hp.ffn)), buf((C, hp.ffn))
         self.tokens = buf((C,), np.int32)
         self.info = buf((2,), np.int32)           # [start, n_tokens]
-        self.rope_spec = rope.RopeSpec(head_dim=D, layout="interleaved", theta=hp.rope_theta,
-                                       **_rope_scaling(hp), append="f16", rows=True,
+        # the file's RoPE convention (pairing, frequencies with rope_freqs
+        # factors and linear scaling), as the decode step takes it
+        self.rope_spec = rope.RopeSpec(head_dim=D, layout=hp.rope_layout, theta=hp.rope_theta,
+                                       append="f16", rows=True,
                                        target=get_backend(self.ops_backend).target)
-        self.freqs = be.from_numpy(rope.freq_table(self.rope_spec))
+        self.freqs = be.from_numpy(rope.table_of(model.file.rope_inv_freq()))
         self.caches = [tuple(ex.arrays[id(c)].view(np.float16, (hp.n_kv_heads, model.capacity, D))
                              for c in pair) for pair in model.kv_caches]
         self._seq: dict = {}          # bucket -> recorded launches
@@ -255,7 +261,3 @@ class Prefill:
         m.backend.synchronize(self.stream)
         return n - 1
 
-
-def _rope_scaling(hp) -> dict:
-    from .llama import _rope_scaling as f
-    return f(hp)

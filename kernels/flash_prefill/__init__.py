@@ -62,7 +62,7 @@ def launch_geometry(plan: FlashPrefillPlan, n_q_heads: int, max_tokens: int):
 
 
 CANONICAL = {
-    "flash_prefill": FlashPrefillPlan.make(target="sm_90", pdl=True),
+    "flash_prefill": FlashPrefillPlan.make(),
     "flash_prefill_d64": FlashPrefillPlan.make(head_dim=64, group=1, warps=2, block_keys=32),
 }
 

@@ -93,10 +93,9 @@ def _rewrite(rng, src, dst, *, arch=None, drop=None, retype=None, keys=None, add
         if t.name == drop:
             continue
         shape = [int(d) for d in reversed(t.shape)]
-        if t.name == retype:   # re-store this weight as Q5_0, a type we do not decode
+        if t.name == retype:   # re-store this weight as F32, a matrix type no GEMV reads
             vals = rng.standard_normal(shape).astype(np.float32)
-            q5 = gguf.quants.quantize(vals, gguf.GGMLQuantizationType.Q5_0)
-            w.add_tensor(t.name, np.asarray(q5), raw_dtype=gguf.GGMLQuantizationType.Q5_0)
+            w.add_tensor(t.name, vals)
         else:
             raw_shape = shape if t.tensor_type.name in ("F32", "F16") else None
             w.add_tensor(t.name, np.asarray(t.data), raw_shape=raw_shape, raw_dtype=t.tensor_type)
@@ -123,13 +122,13 @@ def test_missing_tensor(tiny, tmp_path, rng):
 
 
 def test_unsupported_tensor_type(tiny, tmp_path, rng):
-    dst = str(tmp_path / "q5.gguf")
+    dst = str(tmp_path / "f32m.gguf")
     _rewrite(rng, tiny, dst, retype="blk.0.attn_v.weight")
-    with pytest.raises(GGUFError, match=r"'blk.0.attn_v.weight' has type Q5_0, which is not "
+    with pytest.raises(GGUFError, match=r"'blk.0.attn_v.weight' has type F32, which is not "
                                         r"supported for a matrix \(supported: Q4_K, Q6_K, Q8_0"):
         LlamaFile(dst)
     # without the kernel check (the reference, `info`) it reads
-    assert LlamaFile(dst, check_kernels=False).qtype("blk.0.attn_v.weight") == "Q5_0"
+    assert LlamaFile(dst, check_kernels=False).qtype("blk.0.attn_v.weight") == "F32"
 
 
 
@@ -228,17 +227,21 @@ def test_tensors_refused_by_name(tmp_path, rng, seed, arch, change, message):
 
 
 def test_types_checked_per_role(tmp_path, seed):
-    """A tied F16 embedding has a gather kernel but no GEMV for the logits;
-    untied, F16 is a fine embedding.  Norm weights must be f32."""
-    p = str(tmp_path / "f16.gguf")
-    write_synthetic_llama(p, seed=seed, embd_qtype="F16", tie_embeddings=True, **TINY)
-    with pytest.raises(GGUFError, match=r"'token_embd.weight' has type F16, which is not "
+    """A tied F32 embedding has a gather kernel but no GEMV for the logits;
+    untied, F32 is a fine embedding (and a tied F16 one is fine both ways).
+    Norm weights must be f32."""
+    p = str(tmp_path / "f32.gguf")
+    write_synthetic_llama(p, seed=seed, embd_qtype="F32", tie_embeddings=True, **TINY)
+    with pytest.raises(GGUFError, match=r"'token_embd.weight' has type F32, which is not "
                                         r"supported for a matrix \(the tied output\)"):
         LlamaFile(p)
     assert LlamaFile(p, check_kernels=False).hparams.tied
-    q = str(tmp_path / "f16u.gguf")
-    write_synthetic_llama(q, seed=seed, embd_qtype="F16", **TINY)
-    assert LlamaFile(q).qtype("token_embd.weight") == "F16"
+    q = str(tmp_path / "f32u.gguf")
+    write_synthetic_llama(q, seed=seed, embd_qtype="F32", **TINY)
+    assert LlamaFile(q).qtype("token_embd.weight") == "F32"
+    f = str(tmp_path / "f16t.gguf")
+    write_synthetic_llama(f, seed=seed, embd_qtype="F16", tie_embeddings=True, **TINY)
+    assert LlamaFile(f).hparams.tied and LlamaFile(f).qtype("token_embd.weight") == "F16"
     r = str(tmp_path / "normf16.gguf")
     write_synthetic_llama(r, seed=seed, type_overrides={"blk.0.ffn_norm.weight": "F16"}, **TINY)
     with pytest.raises(GGUFError, match=r"'blk.0.ffn_norm.weight' has type F16, which is not "
