@@ -330,8 +330,9 @@ class LlamaModel:
         ``prefill_chunk > 0`` runs the prompt but its last token through
         :class:`~.prefill.Prefill` in chunks of that many tokens (0: every
         prompt token through the decode step; None, the default:
-        :meth:`default_prefill_chunk`).  The chunks replay one CUDA graph per chunk-size bucket
-        with ``mode="graph"``, else run their launches eagerly.  Returns a
+        :meth:`default_prefill_chunk`, or 0 with ``return_logits``).  The
+        chunks replay one CUDA graph per chunk-size bucket with
+        ``mode="graph"``, else run their launches eagerly.  Returns a
         :class:`GenerateResult`; ``return_logits`` also returns the logits of
         every decode step (a host copy per step, slower)."""
         n_prompt = len(token_ids)
@@ -344,7 +345,9 @@ class LlamaModel:
         times, logits = [], []
         t_prompt, done = time.perf_counter(), 0
         if prefill_chunk is None:
-            prefill_chunk = self.default_prefill_chunk()
+            # return_logits asks for the logits of every step, prompt steps
+            # included, which only the token-by-token path has
+            prefill_chunk = 0 if return_logits else self.default_prefill_chunk()
         if prefill_chunk and n_prompt > 1:
             from .prefill import Prefill
             pre = getattr(self, "_prefill", None)
