@@ -180,16 +180,23 @@ def merge_top(k, blk, lists, top: int, stride: int, nlists, mrg, width: int, kap
             hit = k.setp("ge", v, kappa, combine=("and", v.ne(0)))
             k.add(known, k.popc(k.vote_sync("ballot", hit)), out=known)
 
-    acc = [k.var(u64, 0) for _ in range(e)]
-    with k.if_(warp < nlists):                  # the warp's first list, as it is
-        first = load_list(k, lane, lists, warp * stride, top, e, cache="cg")
-        count(first)
-        for v, x in zip(acc, first):
+    def fetch(dst, b):
+        for v, x in zip(dst, load_list(k, lane, lists, b * stride, top, e, cache="cg")):
             k.assign(v, x)
+
+    acc = [k.var(u64, 0) for _ in range(e)]
+    nxt = [k.var(u64, 0) for _ in range(e)]
+    with k.if_(warp < nlists):                  # the warp's first list, as it is
+        fetch(acc, warp)
+        count(acc)
+    with k.if_(warp + nw < nlists):
+        fetch(nxt, warp + nw)
     with k.for_range(warp + nw, nlists, nw) as b:
-        lst = load_list(k, lane, lists, b * stride, top, e, cache="cg")
-        count(lst)
-        for v, x in zip(acc, merge_desc(k, lane, acc, lst)):
+        cur = [k.mov(v) for v in nxt]
+        with k.if_(b + nw < nlists):            # the next list loads during this merge
+            fetch(nxt, b + nw)
+        count(cur)
+        for v, x in zip(acc, merge_desc(k, lane, acc, cur)):
             k.assign(v, x)
     with k.if_(lane.eq(0)):
         k.st(blk.count[warp], known)
