@@ -279,25 +279,32 @@ def test_filtered_sets(run, case):
     assert set(out.tolist()) <= set(want.tolist()), msg
 
 
-@pytest.mark.parametrize("case", ["top_k", "top_p", "top_k_top_p", "ties"])
+@pytest.mark.parametrize("case", ["top_k", "top_p", "top_k_top_p", "ties", "mixed_sign"])
 def test_cut_below_merged(run, case):
     """Cuts below the merged list (32 keys for SPEC): top-k past it, and
     top-p sets of more tokens, found by the radix select over every block's
-    list; equal logits (``ties``) go to the lower index."""
+    list; equal logits (``ties``) go to the lower index; with 60 positive
+    logits among negative ones (``mixed_sign``) the keys searched differ in
+    their top bit (the select's range spans all 64 bits)."""
     seed = int.from_bytes(os.urandom(4), "little")
     rng = np.random.default_rng(seed)
     v = 1500
     x = _logits(rng, v, 2.0)
     if case == "ties":
         x[rng.choice(v, 300, replace=False)] = np.float32(3.0)
+    if case == "mixed_sign":
+        x = np.minimum(x * 0.5 - 3.0, -0.01).astype(np.float32)
+        x[rng.choice(v, 60, replace=False)] = rng.uniform(0.5, 5.0, 60).astype(np.float32)
     y = x.astype(np.float64)
     width = merged_width(SPEC.top)
     known = ref_known(y, SPEC.slice, SPEC.top)
     msg = f"seed {seed}, {known} known"
     assert known > width + 12, msg                      # the case needs keys below the list
     order = np.lexsort((np.arange(v), -y))
+    if case == "mixed_sign":
+        assert y[order[width - 1]] > 0 > y[order[known - 1]], msg
     kw = {}
-    if case in ("top_k", "ties", "top_k_top_p"):
+    if case in ("top_k", "ties", "top_k_top_p", "mixed_sign"):
         kw["top_k"] = int(rng.integers(width + 10 if case == "top_k_top_p" else width + 1,
                                        known + 1))
     if case in ("top_p", "top_k_top_p"):
