@@ -1,15 +1,23 @@
 """The GPU sampler against the same chain in torch, at the Llama-3 vocabulary.
 
 ``python benchmarks/bench_sampling.py OUT.json [--vocab 128256]`` on a GPU
-with torch.  Three chains over the same f32 logits (``N(0, 2.5)`` with a
+with torch.  Six chains over f32 logits (``N(0, 2.5)`` with a
 few strong tokens) and a 64-token history:
 
 - ``default``: penalties over 64 tokens (repeat 1.1, frequency 0.05,
   presence 0.1), top-k 40, top-p 0.95, min-p 0.05, temperature 0.8;
-- ``top_p``: top-p 0.95 alone (torch sorts the whole vocabulary);
+- ``top_p``: top-p 0.95 alone (torch sorts the whole vocabulary); on these
+  logits the set holds about 12,000 tokens, more than the kernel knows
+  exactly, so ours is cut at the known keys (``info`` flag 1);
 - ``min_p``: min-p 0.05 alone;
+- ``top_k``: top-k 40 alone;
+- ``penalties``: the penalties alone, then the whole-vocabulary draw;
+- ``top_p_peaked``: top-p 0.95 alone on logits with five tokens 12 higher
+  (a set of a few thousand tokens, cut by the radix select);
 
-plus greedy (``ops.argmax`` against ``torch.argmax``).  Ours: one
+plus greedy (``ops.argmax`` against ``torch.argmax``).  The table shows the
+kernel's ``info``: kept count and flags (1: cut at the keys known exactly,
+2: whole-vocabulary draw).  Ours: one
 ``ops_sampling.sample`` launch; torch: the ops a user writes (``topk`` or
 ``sort``, ``softmax``, ``cumsum``, masks, ``multinomial``).  Both are
 replayed from CUDA graphs holding ``REPS`` calls; a time is the median over
@@ -97,7 +105,13 @@ CHAINS = {
                     penalty_repeat=1.1, penalty_freq=0.05, penalty_present=0.1),
     "top_p": dict(top_p=0.95, temperature=0.8),
     "min_p": dict(min_p=0.05, temperature=0.8),
+    "top_k": dict(top_k=40, temperature=0.8),
+    "penalties": dict(temperature=0.8, penalty_last_n=64, penalty_repeat=1.1,
+                      penalty_freq=0.05, penalty_present=0.1),
+    "top_p_peaked": dict(top_p=0.95, temperature=0.8),
 }
+#: chains run on the peaked logits
+PEAKED = {"top_p_peaked"}
 
 
 def torch_chain(torch, logits, window, kw):
@@ -151,35 +165,44 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(v) * 2.5).astype(np.float32)
     x[rng.integers(0, v, 30)] += 9.0
+    xp = x.copy()
+    xp[rng.integers(0, v, 5)] += 12.0
     hist = rng.integers(0, v, 256).astype(np.int32)
     pos = 200
-    tx = torch.from_numpy(x).cuda()
+    tx, txp = torch.from_numpy(x).cuda(), torch.from_numpy(xp).cuda()
     window = torch.from_numpy(hist[pos - 63: pos + 1].astype(np.int64)).cuda()
-    dx = DeviceArray.from_numpy(x)
+    dx, dxp = DeviceArray.from_numpy(x), DeviceArray.from_numpy(xp)
     dh = DeviceArray.from_numpy(hist)
     dpos = DeviceArray.from_numpy(np.array([pos], np.int32))
     out = DeviceArray.empty((1,), np.int32)
+    info = DeviceArray.empty((4,), np.int32)
     stream = Stream()
     rows = []
     for name, kw in CHAINS.items():
         params = sampling_params(seed=1234, **kw)
-        ours = _ours(lambda s, p=params: sample(dx, dh, dpos, p, out=out, stream=s), stream)
-        theirs, mode = _torch(torch_chain(torch, tx, window, kw))
+        lx, ltx = (dxp, txp) if name in PEAKED else (dx, tx)
+        sample(lx, dh, dpos, params, out=out, info=info, stream=stream)
+        stream.synchronize()
+        kept, flags = (int(i) for i in info.to_numpy()[:2])
+        ours = _ours(lambda s, p=params, lx=lx: sample(lx, dh, dpos, p, out=out, stream=s),
+                     stream)
+        theirs, mode = _torch(torch_chain(torch, ltx, window, kw))
         rows.append(dict(chain=name, params=kw, ours_us=ours, torch_us=theirs,
-                         torch_mode=mode, ratio=ours / theirs))
+                         torch_mode=mode, ratio=ours / theirs, kept=kept, flags=flags))
     am = DeviceArray.empty((1,), np.int32)
     ours = _ours(lambda s: ops.argmax(dx, out=am, stream=s), stream)
     theirs, mode = _torch(lambda: torch.argmax(tx))
     rows.append(dict(chain="greedy", params={}, ours_us=ours, torch_us=theirs, torch_mode=mode,
-                     ratio=ours / theirs))
+                     ratio=ours / theirs, kept=1, flags=0))
 
     spec = sampling_spec(v)
     dev = get_device()
     print(f"{dev.name}, vocab {v}, {spec.kernel_name}; µs per call, median of {REPEATS} "
           f"graph replays of {REPS} calls")
-    print(f"{'chain':10s} {'ptxgen':>9s} {'torch':>9s} {'ratio':>7s}")
+    print(f"{'chain':13s} {'ptxgen':>9s} {'torch':>9s} {'ratio':>7s} {'kept':>7s} {'flags':>5s}")
     for r in rows:
-        print(f"{r['chain']:10s} {r['ours_us']:9.2f} {r['torch_us']:9.2f} {r['ratio']:7.3f}"
+        print(f"{r['chain']:13s} {r['ours_us']:9.2f} {r['torch_us']:9.2f} {r['ratio']:7.3f} "
+              f"{r['kept']:7d} {r['flags']:5d}"
               + ("" if r["torch_mode"] == "graph" else f"  (torch {r['torch_mode']})"))
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -13,33 +13,40 @@ read from device memory, so a captured graph replays it and the host may
 rewrite the parameters between replays.
 
 Launch: ``G = ceil(V / (2 * block))`` blocks (at most ``block``) of
-``block`` threads, ``8 * max(2 * block, G * top)`` bytes of dynamic shared
-memory (:func:`launch_geometry`).  Block ``b`` owns the slice
+``block`` threads, ``8 * max(G * top, 2 * block)`` bytes of dynamic shared
+memory (:func:`launch_geometry`: the union ``U`` of the blocks' lists in the
+last block, the slice and its penalty counts before).  Block ``b`` owns the slice
 ``[2 * block * b, ...)`` of the vocabulary: it loads it into shared memory,
-applies the penalties to the tokens of the window that fall in it, writes
-the penalised logits to ``work`` (f32[V]), sorts its keys
-``(order(logit) << 32) | ~index`` (bitonic, descending) and writes its
-``top`` largest keys, its max ``m_b``, ``sum exp(y - m_b)`` and
-``sum exp((y - m_b) / T)`` and its ``top``-th key ``kappa_b`` to
-``scratch``.  The last block to finish (a counter, as in ``argmax``; it
-resets the counter, so the launch replays) merges: the global max ``m``,
-the full normaliser ``Z``, the union ``U`` of the lists (``G * top`` keys in
-shared memory) and ``kappa = max_b kappa_b``.  Every key above ``kappa``
-is in ``U``: the sorted order of the whole vocabulary is known exactly down
-to ``kappa`` (at least ``top`` tokens, usually thousands).  Then:
+applies the penalties (the window's tokens counted per logit in shared
+memory, then each thread updates its own logits), writes the penalised
+logits to ``work`` (f32[V]), sorts its keys
+``(order(logit) << 32) | ~index`` (each warp its 64 in registers, then a
+tree of warp merges, :mod:`.merge`) and writes its ``top`` largest keys,
+its max ``m_b``, ``sum exp(y - m_b)`` and ``sum exp((y - m_b) / T)`` and
+its ``top``-th key ``kappa_b`` to ``scratch``.  The last block to finish (a
+counter, as in ``argmax``; it resets the counter, so the launch replays)
+merges (:mod:`.last_block`): the global max ``m``, the full normaliser
+``Z``, ``kappa = max_b kappa_b`` and ``S``, the largest ``L`` keys of the
+union ``U`` of the lists, sorted (``L``: ``top`` rounded up to a power of
+two, at least 32).  Every key above ``kappa`` is in ``U``: the sorted
+order of the whole vocabulary is known exactly down to ``kappa`` (at least
+``top`` tokens, usually thousands), and ``S`` holds its first ``L``.
+Then:
 
-- top-k (``0 < k < V``): the k-th largest key of ``U`` (a byte-wise radix
-  select with 256-bin shared histograms);
+- top-k (``0 < k < V``): ``S[k - 1]``; past ``L``, the k-th largest key of
+  ``U`` by a weighted radix select over shared histograms (:mod:`.select`);
 - top-p (``p < 1``): the largest key ``c`` with
   ``sum_{key >= c} exp(y - m) >= p * Z_k`` (``Z_k``: the top-k set's sum,
-  or ``Z``), the same radix select weighted by 40-bit fixed-point masses
-  (integer sums: the same in every launch whatever the order);
+  or ``Z``), in 40-bit fixed-point masses (integer sums: the same in every
+  launch whatever the order): a binary search of ``S``'s running masses,
+  or the radix select below ``S``;
 - min-p (``p > 0``): ``y >= m + ln(p)``; the top token always stays;
 - the draw (``T > 0``): weights ``round(2^40 * exp((y - m) / T))`` over the
-  kept keys, a block-wide integer prefix sum, and ``floor(r * total / 2^64)``
-  for a 64-bit ``r`` from Philox-4x32-10 keyed by the 64-bit seed with the
-  counter ``(position, draw, 0, 0)``; ``T <= 0`` picks the top key (argmax
-  of the penalised logits, ties to the lowest index).
+  kept keys, integer running sums (over ``S``, or over ``U`` by chunks when
+  the kept set is larger), and ``floor(r * total / 2^64)`` for a 64-bit
+  ``r`` from Philox-4x32-10 keyed by the 64-bit seed with the counter
+  ``(position, draw, 0, 0)``; ``T <= 0`` picks the top key (argmax of the
+  penalised logits, ties to the lowest index).
 
 Exactness.  Penalties are IEEE f32 operations in llama.cpp's order
 (bit-exact).  The kept set is exact (the same tokens as a float64 chain,
@@ -73,30 +80,26 @@ the int32 at ``pos``; ids outside ``[0, V)`` are ignored.
 
 from __future__ import annotations
 
-import math
 from types import SimpleNamespace
 
 import attrs
-import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, f64, pred, s32, u32, u64
+from ptxgen.types import f32, f64, s32, u32, u64
 
 from ..spec_fields import block_field, pdl_field, pdl_prologue, target_field
-from .blockops import Block, key_value, ord_key
+from .blockops import Block, SharedView, ord_key
+from .last_block import merge_and_draw
+from .merge import list_width, sort_slice
+from .params import (_LOG2E, FIXED_BITS, FLAG_GREEDY, FLAG_TRUNCATED, FLAG_WHOLE, FREQ,
+                     INFO_WORDS, LAST_N, PARAM_WORDS, PRESENT, REPEAT, TEMP, ex2_weight,
+                     no_filter, pack_params)
 from .philox import philox4x32_10
 
 __all__ = ["SamplingSpec", "build", "launch_geometry", "scratch_words", "pack_params",
-           "PARAM_WORDS", "INFO_WORDS", "FIXED_BITS", "philox4x32_10"]
-
-(TOP_K, TOP_P, MIN_P, TEMP, LAST_N, REPEAT, FREQ, PRESENT, SEED_LO, SEED_HI) = range(10)
-PARAM_WORDS = 12
-INFO_WORDS = 4
-FIXED_BITS = 40
-FLAG_TRUNCATED, FLAG_WHOLE, FLAG_GREEDY = 1, 2, 4
-_LOG2E = 1.4426950408889634
-_LN2 = 0.6931471805599453
+           "PARAM_WORDS", "INFO_WORDS", "FIXED_BITS", "FLAG_TRUNCATED", "FLAG_WHOLE",
+           "FLAG_GREEDY", "philox4x32_10"]
 
 
 def _check_top(inst, attr, v):
@@ -132,6 +135,12 @@ class SamplingSpec:
         return 2 * self.block
 
     @property
+    def merged(self) -> int:
+        """``L``: keys of the last block's sorted merge (``top`` rounded up
+        to a power of two, at least 32)."""
+        return list_width(self.top)
+
+    @property
     def record(self) -> int:
         """u64 words of a block's record in ``scratch``."""
         return self.top + 3
@@ -153,7 +162,7 @@ def launch_geometry(spec: SamplingSpec, n: int):
     if g > spec.block:
         raise ValueError(f"{n} logits need {g} blocks of {spec.slice}; at most block = "
                          f"{spec.block} blocks: use a larger block")
-    return (g, 1, 1), (spec.block, 1, 1), 8 * max(spec.slice, g * spec.top)
+    return (g, 1, 1), (spec.block, 1, 1), 8 * max(g * spec.top, spec.slice)
 
 
 def scratch_words(spec: SamplingSpec, n: int) -> int:
@@ -162,41 +171,11 @@ def scratch_words(spec: SamplingSpec, n: int) -> int:
     return blocks_for(spec, n) * spec.record + n
 
 
-def pack_params(*, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, penalty_last_n=0,
-                penalty_repeat=1.0, penalty_freq=0.0, penalty_present=0.0,
-                seed=0) -> np.ndarray:
-    """The ``params`` words (u32[12]) of the sampler; llama.cpp's names:
-    ``--top-k``, ``--top-p``, ``--min-p``, ``--temp``, ``--repeat-last-n``,
-    ``--repeat-penalty``, ``--frequency-penalty``, ``--presence-penalty``,
-    ``--seed`` (0 .. 2^64 - 1)."""
-    seed = int(seed)
-    if not 0 <= seed < 1 << 64:
-        raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {seed}")
-    for name, v in (("top_k", top_k), ("penalty_last_n", penalty_last_n)):
-        if not isinstance(v, (int, np.integer)) or not -2**31 <= v < 2**31:
-            raise ValueError(f"{name} must be an int32, got {v!r}")
-    if penalty_last_n < -1:
-        raise ValueError(f"penalty_last_n must be -1 (all), 0 (off) or positive, got {penalty_last_n}")
-    w = np.zeros(PARAM_WORDS, np.uint32)
-    w[TOP_K] = np.int32(top_k).view(np.uint32)
-    w[LAST_N] = np.int32(penalty_last_n).view(np.uint32)
-    for i, v in ((TOP_P, top_p), (MIN_P, min_p), (TEMP, temperature), (REPEAT, penalty_repeat),
-                 (FREQ, penalty_freq), (PRESENT, penalty_present)):
-        if not math.isfinite(float(v)):
-            raise ValueError(f"sampling parameters must be finite, got {v!r}")
-        w[i] = np.float32(v).view(np.uint32)
-    w[SEED_LO], w[SEED_HI] = seed & 0xFFFFFFFF, seed >> 32
-    return w
-
-
-def _ex2_weight(k, y, m, scale):
-    """``round(2^40 * 2^((y - m) * scale))`` as u64 (0 for -inf / NaN)."""
-    e = k.ex2((y - m) * scale)
-    return (e * float(1 << FIXED_BITS)).to(u64, rnd="rni")
-
-
-def _penalties(k, blk, vals, history, pos_p, prm, lo, nb, nthreads):
-    """Apply the window's penalties to ``vals`` (the block's slice)."""
+def _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthreads):
+    """Apply the window's penalties to ``vals`` (the block's slice): the
+    threads count the window's tokens that fall in the slice into
+    ``counts`` (shared u32[slice], native shared atomics), then each
+    thread updates its own logits.  Starts and ends with a barrier."""
     last_n = k.ld(prm[LAST_N], s32)
     rep, freq, pres = (k.ld(prm[i], f32) for i in (REPEAT, FREQ, PRESENT))
     off = k.setp("eq", rep, 1.0, combine=("and", freq.eq(0.0)))
@@ -209,23 +188,23 @@ def _penalties(k, blk, vals, history, pos_p, prm, lo, nb, nthreads):
     start = (have - nwin).bitcast(u32)
     nw = nwin.bitcast(u32)
     with k.if_(~off):
+        for e in (0, 1):
+            k.st(counts[blk.tid + e * nthreads if e else blk.tid], k.mov(0, u32))
+        k.bar_sync(0)
         with k.for_range(blk.tid, nw, nthreads) as j:
-            t = k.ld(history[start + j])
-            rel = t.bitcast(u32) - lo
+            rel = k.ld(history[start + j]).bitcast(u32) - lo
             with k.if_(rel < nb):
-                cnt = k.var(u32, 0)
-                first = k.var(pred)
-                k.setp("eq", j, j, out=first)
-                with k.for_range(0, nw, 1) as j2:
-                    same = k.ld(history[start + j2]).eq(t)
-                    k.add(cnt, k.select(same, k.mov(1, u32), k.mov(0, u32)), out=cnt)
-                    earlier = k.setp("lt", j2, j, combine=("and", same))
-                    k.assign(first, k.pand(first, k.setp("eq", j, j, combine=("xor", earlier))))
-                with k.if_(first):
-                    v = k.ld(vals[rel])
-                    v2 = k.select(v <= 0.0, v * rep, v / rep)
-                    pen = cnt.to(f32) * freq + pres
-                    k.st(vals[rel], v2 - pen)
+                k.red("add", counts[rel], k.mov(1, u32))
+        k.bar_sync(0)
+        for e in (0, 1):
+            i = blk.tid + e * nthreads if e else blk.tid
+            cnt = k.ld(counts[i])
+            with k.if_(cnt > 0):
+                v = k.ld(vals[i])
+                v2 = k.select(v <= 0.0, v * rep, v / rep)
+                pen = cnt.to(f32) * freq + pres
+                k.st(vals[i], v2 - pen)
+    k.bar_sync(0)
 
 
 def build(spec: SamplingSpec) -> ptxgen.Module:
@@ -251,12 +230,20 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
 
         blk = Block(k, nthr)
         keys = k.dynamic_shared("keys", u64, align=16)
-        vals = k.shared_array("vals", f32, S, align=16)
-        hist_w = k.shared_array("hist_w", u64, 256, align=8)
-        hist_n = k.shared_array("hist_n", u64, 256, align=8)
+        # the slice and its penalty counts share the dynamic array with U
+        vals = SharedView(k, keys, f32)
         pref = k.shared_array("pref", u64, nthr + 1, align=8)
-        wpre = k.shared_array("wpre", f64, nthr + 1, align=8)
+        L = spec.merged
+        sh = SimpleNamespace(
+            pref=pref, wpre=k.shared_array("wpre", f64, nthr + 1, align=8),
+            mrg=k.shared_array("merged", u64, (nthr // 32) * L, align=16),
+            cmass=k.shared_array("cmass", u64, L, align=16),
+            ctemp=k.shared_array("ctemp", u64, L, align=16),
+            hist_lo=k.shared_array("hist_lo", u32, 256, align=16),
+            hist_hi=k.shared_array("hist_hi", u32, 256, align=16),
+            hist_n=k.shared_array("hist_n", u32, 256, align=16))
         last = k.shared_array("is_last", u32, 4, align=16)
+        counts = SharedView(k, keys, u32, 4 * S)
         tid = blk.tid
         ninf = float("-inf")
 
@@ -274,17 +261,18 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
                 v.set(k.ld(logits[lo + i], nc=True))
             k.st(vals[i], v)
         k.bar_sync(0)
-        _penalties(k, blk, vals, history, pos_p, prm, lo, nb, nthr)
-        k.bar_sync(0)
+        _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthr)
         mloc = k.var(f32, ninf)
+        pair = []
         for e in (0, 1):
             i = tid + e * nthr if e else tid
             v = k.ld(vals[i])
             ok = i < nb
-            k.st(keys[i], k.select(ok, ord_key(k, v, lo + i), k.mov(0, u64)))
+            pair.append(k.select(ok, ord_key(k, v, lo + i), k.mov(0, u64)))
             with k.if_(ok):
                 k.st(work[lo + i], v)
                 k.max(mloc, v, out=mloc)
+        sort_slice(k, blk, pair, sh.mrg, L)         # the slice's top L keys, sorted
         mb = blk.reduce(mloc, "max", ninf)
         finite = mb > ninf
         s1 = k.var(f32, 0.0)
@@ -297,12 +285,12 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
         # running sums of 2^40 * exp((y - m_b) / T), in slice order
         cum = scratch + k.nctaid.x * R
         tot_b = k.var(u64, 0)
-        with k.if_(_no_filter(k, prm, n, temp)):
+        with k.if_(no_filter(k, prm, n, temp)):
             w_pair = []
             for e in (0, 1):
                 i = (tid << 1) + e
                 v = k.ld(vals[i])
-                w_pair.append(k.select(k.pand(i < nb, finite), _ex2_weight(k, v, mb, scale_t),
+                w_pair.append(k.select(k.pand(i < nb, finite), ex2_weight(k, v, mb, scale_t),
                                        k.mov(0, u64)))
             k.assign(tot_b, blk.exclusive_scan_into(w_pair[0] + w_pair[1], pref))
             base = k.ld(pref[tid])
@@ -311,15 +299,14 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
                 k.st(cum[lo + i0], base + w_pair[0])
             with k.if_(i0 + 1 < nb):
                 k.st(cum[lo + i0 + 1], base + w_pair[0] + w_pair[1])
-        blk.bitonic_sort_desc(keys, S)
 
         rec = scratch + k.ctaid.x * R
         for j in k.strided(tid, T, nthr):
-            k.st(rec[j], k.ld(keys[j]))
+            k.st(rec[j], k.ld(sh.mrg[j]))
         with k.if_(tid.eq(0)):
             k.st(rec[T], k.pack(u64, mb.bitcast(u32), sb.bitcast(u32)))
             k.st(rec[T + 1], tot_b)
-            k.st(rec[T + 2], k.select(nb > T, k.ld(keys[T - 1]), k.mov(0, u64)))
+            k.st(rec[T + 2], k.select(nb > T, k.ld(sh.mrg[T - 1]), k.mov(0, u64)))
         k.fence("acq_rel", "gpu")
         k.bar_sync(0)
         with k.if_(tid.eq(0)):
@@ -328,235 +315,8 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
         k.bar_sync(0)
         with k.if_(k.ld(last[0]).eq(1)):
             k.fence("acq_rel", "gpu")
-            _merge_and_draw(k, spec, blk, SimpleNamespace(**locals()))
+            merge_and_draw(k, spec, blk, SimpleNamespace(**locals()))
     return m
-
-
-def _no_filter(k, prm, n, temp):
-    """True when no filter is on (top-k 0 or >= V, top-p >= 1, min-p <= 0)
-    and the temperature is positive."""
-    kk = k.ld(prm[TOP_K], s32)
-    no_k = k.setp("le", kk, 0)
-    no_k = k.setp("ge", kk.bitcast(u32), n, combine=("or", no_k))
-    p = k.setp("ge", k.ld(prm[TOP_P], f32), 1.0, combine=("and", no_k))
-    p = k.setp("le", k.ld(prm[MIN_P], f32), 0.0, combine=("and", p))
-    return k.setp("gt", temp, 0.0, combine=("and", p))
-
-
-def _merge_and_draw(k, spec, blk, env):
-    """The last block: merge the blocks' records, find the cut, draw."""
-    nthr, T, R = spec.block, spec.top, spec.record
-    keys, scratch, prm, cum = env.keys, env.scratch, env.prm, env.cum
-    hist_w, hist_n, pref, wpre = env.hist_w, env.hist_n, env.pref, env.wpre
-    n, out, n_draws, info, counter = env.n, env.out, env.n_draws, env.info, env.counter
-    pos_p, greedy, scale_t, temp = env.pos_p, env.greedy, env.scale_t, env.temp
-    tid = blk.tid
-    ninf = float("-inf")
-    g = k.nctaid.x
-    nu = g * T
-
-    with k.for_range(tid, nu, nthr) as i:
-        b = i // T
-        k.st(keys[i], k.ld(scratch[b * R + (i - b * T)], cache="cg"))
-    mt = k.var(f32, ninf)
-    s_t = k.var(f32, 0.0)
-    tb = k.var(u64, 0)
-    kap = k.var(u64, 0)
-    with k.if_(tid < g):
-        w = k.ld(scratch[tid * R + T], cache="cg")
-        a, c = k.unpack(w, u32, 2)
-        k.assign(mt, a.bitcast(f32))
-        k.assign(s_t, c.bitcast(f32))
-        k.assign(tb, k.ld(scratch[tid * R + T + 1], cache="cg"))
-        k.assign(kap, k.ld(scratch[tid * R + T + 2], cache="cg"))
-    m = blk.reduce(mt, "max", ninf)
-    kappa = blk.reduce(kap, "max", 0)
-    live = k.setp("gt", mt, ninf, combine=("and", tid < g))
-    z_t = k.var(f64, 0.0)
-    w_t = k.var(f64, 0.0)
-    with k.if_(live):
-        k.assign(z_t, s_t.to(f64) * k.ex2((mt - m) * _LOG2E).to(f64))
-        k.assign(w_t, tb.to(f64) * k.ex2((mt - m) * scale_t).to(f64))
-    z = blk.reduce(z_t, "add", 0.0)
-    w_total = blk.exclusive_scan_into(w_t, wpre)
-
-    # the top key and the keys known exactly
-    topk_ = k.var(u64, 0)
-    known = k.var(u32, 0)
-    with k.for_range(tid, nu, nthr) as i:
-        key = k.ld(keys[i])
-        k.max(topk_, key, out=topk_)
-        kn = k.setp("ge", key, kappa, combine=("and", key.ne(0)))
-        k.add(known, k.select(kn, k.mov(1, u32), k.mov(0, u32)), out=known)
-    top_key = blk.reduce(topk_, "max", 0)
-    n_known = blk.reduce(known, "add", 0)
-    _top_val, top_idx = key_value(k, top_key)
-
-    def one(_key):
-        return k.mov(1, u64)
-
-    def mass(key):
-        y, _ = key_value(k, key)
-        return _ex2_weight(k, y, m, _LOG2E)
-
-    def mass_above(floor):
-        acc = k.var(u64, 0)
-        with k.for_range(tid, nu, nthr) as i:
-            key = k.ld(keys[i])
-            with k.if_(key >= floor):
-                k.add(acc, mass(key), out=acc)
-        return blk.reduce(acc, "add", 0)
-
-    cut = k.var(u64, 0)
-    trunc = k.var(pred)
-    k.setp("ne", tid, tid, out=trunc)
-    zk = k.var(f64, 0.0)
-    k.assign(zk, z * float(1 << FIXED_BITS))
-    kk = k.ld(prm[TOP_K], s32)
-    with k.if_(k.setp("gt", kk, 0, combine=("and", kk.bitcast(u32) < n))):
-        with k.if_else(kk.bitcast(u32) > n_known) as (beyond, inside):
-            with beyond:
-                k.assign(trunc, k.setp("eq", tid, tid))
-                k.assign(cut, kappa)
-            with inside:
-                k.assign(cut, blk.radix_select(keys, nu, one, kk.bitcast(u32).to(u64), 1,
-                                               hist_w, hist_n))
-        k.assign(zk, mass_above(cut).to(f64))
-    tp = k.ld(prm[TOP_P], f32)
-    with k.if_(tp < 1.0):
-        want = k.max((tp.to(f64) * zk).to(u64, rnd="rpi"), k.mov(1, u64))
-        floor = k.max(cut, k.mov(1, u64))
-        have = mass_above(k.max(floor, kappa))
-        with k.if_else(want > have) as (beyond, inside):
-            with beyond:
-                k.assign(trunc, k.setp("eq", tid, tid))
-                k.max(cut, kappa, out=cut)
-            with inside:
-                k.max(cut, blk.radix_select(keys, nu, mass, want, floor, hist_w, hist_n),
-                      out=cut)
-    mp = k.ld(prm[MIN_P], f32)
-    with k.if_(mp > 0.0):
-        thr = m + k.lg2(mp) * _LN2
-        k.max(cut, k.min(ord_key(k, thr, k.mov(0xFFFFFFFF, u32)), top_key), out=cut)
-    whole = k.setp("ne", kappa, 0, combine=("and", _no_filter(k, prm, n, temp)))
-    k.max(cut, k.mov(1, u64), out=cut)
-    with k.if_(k.setp("lt", cut, kappa, combine=("and", ~whole))):
-        k.assign(trunc, k.setp("eq", tid, tid))
-        k.assign(cut, kappa)
-
-    # the kept keys: count, smallest, and the draw's weights per thread chunk
-    chunk = (nu + (nthr - 1)) // nthr
-    c0 = tid * chunk
-    c1 = k.min(c0 + chunk, nu)
-
-    def weight(key):
-        y, _ = key_value(k, key)
-        return k.select(key >= cut, _ex2_weight(k, y, m, scale_t), k.mov(0, u64))
-
-    kept = k.var(u32, 0)
-    low = k.var(u64, 0xFFFFFFFFFFFFFFFF)
-    wsum = k.var(u64, 0)
-    with k.for_range(c0, c1, 1) as i:
-        key = k.ld(keys[i])
-        ink = key >= cut
-        k.add(kept, k.select(ink, k.mov(1, u32), k.mov(0, u32)), out=kept)
-        with k.if_(ink):
-            k.min(low, key, out=low)
-        k.add(wsum, weight(key), out=wsum)
-    n_kept = blk.reduce(kept, "add", 0)
-    low_key = blk.reduce(low, "min", 0xFFFFFFFFFFFFFFFF)
-    total = blk.exclusive_scan_into(wsum, pref)
-
-    pos = k.ld(pos_p[0]).bitcast(u32)
-    seed_lo, seed_hi = k.ld(prm[SEED_LO]), k.ld(prm[SEED_HI])
-    empty = k.setp("eq", total, 0, combine=("and", ~whole))
-    with k.if_else(k.por(greedy, empty)) as (pick_top, sample):
-        with pick_top:
-            with k.for_range(tid, n_draws, nthr) as r:
-                k.st(out[r], top_idx.bitcast(s32))
-        with sample:
-            with k.if_else(whole) as (everything, kept_set):
-                with everything:
-                    _draw_whole(k, spec, blk, scratch, cum, wpre, w_total, n, out, n_draws,
-                                pos, seed_lo, seed_hi)
-                with kept_set:
-                    _draw_kept(k, blk, nthr, keys, pref, total, weight, chunk, nu, out, n_draws,
-                               pos, seed_lo, seed_hi)
-
-    with k.if_(k.setp("eq", tid, 0, combine=("and", k.setp("ne", info, 0)))):
-        flags = k.select(trunc, k.mov(FLAG_TRUNCATED, u32), k.mov(0, u32))
-        flags = flags | k.select(whole, k.mov(FLAG_WHOLE, u32), k.mov(0, u32))
-        flags = flags | k.select(greedy, k.mov(FLAG_GREEDY, u32), k.mov(0, u32))
-        _, low_idx = key_value(k, low_key)
-        k.st(info[0], k.select(whole, n, n_kept).bitcast(s32))
-        k.st(info[1], flags.bitcast(s32))
-        k.st(info[2], k.select(whole, k.mov(0xFFFFFFFF, u32), low_idx).bitcast(s32))
-        k.st(info[3], n_known.bitcast(s32))
-    with k.if_(tid.eq(0)):
-        k.st(counter[0], 0)
-
-
-def _search(k, arr, count: int, x, bound):
-    """The largest ``t < bound`` (``bound <= count``) with ``arr[t] <= x``
-    (``arr`` non-decreasing, ``arr[0] <= x``): a branch-free binary search."""
-    t = k.var(u32, 0)
-    step = 1 << (count - 1).bit_length()
-    while step >= 1:
-        c = t + step
-        ok = k.setp("lt", c, bound)
-        with k.if_(ok):
-            with k.if_(k.ld(arr[c]) <= x):
-                k.assign(t, c)
-        step //= 2
-    return t
-
-
-def _draw_kept(k, blk, nthr, keys, pref, total, weight, chunk, nu, out, n_draws, pos,
-               seed_lo, seed_hi):
-    """Draws over the kept keys of ``U``: one thread per draw."""
-    with k.for_range(blk.tid, n_draws, nthr) as r:
-        x0, x1, _x2, _x3 = philox4x32_10(k, (pos, r, 0, 0), (seed_lo, seed_hi))
-        x = k.mul_hi(k.pack(u64, x0, x1), total)
-        t = _search(k, pref, nthr, x, nthr)
-        acc = k.var(u64, 0)
-        k.assign(acc, k.ld(pref[t]))
-        tok = k.var(u32, 0)
-        found = k.var(pred)
-        k.setp("ne", t, t, out=found)
-        c0 = t * chunk
-        with k.for_range(c0, k.min(c0 + chunk, nu), 1) as i:
-            key = k.ld(keys[i])
-            k.add(acc, weight(key), out=acc)
-            take = k.setp("lt", x, acc, combine=("and", ~found))
-            with k.if_(take):
-                k.assign(tok, key_value(k, key)[1])
-                k.assign(found, k.setp("eq", t, t))
-        k.st(out[r], tok.bitcast(s32))
-
-
-def _draw_whole(k, spec, blk, scratch, cum, wpre, w_total, n, out, n_draws, pos,
-                seed_lo, seed_hi):
-    """Draws over the whole vocabulary, one thread per draw: a block by its
-    tempered mass (f64), then a token inside it by a binary search of the
-    block's running sums ``cum`` with a second 64-bit number."""
-    S, T, R = spec.slice, spec.top, spec.record
-    with k.for_range(blk.tid, n_draws, spec.block) as r:
-        x0, x1, x2, x3 = philox4x32_10(k, (pos, r, 0, 0), (seed_lo, seed_hi))
-        u = (x0 >> 5).to(f64) * float(1 << 26) + (x1 >> 6).to(f64)
-        b = _search(k, wpre, spec.block, u * (2.0 ** -53) * w_total, k.nctaid.x)
-        base = b * S
-        nbb = k.min(n - base, S)
-        x = k.mul_hi(k.pack(u64, x2, x3), k.ld(scratch[b * R + T + 1], cache="cg"))
-        # the first i with cum[base + i] > x
-        j = k.var(u32, 0)
-        step = S // 2
-        while step >= 1:
-            c = j + step
-            with k.if_(c <= nbb):
-                with k.if_(k.ld(cum[base + c - 1], cache="cg") <= x):
-                    k.assign(j, c)
-            step //= 2
-        k.st(out[r], (base + k.min(j, nbb - 1)).bitcast(s32))
 
 
 CANONICAL = {"sampling": SamplingSpec()}

@@ -1,12 +1,30 @@
-"""Block-wide building blocks of the sampler: reductions and scans in a
-fixed order (so every launch adds the same numbers in the same order), a
-bitonic sort of a shared array, and a radix select over shared keys."""
+"""Block-wide building blocks of the sampler: the 64-bit keys, and
+reductions and scans in a fixed order (so every launch adds the same
+numbers in the same order)."""
 
 from __future__ import annotations
 
-from ptxgen.types import f32, pred, u32, u64
+from ptxgen.types import f32, u32, u64
+from ptxgen.values import Address
 
-__all__ = ["Block", "ord_key", "key_value"]
+__all__ = ["Block", "ord_key", "key_value", "shfl64", "SharedView"]
+
+
+class SharedView:
+    """Elements of type ``elem`` from ``offset`` bytes into the shared
+    array ``sym``: ``view[i]`` is an address, like a shared array's (a
+    kernel has one dynamic array; views give it several uses)."""
+
+    def __init__(self, k, sym, elem, offset: int = 0):
+        self.k, self.elem, self.offset = k, elem, offset
+        self.base = k.mov(sym)
+
+    def __getitem__(self, i):
+        size = self.elem.bytes
+        if isinstance(i, int):
+            return Address(self.base, self.offset + i * size, "shared", self.elem)
+        base = self.base if self.base.type is i.type else self.base.bitcast(i.type)
+        return Address(self.k.mad(i, size, base), self.offset, "shared", self.elem)
 
 
 def ord_key(k, x, idx):
@@ -29,7 +47,8 @@ def key_value(k, key):
     return bits.bitcast(f32), ~lo
 
 
-def _shfl(k, v, how, arg):
+def shfl64(k, v, how, arg):
+    """``shfl.sync`` of a 32- or 64-bit register (two shuffles for 64 bits)."""
     if v.type.bits == 64:
         lo, hi = k.unpack(v, u32, 2)
         return k.pack(v.type, k.shfl_sync(how, lo, arg), k.shfl_sync(how, hi, arg))
@@ -49,6 +68,7 @@ class Block:
         self.warp = self.tid >> 5
         self._red = k.shared_array("red_b64", u64, 32, align=8)
         self.bcast = k.shared_array("bcast", u64, 4, align=8)
+        self.count = k.shared_array("warp_count", u32, 32, align=16)
 
     # ---------------------------------------------------------- reductions
     def _op(self, op, a, b):
@@ -59,7 +79,7 @@ class Block:
 
     def warp_reduce(self, v, op):
         for off in (16, 8, 4, 2, 1):
-            v = self._op(op, v, _shfl(self.k, v, "bfly", off))
+            v = self._op(op, v, shfl64(self.k, v, "bfly", off))
         return v
 
     def reduce(self, v, op, identity):
@@ -90,7 +110,7 @@ class Block:
         """Inclusive prefix sum over the lanes of a warp (``shfl.up``)."""
         k = self.k
         for off in (1, 2, 4, 8, 16):
-            o = _shfl(k, v, "up", off)
+            o = shfl64(k, v, "up", off)
             v = k.select(self.lane >= off, v + o, v)
         return v
 
@@ -120,104 +140,3 @@ class Block:
         k.st(arr[self.tid], base + inc - v)
         k.bar_sync(0)
         return k.ld(arr[self.n])
-
-    # ----------------------------------------------------------------- sort
-    def bitonic_sort_desc(self, keys, count: int):
-        """Sort ``keys[0..count)`` (u64, shared; ``count == 2 * nthreads``, a
-        power of two) in descending order, one compare-exchange per thread
-        per step, a barrier after each step."""
-        k = self.k
-        t = self.tid
-        size = 2
-        while size <= count:
-            stride = size // 2
-            while stride >= 1:
-                i = ((t & ((~(stride - 1)) & 0xFFFFFFFF)) << 1) | (t & (stride - 1)) \
-                    if stride > 1 else t << 1
-                a = k.ld(keys[i])
-                b = k.ld(keys[i + stride])
-                if size < count:
-                    up = (i & size).ne(0)          # an ascending run of this stage
-                    swap = k.setp("lt", a, b, combine=("xor", up))
-                else:
-                    swap = a < b
-                k.st(keys[i], k.select(swap, b, a))
-                k.st(keys[i + stride], k.select(swap, a, b))
-                k.bar_sync(0)
-                stride //= 2
-            size *= 2
-
-    # --------------------------------------------------------------- select
-    def radix_select(self, keys, nkeys, weight, need, floor, hist_w, hist_n):
-        """The largest key ``c`` of ``keys[0..nkeys)`` (u64, shared) with
-        ``sum(weight(key) for key >= c, key >= floor) >= need`` (u64; the
-        caller makes sure the keys at or above ``floor`` weigh at least
-        ``need``, and ``need >= 1``).  ``weight(key)`` gives a u64 register
-        (1 for a plain k-th largest).  Byte by byte from the top with a
-        256-bin histogram of weights and counts (``hist_w``, ``hist_n``:
-        shared u64[256]); stops early once the chosen bin holds one key.
-        Every thread gets the result."""
-        k = self.k
-        t = self.tid
-        prefix = k.var(u64, 0)
-        mask = k.var(u64, 0)
-        rest = k.var(u64, 0)
-        k.assign(rest, need)
-        going = k.var(pred)
-        k.setp("eq", self.lane, self.lane, out=going)          # true
-        for d in range(8):
-            shift = 56 - 8 * d
-            with k.if_(going):
-                for b in k.strided(t, 256, self.n):
-                    k.st(hist_w[b], k.mov(0, u64))
-                    k.st(hist_n[b], k.mov(0, u64))
-                k.bar_sync(0)
-                with k.for_range(t, nkeys, self.n) as i:
-                    key = k.ld(keys[i])
-                    hit = k.setp("eq", key & mask, prefix, combine=("and", key >= floor))
-                    with k.if_(hit):
-                        b = (key >> shift).to(u32) & 255
-                        k.red("add", hist_w[b], weight(key))
-                        k.red("add", hist_n[b], k.mov(1, u64))
-                k.bar_sync(0)
-                with k.if_(self.warp.eq(0)):
-                    # lane l holds bins 255-8l .. 248-8l, highest first
-                    top = 255 - (self.lane << 3)
-                    ws = []
-                    s = k.mov(0, u64)
-                    for j in range(8):
-                        w = k.ld(hist_w[top - j])
-                        ws.append(w)
-                        s = s + w
-                    inc = self.warp_inclusive_scan(s)
-                    exc = inc - s
-                    mine = k.setp("lt", exc, rest, combine=("and", rest <= inc))
-                    with k.if_(mine):
-                        acc = k.var(u64, 0)
-                        k.assign(acc, exc)
-                        found = k.var(pred)
-                        k.setp("ne", self.lane, self.lane, out=found)   # false
-                        for j in range(8):
-                            nxt = acc + ws[j]
-                            take = k.setp("le", rest, nxt, combine=("and", ~found))
-                            with k.if_(take):
-                                k.st(self.bcast[0], (top - j).to(u64))
-                                k.st(self.bcast[1], rest - acc)
-                                k.st(self.bcast[2], k.ld(hist_n[top - j]))
-                            k.assign(found, k.por(found, take))
-                            k.assign(acc, nxt)
-                k.bar_sync(0)
-                digit = k.ld(self.bcast[0])
-                k.assign(rest, k.ld(self.bcast[1]))
-                prefix.set(prefix | (digit << shift))
-                mask.set(mask | (0xFF << shift))
-                k.setp("ne", k.ld(self.bcast[2]), 1, out=going)
-                k.bar_sync(0)
-        # the one key under the prefix (or the prefix itself after 8 bytes)
-        best = k.var(u64, 0)
-        with k.for_range(t, nkeys, self.n) as i:
-            key = k.ld(keys[i])
-            hit = k.setp("eq", key & mask, prefix, combine=("and", key >= floor))
-            with k.if_(hit):
-                k.max(best, key, out=best)
-        return self.reduce(best, "max", 0)

@@ -80,6 +80,28 @@ def ref_probs(y, kept, temp):
     return w / w.sum()
 
 
+def ref_known(y, slice_, top):
+    """How many of the largest logits the kernel knows exactly: each slice
+    of ``slice_`` logits hands over its ``top`` largest; ``kappa`` is the
+    largest of the slices' ``top``-th (slices of ``top`` or fewer hand over
+    everything).  Ties: lower index first, as in :func:`ref_kept`."""
+    order = np.lexsort((np.arange(y.size), -y))
+    rank = np.empty(y.size, np.int64)
+    rank[order] = np.arange(y.size)
+    best = y.size - 1
+    for lo in range(0, y.size, slice_):
+        part = np.arange(lo, min(lo + slice_, y.size))
+        if part.size > top:
+            best = min(best, int(np.sort(rank[part])[top - 1]))
+    return best + 1
+
+
+def merged_width(top):
+    """The last block's merged list: ``top`` rounded up to a power of two,
+    at least 32 (docs/sampling.md)."""
+    return max(32, 1 << (top - 1).bit_length())
+
+
 def philox_ref(ctr, key):
     """Philox-4x32-10 in Python integers (Salmon et al., SC 2011)."""
     c0, c1, c2, c3 = ctr
@@ -196,6 +218,28 @@ def test_penalties_exact(run, last_n, rep, freq, pres):
     assert info[1] & S.FLAG_GREEDY
 
 
+@pytest.mark.parametrize("window", [-1, 700])
+def test_penalties_long_window(run, window):
+    """A window longer than the block (several tokens per thread) with many
+    repeats: the counts come from shared atomics; bit-exact to f32."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng(seed)
+    v = 600
+    x = _logits(rng, v)
+    hist = rng.integers(0, v, 900).astype(np.int32)
+    hist[rng.integers(0, 900, 30)] = int(hist[7])            # one token seen 30+ times
+    hist[rng.integers(0, 900, 20)] = rng.integers(v, 2 * v, 20)   # out of range: ignored
+    pos = 850
+    params = S.pack_params(temperature=0.0, penalty_last_n=window, penalty_repeat=1.25,
+                           penalty_freq=0.07, penalty_present=0.3, seed=1)
+    _out, info, work = Sampler(run, x)(params, hist, pos)
+    want32 = ref_penalised_f32(x, hist, pos, window, 1.25, 0.07, 0.3)
+    assert np.array_equal(work.view(np.uint32), want32.view(np.uint32)), f"seed {seed}"
+    want = ref_penalised(x, hist, pos, window, 1.25, 0.07, 0.3)
+    scale = np.abs(x).astype(np.float64) * 1.25 + 900 * 0.07 + 0.3
+    assert np.all(np.abs(work - want) <= 4 * 2.0 ** -24 * scale), f"seed {seed}"
+
+
 def _between(c, j):
     """A threshold halfway between the sorted cumulative values c[j-1], c[j]."""
     return float(0.5 * (c[j - 1] + c[j]))
@@ -235,6 +279,85 @@ def test_filtered_sets(run, case):
     assert set(out.tolist()) <= set(want.tolist()), msg
 
 
+@pytest.mark.parametrize("case", ["top_k", "top_p", "top_k_top_p", "ties", "mixed_sign"])
+def test_cut_below_merged(run, case):
+    """Cuts below the merged list (32 keys for SPEC): top-k past it, and
+    top-p sets of more tokens, found by the radix select over every block's
+    list; equal logits (``ties``) go to the lower index; with 60 positive
+    logits among negative ones (``mixed_sign``) the keys searched differ in
+    their top bit (the select's range spans all 64 bits)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng(seed)
+    v = 1500
+    x = _logits(rng, v, 2.0)
+    if case == "ties":
+        x[rng.choice(v, 300, replace=False)] = np.float32(3.0)
+    if case == "mixed_sign":
+        x = np.minimum(x * 0.5 - 3.0, -0.01).astype(np.float32)
+        x[rng.choice(v, 60, replace=False)] = rng.uniform(0.5, 5.0, 60).astype(np.float32)
+    y = x.astype(np.float64)
+    width = merged_width(SPEC.top)
+    known = ref_known(y, SPEC.slice, SPEC.top)
+    msg = f"seed {seed}, {known} known"
+    assert known > width + 12, msg                      # the case needs keys below the list
+    order = np.lexsort((np.arange(v), -y))
+    if case == "mixed_sign":
+        assert y[order[width - 1]] > 0 > y[order[known - 1]], msg
+    kw = {}
+    if case in ("top_k", "ties", "top_k_top_p", "mixed_sign"):
+        kw["top_k"] = int(rng.integers(width + 10 if case == "top_k_top_p" else width + 1,
+                                       known + 1))
+    if case in ("top_p", "top_k_top_p"):
+        kk = kw.get("top_k", v)
+        pk = np.exp(y[order[:kk]] - y[order[0]])
+        ck = np.cumsum(pk / pk.sum())
+        j = int(rng.integers(width + 1, min(kk, known) - 1))
+        kw["top_p"] = _between(ck, j)                    # keeps j + 1 > width
+    params = S.pack_params(temperature=0.9, seed=seed, **kw)
+    want = ref_kept(y, kw.get("top_k", 0), kw.get("top_p", 1.0), 0.0)
+    out, info, _ = Sampler(run, x)(params, np.zeros(1, np.int32), 0, n_draws=64)
+    msg += f", {kw}"
+    assert want.size > width, msg
+    assert int(info[3]) == known, msg
+    assert int(info[0]) == want.size, msg
+    assert int(info[2]) == int(want[-1]), msg
+    assert not info[1] & S.FLAG_TRUNCATED, msg
+    assert set(out.tolist()) <= set(want.tolist()), msg
+
+
+@pytest.mark.parametrize("block,top", [(64, 64), (64, 24), (32, 40), (1024, 64)])
+def test_merge_widths(run, block, top):
+    """Other block sizes and list lengths: two keys a lane, a list padded
+    to its power of two, one warp (no tree), 32 warps (the op's block past
+    524,288 logits); top-k inside the merged list and below it, top-p
+    inside it."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    rng = np.random.default_rng(seed)
+    spec = S.SamplingSpec(block=block, top=top)
+    v = 1300
+    x = _logits(rng, v, 2.0)
+    y = x.astype(np.float64)
+    width = merged_width(top)
+    known = ref_known(y, 2 * block, top)
+    order = np.lexsort((np.arange(v), -y))
+    smp = Sampler(run, x, spec)
+    pk = np.exp(y[order] - y[order[0]])
+    ck = np.cumsum(pk / pk.sum())
+    cases = [dict(top_k=int(rng.integers(2, min(top, known) + 1))),
+             dict(top_p=_between(ck, int(rng.integers(2, min(width, known) - 1))))]
+    if known > width + 1:
+        cases.append(dict(top_k=int(rng.integers(width + 1, known + 1))))
+    for kw in cases:
+        want = ref_kept(y, kw.get("top_k", 0), kw.get("top_p", 1.0), 0.0)
+        out, info, _ = smp(S.pack_params(temperature=1.1, seed=seed, **kw), np.zeros(1, np.int32),
+                           0, n_draws=32)
+        msg = f"seed {seed}, {kw}, {known} known"
+        assert int(info[3]) == known, msg
+        assert int(info[0]) == want.size and int(info[2]) == int(want[-1]), msg
+        assert not info[1] & S.FLAG_TRUNCATED, msg
+        assert set(out.tolist()) <= set(want.tolist()), msg
+
+
 def _chi_square_case(run, params_kw, v, n_draws, spread, seed):
     rng = np.random.default_rng(seed)
     x = _logits(rng, v, spread)
@@ -268,6 +391,33 @@ def test_draw_distribution(run, params_kw, v, spread):
         assert info[1] & S.FLAG_WHOLE
     fresh = int.from_bytes(os.urandom(4), "little")
     p_fresh, _ = _chi_square_case(run, params_kw, v, n_draws, spread, fresh)
+    assert p_fresh > 1e-4, f"fresh seed {fresh}: chi-square p = {p_fresh:.2e}"
+
+
+def _wide_case(run, seed, n_draws):
+    rng = np.random.default_rng(seed)
+    v = 1000
+    x = _logits(rng, v, 1.0)
+    y = x.astype(np.float64)
+    order = np.lexsort((np.arange(v), -y))
+    j = 50                                               # keeps 50 > 32 merged keys
+    min_p = float(np.exp(0.5 * (y[order[j - 1]] + y[order[j]]) - y[order[0]]))
+    params = S.pack_params(min_p=min_p, temperature=0.9, seed=seed)
+    out, info, _ = Sampler(run, x)(params, np.zeros(1, np.int32), 0, n_draws=n_draws)
+    kept = ref_kept(y, 0, 1.0, min_p)
+    assert kept.size == j and int(info[0]) == j and not info[1] & S.FLAG_TRUNCATED
+    assert set(out.tolist()) <= set(kept.tolist())
+    counts = np.array([np.sum(out == t) for t in kept])
+    return chi_square_p(counts, ref_probs(y, kept, 0.9))
+
+
+def test_draw_distribution_wide_set(run):
+    """A kept set larger than the merged list is drawn from the blocks'
+    lists by chunks: chi-square at p > 1e-4, fixed and fresh seeds."""
+    p_fixed = _wide_case(run, 4321, 3000)
+    assert p_fixed > 1e-4, f"fixed seed 4321: chi-square p = {p_fixed:.2e}"
+    fresh = int.from_bytes(os.urandom(4), "little")
+    p_fresh = _wide_case(run, fresh, 3000)
     assert p_fresh > 1e-4, f"fresh seed {fresh}: chi-square p = {p_fresh:.2e}"
 
 
