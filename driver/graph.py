@@ -47,14 +47,14 @@ def _destroy_exec(handle) -> None:
 def _function_by_name(func_handle):
     """Fallback when the node's CUfunction is not one we handed out: match a unique live
     Function by the kernel's name (``cuFuncGetName``)."""
-    from .module import _functions_by_handle
+    from .module import functions_by_handle
 
     try:
         name = check(cuda().cuFuncGetName(func_handle), "cuFuncGetName")
     except Exception:
         return None
     name = name.decode() if isinstance(name, bytes) else str(name)
-    matches = [f for f in list(_functions_by_handle.values()) if f.name == name]
+    matches = [f for f in list(functions_by_handle.values()) if f.name == name]
     return matches[0] if len(matches) == 1 else None
 
 
@@ -179,12 +179,12 @@ class GraphExec:
         f = node.function
         if f is None:
             raise CUDAError("this kernel node was not launched through ptxgen: its parameters are unknown")
-        from .launch import _check_geometry
+        from .launch import check_geometry
 
         g = normalize_dims(grid, "grid") if grid is not None else node.grid
         b = normalize_dims(block, "block") if block is not None else node.block
         sh = node.shared if shared is None else shared
-        _check_geometry(f, g, b, sh)
+        check_geometry(f, g, b, sh)
         blob = f.packer.pack(args)
         d = cuda()
         buf = ctypes.create_string_buffer(blob, max(len(blob), 8))

@@ -55,7 +55,7 @@ def normalize_dims(dims, what: str) -> tuple[int, int, int]:
     return out[0], out[1], out[2]
 
 
-def _check_geometry(function, g, b, shared) -> None:
+def check_geometry(function, g, b, shared) -> None:
     dev = function.module.device
     nthreads = b[0] * b[1] * b[2]
     if nthreads > function.max_threads_per_block:
@@ -130,7 +130,7 @@ def launch(function, grid, block, *args, shared: int = 0, stream=None, pdl: bool
     else:
         gx, gy, gz = normalize_dims(grid, f"{function.name}: grid")
         bx, by, bz = normalize_dims(block, f"{function.name}: block")
-        _check_geometry(function, (gx, gy, gz), (bx, by, bz), shared)
+        check_geometry(function, (gx, gy, gz), (bx, by, bz), shared)
     handle = function.handle
     if handle is None:
         raise CUDAError(f"{function.name}: its module was unloaded")

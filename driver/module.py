@@ -24,12 +24,12 @@ from .jit import link_cubin, load_cubin, load_ptx, normalize_options, ptx_text
 __all__ = ["Function", "Module", "function_for_handle"]
 
 # CUfunction address -> Function, so graph nodes can be mapped back to our objects
-_functions_by_handle: "weakref.WeakValueDictionary[int, Function]" = weakref.WeakValueDictionary()
+functions_by_handle: "weakref.WeakValueDictionary[int, Function]" = weakref.WeakValueDictionary()
 
 
 def function_for_handle(handle) -> "Function | None":
     """The live :class:`Function` whose ``CUfunction`` is ``handle``, if any."""
-    return _functions_by_handle.get(int(handle))
+    return functions_by_handle.get(int(handle))
 
 
 def _unload(handle) -> None:
@@ -273,7 +273,7 @@ class Function:
         self.waits_for_grids = _entry_waits(module.ptx, name)
         self.cluster = _entry_cluster(module.ptx, name)
         self._pdl_config = None
-        _functions_by_handle[int(handle)] = self
+        functions_by_handle[int(handle)] = self
 
     def pdl_config(self):
         """The ``CUlaunchConfig`` (programmatic stream serialization allowed)

@@ -18,7 +18,7 @@ Nothing here needs a GPU; ``ptxgen.driver`` loads and launches the text and
 ``ptxgen.emu`` runs it on the CPU.
 """
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from . import types
 from .builder import KernelBuilder

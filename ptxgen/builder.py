@@ -23,7 +23,7 @@ from .checks import check_operands, verify_kernel
 from .control import ControlFlowMixin
 from .errors import PtxBuildError, PtxTypeError, TargetError, caller_loc
 from .target import MAX_PTX, MAX_STATIC_SHARED, SHARED_LINE
-from .instr import Comment, Instr, LabelDef, Vec, _leaves
+from .instr import Comment, Instr, LabelDef, Vec, leaves
 from .instructions import InstructionsMixin
 from .tensorcore import TensorCoreMixin
 from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
@@ -308,10 +308,10 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
                 if o.base.__class__ is not Symbol:
                     self._use(o.base, loc)
             else:
-                for x in _leaves(o):
+                for x in leaves(o):
                     self._use(x, loc)
         if guard is not None:
-            for x in _leaves(guard):
+            for x in leaves(guard):
                 self._use(x, loc)
         for r in operands[:ndst]:
             cls = r.__class__

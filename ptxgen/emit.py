@@ -43,7 +43,7 @@ def emit_module(module, *, annotate: bool = False, sources: dict | None = None) 
     data, ``{1-based PTX line: SourceLoc}`` for every instruction whose
     builder call site is known (the text is unchanged by it).
     """
-    from . import __version__
+    from .version import __version__
     t = module.target
     # the target's version, or the newest one an instruction needs
     v = max([t.ptx_version] + [k.ptx_needed for k in module.kernels])

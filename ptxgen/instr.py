@@ -76,11 +76,11 @@ class Instr:
             if cls is Address:
                 out.append(o.base)
             elif cls is Vec or cls is NotPred or cls is TensorRef:
-                out.extend(_leaves(o))
+                out.extend(leaves(o))
             else:
                 out.append(o)
         if self.guard is not None:
-            out.extend(_leaves(self.guard))
+            out.extend(leaves(self.guard))
         return out
 
     def render(self) -> str:
@@ -94,11 +94,11 @@ class Instr:
         return f"Instr({self.render()})"
 
 
-def _leaves(o):
+def leaves(o):
     if isinstance(o, Vec):
         out = []
         for x in o.items:
-            out.extend(_leaves(x))
+            out.extend(leaves(x))
         return out
     if isinstance(o, Address):
         return [o.base]

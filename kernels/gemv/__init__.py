@@ -27,7 +27,7 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
-from .common import launch_geometry, threads
+from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring

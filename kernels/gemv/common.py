@@ -25,56 +25,16 @@ dynamic shared memory (:func:`launch_geometry`).
 
 from __future__ import annotations
 
-import math
-
 import attrs
 
 from ptxgen.types import f16, f32, s32, u8, u16, u32
 
 from ..reduce import warp_sum
 
-__all__ = ["threads", "warp_threads", "groups_per_cta", "launch_geometry", "declare_params",
-           "RopeArgs", "warp_sum", "silu_times", "write_outputs", "norm_scale", "XFULL",
+__all__ = ["declare_params", "RopeArgs", "warp_sum", "silu_times", "write_outputs", "norm_scale", "XFULL",
            "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes", "u32_at", "plane_sums"]
 
 LOG2E = 1.4426950408889634
-
-
-def threads(spec) -> int:
-    """Threads per CTA."""
-    if spec.qtype == "Q4_K":
-        from .q4k import q4k_layout
-        return q4k_layout(spec)[1]
-    from .staged import staged_layout
-    return staged_layout(spec)["threads"]
-
-
-def warp_threads(pieces: int, per_thread: int) -> int:
-    """Threads for ``pieces`` pieces at ``per_thread`` a thread, rounded up
-    to whole warps (at least one)."""
-    return max(32, math.ceil(math.ceil(pieces / per_thread) / 32) * 32)
-
-
-def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:
-    """Row groups of ``unit`` rows each CTA takes when ``m`` rows are dealt
-    out over at most ``max_ctas`` CTAs (``launch_geometry``'s split)."""
-    return math.ceil(math.ceil(m / unit) / max_ctas)
-
-
-def launch_geometry(spec, m: int):
-    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
-    (``shared_bytes``: :attr:`.GemvPlan.dynamic_shared`, the ``stages`` ring
-    and any ``per_sm`` cap).
-
-    ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
-    ``spec.rows`` that keeps the grid within ``spec.max_ctas``.
-    """
-    if not isinstance(m, int) or m < 1:
-        raise ValueError(f"M must be a positive int, got {m!r}")
-    unit = spec.rows
-    rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
-    grid = math.ceil(m / rpc)
-    return (grid, 1, 1), (threads(spec), 1, 1), spec.dynamic_shared, rpc
 
 
 def declare_params(k, spec, warps):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import attrs
 
-from ptxgen.types import f16, f32, s32, u16, u32
+from ptxgen.types import f16, f32, u16, u32
 
 from .common import PLANE_SIGNED, XFULL, plane_inverse, plane_sums, u32_at, x_planes
 

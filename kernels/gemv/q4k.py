@@ -31,31 +31,19 @@ are reduced over the CTA by :func:`.common.write_outputs`.
 
 from __future__ import annotations
 
-import math
-
 import ptxgen
 from ptxgen.types import f16, f32, s32, u32, u64
 
 from ..spec_fields import pdl_prologue
 from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, norm_scale, plane_inverse,
-                     warp_sum, warp_threads, write_outputs, x_planes)
+                     warp_sum, write_outputs, x_planes)
+from .layout import q4k_layout
 
 __all__ = ["build_q4k", "q4k_layout", "piece_offsets", "piece_x", "piece_nw", "piece_planes",
            "piece_dot", "piece_scales", "scale_selectors", "norm_sum"]
 
 _SEL_BASE = 0x7044          # out = [0x00, 0x00, byte i of a, 0x3F]
 _ONE_EXP = 0x3F000000
-
-
-def q4k_layout(spec) -> tuple[int, int, int]:
-    """``(pieces_per_thread, threads, total_pieces)`` for a Q4_K spec."""
-    total = spec.k // 256 * 8
-    ppt = spec.pieces or max(1, math.ceil(total / 1024))
-    thr = warp_threads(total, ppt)
-    if thr > 1024:
-        raise ValueError(f"Q4_K K={spec.k}: {ppt} pieces per thread need {thr} threads "
-                         f"(> 1024); raise pieces")
-    return ppt, thr, total
 
 
 def piece_offsets(k, tid, i, thr, total):

@@ -57,8 +57,9 @@ from ptxgen.values import Address
 
 from ..spec_fields import pdl_prologue, pdl_wait
 from .common import declare_params, write_outputs
-from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x, q4k_layout
-from .staged import FORMATS, PLANES, staged_layout
+from .layout import q4k_layout, staged_layout
+from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x
+from .staged import FORMATS, PLANES
 
 __all__ = ["build_ring", "copy_rows"]
 

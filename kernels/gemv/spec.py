@@ -15,6 +15,7 @@ import attrs
 from ptxgen.target import SHARED_LINE, TARGETS
 
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
+from .layout import staged_layout, threads
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "QTYPE_INFO", "DP4A_RING", "EPILOGUES",
            "check_k", "MAX_RING_BYTES"]
@@ -243,13 +244,6 @@ class GemvPlan:
         self.__attrs_post_init__()
 
     @classmethod
-    def of(cls, spec: GemvSpec, config: GemvConfig | None = None) -> "GemvPlan":
-        if config is None:
-            from .tuning import select_config
-            config = select_config(spec)
-        return cls(spec, config)
-
-    @classmethod
     def make(cls, qtype: str, k: int, epilogue: str = "none", **fields) -> "GemvPlan":
         """A plan from spec and config fields given side by side (fields not
         given take the spec's and the config's defaults, not the tuned ones)."""
@@ -287,7 +281,6 @@ class GemvPlan:
             raise ValueError(f"pieces={c.pieces} for {sp.qtype} is built for the ring "
                              "(stages >= 2); tile by tile a thread owns one piece")
         if c.stages and sp.qtype != "Q4_K":
-            from .staged import staged_layout
             lay = staged_layout(self)
             if lay["tiles"] != 1 or sp.row_bytes % 16:
                 raise ValueError(f"stages > 0 for {sp.qtype} needs one tile per row "
@@ -329,7 +322,6 @@ class GemvPlan:
         """Static shared memory in front of the ring: the reduction array
         (:func:`.common.declare_params`) and with ``bulk`` the stages'
         mbarriers, padded to the line the ring starts on."""
-        from .common import threads
         red = 4 * (threads(self) // 32) * (self.n_mats * self.rows + self.norm)
         return -(-(red + (8 * self.stages if self.bulk else 0)) // SHARED_LINE) * SHARED_LINE
 

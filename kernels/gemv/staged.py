@@ -33,8 +33,9 @@ from ptxgen.types import f16, f32, s8, s32, u8, u16, u32
 
 from ..spec_fields import pdl_prologue
 from .common import (PLANE_SIGNED, PLANE_W, XFULL, declare_params, plane_inverse, u32_at,
-                     warp_threads, write_outputs, x_planes)
+                     write_outputs, x_planes)
 from .floats import FLOAT_FORMATS
+from .layout import pieces_per_row, staged_layout
 from .legacy import LEGACY_FORMATS
 from .q5k import Q5K_FORMAT
 
@@ -42,35 +43,6 @@ __all__ = ["build_staged", "staged_layout", "pieces_per_row", "q6_planes", "FORM
 
 #: pieces of a block (Q6_K 16 and Q4_0 ... Q5_1 2 pieces of 16 weights; Q8_0
 #: 4 of 8; F16 and BF16 one of 8, their GEMV block; Q5_K 8 of 32)
-_PIECES_PER_BLOCK = {"Q6_K": 16, "Q8_0": 4, "Q4_0": 2, "Q4_1": 2, "Q5_0": 2, "Q5_1": 2,
-                     "F16": 1, "BF16": 1, "Q5_K": 8}
-
-
-def pieces_per_row(spec) -> int:
-    """Pieces in a row of ``spec.k`` weights (the ring's tile)."""
-    return spec.k // spec.block_weights * _PIECES_PER_BLOCK[spec.qtype]
-
-
-def staged_layout(spec) -> dict:
-    """Tile geometry: blocks per tile, bytes, load width, threads."""
-    nb = spec.k // spec.block_weights
-    limit = max(1, spec.tile // spec.block_weights)
-    tb = max(d for d in range(1, min(nb, limit) + 1) if nb % d == 0)
-    tile_bytes = tb * spec.block_bytes
-    align = math.gcd(spec.row_bytes, tile_bytes)
-    lw = next(w for w in (16, 8, 4, 2) if align % w == 0)
-    pieces = tb * _PIECES_PER_BLOCK[spec.qtype]
-    # pieces per thread: more than one only through the ring (.ring)
-    ppt = spec.pieces or 1
-    thr = warp_threads(pieces, ppt)
-    if thr > 1024:
-        raise ValueError(f"{spec.qtype} tile of {tb} blocks has {pieces} pieces (> 1024 "
-                         f"threads at {ppt} a thread); lower tile or raise pieces")
-    return dict(tile_blocks=tb, tiles=nb // tb, tile_bytes=tile_bytes,
-                stride=math.ceil(tile_bytes / 16) * 16, lw=lw, pieces=pieces, threads=thr,
-                ppt=ppt)
-
-
 _u32_at = u32_at
 
 

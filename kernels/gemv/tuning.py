@@ -11,7 +11,7 @@ import attrs
 from ptxgen.target import TARGETS
 
 from .. import tuning
-from .common import groups_per_cta, launch_geometry
+from .layout import groups_per_cta, launch_geometry, pieces_per_row
 from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
 
 __all__ = ["select_config", "call_of", "candidate_configs", "balanced"]
@@ -72,7 +72,6 @@ def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
     if ring_bytes() > MAX_RING_BYTES:
         return direct
     if spec.qtype != "Q4_K":
-        from .staged import pieces_per_row
         while -(-pieces_per_row(spec) // max(1, knobs.get("pieces", 0))) > 1024:
             if knobs.get("pieces", 0) >= 8:
                 return direct

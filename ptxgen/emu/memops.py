@@ -61,7 +61,7 @@ def _space(stmt):
     return "generic"
 
 
-def _address(ctx, o, space):
+def shared_address(ctx, o, space):
     """``st -> uint64 addresses`` (or a shared offset) for an address operand;
     for ``.param`` the constant byte offset in the parameter buffer."""
     if o[0] != "addr":
@@ -94,7 +94,7 @@ def _address(ctx, o, space):
     raise ctx.error(f"address register {base[1]} must be 32 or 64 bits")
 
 
-class _Access:
+class Access:
     """One instruction's memory access for the executing threads."""
 
     __slots__ = ("ctx_space", "size", "vec", "what", "op")
@@ -195,11 +195,11 @@ def _compose(outer, inner):
     return full
 
 
-def _threads(st, m):
+def active_threads(st, m):
     return st.all_tids if m is None else np.flatnonzero(m)
 
 
-def _addr_for(get, st, tids, m):
+def addr_for(get, st, tids, m):
     a = np.asarray(get(st), dtype=np.uint64)
     if a.ndim == 0:
         return np.full(tids.size, a, dtype=np.uint64)
@@ -222,7 +222,7 @@ def _ld(stmt, ctx):
     puts = [setter(ctx, o, mem_ty) for o in dsts]
     nat = NAT[ty.name]
     u = UINT[size * 8]
-    get, psize = _address(ctx, stmt.operands[1], space)
+    get, psize = shared_address(ctx, stmt.operands[1], space)
     op = Op()
     if space == "param":
         off = get
@@ -234,13 +234,13 @@ def _ld(stmt, ctx):
             for put, v in zip(puts, vals):
                 put(st, np.full(st.n, v.view(nat)), m)
     else:
-        acc = _Access(space, size, vec, "load", op)
+        acc = Access(space, size, vec, "load", op)
 
         def fn(st, m):
-            tids = _threads(st, m)
+            tids = active_threads(st, m)
             if tids.size == 0:
                 return
-            addr = _addr_for(get, st, tids, m)
+            addr = addr_for(get, st, tids, m)
             words = [np.zeros(tids.size, u) for _ in range(vec)]
             for buf, offs, sel in acc.parts(st, addr, tids, READ):
                 got = gather(buf, offs, size, vec)
@@ -274,15 +274,15 @@ def _st(stmt, ctx):
     size = max(1, ty.bits // 8)
     gets = [getter(ctx, o, ty) for o in srcs]
     u = UINT[size * 8]
-    get, _ = _address(ctx, stmt.operands[0], space)
+    get, _ = shared_address(ctx, stmt.operands[0], space)
     op = Op()
-    acc = _Access(space, size, vec, "store", op)
+    acc = Access(space, size, vec, "store", op)
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        addr = _addr_for(get, st, tids, m)
+        addr = addr_for(get, st, tids, m)
         vals = []
         for g in gets:
             v = np.asarray(g(st))
@@ -368,7 +368,7 @@ def _atomic(stmt, ctx, has_dst):
     if has_dst:
         put = setter(ctx, ops[0], ty)
         ops = ops[1:]
-    get, _ = _address(ctx, ops[0], space)
+    get, _ = shared_address(ctx, ops[0], space)
     b = getter(ctx, ops[1], ty)
     c = getter(ctx, ops[2], ty) if len(ops) > 2 else (lambda st: None)
     if kind == "cas" and len(ops) < 3:
@@ -378,7 +378,7 @@ def _atomic(stmt, ctx, has_dst):
     nat = NAT[ty.name]
     f = _atom_fn(kind, ty)
     op = Op()
-    acc = _Access(space, size, 1, "atomic", op)
+    acc = Access(space, size, 1, "atomic", op)
 
     def pick(v, tids, m):
         v = np.asarray(v, dtype=nat) if v is not None else None
@@ -389,10 +389,10 @@ def _atomic(stmt, ctx, has_dst):
         return v if m is None else v[tids]
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        addr = _addr_for(get, st, tids, m)
+        addr = addr_for(get, st, tids, m)
         bv, cv = pick(b(st), tids, m), pick(c(st), tids, m)
         olds = np.zeros(tids.size, nat)
         for buf, offs, sel in acc.parts(st, addr, tids, ATOMIC):
@@ -449,17 +449,17 @@ def _cp_async(stmt, ctx):
     nbytes = int(size_op[2])
     if "cg" in stmt.mods and nbytes != 16:
         raise ctx.error("cp.async.cg copies 16 bytes only")
-    get_dst, _ = _address(ctx, stmt.operands[0], "shared")
-    get_src, _ = _address(ctx, stmt.operands[1], "global")
+    get_dst, _ = shared_address(ctx, stmt.operands[0], "shared")
+    get_src, _ = shared_address(ctx, stmt.operands[1], "global")
     op = Op()
-    src_acc = _Access("global", 1, nbytes, "cp.async read", op)
-    dst_acc = _Access("shared", 1, nbytes, "cp.async write", op)
+    src_acc = Access("global", 1, nbytes, "cp.async read", op)
+    dst_acc = Access("shared", 1, nbytes, "cp.async write", op)
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        src = _addr_for(get_src, st, tids, m)
+        src = addr_for(get_src, st, tids, m)
         data = np.zeros((tids.size, nbytes), np.uint8)
         for buf, offs, sel in src_acc.parts(st, src, tids, READ):
             got = buf[offs[:, None] + np.arange(nbytes)]
@@ -467,7 +467,7 @@ def _cp_async(stmt, ctx):
                 data[:] = got
             else:
                 data[sel] = got
-        dst = _addr_for(get_dst, st, tids, m)
+        dst = addr_for(get_dst, st, tids, m)
         # logged for races when written (by the wait), not now
         (_, offs, _), = dst_acc.parts(st, dst, tids, WRITE, log=False)
         st.async_copies.append([op, tids, st.async_committed[tids].copy(), offs, data, nbytes])
@@ -506,7 +506,7 @@ def _cp_async_sync(stmt, ctx):
         pending = int(o[2])
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if name != "cp.async.wait_group":        # commit_group, wait_all
             st.async_committed[tids] += 1
         if name != "cp.async.commit_group":
@@ -521,14 +521,14 @@ def _prefetch_l2_bulk(stmt, ctx):
     since the hardware faults on a bad one."""
     if "global" not in stmt.mods:
         raise ctx.error("cp.async.bulk.prefetch.L2 needs .global")
-    get_src, _ = _address(ctx, stmt.operands[0], "global")
+    get_src, _ = shared_address(ctx, stmt.operands[0], "global")
     get_size = getter(ctx, stmt.operands[1], type_by_name("u32"))
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        src = _addr_for(get_src, st, tids, m)
+        src = addr_for(get_src, st, tids, m)
         size = np.asarray(get_size(st), dtype=np.uint64)
         size = np.full(tids.size, size, np.uint64) if size.ndim == 0 else (
             size if m is None else size[tids])
@@ -584,9 +584,9 @@ class _MBarrier:
             self.pending = self.count
 
 
-def _mbar_offsets(ctx, o, what):
-    get, _ = _address(ctx, o, "shared")
-    acc = _Access("shared", 8, 1, what, None)
+def mbar_offsets(ctx, o, what):
+    get, _ = shared_address(ctx, o, "shared")
+    acc = Access("shared", 8, 1, what, None)
     return get, acc
 
 
@@ -634,16 +634,16 @@ def _mbar_instr(stmt, ctx, kind, step, dst_ty=None):
     name = stmt.op
     ai = 0 if dst_ty is None else 1
     put = setter(ctx, stmt.operands[0], type_by_name(dst_ty)) if dst_ty else None
-    get, acc = _mbar_offsets(ctx, stmt.operands[ai], name)
+    get, acc = mbar_offsets(ctx, stmt.operands[ai], name)
     get_v = getter(ctx, stmt.operands[ai + 1], type_by_name("u32"))
     op = Op()
     acc.op = op
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        (_, offs, _), = acc.parts(st, _addr_for(get, st, tids, m), tids, kind)
+        (_, offs, _), = acc.parts(st, addr_for(get, st, tids, m), tids, kind)
         v = np.asarray(get_v(st))
         out = np.zeros(st.n, bool if dst_ty == "pred" else np.uint64) if put else None
         for off, t in zip(offs, tids):
@@ -713,21 +713,21 @@ def _mbarrier_try_wait(stmt, ctx):
 def _cp_async_bulk(stmt, ctx):
     if tuple(stmt.mods[:2]) != ("shared::cluster", "global"):
         raise ctx.error("cp.async.bulk: the emulator runs the global -> shared::cluster form")
-    get_dst, _ = _address(ctx, stmt.operands[0], "shared")
-    get_src, _ = _address(ctx, stmt.operands[1], "global")
+    get_dst, _ = shared_address(ctx, stmt.operands[0], "shared")
+    get_src, _ = shared_address(ctx, stmt.operands[1], "global")
     get_n = getter(ctx, stmt.operands[2], type_by_name("u32"))
-    get_bar, bar_acc = _mbar_offsets(ctx, stmt.operands[3], "cp.async.bulk")
+    get_bar, bar_acc = mbar_offsets(ctx, stmt.operands[3], "cp.async.bulk")
     op = Op()
     bar_acc.op = op
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        src = _addr_for(get_src, st, tids, m)
-        dst = _addr_for(get_dst, st, tids, m)
+        src = addr_for(get_src, st, tids, m)
+        dst = addr_for(get_dst, st, tids, m)
         n = np.asarray(get_n(st))
-        (_, boffs, _), = bar_acc.parts(st, _addr_for(get_bar, st, tids, m), tids, ATOMIC)
+        (_, boffs, _), = bar_acc.parts(st, addr_for(get_bar, st, tids, m), tids, ATOMIC)
         for j in range(tids.size):
             t = int(tids[j])
             nb = int(n if n.ndim == 0 else n[t])

@@ -29,7 +29,7 @@ import numpy as np
 from ..isa import TABLE
 from ..types import b32, f32, s32
 from .errors import Fault, MemoryFault, WarpSyncError
-from .memops import READ, WRITE, _Access, _address
+from .memops import READ, WRITE, Access, shared_address
 from .operands import Op, finish_op, getter, semantics, setter
 
 __all__ = ["MMA_LAYOUTS", "whole_warps"]
@@ -73,7 +73,7 @@ def whole_warps(st, m, what, width=32):
                     w * width + lane)
 
 
-def _regs(gets, st, dtype=np.uint32):
+def fragment_regs(gets, st, dtype=np.uint32):
     """The registers ``gets`` of every thread as an (n, len(gets)) array."""
     return np.stack([np.broadcast_to(np.asarray(g(st)), (st.n,)).astype(dtype, copy=False)
                      for g in gets], axis=1)
@@ -119,10 +119,10 @@ def _mma(stmt, ctx):
     def fn(st, m):
         whole_warps(st, m, "mma.sync.aligned")
         nw = st.n // 32
-        av = elements(_regs(ga, st), ta.name).reshape(nw, 32, -1)
-        bv = elements(_regs(gb, st), tb.name).reshape(nw, 32, -1)
+        av = elements(fragment_regs(ga, st), ta.name).reshape(nw, 32, -1)
+        bv = elements(fragment_regs(gb, st), tb.name).reshape(nw, 32, -1)
         ct = np.int64 if integer else np.float64
-        cv = _regs(gc, st, ct).reshape(nw, 32, 4)
+        cv = fragment_regs(gc, st, ct).reshape(nw, 32, 4)
         A = np.zeros((nw, 16, kk), ct)
         B = np.zeros((nw, kk, 8), ct)
         C = np.zeros((nw, 16, 8), ct)
@@ -146,9 +146,9 @@ def _matrix_op(stmt, ctx, load):
     regs = vec_op[1] if vec_op[0] == "vec" else [vec_op]
     if len(regs) != num:
         raise ctx.error(f"{stmt.op}.x{num} takes {num} registers")
-    get_addr, _ = _address(ctx, addr_op, "shared")
+    get_addr, _ = shared_address(ctx, addr_op, "shared")
     op = Op()
-    acc = _Access("shared", 16, 1, stmt.op, op)
+    acc = Access("shared", 16, 1, stmt.op, op)
     lane = np.arange(32)
     # register i of lane l holds (row, col) = (l // 4, 2 (l % 4) + j) of matrix i
     row = np.repeat(lane // 4, 2)

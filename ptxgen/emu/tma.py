@@ -27,7 +27,7 @@ from ..smem_layout import SWIZZLES, swizzle
 from ..tensor_map import decode_emu_bytes
 from ..types import type_by_name
 from .errors import Fault, MemoryFault
-from .memops import ATOMIC, _addr_for, _address, _mbar_offsets, _threads, land_bulk_copy
+from .memops import ATOMIC, addr_for, shared_address, mbar_offsets, active_threads, land_bulk_copy
 from .memory import MEMORY, PARAM_WINDOW
 from .operands import Op, finish_op, getter, semantics
 
@@ -93,24 +93,24 @@ def _tma(stmt, ctx):
     if not {"shared::cluster", "global"} <= set(stmt.mods):
         raise ctx.error("cp.async.bulk.tensor: the emulator runs the global -> "
                         "shared::cluster form")
-    get_dst, _ = _address(ctx, stmt.operands[0], "shared")
+    get_dst, _ = shared_address(ctx, stmt.operands[0], "shared")
     tensor = stmt.operands[1]
     if tensor[0] != "tensor" or len(tensor[2]) != rank:
         raise ctx.error(f"cp.async.bulk.tensor.{rank}d takes [map, {{{rank} coordinates}}]")
     get_map = getter(ctx, tensor[1], type_by_name("u64"))
     get_c = [getter(ctx, o, type_by_name("s32")) for o in tensor[2]]
-    get_bar, bar_acc = _mbar_offsets(ctx, stmt.operands[2], "cp.async.bulk.tensor")
+    get_bar, bar_acc = mbar_offsets(ctx, stmt.operands[2], "cp.async.bulk.tensor")
     op = Op()
     bar_acc.op = op
 
     def fn(st, m):
-        tids = _threads(st, m)
+        tids = active_threads(st, m)
         if tids.size == 0:
             return
-        dst = _addr_for(get_dst, st, tids, m)
-        maps = _addr_for(get_map, st, tids, m)
+        dst = addr_for(get_dst, st, tids, m)
+        maps = addr_for(get_map, st, tids, m)
         cs = [np.broadcast_to(np.asarray(g(st)), (st.n,)) for g in get_c]
-        (_, boffs, _), = bar_acc.parts(st, _addr_for(get_bar, st, tids, m), tids, ATOMIC)
+        (_, boffs, _), = bar_acc.parts(st, addr_for(get_bar, st, tids, m), tids, ATOMIC)
         for j in range(tids.size):
             t = int(tids[j])
             tm = _map_of(st, maps[j], t)

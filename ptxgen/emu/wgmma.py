@@ -46,7 +46,7 @@ from ..isa import TABLE
 from ..smem_layout import SWIZZLES, decode_descriptor, swizzle
 from ..types import b32, b64, pred, s32
 from .errors import Fault, MemoryFault, UninitializedRegister, UnsupportedError, WarpSyncError
-from .mma import MMA_LAYOUTS, _regs, elements, finish_int, whole_warps
+from .mma import MMA_LAYOUTS, fragment_regs, elements, finish_int, whole_warps
 from .operands import Op, finish_op, getter, semantics
 
 __all__ = ["descriptor_offsets", "ASYNC"]
@@ -175,7 +175,7 @@ def _mma_async(stmt, ctx):
         old = np.stack([st.regs[r].view(nat) for r in acc_idx], axis=1).astype(ct)
         old = old.reshape(nwg, 128, -1)
         if a_regs:
-            av = elements(_regs(ga, st), ta.name).reshape(nwg, 4, 32, -1)
+            av = elements(fragment_regs(ga, st), ta.name).reshape(nwg, 4, 32, -1)
         new = old.copy()
         for wg in np.flatnonzero(on):
             if a_regs:
