@@ -1,0 +1,218 @@
+"""SentencePiece-style tokenization of a GGUF ``llama`` vocabulary.
+
+The algorithm is the one llama.cpp runs (``llm_tokenizer_spm_session`` in
+``src/llama-vocab.cpp``), which differs from SentencePiece's own trainer-side
+rules in ways that change ids, so it is implemented here rather than taken
+from a library:
+
+1. spaces become U+2581 (``▁``); a space is prepended to the fragment when
+   the vocabulary asks for it and the fragment starts the text or follows a
+   special token;
+2. the text starts as one symbol per character;
+3. repeatedly, of all adjacent symbol pairs whose concatenation is a token,
+   the one whose token has the highest score is merged (ties: the leftmost);
+4. each final symbol becomes its token, or -- a single character missing from
+   the vocabulary -- one byte token (``<0xXX>``) per UTF-8 byte.
+
+There is no word splitting, so a merge may cross a ``▁``.  For speed the text
+is still cut into chunks at each ``▁`` that follows another character, and
+chunks are cached: a cut is made only where no token of the vocabulary that
+spans such a position occurs in the text around it, so no merge can cross it
+and the chunks' results are exactly the whole text's.  A chunk is cut further
+between two characters that no token of the vocabulary holds side by side
+(no merge can join them either), and those pieces are cached too.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import regex
+
+from .vocab import ATTR, TokenizerError, Vocab
+
+__all__ = ["SpmEncoder"]
+
+_SPACE = "\u2581"
+_CACHE_LIMIT = 1 << 18
+# chunks up to this many characters are merged by scanning, longer ones with a heap
+_SHORT = 24
+_NO_PAIR = float("-inf")
+
+
+class SpmEncoder:
+    """Encoder for one SPM vocabulary (see the module docstring).
+
+    Parameters
+    ----------
+    vocab : Vocab
+    """
+
+    def __init__(self, vocab: Vocab):
+        if vocab.scores is None:
+            raise TokenizerError("SentencePiece-style vocabulary without 'tokenizer.ggml.scores'")
+        self._ids = vocab.token_to_id
+        scores = vocab.scores.tolist()
+        # the scanning merge marks "no token" with -inf, below every real score
+        self._finite = bool(np.isfinite(vocab.scores).all()) if len(scores) else True
+        self._score = {t: scores[i] for t, i in vocab.token_to_id.items()}
+        self._vocab = vocab
+        self._cache: dict = {}
+        # tokens with a "▁" after another character could join two chunks
+        crossing = [t for t in vocab.token_to_id
+                    if any(t[k] == _SPACE and t[k - 1] != _SPACE for k in range(1, len(t)))]
+        self._crossing = crossing
+        self._cut = regex.compile(f"(?<=[^{_SPACE}])(?={_SPACE})")
+        self._bigrams = {t[i:i + 2] for t in vocab.token_to_id for i in range(len(t) - 1)}
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of one fragment whose spaces are already ``▁``."""
+        out: list[int] = []
+        cache = self._cache
+        for chunk in self._chunks(text):
+            ids = cache.get(chunk)
+            if ids is None:
+                ids = []
+                for piece in self._pieces(chunk):
+                    sub = cache.get(piece)
+                    if sub is None:
+                        sub = cache[piece] = self._merge(piece)
+                    ids.extend(sub)
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[chunk] = ids
+            out.extend(ids)
+        return out
+
+    def _pieces(self, chunk: str) -> list[str]:
+        # Cut between two characters that no token holds side by side: a
+        # merge across the cut would make a token holding them, so none
+        # happens and the pieces merge alone exactly as within the chunk.
+        bigrams = self._bigrams
+        pieces, last = [], 0
+        for i in range(1, len(chunk)):
+            if chunk[i - 1:i + 1] not in bigrams:
+                pieces.append(chunk[last:i])
+                last = i
+        pieces.append(chunk[last:])
+        return pieces
+
+    def _chunks(self, text: str) -> list[str]:
+        pieces = self._cut.split(text)
+        if len(pieces) < 2 or not self._crossing:
+            return pieces
+        blocked = self._blocked_cuts(text)
+        if not blocked:
+            return pieces
+        merged, pos = [], 0
+        for p in pieces:
+            if merged and pos in blocked:
+                merged[-1] += p
+            else:
+                merged.append(p)
+            pos += len(p)
+        return merged
+
+    def _blocked_cuts(self, text: str) -> set:
+        blocked = set()
+        for t in self._crossing:
+            start = text.find(t)
+            while start >= 0:
+                for k in range(1, len(t)):
+                    if t[k] == _SPACE and t[k - 1] != _SPACE:
+                        blocked.add(start + k)
+                start = text.find(t, start + 1)
+        return blocked
+
+    def _merge(self, text: str) -> list[int]:
+        if len(text) <= _SHORT and self._finite:
+            return self._merge_short(text)
+        return self._merge_long(text)
+
+    def _finish(self, pieces) -> list[int]:
+        ids = self._ids
+        out = []
+        for piece in pieces:
+            tok = ids.get(piece)
+            if tok is not None:
+                out.append(tok)
+            else:
+                out.extend(self._vocab.byte_token(b) for b in piece.encode("utf-8"))
+        return out
+
+    def _merge_short(self, text: str) -> list[int]:
+        # The best pair is found by scanning: the highest score, the leftmost
+        # on ties (list.index finds the first maximum) -- the order of the
+        # heap in _merge_long.  A pair that is no token scores -inf.
+        get = self._score.get
+        none = _NO_PAIR
+        syms = list(text)
+        pairs = [get(syms[i] + syms[i + 1], none) for i in range(len(syms) - 1)]
+        while pairs:
+            best = max(pairs)
+            if best == none:
+                break
+            at = pairs.index(best)
+            merged = syms[at] + syms[at + 1]
+            syms[at:at + 2] = [merged]
+            del pairs[at]
+            if at > 0:
+                pairs[at - 1] = get(syms[at - 1] + merged, none)
+            if at < len(pairs):
+                pairs[at] = get(merged + syms[at + 1], none)
+        return self._finish(syms)
+
+    def _merge_long(self, text: str) -> list[int]:
+        n = len(text)
+        score = self._score
+        start = list(range(n))          # first character of each symbol
+        length = [1] * n                # characters in each symbol (0: merged away)
+        nxt = list(range(1, n)) + [-1]
+        prv = list(range(-1, n - 1))
+        heap = []
+
+        def push(left, right):
+            if left < 0 or right < 0:
+                return
+            piece = text[start[left]:start[right] + length[right]]
+            s = score.get(piece)
+            if s is not None:
+                heapq.heappush(heap, (-s, left, right, len(piece)))
+
+        for i in range(1, n):
+            push(i - 1, i)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+                continue
+            length[left] += length[right]
+            length[right] = 0
+            nxt[left] = nxt[right]
+            if nxt[right] >= 0:
+                prv[nxt[right]] = left
+            push(prv[left], left)
+            push(left, nxt[left])
+
+        pieces = []
+        i = 0
+        while i != -1:
+            pieces.append(text[start[i]:start[i] + length[i]])
+            i = nxt[i]
+        return self._finish(pieces)
+
+
+def spm_piece(vocab: Vocab, token: int) -> bytes:
+    """The bytes a token stands for in an SPM vocabulary (attributes permitting).
+
+    Raises ``KeyError`` for nothing; the caller decides about control tokens.
+    """
+    text = vocab.tokens[token]
+    attr = vocab.attrs[token]
+    if attr & (ATTR.UNKNOWN | ATTR.CONTROL | ATTR.USER_DEFINED):
+        return text.encode("utf-8", "surrogateescape")
+    if attr & ATTR.NORMAL:
+        return text.replace(_SPACE, " ").encode("utf-8", "surrogateescape")
+    if attr & ATTR.BYTE:
+        return bytes([int(text[3:5], 16)])
+    return b""
