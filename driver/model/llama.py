@@ -7,7 +7,14 @@ uploads every tensor in its own format, and builds the decode step as a
     Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked) + Rope +
     KvAppend, Attention (split + combine), MulMat+Add (o-proj), RmsNorm,
     MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
-    (logits) -> Argmax -> StateAdvance
+    (logits) -> Argmax | Sample -> StateAdvance
+
+The next token is chosen by one of two variants of the step (one CUDA graph
+each): ``"greedy"`` (the default) launches the argmax, ``"sample"`` the
+sampler kernel (penalties, top-k, top-p, min-p, temperature and a seeded
+draw, its settings read from the ``sampling_params`` buffer); both write the
+token to the same state word.  A greedy step is exactly the launches it was
+without a sampler.
 
 The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
 its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, or when
@@ -17,10 +24,14 @@ Q/K/V GEMV that reads it (``fuse_norm``, default ``("attn",)``: the GEMV
 scales by the norm itself, no separate launch); ``fuse_norm=True`` folds the
 FFN and output norms too.
 
-Per-token state (token id, position, KV length, prompt length, the argmax
-and an overflow flag) is an ``int32[8]`` device buffer (see
+Per-token state (token id, position, KV length, prompt length, the chosen
+token and an overflow flag) is an ``int32[8]`` device buffer (see
 ``kernels/decode_state.py``); the last launch of the step advances it, so
-the captured CUDA graph is replayed unchanged for every token.
+the captured CUDA graph is replayed unchanged for every token.  The
+``prompt`` buffer holds the tokens to feed by position and ``history`` the
+whole sequence (the sampler's penalty window), so a later call can append
+tokens to the sequence in the cache and go on from there
+(``keep_cache=True``): a chat keeps its earlier turns.
 """
 
 from __future__ import annotations
@@ -33,25 +44,24 @@ import attrs
 import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
-                            kv_append, rmsnorm, rope, swiglu)
+                            kv_append, rmsnorm, rope, sampling, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from ..executor import ComputeGraph, Executor, Launch
+from .generation import (GREEDY, SAMPLE, ContextOverflowError, Decoding, SamplingSettings,
+                         sampler_spec)
 from .gguf_loader import GGUFError, LlamaFile, RawTensor
 from . import lowering
+from .text import TextGeneration
 
-__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
+__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError", "SamplingSettings"]
 
 FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu,
+    "swiglu": swiglu, "sampling": sampling,
     **lowering.FAMILIES,
 }
-
-
-class ContextOverflowError(RuntimeError):
-    """Generation would run past the KV cache's capacity."""
 
 
 @attrs.frozen
@@ -61,6 +71,8 @@ class GenerateResult:
     step_seconds: list
     launches_per_token: int
     mode: str
+    #: the sampler's seed (None for greedy decoding)
+    seed: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -84,10 +96,13 @@ def _norm_kinds(fuse_norm) -> tuple:
     return tuple(k for k in NORM_KINDS if k in kinds)
 
 
-class LlamaModel:
+class LlamaModel(TextGeneration):
     """A Llama-architecture model on a backend, decoding one token per step.
 
     Use :meth:`from_gguf`.  ``capacity`` is the KV-cache length (tokens).
+    Token ids in, token ids out: :meth:`generate` and :meth:`decode`; text
+    through the file's tokenizer: :meth:`generate_text`, :meth:`stream`,
+    :meth:`chat` and :meth:`chat_session` (:mod:`.text`).
     ``pdl`` (default: on for sm_90 and newer) builds and launches every
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
@@ -117,8 +132,11 @@ class LlamaModel:
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm=("attn",),
-                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True):
+                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True,
+                 tokenizer=None):
         self.file = file
+        #: the text <-> token ids of the file's vocabulary (None if it has none)
+        self.tokenizer = tokenizer
         self.hp = file.hparams
         self.backend = backend
         self.capacity = int(capacity or min(self.hp.context_length, 4096))
@@ -140,14 +158,27 @@ class LlamaModel:
         self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
         bar.close()
         self._stream = backend.stream()
-        self._captured = False
+        self._prompt_host = np.zeros(self.capacity, np.int32)
+        # the position of the sequence's last chosen token (not yet in the
+        # cache), or None when the cache holds no sequence to continue
+        self._pos = None
+        #: bumped whenever a new sequence starts (a chat checks its cache is still its own)
+        self.sequence_id = 0
 
     @classmethod
-    def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True, **kw):
-        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``)."""
+    def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True,
+                  tokenizer: bool = True, **kw):
+        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``).
+
+        With ``tokenizer`` (the default) the file's vocabulary, when it has
+        one (``tokenizer.ggml.*``), becomes :attr:`tokenizer`; it must have
+        as many tokens as the model has logits.
+        """
         from ..backend import get_backend
+        f = LlamaFile(path)
+        tok = f.tokenizer() if tokenizer else None
         be = get_backend(backend) if isinstance(backend, str) else backend
-        return cls(LlamaFile(path), be, capacity=capacity, progress=progress, **kw)
+        return cls(f, be, capacity=capacity, progress=progress, tokenizer=tok, **kw)
 
     # ------------------------------------------------------------- the graph
     def _weight(self, name):
@@ -233,14 +264,32 @@ class LlamaModel:
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
         inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
         lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt, tuning=self.tuning)
+        # the next token: the argmax ("greedy") or the sampler ("sample"),
+        # both writing the state's ARGMAX word, which StateAdvance reads
+        g.default_variant = GREEDY
+        next_ptr = self.state.at(4 * decode_state.ARGMAX)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
         scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
         counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         g.add("Argmax", "argmax", [self.logits], [self.state],
               [Launch("argmax", ams, ams.kernel_name, grid, block,
-                      (self.logits, hp.vocab, self.state.at(4 * decode_state.ARGMAX),
-                       scratch, counter), sh)])
+                      (self.logits, hp.vocab, next_ptr, scratch, counter), sh)],
+              variant=GREEDY)
+        self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
+                                        "state", SamplingSettings().params(0))
+        sps = sampler_spec(hp.vocab, tgt)
+        grid, block, sh = sampling.launch_geometry(sps, hp.vocab)
+        work = g.buffer("sample_work", (hp.vocab,), np.float32)
+        sscratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),),
+                            np.uint64)
+        scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
+        g.add("Sample", "sample", [self.logits, self.history, self.state, self.sampling_params],
+              [self.state],
+              [Launch("sampling", sps, sps.kernel_name, grid, block,
+                      (self.logits, hp.vocab, self.history, pos_ptr, self.sampling_params,
+                       next_ptr, 1, work, 0, sscratch, scounter), sh)],
+              variant=SAMPLE)
         ds = decode_state.DecodeStateSpec(target=tgt)
         grid, block, sh = decode_state.launch_geometry(ds)
         g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
@@ -309,52 +358,155 @@ class LlamaModel:
 
     # ----------------------------------------------------------- generation
     def reset(self, prompt):
-        prompt = [int(t) for t in prompt]
+        """Start a new sequence: the cache is emptied and ``prompt`` (at
+        least one token) is what the next steps feed."""
+        prompt = self._check_tokens(prompt)
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
-        bad = [t for t in prompt if not 0 <= t < self.hp.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
         if len(prompt) > self.capacity:
             raise ContextOverflowError(f"prompt of {len(prompt)} tokens exceeds the KV cache "
                                        f"capacity of {self.capacity}")
         ex = self.executor
         ex.write(self.state, decode_state.initial_state(prompt[0], len(prompt)))
-        buf = np.zeros(self.capacity, np.int32)
-        buf[:len(prompt)] = prompt
-        ex.write(self.prompt, buf)
+        self._prompt_host[:] = 0
+        self._prompt_host[:len(prompt)] = prompt
+        ex.write(self.prompt, self._prompt_host)
         hist = np.zeros(self.capacity, np.int32)
         hist[0] = prompt[0]
         ex.write(self.history, hist)
         self.backend.synchronize()
+        self._pos = 0
+        self.sequence_id += 1
 
-    def step(self, mode: str = "graph"):
-        """Run one decode step (eager launches, or one graph replay)."""
-        if mode == "graph" and self.backend.can_capture:
-            if not self._captured:
-                self.executor.capture(self._stream)
-                self._captured = True
-            self.executor.replay(self._stream)
+    def _check_tokens(self, tokens) -> list:
+        tokens = [int(t) for t in tokens]
+        bad = [t for t in tokens if not 0 <= t < self.hp.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
+        return tokens
+
+    @property
+    def position(self) -> int | None:
+        """Where the sequence in the cache stands: the position of its last
+        chosen token, the next one a step feeds (the cache holds the ones
+        before it); None when there is no sequence to continue."""
+        return self._pos
+
+    def _note_position(self, pos: int):
+        self._pos = pos
+
+    def _append(self, tokens) -> tuple:
+        """Queue ``tokens`` after the sequence in the cache: the next steps
+        feed its last chosen token, then these.  Returns ``(start, n_fed)``."""
+        tokens = self._check_tokens(tokens)
+        p = self._pos
+        end = p + len(tokens)
+        if end >= self.capacity:
+            raise ContextOverflowError(
+                f"the sequence holds {p + 1} tokens; {len(tokens)} more would need {end + 1} "
+                f"of the KV cache's {self.capacity} positions (and one for the reply)")
+        ex = self.executor
+        self.backend.synchronize(self._stream)
+        st = ex.read(self.state)
+        if int(st[decode_state.POS]) != p or st[decode_state.OVERFLOW]:
+            raise RuntimeError(f"the decode state (position {int(st[decode_state.POS])}) does "
+                               f"not continue the sequence at {p}")
+        self._prompt_host[p + 1:end + 1] = tokens
+        ex.write(self.prompt, self._prompt_host)
+        st[decode_state.PROMPT_LEN] = end + 1
+        ex.write(self.state, st)
+        self.backend.synchronize()
+        return p, len(tokens) + 1
+
+    def _plan(self, token_ids, keep_cache) -> tuple:
+        """``(start, n_fed)`` of feeding ``token_ids``: the first position
+        fed and the number of steps up to the first new token."""
+        if keep_cache and self._pos is not None:
+            return self._pos, len(token_ids) + 1
+        return 0, len(token_ids)
+
+    def _prepare(self, token_ids, sampling, keep_cache):
+        """Set the state for feeding ``token_ids`` and the sampler's
+        parameters; returns ``(start, n_fed, variant, seed)``."""
+        settings = SamplingSettings() if sampling is None else sampling
+        if not isinstance(settings, SamplingSettings):
+            raise TypeError(f"sampling must be a SamplingSettings, got {type(sampling).__name__}")
+        if keep_cache and self._pos is not None:
+            start, n_fed = self._append(token_ids)
         else:
-            self.executor.run_eager(self._stream)
+            self.reset(token_ids)
+            start, n_fed = 0, len(token_ids)
+        seed = None
+        if not settings.is_greedy:
+            seed = settings.resolved_seed()
+            self.executor.write(self.sampling_params, settings.params(seed))
+            self.backend.synchronize()
+        return start, n_fed, settings.variant, seed
+
+    def decode(self, token_ids, *, sampling: SamplingSettings | None = None,
+               keep_cache: bool = False, mode: str = "graph", progress=None) -> Decoding:
+        """Feed ``token_ids`` and iterate over the tokens the model chooses.
+
+        Parameters
+        ----------
+        token_ids : list of int
+            With ``keep_cache`` these follow the sequence already in the
+            cache (whose last chosen token is fed first); otherwise they
+            start a new one (at least one token).
+        sampling : SamplingSettings, optional
+            Greedy when None.
+        keep_cache : bool
+            Continue the cached sequence (a new one if there is none).
+        mode : {"graph", "eager"}
+        progress : callable(done, total), optional
+            Called after each feeding step (synchronizes each step).
+
+        Returns
+        -------
+        Decoding
+            An iterator of token ids; it ends when the KV cache is full.
+        """
+        start, n_fed = self._plan(token_ids, keep_cache)
+        if start + n_fed >= self.capacity:
+            raise ContextOverflowError(
+                f"{start + n_fed} tokens leave no room for a new one in the KV cache's "
+                f"{self.capacity} positions")
+        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
+        return Decoding(self, n_fed, start, variant, mode, seed, progress)
+
+    def step(self, mode: str = "graph", variant: str | None = None):
+        """Run one decode step of ``variant`` (default ``"greedy"``): eager
+        launches, or one replay of the variant's CUDA graph."""
+        v = self.graph.resolve_variant(variant)
+        if mode == "graph" and self.backend.can_capture:
+            if not self.executor.is_captured(v):
+                self.executor.capture(self._stream, v)
+            self.executor.replay(self._stream, v)
+        else:
+            self.executor.run_eager(self._stream, variant=v)
 
     def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
-                 return_logits: bool = False):
-        """Greedy decoding: feed ``token_ids``, then ``max_new_tokens`` more.
+                 return_logits: bool = False, sampling: SamplingSettings | None = None,
+                 keep_cache: bool = False):
+        """Feed ``token_ids``, then choose ``max_new_tokens`` more (greedy
+        unless ``sampling`` says otherwise); no early stop.
 
+        With ``keep_cache`` the tokens continue the sequence in the cache.
         Returns a :class:`GenerateResult`; ``return_logits`` also returns the
         logits of every step (a host copy per step, slower)."""
-        n_prompt = len(token_ids)
-        total = n_prompt + max_new_tokens
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        start, n_fed = self._plan(token_ids, keep_cache)
+        total = start + n_fed + max_new_tokens
         if total > self.capacity:
             raise ContextOverflowError(
-                f"{n_prompt} prompt + {max_new_tokens} new tokens need {total} positions; "
+                f"{start + n_fed} prompt + {max_new_tokens} new tokens need {total} positions; "
                 f"the KV cache holds {self.capacity}")
-        self.reset(token_ids)
+        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
         times, logits = [], []
-        for _ in range(total - 1):
+        for _ in range(n_fed - 1 + max_new_tokens):
             t0 = time.perf_counter()
-            self.step(mode)
+            self.step(mode, variant)
             if return_logits:
                 logits.append(self.executor.read(self.logits).astype(np.float64))
             else:
@@ -363,11 +515,12 @@ class LlamaModel:
         state = self.executor.read(self.state)
         if state[decode_state.OVERFLOW]:
             raise ContextOverflowError("the decode step reported a KV-cache overflow")
+        self._pos = int(state[decode_state.POS])
         hist = self.executor.read(self.history)[:total]
-        res = GenerateResult(tokens=[int(t) for t in hist[n_prompt:]],
+        res = GenerateResult(tokens=[int(t) for t in hist[start + n_fed:]],
                              step_seconds=times[1:] if len(times) > 1 else times,
-                             launches_per_token=self.graph.launch_count,
-                             mode=mode if self.backend.can_capture else "eager")
+                             launches_per_token=self.graph.launch_count_of(variant),
+                             mode=mode if self.backend.can_capture else "eager", seed=seed)
         return (res, logits) if return_logits else res
 
     def summary(self) -> str:
