@@ -99,8 +99,8 @@ def _without(kinds):
     add = ComputeGraph.add
     kinds = frozenset(kinds)
 
-    def add_without(self, kind, name, inputs, outputs, launches):
-        return add(self, kind, name, inputs, outputs, () if kind in kinds else launches)
+    def add_without(self, kind, name, inputs, outputs, launches, **kw):
+        return add(self, kind, name, inputs, outputs, () if kind in kinds else launches, **kw)
     ComputeGraph.add = add_without
     try:
         yield

@@ -375,7 +375,8 @@ class LlamaModel(TextGeneration):
         hist[0] = prompt[0]
         ex.write(self.history, hist)
         self.backend.synchronize()
-        self._pos = 0
+        # set once the prompt is fed (an abandoned prompt leaves nothing to continue)
+        self._pos = None
         self.sequence_id += 1
 
     def _check_tokens(self, tokens) -> list:
