@@ -121,11 +121,19 @@ def _get_backend(name: str):
     return be
 
 
-def _load(a, be):
+def _load(a, be, need: str = ""):
+    """The model of ``a.model`` on ``be``; ``need`` "tokenizer" or "chat"
+    refuses a file without a tokenizer (or chat template) before loading."""
     from .model.gguf_loader import LlamaFile
     from .model.llama import LlamaModel
     f = LlamaFile(a.model)
     tok = f.tokenizer()
+    if need and tok is None:
+        what = "give --tokens ids" if need == "tokenizer" else "nothing to chat with"
+        raise CliError(f"{a.model} has no tokenizer (tokenizer.ggml.*): {what}")
+    if need == "chat" and not tok.chat_template and getattr(a, "template", None) is None:
+        raise CliError(f"{a.model} has no chat template (tokenizer.chat_template): give "
+                       "--chat-template FILE")
     if be.name == "emu":
         print(f"loading {a.model} and building its kernels for the emulator ...",
               file=sys.stderr, flush=True)
@@ -193,14 +201,12 @@ def run_command(argv) -> int:
             with open(a.prompt_file, encoding="utf-8") as f:
                 prompt = f.read()
         be = _get_backend(a.backend)
-        model = _load(a, be)
+        model = _load(a, be, "" if prompt is None else "tokenizer")
         if a.summary:
             print(model.summary())
         mode = "eager" if a.eager else "graph"
         if prompt is None:
             return _run_ids(model, a, settings, mode, a.tokens or [1])
-        if model.tokenizer is None:
-            raise CliError(f"{a.model} has no tokenizer (tokenizer.ggml.*): give --tokens ids")
         stream = model.stream(prompt, max_new_tokens=a.max_new_tokens, sampling=settings,
                               stop=a.stop, mode=mode, progress=_prompt_progress(be))
         if not a.no_display_prompt:
@@ -248,20 +254,14 @@ def chat_command(argv) -> int:
 
     def body():
         settings = _sampling(a)
-        template = None
+        a.template = None
         if a.chat_template is not None:
             with open(a.chat_template, encoding="utf-8") as f:
-                template = f.read()
+                a.template = f.read()
         be = _get_backend(a.backend)
-        model = _load(a, be)
-        tok = model.tokenizer
-        if tok is None:
-            raise CliError(f"{a.model} has no tokenizer (tokenizer.ggml.*) to chat with")
-        if template is None and not tok.chat_template:
-            raise CliError(f"{a.model} has no chat template (tokenizer.chat_template): give "
-                           "--chat-template FILE")
+        model = _load(a, be, "chat")
         session = model.chat_session(
-            a.system, template=template, max_new_tokens=a.max_new_tokens, sampling=settings,
+            a.system, template=a.template, max_new_tokens=a.max_new_tokens, sampling=settings,
             stop=a.stop, mode="eager" if a.eager else "graph", progress=_prompt_progress(be))
         interactive = _tty(sys.stdin)
         while True:

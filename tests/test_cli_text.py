@@ -1,0 +1,146 @@
+"""The text commands (`run -p`, `chat`, `demo`'s text part) on the emulator
+with a tiny model carrying phi-3's cut-down vocabulary, and what a new user
+hits: one `error:` line and exit code 2 for bad input, defaults in every
+`--help`."""
+
+import io
+import os
+import types
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from backends import cuda_available
+from ptxgen.cli import main
+from ptxgen.driver.model.gguf_synth import main as synth_main
+from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+from ptxgen.driver.model.tokenizer import Tokenizer
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "vocab")
+PHI3 = os.path.join(DATA, "ggml-vocab-phi-3.gguf")
+SMALL = dict(n_layers=1, hidden=128, ffn=256, n_heads=2, n_kv_heads=1, qtype="Q8_0",
+             output_qtype="Q8_0", context_length=64)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory, module_seed):
+    p = tmp_path_factory.mktemp("cli") / "tiny.gguf"
+    write_synthetic_llama(p, seed=module_seed, vocab_from=PHI3, vocab_limit=700, **SMALL)
+    return str(p)
+
+
+def _one_error_line(err):
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err
+    assert lines and lines[-1].startswith(("error:", "python -m ptxgen")), err
+    return lines[-1]
+
+
+def test_run_streams_text_and_prints_speeds(model_path, tmp_path, capsys):
+    """`run -p` prints the prompt and the text; `--prompt-file` with
+    `--no-display-prompt` prints the same text alone; the speeds and the
+    stop reason go to stderr.  Without a GPU, `--backend auto` says it runs
+    on the emulator."""
+    args = ["-n", "2", "--temp", "0.8", "--seed", "3", "--capacity", "16"]
+    assert main(["run", model_path, "-p", "Hi", "--backend", "auto"] + args) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("Hi") and out.endswith("\n")
+    assert "generation: 2 tokens" in err and "tokens/s" in err and "seed 3" in err
+    assert "stop: max_new_tokens" in err
+    if not cuda_available():
+        assert "using the CPU emulator" in err
+    f = tmp_path / "prompt.txt"
+    f.write_text("Hi", encoding="utf-8")
+    assert main(["run", model_path, "--prompt-file", str(f), "--no-display-prompt",
+                 "--backend", "emu"] + args) == 0
+    out2, _ = capsys.readouterr()
+    assert "Hi" + out2 == out
+
+
+def test_run_with_token_ids_prints_ids(model_path, capsys):
+    assert main(["run", model_path, "--tokens", "1,2", "-n", "1", "--backend", "emu",
+                 "--capacity", "8"]) == 0
+    out, _ = capsys.readouterr()
+    ids = out.splitlines()[0]
+    assert ids.startswith("tokens: ") and len(ids.split(":")[1].split(",")) == 1
+
+
+def test_chat_reads_lines_until_exit(model_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\n/exit\nnot read\n"))
+    assert main(["chat", model_path, "-n", "1", "--backend", "emu", "--capacity", "32",
+                 "--system", "Be brief"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 1
+    assert err.count("generation: 1 tokens") == 1
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["run", "{dir}", "-p", "x", "--backend", "emu"], "is a directory"),
+    (["run", "{dir}/missing.gguf", "-p", "x", "--backend", "emu"], "no such file"),
+    (["run", "{model}", "-n", "0", "-p", "x"], "must be at least 1, got 0"),
+    (["run", "{model}", "-n", "-3", "-p", "x"], "must be at least 1, got -3"),
+    (["chat", "{model}", "-n", "0"], "must be at least 1"),
+    (["run", "{model}", "-p", "x", "--temp", "-1", "--backend", "emu"],
+     "temperature must be >= 0.0, got -1.0"),
+    (["run", "{model}", "--prompt-file", "{dir}/none.txt", "--backend", "emu"],
+     "No such file or directory"),
+    (["run", "{model}", "-p", "x", "--tokens", "1"], "not allowed with argument"),
+    (["dump", "argmax", "-o", "{dir}/no/such/dir/x.ptx"], "cannot write"),
+    (["check", "{dir}/missing.ptx"], "missing.ptx: no such file"),
+    (["dump", "rope", "--set", "layout=foo"],
+     "layout must be one of neox, interleaved, got 'foo'"),
+    (["dump", "embedding", "--set", "qtype=Q5_K"],
+     "qtype must be one of f32, f16, Q8_0, Q4_K, Q6_K, got 'Q5_K'"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(argv, needle, model_path, tmp_path, capsys):
+    argv = [a.format(dir=tmp_path, model=model_path) for a in argv]
+    try:
+        rc = main(argv)
+    except SystemExit as e:      # argparse's own errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    assert rc == 2 and needle in _one_error_line(err) and "Attribute(" not in err
+
+
+@pytest.mark.skipif(cuda_available(), reason="a GPU is present")
+def test_backend_cuda_without_a_gpu_is_one_error_line(model_path, capsys):
+    assert main(["run", model_path, "-p", "x", "--backend", "cuda"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("error: --backend cuda: no NVIDIA driver") and "--backend emu" in line
+
+
+def test_model_without_tokenizer_refuses_text(tmp_path, capsys):
+    p = tmp_path / "bare.gguf"
+    write_synthetic_llama(p, vocab=64, seed=1, **SMALL)
+    assert main(["run", str(p), "-p", "Hi", "--backend", "emu", "--capacity", "4"]) == 2
+    assert "has no tokenizer" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("cmd", ["dump", "check", "run", "chat", "demo", "tune"])
+def test_help_shows_defaults(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([cmd, "--help"])
+    assert e.value.code == 0
+    assert "(default: " in capsys.readouterr().out
+
+
+def test_synth_copies_a_vocabulary_from_the_command_line(tmp_path, capsys):
+    out = tmp_path / "v.gguf"
+    assert synth_main([str(out), "--vocab", PHI3, "--vocab-limit", "300", "--layers", "1",
+                       "--quiet", "--seed", "5"]) == 0
+    tok = Tokenizer.from_gguf(out)
+    assert 300 < tok.n_vocab < 500 and tok.chat_template
+    with pytest.raises(SystemExit):
+        synth_main([str(tmp_path / "w.gguf"), "--vocab-limit", "3"])
+    assert "--vocab-limit needs --vocab" in capsys.readouterr().err
+
+
+def test_demo_text_part_runs_on_the_emulator(tmp_path, capsys):
+    from ptxgen.driver.backend import EmuBackend
+    from ptxgen.driver.demo import _text
+    _text(types.SimpleNamespace(max_new_tokens=1, vocab=PHI3), EmuBackend(), str(tmp_path))
+    out = capsys.readouterr().out
+    assert "ggml-vocab-phi-3.gguf's vocabulary" in out and "greedy: Once upon a time" in out
+    assert out.count("stop: max_new_tokens") + out.count("stop: eog") == 3
+    assert "chat: user: 'What is a GPU?'" in out
