@@ -110,11 +110,17 @@ def test_backend_cuda_without_a_gpu_is_one_error_line(model_path, capsys):
     assert line.startswith("error: --backend cuda: no NVIDIA driver") and "--backend emu" in line
 
 
-def test_model_without_tokenizer_refuses_text(tmp_path, capsys):
+def test_models_without_tokenizer_or_template_are_refused_before_loading(tmp_path, capsys):
     p = tmp_path / "bare.gguf"
     write_synthetic_llama(p, vocab=64, seed=1, **SMALL)
     assert main(["run", str(p), "-p", "Hi", "--backend", "emu", "--capacity", "4"]) == 2
-    assert "has no tokenizer" in _one_error_line(capsys.readouterr().err)
+    out, err = capsys.readouterr()
+    assert "has no tokenizer" in _one_error_line(err) and "loading" not in err
+    spm = tmp_path / "spm.gguf"
+    write_synthetic_llama(spm, seed=1, vocab_from=os.path.join(DATA, "ggml-vocab-llama-spm.gguf"),
+                          vocab_limit=300, **SMALL)
+    assert main(["chat", str(spm), "--backend", "emu"]) == 2
+    assert "has no chat template" in _one_error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("cmd", ["dump", "check", "run", "chat", "demo", "tune"])
