@@ -88,10 +88,15 @@ def _add_sampling_args(p):
                    help="the sampler's seed (0 .. 2**64-1); default: a random one, reported")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when the text contains TEXT (repeatable)")
+    p.add_argument("--no-escape", action="store_true",
+                   help="take backslashes in -p and --stop literally (by default \\n, \\t, "
+                        "\\r, \\\\ and quotes are escapes, as in llama.cpp)")
 
 
 def _sampling(a):
     from .model.generation import SamplingSettings
+    if not a.no_escape:
+        a.stop = [_unescape(x) for x in a.stop]
     try:
         return SamplingSettings(
             temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
@@ -100,6 +105,25 @@ def _sampling(a):
             seed=a.seed)
     except (TypeError, ValueError) as e:
         raise CliError(str(e)) from None
+
+
+_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\"}
+
+
+def _unescape(text: str) -> str:
+    """``\\n``, ``\\r``, ``\\t``, ``\\'``, ``\\"`` and ``\\\\`` turned into the
+    characters (as llama.cpp's tools read ``-p`` and stop strings); any other
+    backslash stays."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
 
 
 def _tty(stream) -> bool:
@@ -194,7 +218,7 @@ def run_command(argv) -> int:
 
     def body():
         settings = _sampling(a)
-        prompt = a.prompt
+        prompt = a.prompt if a.prompt is None or a.no_escape else _unescape(a.prompt)
         if a.prompt_file is not None:
             if os.path.isdir(a.prompt_file):
                 raise CliError(f"--prompt-file {a.prompt_file}: is a directory")

@@ -66,13 +66,28 @@ def test_run_with_token_ids_prints_ids(model_path, capsys):
     assert ids.startswith("tokens: ") and len(ids.split(":")[1].split(",")) == 1
 
 
-def test_chat_reads_lines_until_exit(model_path, capsys, monkeypatch):
-    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\n/exit\nnot read\n"))
-    assert main(["chat", model_path, "-n", "1", "--backend", "emu", "--capacity", "32",
-                 "--system", "Be brief"]) == 0
+def test_chat_holds_three_turns_feeding_only_new_tokens(model_path, capsys, monkeypatch):
+    """Three user lines (an empty one skipped, /exit ends): three replies;
+    turns two and three feed the previous reply's last token, an end-of-turn
+    token when it stopped without one, and what the template adds."""
+    import re
+    from ptxgen.driver.model.chat_template import encode_chat, incremental_chat_tokens
+    questions = ["Hi", "How are you?", "Bye"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\nHow are you?\nBye\n/exit\nnot read\n"))
+    assert main(["chat", model_path, "-n", "1", "--backend", "emu", "--capacity", "48",
+                 "--stop", "\n"]) == 0
     out, err = capsys.readouterr()
-    assert out.count("\n") == 1
-    assert err.count("generation: 1 tokens") == 1
+    replies = out.split("\n")[:-1]
+    stats = re.findall(r"prompt: (\d+) tokens.*stop: (\w+)", err)
+    assert len(replies) == len(stats) == 3
+    tok = Tokenizer.from_gguf(model_path)
+    msgs = [{"role": "user", "content": questions[0]}]
+    assert int(stats[0][0]) == len(encode_chat(tok, msgs))
+    for i in (1, 2):
+        before = msgs + [{"role": "assistant", "content": replies[i - 1]}]
+        msgs = before + [{"role": "user", "content": questions[i]}]
+        new = incremental_chat_tokens(tok, before, msgs)
+        assert int(stats[i][0]) == 1 + (stats[i - 1][1] != "eog") + len(new)
 
 
 @pytest.mark.parametrize("argv,needle", [
@@ -150,3 +165,9 @@ def test_demo_text_part_runs_on_the_emulator(tmp_path, capsys):
     assert "ggml-vocab-phi-3.gguf's vocabulary" in out and "greedy: Once upon a time" in out
     assert out.count("stop: max_new_tokens") + out.count("stop: eog") == 3
     assert "chat: user: 'What is a GPU?'" in out
+
+
+def test_prompt_and_stop_escapes():
+    from ptxgen.driver.cli import _unescape
+    assert _unescape(r"a\nb\tc\\n\"q\" \x") == 'a\nb\tc\\n"q" \\x'
+    assert _unescape("plain") == "plain" and _unescape("end\\") == "end\\"
