@@ -173,7 +173,7 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
     """Logits (n_tokens, n_vocab) float64 from the numpy reference (f16 KV cache)."""
     from unittest import mock
 
-    from ptxgen.driver import llama_ref
+    from ptxgen.driver.model import llama_ref
     ref = llama_ref.LlamaReference(model, kv_dtype=np.float16, max_context=len(tokens))
     if not emulate_llamacpp:
         return np.stack([ref.step(t) for t in tokens])
