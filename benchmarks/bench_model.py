@@ -12,6 +12,14 @@ The bandwidth floor of a step is the bytes it must read (every weight except
 the embedding table, of which one row is read, plus the K and V cache rows
 up to the context) over a device-to-device copy's bandwidth measured in the
 same run (bytes read + written / time).
+
+``python -m benchmarks.bench_model OUT.json --sampler [--gguf PATH]`` times
+the sampler inside the decode step instead (:func:`run_sampler`): the graph
+replay of the ``"greedy"`` step (argmax) against the ``"sample"`` step
+(the sampler kernel in its place) with top-p/min-p settings, in alternating
+rounds on one model, at contexts 128 and 4096.  The synthetic model's
+logits are flatter than a trained model's, so top-p keeps more tokens than
+it would on real text (the sampler's worse case).
 """
 
 from __future__ import annotations
@@ -62,25 +70,25 @@ def _set_context(model, ctx: int):
     model.backend.synchronize()
 
 
-def _measure(model, ctx: int, mode: str, n: int = 30) -> float:
+def _measure(model, ctx: int, mode: str, n: int = 30, variant: str | None = None) -> float:
     from ptxgen import driver
     _set_context(model, ctx)
     s = model._stream
     for _ in range(3):
-        model.step(mode)
+        model.step(mode, variant)
     s.synchronize()
     _set_context(model, ctx)
     if mode == "graph":
         e0, e1 = driver.Event(), driver.Event()
         e0.record(s)
         for _ in range(n):
-            model.step(mode)
+            model.step(mode, variant)
         e1.record(s)
         e1.synchronize()
         return e0.elapsed_ms(e1) / 1e3 / n
     t0 = time.perf_counter()
     for _ in range(n):
-        model.step(mode)
+        model.step(mode, variant)
     s.synchronize()
     return (time.perf_counter() - t0) / n
 
@@ -99,13 +107,76 @@ def _without(kinds):
     add = ComputeGraph.add
     kinds = frozenset(kinds)
 
-    def add_without(self, kind, name, inputs, outputs, launches):
-        return add(self, kind, name, inputs, outputs, () if kind in kinds else launches)
+    def add_without(self, kind, name, inputs, outputs, launches, **kw):
+        return add(self, kind, name, inputs, outputs, () if kind in kinds else launches, **kw)
     ComputeGraph.add = add_without
     try:
         yield
     finally:
         ComputeGraph.add = add
+
+
+def _write_model(tmp) -> str:
+    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    path = os.path.join(tmp, "llama3-8b-q4k.gguf")
+    t0 = time.perf_counter()
+    write_synthetic_llama(path, n_layers=32, hidden=4096, ffn=14336, n_heads=32,
+                          n_kv_heads=8, vocab=128256, context_length=8192,
+                          rope_theta=500000.0, qtype="Q4_K", output_qtype="Q6_K", seed=7)
+    print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
+    return path
+
+
+#: the sampler settings timed against greedy (llama.cpp's flags in the names)
+SAMPLER_CASES = {
+    "top_p0.95_min_p0.05": dict(temperature=0.8, top_k=0, top_p=0.95, min_p=0.05),
+    "llamacpp_default": dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05,
+                             repeat_penalty=1.1, repeat_last_n=64),
+    "top_p0.95": dict(temperature=0.8, top_k=0, top_p=0.95, min_p=0.0),
+    "min_p0.05": dict(temperature=0.8, top_k=0, top_p=1.0, min_p=0.05),
+}
+
+
+def run_sampler(gguf_path: str | None = None, contexts=(128, 4096), rounds: int = 3,
+                cases=None) -> dict:
+    """The decode step (graph replay) with greedy decoding and with each of
+    ``cases`` (name -> SamplingSettings keywords), in ``rounds`` alternating
+    rounds per context on one model; each row gives the median ms/token and
+    the ratio to greedy's median in the same context."""
+    from ptxgen.driver import get_device
+    from ptxgen.driver.model.generation import SamplingSettings
+    from ptxgen.driver.model.llama import LlamaModel
+    cases = dict(SAMPLER_CASES if cases is None else cases)
+    tmp = None
+    if gguf_path is None:
+        tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")
+        gguf_path = _write_model(tmp)
+    model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
+                                 progress=False, tokenizer=False)
+    out = {"device": get_device().name, "rounds": rounds, "rows": [],
+           "launches_per_token": {v: model.graph.launch_count_of(v)
+                                  for v in model.graph.variants}}
+    print(f"{'context':>8}{'settings':>22}{'ms/token':>10}{'vs greedy':>11}")
+    for ctx in contexts:
+        times = {"greedy": []}
+        for name in cases:
+            times[name] = []
+        for _ in range(rounds):
+            times["greedy"].append(_measure(model, ctx, "graph", variant="greedy"))
+            for name, kw in cases.items():
+                model.executor.write(model.sampling_params, SamplingSettings(**kw).params(1234))
+                model.backend.synchronize()
+                times[name].append(_measure(model, ctx, "graph", variant="sample"))
+        base = float(np.median(times["greedy"]))
+        for name, ts in times.items():
+            t = float(np.median(ts))
+            row = {"context": ctx, "settings": name, "sampling": cases.get(name, {}),
+                   "seconds_per_token": t, "all_seconds": ts, "ratio_to_greedy": t / base}
+            out["rows"].append(row)
+            print(f"{ctx:>8}{name:>22}{t * 1e3:>10.3f}{t / base:>11.4f}", flush=True)
+    if tmp:
+        os.remove(gguf_path)
+    return out
 
 
 def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
@@ -114,17 +185,11 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
     :class:`LlamaModel` keyword arguments; default: the ones below).  A
     configuration's ``"drop"`` entry (op kinds) builds the model without
     those ops' launches, to time what they cost (:func:`_without`)."""
-    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
     from ptxgen.driver.model.llama import LlamaModel
     tmp = None
     if gguf_path is None:
         tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")
-        gguf_path = os.path.join(tmp, "llama3-8b-q4k.gguf")
-        t0 = time.perf_counter()
-        write_synthetic_llama(gguf_path, n_layers=32, hidden=4096, ffn=14336, n_heads=32,
-                              n_kv_heads=8, vocab=128256, context_length=8192,
-                              rope_theta=500000.0, qtype="Q4_K", output_qtype="Q6_K", seed=7)
-        print(f"wrote synthetic model in {time.perf_counter() - t0:.1f} s", flush=True)
+        gguf_path = _write_model(tmp)
     from ptxgen.driver import get_device
     # "plain": no programmatic dependent launch; "default": PDL where the
     # device has it, the attention RMSNorm folded into the Q/K/V GEMV;
@@ -182,7 +247,10 @@ def main(argv=None):
         i = argv.index("--gguf")
         path = argv[i + 1]
         del argv[i:i + 2]
-    res = run_all(path)
+    sampler = "--sampler" in argv
+    if sampler:
+        argv.remove("--sampler")
+    res = run_sampler(path) if sampler else run_all(path)
     if argv:
         with open(argv[0], "w") as f:
             json.dump(res, f, indent=1)

@@ -19,6 +19,14 @@ argument is a fixed pointer or constant, and per-token values (position,
 KV length, token id) live in ``state`` buffers that kernels read and the
 graph itself advances, eager and replay run exactly the same kernels on
 exactly the same memory.
+
+Variants.  An op may belong to a named *variant* of the step (``Op.variant``,
+e.g. the decode step's ``"greedy"`` argmax and its ``"sample"`` sampler, two
+ways of choosing the next token).  Ops without a variant run in every
+variant; an op of one variant runs only in that one.  ``run_eager``,
+``capture`` and ``replay`` take the variant (default: the graph's
+``default_variant``), and the executor keeps one CUDA graph per variant, so
+each replay issues only its own variant's launches.
 """
 
 from __future__ import annotations
@@ -93,13 +101,19 @@ class Launch:
 @attrs.define(eq=False)
 class Op:
     """A tensor op: its kind (``MulMat``, ``RmsNorm`` ...), the buffers it
-    reads and writes, and the launches it lowers to."""
+    reads and writes, the launches it lowers to, and the variant of the
+    step it belongs to (None: every variant)."""
 
     kind: str
     name: str
     inputs: tuple
     outputs: tuple
     launches: tuple
+    variant: str | None = None
+
+    def runs_in(self, variant) -> bool:
+        """Whether this op is part of the step's ``variant``."""
+        return self.variant is None or self.variant == variant
 
 
 class ComputeGraph:
@@ -109,6 +123,8 @@ class ComputeGraph:
         self.buffers: list[Buffer] = []
         self.ops: list[Op] = []
         self._names: set[str] = set()
+        #: the variant run when none is named (see the module docstring)
+        self.default_variant: str | None = None
 
     def buffer(self, name, shape, dtype, kind="activation", data=None, nbytes=0) -> Buffer:
         if name in self._names:
@@ -119,7 +135,7 @@ class ComputeGraph:
         return b
 
     def add(self, kind: str, name: str, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
-            launches: Sequence[Launch]) -> Op:
+            launches: Sequence[Launch], variant: str | None = None) -> Op:
         inputs, outputs = tuple(_buffers_of(inputs)), tuple(_buffers_of(outputs))
         known = set(map(id, self.buffers))
         for b in inputs + outputs:
@@ -129,25 +145,55 @@ class ComputeGraph:
             for a in _buffers_of(L.args):
                 if id(a) not in known:
                     raise ValueError(f"op {name}: launch argument {a.name!r} is not part of this graph")
-        op = Op(kind, name, inputs, outputs, tuple(launches))
+        if variant is not None and (not isinstance(variant, str) or not variant):
+            raise ValueError(f"op {name}: variant must be a non-empty str or None, got {variant!r}")
+        op = Op(kind, name, inputs, outputs, tuple(launches), variant)
         self.ops.append(op)
         return op
 
     @property
+    def variants(self) -> tuple:
+        """The named variants of the step, in order of appearance."""
+        return tuple(dict.fromkeys(op.variant for op in self.ops if op.variant is not None))
+
+    def resolve_variant(self, variant=None):
+        """``variant``, or the default one when None; an unknown name is refused."""
+        if variant is None:
+            return self.default_variant
+        if variant not in self.variants:
+            known = ", ".join(map(repr, self.variants)) or "none"
+            raise ValueError(f"unknown variant {variant!r}; this graph has {known}")
+        return variant
+
+    def ops_of(self, variant=None) -> list:
+        """The ops one step of ``variant`` runs (default: the default variant)."""
+        v = self.resolve_variant(variant)
+        return [op for op in self.ops if op.runs_in(v)]
+
+    @property
     def launch_count(self) -> int:
-        return sum(len(op.launches) for op in self.ops)
+        """Launches of one step of the default variant."""
+        return self.launch_count_of()
+
+    def launch_count_of(self, variant=None) -> int:
+        """Launches of one step of ``variant``."""
+        return sum(len(op.launches) for op in self.ops_of(variant))
 
     def summary(self) -> str:
         """A printable table: ops by kind, launches, buffer bytes by kind."""
         by_kind: dict[str, list[int]] = {}
         for op in self.ops:
-            c = by_kind.setdefault(op.kind, [0, 0])
+            label = op.kind if op.variant is None else f"{op.kind} [{op.variant}]"
+            c = by_kind.setdefault(label, [0, 0])
             c[0] += 1
             c[1] += len(op.launches)
-        lines = [f"{'op':<16}{'count':>8}{'launches':>10}"]
+        lines = [f"{'op':<24}{'count':>8}{'launches':>10}"]
         for kind, (n, nl) in by_kind.items():
-            lines.append(f"{kind:<16}{n:>8}{nl:>10}")
-        lines.append(f"{'total':<16}{len(self.ops):>8}{self.launch_count:>10}")
+            lines.append(f"{kind:<24}{n:>8}{nl:>10}")
+        variants = self.variants
+        for v in (variants or (None,)):
+            label = "total" if v is None else f"total [{v}]"
+            lines.append(f"{label:<24}{len(self.ops_of(v)):>8}{self.launch_count_of(v):>10}")
         for kind in ("weight", "state", "activation"):
             bs = [b for b in self.buffers if b.kind == kind]
             lines.append(f"{kind} buffers: {len(bs)}, {sum(b.nbytes for b in bs) / 1e6:.2f} MB")
@@ -211,10 +257,14 @@ class Executor:
         self.arena_bytes = plan_activations(graph)
         self._modules: dict = {}
         self.arrays: dict[int, Any] = {}
-        self._graph_exec = None
+        self._graph_execs: dict = {}
         self._alloc(progress)
         self._compile()
-        self._resolved = [self._resolve(L) for op in graph.ops for L in op.launches]
+        resolved = {id(L): self._resolve(L) for op in graph.ops for L in op.launches}
+        # the launch sequence of each variant (one, None, when there are none)
+        self._resolved = {v: [resolved[id(L)] for op in graph.ops if op.runs_in(v)
+                              for L in op.launches]
+                          for v in (graph.variants or (None,))}
 
     # ------------------------------------------------------------- set-up
     def _alloc(self, progress):
@@ -258,25 +308,40 @@ class Executor:
         return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
 
     # ------------------------------------------------------------- running
-    def run_eager(self, stream=None, pdl: bool = False):
-        """One launch per op, from Python.  With ``pdl`` the launches whose
-        spec has ``pdl=True`` use programmatic dependent launch; eager decoding
-        leaves it off (the host, not the GPU, sets the pace there, and
-        ``cuLaunchKernelEx`` costs more host time than ``cuLaunchKernel``)."""
+    def launches(self, variant=None) -> list:
+        """The resolved launches of one step of ``variant``: ``(function,
+        grid, block, args, shared, pdl)`` tuples in issue order."""
+        return self._resolved[self.graph.resolve_variant(variant)]
+
+    def run_eager(self, stream=None, pdl: bool = False, variant=None):
+        """One launch per op of ``variant``, from Python.  With ``pdl`` the
+        launches whose spec has ``pdl=True`` use programmatic dependent
+        launch; eager decoding leaves it off (the host, not the GPU, sets the
+        pace there, and ``cuLaunchKernelEx`` costs more host time than
+        ``cuLaunchKernel``)."""
         launch = self.backend.launch
-        for fn, grid, block, args, shared, fn_pdl in self._resolved:
+        for fn, grid, block, args, shared, fn_pdl in self.launches(variant):
             launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl and fn_pdl)
 
-    def capture(self, stream):
-        """Record the launch sequence into a CUDA graph (once), with
-        programmatic dependent launch where the specs have it."""
-        self._graph_exec = self.backend.capture(stream, lambda: self.run_eager(stream, pdl=True))
-        return self._graph_exec
+    def capture(self, stream, variant=None):
+        """Record ``variant``'s launch sequence into a CUDA graph, with
+        programmatic dependent launch where the specs have it.  Each variant
+        keeps its own graph."""
+        v = self.graph.resolve_variant(variant)
+        g = self.backend.capture(stream, lambda: self.run_eager(stream, pdl=True, variant=v))
+        self._graph_execs[v] = g
+        return g
 
-    def replay(self, stream):
-        if self._graph_exec is None:
-            raise RuntimeError("capture() the graph before replay()")
-        self.backend.replay(self._graph_exec, stream)
+    def is_captured(self, variant=None) -> bool:
+        return self.graph.resolve_variant(variant) in self._graph_execs
+
+    def replay(self, stream, variant=None):
+        """Launch ``variant``'s captured graph."""
+        v = self.graph.resolve_variant(variant)
+        g = self._graph_execs.get(v)
+        if g is None:
+            raise RuntimeError(f"capture() the graph (variant {v!r}) before replay()")
+        self.backend.replay(g, stream)
 
     # ---------------------------------------------------------- buffers I/O
     def read(self, b: Buffer) -> np.ndarray:

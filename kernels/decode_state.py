@@ -1,10 +1,11 @@
 """Decode-step state advance: the last launch of a decode step.
 
-After the step for position ``pos`` has produced its argmax token, one
-thread moves the state on to ``pos + 1``:
+After the step for position ``pos`` has chosen its token (the argmax
+launch, or the sampler's, writes it to the ``argmax`` word), one thread
+moves the state on to ``pos + 1``:
 
 - the next token is the prompt's token at ``pos + 1`` while the prompt lasts,
-  the argmax otherwise; it is written to ``token`` and ``history[pos + 1]``;
+  the chosen one otherwise; it is written to ``token`` and ``history[pos + 1]``;
 - ``pos`` becomes ``pos + 1`` and ``kv_len`` becomes ``pos + 2`` (the
   attention length of the next step);
 - at the end of the context (``pos + 1 == capacity``) nothing moves and

@@ -25,11 +25,23 @@ from importlib.metadata import entry_points
 from . import registry
 from .target import TARGETS
 
-__all__ = ["main"]
+__all__ = ["main", "HelpFormatter"]
 
 
 class UsageError(Exception):
     pass
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, except where the help text
+    already speaks of it or there is none to show (None, False, [])."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d is None or d is False or (isinstance(d, list) and not d):
+            return text
+        return super()._get_help_string(action)
 
 
 def _resolve(name: str, sets: list[str], target: str | None):
@@ -92,8 +104,11 @@ def _cmd_dump(args) -> int:
     fam, spec = _resolve(args.kernel, args.set, args.target)
     text = fam.build(spec).to_ptx(annotate=args.annotate)
     if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+        try:
+            with open(args.output, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise UsageError(f"cannot write {args.output}: {e.strerror or e}") from None
         return 0
     sys.stdout.write(_colorize(text, args.color, sys.stdout))
     return 0
@@ -101,7 +116,11 @@ def _cmd_dump(args) -> int:
 
 def _cmd_check(args) -> int:
     from .ptxas import PtxasError, PtxasNotFound, assemble
-    if args.kernel.endswith(".ptx") and os.path.exists(args.kernel):
+    if args.kernel.endswith(".ptx"):
+        if not os.path.exists(args.kernel):
+            raise UsageError(f"{args.kernel}: no such file")
+        if os.path.isdir(args.kernel):
+            raise UsageError(f"{args.kernel}: is a directory, not a PTX file")
         with open(args.kernel) as f:
             text = f.read()
         arch = args.target or _target_of(text)
@@ -140,26 +159,35 @@ def _plugins() -> dict:
 
 
 def build_parser(plugins=None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m ptxgen",
+    fmt = HelpFormatter
+    p = argparse.ArgumentParser(prog="python -m ptxgen", formatter_class=fmt,
                                 description="ptxgen: build, inspect and check PTX kernels")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    sub.add_parser("list", help="kernel families and canonical specs")
+    sub.add_parser("list", help="kernel families and canonical specs", formatter_class=fmt)
 
     def kernel_args(sp):
         sp.add_argument("kernel", help="canonical spec or family name (see `list`)")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field (repeatable)")
-        sp.add_argument("--target", choices=list(TARGETS), default=None)
+        sp.add_argument("--target", choices=list(TARGETS), default=None,
+                        help="the PTX target (default: the spec's own)")
 
-    d = sub.add_parser("dump", help="print a kernel's PTX")
+    d = sub.add_parser("dump", help="print a kernel's PTX", formatter_class=fmt)
     kernel_args(d)
     d.add_argument("--annotate", action="store_true",
                    help="end each instruction with the Python file:line that built it")
-    d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    d.add_argument("-o", "--output", metavar="FILE")
-    c = sub.add_parser("check", help="assemble with ptxas and report resources")
-    kernel_args(c)
+    d.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="syntax colours (auto: on a terminal, with pygments)")
+    d.add_argument("-o", "--output", metavar="FILE", default=None,
+                   help="write the PTX to FILE instead of stdout")
+    c = sub.add_parser("check", help="assemble with ptxas and report resources",
+                       formatter_class=fmt)
+    c.add_argument("kernel", help="canonical spec or family name (see `list`), or a .ptx file")
+    c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec field (repeatable)")
+    c.add_argument("--target", choices=list(TARGETS), default=None,
+                   help="the PTX target (default: the spec's own, or the file's .target)")
     for name, ep in (plugins or {}).items():
         sp = sub.add_parser(name, help=f"(from {ep.value.split(':')[0]})", add_help=False)
         sp.add_argument("rest", nargs=argparse.REMAINDER)

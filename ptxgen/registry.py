@@ -113,7 +113,28 @@ def spec_with(spec, overrides: dict[str, str]):
     try:
         return spec.evolve(**changes) if plan else attrs.evolve(spec, **changes)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"invalid spec: {e}") from None
+        raise ValueError(f"invalid spec: {validator_message(e)}") from None
+
+
+def validator_message(e: Exception) -> str:
+    """The message of a spec validator's error.  attrs' own validators
+    (``in_``, ``instance_of``) raise with the field's ``Attribute`` among the
+    arguments; their message is rewritten as ``NAME must be one of A, B, got
+    'X'`` (or ``must be a T``) instead of the argument tuple."""
+    args = e.args
+    if len(args) >= 4 and isinstance(args[1], attrs.Attribute):
+        name, allowed, value = args[1].name, args[2], args[3]
+        if isinstance(allowed, type) or (isinstance(allowed, tuple)
+                                         and all(isinstance(t, type) for t in allowed)):
+            types = allowed if isinstance(allowed, tuple) else (allowed,)
+            return (f"{name} must be a {' or '.join(t.__name__ for t in types)}, "
+                    f"got {value!r}")
+        try:
+            choices = ", ".join(map(str, allowed))
+        except TypeError:
+            choices = str(allowed)
+        return f"{name} must be one of {choices}, got {value!r}"
+    return str(e)
 
 
 def _convert(key, raw, cur):

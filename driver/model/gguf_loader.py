@@ -198,6 +198,8 @@ class LlamaFile:
         self._gguf = gguf
         if not os.path.exists(self.path):
             raise GGUFError(f"{self.path}: no such file")
+        if os.path.isdir(self.path):
+            raise GGUFError(f"{self.path}: is a directory, not a .gguf file")
         with open(self.path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
@@ -463,6 +465,30 @@ class LlamaFile:
                 raise GGUFError(f"{self.path}: tensor {name!r} has {data.shape[1]} bytes "
                                 f"per row, expected {shape[-1] // per * nbytes}")
         return RawTensor(name, qt, shape, data)
+
+    def tokenizer(self):
+        """The file's :class:`~.tokenizer.Tokenizer`, or None when it has no
+        ``tokenizer.ggml.model`` or that is ``"none"`` (as llama.cpp reads it:
+        no vocabulary).
+
+        Raises
+        ------
+        GGUFError
+            The vocabulary cannot be used, or its size is not the model's
+            (``token_embd`` rows).
+        """
+        from .tokenizer import Tokenizer, TokenizerError
+        field = self.reader.fields.get("tokenizer.ggml.model")
+        if field is None or bytes(field.parts[field.data[0]]).decode(errors="replace") == "none":
+            return None
+        try:
+            tok = Tokenizer.from_gguf(self.path)
+        except TokenizerError as e:
+            raise GGUFError(str(e)) from None
+        if tok.n_vocab != self.hparams.vocab:
+            raise GGUFError(f"{self.path}: the vocabulary has {tok.n_vocab} tokens but the "
+                            f"model {self.hparams.vocab} logits")
+        return tok
 
     def dequantized(self, name: str) -> np.ndarray:
         """The tensor in float32 through ``gguf.quants.dequantize``."""

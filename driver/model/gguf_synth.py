@@ -17,11 +17,21 @@ drawn at random from a pool of quantized Gaussian blocks of the same format,
 row length and scale: every block is a real quantizer output, but a
 Llama-3-8B-shaped file takes minutes instead of an hour of quantizing.
 
+``vocab_from`` copies a real vocabulary (the ``tokenizer.*`` metadata of
+another GGUF file: tokens, scores, types, merges, pre-tokenizer, special ids
+and flags, chat template) into the model, whose vocabulary size becomes the
+copy's, so the whole text path runs on it (random weights make gibberish
+text).  ``vocab_limit`` keeps only the first ``vocab_limit`` tokens of the
+vocabulary, plus every special, byte and single-character token (renumbered
+in order, merges and special ids to match): a small real vocabulary for the
+CPU emulator, where the logits GEMV and the sampler of a 32,000-token
+vocabulary take seconds per step.
+
 CLI::
 
     python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny|llama3-8b|... [--arch qwen2]
         [--qtype Q4_K] [--mix Q4_K_M] [--rope-freqs] [--head-dim N] [--tied] [--vocab-size N]
-        [--seed N]
+        [--vocab VOCAB.gguf [--vocab-limit N]] [--seed N]
 """
 from __future__ import annotations
 
@@ -38,7 +48,7 @@ import numpy as np
 from ptxgen.kernels import quants
 
 __all__ = ["PRESETS", "ARCHS", "MIXES", "SynthInfo", "write_synthetic_llama", "quant_mix",
-           "llama31_rope_factors", "main"]
+           "llama31_rope_factors", "vocab_metadata", "main"]
 
 #: model shapes (the 8B-class ones as their Hugging Face configs give them)
 PRESETS: dict[str, dict] = {
@@ -87,6 +97,103 @@ class SynthInfo:
     n_bytes: int
     seconds: float
     tensors: tuple
+
+
+def vocab_metadata(path, limit: Optional[int] = None) -> dict:
+    """The ``tokenizer.*`` metadata of a GGUF file, optionally cut down.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A GGUF model or vocabulary file with ``tokenizer.ggml.model``.
+    limit : int, optional
+        Keep the first ``limit`` tokens, every token that is not NORMAL
+        (control, user-defined, byte, unknown, unused), the special ids,
+        the end-of-turn texts the tokenizer looks up, and the one-character
+        tokens (byte-level BPE: all, the byte alphabet; SPM: ``▁`` and
+        ASCII); ids are renumbered in order and merges whose parts or
+        result are gone are dropped.
+
+    Returns
+    -------
+    dict
+        Key -> value, as :func:`~.gguf_metadata.read_gguf_metadata` gives.
+    """
+    from .gguf_metadata import read_gguf_metadata
+    from . import vocab as V
+
+    meta = read_gguf_metadata(path)
+    out = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+    if "tokenizer.ggml.model" not in out or "tokenizer.ggml.tokens" not in out:
+        raise ValueError(f"{os.fspath(path)}: no tokenizer (tokenizer.ggml.model / .tokens) "
+                         "to copy")
+    out["general.name"] = meta.get("general.name", "")
+    tokens = list(out["tokenizer.ggml.tokens"])
+    n = len(tokens)
+    if limit is None or limit >= n:
+        return out
+    if limit < 1:
+        raise ValueError(f"vocab_limit must be positive, got {limit}")
+    types = np.asarray(out.get("tokenizer.ggml.token_type", np.ones(n, np.int32)))
+    id_keys = [k for k in out if k.endswith("_token_id")]
+    keep = np.zeros(n, bool)
+    keep[:limit] = True
+    keep |= types[:n] != V.TOKEN_TYPE.NORMAL
+    for k in id_keys:
+        if 0 <= int(out[k]) < n:
+            keep[int(out[k])] = True
+    named = set(V._EOG_TEXTS) | set(V._EOT_TEXTS) | set(V._EOM_TEXTS)
+    for texts in V._FIM_TEXTS.values():
+        named |= set(texts)
+    # byte-level BPE: the byte alphabet; SPM: the space mark and ASCII
+    bpe = out["tokenizer.ggml.model"] == "gpt2"
+    for i, t in enumerate(tokens):
+        if t in named or (len(t) == 1 and (bpe or t == "\u2581" or t.isascii())):
+            keep[i] = True
+    new_id = np.cumsum(keep) - 1
+    kept = [t for t, k in zip(tokens, keep) if k]
+    out["tokenizer.ggml.tokens"] = kept
+    for key in ("tokenizer.ggml.scores", "tokenizer.ggml.token_type"):
+        if key in out:
+            out[key] = np.asarray(out[key])[:n][keep]
+    for k in id_keys:
+        i = int(out[k])
+        if 0 <= i < n:
+            out[k] = int(new_id[i])
+    if "tokenizer.ggml.merges" in out:
+        have = set(kept)
+        merges = []
+        for m in out["tokenizer.ggml.merges"]:
+            a, _, b = m.partition(" ")
+            if a in have and b in have and a + b in have:
+                merges.append(m)
+        out["tokenizer.ggml.merges"] = merges
+    return out
+
+
+def _write_vocab(w, meta: dict) -> None:
+    """Add the ``tokenizer.*`` keys of :func:`vocab_metadata` to a GGUFWriter."""
+    import gguf
+
+    for key, value in meta.items():
+        if not key.startswith("tokenizer."):
+            continue
+        if isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, (bool, np.bool_)):
+            w.add_bool(key, bool(value))
+        elif isinstance(value, (int, np.integer)):
+            w.add_uint32(key, int(value))
+        elif isinstance(value, (float, np.floating)):
+            w.add_float32(key, float(value))
+        elif key == "tokenizer.ggml.token_type":
+            w.add_key_value(key, [int(t) for t in value], gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.INT32)
+        elif key == "tokenizer.ggml.scores":
+            w.add_key_value(key, [float(t) for t in value], gguf.GGUFValueType.ARRAY,
+                            sub_type=gguf.GGUFValueType.FLOAT32)
+        else:
+            w.add_array(key, list(value))
 
 
 def _type_name(t) -> str:
@@ -237,7 +344,7 @@ class _Generator:
 
 def write_synthetic_llama(
     path, *, n_layers: int, hidden: int, ffn: int, n_heads: int, n_kv_heads: int,
-    vocab: int, context_length: int = 2048, rope_theta: float = 10000.0,
+    vocab: Optional[int] = None, context_length: int = 2048, rope_theta: float = 10000.0,
     rms_eps: float = 1e-5, qtype="Q4_K", output_qtype="Q6_K", embd_qtype=None,
     tie_embeddings: bool = False, seed: Optional[int] = None,
     pool_weights: int = 1 << 21, name: str = "synthetic-llama",
@@ -245,13 +352,15 @@ def write_synthetic_llama(
     type_overrides: Optional[dict] = None, arch: str = "llama",
     head_dim: Optional[int] = None, rope_freqs=None, mix: Optional[str] = None,
     tokenizer: str = "none", alignment: Optional[int] = None,
+    vocab_from=None, vocab_limit: Optional[int] = None, chat_template: Optional[str] = None,
 ) -> SynthInfo:
     """Write a random decoder GGUF to ``path``.
 
     Parameters
     ----------
     n_layers, hidden, ffn, n_heads, n_kv_heads, vocab : int
-        Model shape; ``vocab`` is the embedding's (and output's) rows.
+        Model shape; ``vocab`` is the embedding's (and output's) rows, and
+        may be left out with ``vocab_from`` (the copied vocabulary's size).
     context_length, rope_theta, rms_eps
         Written as {arch}.context_length, rope.freq_base and
         attention.layer_norm_rms_epsilon.
@@ -270,7 +379,8 @@ def write_synthetic_llama(
         Called after each tensor is written.
     type_overrides : dict, optional
         Tensor name -> type for tensors that differ from ``qtype`` (applied
-        after ``mix``).
+        after ``mix``; real Q4_K_M files keep some attn_v / ffn_down weights
+        in Q6_K).
     arch : {"llama", "mistral", "qwen2", "qwen3"}
         The conventions (:data:`ARCHS`): qwen2 adds f32 attn_q/k/v biases,
         qwen3 per-head attn_q_norm/attn_k_norm weights and always writes
@@ -290,6 +400,13 @@ def write_synthetic_llama(
         their scores and types.
     alignment : int, optional
         general.alignment (a power of two; GGUF's default is 32).
+    vocab_from : str or os.PathLike or dict, optional
+        A GGUF file whose vocabulary is copied (or :func:`vocab_metadata`'s
+        result), over ``tokenizer``.
+    vocab_limit : int, optional
+        Cut the copied vocabulary down (see :func:`vocab_metadata`).
+    chat_template : str, optional
+        Written as ``tokenizer.chat_template`` (over a copied one).
 
     Returns
     -------
@@ -300,6 +417,20 @@ def write_synthetic_llama(
     t0 = time.perf_counter()
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)}, got {arch!r}")
+    vmeta = None
+    if vocab_from is not None:
+        vmeta = (dict(vocab_from) if isinstance(vocab_from, dict)
+                 else vocab_metadata(vocab_from, vocab_limit))
+        n_tok = len(vmeta["tokenizer.ggml.tokens"])
+        if vocab is not None and int(vocab) != n_tok:
+            raise ValueError(f"vocab={vocab} but the copied vocabulary has {n_tok} tokens")
+        vocab = n_tok
+        name = f"{name} ({vmeta.get('general.name') or 'copied'} vocabulary)"
+    elif vocab is None:
+        raise ValueError("give vocab (the vocabulary size) or vocab_from")
+    if chat_template is not None:
+        vmeta = dict(vmeta or {})
+        vmeta["tokenizer.chat_template"] = chat_template
     for k, v in dict(n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
                      n_kv_heads=n_kv_heads, vocab=vocab, context_length=context_length).items():
         if int(v) <= 0:
@@ -378,14 +509,17 @@ def write_synthetic_llama(
         w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_rope_freq_base(rope_theta)
-    w.add_tokenizer_model(tokenizer)
-    if tokenizer == "llama":
-        toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
-        toks += [f"tok{i}" for i in range(len(toks), vocab)]
-        w.add_token_list(toks)
-        w.add_token_scores([-float(i) for i in range(vocab)])
-        # llama.cpp's token types: 2 unknown, 3 control, 6 byte, 1 normal
-        w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
+    if vmeta:
+        _write_vocab(w, vmeta)
+    else:
+        w.add_tokenizer_model(tokenizer)
+        if tokenizer == "llama":
+            toks = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+            toks += [f"tok{i}" for i in range(len(toks), vocab)]
+            w.add_token_list(toks)
+            w.add_token_scores([-float(i) for i in range(vocab)])
+            # llama.cpp's token types: 2 unknown, 3 control, 6 byte, 1 normal
+            w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (vocab - 259))
 
     n_bytes = 0
     for tname_, tq, shape, _ in plan:
@@ -419,7 +553,8 @@ def main(argv=None) -> int:
     """Command line: ``python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny``."""
     ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.model.gguf_synth",
                                  description="Write a synthetic decoder GGUF with random "
-                                             "quantized weights.")
+                                             "quantized weights.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("out", help="output .gguf path")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--arch", choices=sorted(ARCHS), default=None,
@@ -436,6 +571,13 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer", choices=("none", "llama"), default="none")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    ap.add_argument("--vocab", metavar="VOCAB.gguf", default=None,
+                    help="copy this GGUF file's vocabulary (tokenizer and chat template); the "
+                         "model's vocabulary size becomes its")
+    ap.add_argument("--vocab-limit", type=int, default=None, metavar="N",
+                    help="with --vocab: keep its first N tokens and the special ones")
+    ap.add_argument("--chat-template", metavar="FILE", default=None,
+                    help="a Jinja chat template to store (tokenizer.chat_template)")
     ap.add_argument("--quiet", action="store_true")
     a = ap.parse_args(argv)
     kw = dict(PRESETS[a.preset])
@@ -447,6 +589,18 @@ def main(argv=None) -> int:
         kw["rope_freqs"] = True
     if a.tied:
         kw["tie_embeddings"] = True
+    if a.vocab_limit is not None and a.vocab is None:
+        ap.error("--vocab-limit needs --vocab")
+    if a.vocab is not None:
+        kw.pop("vocab", None)
+        kw.update(vocab_from=a.vocab, vocab_limit=a.vocab_limit)
+    if a.chat_template is not None:
+        try:
+            with open(a.chat_template, encoding="utf-8") as f:
+                kw["chat_template"] = f.read()
+        except OSError as e:
+            print(f"error: --chat-template: {e.strerror}: {a.chat_template}", file=sys.stderr)
+            return 2
 
     def report(done, total, tname):
         if not a.quiet:
@@ -455,7 +609,7 @@ def main(argv=None) -> int:
     try:
         info = write_synthetic_llama(a.out, qtype=a.qtype, output_qtype=a.output_qtype,
                                      tokenizer=a.tokenizer, seed=a.seed, progress=report, **kw)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not a.quiet:

@@ -10,7 +10,14 @@ uploads every tensor in its own format, and builds the decode step as a
     Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked) + Rope +
     KvAppend, Attention (split + combine), MulMat+Add (o-proj), RmsNorm,
     MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
-    (logits) -> Argmax -> StateAdvance
+    (logits) -> Argmax | Sample -> StateAdvance
+
+The next token is chosen by one of two variants of the step (one CUDA graph
+each): ``"greedy"`` (the default) launches the argmax, ``"sample"`` the
+sampler kernel (penalties, top-k, top-p, min-p, temperature and a seeded
+draw, its settings read from the ``sampling_params`` buffer); both write the
+token to the same state word.  A greedy step is exactly the launches it was
+without a sampler.
 
 The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
 its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, when
@@ -22,10 +29,14 @@ Q/K/V GEMV that reads it (``fuse_norm``, default ``("attn",)``: the GEMV
 scales by the norm itself, no separate launch); ``fuse_norm=True`` folds the
 FFN and output norms too.
 
-Per-token state (token id, position, KV length, prompt length, the argmax
-and an overflow flag) is an ``int32[8]`` device buffer (see
+Per-token state (token id, position, KV length, prompt length, the chosen
+token and an overflow flag) is an ``int32[8]`` device buffer (see
 ``kernels/decode_state.py``); the last launch of the step advances it, so
-the captured CUDA graph is replayed unchanged for every token.
+the captured CUDA graph is replayed unchanged for every token.  The
+``prompt`` buffer holds the tokens to feed by position and ``history`` the
+whole sequence (the sampler's penalty window), so a later call can append
+tokens to the sequence in the cache and go on from there
+(``keep_cache=True``): a chat keeps its earlier turns.
 """
 
 from __future__ import annotations
@@ -38,26 +49,25 @@ import attrs
 import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
-                            kv_append, rmsnorm, rope, swiglu)
+                            kv_append, rmsnorm, rope, sampling, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from ..executor import ComputeGraph, Executor, Launch
+from .generation import (GREEDY, SAMPLE, ContextOverflowError, Decoding, SamplingSettings,
+                         sampler_spec)
 from .gguf_loader import GGUFError, LlamaFile
 from . import lowering
 from . import qkv as qkv_mod
+from .text import TextGeneration
 
-__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError"]
+__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError", "SamplingSettings"]
 
 FAMILIES = {
     "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
     "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu,
+    "swiglu": swiglu, "sampling": sampling,
     **lowering.FAMILIES,
 }
-
-
-class ContextOverflowError(RuntimeError):
-    """Generation would run past the KV cache's capacity."""
 
 
 @attrs.frozen
@@ -71,6 +81,8 @@ class GenerateResult:
     #: over the prompt) and prompt tokens per second
     prompt_seconds: float = float("nan")
     prompt_tokens_per_second: float = float("nan")
+    #: the sampler's seed (None for greedy decoding)
+    seed: int | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -94,10 +106,13 @@ def _norm_kinds(fuse_norm) -> tuple:
     return tuple(k for k in NORM_KINDS if k in kinds)
 
 
-class LlamaModel:
+class LlamaModel(TextGeneration):
     """A Llama-architecture model on a backend, decoding one token per step.
 
     Use :meth:`from_gguf`.  ``capacity`` is the KV-cache length (tokens).
+    Token ids in, token ids out: :meth:`generate` and :meth:`decode`; text
+    through the file's tokenizer: :meth:`generate_text`, :meth:`stream`,
+    :meth:`chat` and :meth:`chat_session` (:mod:`.text`).
     ``pdl`` (default: on for sm_90 and newer) builds and launches every
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
@@ -127,8 +142,11 @@ class LlamaModel:
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm=("attn",),
-                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True):
+                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True,
+                 tokenizer=None):
         self.file = file
+        #: the text <-> token ids of the file's vocabulary (None if it has none)
+        self.tokenizer = tokenizer
         self.hp = file.hparams
         _check_attention_shape(file)
         self.backend = backend
@@ -151,14 +169,27 @@ class LlamaModel:
         self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
         bar.close()
         self._stream = backend.stream()
-        self._captured = False
+        self._prompt_host = np.zeros(self.capacity, np.int32)
+        # the position of the sequence's last chosen token (not yet in the
+        # cache), or None when the cache holds no sequence to continue
+        self._pos = None
+        #: bumped whenever a new sequence starts (a chat checks its cache is still its own)
+        self.sequence_id = 0
 
     @classmethod
-    def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True, **kw):
-        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``)."""
+    def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True,
+                  tokenizer: bool = True, **kw):
+        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``).
+
+        With ``tokenizer`` (the default) the file's vocabulary, when it has
+        one (``tokenizer.ggml.*``), becomes :attr:`tokenizer`; it must have
+        as many tokens as the model has logits.
+        """
         from ..backend import get_backend
+        f = LlamaFile(path)
+        tok = f.tokenizer() if tokenizer else None
         be = get_backend(backend) if isinstance(backend, str) else backend
-        return cls(LlamaFile(path), be, capacity=capacity, progress=progress, **kw)
+        return cls(f, be, capacity=capacity, progress=progress, tokenizer=tok, **kw)
 
     # ------------------------------------------------------------- the graph
     def _weight(self, name):
@@ -243,14 +274,32 @@ class LlamaModel:
         w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
         inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
         lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt, tuning=self.tuning)
+        # the next token: the argmax ("greedy") or the sampler ("sample"),
+        # both writing the state's ARGMAX word, which StateAdvance reads
+        g.default_variant = GREEDY
+        next_ptr = self.state.at(4 * decode_state.ARGMAX)
         ams = argmax.ArgmaxSpec(target=tgt)
         grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
         scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
         counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         g.add("Argmax", "argmax", [self.logits], [self.state],
               [Launch("argmax", ams, ams.kernel_name, grid, block,
-                      (self.logits, hp.vocab, self.state.at(4 * decode_state.ARGMAX),
-                       scratch, counter), sh)])
+                      (self.logits, hp.vocab, next_ptr, scratch, counter), sh)],
+              variant=GREEDY)
+        self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
+                                        "state", SamplingSettings().params(0))
+        sps = sampler_spec(hp.vocab, tgt)
+        grid, block, sh = sampling.launch_geometry(sps, hp.vocab)
+        work = g.buffer("sample_work", (hp.vocab,), np.float32)
+        sscratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),),
+                            np.uint64)
+        scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
+        g.add("Sample", "sample", [self.logits, self.history, self.state, self.sampling_params],
+              [self.state],
+              [Launch("sampling", sps, sps.kernel_name, grid, block,
+                      (self.logits, hp.vocab, self.history, pos_ptr, self.sampling_params,
+                       next_ptr, 1, work, 0, sscratch, scounter), sh)],
+              variant=SAMPLE)
         ds = decode_state.DecodeStateSpec(target=tgt)
         grid, block, sh = decode_state.launch_geometry(ds)
         g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
@@ -294,70 +343,171 @@ class LlamaModel:
 
     # ----------------------------------------------------------- generation
     def reset(self, prompt):
-        prompt = [int(t) for t in prompt]
+        """Start a new sequence: the cache is emptied and ``prompt`` (at
+        least one token) is what the next steps feed."""
+        prompt = self._check_tokens(prompt)
         if not prompt:
             raise ValueError("generate needs at least one prompt token")
-        bad = [t for t in prompt if not 0 <= t < self.hp.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
         if len(prompt) > self.capacity:
             raise ContextOverflowError(f"prompt of {len(prompt)} tokens exceeds the KV cache "
                                        f"capacity of {self.capacity}")
         ex = self.executor
         ex.write(self.state, decode_state.initial_state(prompt[0], len(prompt)))
-        buf = np.zeros(self.capacity, np.int32)
-        buf[:len(prompt)] = prompt
-        ex.write(self.prompt, buf)
+        self._prompt_host[:] = 0
+        self._prompt_host[:len(prompt)] = prompt
+        ex.write(self.prompt, self._prompt_host)
         hist = np.zeros(self.capacity, np.int32)
         hist[0] = prompt[0]
         ex.write(self.history, hist)
         self.backend.synchronize()
+        # set once the prompt is fed (an abandoned prompt leaves nothing to continue)
+        self._pos = None
+        self.sequence_id += 1
 
-    def step(self, mode: str = "graph"):
-        """Run one decode step (eager launches, or one graph replay)."""
-        if mode == "graph" and self.backend.can_capture:
-            if not self._captured:
-                self.executor.capture(self._stream)
-                self._captured = True
-            self.executor.replay(self._stream)
+    def _check_tokens(self, tokens) -> list:
+        tokens = [int(t) for t in tokens]
+        bad = [t for t in tokens if not 0 <= t < self.hp.vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
+        return tokens
+
+    @property
+    def position(self) -> int | None:
+        """Where the sequence in the cache stands: the position of its last
+        chosen token, the next one a step feeds (the cache holds the ones
+        before it); None when there is no sequence to continue."""
+        return self._pos
+
+    def _note_position(self, pos: int):
+        self._pos = pos
+
+    def _append(self, tokens) -> tuple:
+        """Queue ``tokens`` after the sequence in the cache: the next steps
+        feed its last chosen token, then these.  Returns ``(start, n_fed)``."""
+        tokens = self._check_tokens(tokens)
+        p = self._pos
+        end = p + len(tokens)
+        if end >= self.capacity:
+            raise ContextOverflowError(
+                f"the sequence holds {p + 1} tokens; {len(tokens)} more would need {end + 1} "
+                f"of the KV cache's {self.capacity} positions (and one for the reply)")
+        ex = self.executor
+        self.backend.synchronize(self._stream)
+        st = ex.read(self.state)
+        if int(st[decode_state.POS]) != p or st[decode_state.OVERFLOW]:
+            raise RuntimeError(f"the decode state (position {int(st[decode_state.POS])}) does "
+                               f"not continue the sequence at {p}")
+        self._prompt_host[p + 1:end + 1] = tokens
+        ex.write(self.prompt, self._prompt_host)
+        st[decode_state.PROMPT_LEN] = end + 1
+        ex.write(self.state, st)
+        self.backend.synchronize()
+        return p, len(tokens) + 1
+
+    def _plan(self, token_ids, keep_cache) -> tuple:
+        """``(start, n_fed)`` of feeding ``token_ids``: the first position
+        fed and the number of steps up to the first new token."""
+        if keep_cache and self._pos is not None:
+            return self._pos, len(token_ids) + 1
+        return 0, len(token_ids)
+
+    def _prepare(self, token_ids, sampling, keep_cache):
+        """Set the state for feeding ``token_ids`` and the sampler's
+        parameters; returns ``(start, n_fed, variant, seed)``."""
+        settings = SamplingSettings() if sampling is None else sampling
+        if not isinstance(settings, SamplingSettings):
+            raise TypeError(f"sampling must be a SamplingSettings, got {type(sampling).__name__}")
+        if keep_cache and self._pos is not None:
+            start, n_fed = self._append(token_ids)
         else:
-            self.executor.run_eager(self._stream)
+            self.reset(token_ids)
+            start, n_fed = 0, len(token_ids)
+        seed = None
+        if not settings.is_greedy:
+            seed = settings.resolved_seed()
+            self.executor.write(self.sampling_params, settings.params(seed))
+            self.backend.synchronize()
+        return start, n_fed, settings.variant, seed
+
+    def decode(self, token_ids, *, sampling: SamplingSettings | None = None,
+               keep_cache: bool = False, mode: str = "graph", progress=None,
+               prefill_chunk: int | None = None) -> Decoding:
+        """Feed ``token_ids`` and iterate over the tokens the model chooses.
+
+        Parameters
+        ----------
+        token_ids : list of int
+            With ``keep_cache`` these follow the sequence already in the
+            cache (whose last chosen token is fed first); otherwise they
+            start a new one (at least one token).
+        sampling : SamplingSettings, optional
+            Greedy when None.
+        keep_cache : bool
+            Continue the cached sequence (a new one if there is none).
+        mode : {"graph", "eager"}
+        progress : callable(done, total), optional
+            Called after each feeding step (synchronizes each step).
+        prefill_chunk : int, optional
+            A new sequence's prompt but its last token runs through the
+            chunked prefill in chunks of this many tokens (0: through the
+            decode step; None: :meth:`default_prefill_chunk`).
+
+        Returns
+        -------
+        Decoding
+            An iterator of token ids; it ends when the KV cache is full.
+        """
+        start, n_fed = self._plan(token_ids, keep_cache)
+        if start + n_fed >= self.capacity:
+            raise ContextOverflowError(
+                f"{start + n_fed} tokens leave no room for a new one in the KV cache's "
+                f"{self.capacity} positions")
+        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
+        done, t_prefill = self._run_prefill(token_ids, start, n_fed, mode, prefill_chunk)
+        return Decoding(self, n_fed - done, start + done, variant, mode, seed, progress,
+                        prefill_seconds=t_prefill)
+
+    def step(self, mode: str = "graph", variant: str | None = None):
+        """Run one decode step of ``variant`` (default ``"greedy"``): eager
+        launches, or one replay of the variant's CUDA graph."""
+        v = self.graph.resolve_variant(variant)
+        if mode == "graph" and self.backend.can_capture:
+            if not self.executor.is_captured(v):
+                self.executor.capture(self._stream, v)
+            self.executor.replay(self._stream, v)
+        else:
+            self.executor.run_eager(self._stream, variant=v)
 
     def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
-                 return_logits: bool = False, prefill_chunk: int | None = None):
-        """Greedy decoding: feed ``token_ids``, then ``max_new_tokens`` more.
+                 return_logits: bool = False, sampling: SamplingSettings | None = None,
+                 keep_cache: bool = False, prefill_chunk: int | None = None):
+        """Feed ``token_ids``, then choose ``max_new_tokens`` more (greedy
+        unless ``sampling`` says otherwise); no early stop.
 
-        ``prefill_chunk > 0`` runs the prompt but its last token through
-        :class:`~.prefill.Prefill` in chunks of that many tokens (0: every
-        prompt token through the decode step; None, the default:
-        :meth:`default_prefill_chunk`, or 0 with ``return_logits``).  The
-        chunks replay one CUDA graph per chunk-size bucket with
-        ``mode="graph"``, else run their launches eagerly.  Returns a
-        :class:`GenerateResult`; ``return_logits`` also returns the logits of
-        every decode step (a host copy per step, slower)."""
-        n_prompt = len(token_ids)
-        total = n_prompt + max_new_tokens
+        With ``keep_cache`` the tokens continue the sequence in the cache.
+        A new sequence's prompt but its last token runs through
+        :class:`~.prefill.Prefill` in chunks of ``prefill_chunk`` tokens
+        (0: every prompt token through the decode step; None, the default:
+        :meth:`default_prefill_chunk`, or 0 with ``return_logits``).
+        Returns a :class:`GenerateResult`; ``return_logits`` also returns the
+        logits of every step through the decode step (a host copy per step,
+        slower)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+        start, n_fed = self._plan(token_ids, keep_cache)
+        total = start + n_fed + max_new_tokens
         if total > self.capacity:
             raise ContextOverflowError(
-                f"{n_prompt} prompt + {max_new_tokens} new tokens need {total} positions; "
+                f"{start + n_fed} prompt + {max_new_tokens} new tokens need {total} positions; "
                 f"the KV cache holds {self.capacity}")
-        self.reset(token_ids)
+        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
         times, logits = [], []
-        t_prompt, done = time.perf_counter(), 0
-        if prefill_chunk is None:
-            # return_logits asks for the logits of every step, prompt steps
-            # included, which only the token-by-token path has
-            prefill_chunk = 0 if return_logits else self.default_prefill_chunk()
-        if prefill_chunk and n_prompt > 1:
-            from .prefill import Prefill
-            pre = getattr(self, "_prefill", None)
-            if pre is None or pre.chunk != prefill_chunk:
-                pre = self._prefill = Prefill(self, prefill_chunk)
-            done = pre.run(token_ids, mode)
-        t_prefill = time.perf_counter() - t_prompt
-        for _ in range(total - 1 - done):
+        if prefill_chunk is None and return_logits:
+            prefill_chunk = 0       # only the decode step gives every prompt step's logits
+        done, t_prefill = self._run_prefill(token_ids, start, n_fed, mode, prefill_chunk)
+        for _ in range(n_fed - 1 - done + max_new_tokens):
             t0 = time.perf_counter()
-            self.step(mode)
+            self.step(mode, variant)
             if return_logits:
                 logits.append(self.executor.read(self.logits).astype(np.float64))
             else:
@@ -366,17 +516,35 @@ class LlamaModel:
         state = self.executor.read(self.state)
         if state[decode_state.OVERFLOW]:
             raise ContextOverflowError("the decode step reported a KV-cache overflow")
+        self._pos = int(state[decode_state.POS])
         hist = self.executor.read(self.history)[:total]
-        n_steps = n_prompt - 1 - done         # prompt tokens left to the decode step
+        n_steps = n_fed - 1 - done            # feeding steps left to the decode step
         prompt_s = t_prefill + sum(times[:n_steps])
-        res = GenerateResult(tokens=[int(t) for t in hist[n_prompt:]],
+        res = GenerateResult(tokens=[int(t) for t in hist[start + n_fed:]],
                              step_seconds=times[1:] if len(times) > 1 else times,
-                             launches_per_token=self.graph.launch_count,
+                             launches_per_token=self.graph.launch_count_of(variant),
                              mode=mode if self.backend.can_capture else "eager",
                              prompt_seconds=prompt_s,
-                             prompt_tokens_per_second=(n_prompt - 1) / prompt_s
-                             if prompt_s > 0 else float("nan"))
+                             prompt_tokens_per_second=(n_fed - 1) / prompt_s
+                             if prompt_s > 0 else float("nan"), seed=seed)
         return (res, logits) if return_logits else res
+
+    def _run_prefill(self, token_ids, start, n_fed, mode, chunk) -> tuple:
+        """Prefill a new sequence's prompt but its last token in chunks of
+        ``chunk`` (None: :meth:`default_prefill_chunk`); returns the tokens
+        done and the seconds taken (``(0, 0.0)`` where it does not apply:
+        a continued sequence, a one-token prompt, chunk 0)."""
+        if chunk is None:
+            chunk = self.default_prefill_chunk()
+        if not chunk or start != 0 or n_fed < 2:
+            return 0, 0.0
+        from .prefill import Prefill
+        t0 = time.perf_counter()
+        pre = getattr(self, "_prefiller", None)
+        if pre is None or pre.chunk != chunk:
+            pre = self._prefiller = Prefill(self, chunk)
+        done = pre.run(list(token_ids), mode)
+        return done, time.perf_counter() - t0
 
     def default_prefill_chunk(self) -> int:
         """The prompt chunk :meth:`generate` uses by default: 512 on the GPU

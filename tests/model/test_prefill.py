@@ -54,13 +54,13 @@ def test_buckets_agree(tiny, rng):
     from ptxgen.driver.model.prefill import Prefill
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=len(prompt) + 2, progress=False)
-    m._prefill = Prefill(m, 8, buckets=())
+    m._prefiller = Prefill(m, 8, buckets=())
     a, la = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=8)
-    assert set(m._prefill._seq) == {8}
-    m._prefill = Prefill(m, 4, buckets=(2, 4, 16))
-    assert m._prefill.buckets == (2, 4)
+    assert set(m._prefiller._seq) == {8}
+    m._prefiller = Prefill(m, 4, buckets=(2, 4, 16))
+    assert m._prefiller.buckets == (2, 4)
     b, lb = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=4)
-    assert set(m._prefill._seq) == {2, 4}
+    assert set(m._prefiller._seq) == {2, 4}
     err = float(np.linalg.norm(la[0] - lb[0]) / np.linalg.norm(lb[0]))
     assert err <= 1e-3, err
     assert a.tokens == b.tokens
@@ -87,4 +87,4 @@ def test_prefill_graph_gpu(tmp_path, rng):
         err = float(np.linalg.norm(lg[0] - lr[len(prompt) - 1]) / np.linalg.norm(lr[len(prompt) - 1]))
         assert err <= 1e-2, (mode, err)
         assert got.tokens == ref.tokens, mode
-    assert set(m._prefill._graphs) == {64, 128}
+    assert set(m._prefiller._graphs) == {64, 128}

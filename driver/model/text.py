@@ -1,0 +1,398 @@
+"""Text in, text out: prompts and chats through a model's own tokenizer.
+
+:class:`TextGeneration` gives :class:`~.llama.LlamaModel` its text methods:
+
+* ``generate_text(prompt, ...)`` returns a :class:`TextResult` (the text and
+  its statistics);
+* ``stream(prompt, ...)`` returns a :class:`TextStream`, an iterator of text
+  pieces as they are produced (incomplete UTF-8 sequences are held back
+  until complete) whose ``result`` is the :class:`TextResult` once it ends;
+* ``chat(messages, ...)`` renders a conversation with the GGUF's chat
+  template and answers it;
+* ``chat_session(system=...)`` returns a :class:`ChatSession`, a
+  conversation whose earlier turns stay in the KV cache: each new turn feeds
+  only the tokens it adds.
+
+Generation stops at the first of: an end-of-generation token
+(``Tokenizer.eog_ids``; it is not part of the text), a stop string (matched
+on the decoded text, across token boundaries; the text ends before it),
+``max_new_tokens`` tokens, or a full KV cache.  :attr:`TextResult.stop_reason`
+says which: :data:`STOP_EOG`, :data:`STOP_STRING`, :data:`STOP_LENGTH`,
+:data:`STOP_CAPACITY`.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .chat_template import ChatTemplateError, encode_chat, incremental_chat_tokens
+from .generation import SamplingSettings
+
+__all__ = ["TextGeneration", "TextResult", "TextStream", "ChatSession", "STOP_EOG",
+           "STOP_STRING", "STOP_LENGTH", "STOP_CAPACITY", "sampling_settings"]
+
+#: the stop reasons of a :class:`TextResult`
+STOP_EOG, STOP_STRING, STOP_LENGTH, STOP_CAPACITY = (
+    "eog", "stop_string", "max_new_tokens", "kv_capacity")
+
+_SAMPLING_KEYS = tuple(f.name for f in attrs.fields(SamplingSettings))
+
+
+def sampling_settings(sampling=None, **kw) -> SamplingSettings:
+    """A :class:`SamplingSettings` from keyword arguments (``temperature``,
+    ``top_k``, ``top_p``, ``min_p``, ``repeat_penalty``, ``repeat_last_n``,
+    ``presence_penalty``, ``frequency_penalty``, ``seed``), over ``sampling``
+    when given."""
+    unknown = sorted(set(kw) - set(_SAMPLING_KEYS))
+    if unknown:
+        raise TypeError(f"unknown sampling setting {unknown[0]!r}; valid: "
+                        f"{', '.join(_SAMPLING_KEYS)}")
+    base = SamplingSettings() if sampling is None else sampling
+    return attrs.evolve(base, **kw) if kw else base
+
+
+@attrs.frozen
+class TextResult:
+    """A finished generation.
+
+    Attributes
+    ----------
+    text : str
+        The generated text (without an end-of-generation token or a stop
+        string).
+    tokens : tuple of int
+        Every token generated, the end-of-generation token included.
+    stop_reason : str
+        :data:`STOP_EOG`, :data:`STOP_STRING`, :data:`STOP_LENGTH` or
+        :data:`STOP_CAPACITY`.
+    prompt_tokens : int
+        Tokens fed before the first new one (with a kept cache: the previous
+        turn's last token and the new ones).
+    generated_tokens : int
+    prompt_seconds : float
+        Time of the feeding steps, up to and including the first new token.
+    decode_seconds : float
+        Time of the steps after the first new token.
+    seed : int or None
+        The sampler's seed (None for greedy decoding).
+    """
+
+    text: str
+    tokens: tuple
+    stop_reason: str
+    prompt_tokens: int
+    generated_tokens: int
+    prompt_seconds: float
+    decode_seconds: float
+    seed: int | None = None
+
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        return self.prompt_tokens / self.prompt_seconds if self.prompt_seconds > 0 else float("nan")
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Tokens per second of the steps after the first new token."""
+        n = self.generated_tokens - 1
+        return n / self.decode_seconds if n > 0 and self.decode_seconds > 0 else float("nan")
+
+    def stats(self) -> str:
+        """A one-line summary (tokens, tokens/s, stop reason)."""
+        return (f"prompt: {self.prompt_tokens} tokens, {self.prompt_tokens_per_second:.1f} tokens/s; "
+                f"generation: {self.generated_tokens} tokens, "
+                f"{self.decode_tokens_per_second:.1f} tokens/s; stop: {self.stop_reason}")
+
+
+class _StopStrings:
+    """Finds stop strings in text that arrives in pieces.
+
+    Text that could still be the start of a stop string is held back, so
+    what :meth:`push` releases never contains (the start of) a match."""
+
+    def __init__(self, stops):
+        if isinstance(stops, str):
+            stops = [stops]
+        stops = list(stops or ())
+        for s in stops:
+            if not isinstance(s, str):
+                raise TypeError(f"stop strings must be str, got {type(s).__name__}")
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+
+    def push(self, piece: str) -> tuple:
+        """Add ``piece``; returns ``(text to release, whether a stop string
+        was found)``.  After a match the text up to it is released and the
+        rest dropped."""
+        self.pending += piece
+        if not self.stops:
+            out, self.pending = self.pending, ""
+            return out, False
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out = self.pending[:min(hits)]
+            self.pending = ""
+            return out, True
+        # hold back the longest end of the text that begins a stop string
+        keep = 0
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(self.pending)), keep, -1):
+                if s.startswith(self.pending[-n:]):
+                    keep = n
+                    break
+        cut = len(self.pending) - keep
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+    def finish(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class TextStream:
+    """Text pieces of one generation, as they are produced.
+
+    Iterate to run the generation; :attr:`result` is the
+    :class:`TextResult` once the iteration has ended (None before).
+    """
+
+    def __init__(self, model, prompt_ids, *, max_new_tokens, sampling, stop=(),
+                 keep_cache=False, mode="graph", progress=None, on_done=None):
+        tok = _tokenizer_of(model)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+                or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        self._stops = _StopStrings(stop)
+        self.model = model
+        self.result: TextResult | None = None
+        self._tok = tok
+        self._max = max_new_tokens
+        self._on_done = on_done
+        # starts the sequence now (errors surface here, not on the first next())
+        self._dec = model.decode(prompt_ids, sampling=sampling, keep_cache=keep_cache, mode=mode,
+                                 progress=progress)
+        self._it = self._run()
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        return next(self._it)
+
+    @property
+    def mode(self) -> str:
+        """``"graph"`` or ``"eager"``: how the steps run."""
+        return self._dec.mode
+
+    def _run(self):
+        tok, dec, stops = self._tok, self._dec, self._stops
+        utf8 = tok.stream_decoder()
+        parts = []
+        reason = STOP_CAPACITY
+        for t in dec:
+            if tok.is_eog(t):
+                reason = STOP_EOG
+                break
+            out, hit = stops.push(utf8.feed(t))
+            if out:
+                parts.append(out)
+                yield out
+            if hit:
+                reason = STOP_STRING
+                break
+            if len(dec.tokens) >= self._max:
+                reason = STOP_LENGTH
+                break
+        if reason != STOP_STRING:
+            out, hit = stops.push(utf8.flush())
+            if hit:
+                reason = STOP_STRING
+            else:
+                out += stops.finish()
+            if out:
+                parts.append(out)
+                yield out
+        self.result = TextResult(
+            text="".join(parts), tokens=tuple(dec.tokens), stop_reason=reason,
+            prompt_tokens=dec.n_fed, generated_tokens=len(dec.tokens),
+            prompt_seconds=dec.prompt_seconds, decode_seconds=dec.decode_seconds, seed=dec.seed)
+        if self._on_done is not None:
+            self._on_done(self.result)
+
+    def run(self) -> TextResult:
+        """Consume the rest of the stream and return its result."""
+        for _ in self:
+            pass
+        return self.result
+
+
+def _tokenizer_of(model):
+    tok = getattr(model, "tokenizer", None)
+    if tok is None:
+        raise ValueError("the model's GGUF file has no tokenizer (tokenizer.ggml.*): generate "
+                         "from token ids with generate()")
+    return tok
+
+
+def _prompt_ids(tok, prompt, add_special, parse_special) -> list:
+    if isinstance(prompt, str):
+        ids = tok.encode(prompt, add_special=add_special, parse_special=parse_special)
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("the prompt is empty: give some text (or add_special=True for a BOS)")
+    return ids
+
+
+class TextGeneration:
+    """The text methods of :class:`~.llama.LlamaModel` (a mixin)."""
+
+    def stream(self, prompt, *, max_new_tokens: int = 256, stop=(), add_special: bool = True,
+               parse_special: bool = True, sampling: SamplingSettings | None = None,
+               keep_cache: bool = False, mode: str = "graph", progress=None,
+               **sampling_kw) -> TextStream:
+        """Generate from ``prompt``, yielding text pieces as they come.
+
+        Parameters
+        ----------
+        prompt : str or list of int
+            Text (tokenized with the file's tokenizer) or token ids.
+        max_new_tokens : int
+        stop : str or list of str
+            Stop strings.
+        add_special : bool
+            Add BOS (and EOS) as the vocabulary asks.
+        parse_special : bool
+            Turn special-token texts in the prompt into their tokens (as
+            llama.cpp's tools do with a prompt).
+        sampling : SamplingSettings, optional
+        keep_cache : bool
+            Continue the sequence in the KV cache instead of starting anew.
+        mode : {"graph", "eager"}
+        progress : callable(done, total), optional
+            Called after each prompt step.
+        **sampling_kw
+            ``temperature``, ``top_k``, ``top_p``, ``min_p``,
+            ``repeat_penalty``, ``repeat_last_n``, ``presence_penalty``,
+            ``frequency_penalty``, ``seed`` (see :class:`SamplingSettings`);
+            greedy by default.
+
+        Returns
+        -------
+        TextStream
+        """
+        tok = _tokenizer_of(self)
+        ids = _prompt_ids(tok, prompt, add_special, parse_special)
+        return TextStream(self, ids, max_new_tokens=max_new_tokens,
+                          sampling=sampling_settings(sampling, **sampling_kw), stop=stop,
+                          keep_cache=keep_cache, mode=mode, progress=progress)
+
+    def generate_text(self, prompt, **kw) -> TextResult:
+        """Generate from ``prompt``; the arguments are :meth:`stream`'s.
+
+        Returns
+        -------
+        TextResult
+            The text, the tokens, the stop reason and the timings.
+        """
+        return self.stream(prompt, **kw).run()
+
+    def chat(self, messages, *, template: str | None = None, **kw) -> TextResult:
+        """Answer a conversation (``[{"role": ..., "content": ...}, ...]``)
+        rendered with the file's chat template (or ``template``); the other
+        arguments are :meth:`stream`'s."""
+        tok = _tokenizer_of(self)
+        ids = encode_chat(tok, messages, add_generation_prompt=True, template=template)
+        return self.stream(ids, **kw).run()
+
+    def chat_session(self, system: str | None = None, *, template: str | None = None,
+                     **defaults) -> "ChatSession":
+        """A :class:`ChatSession` on this model; ``defaults`` are
+        :meth:`stream` arguments for every turn."""
+        return ChatSession(self, system=system, template=template, **defaults)
+
+
+class ChatSession:
+    """A conversation whose earlier turns stay in the model's KV cache.
+
+    Each turn renders the conversation with the chat template and feeds only
+    what it adds to the previous rendering
+    (:func:`~.chat_template.incremental_chat_tokens`): the cache keeps the
+    tokens the model generated, up to its end-of-turn token.  A reply that
+    stopped without one (a stop string, ``max_new_tokens``) gets the
+    vocabulary's end-of-turn token fed before the next turn.  The whole
+    conversation is encoded again when the cache no longer holds it (the
+    model generated something else in between) or the template rewrites
+    earlier turns.
+
+    Parameters
+    ----------
+    model : LlamaModel
+    system : str, optional
+        A system message opening the conversation.
+    template : str, optional
+        Overrides the file's chat template.
+    **defaults
+        :meth:`TextGeneration.stream` arguments for every turn.
+    """
+
+    def __init__(self, model, system: str | None = None, template: str | None = None,
+                 **defaults):
+        self.model = model
+        self.tokenizer = _tokenizer_of(model)
+        self.template = template
+        self.defaults = defaults
+        self.messages: list = []
+        if system:
+            self.messages.append({"role": "system", "content": system})
+        self._sequence = None      # model.sequence_id while the cache holds this chat
+        self._close_turn = False   # the last reply ended without an end-of-generation token
+
+    def _ids(self, messages) -> tuple:
+        """``(token ids to feed, keep_cache)`` for the conversation ``messages``."""
+        tok, m = self.tokenizer, self.model
+        if self._sequence is not None and self._sequence == m.sequence_id \
+                and m.position is not None:
+            try:
+                ids = incremental_chat_tokens(tok, self.messages, messages,
+                                              template=self.template)
+            except ChatTemplateError:
+                pass
+            else:
+                if self._close_turn and tok.eot_id is not None:
+                    ids = [tok.eot_id] + ids
+                return ids, True
+        return encode_chat(tok, messages, add_generation_prompt=True,
+                           template=self.template), False
+
+    def stream(self, text: str, **kw) -> TextStream:
+        """Send a user message; returns the reply as a :class:`TextStream`.
+        The reply joins the conversation when the stream ends."""
+        if not isinstance(text, str):
+            raise TypeError(f"a chat message must be a str, got {type(text).__name__}")
+        messages = self.messages + [{"role": "user", "content": text}]
+        ids, keep = self._ids(messages)
+        args = {**self.defaults, **kw}
+        self._sequence = None
+
+        def done(result):
+            self.messages = messages + [{"role": "assistant", "content": result.text}]
+            self._sequence = self.model.sequence_id
+            self._close_turn = result.stop_reason != STOP_EOG
+
+        return _session_stream(self.model, ids, keep, done, args)
+
+    def send(self, text: str, **kw) -> TextResult:
+        """Send a user message and return the whole reply."""
+        return self.stream(text, **kw).run()
+
+
+def _session_stream(model, ids, keep, done, args) -> TextStream:
+    """A chat turn's stream: ``args`` are :meth:`TextGeneration.stream`'s
+    (the prompt ones do not apply to rendered chat tokens)."""
+    args = dict(args)
+    sampling = sampling_settings(args.pop("sampling", None),
+                                 **{k: args.pop(k) for k in list(args) if k in _SAMPLING_KEYS})
+    for k in ("add_special", "parse_special"):
+        args.pop(k, None)
+    return TextStream(model, ids, sampling=sampling, keep_cache=keep, on_done=done,
+                      max_new_tokens=args.pop("max_new_tokens", 256), **args)
