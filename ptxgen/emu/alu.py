@@ -396,9 +396,9 @@ def compare(cmp, a, b, ty, ftz=False):
             a, b = np.asarray(a).view(u), np.asarray(b).view(u)
         return _INT_CMP[cmp](a, b)
     a, b = _float_lanes(a, ty), _float_lanes(b, ty)
-    if ftz and ty.name == "f32":
-        from .numerics import flush32
-        a, b = flush32(a.astype(np.float32)), flush32(b.astype(np.float32))
+    if ftz and ty.name in ("f32", "f16"):
+        from .numerics import flush_half
+        a, b = flush_half(a, ty.name), flush_half(b, ty.name)
     unord = np.isnan(a) | np.isnan(b)
     if cmp == "num":
         return ~unord

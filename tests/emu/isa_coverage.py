@@ -1,0 +1,217 @@
+"""Every (opcode, modifier, type) the instruction table allows, and what
+covers each.
+
+A *combination* is ``(opcode, modifier, types)``: one modifier of the
+table's groups (``""`` for none) on one choice of type suffixes (joined by
+dots, ``"s32.f32"`` for ``cvt.s32.f32``; ``""`` for an opcode without
+types).  :func:`table_combos` lists every combination ``ptxgen.isa.TABLE``
+lets the builder emit.  tests/emu/test_emu_isa_coverage.py fails on one
+that is neither
+
+- run against an exact oracle: the float forms in
+  tests/emu/test_emu_modifiers.py, the integer, bit, compare/select and
+  conversion forms in tests/emu/test_emu_int_modifiers.py and
+  tests/emu/test_emu_cvt_modifiers.py (their ``COVERED`` sets), or a form
+  named in :data:`BY_TEST` with the existing test that runs it; nor
+- named by :func:`not_ptx` as one PTX does not define (with the ISA's
+  reason; ``test_ptxas_agrees_with_the_int_split`` has ptxas refuse each).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ptxgen import types as T
+from ptxgen.isa import TABLE
+
+__all__ = ["table_combos", "ALU_OPS", "emitted_mods", "emit_combo", "not_ptx",
+           "BY_TEST", "type_tuple"]
+
+#: the opcodes tests/emu/test_emu_int_modifiers.py and test_emu_cvt_modifiers.py
+#: build from their table entry alone (register operands, no memory)
+ALU_OPS = ("add", "sub", "mul", "mad", "div", "rem", "neg", "abs", "min", "max",
+           "popc", "clz", "and", "or", "xor", "not", "shl", "shr", "bfe", "bfi",
+           "prmt", "dp4a", "dp2a", "setp", "selp", "cvt", "mov")
+FLOAT = ("f32", "f64", "f16", "f16x2", "bf16", "bf16x2")
+
+
+def table_combos(ops=None):
+    """Every (op, modifier, types) of ``ops`` (default: the whole table)."""
+    out = set()
+    for op in ops or TABLE:
+        sp = TABLE[op]
+        mods = [""] + [m for g in sp.mods for m in g]
+        for tys in itertools.product(*sp.types):
+            ty = ".".join(tys)
+            for m in mods:
+                if not any((m, t) in sp.exclude for t in tys):
+                    out.add((op, m, ty))
+    return out
+
+
+def type_tuple(ty):
+    return tuple(T.type_by_name(t) for t in ty.split(".")) if ty else ()
+
+
+def emitted_mods(op, mod, ty):
+    """The modifiers a test emits for a combination: ``mod`` plus what the
+    instruction needs to exist (integer ``mul``/``mad`` a mode, ``.sat`` on
+    ``mad`` the ``.hi``, a conversion its rounding, ``setp`` a comparison)."""
+    tys = ty.split(".")
+    if op == "mul" and mod == "" and tys[0] not in FLOAT:
+        return ["lo"]
+    if op == "mad" and mod in ("", "sat"):
+        return ["hi", "sat"] if mod == "sat" else ["lo"]
+    if op == "setp" and mod in ("and", "or", "xor", "ftz", ""):
+        cmp = "eq" if tys[0].startswith("b") else "lt"
+        return [cmp] + ([mod] if mod else [])
+    if op == "cvt":
+        d, s = (T.type_by_name(t) for t in tys)
+        need = None
+        if d.is_float and s.is_float:
+            if d.bits < s.bits or (d.bits == s.bits and d is not s):
+                need = "rn"
+        elif d.is_float:
+            need = "rn"
+        elif s.is_float:
+            need = "rzi"
+        if mod in ("", "ftz", "sat") and need:
+            return [need] + ([mod] if mod else [])
+    if op == "dp2a" and mod == "":
+        return ["lo"]
+    return [mod] if mod else []
+
+
+def _dest_type(op, code, tys, mods):
+    t0 = tys[0] if tys else None
+    if code == "d":
+        return t0
+    if code == "D":
+        return _wide(t0) if "wide" in mods else t0
+    if code == "d2":
+        return tys[1] if op == "cvt" else (T.s32 if T.s32 in tys else T.u32)
+    if code == "du":
+        return T.u32
+    if code == "p":
+        return T.pred
+    raise AssertionError(code)
+
+
+def _src_type(op, code, tys, mods):
+    if code == "s":
+        return tys[0]
+    if code == "C":
+        return _wide(tys[0]) if "wide" in mods else tys[0]
+    if code == "s2":
+        if op in ("dp4a", "dp2a"):
+            return T.s32 if T.s32 in tys else T.u32
+        return tys[1]
+    if code == "u":
+        return T.u32
+    if code == "q":
+        return T.pred
+    raise AssertionError(code)
+
+
+def _wide(t):
+    return T.type_by_name(f"{t.name[0]}{t.bits * 2}")
+
+
+def operand_types(op, mods, tys):
+    """(destination type, [source types]) of an ALU form."""
+    sp = TABLE[op]
+    codes = [c.rstrip("?") for c in sp.operands]
+    if op == "cvt":
+        return tys[0], [tys[1]]
+    if op in ("dp4a", "dp2a"):
+        acc = T.s32 if T.s32 in tys else T.u32
+        return acc, [T.b32, T.b32, acc]
+    if op in ("mov",):
+        return tys[0], [tys[0]]
+    srcs = []
+    for c in codes[1:]:
+        if c == "q" and op == "setp" and not any(m in ("and", "or", "xor") for m in mods):
+            continue
+        srcs.append(_src_type(op, c, tys, mods))
+    return _dest_type(op, codes[0], tys, mods), srcs
+
+
+def emit_combo(k, op, mods, tys, srcs):
+    """Emit ``op.mods.tys d, srcs...`` with a fresh destination; return it."""
+    dty, _ = operand_types(op, mods, tys)
+    d = k.reg(dty)
+    k.emit(op, list(mods), list(tys), [d, *srcs])
+    return d
+
+
+def load_sources(k, stys, tag=""):
+    """Registers of types ``stys`` loaded from fresh pointer parameters
+    (a predicate from a u32 that is nonzero)."""
+    out = []
+    for j, t in enumerate(stys):
+        if t is T.pred:
+            p = k.param_ptr(f"q{tag}{j}", T.u32)
+            out.append(k.setp("ne", k.ld(p[0]), 0))
+        else:
+            lt = T.type_by_name({"b16": "u16", "b32": "u32", "b64": "u64"}.get(t.name, t.name))
+            p = k.param_ptr(f"s{tag}{j}", lt)
+            r = k.ld(p[0])
+            out.append(r if lt is t else k.bitcast(t, r))
+    return out
+
+
+_FLOAT_MODS = ("rn", "rz", "rm", "rp", "ftz", "approx", "full", "NaN")
+_INTS = ("u16", "u32", "u64", "s16", "s32", "s64")
+
+
+def _cvt_not_ptx(mod, d, s):
+    df, sf = d in FLOAT, s in FLOAT
+    if mod == "ftz" and "f32" not in (d, s):
+        return "cvt.ftz needs an f32 source or destination"
+    if mod in ("rn", "rz", "rm", "rp"):
+        if not df:
+            return "an integer destination takes .rni/.rzi/.rmi/.rpi"
+        if sf and (d == s or s != "bf16" and T.type_by_name(d).bits > T.type_by_name(s).bits):
+            return "a widening or same-type float cvt is exact: no float rounding"
+    if mod in ("rni", "rzi", "rmi", "rpi") and not (sf and (not df or d == s)):
+        return "integer rounding belongs to float -> integer and float -> same float"
+    if mod == "sat":
+        if "bf16" in (d, s):
+            return "no cvt.sat form with bf16"
+        if not (df or sf):
+            dt, st = T.type_by_name(d), T.type_by_name(s)
+            lo_ok = dt.is_signed or not st.is_signed
+            hi_ok = dt.bits - dt.is_signed >= st.bits - st.is_signed
+            if lo_ok and hi_ok:
+                return "the destination holds every source value: .sat has nothing to clamp"
+    return None
+
+
+def not_ptx(op, mod, ty):
+    """The PTX ISA's reason it has no ``op.mod.ty`` (integer, bit, compare,
+    select and conversion forms), or None where it has (ptxas agrees, see
+    ``test_ptxas_agrees_with_the_int_split``)."""
+    tys = ty.split(".")
+    t0 = tys[0]
+    if op == "cvt":
+        return _cvt_not_ptx(mod, *tys)
+    if op == "setp" and mod == "ftz" and t0 not in ("f32", "f16"):
+        return "setp.ftz is defined on f32 (and f16) only"
+    if op == "selp" and ty in ("f16", "bf16"):
+        return "ptxas refuses selp.f16/.bf16 (select on .b16)"
+    if t0 in FLOAT:
+        return None                        # float forms: float_modifiers.py
+    if op in ("add", "sub", "mul", "div", "neg", "abs", "min", "max") and mod in _FLOAT_MODS:
+        return f".{mod} is a floating-point modifier"
+    if mod == "sat" and op in ("add", "sub", "mad") and t0 != "s32":
+        return "integer .sat is defined on s32 only"
+    if mod == "sat" and op == "mul":
+        return "integer mul has no .sat"
+    if mod == "wide" and t0 in ("u64", "s64"):
+        return ".wide doubles 16- and 32-bit operands only"
+    if op == "setp" and mod == "ftz":
+        return "setp.ftz is defined on f32 (and f16) only"
+    if op == "setp" and mod in ("lo", "ls", "hi", "hs") and t0.startswith("b"):
+        return "ptxas refuses the unsigned compares on .bN (use .uN)"
+    return None
+

@@ -1,0 +1,105 @@
+"""Every (opcode, modifier, types) of the instruction table is either run
+against an exact oracle or named, with the PTX ISA's reason, as a form PTX
+does not define (tests/emu/isa_coverage.py, float_modifiers.py)."""
+
+from collections import Counter
+
+import pytest
+
+import float_modifiers as FM
+import isa_coverage as IC
+import test_emu_int_modifiers as INT
+import test_emu_modifiers as FLT
+
+# the shfl and vote forms tests/emu/test_emu_warp_memory.py runs: each mode
+# (with the .sync it needs) on its one type
+WARP = {("shfl", m, "b32"): "test_emu_warp_memory.py::test_shfl_modes_with_clamp_and_segments"
+        for m in ("", "sync", "up", "down", "bfly", "idx")}
+WARP.update({("vote", m, "pred"): "test_emu_warp_memory.py::test_vote"
+             for m in ("", "sync", "all", "any", "uni")})
+WARP.update({("vote", m, "b32"): "test_emu_warp_memory.py::test_vote"
+             for m in ("", "sync", "ballot")})
+
+
+def _vote_not_ptx(op, mod, ty):
+    if op == "vote" and (ty == "b32") != (mod == "ballot") and mod not in ("", "sync"):
+        return "vote.ballot writes a .b32; all/any/uni write a predicate"
+    return None
+
+
+def _float_split(c):
+    op, mod, ty = c
+    return op in FM.FLOAT_OPS and ty in FM.FLOAT_TYPES
+
+
+def _status(c):
+    if _float_split(c):
+        return "tested" if c in FLT.COVERED else "not PTX" if c in FM.NOT_PTX else None
+    if c in INT.COVERED or c in WARP:
+        return "tested"
+    if c[0] in IC.ALU_OPS and IC.not_ptx(*c) or _vote_not_ptx(*c):
+        return "not PTX"
+    return None
+
+
+ALU = IC.table_combos([o for o in IC.ALU_OPS if o not in ("cvt", "mov")] + list(FM.FLOAT_OPS))
+
+
+def test_every_arithmetic_bit_compare_combination_is_tested():
+    missing = sorted(c for c in ALU if _status(c) is None)
+    assert not missing, f"table combinations with no test: {missing}"
+    assert INT.COVERED <= ALU and FLT.COVERED <= ALU
+    assert not {c for c in INT.COVERED if IC.not_ptx(*c)}
+
+
+def test_registered_tests_exist():
+    import importlib
+    for name in set(WARP.values()):
+        mod, fn = name.split("::")
+        assert hasattr(importlib.import_module(mod[:-3]), fn), name
+
+
+@pytest.mark.xfail(strict=True, reason="cvt, mov, memory, atomics, barriers, tensor-core "
+                   "and control forms are not enumerated yet")
+def test_every_table_combination_is_tested():
+    missing = sorted(c for c in IC.table_combos() if _status(c) is None)
+    by_op = Counter(c[0] for c in missing)
+    assert not missing, f"untested combinations per opcode: {dict(sorted(by_op.items()))}"
+
+
+def _ptx_of(combos):
+    import ptxgen
+    m = ptxgen.Module("sm_90")
+    with m.kernel("combos") as k:
+        for j, (op, mod, ty) in enumerate(combos):
+            tys = IC.type_tuple(ty)
+            mods = IC.emitted_mods(op, mod, ty)
+            _, stys = IC.operand_types(op, mods, tys)
+            IC.emit_combo(k, op, mods, tys, IC.load_sources(k, stys, tag=f"c{j}_"))
+    return m.to_ptx()
+
+
+def test_ptxas_agrees_with_the_int_split(ptxas):
+    """ptxas assembles every integer/compare form run here (one kernel) and
+    refuses a sample of those named as not PTX, one per (opcode, reason)."""
+    from ptxgen.errors import PtxBuildError
+    from ptxgen.ptxas import PtxasError, assemble
+    tested = sorted(INT.COVERED)
+    for i in range(0, len(tested), 100):        # kernels within the parameter space
+        assemble(_ptx_of(tested[i:i + 100]), "sm_90")
+    seen, accepted = set(), []
+    for c in sorted(c for c in IC.table_combos(IC.ALU_OPS) if IC.not_ptx(*c)):
+        key = (c[0], IC.not_ptx(*c))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            text = _ptx_of([c])
+        except (PtxBuildError, ValueError):     # the builder refuses it
+            continue
+        try:
+            assemble(text, "sm_90")
+            accepted.append(c)
+        except PtxasError:
+            pass
+    assert not accepted, f"named as not PTX, but ptxas takes them: {accepted}"
