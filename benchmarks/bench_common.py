@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["copy_bandwidth"]
+__all__ = ["copy_bandwidth", "graph_us"]
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]:
@@ -39,3 +39,33 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]
     a.free()
     b.free()
     return 2 * nbytes / t, t
+
+
+def graph_us(fn, stream, reps: int, repeats: int) -> float:
+    """Median µs per call of ``fn(stream)``: ``reps`` calls captured in one
+    ptxgen CUDA graph (after one call outside it, which builds, loads and
+    allocates), replayed ``repeats`` times between CUDA events."""
+    import statistics
+
+    import torch
+
+    from ptxgen.driver import Event, capture
+    torch.cuda.synchronize()                  # inputs made on torch's stream
+    fn(stream)
+    stream.synchronize()
+    with capture(stream) as g:
+        for _ in range(reps):
+            fn(stream)
+    exe = g.instantiate()
+    exe.launch(stream)
+    stream.synchronize()
+    times = []
+    for _ in range(repeats):
+        a, b = Event(), Event()
+        a.record(stream)
+        exe.launch(stream)
+        b.record(stream)
+        b.synchronize()
+        times.append(a.elapsed_ms(b) * 1000.0 / reps)
+    return statistics.median(times)
+

@@ -20,6 +20,8 @@ import sys
 import attrs
 import numpy as np
 
+from .bench_common import graph_us
+
 REPS = 10
 REPEATS = 7
 #: flash-decode variants (``ops.flash_decode`` keyword arguments) timed beside the
@@ -42,26 +44,7 @@ FD_VARIANTS = {
 
 def _ours(fn, stream):
     """Median µs per call of ``fn(stream)`` replayed from a ptxgen graph."""
-    import torch
-
-    from ptxgen.driver import Event, capture
-    torch.cuda.synchronize()                  # inputs made on torch's stream
-    fn(stream)                                # build, load, allocate outside capture
-    stream.synchronize()
-    with capture(stream) as g:
-        for _ in range(REPS):
-            fn(stream)
-    exe = g.instantiate()
-    exe.launch(stream)
-    stream.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        a, b = Event(), Event()
-        a.record(stream)
-        exe.launch(stream)
-        b.record(stream)
-        times.append(a.elapsed_ms(b) * 1000.0 / REPS)
-    return statistics.median(times)
+    return graph_us(fn, stream, REPS, REPEATS)
 
 
 def _torch(fn):

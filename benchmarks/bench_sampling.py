@@ -35,32 +35,15 @@ import time
 
 import numpy as np
 
+from benchmarks.bench_common import graph_us
+
 REPS = 20
 REPEATS = 30
 
 
 def _ours(fn, stream):
-    import torch
-
-    from ptxgen.driver import Event, capture
-    torch.cuda.synchronize()
-    fn(stream)                                  # build, load, allocate outside capture
-    stream.synchronize()
-    with capture(stream) as g:
-        for _ in range(REPS):
-            fn(stream)
-    exe = g.instantiate()
-    exe.launch(stream)
-    stream.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        a, b = Event(), Event()
-        a.record(stream)
-        exe.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_ms(b) * 1000.0 / REPS)
-    return float(np.median(times))
+    """Median µs per call of ``fn(stream)`` replayed from a ptxgen graph."""
+    return graph_us(fn, stream, REPS, REPEATS)
 
 
 def _torch(fn):
