@@ -9,6 +9,7 @@ import attrs
 
 from ptxgen.target import MAX_STATIC_SHARED, TARGETS
 
+from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
 __all__ = ["FlashDecodeSpec", "FlashDecodeConfig", "FlashDecodePlan", "mma_fits",
@@ -158,7 +159,7 @@ _SPEC_PROPS = ("elems_per_lane", "row_bytes")
 
 
 @attrs.frozen(init=False)
-class FlashDecodePlan:
+class FlashDecodePlan(PlanBase):
     """A spec and a config resolved and checked together; the builders read
     both kinds of field from it (``plan.head_dim``, ``plan.warps``).  Spec
     and config fields given as keywords replace theirs, so
@@ -167,39 +168,14 @@ class FlashDecodePlan:
     spec: FlashDecodeSpec
     config: FlashDecodeConfig
 
-    def __init__(self, spec: FlashDecodeSpec, config: FlashDecodeConfig | None = None,
-                 **changes):
-        if config is None:
-            config = FlashDecodeConfig()
-        if changes:
-            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
-            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
-            bad = set(changes) - set(s) - set(c)
-            if bad:
-                raise ValueError(f"unknown flash-decode field(s): {', '.join(sorted(bad))}; "
-                                 f"valid: {', '.join(SPEC_FIELDS + CONFIG_FIELDS)}")
-            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
-        if not isinstance(spec, FlashDecodeSpec) or not isinstance(config, FlashDecodeConfig):
-            raise TypeError("FlashDecodePlan takes a FlashDecodeSpec and a FlashDecodeConfig")
-        object.__setattr__(self, "spec", spec)
-        object.__setattr__(self, "config", config)
-        self._check()
+    SPEC, CONFIG, WHAT = FlashDecodeSpec, FlashDecodeConfig, "flash-decode"
+    SPEC_PROPS = _SPEC_PROPS
 
     @classmethod
     def make(cls, **fields) -> "FlashDecodePlan":
         """A plan from spec and config fields side by side (the others at
         their defaults, not the tuned ones)."""
         return cls(FlashDecodeSpec(), FlashDecodeConfig(), **fields)
-
-    def __getattr__(self, name):
-        if name in SPEC_FIELDS or name in _SPEC_PROPS:
-            return getattr(self.spec, name)
-        if name in CONFIG_FIELDS:
-            return getattr(self.config, name)
-        raise AttributeError(name)
-
-    def evolve(self, **changes) -> "FlashDecodePlan":
-        return FlashDecodePlan(self.spec, self.config, **changes)
 
     def _check(self):
         sp, c = self.spec, self.config

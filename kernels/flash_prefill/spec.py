@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import attrs
 
+from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
 __all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "NEG"]
@@ -69,44 +70,20 @@ CONFIG_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillConfig))
 
 
 @attrs.frozen(init=False)
-class FlashPrefillPlan:
+class FlashPrefillPlan(PlanBase):
     """A spec and a config together; the builder reads both kinds of field
     from it (``plan.head_dim``, ``plan.warps``)."""
 
     spec: FlashPrefillSpec
     config: FlashPrefillConfig
 
-    def __init__(self, spec: FlashPrefillSpec, config: FlashPrefillConfig | None = None,
-                 **changes):
-        config = FlashPrefillConfig() if config is None else config
-        if changes:
-            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
-            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
-            bad = set(changes) - set(s) - set(c)
-            if bad:
-                raise ValueError(f"unknown flash-prefill field(s): {', '.join(sorted(bad))}; "
-                                 f"valid: {', '.join(SPEC_FIELDS + CONFIG_FIELDS)}")
-            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
-        if not isinstance(spec, FlashPrefillSpec) or not isinstance(config, FlashPrefillConfig):
-            raise TypeError("FlashPrefillPlan takes a FlashPrefillSpec and a FlashPrefillConfig")
-        object.__setattr__(self, "spec", spec)
-        object.__setattr__(self, "config", config)
+    SPEC, CONFIG, WHAT = FlashPrefillSpec, FlashPrefillConfig, "flash-prefill"
 
     @classmethod
     def make(cls, **fields) -> "FlashPrefillPlan":
         """A plan from spec and config fields side by side (others at their
         defaults, not the tuned ones)."""
         return cls(FlashPrefillSpec(), FlashPrefillConfig(), **fields)
-
-    def __getattr__(self, name):
-        if name in SPEC_FIELDS:
-            return getattr(self.spec, name)
-        if name in CONFIG_FIELDS:
-            return getattr(self.config, name)
-        raise AttributeError(name)
-
-    def evolve(self, **changes) -> "FlashPrefillPlan":
-        return FlashPrefillPlan(self.spec, self.config, **changes)
 
     @property
     def block_rows(self) -> int:

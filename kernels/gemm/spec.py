@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import attrs
 
+from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
@@ -149,7 +150,7 @@ CONFIG_FIELDS = tuple(f.name for f in attrs.fields(GemmConfig))
 
 
 @attrs.frozen(init=False)
-class GemmPlan:
+class GemmPlan(PlanBase):
     """A spec and a config resolved into the one kernel the builder emits,
     checked together.  ``GemmPlan(spec, config, **changes)``; spec and
     config fields read alike (``plan.k``, ``plan.bm``)."""
@@ -157,42 +158,15 @@ class GemmPlan:
     spec: GemmSpec
     config: GemmConfig
 
-    def __init__(self, spec: GemmSpec, config: GemmConfig, **changes):
-        if changes:
-            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
-            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
-            bad = set(changes) - set(s) - set(c)
-            if bad:
-                raise ValueError(f"unknown GEMM field(s): {', '.join(sorted(bad))}")
-            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
-        if not isinstance(spec, GemmSpec) or not isinstance(config, GemmConfig):
-            raise TypeError(f"GemmPlan takes a GemmSpec and a GemmConfig, got "
-                            f"{type(spec).__name__} and {type(config).__name__}")
-        object.__setattr__(self, "spec", spec)
-        object.__setattr__(self, "config", config)
-        self._check()
+    SPEC, CONFIG, WHAT = GemmSpec, GemmConfig, "GEMM"
+    SPEC_PROPS = ("block_weights", "block_bytes", "row_bytes", "x_bytes")
 
     @classmethod
     def make(cls, qtype: str, k: int, **fields) -> "GemmPlan":
         """A plan from spec and config fields side by side (the others at
         their defaults, not the tuned ones)."""
-        s = {f: v for f, v in fields.items() if f in SPEC_FIELDS}
-        c = {f: v for f, v in fields.items() if f in CONFIG_FIELDS}
-        bad = set(fields) - set(s) - set(c)
-        if bad:
-            raise ValueError(f"unknown GEMM field(s): {', '.join(sorted(bad))}")
+        s, c = cls.split_fields(fields)
         return cls(GemmSpec(qtype, k, **s), GemmConfig(**c))
-
-    def __getattr__(self, name):
-        if name in SPEC_FIELDS or name in ("block_weights", "block_bytes", "row_bytes",
-                                           "x_bytes"):
-            return getattr(self.spec, name)
-        if name in CONFIG_FIELDS:
-            return getattr(self.config, name)
-        raise AttributeError(name)
-
-    def evolve(self, **changes) -> "GemmPlan":
-        return GemmPlan(self.spec, self.config, **changes)
 
     def _check(self):
         c = self.config

@@ -14,6 +14,7 @@ import attrs
 
 from ptxgen.target import SHARED_LINE, TARGETS
 
+from ..plan import PlanBase
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 from .layout import staged_layout, threads
 
@@ -218,7 +219,7 @@ CONFIG_FIELDS = tuple(f.name for f in attrs.fields(GemvConfig))
 
 
 @attrs.frozen(init=False)
-class GemvPlan:
+class GemvPlan(PlanBase):
     """A spec and a config resolved into the one kernel the builders emit:
     every field of both, checked together (a config a spec cannot take is
     refused here, with the reason).  Make one with ``GemvPlan(spec,
@@ -228,47 +229,17 @@ class GemvPlan:
     spec: GemvSpec
     config: GemvConfig
 
-    def __init__(self, spec: GemvSpec, config: GemvConfig, **changes):
-        if changes:
-            s = {k: v for k, v in changes.items() if k in SPEC_FIELDS}
-            c = {k: v for k, v in changes.items() if k in CONFIG_FIELDS}
-            bad = set(changes) - set(s) - set(c)
-            if bad:
-                raise ValueError(f"unknown GEMV field(s): {', '.join(sorted(bad))}")
-            spec, config = attrs.evolve(spec, **s), attrs.evolve(config, **c)
-        if not isinstance(spec, GemvSpec) or not isinstance(config, GemvConfig):
-            raise TypeError(f"GemvPlan takes a GemvSpec and a GemvConfig, got "
-                            f"{type(spec).__name__} and {type(config).__name__}")
-        object.__setattr__(self, "spec", spec)
-        object.__setattr__(self, "config", config)
-        self.__attrs_post_init__()
+    SPEC, CONFIG, WHAT = GemvSpec, GemvConfig, "GEMV"
+    SPEC_PROPS = ("block_weights", "block_bytes", "row_bytes", "n_mats", "rope_rows")
 
     @classmethod
     def make(cls, qtype: str, k: int, epilogue: str = "none", **fields) -> "GemvPlan":
         """A plan from spec and config fields given side by side (fields not
         given take the spec's and the config's defaults, not the tuned ones)."""
-        fields["epilogue"] = epilogue
-        s = {f: v for f, v in fields.items() if f in SPEC_FIELDS}
-        c = {f: v for f, v in fields.items() if f in CONFIG_FIELDS}
-        bad = set(fields) - set(s) - set(c)
-        if bad:
-            raise ValueError(f"unknown GEMV field(s): {', '.join(sorted(bad))}")
+        s, c = cls.split_fields({**fields, "epilogue": epilogue})
         return cls(GemvSpec(qtype, k, **s), GemvConfig(**c))
 
-    def __getattr__(self, name):
-        # the builders read spec and config fields alike (plan.qtype, plan.rows)
-        if name in SPEC_FIELDS or name in ("block_weights", "block_bytes", "row_bytes",
-                                           "n_mats", "rope_rows"):
-            return getattr(self.spec, name)
-        if name in CONFIG_FIELDS:
-            return getattr(self.config, name)
-        raise AttributeError(name)
-
-    def evolve(self, **changes) -> "GemvPlan":
-        """A plan with some spec and config fields changed."""
-        return GemvPlan(self.spec, self.config, **changes)
-
-    def __attrs_post_init__(self):
+    def _check(self):
         sp, c = self.spec, self.config
         bs = sp.block_weights
         if c.tile % bs:
