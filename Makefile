@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
 VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench llamacpp clean mutate
+.PHONY: all setup test golden demo bench llamacpp conformance clean mutate
 
 all: test
 
@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# the suite without the `slow` comparisons with a llama.cpp build (make conformance)
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 golden: $(STAMP)
 	PTXGEN_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py
@@ -39,6 +40,11 @@ bench: $(STAMP)
 # $${PTXGEN_CACHE_DIR:-~/.cache/ptxgen}/llama.cpp-<version>; the oracle of scripts/conformance.py.
 llamacpp:
 	bash scripts/llamacpp_build.sh
+
+# ptxgen's reference decoder against llama.cpp (CPU build, cached outside the
+# tree) on synthetic files of every supported convention (docs/conformance.md)
+conformance: $(STAMP) llamacpp
+	$(PY) -m pytest -m slow tests/test_conformance.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
