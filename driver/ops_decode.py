@@ -51,6 +51,13 @@ def _workspace(key, shape, dtype, zero=False):
     return get_backend("cuda").workspace(key, shape, dtype, zero)
 
 
+def _out_dtype(out):
+    """float16 for a float16 ``out``, else float32 (a wrong type is named
+    by the op's own check)."""
+    dt = getattr(out, "dtype", None)      # numpy, device arrays, torch, cupy
+    return np.float16 if str(dt).rsplit(".", 1)[-1] == "float16" else np.float32
+
+
 def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=True,
             block=None, pdl=None, stream=None, backend=None):
     """``out = x / sqrt(mean(x**2) + eps) * w`` row by row (f32).
@@ -67,6 +74,9 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
 
     ``backend`` ("cuda" or "emu") picks where a call with numpy arrays only
     runs (:mod:`ptxgen.driver.ops_backend`); the other ops take it too.
+
+    A float16 ``out`` gets the result rounded to nearest (the f16 X of a
+    GEMM); ``sum_out`` is float32 either way.
     """
     a = op_args(backend, writes=("out", "sum_out"), stream=stream, x=x, w=w, out=out,
                 residual=residual, sum_out=sum_out)
@@ -79,10 +89,12 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
         # enough threads for the row to sit in registers (4 x 16 bytes each)
         block = min(1024, max(256, -(-n // 512) * 32))
     tgt = a.backend.target
+    odt = _out_dtype(out)
     spec = _rms.RmsNormSpec(residual=residual is not None, block=block, precise=precise,
+                            out_type="f16" if odt == np.float16 else "f32",
                             target=tgt, pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
     f = a.backend.function(_rms.build, spec)
-    out = a.out("out", xa.shape)
+    out = a.out("out", xa.shape, odt)
     grid, blk, _ = _rms.launch_geometry(spec, rows)
     if residual is None:
         a.launch(f, grid, blk, xa, wa, out, n, float(eps), pdl=spec.pdl)
@@ -121,14 +133,17 @@ def rope(q, k, pos, *, head_dim=None, layout="neox", theta=10000.0, scaling=None
 
 
 def swiglu(g, u, out=None, *, pdl=False, stream=None, backend=None):
-    """``out = silu(g) * u`` (f32, any length); ``pdl``: launched as a
-    programmatic dependent launch (sm_90 and newer)."""
+    """``out = silu(g) * u`` (f32 inputs, any length; a float16 ``out`` gets
+    the result rounded to nearest); ``pdl``: launched as a programmatic
+    dependent launch (sm_90 and newer)."""
     a = op_args(backend, writes=("out",), stream=stream, g=g, u=u, out=out)
     ga, ua = a.array("g", np.float32), a.array("u", np.float32)
     if ga.size != ua.size:
         raise ValueError(f"g has {ga.size} elements, u {ua.size}")
-    spec = _swiglu.SwiGluSpec(target=a.backend.target, pdl=bool(pdl))
-    out = a.out("out", ga.shape)
+    odt = _out_dtype(out)
+    spec = _swiglu.SwiGluSpec(out_type="f16" if odt == np.float16 else "f32",
+                              target=a.backend.target, pdl=bool(pdl))
+    out = a.out("out", ga.shape, odt)
     grid, blk, _ = _swiglu.launch_geometry(spec, ga.size)
     a.launch(a.backend.function(_swiglu.build, spec), grid, blk, ga, ua, out, ga.size,
              pdl=spec.pdl)

@@ -1,4 +1,5 @@
-"""``python -m ptxgen tune [gemv|flash_decode] [--model FILE.gguf] [--rounds N]``: time
+"""``python -m ptxgen tune [gemv|flash_decode] [--model FILE.gguf] [--rounds N]
+[--qtypes T,...] [--search]``: time
 candidate configs on the present GPU and keep the fastest per call in the
 user's tuning cache (:mod:`ptxgen.kernels.tuning`), which the family's
 selector then prefers over the shipped table on this device.
@@ -13,6 +14,12 @@ and 8 KV heads of 128, f16 cache), with and without ``early_kv``; each
 candidate (the tuned config and its neighbours in warps, unroll, the
 per-SM cap, the round-robin threshold and the L1 bypass threshold) is timed
 at 1K, 4K and 16K keys and ranked by the sum.
+
+``--qtypes Q4_0,Q5_K`` tunes the 8B shapes with every matrix of those weight
+types (plain GEMVs, the shapes ``make bench`` reports), and ``--search``
+walks further than the neighbours: a greedy descent over one knob at a time
+(rows, stages, grid cap, pieces, dot, interleave, bulk), each move kept when
+it is faster, until no move is (:func:`search_gemv`).
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import numpy as np
 
 from ptxgen.kernels import gemv, tuning
 
-__all__ = ["tune_command", "gemv_calls", "tune_gemv", "flash_calls", "flash_candidates",
-           "tune_flash"]
+__all__ = ["tune_command", "gemv_calls", "qtype_calls", "tune_gemv", "search_moves",
+           "flash_calls", "flash_candidates", "tune_flash"]
 
 #: (qtype, m, k, epilogue) of an 8B Llama's decode step
 LLAMA_8B = [("Q4_K", 6144, 4096, "rope"), ("Q4_K", 4096, 4096, "residual"),
@@ -60,6 +67,43 @@ def gemv_calls(model: str | None) -> list:
     return sorted(set(c for c in out if c[0] in gemv.QTYPE_INFO), key=out.index)
 
 
+def qtype_calls(qtypes) -> list:
+    """The 8B shapes (QKV stack, attention output, FFN up, FFN down, output)
+    with every matrix of each of ``qtypes``, plain GEMVs."""
+    shapes = [(m, k) for _, m, k, _ in LLAMA_8B]
+    return [(q, m, k, "none") for q in qtypes for m, k in shapes]
+
+
+#: the values :func:`search_moves` tries per knob
+SEARCH = {"rows": (1, 2, 4, 8), "stages": (0, 2, 3, 4, 6), "max_ctas": (132, 264, 396, 528, 1056,
+                                                                        2112),
+          "pieces": (0, 1, 2, 4, 8), "dot": ("fma", "dp4a"), "interleave": (False, True),
+          "bulk": (False, True), "min_ctas": (0, 2)}
+
+
+def search_moves(spec, config, m: int, sm_count: int | None = None) -> list:
+    """Every config one knob away from ``config`` (values of :data:`SEARCH`)
+    whose plan builds for ``spec`` at ``m`` rows, its CTAs spread over
+    ``sm_count`` SMs as the selector spreads them."""
+    import attrs
+    config = attrs.evolve(config, per_sm=0)
+    out = []
+    for knob, values in SEARCH.items():
+        for v in values:
+            if getattr(config, knob) == v:
+                continue
+            extra = {"ahead": 0} if knob == "stages" else {}
+            try:
+                c = gemv.tuning.balanced(spec, attrs.evolve(config, **{knob: v}, **extra),
+                                         m, sm_count)
+                gemv.GemvPlan(spec, c)
+            except ValueError:
+                continue
+            if c not in out:
+                out.append(c)
+    return out
+
+
 def _spec(qtype, m, k, epi, target, hp_heads):
     rope = hp_heads if epi == "rope" else ()
     return gemv.GemvSpec(qtype, k, epilogue=epi, rope=rope, target=target, pdl=False)
@@ -78,9 +122,12 @@ def _time(fn_launch, stream, reps):
     return e0.elapsed_ms(e1) * 1e3 / reps
 
 
-def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
-    """Time every candidate of every call; store the winners; return rows
-    ``(call, config, us, default_us)``."""
+def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout, search: bool = False,
+              max_steps: int = 6) -> list:
+    """Time every candidate of every call (with ``search``, a greedy descent
+    from the selected config over :func:`search_moves`, at most
+    ``max_steps`` moves); store the winners; return rows ``(call, config,
+    us, default_us)``."""
     from ptxgen.kernels.quants import quantize
     from . import DeviceArray, Stream, get_device
     from .launch import launch
@@ -109,23 +156,47 @@ def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
                      DeviceArray.from_numpy(np.zeros(8, np.int32)),
                      DeviceArray.empty((nkv, 16, d), np.float16),
                      DeviceArray.empty((nkv, 16, d), np.float16), 16)
+        built = {}
+
+        def launcher(cfg):
+            if cfg not in built:
+                plan = gemv.GemvPlan(spec, cfg)
+                fn = Module.from_ptx(gemv.build(plan).to_ptx()).function(plan.kernel_name)
+                grid, block, shared, rpc = gemv.launch_geometry(plan, m)
+                if shared:
+                    fn.require_dynamic_shared(shared)
+                args = (*w, x, *extra, y, m, rpc)
+                built[cfg] = (lambda fn=fn, g=grid, b=block, a=args, s=shared:
+                              launch(fn, g, b, *a, shared=s, stream=stream))
+            return built[cfg]
+
+        def timed(cands, n_rounds):
+            times = [[] for _ in cands]
+            for _ in range(n_rounds):
+                for i, c in enumerate(cands):
+                    times[i].append(_time(launcher(c), stream, reps))
+            return [statistics.median(t) for t in times]
+
         cands = gemv.candidate_configs(spec, m, sms)
-        launches = []
-        for cfg in cands:
-            plan = gemv.GemvPlan(spec, cfg)
-            fn = Module.from_ptx(gemv.build(plan).to_ptx()).function(plan.kernel_name)
-            grid, block, shared, rpc = gemv.launch_geometry(plan, m)
-            if shared:
-                fn.require_dynamic_shared(shared)
-            args = (*w, x, *extra, y, m, rpc)
-            launches.append(lambda fn=fn, g=grid, b=block, a=args, s=shared:
-                            launch(fn, g, b, *a, shared=s, stream=stream))
-        times = [[] for _ in cands]
-        for _ in range(rounds):
-            for i, go in enumerate(launches):
-                times[i].append(_time(go, stream, reps))
-        med = [statistics.median(t) for t in times]
+        med = timed(cands, rounds)
         best = min(range(len(cands)), key=med.__getitem__)
+        if search:
+            cur, cur_us, tried = cands[best], med[best], set(cands)
+            for _ in range(max_steps):
+                moves = [c for c in search_moves(spec, cur, m, sms) if c not in tried]
+                if not moves:
+                    break
+                tried.update(moves)
+                mt = timed(moves, 2)
+                j = min(range(len(moves)), key=mt.__getitem__)
+                if mt[j] >= cur_us * 0.99:
+                    break
+                conf = timed([cur, moves[j]], rounds)     # confirm, alternating
+                if conf[1] >= conf[0]:
+                    break
+                cur, cur_us = moves[j], conf[1]
+            cands, med = [cands[0], cur], timed([cands[0], cur], rounds)
+            best = 1 if med[1] < med[0] else 0
         call = gemv.tuning.call_of(spec, m)
         import attrs
         cfg = attrs.asdict(cands[best])
@@ -135,6 +206,8 @@ def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
                                   "date": time.strftime("%Y-%m-%d")})
         print(f"{qtype} {m}x{k} {epi:8s} default {med[0]:8.2f} us  best {med[best]:8.2f} us "
               f"({len(cands)} configs){'  (default kept)' if best == 0 else ''}", file=out)
+        if best:
+            print(f"    {cfg}", file=out)
         rows.append(((qtype, m, k, epi), cands[best], med[best], med[0]))
     return rows
 
@@ -224,13 +297,19 @@ def tune_command(argv) -> int:
                     help="kernel family to tune")
     ap.add_argument("--model", default=None, help="a GGUF file whose shapes to tune for")
     ap.add_argument("--rounds", type=int, default=5, help="alternating timing rounds")
+    ap.add_argument("--qtypes", default=None,
+                    help="gemv: tune the 8B shapes with these weight types (comma-separated)")
+    ap.add_argument("--search", action="store_true",
+                    help="gemv: a greedy search one knob at a time beyond the neighbours")
     args = ap.parse_args(argv)
     from . import is_available
     if not is_available():
         print("error: tune times kernels on a GPU, and none is available", file=sys.stderr)
         return 2
     if args.family == "gemv":
-        tune_gemv(gemv_calls(args.model), rounds=args.rounds)
+        calls = (qtype_calls([q.strip().upper() for q in args.qtypes.split(",") if q.strip()])
+                 if args.qtypes else gemv_calls(args.model))
+        tune_gemv(calls, rounds=args.rounds, search=args.search)
     else:
         tune_flash(flash_calls(args.model), rounds=args.rounds)
     print(f"stored in {tuning.cache_dir() / 'tuning' / (args.family + '.json')}")

@@ -4,8 +4,8 @@
 fused form first adds a residual row, ``s = x + res``, writes ``s`` to
 ``sum_out`` and normalises ``s``.
 
-Layout: ``x``, ``res``, ``sum_out``, ``out`` are row-major ``[rows, n]`` f32,
-``w`` is ``[n]`` f32; ``n`` (any positive length) and ``eps`` are launch
+Layout: ``x``, ``res``, ``sum_out``, ``out`` are row-major ``[rows, n]`` f32
+(``out`` f16 with ``out_type="f16"``), ``w`` is ``[n]`` f32; ``n`` (any positive length) and ``eps`` are launch
 parameters.  Launch: one block of ``spec.block`` threads per row,
 ``grid = rows``.  A row whose pointers are all 16-byte aligned is read with
 ``ld.global.nc.v4`` (a scalar tail covers ``n % 4``); other rows go scalar.
@@ -16,7 +16,8 @@ re-reads it (from L1/L2).  The sum of squares is folded with
 
 Accuracy: ``precise=True`` (default) scales by ``1 / sqrt.rn(...)`` with
 ``div.rn``: relative error within 1e-5 of float64.  ``precise=False`` uses
-``rsqrt.approx`` (relative error within 1e-4).
+``rsqrt.approx`` (relative error within 1e-4).  An f16 ``out`` adds its
+rounding (relative ``2^-11``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, u32
+from ptxgen.types import f16, f32, u32
 
 from .reduce import warp_sum
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
@@ -47,6 +48,9 @@ class RmsNormSpec:
     cache_vec : {0, 1, 2, 4, 8}
         Rows of at most ``4 * cache_vec * block`` values (aligned, ``n % 4 ==
         0``) are read once into registers; longer rows take two passes.
+    out_type : {"f32", "f16"}
+        ``out``'s element type; f16 is rounded to nearest (``cvt.rn``) from
+        the f32 result, for a GEMM that takes f16 X.  ``sum_out`` stays f32.
     target : str
     """
 
@@ -54,6 +58,7 @@ class RmsNormSpec:
     block: int = block_field(256)
     precise: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     cache_vec: int = attrs.field(default=4, validator=attrs.validators.in_((0, 1, 2, 4, 8)))
+    out_type: str = attrs.field(default="f32", validator=attrs.validators.in_(("f32", "f16")))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -61,7 +66,8 @@ class RmsNormSpec:
     def kernel_name(self) -> str:
         name = "add_rmsnorm_f32" if self.residual else "rmsnorm_f32"
         return (name + ("" if self.precise else "_approx") + f"_b{self.block}"
-                + (f"_c{self.cache_vec}" if self.cache_vec != 4 else ""))
+                + (f"_c{self.cache_vec}" if self.cache_vec != 4 else "")
+                + ("_out_f16" if self.out_type == "f16" else ""))
 
     @property
     def tolerance(self) -> float:
@@ -110,7 +116,8 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
             res = k.param_ptr("res", f32, align=16)
             sum_out = k.param_ptr("sum_out", f32, align=16)
         w = k.param_ptr("w", f32, align=16)
-        out = k.param_ptr("out", f32, align=16)
+        half = spec.out_type == "f16"
+        out = k.param_ptr("out", f16 if half else f32, align=16)
         n = k.param("n", u32)
         eps = k.param("eps", f32)
         scratch = k.shared_array("warp_sums", f32, max(1, spec.block // 32), align=16)
@@ -149,6 +156,12 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
             v = k.ld(sr[i], vec=vec) if spec.residual else k.ld(xr[i], vec=vec, nc=True)
             return v if vec > 1 else (v,)
 
+        def put(i, vals, guard=None):
+            """Store f32 ``vals`` (one or four) at ``out`` row index ``i``."""
+            if half:
+                vals = tuple(k.cvt(f16, v, rnd="rn") for v in vals)
+            k.st(outr[i], vals if len(vals) > 1 else vals[0], guard=guard)
+
         def scale_of(total):
             mean = k.div(total, n.to(f32))
             if spec.precise:
@@ -170,12 +183,11 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
                 i = j << 2
                 xs = reload_row(i, 4)
                 ws = k.ld(w[i], vec=4, nc=True)
-                k.st(outr[i], tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
-                                    for a, b in zip(xs, ws)))
+                put(i, tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                             for a, b in zip(xs, ws)))
             with k.for_range(tail0 + tid, n, spec.block) as i:
                 (a,) = reload_row(i, 1)
-                k.st(outr[i], k.mul(k.mul(a, scale, rnd="rn"), k.ld(w[i], nc=True),
-                                    rnd="rn"))
+                put(i, (k.mul(k.mul(a, scale, rnd="rn"), k.ld(w[i], nc=True), rnd="rn"),))
 
         def one_pass():
             # the row (and w) held in registers: vec4 j = tid + r * block
@@ -201,8 +213,8 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
                 held.append((ok, i, xs, ws))
             scale = scale_of(block_sum(k, ss, spec.block, scratch))
             for ok, i, xs, ws in held:
-                k.st(outr[i], tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
-                                    for a, b in zip(xs, ws)), guard=ok)
+                put(i, tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                             for a, b in zip(xs, ws)), guard=ok)
 
         if spec.cache_vec:
             fits = k.setp("le", n4, spec.cache_vec * spec.block,

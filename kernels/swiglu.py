@@ -1,7 +1,7 @@
 """SwiGLU: ``out[i] = silu(g[i]) * u[i] = g[i] / (1 + exp(-g[i])) * u[i]``.
 
 Layout: ``g``, ``u``, ``out`` are f32 vectors of any length ``n`` (a launch
-parameter).  Launch: each thread handles 4 consecutive elements,
+parameter; ``out`` f16 with ``out_type="f16"``, rounded to nearest).  Launch: each thread handles 4 consecutive elements,
 ``grid = ceil(n / (4 * block))``; with all three pointers 16-byte aligned a
 full group of 4 is one ``ld.global.nc.v4`` per input, otherwise (and for
 the last ``n % 4`` elements) scalar loads.
@@ -20,7 +20,7 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, u32
+from ptxgen.types import f16, f32, u32
 
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
@@ -35,17 +35,20 @@ class SwiGluSpec:
     ----------
     block : int
         Threads per block (a multiple of 32, at most 1024).
+    out_type : {"f32", "f16"}
+        ``out``'s element type (f16: rounded to nearest from the f32 result,
+        for a GEMM that takes f16 X).
     target : str
     """
 
     block: int = block_field(256)
+    out_type: str = attrs.field(default="f32", validator=attrs.validators.in_(("f32", "f16")))
     target: str = target_field()
     pdl: bool = pdl_field()
 
-
     @property
     def kernel_name(self) -> str:
-        return f"swiglu_f32_b{self.block}"
+        return f"swiglu_f32_b{self.block}" + ("_out_f16" if self.out_type == "f16" else "")
 
 
 def silu_mul(k, g, u):
@@ -62,8 +65,15 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
         pdl_prologue(k, spec)
         g = k.param_ptr("g", f32, align=16)
         u = k.param_ptr("u", f32, align=16)
-        out = k.param_ptr("out", f32, align=16)
+        half = spec.out_type == "f16"
+        out = k.param_ptr("out", f16 if half else f32, align=16)
         n = k.param("n", u32)
+
+        def put(i, vals):
+            if half:
+                vals = tuple(k.cvt(f16, v, rnd="rn") for v in vals)
+            k.st(out[i], vals if len(vals) > 1 else vals[0])
+
         i0 = k.global_id() << 2
         aligned = ((g | u | out) & 15).eq(0)
         full = k.setp("le", i0 + 4, n, combine=("and", aligned))
@@ -71,12 +81,12 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
             with vec:
                 gs = k.ld(g[i0], vec=4, nc=True)
                 us = k.ld(u[i0], vec=4, nc=True)
-                k.st(out[i0], tuple(silu_mul(k, a, b) for a, b in zip(gs, us)))
+                put(i0, tuple(silu_mul(k, a, b) for a, b in zip(gs, us)))
             with scalar:
                 for j in range(4):
                     i = i0 + j
                     with k.if_(i < n):
-                        k.st(out[i], silu_mul(k, k.ld(g[i], nc=True), k.ld(u[i], nc=True)))
+                        put(i, (silu_mul(k, k.ld(g[i], nc=True), k.ld(u[i], nc=True)),))
     return m
 
 

@@ -5,7 +5,8 @@ and V rows written to the model's cache, then the decode step takes over.
 Per chunk of ``T <= chunk`` tokens at positions ``L .. L + T - 1``: the
 embedding rows (one gather launch), then per layer RMSNorm over the rows,
 the QKV GEMM (``ops.gemm``; a weight type the GEMM does not take falls back
-to one GEMV per row), RoPE with the KV append over the rows
+to one GEMV per row; the activations a GEMM reads are f16, rounded by the
+kernel that writes them, where every layer's GEMM of that input takes f16 X), RoPE with the KV append over the rows
 (``RopeSpec(rows=True)``: the chunk's K/V rows land in the cache before the
 attention reads them), causal attention (``ops.flash_prefill``, reading q
 from the QKV rows), the O GEMM with the residual, RMSNorm, gate and up
@@ -39,10 +40,11 @@ DEFAULT_CHUNK = 512
 BUCKETS = (64, 128, 256)
 
 
-def gemm_ready(model) -> bool:
-    """Whether every per-layer weight has a GEMM (else the prefill runs a
-    GEMV per row for it: correct, but no faster than decoding the prompt)."""
-    names = ("attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+def gemm_ready(model, names=("attn_q", "attn_output", "ffn_gate", "ffn_up",
+                               "ffn_down")) -> bool:
+    """Whether every layer's weights ``names`` have a GEMM (else the prefill
+    runs a GEMV per row for them: correct, but no faster than decoding the
+    prompt)."""
     return all(model.file.tensor(f"blk.{i}.{n}.weight").qtype.upper() in _gemm.QTYPES
                for i in range(model.hp.n_layers) for n in names)
 
@@ -105,9 +107,14 @@ class Prefill:
 
         def buf(shape, dtype=np.float32):
             return be.from_numpy(np.zeros(shape, dtype))
-        self.x, self.h = buf((C, H)), buf((C, H))
+
+        def x_type(*names):
+            # f16 where every GEMM reading it takes f16 X (the GEMV fallback reads f32)
+            return np.float16 if gemm_ready(model, names) else np.float32
+        self.x, self.h = buf((C, H)), buf((C, H), x_type("attn_q", "ffn_gate", "ffn_up"))
         self.qkv, self.att = buf((C, self.qkv_dim)), buf((C, hp.q_dim))
-        self.gate, self.up, self.act = buf((C, hp.ffn)), buf((C, hp.ffn)), buf((C, hp.ffn))
+        self.gate, self.up = buf((C, hp.ffn)), buf((C, hp.ffn))
+        self.act = buf((C, hp.ffn), x_type("ffn_down"))
         self.tokens = buf((C,), np.int32)
         self.info = buf((2,), np.int32)           # [start, n_tokens]
         # the file's RoPE convention (pairing, frequencies with rope_freqs
@@ -149,6 +156,7 @@ class Prefill:
             ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
                      **self._kw())
             return
+        assert x.dtype == np.float32, "the GEMV fallback reads f32 rows"
         for r in range(x.shape[0]):                  # fallback: a GEMV per row
             xr = x.view(offset=4 * r * x.shape[1], shape=(x.shape[1],))
             yr = out.view(offset=4 * r * out.shape[1], shape=(out.shape[1],))

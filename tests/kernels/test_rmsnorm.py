@@ -32,7 +32,8 @@ def _run(run, spec, x, w, eps, res=None):
     rows, n = x.shape
     f = run.function(R.build, spec)
     grid, block, _ = R.launch_geometry(spec, rows)
-    dx, dw, dout = run.array(x), run.array(w), run.poisoned(x.shape)
+    odt = np.float16 if spec.out_type == "f16" else np.float32
+    dx, dw, dout = run.array(x), run.array(w), run.poisoned(x.shape, odt)
     if res is None:
         run.launch(f, grid, block, dx, dw, dout, n, eps)
         return run.get(dout), None
@@ -59,6 +60,29 @@ def test_rmsnorm(run, rows, n, residual, cache_vec, rng):
         assert rel_err(s, ref_sum) <= 1e-6       # one f32 add
     for r in range(rows):
         assert rel_err(out[r], ref[r]) <= 1e-5, (r, rel_err(out[r], ref[r]))
+
+
+@pytest.mark.parametrize("rows,n", [(3, 260), (2, 1030), (2, 37)])
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_f16_out(run, rows, n, residual, rng):
+    """An f16 ``out`` is the f32 kernel's result rounded to nearest, bit for
+    bit (so within 2^-11 + 1e-5 of float64, plus half the f16 subnormal
+    step), on the one-pass rows (260), the two-pass rows (1030 > 4 * 2 * 64)
+    and the scalar ones (37)."""
+    x = rng.standard_normal((rows, n)).astype(np.float32) * 3
+    w = rng.standard_normal(n).astype(np.float32)
+    res = rng.standard_normal((rows, n)).astype(np.float32) if residual else None
+    kw = dict(residual=residual, block=64, cache_vec=2)
+    out32, s32 = _run(run, R.RmsNormSpec(**kw), x, w, 1e-5, res)
+    out16, s16 = _run(run, R.RmsNormSpec(out_type="f16", **kw), x, w, 1e-5, res)
+    assert out16.dtype == np.float16
+    assert np.array_equal(out16, out32.astype(np.float16))
+    if residual:
+        assert np.array_equal(s16, s32)
+    ref = want(x, w, 1e-5, res)
+    ref = ref[0] if residual else ref
+    err = np.abs(out16.astype(np.float64) - ref)
+    assert np.all(err <= (2.0 ** -11 + 1e-5) * np.abs(ref) + 2.0 ** -25), float(np.max(err))
 
 
 def test_rmsnorm_approx(run, rng):

@@ -26,7 +26,7 @@ def _run(run, spec, g, u, offset=0):
     f = run.function(S.build, spec)
     grid, block, _ = S.launch_geometry(spec, n)
     dg, du = run.array(np.concatenate([np.ones(offset, np.float32), g])), run.array(u)
-    dout = run.poisoned(n)
+    dout = run.poisoned(n, np.float16 if spec.out_type == "f16" else np.float32)
     gv = dg.view(offset=4 * offset, shape=(n,)) if offset else dg
     run.launch(f, grid, block, gv, du, dout, n)
     return run.get(dout)
@@ -41,6 +41,21 @@ def test_swiglu(run, n, offset, rng):
     # elementwise relative error: each element stands alone
     assert np.all(np.isfinite(out))
     assert np.max(np.abs(out - ref) / np.maximum(np.abs(ref), 1e-30)) <= 1e-5
+
+
+@pytest.mark.parametrize("n,offset", [(7, 0), (1027, 0), (1029, 1)])
+def test_swiglu_f16_out(run, n, offset, rng):
+    """An f16 ``out`` is the f32 kernel's result rounded to nearest, bit for
+    bit, on the vector and scalar paths."""
+    g = (rng.standard_normal(n) * 4).astype(np.float32)
+    u = rng.standard_normal(n).astype(np.float32)
+    out32 = _run(run, S.SwiGluSpec(block=64), g, u, offset)
+    out16 = _run(run, S.SwiGluSpec(block=64, out_type="f16"), g, u, offset)
+    assert out16.dtype == np.float16
+    assert np.array_equal(out16, out32.astype(np.float16))
+    ref = formula(g, u)
+    err = np.abs(out16.astype(np.float64) - ref)
+    assert np.all(err <= (2.0 ** -11 + 1e-5) * np.abs(ref) + 2.0 ** -25), float(np.max(err))
 
 
 @pytest.mark.gpu
