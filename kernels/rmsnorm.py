@@ -156,11 +156,11 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
             v = k.ld(sr[i], vec=vec) if spec.residual else k.ld(xr[i], vec=vec, nc=True)
             return v if vec > 1 else (v,)
 
-        def put(i, vals, guard=None):
-            """Store f32 ``vals`` (one or four) at ``out`` row index ``i``."""
+        def put(dst, vals, guard=None):
+            """Store f32 ``vals`` (one or four) at ``dst`` (in ``out``)."""
             if half:
                 vals = tuple(k.cvt(f16, v, rnd="rn") for v in vals)
-            k.st(outr[i], vals if len(vals) > 1 else vals[0], guard=guard)
+            k.st(dst, vals if len(vals) > 1 else vals[0], guard=guard)
 
         def scale_of(total):
             mean = k.div(total, n.to(f32))
@@ -183,11 +183,11 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
                 i = j << 2
                 xs = reload_row(i, 4)
                 ws = k.ld(w[i], vec=4, nc=True)
-                put(i, tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                put(outr[i], tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
                              for a, b in zip(xs, ws)))
             with k.for_range(tail0 + tid, n, spec.block) as i:
                 (a,) = reload_row(i, 1)
-                put(i, (k.mul(k.mul(a, scale, rnd="rn"), k.ld(w[i], nc=True), rnd="rn"),))
+                put(outr[i], (k.mul(k.mul(a, scale, rnd="rn"), k.ld(w[i], nc=True), rnd="rn"),))
 
         def one_pass():
             # the row (and w) held in registers: vec4 j = tid + r * block
@@ -213,7 +213,7 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
                 held.append((ok, i, xs, ws))
             scale = scale_of(block_sum(k, ss, spec.block, scratch))
             for ok, i, xs, ws in held:
-                put(i, tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                put(outr[i], tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
                              for a, b in zip(xs, ws)), guard=ok)
 
         if spec.cache_vec:

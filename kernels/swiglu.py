@@ -69,10 +69,10 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
         out = k.param_ptr("out", f16 if half else f32, align=16)
         n = k.param("n", u32)
 
-        def put(i, vals):
+        def put(dst, vals):
             if half:
                 vals = tuple(k.cvt(f16, v, rnd="rn") for v in vals)
-            k.st(out[i], vals if len(vals) > 1 else vals[0])
+            k.st(dst, vals if len(vals) > 1 else vals[0])
 
         i0 = k.global_id() << 2
         aligned = ((g | u | out) & 15).eq(0)
@@ -81,12 +81,12 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
             with vec:
                 gs = k.ld(g[i0], vec=4, nc=True)
                 us = k.ld(u[i0], vec=4, nc=True)
-                put(i0, tuple(silu_mul(k, a, b) for a, b in zip(gs, us)))
+                put(out[i0], tuple(silu_mul(k, a, b) for a, b in zip(gs, us)))
             with scalar:
                 for j in range(4):
                     i = i0 + j
                     with k.if_(i < n):
-                        put(i, (silu_mul(k, k.ld(g[i], nc=True), k.ld(u[i], nc=True)),))
+                        put(out[i], (silu_mul(k, k.ld(g[i], nc=True), k.ld(u[i], nc=True)),))
     return m
 
 

@@ -2,12 +2,14 @@
 """Compare ptxgen's logits with llama.cpp's on one GGUF file.
 
     python scripts/conformance.py MODEL.gguf [--tokens 1,2,3 | --n-tokens 8 --seed S]
-                                             [--side ref] [--oracle PATH] [--json OUT]
+                                             [--side ref|emu|cuda] [--oracle PATH] [--json OUT]
 
 llama.cpp (a CPU build made by scripts/llamacpp_build.sh; its program
 ``ptxgen-logits``) evaluates the token sequence and writes the logits of every
-position; ptxgen evaluates the same sequence (``--side ref``: the float64 numpy
-reference, driver/model/llama_ref.py). A third pass, the same reference with
+position; ptxgen evaluates the same sequence: ``--side ref``, the float64 numpy
+reference (driver/model/llama_ref.py); ``--side emu`` / ``--side cuda``, the
+decode step itself (:class:`LlamaModel`, one token a step through its graph) on the
+CPU emulator or the GPU. A third pass, the same reference with
 llama.cpp's rounding of matrix-multiply inputs emulated (Q8_K / Q8_0 / F16 / BF16
 by the weight's type, and f16 queries and probabilities in attention, as
 llama.cpp's CPU backend does), measures how far apart two correct
@@ -188,7 +190,19 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
         return np.stack([ref.step(t) for t in tokens])
 
 
-SIDES = {"ref": reference_logits}
+def model_logits(model, tokens, *, backend) -> np.ndarray:
+    """Logits (n_tokens, n_vocab) of ptxgen's decode step on ``backend``
+    ("emu" or "cuda"): every token fed through the step, one at a time."""
+    from ptxgen.driver.model.llama import LlamaModel
+    m = LlamaModel.from_gguf(str(model), backend=backend, capacity=max(16, len(tokens) + 1),
+                             progress=False)
+    _, logits = m.generate(list(tokens), 1, return_logits=True)
+    return np.stack(logits[:len(tokens)]).astype(np.float64)
+
+
+SIDES = {"ref": reference_logits,
+         "emu": lambda model, tokens: model_logits(model, tokens, backend="emu"),
+         "cuda": lambda model, tokens: model_logits(model, tokens, backend="cuda")}
 
 
 # ---------------------------------------------------------------------------

@@ -129,9 +129,15 @@ def _oracle():
     return found[-1] if found else None
 
 
+#: ptxgen's side of a comparison: the float64 reference, the decode step on
+#: the emulator, the decode step on the GPU
+SIDE_PARAMS = ["ref", "emu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("side", SIDE_PARAMS)
 @pytest.mark.parametrize("qtype,out_qtype", [("Q4_K", "Q6_K"), ("Q8_0", "Q8_0"), ("F32", "F32")])
-def test_tiny_model_matches_llamacpp(qtype, out_qtype, tmp_path, seed):
+def test_tiny_model_matches_llamacpp(qtype, out_qtype, side, tmp_path, seed):
     oracle = _oracle()
     if oracle is None or not oracle.is_file():
         pytest.skip("no llama.cpp build (make llamacpp)")
@@ -140,7 +146,8 @@ def test_tiny_model_matches_llamacpp(qtype, out_qtype, tmp_path, seed):
     write_synthetic_llama(model, **PRESETS["tiny"], qtype=qtype, output_qtype=out_qtype,
                           seed=seed % 2**32)
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
-                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "6"],
+                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "6",
+                          "--side", side],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(res.stdout)
     assert res.returncode == 0, f"seed={seed}\n{res.stdout}"
@@ -156,10 +163,12 @@ CONVENTIONS = {
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("side", SIDE_PARAMS)
 @pytest.mark.parametrize("name", sorted(CONVENTIONS))
-def test_conventions_match_llamacpp(name, tmp_path, seed):
+def test_conventions_match_llamacpp(name, side, tmp_path, seed):
     """Files in each architecture's conventions (gguf_synth): llama.cpp's
-    logits against the float64 reference, which the decode tests use."""
+    logits against ptxgen's (the float64 reference, the decode step on the
+    emulator and on the GPU)."""
     oracle = _oracle()
     if oracle is None or not oracle.is_file():
         pytest.skip("no llama.cpp build (make llamacpp)")
@@ -167,7 +176,8 @@ def test_conventions_match_llamacpp(name, tmp_path, seed):
     from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama
     write_synthetic_llama(model, **PRESETS["tiny"], **CONVENTIONS[name], seed=seed % 2**32)
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
-                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "8"],
+                          "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "8",
+                          "--side", side],
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(res.stdout)
     assert res.returncode == 0, f"seed={seed}\n{res.stdout}"
