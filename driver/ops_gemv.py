@@ -72,8 +72,9 @@ def gemv_spec(qtype, k, epilogue="none", m=None, *, backend="cuda", **knobs):
     pdl = knobs.pop("pdl", None)
     if pdl is None:
         pdl = has_griddepcontrol(tgt)
+    # the SM count spreads a ring's CTAs evenly, as the decode step's lowering does
     return _g.default_plan(qtype.upper(), k, epilogue, target=tgt, m=m, pdl=pdl,
-                           device=be.device_name, **knobs)
+                           sm_count=be.sm_count, device=be.device_name, **knobs)
 
 
 def _vec(a, n, what):
