@@ -24,12 +24,14 @@ from ptxgen import registry
 
 from .q4k import build_q4k, launch_geometry
 from .reference import reference
-from .spec import EPILOGUES, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan, GemmSpec
+from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan,
+                   GemmSpec)
 from .tuning import select_config
+from .wgmma_q4k import build_wgmma_q4k
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "CANONICAL"]
+           "MAX_SHARED", "KERNELS", "CANONICAL"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -58,7 +60,8 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) of ``spec`` (a
     :class:`GemmSpec` with ``config``, default the table's, or a
     :class:`GemmPlan`)."""
-    return build_q4k(plan(spec, config))
+    p = plan(spec, config)
+    return build_wgmma_q4k(p) if p.config.kernel == "wgmma" else build_q4k(p)
 
 
 def _canon(k, **fields):
