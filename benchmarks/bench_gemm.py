@@ -1,15 +1,17 @@
 """Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (Q4_K) beside
 cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
 
-``python -m benchmarks.bench_gemm [out.json] [--sweep]`` on a GPU with torch.
-For every 8B-shaped matrix (M x K) and T in ``TS``: our time with f16 X and
-with f32 X (CUDA-graph replay of ``CALLS`` launches, median of ``REPEATS``,
+``python -m benchmarks.bench_gemm [out.json] [--sweep] [--sweep-wgmma]`` on a
+GPU with torch.  For every 8B-shaped matrix (M x K) and T in ``TS``: our time
+with f16 X (the table's choice, and beside it the other kernel: the
+``mma.sync`` one and, on sm_90, the ``wgmma`` one) and with f32 X (CUDA-graph replay of ``CALLS`` launches, median of ``REPEATS``,
 rotating over enough weight copies to defeat the L2), TFLOP/s (``2 T M K``
 per call), cuBLAS's time and TFLOP/s and the ratio ours / cuBLAS (below 1:
 faster).  Sampled rows of each output are checked against the float64
 reference (the gguf-layout dequantisation in numpy).  ``--sweep`` also
 times the config variants of ``SWEEP`` at T = 512 and 2048 (for the tuning
-table, ``kernels/tuning/gemm.json``).
+table, ``kernels/tuning/gemm.json``); ``--sweep-wgmma`` only those of
+``WGMMA_SWEEP`` (sm_90) and the mma.sync baseline.
 """
 
 from __future__ import annotations
@@ -19,40 +21,56 @@ import math
 import sys
 import time
 
+import attrs
 import numpy as np
 
 from ptxgen.driver import ops_backend
 from ptxgen.driver.launch import launch
+from ptxgen.driver.ops_gemm import gemm_target
 from ptxgen.kernels import gemm as G
 
 from .bench_gemv import _random_weights, _time_graph, _torch
 
-__all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP"]
+__all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
+_MMA = dict(kernel="mma")
 SWEEP = [
-    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=4, min_ctas=2),
-    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=3, min_ctas=2),
-    dict(bm=128, bn=128, bk=128, warps_m=2, warps_n=2, stages=3, min_ctas=1),
-    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=2, stages=4, min_ctas=2),
-    dict(bm=128, bn=64, bk=64, warps_m=2, warps_n=1, stages=4, min_ctas=2),
-    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=4, stages=4, min_ctas=2),
-    dict(bm=128, bn=128, bk=64, warps_m=4, warps_n=2, stages=4, min_ctas=1),
-    dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, min_ctas=1),
-    dict(bm=128, bn=256, bk=64, warps_m=2, warps_n=4, stages=3, min_ctas=1),
+    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=4, min_ctas=2, **_MMA),
+    dict(bm=128, bn=128, bk=64, warps_m=2, warps_n=2, stages=3, min_ctas=2, **_MMA),
+    dict(bm=128, bn=128, bk=128, warps_m=2, warps_n=2, stages=3, min_ctas=1, **_MMA),
+    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=2, stages=4, min_ctas=2, **_MMA),
+    dict(bm=128, bn=64, bk=64, warps_m=2, warps_n=1, stages=4, min_ctas=2, **_MMA),
+    dict(bm=64, bn=128, bk=64, warps_m=1, warps_n=4, stages=4, min_ctas=2, **_MMA),
+    dict(bm=128, bn=128, bk=64, warps_m=4, warps_n=2, stages=4, min_ctas=1, **_MMA),
+    dict(bm=256, bn=128, bk=64, warps_m=4, warps_n=2, stages=3, min_ctas=1, **_MMA),
+    dict(bm=128, bn=256, bk=64, warps_m=2, warps_n=4, stages=3, min_ctas=1, **_MMA),
+]
+_WG = dict(kernel="wgmma", bk=64, min_ctas=0)
+#: wgmma configs (sm_90): warpgroups of 64 rows x bn tokens, 2 bm threads
+WGMMA_SWEEP = [
+    dict(bm=128, bn=128, stages=4, **_WG),
+    dict(bm=128, bn=128, stages=6, **_WG),
+    dict(bm=128, bn=128, stages=4, **{**_WG, "min_ctas": 2}),
+    dict(bm=128, bn=64, stages=6, **_WG),
+    dict(bm=128, bn=256, stages=4, **_WG),
+    dict(bm=128, bn=256, stages=5, **_WG),
+    dict(bm=64, bn=256, stages=4, **_WG),
+    dict(bm=64, bn=128, stages=6, **_WG),
+    dict(bm=256, bn=64, stages=4, **_WG),
 ]
 
 
 class _Gemm:
     """One built GEMM plan and its launch on torch's current stream."""
 
-    def __init__(self, k, m, t, x_type, **knobs):
+    def __init__(self, k, m, t, x_type, target=None, **knobs):
         be = ops_backend.get_backend("cuda")
-        self.plan = G.default_plan("Q4_K", k, x_type=x_type, target=be.target, m=m, t=t,
-                                   **knobs)
+        self.plan = G.default_plan("Q4_K", k, x_type=x_type,
+                                   target=target or gemm_target(be.target), m=m, t=t, **knobs)
         self.grid, self.block, self.shared = G.launch_geometry(self.plan, m, t)
         self.fn = be.function(G.build, self.plan, dynamic_shared=self.shared)
         self.m, self.t = m, t
@@ -101,30 +119,57 @@ def _time_ours(torch, g, ws, x, t, m):
     return sec, _check(torch, ws[0], x, ys[0])
 
 
+def _variants(be_target, t):
+    """The f16-X plans a row times beside the table's choice: ``f16_mma``
+    (the mma.sync kernel, the table's config for sm_90) and, on sm_90,
+    ``f16_wgmma`` (the table's wgmma config, as at T >= 128)."""
+    out = {"f16_mma": dict(target=be_target if be_target != "sm_90a" else "sm_90")}
+    if gemm_target(be_target) == "sm_90a":
+        out["f16_wgmma"] = dict(t_pick=max(t, 128))
+    return out
+
+
 def bench_shape(torch, m, k, t, gen, ws=None):
-    """One row: ours (f16 X, f32 X) and cuBLAS f16 at ``T = t``."""
+    """One row: ours (f16 X: the table's kernel and the other one; f32 X)
+    and cuBLAS f16 at ``T = t``."""
     ws = ws or _weights(torch, m, k, gen)
     flop = 2.0 * t * m * k
     row = dict(m=m, k=k, t=t)
-    for xt, dt in (("f16", torch.float16), ("f32", torch.float32)):
-        x = torch.randn(t, k, device="cuda", generator=gen).to(dt)
-        g = _Gemm(k, m, t, xt)
+    be = ops_backend.get_backend("cuda")
+    x16 = torch.randn(t, k, device="cuda", generator=gen).half()
+    runs = [("f16", torch.float16, {}), ("f32", torch.float32, {})]
+    runs += [(name, torch.float16, v) for name, v in _variants(be.target, t).items()]
+    for name, dt, v in runs:
+        x = x16 if dt == torch.float16 else torch.randn(t, k, device="cuda", generator=gen)
+        xt = "f16" if dt == torch.float16 else "f32"
+        if "t_pick" in v:                # the config the table picks at t_pick tokens
+            cfg = G.default_plan("Q4_K", k, x_type=xt, target="sm_90a", m=m,
+                                 t=v["t_pick"]).config
+            g = _Gemm(k, m, t, xt, **attrs.asdict(cfg))
+        else:
+            g = _Gemm(k, m, t, xt, target=v.get("target"))
+        if name.startswith("f16_") and row["f16"]["plan"] == g.plan.kernel_name:
+            row[name] = dict(row["f16"])     # the table's choice: timed already
+            continue
         sec, err = _time_ours(torch, g, ws, x, t, m)
-        row[xt] = dict(us=sec * 1e6, tflops=flop / sec / 1e12, rel_err=err,
-                       plan=g.plan.kernel_name, grid=list(g.grid), shared=g.shared,
-                       regs=getattr(g.fn, "num_regs", None))
+        row[name] = dict(us=sec * 1e6, tflops=flop / sec / 1e12, rel_err=err,
+                         plan=g.plan.kernel_name, grid=list(g.grid), shared=g.shared,
+                         regs=getattr(g.fn, "num_regs", None))
     tc = _cublas(torch, m, k, t, gen)
     row["cublas_f16"] = dict(us=tc * 1e6, tflops=flop / tc / 1e12)
-    row["ratio_f16"] = row["f16"]["us"] / row["cublas_f16"]["us"]
-    row["ratio_f32"] = row["f32"]["us"] / row["cublas_f16"]["us"]
+    for name in ("f16", "f32", "f16_mma", "f16_wgmma"):
+        if name in row:
+            row["ratio_" + name] = row[name]["us"] / row["cublas_f16"]["us"]
     return row
 
 
 def _print_row(r):
     a, b, c = r["f16"], r["f32"], r["cublas_f16"]
+    extra = "".join(f"  {n[4:]} {r[n]['us']:8.1f} us ({r['ratio_' + n]:.2f}x)"
+                    for n in ("f16_mma", "f16_wgmma") if n in r)
     print(f"{r['m']:6d}x{r['k']:<6d} T={r['t']:5d}  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
           f"  f32 X {b['us']:9.1f} us  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF"
-          f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}  err {a['rel_err']:.1e}"
+          f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}{extra}  err {a['rel_err']:.1e}"
           f" {b['rel_err']:.1e}  {a['plan']} regs {a['regs']}", flush=True)
 
 
@@ -178,6 +223,8 @@ if __name__ == "__main__":
     res = run_all()
     if "--sweep" in sys.argv:
         res["sweep"] = sweep()
+    if "--sweep-wgmma" in sys.argv:
+        res["sweep_wgmma"] = sweep(SWEEP[:1] + WGMMA_SWEEP)
     if args:
         with open(args[0], "w") as f:
             json.dump(res, f, indent=1)

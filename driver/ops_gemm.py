@@ -18,9 +18,17 @@ from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .ops_backend import get_backend, op_args
 
-__all__ = ["gemm", "gemm_plan"]
+__all__ = ["gemm", "gemm_plan", "gemm_target"]
 
 _X_TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+
+
+def gemm_target(target: str) -> str:
+    """The target the GEMM family is built for on a device whose general
+    target is ``target``: ``sm_90a`` on sm_90 (H100, H200), so the tuning
+    table can choose the warpgroup (wgmma) kernel there; ``target``
+    otherwise."""
+    return "sm_90a" if target == "sm_90" else target
 
 
 def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_device=False,
@@ -28,8 +36,9 @@ def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_devi
     """The plan (spec and tuned config) of a call on ``backend``'s device
     (``m`` weight rows and ``t`` tokens, when known, pick the config);
     ``knobs``: GemmConfig fields replacing the tuned ones; ``pdl`` defaults
-    to on for sm_90 and newer."""
-    tgt = get_backend(backend).target
+    to on for sm_90 and newer.  On an sm_90 device the family is built for
+    sm_90a (:func:`gemm_target`)."""
+    tgt = gemm_target(get_backend(backend).target)
     pdl = knobs.pop("pdl", None)
     if pdl is None:
         pdl = has_griddepcontrol(tgt)

@@ -8,9 +8,11 @@ captured launch serves any T up to the one it was sized for).
 
 What is computed is a :class:`GemmSpec`; how it runs a :class:`GemmConfig`
 from the per-device table ``kernels/tuning/gemm.json``
-(:func:`select_config`).  The kernel (:mod:`.q4k`): a ``cp.async`` ring of
-raw Q4_K bytes and f16 X tiles, nibbles decoded straight into
-``mma.sync.m16n8k16`` A fragments (f16, f32 accumulation).  Design, counts
+(:func:`select_config`).  Two kernels (``GemmConfig.kernel``): :mod:`.q4k`,
+a ``cp.async`` ring of raw Q4_K bytes and f16 X tiles, nibbles decoded
+straight into ``mma.sync.m16n8k16`` A fragments (f16, f32 accumulation);
+and on sm_90a :mod:`.wgmma_q4k`, warpgroups running ``wgmma.m64nNk16`` with
+the decoded weights as A in registers and X from swizzled shared memory.  Design, counts
 and accuracy: docs/notes/gemm.md.
 
 Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
@@ -24,12 +26,14 @@ from ptxgen import registry
 
 from .q4k import build_q4k, launch_geometry
 from .reference import reference
-from .spec import EPILOGUES, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan, GemmSpec
+from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan,
+                   GemmSpec)
 from .tuning import select_config
+from .wgmma_q4k import build_wgmma_q4k
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "CANONICAL"]
+           "MAX_SHARED", "KERNELS", "CANONICAL"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -58,7 +62,8 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) of ``spec`` (a
     :class:`GemmSpec` with ``config``, default the table's, or a
     :class:`GemmPlan`)."""
-    return build_q4k(plan(spec, config))
+    p = plan(spec, config)
+    return build_wgmma_q4k(p) if p.config.kernel == "wgmma" else build_q4k(p)
 
 
 def _canon(k, **fields):
@@ -69,6 +74,9 @@ CANONICAL = {
     "gemm_q4_k": _canon(512, bm=64, bn=32, warps_m=2, warps_n=2, stages=3),
     "gemm_q4_k_f16_residual": _canon(4096, x_type="f16", epilogue="residual", t_device=True,
                                      target="sm_90"),
+    "gemm_wg_q4_k_f16_residual": _canon(1024, x_type="f16", epilogue="residual", t_device=True,
+                                        target="sm_90a", pdl=True, kernel="wgmma", bm=128,
+                                        bn=128, bk=64, stages=4),
 }
 
 registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0])

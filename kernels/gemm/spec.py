@@ -14,7 +14,7 @@ from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED"]
+           "MAX_SHARED", "KERNELS"]
 
 #: weight formats the GEMM builds (super-block of 256 weights, 144 bytes)
 QTYPES = {"Q4_K": (256, 144)}
@@ -22,6 +22,12 @@ X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
 MAX_SHARED = 227 * 1024
+#: kernel bodies: ``mma`` (mma.sync, :mod:`.q4k`, sm_80+) and ``wgmma``
+#: (warpgroup MMA, :mod:`.wgmma_q4k`, sm_90a, f16 X)
+KERNELS = ("mma", "wgmma")
+#: shared bytes a ``wgmma`` stage holds per weight row (16-byte header and
+#: 32 bytes of nibbles) and per token (64 halves, 128-byte swizzled)
+WG_W_PITCH, WG_X_ROW = 48, 128
 
 
 def _in(name, allowed):
@@ -134,6 +140,12 @@ class GemmConfig:
         flight while one is computed).
     min_ctas : int
         ``.minnctapersm`` hint (0: none).
+    kernel : {"mma", "wgmma"}
+        ``mma``: ``mma.sync`` with the nibbles decoded into A fragments
+        per warp (:mod:`.q4k`).  ``wgmma``: sm_90a warpgroups, each 64
+        weight rows by all ``bn`` tokens, A from registers and X from
+        shared memory (:mod:`.wgmma_q4k`); ``bm`` a multiple of 64, ``bk``
+        64, f16 X; ``warps_m``/``warps_n`` unused (``2 bm`` threads).
     """
 
     bm: int = attrs.field(default=128, validator=_pow2(16, 256))
@@ -143,6 +155,7 @@ class GemmConfig:
     warps_n: int = attrs.field(default=2, validator=_pow2(1, 16))
     stages: int = attrs.field(default=3, validator=_int(2, 8))
     min_ctas: int = attrs.field(default=0, validator=_int(0, 32))
+    kernel: str = attrs.field(default="mma", validator=_in("kernel", KERNELS))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemmSpec))
@@ -170,6 +183,8 @@ class GemmPlan(PlanBase):
 
     def _check(self):
         c = self.config
+        if c.kernel == "wgmma":
+            return self._check_wgmma()
         if c.bm % (16 * c.warps_m):
             raise ValueError(f"bm={c.bm} is not a multiple of 16 x warps_m={c.warps_m} "
                              f"(a warp's rows come in 16-row mma tiles)")
@@ -186,9 +201,34 @@ class GemmPlan(PlanBase):
                              f"{self.dynamic_shared} bytes of shared memory (at most "
                              f"{MAX_SHARED})")
 
+    def _check_wgmma(self):
+        c, s = self.config, self.spec
+        from ptxgen.target import TARGETS
+        if not TARGETS[s.target].arch_specific or TARGETS[s.target].sm != 90:
+            raise ValueError(f"kernel='wgmma' needs target sm_90a (wgmma is arch-specific), "
+                             f"got {s.target}")
+        if s.x_type != "f16":
+            raise ValueError(f"kernel='wgmma' takes f16 X, got x_type={s.x_type!r} (f32 X "
+                             f"runs on kernel='mma')")
+        if c.bm not in (64, 128, 256):
+            raise ValueError(f"kernel='wgmma': bm={c.bm} must be 64, 128 or 256 (one "
+                             f"warpgroup per 64 weight rows)")
+        if c.bk != 64:
+            raise ValueError(f"kernel='wgmma': bk={c.bk} must be 64 (a stage is one "
+                             f"64-weight group of every row)")
+        if c.stages < 3:
+            raise ValueError(f"kernel='wgmma': stages={c.stages} must be at least 3 (the "
+                             f"stage in the tensor cores, the one being decoded, one in flight)")
+        if self.dynamic_shared > MAX_SHARED:
+            raise ValueError(f"stages={c.stages} of bm={c.bm}, bn={c.bn} need "
+                             f"{self.dynamic_shared} bytes of shared memory (at most "
+                             f"{MAX_SHARED})")
+
     # ----------------------------------------------------------- geometry
     @property
     def threads(self) -> int:
+        if self.config.kernel == "wgmma":
+            return 2 * self.config.bm
         return 32 * self.config.warps_m * self.config.warps_n
 
     @property
@@ -219,7 +259,10 @@ class GemmPlan(PlanBase):
 
     @property
     def dynamic_shared(self) -> int:
-        return self.config.stages * self.stage_bytes + self.scale_bytes
+        c = self.config
+        if c.kernel == "wgmma":
+            return c.stages * (c.bn * WG_X_ROW + c.bm * WG_W_PITCH)
+        return c.stages * self.stage_bytes + self.scale_bytes
 
     @property
     def kernel_name(self) -> str:
@@ -227,5 +270,8 @@ class GemmPlan(PlanBase):
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         td = "_tdev" if self.t_device else ""
         mc = f"_c{c.min_ctas}" if c.min_ctas else ""
+        if c.kernel == "wgmma":
+            return (f"gemm_wg_{self.qtype.lower()}_k{self.k}{epi}{td}_{c.bm}x{c.bn}"
+                    f"_s{c.stages}{mc}")
         return (f"gemm_{self.qtype.lower()}_k{self.k}_x{self.x_type}{epi}{td}_{c.bm}x{c.bn}"
                 f"x{c.bk}_w{c.warps_m}x{c.warps_n}_s{c.stages}{mc}")

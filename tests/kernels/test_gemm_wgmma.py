@@ -1,0 +1,154 @@
+"""The sm_90a Q4_K GEMM (kernels/gemm/wgmma_q4k.py) against float64.
+
+Same oracle and bound as tests/kernels/test_gemm.py (whose helpers this file
+uses): float64 weights from ``quants.dequantize`` (checked bit for bit
+against gguf's decoder) times float64 X.  The kernel rounds as the mma.sync
+one does: X is f16 on input, ``d sc``, ``dmin m`` and each weight are
+rounded to f16 once (``3.01 u |x| A`` a product, ``u = 2^-11``, ``A = |d sc
+q| + |dmin m|``), and the f32 wgmma chain adds ``(K/16 + 1) 2^-21`` of
+``sum |x| A`` (the emulator's model of a 16-wide step, docs/emulator.md);
+the residual add ``2^-24 |y|``.  The emulator starts every block's shared
+memory as 0xFF bytes (f16 NaN), so a chunk the kernel fails to copy, or a
+K order that reads the wrong one, shows as a non-finite or wrong Y.
+"""
+
+import numpy as np
+import pytest
+
+from ptxgen.kernels import gemm as G
+from test_gemm import _check, _weights, bound
+
+
+def _plan(k, **fields):
+    fields.setdefault("x_type", "f16")
+    fields.setdefault("target", "sm_90a")
+    return G.GemmPlan.make("Q4_K", k, kernel="wgmma", **fields)
+
+
+def _run(backend, plan, w, x, y, m, t_arg, t_max, r=None):
+    backend.require_sm(90)
+    mod = backend.load(G.build(plan))
+    fn = mod[plan.kernel_name]
+    grid, block, shared = G.launch_geometry(plan, m, t_max)
+    fn.require_dynamic_shared(shared)
+    args = [backend.array(w), backend.array(x)] + ([r] if r is not None else [])
+    backend.launch(fn, grid, block, *args, y, m, t_arg, shared=shared)
+
+
+# (T, M, K, config and spec fields): M and T both cut tiles short (M not a
+# multiple of bm, T not of bn); K of 1, 2 and 4 super-blocks; rings of 3 to
+# 5 stages (K = 256 with 5 stages: the prefetch runs past K from the start);
+# one to four warpgroups; the residual, out of place and in place
+CASES = [
+    (20, 80, 512, dict(bm=64, bn=16, stages=3)),
+    (37, 72, 1024, dict(bm=64, bn=32, stages=4, epilogue="residual")),
+    (9, 136, 256, dict(bm=128, bn=8, stages=5)),
+    (16, 200, 512, dict(bm=256, bn=16, stages=4, epilogue="residual")),
+]
+
+
+@pytest.mark.parametrize("t,m,k,fields", CASES)
+def test_wgmma_gemm_numerics(backend, rng, t, m, k, fields):
+    plan = _plan(k, **fields)
+    w, a_abs = _weights(rng, m, k)
+    x = rng.standard_normal((t, k)).astype(np.float16)
+    r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
+    y = backend.poisoned((t, m), np.float32)
+    _run(backend, plan, w, x, y, m, t, t, None if r is None else backend.array(r))
+    ref = G.reference("Q4_K", w, x, r)
+    err = _check(y.to_numpy(), ref, bound(x, a_abs, ref, r), plan.kernel_name)
+    print(f"{plan.kernel_name}: max |err| / max |Y| = {err:.2e}")
+
+
+def test_wgmma_gemm_residual_in_place(backend, rng):
+    """``y`` and ``r`` the same array: ``Y += X W^T``."""
+    t, m, k = 11, 64, 512
+    plan = _plan(k, epilogue="residual", bm=64, bn=16, stages=3)
+    w, a_abs = _weights(rng, m, k)
+    x = rng.standard_normal((t, k)).astype(np.float16)
+    r = rng.standard_normal((t, m)).astype(np.float32)
+    yr = backend.array(r)
+    _run(backend, plan, w, x, yr, m, t, t, yr)
+    ref = G.reference("Q4_K", w, x, r)
+    _check(yr.to_numpy(), ref, bound(x, a_abs, ref, r), "in place")
+
+
+def test_wgmma_gemm_t_from_device(backend, rng):
+    """A launch sized for 40 tokens with T = 21 in device memory: the rows
+    past T keep their poison (the CTA at tokens 32.. exits at once), the
+    others are right."""
+    t_max, t, m, k = 40, 21, 64, 256
+    plan = _plan(k, t_device=True, bm=64, bn=16, stages=3)
+    w, a_abs = _weights(rng, m, k)
+    x = rng.standard_normal((t_max, k)).astype(np.float16)
+    y = backend.poisoned((t_max, m), np.float32)
+    _run(backend, plan, w, x, y, m, backend.array(np.array([t], np.uint32)), t_max)
+    got = y.to_numpy()
+    assert np.all(np.isnan(got[t:])), "rows past the device T were written"
+    ref = G.reference("Q4_K", w, x[:t])
+    _check(got[:t], ref, bound(x[:t], a_abs, ref, None), "t_device")
+
+
+def test_wgmma_selected_on_sm_90a_for_f16_prompts():
+    """The tuning table's choice: wgmma for f16 X at T >= 128 on sm_90a,
+    mma.sync otherwise (f32 X, few tokens, other targets)."""
+    def pick(**kw):
+        return G.default_plan("Q4_K", 4096, m=14336, **kw).config.kernel
+    assert pick(x_type="f16", target="sm_90a", t=512) == "wgmma"
+    assert pick(x_type="f16", target="sm_90a", t=128) == "wgmma"
+    assert pick(x_type="f16", target="sm_90a", t=64) == "mma"
+    assert pick(x_type="f32", target="sm_90a", t=512) == "mma"
+    assert pick(x_type="f16", target="sm_90", t=512) == "mma"
+    assert pick(x_type="f16", target="sm_90a", t=None) == "mma"
+
+
+def test_ops_gemm_plan_targets_sm_90a_on_an_h100_class_device():
+    """``ops.gemm_plan`` builds the GEMM family for sm_90a where the backend
+    is an sm_90 device (the emulator stands for an H100), so prompts of 128
+    tokens or more reach the wgmma kernel."""
+    from ptxgen.driver import ops
+    p = ops.gemm_plan("Q4_K", 4096, 4096, 512, x_type="f16", backend="emu")
+    assert p.target == "sm_90a" and p.kernel == "wgmma"
+    assert ops.gemm_plan("Q4_K", 4096, 4096, 16, x_type="f16", backend="emu").kernel == "mma"
+
+
+def test_ops_gemm_wgmma_numpy(rng):
+    """``ops.gemm`` on the emulator with numpy arrays and the wgmma kernel
+    asked for by knobs."""
+    from ptxgen.driver import ops
+    t, m, k = 12, 64, 256
+    w, a_abs = _weights(rng, m, k)
+    x = rng.standard_normal((t, k)).astype(np.float16)
+    got = ops.gemm(w, x, "Q4_K", backend="emu", kernel="wgmma", bm=64, bn=16, bk=64, stages=3)
+    ref = G.reference("Q4_K", w, x)
+    _check(got, ref, bound(x, a_abs, ref, None), "ops.gemm wgmma")
+
+
+@pytest.mark.parametrize("fields,msg", [
+    (dict(target="sm_90"), "needs target sm_90a"),
+    (dict(x_type="f32"), "takes f16 X"),
+    (dict(bm=32), "must be 64, 128 or 256"),
+    (dict(bk=128), "must be 64"),
+    (dict(stages=2), "at least 3"),
+    (dict(bm=256, bn=256, stages=6), "shared memory"),
+])
+def test_wgmma_plan_refusals(fields, msg):
+    with pytest.raises(ValueError, match=msg):
+        _plan(512, **fields)
+
+
+SHAPES_8B = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
+
+
+@pytest.mark.parametrize("t", [512, 2048])
+@pytest.mark.parametrize("m,k", SHAPES_8B)
+def test_wgmma_8b_shapes_assemble(ptxas, m, k, t):
+    """The tuned wgmma kernels of the 8B shapes assemble for sm_90a with no
+    spills and no local memory, in the shared memory they ask for."""
+    from ptxgen.ptxas import assemble
+    plan = G.default_plan("Q4_K", k, x_type="f16", target="sm_90a", m=m, t=t)
+    assert plan.kernel == "wgmma"
+    _, reports = assemble(G.build(plan).to_ptx(), "sm_90a")
+    (rep,) = reports
+    assert rep.spill_stores == 0 and rep.spill_loads == 0 and rep.local_bytes == 0, rep
+    assert plan.dynamic_shared <= G.MAX_SHARED
