@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["copy_bandwidth", "graph_us"]
+__all__ = ["copy_bandwidth", "graph_us", "torch_graph_us"]
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]:
@@ -68,4 +68,52 @@ def graph_us(fn, stream, reps: int, repeats: int) -> float:
         b.synchronize()
         times.append(a.elapsed_ms(b) * 1000.0 / reps)
     return statistics.median(times)
+
+
+def torch_graph_us(fn, reps: int, repeats: int, *, eager_fallback: bool = False):
+    """Median µs per call of the torch work ``fn()``: ``reps`` calls
+    captured in one ``torch.cuda.CUDAGraph`` (after two warm-up calls on a
+    side stream), replayed ``repeats`` times between CUDA events: the peer's
+    figure beside :func:`graph_us`.  With ``eager_fallback`` a torch whose
+    ops refuse capture is timed issuing the calls one by one instead, and
+    the result is ``(µs, "graph" | "eager")``."""
+    import statistics
+
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+        run, mode = g.replay, "graph"
+    except Exception as e:                      # a torch whose ops refuse capture
+        if not eager_fallback:
+            raise
+        print(f"torch graph capture failed ({type(e).__name__}: {e}); timing eagerly")
+        torch.cuda.synchronize()
+
+        def run():
+            for _ in range(reps):
+                fn()
+        mode = "eager"
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / reps)
+    med = statistics.median(times)
+    return (med, mode) if eager_fallback else med
 

@@ -14,13 +14,12 @@ instead (flash decode only: fused vs separate combine vs SDPA, with numerics).
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 import attrs
 import numpy as np
 
-from .bench_common import graph_us
+from .bench_common import graph_us, torch_graph_us
 
 REPS = 10
 REPEATS = 7
@@ -49,30 +48,7 @@ def _ours(fn, stream):
 
 def _torch(fn):
     """Median µs per call of ``fn()`` replayed from a torch CUDA graph."""
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / REPS)
-    return statistics.median(times)
+    return torch_graph_us(fn, REPS, REPEATS)
 
 
 def _dev(t):

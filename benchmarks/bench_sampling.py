@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from benchmarks.bench_common import graph_us
+from benchmarks.bench_common import graph_us, torch_graph_us
 
 REPS = 20
 REPEATS = 30
@@ -47,40 +47,9 @@ def _ours(fn, stream):
 
 
 def _torch(fn):
-    import torch
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    try:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(REPS):
-                fn()
-        run, mode = g.replay, "graph"
-    except Exception as e:                      # a torch whose ops refuse capture
-        print(f"torch graph capture failed ({type(e).__name__}: {e}); timing eagerly")
-        torch.cuda.synchronize()
-
-        def run():
-            for _ in range(REPS):
-                fn()
-        mode = "eager"
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(REPEATS):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / REPS)
-    return float(np.median(times)), mode
+    """Median µs per call of ``fn()`` from a torch CUDA graph (eagerly where
+    torch refuses the capture) and how it was timed."""
+    return torch_graph_us(fn, REPS, REPEATS, eager_fallback=True)
 
 
 CHAINS = {
