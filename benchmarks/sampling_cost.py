@@ -44,20 +44,11 @@ import numpy as np
 from ptxgen.emu import DeviceArray, Module, executor, launch, memops
 from ptxgen.kernels import sampling as S
 
+from .bench_sampling import CHAINS
+
 F_GHZ, IPC, C_BAR, C_CAS, C_CONF, T0_US = 1.755, 1.6, 40, 58, 2, 2.5
 CLASSES = ("alu", "smem", "gmem", "shfl", "atom32", "atom64", "bar")
 
-#: the chains of bench_sampling.py, plus penalties alone and top-k alone
-CHAINS = {
-    "default": dict(top_k=40, top_p=0.95, min_p=0.05, temperature=0.8, penalty_last_n=64,
-                    penalty_repeat=1.1, penalty_freq=0.05, penalty_present=0.1),
-    "top_p": dict(top_p=0.95, temperature=0.8),
-    "min_p": dict(min_p=0.05, temperature=0.8),
-    "top_k": dict(top_k=40, temperature=0.8),
-    "penalties": dict(temperature=0.8, penalty_last_n=64, penalty_repeat=1.1,
-                      penalty_freq=0.05, penalty_present=0.1),
-    "top_p_peaked": dict(top_p=0.95, temperature=0.8),
-}
 
 
 def bench_inputs(v, chain="default"):
