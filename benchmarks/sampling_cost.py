@@ -50,7 +50,6 @@ F_GHZ, IPC, C_BAR, C_CAS, C_CONF, T0_US = 1.755, 1.6, 40, 58, 2, 2.5
 CLASSES = ("alu", "smem", "gmem", "shfl", "atom32", "atom64", "bar")
 
 
-
 def bench_inputs(v, chain="default"):
     """The logits, history and position of bench_sampling.py (seed 0); for
     ``top_p_peaked`` a sharper distribution whose top-p set is small."""
