@@ -22,7 +22,8 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
-from .q4k import build_q4k, launch_geometry
+from . import q4k, q6k, q8_0
+from .kernel import build_gemm, launch_geometry
 from .reference import reference
 from .spec import EPILOGUES, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan, GemmSpec
 from .tuning import select_config
@@ -58,11 +59,16 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) of ``spec`` (a
     :class:`GemmSpec` with ``config``, default the table's, or a
     :class:`GemmPlan`)."""
-    return build_q4k(plan(spec, config))
+    p = plan(spec, config)
+    return build_gemm(p, FORMATS[p.qtype])
 
 
-def _canon(k, **fields):
-    return GemmPlan.make("Q4_K", k, **fields)
+#: qtype -> the format module's stage copies, scales and fragment decoder
+FORMATS = {"Q4_K": q4k.FORMAT, "Q6_K": q6k.FORMAT, "Q8_0": q8_0.FORMAT}
+
+
+def _canon(k, qtype="Q4_K", **fields):
+    return GemmPlan.make(qtype, k, **fields)
 
 
 CANONICAL = {

@@ -16,8 +16,12 @@ from ..spec_fields import pdl_field, target_field
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
            "MAX_SHARED"]
 
-#: weight formats the GEMM builds (super-block of 256 weights, 144 bytes)
-QTYPES = {"Q4_K": (256, 144)}
+#: weight formats the GEMM builds: (weights, bytes) of a GGUF block
+QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+#: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
+#: 128-weight halves of its super-blocks (their low and high nibbles and bits
+#: are interleaved over the half)
+_BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256)}
 X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
@@ -59,10 +63,12 @@ class GemmSpec:
 
     Parameters
     ----------
-    qtype : {"Q4_K"}
+    qtype : {"Q4_K", "Q6_K", "Q8_0"}
         Weight format.
     k : int
-        Row length, a multiple of 256; a build-time constant.  M and T are
+        Row length, a multiple of the format's block (256 for the K-quants,
+        32 for Q8_0; the config's ``bk`` must divide it too); a build-time
+        constant.  M and T are
         launch arguments.
     x_type : {"f32", "f16"}
         X's element type.  Either way X enters the tensor cores as f16
@@ -124,7 +130,8 @@ class GemmConfig:
     bn : int
         Tokens (rows of Y) per CTA.
     bk : {64, 128, 256}
-        K per pipeline stage (a quarter, half or whole super-block).
+        K per pipeline stage (Q4_K: a quarter, half or whole super-block;
+        Q6_K: 128 or 256; Q8_0: 2, 4 or 8 blocks).
     warps_m, warps_n : int
         The CTA's warps as a ``warps_m x warps_n`` grid; a warp owns a
         ``bm / warps_m`` (multiple of 16) by ``bn / warps_n`` (multiple of
@@ -179,6 +186,9 @@ class GemmPlan(PlanBase):
         if self.threads > 1024:
             raise ValueError(f"warps_m x warps_n = {c.warps_m * c.warps_n} warps is more "
                              f"than 1024 threads")
+        if c.bk not in _BK[self.spec.qtype]:
+            raise ValueError(f"bk={c.bk} is not a stage depth of {self.spec.qtype} (one of "
+                             f"{', '.join(map(str, _BK[self.spec.qtype]))})")
         if self.spec.k % c.bk:
             raise ValueError(f"K={self.spec.k} is not a multiple of bk={c.bk}")
         if self.dynamic_shared > MAX_SHARED:
@@ -192,10 +202,28 @@ class GemmPlan(PlanBase):
         return 32 * self.config.warps_m * self.config.warps_n
 
     @property
+    def w_chunks(self) -> int:
+        """16-byte chunks of one weight row of a stage.  Q4_K: the
+        super-block's header and ``bk / 32`` chunks of nibbles.  Q6_K and
+        Q8_0 blocks are only 2-byte aligned, so a stage copies 16-byte
+        aligned windows that hold them (the data starting 0..14 bytes in):
+        Q8_0 one window of ``bk / 32`` blocks; Q6_K with ``bk = 256`` one
+        window of the super-block, with ``bk = 128`` three (the half's 64
+        bytes of ``ql``, its 32 of ``qh``, and the 16 scales with ``d``)."""
+        bk, q = self.config.bk, self.spec.qtype
+        if q == "Q4_K":
+            return 1 + bk // 32
+        if q == "Q6_K":
+            return 14 if bk == 256 else 5 + 3 + 2
+        return -(-(14 + 34 * bk // 32) // 16)
+
+    @property
     def w_pitch(self) -> int:
-        """Shared bytes of one weight row of a stage: the super-block's
-        16-byte header, then ``bk / 2`` bytes of nibbles."""
-        return 16 + self.config.bk // 2
+        """Shared bytes of one weight row of a stage: its chunks and, for
+        Q6_K / Q8_0, 16 bytes of padding, an odd multiple of 16 either way
+        (the 8 rows a warp reads at once start on distinct banks)."""
+        n = self.w_chunks
+        return 16 * (n + 1 - n % 2) if self.spec.qtype != "Q4_K" else 16 * n
 
     @property
     def x_pitch(self) -> int:
@@ -213,9 +241,16 @@ class GemmPlan(PlanBase):
 
     @property
     def scale_bytes(self) -> int:
-        """The decoded scales of one stage: per sub-block and row, the
-        f16x2 pairs ``(s, s)`` and ``(-m, -m)``."""
-        return (self.config.bk // 32) * self.config.bm * 8
+        """The decoded scales of one stage.  Q4_K: per sub-block of 32 and
+        row, the f16x2 pairs ``(s, s)`` and ``(-m, -m)``; Q6_K: per
+        sub-block of 16 and row, ``(d sc, d sc)``; Q8_0 none (the kernel
+        reads ``d`` beside the quants)."""
+        c, q = self.config, self.spec.qtype
+        if q == "Q4_K":
+            return (c.bk // 32) * c.bm * 8
+        if q == "Q6_K":
+            return (c.bk // 16) * c.bm * 4
+        return 0
 
     @property
     def dynamic_shared(self) -> int:
