@@ -4,8 +4,10 @@ and V rows written to the model's cache, then the decode step takes over.
 
 Per chunk of ``T <= chunk`` tokens at positions ``L .. L + T - 1``: the
 embedding rows (one gather launch), then per layer RMSNorm over the rows,
-the QKV GEMM (``ops.gemm``; a weight type the GEMM does not take falls back
-to one GEMV per row), RoPE with the KV append over the rows
+the QKV GEMM (``ops.gemm``; one over the stacked weight, or where q, k and v
+differ in type, as in llama.cpp's Q4_K_M mix, one each writing its column
+block of the QKV rows; a weight type the GEMM does not take falls back to
+one GEMV per row), RoPE with the KV append over the rows
 (``RopeSpec(rows=True)``: the chunk's K/V rows land in the cache before the
 attention reads them), causal attention (``ops.flash_prefill``, reading q
 from the QKV rows), the O GEMM with the residual, RMSNorm, gate and up
@@ -42,7 +44,7 @@ BUCKETS = (64, 128, 256)
 def gemm_ready(model) -> bool:
     """Whether every per-layer weight has a GEMM (else the prefill runs a
     GEMV per row for it: correct, but no faster than decoding the prompt)."""
-    names = ("attn_q", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
     return all(model.file.tensor(f"blk.{i}.{n}.weight").qtype.upper() in _gemm.QTYPES
                for i in range(model.hp.n_layers) for n in names)
 
@@ -53,12 +55,6 @@ def refusal(model) -> str | None:
     if hp.qk_norm or hp.qkv_bias:
         return ("the file's q/k norms or q/k/v biases are not in the prefill graph; "
                 "its prompt runs through the decode step")
-    for i in range(hp.n_layers):
-        p = f"blk.{i}."
-        ts = [model.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-        if len({t.qtype for t in ts}) != 1:
-            return (f"{p}attn_q/k/v differ in type ({', '.join(t.qtype for t in ts)}); "
-                    "chunked prefill needs one stacked QKV weight")
     return None
 
 
@@ -139,21 +135,37 @@ class Prefill:
         """The first ``n`` rows of the 2-D activation ``a``."""
         return a.view(shape=(n, a.shape[1]))
 
-    def _matmul(self, name, x, out, residual=None):
-        """``out = x W^T (+ residual)`` over the rows of ``x``."""
+    def _matmul(self, name, x, out, residual=None, rows=None, stride=None):
+        """``out = x W^T (+ residual)`` over the rows of ``x``; ``out`` is
+        ``[T, rows]``, or with ``stride`` a flat view whose row ``t`` starts
+        at element ``t stride``."""
         w, t = self._w(name)
         q = t.qtype.upper()
-        rows = out.shape[1]
+        rows = out.shape[1] if rows is None else rows
+        stride = stride or rows
         w2 = w.view(np.uint8, (rows, w.nbytes // rows))
         if q in _gemm.QTYPES:
+            ys = dict(y_stride=stride) if stride != rows else {}
             ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
-                     **self._kw())
+                     **ys, **self._kw())
             return
         for r in range(x.shape[0]):                  # fallback: a GEMV per row
             xr = x.view(offset=4 * r * x.shape[1], shape=(x.shape[1],))
-            yr = out.view(offset=4 * r * out.shape[1], shape=(out.shape[1],))
+            yr = out.view(offset=4 * r * stride, shape=(rows,))
             ops.gemv(w2, xr, q, out=yr, residual=None if residual is None else yr,
                      **self._kw())
+
+    def _qkv(self, p, h, qkv, B):
+        """The QKV rows of layer ``p``: one GEMM over the stacked weight, or
+        (q, k, v in different types) one per weight into its column block."""
+        if p + "attn_qkv.weight" in self._arrays:
+            self._matmul(p + "attn_qkv.weight", h, qkv)
+            return
+        hp, off = self.model.hp, 0
+        for n, rows in (("attn_q", hp.q_dim), ("attn_k", hp.kv_dim), ("attn_v", hp.kv_dim)):
+            out = self.qkv.view(offset=4 * off, shape=((B - 1) * self.qkv_dim + rows,))
+            self._matmul(p + n + ".weight", h, out, rows=rows, stride=self.qkv_dim)
+            off += rows
 
     def _layer(self, i, B):
         hp, m = self.model.hp, self.model
@@ -162,7 +174,7 @@ class Prefill:
         x, h = self._rows(self.x, B), self._rows(self.h, B)
         qkv, att = self._rows(self.qkv, B), self._rows(self.att, B)
         ops.rmsnorm(x, self._w(p + "attn_norm.weight")[0], hp.eps, out=h, pdl=self.pdl, **kw)
-        self._matmul(p + "attn_qkv.weight", h, qkv)
+        self._qkv(p, h, qkv, B)
         kc, vc = self.caches[i]
         D = hp.head_dim
         rs = self.rope_spec

@@ -296,17 +296,19 @@ def build_gemm(plan, fmt) -> ptxgen.Module:
 def _store(k, plan, acc, y, r, row0, tok0, g, tq, mrows, t):
     """D element ``e`` of tile ``(mt, nt)``: weight row ``row0 + 16 mt + g +
     8 (e >= 2)``, token ``tok0 + 8 nt + 2 tq + (e & 1)``; stored at
-    ``y[token * M + row]`` when both are in range."""
+    ``y[token * ldy + row]`` (``ldy``: the spec's ``y_stride``, or M) when
+    both are in range."""
     rows = [row0 + (16 * mt + 8 * h) + g for mt in range(len(acc)) for h in range(2)]
     toks = [tok0 + (8 * nt + e) + 2 * tq for nt in range(len(acc[0])) for e in range(2)]
     rok = [rr < mrows for rr in rows]
     tok_ok = [tt < t for tt in toks]
+    ldy = plan.spec.y_stride or mrows
     for mt in range(len(acc)):
         for nt in range(len(acc[0])):
             for e in range(4):
                 ri, ti = 2 * mt + (e >> 1), 2 * nt + (e & 1)
                 ok = k.pand(rok[ri], tok_ok[ti])
-                idx = k.mad(toks[ti], mrows, rows[ri])
+                idx = k.mad(toks[ti], ldy, rows[ri])
                 v = acc[mt][nt][e]
                 if r is not None:
                     # plain ld, not .nc: y may be r

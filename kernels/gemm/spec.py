@@ -76,6 +76,10 @@ class GemmSpec:
     epilogue : {"none", "residual"}
         ``Y = X W^T`` or ``Y = X W^T + R`` (``R`` f32 ``[T, M]``; ``Y`` may
         be ``R``).
+    y_stride : int
+        Row stride of Y (and R) in elements, a build-time constant; 0: M
+        (Y dense).  Lets a GEMM write a column block of a wider output (the
+        q, k and v blocks of a QKV row of differing weight types).
     t_device : bool
         T is read from device memory (a ``u32`` the kernel's ``t_ptr``
         points at) rather than passed by value, so a captured launch sized
@@ -92,6 +96,7 @@ class GemmSpec:
     epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
     t_device: bool = attrs.field(default=False, validator=_bool)
     target: str = target_field()
+    y_stride: int = attrs.field(default=0, validator=_int(0, 1 << 24))
     pdl: bool = pdl_field()
 
     @k.validator
@@ -261,6 +266,7 @@ class GemmPlan(PlanBase):
         c = self.config
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         td = "_tdev" if self.t_device else ""
+        td += f"_ys{self.y_stride}" if self.y_stride else ""
         mc = f"_c{c.min_ctas}" if c.min_ctas else ""
         return (f"gemm_{self.qtype.lower()}_k{self.k}_x{self.x_type}{epi}{td}_{c.bm}x{c.bn}"
                 f"x{c.bk}_w{c.warps_m}x{c.warps_n}_s{c.stages}{mc}")

@@ -21,6 +21,18 @@ def tiny(tmp_path_factory, module_seed):
     return str(p)
 
 
+#: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
+#: attn_v, ffn_down and the output, so q, k and v differ in type) and Q8_0
+MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0")}
+
+
+@pytest.fixture(scope="module", params=sorted(MIXED))
+def tiny_typed(request, tmp_path_factory, module_seed):
+    p = tmp_path_factory.mktemp("model") / f"tiny_{request.param}.gguf"
+    write_synthetic_llama(str(p), seed=module_seed, **TINY, **MIXED[request.param])
+    return str(p)
+
+
 def _run(path, prompt, new, chunk):
     m = LlamaModel.from_gguf(path, backend="emu", capacity=len(prompt) + new, progress=False)
     return m.generate(prompt, new, mode="eager", return_logits=True, prefill_chunk=chunk)
@@ -36,6 +48,24 @@ def test_prefill_matches_token_by_token(tiny, rng):
     assert err <= 1e-2, err
     assert got.tokens == ref.tokens
     assert got.prompt_tokens_per_second > 0
+
+
+def test_prefill_matches_token_by_token_types(tiny_typed, rng):
+    """The same for a Q4_K_M-mix file and a Q8_0 file: every projection runs
+    on the GEMM (no GEMV per token)."""
+    from ptxgen.driver.model.prefill import gemm_ready
+    m = LlamaModel.from_gguf(tiny_typed, backend="emu", capacity=16, progress=False)
+    assert gemm_ready(m)
+    types = {m.file.tensor(f"blk.{i}.{n}.weight").qtype for i in range(TINY["n_layers"])
+             for n in ("attn_q", "attn_v", "ffn_down")}
+    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}), types
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
+    (ref, ref_logits) = _run(tiny_typed, prompt, 2, 0)
+    (got, got_logits) = _run(tiny_typed, prompt, 2, 4)      # two chunks: 4 + 1 tokens
+    want = ref_logits[len(prompt) - 1]
+    err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
+    assert err <= 1e-2, err
+    assert got.tokens == ref.tokens
 
 
 def test_chunks_agree(tiny, rng):
