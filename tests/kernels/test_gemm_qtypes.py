@@ -197,3 +197,27 @@ def test_gemm_qtype_8b_shapes_assemble(ptxas, qtype, m, k, t):
     (rep,) = reports
     assert rep.spill_stores == 0 and rep.spill_loads == 0 and rep.local_bytes == 0, rep
     assert plan.dynamic_shared <= G.MAX_SHARED
+
+
+def test_ops_gemm_y_stride(rng):
+    """``y_stride``: Y (and R) as a column block of a wider array; the other
+    columns are not touched."""
+    from ptxgen.driver import ops
+    t, m, k, ld, col = 6, 24, 256, 40, 8
+    w = random_blocks(rng, "Q6_K", m, k)
+    x = rng.standard_normal((t, k)).astype(np.float32)
+    big = rng.standard_normal((t, ld)).astype(np.float32)
+    before = big.copy()
+    flat = big.reshape(-1)[col:]                   # row t of Y at t * ld
+    ops.gemm(w, x, "Q6_K", out=flat, residual=flat, y_stride=ld, backend="emu", bm=16, bn=8,
+             warps_m=1, warps_n=1, bk=128, stages=2)
+    got = flat[np.arange(t)[:, None] * ld + np.arange(m)]
+    ref, wa = oracle("Q6_K", w, x, before[:, col:col + m])
+    check(got, ref, bound("Q6_K", x, wa, ref, before[:, col:col + m]), "y_stride")
+    keep = np.ones(ld, bool)
+    keep[col:col + m] = False
+    assert np.array_equal(big[:, keep], before[:, keep]), "columns outside Y were written"
+    with pytest.raises(ValueError, match="y_stride needs out="):
+        ops.gemm(w, x, "Q6_K", y_stride=ld, backend="emu")
+    with pytest.raises(ValueError, match="elements"):
+        ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")

@@ -99,15 +99,18 @@ def test_buckets_agree(tiny, rng):
 
 
 @pytest.mark.gpu
-def test_prefill_graph_gpu(tmp_path, rng):
+@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0"])
+def test_prefill_graph_gpu(tmp_path, rng, types):
     """On the GPU: graph replays (buckets 64 and 128 of a 128 chunk) agree with
-    eager launches and with the token-by-token prompt."""
+    eager launches and with the token-by-token prompt (Q4_K, Q4_K_M mix,
+    Q8_0)."""
     from ptxgen import driver
     if not driver.is_available():
         pytest.skip("no NVIDIA GPU / driver available")
     p = tmp_path / "small.gguf"
     write_synthetic_llama(str(p), seed=int(rng.integers(1 << 30)), n_layers=2, hidden=512,
-                          ffn=1024, n_heads=8, n_kv_heads=2, vocab=1024, context_length=512)
+                          ffn=1024, n_heads=8, n_kv_heads=2, vocab=1024, context_length=512,
+                          **MIXED.get(types, {}))
     prompt = [int(t) for t in rng.integers(0, 1024, 180)]       # chunks of 128 and 51
     m = LlamaModel.from_gguf(str(p), backend="cuda", capacity=256, progress=False)
     assert m.default_prefill_chunk() == 512
