@@ -126,7 +126,8 @@ def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
 
 def _print_row(r):
     a, b, c = r["f16"], r["f32"], r["cublas_f16"]
-    print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} T={r['t']:5d}  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
+    print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} T={r['t']:5d}"
+          f"  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
           f"  f32 X {b['us']:9.1f} us  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF"
           f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}  err {a['rel_err']:.1e}"
           f" {b['rel_err']:.1e}  {a['plan']} regs {a['regs']}", flush=True)

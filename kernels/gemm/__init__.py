@@ -45,7 +45,8 @@ def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
 
 def default_plan(qtype: str, k: int, *, x_type: str = "f32", epilogue: str = "none",
                  t_device: bool = False, target: str = "sm_80", pdl: bool = False,
-                 y_stride: int = 0, m: int | None = None, t: int | None = None, device: str | None = None,
+                 y_stride: int = 0, m: int | None = None, t: int | None = None,
+                 device: str | None = None,
                  **config) -> GemmPlan:
     """The plan of the tuned config for a call; ``config`` fields given here
     replace the table's."""
