@@ -1,16 +1,18 @@
-"""Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (Q4_K) beside
-cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
+"""Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (Q4_K, Q6_K,
+Q8_0) beside cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
 
-``python -m benchmarks.bench_gemm [out.json] [--sweep] [--sweep-wgmma]`` on a
-GPU with torch.  For every 8B-shaped matrix (M x K) and T in ``TS``: our time
-with f16 X (the table's choice, and beside it the other kernel: the
-``mma.sync`` one and, on sm_90, the ``wgmma`` one) and with f32 X (CUDA-graph replay of ``CALLS`` launches, median of ``REPEATS``,
+``python -m benchmarks.bench_gemm [out.json] [--sweep] [--sweep-wgmma]
+[--qtypes Q6_K,Q8_0]`` on a GPU with torch.  For every weight type of
+``--qtypes`` (default ``QTYPES``), 8B-shaped matrix (M x K) and T in ``TS``:
+our time with f16 X (the table's choice and, for Q4_K, beside it the other
+kernel: the ``mma.sync`` one and, on sm_90, the ``wgmma`` one) and with f32 X
+(CUDA-graph replay of ``CALLS`` launches, median of ``REPEATS``,
 rotating over enough weight copies to defeat the L2), TFLOP/s (``2 T M K``
 per call), cuBLAS's time and TFLOP/s and the ratio ours / cuBLAS (below 1:
 faster).  Sampled rows of each output are checked against the float64
 reference (the gguf-layout dequantisation in numpy).  ``--sweep`` also
-times the config variants of ``SWEEP`` at T = 512 and 2048 (for the tuning
-table, ``kernels/tuning/gemm.json``); ``--sweep-wgmma`` only those of
+times the config variants of ``SWEEP`` at T = 512 and 2048 (Q4_K; for the
+tuning table, ``kernels/tuning/gemm.json``); ``--sweep-wgmma`` only those of
 ``WGMMA_SWEEP`` (sm_90) and the mma.sync baseline.
 """
 
@@ -31,10 +33,11 @@ from ptxgen.kernels import gemm as G
 
 from .bench_gemv import _random_weights, _time_graph, _torch
 
-__all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP"]
+__all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
+QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
 _MMA = dict(kernel="mma")
@@ -67,9 +70,9 @@ WGMMA_SWEEP = [
 class _Gemm:
     """One built GEMM plan and its launch on torch's current stream."""
 
-    def __init__(self, k, m, t, x_type, target=None, **knobs):
+    def __init__(self, k, m, t, x_type, qtype="Q4_K", target=None, **knobs):
         be = ops_backend.get_backend("cuda")
-        self.plan = G.default_plan("Q4_K", k, x_type=x_type,
+        self.plan = G.default_plan(qtype, k, x_type=x_type,
                                    target=target or gemm_target(be.target), m=m, t=t, **knobs)
         self.grid, self.block, self.shared = G.launch_geometry(self.plan, m, t)
         self.fn = be.function(G.build, self.plan, dynamic_shared=self.shared)
@@ -80,22 +83,23 @@ class _Gemm:
                stream=torch.cuda.current_stream())
 
 
-def _check(torch, w, x, y, rows=8):
+def _check(torch, w, x, y, qtype="Q4_K", rows=8):
     """max |err| / max |ref| over sampled weight rows, all tokens."""
     m = w.shape[0]
     idx = np.unique(np.r_[0, m - 1, np.linspace(0, m - 1, rows).astype(int)])
     wr = w[torch.as_tensor(idx, device="cuda")].cpu().numpy()
-    ref = G.reference("Q4_K", wr, x.float().cpu().numpy())
+    ref = G.reference(qtype, wr, x.float().cpu().numpy())
     got = y[:, torch.as_tensor(idx, device="cuda")].cpu().numpy().astype(np.float64)
     if not np.all(np.isfinite(got)) or not np.any(ref):
         return float("inf")
     return float(np.max(np.abs(got - ref)) / np.max(np.abs(ref)))
 
 
-def _weights(torch, m, k, gen):
-    rb = k // 256 * 144
+def _weights(torch, m, k, gen, qtype="Q4_K"):
+    bw, bb = G.QTYPES[qtype]
+    rb = k // bw * bb
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
-    return [_random_weights(torch, "Q4_K", m, k, gen) for _ in range(copies)]
+    return [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
 
 
 def _cublas(torch, m, k, t, gen):
@@ -110,52 +114,56 @@ def _cublas(torch, m, k, t, gen):
     return tc
 
 
-def _time_ours(torch, g, ws, x, t, m):
+def _time_ours(torch, g, ws, x, t, m, qtype="Q4_K"):
     ys = [torch.full((t, m), float("nan"), device="cuda") for _ in range(2)]
     sec = _time_graph(torch, lambda i: g(torch, ws[i % len(ws)], x, ys[i % 2]))
     ys[0].fill_(float("nan"))
     g(torch, ws[0], x, ys[0])
     torch.cuda.synchronize()
-    return sec, _check(torch, ws[0], x, ys[0])
+    return sec, _check(torch, ws[0], x, ys[0], qtype)
 
 
-def _variants(be_target, t):
-    """The f16-X plans a row times beside the table's choice: ``f16_mma``
-    (the mma.sync kernel, the table's config for sm_90) and, on sm_90,
-    ``f16_wgmma`` (the table's wgmma config, as at T >= 128)."""
+def _variants(be_target, t, qtype):
+    """The f16-X plans a Q4_K row times beside the table's choice:
+    ``f16_mma`` (the mma.sync kernel, the table's config for sm_90) and, on
+    sm_90, ``f16_wgmma`` (the wgmma config the table gives 4096 rows at
+    512 tokens)."""
+    if qtype != "Q4_K":
+        return {}
     out = {"f16_mma": dict(target=be_target if be_target != "sm_90a" else "sm_90")}
     if gemm_target(be_target) == "sm_90a":
-        out["f16_wgmma"] = dict(t_pick=max(t, 128))
+        out["f16_wgmma"] = dict(t_pick=512)
     return out
 
 
-def bench_shape(torch, m, k, t, gen, ws=None):
-    """One row: ours (f16 X: the table's kernel and the other one; f32 X)
-    and cuBLAS f16 at ``T = t``."""
-    ws = ws or _weights(torch, m, k, gen)
+def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
+    """One row: ours (f16 X: the table's kernel and, for Q4_K, the other
+    one; f32 X) and cuBLAS f16 at ``T = t`` (``cublas``: its seconds, when
+    already timed)."""
+    ws = ws or _weights(torch, m, k, gen, qtype)
     flop = 2.0 * t * m * k
-    row = dict(m=m, k=k, t=t)
+    row = dict(qtype=qtype, m=m, k=k, t=t)
     be = ops_backend.get_backend("cuda")
     x16 = torch.randn(t, k, device="cuda", generator=gen).half()
     runs = [("f16", torch.float16, {}), ("f32", torch.float32, {})]
-    runs += [(name, torch.float16, v) for name, v in _variants(be.target, t).items()]
+    runs += [(name, torch.float16, v) for name, v in _variants(be.target, t, qtype).items()]
     for name, dt, v in runs:
         x = x16 if dt == torch.float16 else torch.randn(t, k, device="cuda", generator=gen)
         xt = "f16" if dt == torch.float16 else "f32"
-        if "t_pick" in v:                # the config the table picks at t_pick tokens
-            cfg = G.default_plan("Q4_K", k, x_type=xt, target="sm_90a", m=m,
+        if "t_pick" in v:                # the wgmma config of 4096 rows at t_pick tokens
+            cfg = G.default_plan(qtype, k, x_type=xt, target="sm_90a", m=4096,
                                  t=v["t_pick"]).config
-            g = _Gemm(k, m, t, xt, **attrs.asdict(cfg))
+            g = _Gemm(k, m, t, xt, qtype, **attrs.asdict(cfg))
         else:
-            g = _Gemm(k, m, t, xt, target=v.get("target"))
+            g = _Gemm(k, m, t, xt, qtype, target=v.get("target"))
         if name.startswith("f16_") and row["f16"]["plan"] == g.plan.kernel_name:
             row[name] = dict(row["f16"])     # the table's choice: timed already
             continue
-        sec, err = _time_ours(torch, g, ws, x, t, m)
+        sec, err = _time_ours(torch, g, ws, x, t, m, qtype)
         row[name] = dict(us=sec * 1e6, tflops=flop / sec / 1e12, rel_err=err,
                          plan=g.plan.kernel_name, grid=list(g.grid), shared=g.shared,
                          regs=getattr(g.fn, "num_regs", None))
-    tc = _cublas(torch, m, k, t, gen)
+    tc = cublas if cublas is not None else _cublas(torch, m, k, t, gen)
     row["cublas_f16"] = dict(us=tc * 1e6, tflops=flop / tc / 1e12)
     for name in ("f16", "f32", "f16_mma", "f16_wgmma"):
         if name in row:
@@ -167,25 +175,34 @@ def _print_row(r):
     a, b, c = r["f16"], r["f32"], r["cublas_f16"]
     extra = "".join(f"  {n[4:]} {r[n]['us']:8.1f} us ({r['ratio_' + n]:.2f}x)"
                     for n in ("f16_mma", "f16_wgmma") if n in r)
-    print(f"{r['m']:6d}x{r['k']:<6d} T={r['t']:5d}  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
+    print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} T={r['t']:5d}"
+          f"  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
           f"  f32 X {b['us']:9.1f} us  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF"
           f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}{extra}  err {a['rel_err']:.1e}"
           f" {b['rel_err']:.1e}  {a['plan']} regs {a['regs']}", flush=True)
 
 
-def run_all(shapes=SHAPES, ts=TS, verbose=True) -> dict:
+def run_all(shapes=SHAPES, ts=TS, verbose=True, qtypes=QTYPES) -> dict:
     torch = _torch()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(time.time()))
     out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=[])
     for m, k in shapes:
-        ws = _weights(torch, m, k, gen)
-        for t in ts:
-            out["rows"].append(bench_shape(torch, m, k, t, gen, ws))
-            if verbose:
-                _print_row(out["rows"][-1])
-        del ws
-        torch.cuda.empty_cache()
+        cublas = {t: _cublas(torch, m, k, t, gen) for t in ts}
+        for qtype in qtypes:
+            ws = _weights(torch, m, k, gen, qtype)
+            for t in ts:
+                try:
+                    out["rows"].append(bench_shape(torch, m, k, t, gen, ws, qtype, cublas[t]))
+                except Exception as e:      # keep the other types' rows
+                    out["rows"].append(dict(qtype=qtype, m=m, k=k, t=t,
+                                            error=f"{type(e).__name__}: {e}"[:300]))
+                    print(qtype, m, k, t, out["rows"][-1]["error"], flush=True)
+                    continue
+                if verbose:
+                    _print_row(out["rows"][-1])
+            del ws
+            torch.cuda.empty_cache()
     return out
 
 
@@ -219,8 +236,14 @@ def sweep(variants=SWEEP, shapes=SHAPES, ts=(512, 2048), verbose=True) -> dict:
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    res = run_all()
+    qts = QTYPES
+    argv = sys.argv[1:]
+    if "--qtypes" in argv:
+        i = argv.index("--qtypes")
+        qts = argv[i + 1].split(",")
+        del argv[i:i + 2]
+    args = [a for a in argv if not a.startswith("--")]
+    res = run_all(qtypes=qts)
     if "--sweep" in sys.argv:
         res["sweep"] = sweep()
     if "--sweep-wgmma" in sys.argv:

@@ -32,7 +32,7 @@ def gemm_target(target: str) -> str:
 
 
 def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_device=False,
-              backend="cuda", **knobs):
+              backend="cuda", y_stride=0, **knobs):
     """The plan (spec and tuned config) of a call on ``backend``'s device
     (``m`` weight rows and ``t`` tokens, when known, pick the config);
     ``knobs``: GemmConfig fields replacing the tuned ones; ``pdl`` defaults
@@ -43,7 +43,7 @@ def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_devi
     if pdl is None:
         pdl = has_griddepcontrol(tgt)
     return _g.default_plan(qtype, k, x_type=x_type, epilogue=epilogue, t_device=t_device,
-                           target=tgt, pdl=pdl, m=m, t=t, **knobs)
+                           target=tgt, pdl=pdl, y_stride=y_stride, m=m, t=t, **knobs)
 
 
 def _weights(a, name, qtype):
@@ -60,8 +60,8 @@ def _weights(a, name, qtype):
     return q, m, rb // bb * bw
 
 
-def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, stream=None, backend=None,
-         **knobs):
+def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, stream=None,
+         backend=None, **knobs):
     """``Y = X . W^T`` (``+ residual``) for quantized ``W``.
 
     Parameters
@@ -70,15 +70,21 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, stream=None, ba
         GGUF weight bytes.
     x : float32 or float16 [T, K]
         Rounded to f16 on the way into the tensor cores either way.
-    qtype : {"Q4_K"}
+    qtype : {"Q4_K", "Q6_K", "Q8_0"}
     out : float32 [T, M], optional
-        Written in place; allocated when None.
+        Written in place; allocated when None.  With ``y_stride``: any
+        float32 array of at least ``(T - 1) y_stride + M`` elements, row
+        ``t`` of Y at element ``t y_stride``.
     residual : float32 [T, M], optional
-        Fused ``Y = X W^T + residual`` (``out`` may be ``residual``).
+        Fused ``Y = X W^T + residual`` (``out`` may be ``residual``; laid
+        out as ``out`` is).
     n_tokens : device int32 scalar, optional
         The rows of ``x`` to compute, read by the kernel (``t_device``): the
         launch covers all ``T`` rows of ``x`` and the tiles past
         ``n_tokens`` exit, so a captured launch serves any shorter chunk.
+    y_stride : int, optional
+        Row stride of ``out`` (and ``residual``) in elements, at least M:
+        Y is a column block of a wider array.
     stream : Stream, optional
     backend : {"cuda", "emu"}, optional
         Where a call with numpy arrays only runs.
@@ -93,7 +99,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, stream=None, ba
     Raises
     ------
     ValueError
-        K not a multiple of 256, mismatched shapes, an unsupported qtype.
+        K not whole blocks of the qtype, mismatched shapes, an unsupported
+        qtype.
     TypeError
         Wrong dtypes.
     """
@@ -113,12 +120,25 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, stream=None, ba
     be = a.backend
     epi = "none" if residual is None else "residual"
     t_dev = n_tokens is not None
+    ys = 0
+    if y_stride is not None:
+        if out is None or not isinstance(y_stride, int) or y_stride < m:
+            raise ValueError(f"y_stride needs out= and an int of at least M={m}, got "
+                             f"{y_stride!r}")
+        ys = y_stride
     plan = gemm_plan(q, k, m, t, x_type=x_type, epilogue=epi, t_device=t_dev, backend=be.name,
-                     **knobs)
-    y = a.out("out", (t, m))
+                     y_stride=ys, **knobs)
+    span = (t - 1) * ys + m if ys else t * m
+    if ys:
+        y = a.array("out", np.float32)
+        if y.size < span:
+            raise ValueError(f"out has {y.size} elements; T={t} rows of stride {ys} need "
+                             f"{span}")
+    else:
+        y = a.out("out", (t, m))
     args = [a["w"], xd]
     if residual is not None:
-        args.append(a.array("residual", np.float32, t * m))
+        args.append(a.array("residual", np.float32, None if ys else t * m))
     grid, block, shared = _g.launch_geometry(plan, m, t)
     fn = be.function(_g.build, plan, dynamic_shared=shared)
     a.launch(fn, grid, block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t,

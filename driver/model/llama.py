@@ -548,7 +548,7 @@ class LlamaModel(TextGeneration):
 
     def default_prefill_chunk(self) -> int:
         """The prompt chunk :meth:`generate` uses by default: 512 on the GPU
-        when the model suits the chunked prefill (one stacked QKV weight, a
+        when the model suits the chunked prefill (no q/k norms or biases, a
         GEMM for every layer weight's type), 0 (token by token) otherwise
         and on the emulator."""
         from .prefill import DEFAULT_CHUNK, gemm_ready, refusal

@@ -4,9 +4,12 @@ and V rows written to the model's cache, then the decode step takes over.
 
 Per chunk of ``T <= chunk`` tokens at positions ``L .. L + T - 1``: the
 embedding rows (one gather launch), then per layer RMSNorm over the rows,
-the QKV GEMM (``ops.gemm``; a weight type the GEMM does not take falls back
-to one GEMV per row; the activations a GEMM reads are f16, rounded by the
-kernel that writes them, where every layer's GEMM of that input takes f16 X), RoPE with the KV append over the rows
+the QKV GEMM (``ops.gemm``; one over the stacked weight, or where q, k and v
+differ in type, as in llama.cpp's Q4_K_M mix, one each writing its column
+block of the QKV rows; a weight type the GEMM does not take falls back to
+one GEMV per row; the activations a GEMM reads are f16, rounded by the
+kernel that writes them, where every layer's GEMM of that input takes f16
+X), RoPE with the KV append over the rows
 (``RopeSpec(rows=True)``: the chunk's K/V rows land in the cache before the
 attention reads them), causal attention (``ops.flash_prefill``, reading q
 from the QKV rows), the O GEMM with the residual, RMSNorm, gate and up
@@ -40,8 +43,8 @@ DEFAULT_CHUNK = 512
 BUCKETS = (64, 128, 256)
 
 
-def gemm_ready(model, names=("attn_q", "attn_output", "ffn_gate", "ffn_up",
-                               "ffn_down")) -> bool:
+def gemm_ready(model, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                               "ffn_up", "ffn_down")) -> bool:
     """Whether every layer's weights ``names`` have a GEMM (else the prefill
     runs a GEMV per row for them: correct, but no faster than decoding the
     prompt)."""
@@ -55,12 +58,6 @@ def refusal(model) -> str | None:
     if hp.qk_norm or hp.qkv_bias:
         return ("the file's q/k norms or q/k/v biases are not in the prefill graph; "
                 "its prompt runs through the decode step")
-    for i in range(hp.n_layers):
-        p = f"blk.{i}."
-        ts = [model.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-        if len({t.qtype for t in ts}) != 1:
-            return (f"{p}attn_q/k/v differ in type ({', '.join(t.qtype for t in ts)}); "
-                    "chunked prefill needs one stacked QKV weight")
     return None
 
 
@@ -111,7 +108,8 @@ class Prefill:
         def x_type(*names):
             # f16 where every GEMM reading it takes f16 X (the GEMV fallback reads f32)
             return np.float16 if gemm_ready(model, names) else np.float32
-        self.x, self.h = buf((C, H)), buf((C, H), x_type("attn_q", "ffn_gate", "ffn_up"))
+        self.x, self.h = buf((C, H)), buf((C, H), x_type("attn_q", "attn_k", "attn_v",
+                                                                  "ffn_gate", "ffn_up"))
         self.qkv, self.att = buf((C, self.qkv_dim)), buf((C, hp.q_dim))
         self.gate, self.up = buf((C, hp.ffn)), buf((C, hp.ffn))
         self.act = buf((C, hp.ffn), x_type("ffn_down"))
@@ -146,22 +144,38 @@ class Prefill:
         """The first ``n`` rows of the 2-D activation ``a``."""
         return a.view(shape=(n, a.shape[1]))
 
-    def _matmul(self, name, x, out, residual=None):
-        """``out = x W^T (+ residual)`` over the rows of ``x``."""
+    def _matmul(self, name, x, out, residual=None, rows=None, stride=None):
+        """``out = x W^T (+ residual)`` over the rows of ``x``; ``out`` is
+        ``[T, rows]``, or with ``stride`` a flat view whose row ``t`` starts
+        at element ``t stride``."""
         w, t = self._w(name)
         q = t.qtype.upper()
-        rows = out.shape[1]
+        rows = out.shape[1] if rows is None else rows
+        stride = stride or rows
         w2 = w.view(np.uint8, (rows, w.nbytes // rows))
         if q in _gemm.QTYPES:
+            ys = dict(y_stride=stride) if stride != rows else {}
             ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
-                     **self._kw())
+                     **ys, **self._kw())
             return
         assert x.dtype == np.float32, "the GEMV fallback reads f32 rows"
         for r in range(x.shape[0]):                  # fallback: a GEMV per row
             xr = x.view(offset=4 * r * x.shape[1], shape=(x.shape[1],))
-            yr = out.view(offset=4 * r * out.shape[1], shape=(out.shape[1],))
+            yr = out.view(offset=4 * r * stride, shape=(rows,))
             ops.gemv(w2, xr, q, out=yr, residual=None if residual is None else yr,
                      **self._kw())
+
+    def _qkv(self, p, h, qkv, B):
+        """The QKV rows of layer ``p``: one GEMM over the stacked weight, or
+        (q, k, v in different types) one per weight into its column block."""
+        if p + "attn_qkv.weight" in self._arrays:
+            self._matmul(p + "attn_qkv.weight", h, qkv)
+            return
+        hp, off = self.model.hp, 0
+        for n, rows in (("attn_q", hp.q_dim), ("attn_k", hp.kv_dim), ("attn_v", hp.kv_dim)):
+            out = self.qkv.view(offset=4 * off, shape=((B - 1) * self.qkv_dim + rows,))
+            self._matmul(p + n + ".weight", h, out, rows=rows, stride=self.qkv_dim)
+            off += rows
 
     def _layer(self, i, B):
         hp, m = self.model.hp, self.model
@@ -170,7 +184,7 @@ class Prefill:
         x, h = self._rows(self.x, B), self._rows(self.h, B)
         qkv, att = self._rows(self.qkv, B), self._rows(self.att, B)
         ops.rmsnorm(x, self._w(p + "attn_norm.weight")[0], hp.eps, out=h, pdl=self.pdl, **kw)
-        self._matmul(p + "attn_qkv.weight", h, qkv)
+        self._qkv(p, h, qkv, B)
         kc, vc = self.caches[i]
         D = hp.head_dim
         rs = self.rope_spec

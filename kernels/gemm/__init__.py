@@ -1,4 +1,4 @@
-"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K).
+"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K, Q6_K, Q8_0).
 
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``), ``X``
 f32 or f16 ``[T, K]`` row-major, ``Y`` f32 ``[T, M]``; epilogues ``none``
@@ -8,12 +8,14 @@ captured launch serves any T up to the one it was sized for).
 
 What is computed is a :class:`GemmSpec`; how it runs a :class:`GemmConfig`
 from the per-device table ``kernels/tuning/gemm.json``
-(:func:`select_config`).  Two kernels (``GemmConfig.kernel``): :mod:`.q4k`,
-a ``cp.async`` ring of raw Q4_K bytes and f16 X tiles, nibbles decoded
-straight into ``mma.sync.m16n8k16`` A fragments (f16, f32 accumulation);
-and on sm_90a :mod:`.wgmma_q4k`, warpgroups running ``wgmma.m64nNk16`` with
-the decoded weights as A in registers and X from swizzled shared memory.  Design, counts
-and accuracy: docs/notes/gemm.md.
+(:func:`select_config`).  Two kernels (``GemmConfig.kernel``): ``mma``
+(:mod:`.kernel`), a ``cp.async`` ring of raw weight bytes and f16 X tiles,
+the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
+f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
+:mod:`.q8_0`); and on sm_90a for Q4_K ``wgmma`` (:mod:`.wgmma_q4k`),
+warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
+registers and X from swizzled shared memory.  Design, counts and accuracy:
+docs/notes/gemm.md.
 
 Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
 ``(w, x[, r], y, M, T | t_ptr)``.
@@ -24,7 +26,8 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
-from .q4k import build_q4k, launch_geometry
+from . import q4k, q6k, q8_0
+from .kernel import build_gemm, launch_geometry
 from .reference import reference
 from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan,
                    GemmSpec)
@@ -33,7 +36,7 @@ from .wgmma_q4k import build_wgmma_q4k
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "KERNELS", "CANONICAL"]
+           "MAX_SHARED", "KERNELS", "CANONICAL", "FORMATS"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -47,13 +50,14 @@ def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
 
 def default_plan(qtype: str, k: int, *, x_type: str = "f32", epilogue: str = "none",
                  t_device: bool = False, target: str = "sm_80", pdl: bool = False,
-                 m: int | None = None, t: int | None = None, device: str | None = None,
+                 y_stride: int = 0, m: int | None = None, t: int | None = None,
+                 device: str | None = None,
                  **config) -> GemmPlan:
     """The plan of the tuned config for a call; ``config`` fields given here
     replace the table's."""
     import attrs
     spec = GemmSpec(qtype, k, x_type=x_type, epilogue=epilogue, t_device=t_device,
-                    target=target, pdl=pdl)
+                    target=target, pdl=pdl, y_stride=y_stride)
     cfg = select_config(spec, m, t, device)
     return GemmPlan(spec, attrs.evolve(cfg, **config) if config else cfg)
 
@@ -63,11 +67,17 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     :class:`GemmSpec` with ``config``, default the table's, or a
     :class:`GemmPlan`)."""
     p = plan(spec, config)
-    return build_wgmma_q4k(p) if p.config.kernel == "wgmma" else build_q4k(p)
+    if p.config.kernel == "wgmma":
+        return build_wgmma_q4k(p)
+    return build_gemm(p, FORMATS[p.qtype])
 
 
-def _canon(k, **fields):
-    return GemmPlan.make("Q4_K", k, **fields)
+#: qtype -> the format module's stage copies, scales and fragment decoder
+FORMATS = {"Q4_K": q4k.FORMAT, "Q6_K": q6k.FORMAT, "Q8_0": q8_0.FORMAT}
+
+
+def _canon(k, qtype="Q4_K", **fields):
+    return GemmPlan.make(qtype, k, **fields)
 
 
 CANONICAL = {
@@ -77,6 +87,10 @@ CANONICAL = {
     "gemm_wg_q4_k_f16_residual": _canon(1024, x_type="f16", epilogue="residual", t_device=True,
                                         target="sm_90a", pdl=True, kernel="wgmma", bm=128,
                                         bn=128, bk=64, stages=4),
+    "gemm_q6_k": _canon(512, "Q6_K", bm=64, bn=32, bk=128, warps_m=2, warps_n=2, stages=3),
+    "gemm_q8_0_f16_residual": _canon(1024, "Q8_0", x_type="f16", epilogue="residual",
+                                     t_device=True, target="sm_90", bm=128, bn=128, bk=64,
+                                     warps_m=2, warps_n=4, stages=4),
 }
 
 registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0])

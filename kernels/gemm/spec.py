@@ -16,8 +16,12 @@ from ..spec_fields import pdl_field, target_field
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
            "MAX_SHARED", "KERNELS"]
 
-#: weight formats the GEMM builds (super-block of 256 weights, 144 bytes)
-QTYPES = {"Q4_K": (256, 144)}
+#: weight formats the GEMM builds: (weights, bytes) of a GGUF block
+QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+#: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
+#: 128-weight halves of its super-blocks (their low and high nibbles and bits
+#: are interleaved over the half)
+_BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256)}
 X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
@@ -65,10 +69,12 @@ class GemmSpec:
 
     Parameters
     ----------
-    qtype : {"Q4_K"}
+    qtype : {"Q4_K", "Q6_K", "Q8_0"}
         Weight format.
     k : int
-        Row length, a multiple of 256; a build-time constant.  M and T are
+        Row length, a multiple of the format's block (256 for the K-quants,
+        32 for Q8_0; the config's ``bk`` must divide it too); a build-time
+        constant.  M and T are
         launch arguments.
     x_type : {"f32", "f16"}
         X's element type.  Either way X enters the tensor cores as f16
@@ -76,6 +82,10 @@ class GemmSpec:
     epilogue : {"none", "residual"}
         ``Y = X W^T`` or ``Y = X W^T + R`` (``R`` f32 ``[T, M]``; ``Y`` may
         be ``R``).
+    y_stride : int
+        Row stride of Y (and R) in elements, a build-time constant; 0: M
+        (Y dense).  Lets a GEMM write a column block of a wider output (the
+        q, k and v blocks of a QKV row of differing weight types).
     t_device : bool
         T is read from device memory (a ``u32`` the kernel's ``t_ptr``
         points at) rather than passed by value, so a captured launch sized
@@ -92,6 +102,7 @@ class GemmSpec:
     epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
     t_device: bool = attrs.field(default=False, validator=_bool)
     target: str = target_field()
+    y_stride: int = attrs.field(default=0, validator=_int(0, 1 << 24))
     pdl: bool = pdl_field()
 
     @k.validator
@@ -130,7 +141,8 @@ class GemmConfig:
     bn : int
         Tokens (rows of Y) per CTA.
     bk : {64, 128, 256}
-        K per pipeline stage (a quarter, half or whole super-block).
+        K per pipeline stage (Q4_K: a quarter, half or whole super-block;
+        Q6_K: 128 or 256; Q8_0: 2, 4 or 8 blocks).
     warps_m, warps_n : int
         The CTA's warps as a ``warps_m x warps_n`` grid; a warp owns a
         ``bm / warps_m`` (multiple of 16) by ``bn / warps_n`` (multiple of
@@ -194,6 +206,9 @@ class GemmPlan(PlanBase):
         if self.threads > 1024:
             raise ValueError(f"warps_m x warps_n = {c.warps_m * c.warps_n} warps is more "
                              f"than 1024 threads")
+        if c.bk not in _BK[self.spec.qtype]:
+            raise ValueError(f"bk={c.bk} is not a stage depth of {self.spec.qtype} (one of "
+                             f"{', '.join(map(str, _BK[self.spec.qtype]))})")
         if self.spec.k % c.bk:
             raise ValueError(f"K={self.spec.k} is not a multiple of bk={c.bk}")
         if self.dynamic_shared > MAX_SHARED:
@@ -207,6 +222,9 @@ class GemmPlan(PlanBase):
         if not TARGETS[s.target].arch_specific or TARGETS[s.target].sm != 90:
             raise ValueError(f"kernel='wgmma' needs target sm_90a (wgmma is arch-specific), "
                              f"got {s.target}")
+        if s.qtype != "Q4_K":
+            raise ValueError(f"kernel='wgmma' is built for Q4_K weights, got {s.qtype} "
+                             f"(other types run on kernel='mma')")
         if s.x_type != "f16":
             raise ValueError(f"kernel='wgmma' takes f16 X, got x_type={s.x_type!r} (f32 X "
                              f"runs on kernel='mma')")
@@ -232,10 +250,28 @@ class GemmPlan(PlanBase):
         return 32 * self.config.warps_m * self.config.warps_n
 
     @property
+    def w_chunks(self) -> int:
+        """16-byte chunks of one weight row of a stage.  Q4_K: the
+        super-block's header and ``bk / 32`` chunks of nibbles.  Q6_K and
+        Q8_0 blocks are only 2-byte aligned, so a stage copies 16-byte
+        aligned windows that hold them (the data starting 0..14 bytes in):
+        Q8_0 one window of ``bk / 32`` blocks; Q6_K with ``bk = 256`` one
+        window of the super-block, with ``bk = 128`` three (the half's 64
+        bytes of ``ql``, its 32 of ``qh``, and the 16 scales with ``d``)."""
+        bk, q = self.config.bk, self.spec.qtype
+        if q == "Q4_K":
+            return 1 + bk // 32
+        if q == "Q6_K":
+            return 14 if bk == 256 else 5 + 3 + 2
+        return -(-(14 + 34 * bk // 32) // 16)
+
+    @property
     def w_pitch(self) -> int:
-        """Shared bytes of one weight row of a stage: the super-block's
-        16-byte header, then ``bk / 2`` bytes of nibbles."""
-        return 16 + self.config.bk // 2
+        """Shared bytes of one weight row of a stage: its chunks and, for
+        Q6_K / Q8_0, 16 bytes of padding, an odd multiple of 16 either way
+        (the 8 rows a warp reads at once start on distinct banks)."""
+        n = self.w_chunks
+        return 16 * (n + 1 - n % 2) if self.spec.qtype != "Q4_K" else 16 * n
 
     @property
     def x_pitch(self) -> int:
@@ -253,9 +289,16 @@ class GemmPlan(PlanBase):
 
     @property
     def scale_bytes(self) -> int:
-        """The decoded scales of one stage: per sub-block and row, the
-        f16x2 pairs ``(s, s)`` and ``(-m, -m)``."""
-        return (self.config.bk // 32) * self.config.bm * 8
+        """The decoded scales of one stage.  Q4_K: per sub-block of 32 and
+        row, the f16x2 pairs ``(s, s)`` and ``(-m, -m)``; Q6_K: per
+        sub-block of 16 and row, ``(d sc, d sc)``; Q8_0 none (the kernel
+        reads ``d`` beside the quants)."""
+        c, q = self.config, self.spec.qtype
+        if q == "Q4_K":
+            return (c.bk // 32) * c.bm * 8
+        if q == "Q6_K":
+            return (c.bk // 16) * c.bm * 4
+        return 0
 
     @property
     def dynamic_shared(self) -> int:
@@ -269,6 +312,7 @@ class GemmPlan(PlanBase):
         c = self.config
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         td = "_tdev" if self.t_device else ""
+        td += f"_ys{self.y_stride}" if self.y_stride else ""
         mc = f"_c{c.min_ctas}" if c.min_ctas else ""
         if c.kernel == "wgmma":
             return (f"gemm_wg_{self.qtype.lower()}_k{self.k}{epi}{td}_{c.bm}x{c.bn}"

@@ -291,21 +291,21 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
                     v.set(k.select(v.eq(ring), k.mov(0, u32), v))
             cp.advance()
         k.wgmma_wait(0)
-        _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t)
+        _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows)
     return m
 
 
-def _store(k, acc, y, r, row0, tok0, mrows, t):
+def _store(k, acc, y, r, row0, tok0, mrows, t, ldy):
     """Accumulator ``i``: weight row ``row0 + 8 ((i >> 1) & 1)``, token
-    ``tok0 + 8 (i >> 2) + (i & 1)``; stored at ``y[token * M + row]`` when
-    both are in range."""
+    ``tok0 + 8 (i >> 2) + (i & 1)``; stored at ``y[token * ldy + row]``
+    (``ldy``: the spec's ``y_stride``, or M) when both are in range."""
     rok = [row0 < mrows, (row0 + 8) < mrows]
     for i, v in enumerate(acc):
         h, tt = (i >> 1) & 1, 8 * (i >> 2) + (i & 1)
         tok = tok0 + tt if tt else tok0
         row = row0 + 8 if h else row0
         ok = k.pand(rok[h], tok < t)
-        idx = k.mad(tok, mrows, row)
+        idx = k.mad(tok, ldy, row)
         if r is not None:
             # plain ld, not .nc: y may be r
             v = k.add(v, k.ld(r[idx], guard=ok), guard=ok)

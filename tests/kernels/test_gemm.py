@@ -186,7 +186,7 @@ def test_ops_gemm_refuses_bad_input(rng):
     (dict(bn=16, warps_n=4), "multiple of 8 x warps_n"),
     (dict(bk=96), "bk must be one of"),
     (dict(bm=256, bn=256, bk=256, stages=4), "shared memory"),
-    (dict(qtype="Q6_K"), "qtype must be one of"),
+    (dict(qtype="Q5_K"), "qtype must be one of"),
     (dict(x_type="bf16"), "x_type must be one of"),
 ])
 def test_gemm_plan_refusals(fields, msg):

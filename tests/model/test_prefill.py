@@ -21,6 +21,20 @@ def tiny(tmp_path_factory, module_seed):
     return str(p)
 
 
+#: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
+#: attn_v, ffn_down and the output, so q, k and v differ in type) and Q8_0
+MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0")}
+#: one layer (its attn_v and ffn_down are Q6_K under Q4_K_M) keeps the emulator quick
+TYPED = dict(TINY, n_layers=1)
+
+
+@pytest.fixture(scope="module", params=sorted(MIXED))
+def tiny_typed(request, tmp_path_factory, module_seed):
+    p = tmp_path_factory.mktemp("model") / f"tiny_{request.param}.gguf"
+    write_synthetic_llama(str(p), seed=module_seed, **TYPED, **MIXED[request.param])
+    return str(p)
+
+
 def _run(path, prompt, new, chunk):
     m = LlamaModel.from_gguf(path, backend="emu", capacity=len(prompt) + new, progress=False)
     return m.generate(prompt, new, mode="eager", return_logits=True, prefill_chunk=chunk)
@@ -36,6 +50,23 @@ def test_prefill_matches_token_by_token(tiny, rng):
     assert err <= 1e-2, err
     assert got.tokens == ref.tokens
     assert got.prompt_tokens_per_second > 0
+
+
+def test_prefill_matches_token_by_token_types(tiny_typed, rng):
+    """The same for a Q4_K_M-mix file and a Q8_0 file: every projection runs
+    on the GEMM (no GEMV per token)."""
+    from ptxgen.driver.model.prefill import gemm_ready
+    m = LlamaModel.from_gguf(tiny_typed, backend="emu", capacity=16, progress=False)
+    assert gemm_ready(m)
+    types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
+    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}), types
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
+    (ref, ref_logits) = _run(tiny_typed, prompt, 2, 0)
+    (got, got_logits) = _run(tiny_typed, prompt, 2, 4)      # two chunks: 4 + 1 tokens
+    want = ref_logits[len(prompt) - 1]
+    err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
+    assert err <= 1e-2, err
+    assert got.tokens == ref.tokens
 
 
 def test_chunks_agree(tiny, rng):
@@ -69,15 +100,18 @@ def test_buckets_agree(tiny, rng):
 
 
 @pytest.mark.gpu
-def test_prefill_graph_gpu(tmp_path, rng):
+@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0"])
+def test_prefill_graph_gpu(tmp_path, rng, types):
     """On the GPU: graph replays (buckets 64 and 128 of a 128 chunk) agree with
-    eager launches and with the token-by-token prompt."""
+    eager launches and with the token-by-token prompt (Q4_K, Q4_K_M mix,
+    Q8_0)."""
     from ptxgen import driver
     if not driver.is_available():
         pytest.skip("no NVIDIA GPU / driver available")
     p = tmp_path / "small.gguf"
     write_synthetic_llama(str(p), seed=int(rng.integers(1 << 30)), n_layers=2, hidden=512,
-                          ffn=1024, n_heads=8, n_kv_heads=2, vocab=1024, context_length=512)
+                          ffn=1024, n_heads=8, n_kv_heads=2, vocab=1024, context_length=512,
+                          **MIXED.get(types, {}))
     prompt = [int(t) for t in rng.integers(0, 1024, 180)]       # chunks of 128 and 51
     m = LlamaModel.from_gguf(str(p), backend="cuda", capacity=256, progress=False)
     assert m.default_prefill_chunk() == 512
