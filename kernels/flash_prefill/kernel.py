@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ptxgen import types as T
-from ptxgen.types import b32, f16, f32, s32, u32
+from ptxgen.types import b32, f16, f32, s32, u8, u32
 from ptxgen.values import Address
 
 from ..spec_fields import pdl_prologue
@@ -25,63 +25,81 @@ def build_prefill(m, plan):
     """Emit the kernel ``plan.kernel_name`` into module ``m``.
 
     Parameters: ``q: f32*, k_cache: f16*, v_cache: f16*, start_ptr: s32*,
-    n_tokens_ptr: s32*, out: f32*, capacity: u32, sm_scale: f32, q_stride:
-    u32`` (elements between consecutive query rows; ``n_q_heads *
-    head_dim`` for a contiguous q, more where q sits in a wider QKV row).
-    Grid ``(ceil(T_max / block_rows), n_q_heads)``, ``32 * warps`` threads.
+    n_tokens_ptr: s32*, out: f32* (f16* with out_type f16), capacity: u32,
+    sm_scale: f32, q_stride: u32`` (elements between consecutive query
+    rows; ``n_q_heads * head_dim`` for a contiguous q, more where q sits in
+    a wider QKV row).  Grid ``(ceil(T_max / R), n_q_heads / heads)``, ``32 *
+    warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
+    dynamic shared memory.
 
-    Block ``(x, qh)`` takes chunk rows ``[x R, (x + 1) R)`` of query head
-    ``qh`` (``R = block_rows``); warp ``w`` rows ``x R + 16 w ..`` + 16, lane
-    ``4 g + t`` rows ``g`` and ``g + 8`` of the mma fragments.  Row ``i`` sits
-    at position ``L + i`` and sees keys ``0 .. L + i``.  The block walks the
-    keys its last row sees in tiles of ``block_keys``: the tile's K and V
-    rows are copied to shared memory (``cp.async``; rows past the block's
-    last key are clamped to it, so no unwritten cache row enters), then
-    each warp whose rows see the tile computes ``S = Q K^T`` (q in f16,
-    prescaled by ``sm_scale log2 e``; K fragments by ``ldmatrix``), masks
-    keys past each row's position, updates its rows' running max and sum
-    (``ex2.approx``) and accumulates ``O += P V`` (P rounded to f16, V
-    fragments by ``ldmatrix.trans``) in f32.  At the end ``O / l`` is stored
-    for rows below ``T``."""
+    **Work split.**  ``R = block_rows = 16 warps / heads``.  Block ``(x, y)``
+    takes the query heads ``y heads ..`` + ``heads`` (one KV head ``h``) and
+    chunk rows ``[b R, (b + 1) R)`` with ``b = nctaid.x - 1 - x``: the blocks
+    with the most keys are dispatched first.  Warp ``w`` takes head ``y heads
+    + w % heads`` and rows ``b R + 16 (w / heads) ..`` + 16; lane ``4 g + t``
+    rows ``g`` and ``g + 8`` of the mma fragments.  Row ``i`` sits at
+    position ``L + i`` and sees keys ``0 .. L + i``.
+
+    **The ring.**  The block walks the keys its last row sees in tiles of
+    ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
+    tile ``i``::
+
+        cp.async.wait_group stages-2; bar.sync   tile i landed; tile i-1's
+                                                 buffer is free
+        copy tile i + stages - 1 into that buffer; commit
+        each warp whose rows see tile i: S = Q K^T, mask, online softmax,
+        O += P V
+
+    (rows past the block's last key are clamped to it, so no unwritten
+    cache row enters).  q is read once into registers in f16, prescaled by
+    ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
+    ``ldmatrix.trans``; the running max and sum use ``ex2.approx``; P is
+    rounded to f16 and O accumulated in f32.  At the end ``O / l`` is
+    stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
+    H, S = plan.heads, plan.stages
     R, P = plan.block_rows, plan.pitch
     KT = d // 16               # k-tiles of q . k
     NT = BN // 8               # n-tiles of the scores per key tile
     DT = d // 8                # n-tiles of the output
     CHUNKS = BN * d // 8       # 16-byte chunks of one K (or V) tile
+    SB = plan.stage_bytes
     nthr = 32 * NW
+    ot = f16 if plan.out_type == "f16" else f32
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", f16, align=16)
         vc = k.param_ptr("v_cache", f16, align=16)
         start_ptr = k.param_ptr("start_ptr", s32)
         ntok_ptr = k.param_ptr("n_tokens_ptr", s32)
-        out = k.param_ptr("out", f32, align=16)
+        out = k.param_ptr("out", ot, align=16)
         cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
         q_stride = k.param("q_stride", u32)
-        ks = k.shared_array("ks", f16, BN * P, align=16)
-        vs = k.shared_array("vs", f16, BN * P, align=16)
+        smem = k.dynamic_shared("smem", u8)
         pdl_prologue(k, plan)
 
         tid = k.tid.x
         lane, warp = tid & 31, tid >> 5
         g, t = lane >> 2, lane & 3
-        qh = k.ctaid.y
-        h = qh // G
-        nq = k.nctaid.y
+        qh0 = k.ctaid.y * H
+        qh = qh0 + (warp % H) if H > 1 else qh0
+        h = qh0 // G
+        nq = k.nctaid.y * H
         # L and T from the device, clamped: L in [0, capacity], T in
         # [0, min(capacity - L, rows of the grid)]
         L = k.min(k.max(k.ld(start_ptr[0]), 0).bitcast(u32), cap)
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
-        row0 = k.ctaid.x * R
+        row0 = (k.nctaid.x - 1 - k.ctaid.x) * R
         with k.if_(row0 >= Tn):
             k.exit()
         nkeys = k.min(L + row0 + R, L + Tn)      # keys the block's rows see
         lastk = nkeys - 1
-        wrow = row0 + 16 * warp                  # the warp's first chunk row
+        ntiles = (nkeys + (BN - 1)) // BN
+        wrow = row0 + 16 * (warp // H) if H < NW else row0    # the warp's first row
         wpos_last = L + wrow + 15                # its last row's position
+        wlive = wrow < Tn
         rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
 
@@ -103,34 +121,52 @@ def build_prefill(m, plan):
         o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)]
         zero = k.mov(0.0, f32)
         ninf = k.mov(float("-inf"), f32)
-        kbase, vbase = k.mov(ks, u32), k.mov(vs, u32)
+        base = k.mov(smem, u32)
         mi, rr = lane >> 3, lane & 7
-        # ldmatrix row addresses (bytes): K (B of S, not transposed): matrix
-        # mi is keys 16p + 8 (mi >> 1) + rr, columns 16 kt + 8 (mi & 1);
+        # ldmatrix row addresses (bytes, stage 0): K (B of S, not transposed):
+        # matrix mi is keys 16p + 8 (mi >> 1) + rr, columns 16 kt + 8 (mi & 1);
         # V (B of O, transposed): keys 16p + 8 (mi & 1) + rr, dims 8 (n + (mi >> 1))
-        k_addr = kbase + ((8 * (mi >> 1) + rr) * P + 8 * (mi & 1)) * 2
-        v_addr = vbase + ((8 * (mi & 1) + rr) * P + 8 * (mi >> 1)) * 2
+        k_addr = base + ((8 * (mi >> 1) + rr) * P + 8 * (mi & 1)) * 2
+        v_addr = base + (BN * P + (8 * (mi & 1) + rr) * P + 8 * (mi >> 1)) * 2
 
-        with k.for_range(0, nkeys, BN) as kb:
-            for j in range(CHUNKS // nthr if CHUNKS >= nthr else 1):
-                cidx = tid + j * nthr
-                r_, cc = cidx // (d // 8), cidx % (d // 8)
-                src = (h * cap + k.min(kb + r_, lastk)) * d + 8 * cc
-                guard = None if CHUNKS >= nthr else cidx < CHUNKS
-                if guard is None:
-                    k.cp_async(ks[r_ * P + 8 * cc], kc[src])
-                    k.cp_async(vs[r_ * P + 8 * cc], vc[src])
-                else:
-                    with k.if_(guard):
-                        k.cp_async(ks[r_ * P + 8 * cc], kc[src])
-                        k.cp_async(vs[r_ * P + 8 * cc], vc[src])
+        # the thread's 16-byte chunks of a tile: (key row, shared byte offset,
+        # cache element offset within the row)
+        per = max(1, CHUNKS // nthr)
+        chunks = []
+        for j in range(per):
+            cidx = tid + j * nthr
+            r_, cc = cidx // (d // 8), cidx % (d // 8)
+            guard = (cidx < CHUNKS) if CHUNKS < nthr else None
+            chunks.append((guard, r_, (r_ * P + 8 * cc) * 2, 8 * cc))
+        hrow = h * cap
+
+        def issue(buf, kb):
+            for guard, r_, dst, col in chunks:
+                src = (hrow + k.min(kb + r_, lastk)) * d + col
+                k.cp_async(Address(buf + dst, 0, "shared", u8), kc[src], 16, guard=guard)
+                k.cp_async(Address(buf + dst, BN * P * 2, "shared", u8), vc[src], 16,
+                           guard=guard)
+
+        for s_ in range(S - 1):
+            with k.if_(ntiles > s_):
+                issue(base + s_ * SB, k.mov(s_ * BN, u32))
             k.cp_async_commit()
-            k.cp_async_wait(0)
+        cur = k.var(u32, 0)                  # byte offset of this tile's stage
+        nxt = k.var(u32, (S - 1) * SB)       # of the stage S - 1 tiles ahead
+        with k.for_range(0, ntiles) as it:
+            k.cp_async_wait(S - 2)
             k.bar_sync(0)
-            with k.if_(kb <= wpos_last):
-                _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr,
+            ahead = it + (S - 1)
+            with k.if_(ahead < ntiles):
+                issue(base + nxt, ahead * BN)
+            k.cp_async_commit()
+            kb = it * BN
+            with k.if_(k.pand(kb <= wpos_last, wlive)):
+                _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr + cur, v_addr + cur,
                       zero, ninf, KT, NT, DT)
-            k.bar_sync(0)
+            k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
+            k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
+        k.cp_async_wait(0)
 
         for r in range(2):
             lt = l_run[r] + k.shfl_xor(l_run[r], 1)
@@ -139,8 +175,11 @@ def build_prefill(m, plan):
             with k.if_(rows[r] < Tn):
                 obase = (rows[r] * nq + qh) * d + 2 * t
                 for n in range(DT):
-                    k.st(out[obase + 8 * n], (k.mul(o_acc[n][2 * r], inv, rnd="rn"),
-                                              k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")))
+                    v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
+                    v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
+                    if ot is f16:
+                        v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
+                    k.st(out[obase + 8 * n], (v0, v1))
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
@@ -151,7 +190,7 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
     for p in range(NT // 2):                     # 16 keys at a time
         acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
         for kt in range(KT):
-            b = k.ldmatrix(Address(k_addr + (16 * p * P + 16 * kt) * 2, 0, "shared", T.b16), 4)
+            b = k.ldmatrix(Address(k_addr, (16 * p * P + 16 * kt) * 2, "shared", T.b16), 4)
             for e in range(2):
                 acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
         s.extend(acc)
@@ -186,7 +225,7 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
               _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
               _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
         for n in range(0, DT, 2):
-            b = k.ldmatrix(Address(v_addr + (16 * p * P + 8 * n) * 2, 0, "shared", T.b16), 4,
+            b = k.ldmatrix(Address(v_addr, (16 * p * P + 8 * n) * 2, "shared", T.b16), 4,
                            trans=True)
             for e in range(2):
                 acc = o_acc[n + e]
