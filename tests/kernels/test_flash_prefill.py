@@ -95,6 +95,22 @@ def test_tuned_config(backend, rng):
     assert rel_err(out, attention64(q, kc, vc, L, T)) <= BOUND
 
 
+@pytest.mark.parametrize("odt", [np.float32, np.float16])
+def test_gpu_shipped_config_larger(backend, rng, odt):
+    """The tuned config on a shape too large for the emulator: 8 query heads
+    of 2 KV heads, head_dim 128, a grid for 160 rows with T = 133 from the
+    device, L = 300 (many key tiles, several blocks per head pair)."""
+    if backend.name == "emu":
+        pytest.skip("GPU-sized case")
+    d, n_kv, G, L, T, t_max = 128, 2, 4, 300, 133, 160
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + t_max + 7)
+    out = np.full(q.shape, np.nan, odt)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name)
+    assert rel_err(out[:T], attention64(q, kc, vc, L, T)) <= BOUND
+    assert np.all(np.isnan(out[T:]))
+
+
 def test_q_in_a_wider_row(backend, rng):
     """q read from the start of each row of a wider [T, row] array."""
     d, n_kv, G, L, T = 64, 1, 2, 4, 7
