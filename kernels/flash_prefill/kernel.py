@@ -47,8 +47,8 @@ def build_prefill(m, plan):
         cp.async.wait_group stages-2; bar.sync   tile i landed; tile i-1's
                                                  buffer is free
         copy tile i + stages - 1 into that buffer; commit
-        each warp whose rows see tile i: S = Q K^T, mask, online softmax,
-        O += P V
+        each warp whose rows see tile i: S = Q K^T, mask (only where the
+        tile reaches past the warp's first row), online softmax, O += P V
 
     (rows past the block's last key are clamped to it, so no unwritten
     cache row enters).  q is read once into registers in f16, prescaled by
@@ -98,7 +98,8 @@ def build_prefill(m, plan):
         lastk = nkeys - 1
         ntiles = (nkeys + (BN - 1)) // BN
         wrow = row0 + 16 * (warp // H) if H < NW else row0    # the warp's first row
-        wpos_last = L + wrow + 15                # its last row's position
+        wpos_first = L + wrow                    # its first row's position
+        wpos_last = wpos_first + 15              # its last row's position
         wlive = wrow < Tn
         rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
@@ -162,8 +163,15 @@ def build_prefill(m, plan):
             k.cp_async_commit()
             kb = it * BN
             with k.if_(k.pand(kb <= wpos_last, wlive)):
-                _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr + cur, v_addr + cur,
-                      zero, ninf, KT, NT, DT)
+                ka, va = k_addr + cur, v_addr + cur
+                # a tile whose last key the warp's first row sees needs no mask
+                with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
+                    with whole:
+                        _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
+                    with part:
+                        _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
             k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
             k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
@@ -183,7 +191,8 @@ def build_prefill(m, plan):
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
-    """One key tile of one warp: scores, mask, online softmax, ``O += P V``."""
+    """One key tile of one warp: scores, mask (where ``pos`` is given: the
+    rows' positions), online softmax, ``O += P V``."""
     P = plan.pitch
     t = (k.tid.x & 31) & 3
     s = []
@@ -195,12 +204,14 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
                 acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
         s.extend(acc)
     # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
-    lim = [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
+    # (pos None: every key of the tile is seen by every row)
+    lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
     for r in range(2):
         vals = []
         for j in range(NT):
             for e in range(2):
-                vals.append(k.select(lim[r] >= 8 * j + e, s[j][2 * r + e], ninf))
+                x = s[j][2 * r + e]
+                vals.append(x if lim is None else k.select(lim[r] >= 8 * j + e, x, ninf))
         mt = vals[0]
         for x in vals[1:]:
             mt = k.max(mt, x)

@@ -43,7 +43,8 @@ def _data(rng, n_kv, G, d, L, T, t_max, cap):
     return q, kc, vc
 
 
-CASES = [(L, T) for L in (0, 3, 40) for T in (1, 5, 17)]
+# L = 15, 14: a key tile (block_keys 16) ends at a warp's first row's position or one past it
+CASES = [(L, T) for L in (0, 3, 14, 15, 40) for T in (1, 5, 17)]
 
 
 @pytest.mark.parametrize("L,T", CASES)
