@@ -32,13 +32,20 @@ def build_prefill(m, plan):
     warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
     dynamic shared memory.
 
-    **Work split.**  ``R = block_rows = 16 warps / heads``.  Block ``(x, y)``
-    takes the query heads ``y heads ..`` + ``heads`` (one KV head ``h``) and
-    chunk rows ``[b R, (b + 1) R)`` with ``b = nctaid.x - 1 - x``: the blocks
-    with the most keys are dispatched first.  Warp ``w`` takes head ``y heads
-    + w % heads`` and rows ``b R + 16 (w / heads) ..`` + 16; lane ``4 g + t``
-    rows ``g`` and ``g + 8`` of the mma fragments.  Row ``i`` sits at
-    position ``L + i`` and sees keys ``0 .. L + i``.
+    **Work split.**  ``R = block_rows = 16 warps / heads`` rows in ``RG =
+    warps / heads`` groups of 16.  Block ``(x, y)`` takes the query heads
+    ``y heads ..`` + ``heads`` (one KV head ``h``); warp ``w`` head ``y heads
+    + w % heads`` and row group ``w / heads`` of the block; lane ``4 g + t``
+    rows ``g`` and ``g + 8`` of its 16.  Row ``i`` sits at position ``L + i``
+    and sees keys ``0 .. L + i``, so later groups have more work.  With one
+    group a block (``RG = 1``) block ``x`` takes group ``nctaid.x - 1 - x``:
+    the longest first.  With ``RG`` even the ``NG = ceil(T / 16)`` groups are
+    paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1 - p`` (the
+    middle group of an odd ``NG`` alone), and block ``x`` takes pairs ``x
+    RG/2 ..`` + ``RG/2``: every block walks about the same number of keys
+    (at L = 0 half the longest walk is spent with the short groups' warps
+    done, leaving the SM to the long ones).  Warps of groups past ``NG``
+    compute nothing and store nothing.
 
     **The ring.**  The block walks the keys its last row sees in tiles of
     ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
@@ -91,16 +98,37 @@ def build_prefill(m, plan):
         L = k.min(k.max(k.ld(start_ptr[0]), 0).bitcast(u32), cap)
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
-        row0 = (k.nctaid.x - 1 - k.ctaid.x) * R
-        with k.if_(row0 >= Tn):
-            k.exit()
-        nkeys = k.min(L + row0 + R, L + Tn)      # keys the block's rows see
+        RG = NW // H                             # 16-row groups of a block
+        if RG == 1:
+            # one group a block, the longest first
+            gw = k.nctaid.x - 1 - k.ctaid.x      # the warp's group
+            with k.if_(16 * gw >= Tn):
+                k.exit()
+            gmax = gw                            # the block's last live group
+            wlive = None
+        else:
+            # groups paired from both ends: block x takes pairs p = x RG/2 ..
+            # + RG/2, each the groups p and NG - 1 - p (NG = ceil(T / 16); the
+            # middle group of an odd NG once), so every block walks about the
+            # same number of keys
+            Hh = RG // 2
+            NG = (Tn + 15) >> 4
+            p0 = k.ctaid.x * Hh
+            with k.if_(2 * p0 >= NG):
+                k.exit()
+            gmax = k.select(2 * p0 + 1 < NG, NG - 1 - p0, p0)
+            j = warp // H
+            pw = p0 + (j % Hh) if Hh > 1 else p0
+            back = j >= Hh
+            gw = k.select(back, NG - 1 - pw, pw)
+            # a front group lives while 2 p + 1 <= NG, a back one while 2 p + 1 < NG
+            wlive = 2 * pw + 1 < NG + k.select(back, k.mov(0, u32), k.mov(1, u32))
+        nkeys = k.min(L + 16 * gmax + 16, L + Tn)    # keys the block's rows see
         lastk = nkeys - 1
         ntiles = (nkeys + (BN - 1)) // BN
-        wrow = row0 + 16 * (warp // H) if H < NW else row0    # the warp's first row
+        wrow = 16 * gw                           # the warp's first row
         wpos_first = L + wrow                    # its first row's position
         wpos_last = wpos_first + 15              # its last row's position
-        wlive = wrow < Tn
         rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
 
@@ -162,7 +190,7 @@ def build_prefill(m, plan):
                 issue(base + nxt, ahead * BN)
             k.cp_async_commit()
             kb = it * BN
-            with k.if_(k.pand(kb <= wpos_last, wlive)):
+            with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
                 ka, va = k_addr + cur, v_addr + cur
                 # a tile whose last key the warp's first row sees needs no mask
                 with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
@@ -180,7 +208,8 @@ def build_prefill(m, plan):
             lt = l_run[r] + k.shfl_xor(l_run[r], 1)
             lt = lt + k.shfl_xor(lt, 2)
             inv = k.div(1.0, lt, rnd="rn")
-            with k.if_(rows[r] < Tn):
+            ok = rows[r] < Tn
+            with k.if_(ok if wlive is None else k.pand(ok, wlive)):
                 obase = (rows[r] * nq + qh) * d + 2 * t
                 for n in range(DT):
                     v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")

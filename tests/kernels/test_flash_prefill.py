@@ -63,8 +63,12 @@ def test_matches_float64(backend, rng, L, T):
 
 # (head_dim, n_kv, group, warps, heads, block_keys, stages, L, T, out dtype): every
 # group size, both head dims, L = 0 and L > 0 with T not a multiple of the
-# block's rows, both output types, the shipped d128 layout (8 warps, 4 heads)
+# block's rows, both output types, the shipped d128 layout (8 warps, 4 heads);
+# blocks of 2 and 4 row groups paired from both ends with an odd number of
+# 16-row groups (a middle one: T = 9, 13, 33, 70) and an even one (T = 21, 90)
 LAYOUTS = [
+    (64, 1, 1, 4, 1, 16, 2, 6, 70, np.float32),
+    (64, 1, 1, 4, 1, 32, 3, 0, 90, np.float16),
     (64, 2, 1, 2, 1, 16, 3, 0, 21, np.float32),
     (64, 1, 2, 2, 2, 32, 2, 19, 11, np.float16),
     (64, 1, 4, 4, 4, 32, 2, 37, 19, np.float16),
