@@ -60,8 +60,10 @@ def build_prefill(m, plan):
     (rows past the block's last key are clamped to it, so no unwritten
     cache row enters).  q is read once into registers in f16, prescaled by
     ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
-    ``ldmatrix.trans``; the running max and sum use ``ex2.approx``; P is
-    rounded to f16 and O accumulated in f32.  At the end ``O / l`` is
+    ``ldmatrix.trans``; the running max and sum use ``ex2.approx`` (O and
+    the sum are rescaled only on tiles where some row's max grew, a
+    warp-uniform branch: the factor is exactly 1 otherwise); P is rounded
+    to f16 and O accumulated in f32.  At the end ``O / l`` is
     stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
     H, S = plan.heads, plan.stages
@@ -247,27 +249,40 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
     # key kb + 8 j + 2 t + e is seen by row ri when 8 j + e <= pos_ri - kb - 2 t
     # (pos None: every key of the tile is seen by every row)
     lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
+    vals, m_new = [], []
     for ri in range(2 * MT):
         mt, r = divmod(ri, 2)
-        sm = s[mt]
-        vals = []
+        v = []
         for j in range(NT):
             for e in range(2):
-                x = sm[j][2 * r + e]
-                vals.append(x if lim is None else k.select(lim[ri] >= 8 * j + e, x, ninf))
-        mx = vals[0]
-        for x in vals[1:]:
+                x = s[mt][j][2 * r + e]
+                v.append(x if lim is None else k.select(lim[ri] >= 8 * j + e, x, ninf))
+        mx = v[0]
+        for x in v[1:]:
             mx = k.max(mx, x)
         mx = k.max(mx, k.shfl_xor(mx, 1))
         mx = k.max(mx, k.shfl_xor(mx, 2))
-        m_new = k.max(m_run[ri], mx)
-        alpha = k.ex2(m_run[ri] - m_new)
-        k.assign(l_run[ri], k.mul(l_run[ri], alpha, rnd="rn"))
-        for acc in o_acc[mt]:
-            for e in range(2):
-                k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
-        k.assign(m_run[ri], m_new)
-        pr = [k.ex2(x - m_new) for x in vals]
+        vals.append(v)
+        m_new.append(k.max(m_run[ri], mx))
+    # rescale O and l by 2^(m_run - m_new) only when some row's max grew
+    # (else the factor is exactly 1): after the first tiles of a long row
+    # most tiles skip the multiplies
+    grow = m_new[0] > m_run[0]
+    for ri in range(1, 2 * MT):
+        grow = k.por(grow, m_new[ri] > m_run[ri])
+    with k.if_(k.vote_sync("any", grow)):
+        for ri in range(2 * MT):
+            mt, r = divmod(ri, 2)
+            alpha = k.ex2(m_run[ri] - m_new[ri])
+            k.assign(l_run[ri], k.mul(l_run[ri], alpha, rnd="rn"))
+            for acc in o_acc[mt]:
+                for e in range(2):
+                    k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
+    for ri in range(2 * MT):
+        mt, r = divmod(ri, 2)
+        sm = s[mt]
+        k.assign(m_run[ri], m_new[ri])
+        pr = [k.ex2(x - m_new[ri]) for x in vals[ri]]
         psum = pr[0]
         for x in pr[1:]:
             psum = psum + x
