@@ -32,20 +32,21 @@ def build_prefill(m, plan):
     warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
     dynamic shared memory.
 
-    **Work split.**  ``R = block_rows = 16 warps / heads`` rows in ``RG =
-    warps / heads`` groups of 16.  Block ``(x, y)`` takes the query heads
-    ``y heads ..`` + ``heads`` (one KV head ``h``); warp ``w`` head ``y heads
-    + w % heads`` and row group ``w / heads`` of the block; lane ``4 g + t``
-    rows ``g`` and ``g + 8`` of its 16.  Row ``i`` sits at position ``L + i``
-    and sees keys ``0 .. L + i``, so later groups have more work.  With one
-    group a block (``RG = 1``) block ``x`` takes group ``nctaid.x - 1 - x``:
-    the longest first.  With ``RG`` even the ``NG = ceil(T / 16)`` groups are
-    paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1 - p`` (the
-    middle group of an odd ``NG`` alone), and block ``x`` takes pairs ``x
-    RG/2 ..`` + ``RG/2``: every block walks about the same number of keys
-    (at L = 0 half the longest walk is spent with the short groups' warps
-    done, leaving the SM to the long ones).  Warps of groups past ``NG``
-    compute nothing and store nothing.
+    **Work split.**  ``WR = warp_rows`` (16 or 32: one or two mma row
+    tiles), ``R = block_rows = WR warps / heads`` rows in ``RG = warps /
+    heads`` groups of ``WR``.  Block ``(x, y)`` takes the query heads ``y
+    heads ..`` + ``heads`` (one KV head ``h``); warp ``w`` head ``y heads + w
+    % heads`` and row group ``w / heads`` of the block; lane ``4 g + t`` rows
+    ``g`` and ``g + 8`` of each of its row tiles.  Row ``i`` sits at position
+    ``L + i`` and sees keys ``0 .. L + i``, so later groups have more work.
+    With one group a block (``RG = 1``) block ``x`` takes group ``nctaid.x -
+    1 - x``: the longest first.  With ``RG`` even the ``NG = ceil(T / WR)``
+    groups are paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1
+    - p`` (the middle group of an odd ``NG`` alone), and block ``x`` takes
+    pairs ``x RG/2 ..`` + ``RG/2``: every block walks about the same number
+    of keys (at L = 0 half the longest walk is spent with the short groups'
+    warps done, leaving the SM to the long ones).  Warps of groups past
+    ``NG`` compute nothing and store nothing.
 
     **The ring.**  The block walks the keys its last row sees in tiles of
     ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
