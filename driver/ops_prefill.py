@@ -15,10 +15,11 @@ from .ops_backend import op_args
 __all__ = ["flash_prefill", "flash_prefill_plan"]
 
 
-def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, **config):
+def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, out_type="f32",
+                       **config):
     """The plan (spec and tuned config, ``config`` fields replacing its own)
     for ``target``; ``pdl`` defaults to on for sm_90 and newer."""
-    spec = _fp.FlashPrefillSpec(head_dim=head_dim, group=group, target=target,
+    spec = _fp.FlashPrefillSpec(head_dim=head_dim, group=group, target=target, out_type=out_type,
                                 pdl=has_griddepcontrol(target) if pdl is None else bool(pdl))
     return _fp.plan(spec, device=device).evolve(**config) if config else \
         _fp.plan(spec, device=device)
@@ -41,14 +42,16 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     start, n_tokens : device int32 scalar, or int
         ``L`` and ``T``, read by the kernel (device arrays: graph-replay
         safe; a Python int is copied into a fresh device scalar).
-    out : float32 [T_max, n_q_heads, head_dim], optional
-        Rows ``[0, T)`` written; allocated when None.
+    out : float32 or float16 [T_max, n_q_heads, head_dim], optional
+        Rows ``[0, T)`` written; allocated (float32) when None.  Its dtype
+        picks the kernel's ``out_type`` (float16: the result rounded once).
     sm_scale : float, optional
         Default ``1 / sqrt(head_dim)``.
     max_tokens : int, optional
         The most rows a launch covers (the grid); default ``T_max``.
     **config
-        FlashPrefillConfig fields (``warps``, ``block_keys``).
+        FlashPrefillConfig fields (``warps``, ``warp_rows``, ``heads``,
+        ``block_keys``, ``stages``).
 
     Returns
     -------
@@ -59,7 +62,7 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     ValueError
         Mismatched shapes, a head_dim other than 64/128.
     TypeError
-        A cache not float16, q not float32.
+        A cache not float16, q not float32, out neither float32 nor float16.
     """
     a = op_args(backend, writes=("out",), stream=stream, q=q, k_cache=k_cache,
                 v_cache=v_cache, start=start, n_tokens=n_tokens, out=out)
@@ -85,12 +88,17 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
         raise ValueError(f"{n_q} query heads are not a multiple of {n_kv} KV heads")
     if d not in (64, 128):
         raise ValueError(f"flash_prefill takes head_dim 64 or 128, got {d}")
+    odt = np.dtype(np.float32) if out is None else np.dtype(a.array("out").dtype)
+    if odt not in (np.float32, np.float16):
+        raise TypeError(f"out must be float32 or float16, got {odt.name}")
     be = a.backend
     plan = flash_prefill_plan(d, n_q // n_kv, target=be.target, device=be.device_name,
-                              pdl=pdl, **config)
-    o = a.out("out", (t_max, n_q, d))
+                              pdl=pdl, out_type="f16" if odt == np.float16 else "f32",
+                              **config)
+    o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid, block = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
-    a.launch(be.function(_fp.build, plan), grid, block, qa, kc, vc, a.scalar_i32("start"),
-             a.scalar_i32("n_tokens"), o, cap, scale, q_stride, pdl=plan.pdl)
+    grid, block, shared = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    a.launch(be.function(_fp.build, plan, dynamic_shared=shared), grid, block, qa, kc, vc,
+             a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, cap, scale, q_stride,
+             shared=shared, pdl=plan.pdl)
     return a.result(o)

@@ -5,7 +5,8 @@ keys ``j <= L + i`` for chunk row ``i`` in ``[0, T)`` at position ``L + i``,
 every query head ``qh`` and its KV head ``h = qh // group`` (GQA).
 
 Layout
-    ``q``, ``out``: f32 ``[T_max, n_q_heads, head_dim]``.  ``k_cache``,
+    ``q``: f32 ``[T_max, n_q_heads, head_dim]``; ``out`` the same shape in
+    f32 or f16 (``out_type``).  ``k_cache``,
     ``v_cache``: f16 ``[n_kv_heads, capacity, head_dim]``.  ``start_ptr``
     (``L``) and ``n_tokens_ptr`` (``T``): device int32, read by the kernel,
     so a CUDA graph captured for the largest chunk replays for any shorter
@@ -55,15 +56,21 @@ def build(spec, config: FlashPrefillConfig | None = None) -> ptxgen.Module:
 
 
 def launch_geometry(plan: FlashPrefillPlan, n_q_heads: int, max_tokens: int):
-    """``(grid, block)`` for chunks of up to ``max_tokens`` rows."""
+    """``(grid, block, shared_bytes)`` for chunks of up to ``max_tokens`` rows
+    of ``n_q_heads`` query heads."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-    return ((-(-max_tokens // plan.block_rows), n_q_heads, 1), (32 * plan.warps, 1, 1))
+    if n_q_heads % plan.group:
+        raise ValueError(f"{n_q_heads} query heads are not a multiple of the group {plan.group}")
+    return ((-(-max_tokens // plan.block_rows), n_q_heads // plan.heads, 1),
+            (32 * plan.warps, 1, 1), plan.dynamic_shared)
 
 
 CANONICAL = {
     "flash_prefill": FlashPrefillPlan.make(),
-    "flash_prefill_d64": FlashPrefillPlan.make(head_dim=64, group=1, warps=2, block_keys=32),
+    "flash_prefill_d64": FlashPrefillPlan.make(head_dim=64, group=1, heads=1, warps=2,
+                                               block_keys=32, stages=3),
+    "flash_prefill_o16": FlashPrefillPlan.make(out_type="f16"),
 }
 
 registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,

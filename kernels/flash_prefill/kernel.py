@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ptxgen import types as T
-from ptxgen.types import b32, f16, f32, s32, u32
+from ptxgen.types import b32, f16, f32, s32, u8, u32
 from ptxgen.values import Address
 
 from ..spec_fields import pdl_prologue
@@ -25,170 +25,280 @@ def build_prefill(m, plan):
     """Emit the kernel ``plan.kernel_name`` into module ``m``.
 
     Parameters: ``q: f32*, k_cache: f16*, v_cache: f16*, start_ptr: s32*,
-    n_tokens_ptr: s32*, out: f32*, capacity: u32, sm_scale: f32, q_stride:
-    u32`` (elements between consecutive query rows; ``n_q_heads *
-    head_dim`` for a contiguous q, more where q sits in a wider QKV row).
-    Grid ``(ceil(T_max / block_rows), n_q_heads)``, ``32 * warps`` threads.
+    n_tokens_ptr: s32*, out: f32* (f16* with out_type f16), capacity: u32,
+    sm_scale: f32, q_stride: u32`` (elements between consecutive query
+    rows; ``n_q_heads * head_dim`` for a contiguous q, more where q sits in
+    a wider QKV row).  Grid ``(ceil(T_max / R), n_q_heads / heads)``, ``32 *
+    warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
+    dynamic shared memory.
 
-    Block ``(x, qh)`` takes chunk rows ``[x R, (x + 1) R)`` of query head
-    ``qh`` (``R = block_rows``); warp ``w`` rows ``x R + 16 w ..`` + 16, lane
-    ``4 g + t`` rows ``g`` and ``g + 8`` of the mma fragments.  Row ``i`` sits
-    at position ``L + i`` and sees keys ``0 .. L + i``.  The block walks the
-    keys its last row sees in tiles of ``block_keys``: the tile's K and V
-    rows are copied to shared memory (``cp.async``; rows past the block's
-    last key are clamped to it, so no unwritten cache row enters), then
-    each warp whose rows see the tile computes ``S = Q K^T`` (q in f16,
-    prescaled by ``sm_scale log2 e``; K fragments by ``ldmatrix``), masks
-    keys past each row's position, updates its rows' running max and sum
-    (``ex2.approx``) and accumulates ``O += P V`` (P rounded to f16, V
-    fragments by ``ldmatrix.trans``) in f32.  At the end ``O / l`` is stored
-    for rows below ``T``."""
+    **Work split.**  ``WR = warp_rows`` (16 or 32: one or two mma row
+    tiles), ``R = block_rows = WR warps / heads`` rows in ``RG = warps /
+    heads`` groups of ``WR``.  Block ``(x, y)`` takes the query heads ``y
+    heads ..`` + ``heads`` (one KV head ``h``); warp ``w`` head ``y heads + w
+    % heads`` and row group ``w / heads`` of the block; lane ``4 g + t`` rows
+    ``g`` and ``g + 8`` of each of its row tiles.  Row ``i`` sits at position
+    ``L + i`` and sees keys ``0 .. L + i``, so later groups have more work.
+    With one group a block (``RG = 1``) block ``x`` takes group ``nctaid.x -
+    1 - x``: the longest first.  With ``RG`` even the ``NG = ceil(T / WR)``
+    groups are paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1
+    - p`` (the middle group of an odd ``NG`` alone), and block ``x`` takes
+    pairs ``x RG/2 ..`` + ``RG/2``: every block walks about the same number
+    of keys (at L = 0 half the longest walk is spent with the short groups'
+    warps done, leaving the SM to the long ones).  Warps of groups past
+    ``NG`` compute nothing and store nothing.
+
+    **The ring.**  The block walks the keys its last row sees in tiles of
+    ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
+    tile ``i``::
+
+        cp.async.wait_group stages-2; bar.sync   tile i landed; tile i-1's
+                                                 buffer is free
+        copy tile i + stages - 1 into that buffer; commit
+        each warp whose rows see tile i: S = Q K^T, mask (only where the
+        tile reaches past the warp's first row), online softmax, O += P V
+
+    (rows past the block's last key are clamped to it, so no unwritten
+    cache row enters).  q is read once into registers in f16, prescaled by
+    ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
+    ``ldmatrix.trans``; the running max and sum use ``ex2.approx`` (O and
+    the sum are rescaled only on tiles where some row's max grew, a
+    warp-uniform branch: the factor is exactly 1 otherwise); P is rounded
+    to f16 and O accumulated in f32.  At the end ``O / l`` is
+    stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
+    H, S = plan.heads, plan.stages
+    WR = plan.warp_rows        # rows of one warp: MT mma row tiles of 16
+    MT = WR // 16
     R, P = plan.block_rows, plan.pitch
     KT = d // 16               # k-tiles of q . k
     NT = BN // 8               # n-tiles of the scores per key tile
     DT = d // 8                # n-tiles of the output
     CHUNKS = BN * d // 8       # 16-byte chunks of one K (or V) tile
+    SB = plan.stage_bytes
     nthr = 32 * NW
+    ot = f16 if plan.out_type == "f16" else f32
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", f16, align=16)
         vc = k.param_ptr("v_cache", f16, align=16)
         start_ptr = k.param_ptr("start_ptr", s32)
         ntok_ptr = k.param_ptr("n_tokens_ptr", s32)
-        out = k.param_ptr("out", f32, align=16)
+        out = k.param_ptr("out", ot, align=16)
         cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
         q_stride = k.param("q_stride", u32)
-        ks = k.shared_array("ks", f16, BN * P, align=16)
-        vs = k.shared_array("vs", f16, BN * P, align=16)
+        smem = k.dynamic_shared("smem", u8)
         pdl_prologue(k, plan)
 
         tid = k.tid.x
         lane, warp = tid & 31, tid >> 5
         g, t = lane >> 2, lane & 3
-        qh = k.ctaid.y
-        h = qh // G
-        nq = k.nctaid.y
+        qh0 = k.ctaid.y * H
+        qh = qh0 + (warp % H) if H > 1 else qh0
+        h = qh0 // G
+        nq = k.nctaid.y * H
         # L and T from the device, clamped: L in [0, capacity], T in
         # [0, min(capacity - L, rows of the grid)]
         L = k.min(k.max(k.ld(start_ptr[0]), 0).bitcast(u32), cap)
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
-        row0 = k.ctaid.x * R
-        with k.if_(row0 >= Tn):
-            k.exit()
-        nkeys = k.min(L + row0 + R, L + Tn)      # keys the block's rows see
+        RG = NW // H                             # row groups (one a warp) of a block
+        if RG == 1:
+            # one group a block, the longest first
+            gw = k.nctaid.x - 1 - k.ctaid.x      # the warp's group
+            with k.if_(WR * gw >= Tn):
+                k.exit()
+            gmax = gw                            # the block's last live group
+            wlive = None
+        else:
+            # groups paired from both ends: block x takes pairs p = x RG/2 ..
+            # + RG/2, each the groups p and NG - 1 - p (NG = ceil(T / WR); the
+            # middle group of an odd NG once), so every block walks about the
+            # same number of keys
+            Hh = RG // 2
+            NG = (Tn + (WR - 1)) >> (WR.bit_length() - 1)
+            p0 = k.ctaid.x * Hh
+            with k.if_(2 * p0 >= NG):
+                k.exit()
+            gmax = k.select(2 * p0 + 1 < NG, NG - 1 - p0, p0)
+            j = warp // H
+            pw = p0 + (j % Hh) if Hh > 1 else p0
+            back = j >= Hh
+            gw = k.select(back, NG - 1 - pw, pw)
+            # a front group lives while 2 p + 1 <= NG, a back one while 2 p + 1 < NG
+            wlive = 2 * pw + 1 < NG + k.select(back, k.mov(0, u32), k.mov(1, u32))
+        nkeys = k.min(L + WR * gmax + WR, L + Tn)    # keys the block's rows see
         lastk = nkeys - 1
-        wrow = row0 + 16 * warp                  # the warp's first chunk row
-        wpos_last = L + wrow + 15                # its last row's position
-        rows = [wrow + g, wrow + g + 8]
+        ntiles = (nkeys + (BN - 1)) // BN
+        wrow = WR * gw                           # the warp's first row
+        wpos_first = L + wrow                    # its first row's position
+        wpos_last = wpos_first + (WR - 1)        # its last row's position
+        # the lane's rows: g and g + 8 of each row tile (row ri = 2 mt + half)
+        rows = [wrow + (16 * mt + 8 * hf) + g for mt in range(MT) for hf in range(2)]
         pos = [(L + r).bitcast(s32) for r in rows]
 
         # q's A fragments (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
         # of each k-tile), prescaled, in f16
         c = k.mul(sm_scale, LOG2E, rnd="rn")
         qbase = [k.min(r, Tn - 1) * q_stride + qh * d + 2 * t for r in rows]
-        qa = []
-        for kt in range(KT):
-            regs = []
-            for half in range(2):                # columns 2t.. then 2t + 8..
-                for r in range(2):               # rows g, g + 8
-                    x0, x1 = k.ld(q[qbase[r] + 16 * kt + 8 * half], vec=2, nc=True)
-                    regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
-            qa.append(tuple(regs))
+        qa = []                                  # [mt][kt]
+        for mt in range(MT):
+            qa.append([])
+            for kt in range(KT):
+                regs = []
+                for half in range(2):            # columns 2t.. then 2t + 8..
+                    for r in range(2):           # rows g, g + 8
+                        x0, x1 = k.ld(q[qbase[2 * mt + r] + 16 * kt + 8 * half], vec=2,
+                                      nc=True)
+                        regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"),
+                                              k.mul(x1, c, rnd="rn")))
+                qa[mt].append(tuple(regs))
 
-        m_run = [k.var(f32, NEG), k.var(f32, NEG)]
-        l_run = [k.var(f32, 0.0), k.var(f32, 0.0)]
-        o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)]
+        m_run = [k.var(f32, NEG) for _ in rows]
+        l_run = [k.var(f32, 0.0) for _ in rows]
+        o_acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)] for _ in range(MT)]
         zero = k.mov(0.0, f32)
         ninf = k.mov(float("-inf"), f32)
-        kbase, vbase = k.mov(ks, u32), k.mov(vs, u32)
+        base = k.mov(smem, u32)
         mi, rr = lane >> 3, lane & 7
-        # ldmatrix row addresses (bytes): K (B of S, not transposed): matrix
-        # mi is keys 16p + 8 (mi >> 1) + rr, columns 16 kt + 8 (mi & 1);
+        # ldmatrix row addresses (bytes, stage 0): K (B of S, not transposed):
+        # matrix mi is keys 16p + 8 (mi >> 1) + rr, columns 16 kt + 8 (mi & 1);
         # V (B of O, transposed): keys 16p + 8 (mi & 1) + rr, dims 8 (n + (mi >> 1))
-        k_addr = kbase + ((8 * (mi >> 1) + rr) * P + 8 * (mi & 1)) * 2
-        v_addr = vbase + ((8 * (mi & 1) + rr) * P + 8 * (mi >> 1)) * 2
+        k_addr = base + ((8 * (mi >> 1) + rr) * P + 8 * (mi & 1)) * 2
+        v_addr = base + (BN * P + (8 * (mi & 1) + rr) * P + 8 * (mi >> 1)) * 2
 
-        with k.for_range(0, nkeys, BN) as kb:
-            for j in range(CHUNKS // nthr if CHUNKS >= nthr else 1):
-                cidx = tid + j * nthr
-                r_, cc = cidx // (d // 8), cidx % (d // 8)
-                src = (h * cap + k.min(kb + r_, lastk)) * d + 8 * cc
-                guard = None if CHUNKS >= nthr else cidx < CHUNKS
-                if guard is None:
-                    k.cp_async(ks[r_ * P + 8 * cc], kc[src])
-                    k.cp_async(vs[r_ * P + 8 * cc], vc[src])
-                else:
-                    with k.if_(guard):
-                        k.cp_async(ks[r_ * P + 8 * cc], kc[src])
-                        k.cp_async(vs[r_ * P + 8 * cc], vc[src])
+        # the thread's 16-byte chunks of a tile: (key row, shared byte offset,
+        # cache element offset within the row)
+        per = max(1, CHUNKS // nthr)
+        chunks = []
+        for j in range(per):
+            cidx = tid + j * nthr
+            r_, cc = cidx // (d // 8), cidx % (d // 8)
+            guard = (cidx < CHUNKS) if CHUNKS < nthr else None
+            chunks.append((guard, r_, (r_ * P + 8 * cc) * 2, 8 * cc))
+        hrow = h * cap
+
+        def issue(buf, kb):
+            for guard, r_, dst, col in chunks:
+                src = (hrow + k.min(kb + r_, lastk)) * d + col
+                k.cp_async(Address(buf + dst, 0, "shared", u8), kc[src], 16, guard=guard)
+                k.cp_async(Address(buf + dst, BN * P * 2, "shared", u8), vc[src], 16,
+                           guard=guard)
+
+        for s_ in range(S - 1):
+            with k.if_(ntiles > s_):
+                issue(base + s_ * SB, k.mov(s_ * BN, u32))
             k.cp_async_commit()
-            k.cp_async_wait(0)
+        cur = k.var(u32, 0)                  # byte offset of this tile's stage
+        nxt = k.var(u32, (S - 1) * SB)       # of the stage S - 1 tiles ahead
+        with k.for_range(0, ntiles) as it:
+            k.cp_async_wait(S - 2)
             k.bar_sync(0)
-            with k.if_(kb <= wpos_last):
-                _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr,
-                      zero, ninf, KT, NT, DT)
-            k.bar_sync(0)
+            ahead = it + (S - 1)
+            with k.if_(ahead < ntiles):
+                issue(base + nxt, ahead * BN)
+            k.cp_async_commit()
+            kb = it * BN
+            with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
+                ka, va = k_addr + cur, v_addr + cur
+                # a tile whose last key the warp's first row sees needs no mask
+                with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
+                    with whole:
+                        _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
+                    with part:
+                        _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
+            k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
+            k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
+        k.cp_async_wait(0)
 
-        for r in range(2):
-            lt = l_run[r] + k.shfl_xor(l_run[r], 1)
+        for ri, row in enumerate(rows):
+            mt, r = divmod(ri, 2)
+            lt = l_run[ri] + k.shfl_xor(l_run[ri], 1)
             lt = lt + k.shfl_xor(lt, 2)
             inv = k.div(1.0, lt, rnd="rn")
-            with k.if_(rows[r] < Tn):
-                obase = (rows[r] * nq + qh) * d + 2 * t
+            ok = row < Tn
+            with k.if_(ok if wlive is None else k.pand(ok, wlive)):
+                obase = (row * nq + qh) * d + 2 * t
                 for n in range(DT):
-                    k.st(out[obase + 8 * n], (k.mul(o_acc[n][2 * r], inv, rnd="rn"),
-                                              k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")))
+                    v0 = k.mul(o_acc[mt][n][2 * r], inv, rnd="rn")
+                    v1 = k.mul(o_acc[mt][n][2 * r + 1], inv, rnd="rn")
+                    if ot is f16:
+                        v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
+                    k.st(out[obase + 8 * n], (v0, v1))
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
-    """One key tile of one warp: scores, mask, online softmax, ``O += P V``."""
+    """One key tile of one warp: scores, mask (where ``pos`` is given: the
+    rows' positions), online softmax, ``O += P V``.  Every K and V fragment
+    loaded serves the warp's ``MT`` row tiles."""
     P = plan.pitch
+    MT = len(qa)
     t = (k.tid.x & 31) & 3
-    s = []
+    s = [[] for _ in range(MT)]                  # [mt][n-tile]: 4 f32 each
     for p in range(NT // 2):                     # 16 keys at a time
-        acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
+        acc = [[(zero, zero, zero, zero), (zero, zero, zero, zero)] for _ in range(MT)]
         for kt in range(KT):
-            b = k.ldmatrix(Address(k_addr + (16 * p * P + 16 * kt) * 2, 0, "shared", T.b16), 4)
-            for e in range(2):
-                acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
-        s.extend(acc)
-    # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
-    lim = [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
-    for r in range(2):
-        vals = []
+            b = k.ldmatrix(Address(k_addr, (16 * p * P + 16 * kt) * 2, "shared", T.b16), 4)
+            for mt in range(MT):
+                for e in range(2):
+                    acc[mt][e] = k.mma_m16n8k16(qa[mt][kt], b[2 * e:2 * e + 2], acc[mt][e])
+        for mt in range(MT):
+            s[mt].extend(acc[mt])
+    # key kb + 8 j + 2 t + e is seen by row ri when 8 j + e <= pos_ri - kb - 2 t
+    # (pos None: every key of the tile is seen by every row)
+    lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
+    vals, m_new = [], []
+    for ri in range(2 * MT):
+        mt, r = divmod(ri, 2)
+        v = []
         for j in range(NT):
             for e in range(2):
-                vals.append(k.select(lim[r] >= 8 * j + e, s[j][2 * r + e], ninf))
-        mt = vals[0]
-        for x in vals[1:]:
-            mt = k.max(mt, x)
-        mt = k.max(mt, k.shfl_xor(mt, 1))
-        mt = k.max(mt, k.shfl_xor(mt, 2))
-        m_new = k.max(m_run[r], mt)
-        alpha = k.ex2(m_run[r] - m_new)
-        k.assign(l_run[r], k.mul(l_run[r], alpha, rnd="rn"))
-        for acc in o_acc:
-            for e in range(2):
-                k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
-        k.assign(m_run[r], m_new)
-        pr = [k.ex2(x - m_new) for x in vals]
+                x = s[mt][j][2 * r + e]
+                v.append(x if lim is None else k.select(lim[ri] >= 8 * j + e, x, ninf))
+        mx = v[0]
+        for x in v[1:]:
+            mx = k.max(mx, x)
+        mx = k.max(mx, k.shfl_xor(mx, 1))
+        mx = k.max(mx, k.shfl_xor(mx, 2))
+        vals.append(v)
+        m_new.append(k.max(m_run[ri], mx))
+    # rescale O and l by 2^(m_run - m_new) only when some row's max grew
+    # (else the factor is exactly 1): after the first tiles of a long row
+    # most tiles skip the multiplies
+    grow = m_new[0] > m_run[0]
+    for ri in range(1, 2 * MT):
+        grow = k.por(grow, m_new[ri] > m_run[ri])
+    with k.if_(k.vote_sync("any", grow)):
+        for ri in range(2 * MT):
+            mt, r = divmod(ri, 2)
+            alpha = k.ex2(m_run[ri] - m_new[ri])
+            k.assign(l_run[ri], k.mul(l_run[ri], alpha, rnd="rn"))
+            for acc in o_acc[mt]:
+                for e in range(2):
+                    k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
+    for ri in range(2 * MT):
+        mt, r = divmod(ri, 2)
+        sm = s[mt]
+        k.assign(m_run[ri], m_new[ri])
+        pr = [k.ex2(x - m_new[ri]) for x in vals[ri]]
         psum = pr[0]
         for x in pr[1:]:
             psum = psum + x
-        k.assign(l_run[r], l_run[r] + psum)
+        k.assign(l_run[ri], l_run[ri] + psum)
         for j in range(NT):
-            s[j] = tuple(s[j][:2 * r]) + (pr[2 * j], pr[2 * j + 1]) + tuple(s[j][2 * r + 2:])
+            sm[j] = tuple(sm[j][:2 * r]) + (pr[2 * j], pr[2 * j + 1]) + tuple(sm[j][2 * r + 2:])
     for p in range(NT // 2):
-        pa = (_pack_f16(k, s[2 * p][0], s[2 * p][1]), _pack_f16(k, s[2 * p][2], s[2 * p][3]),
-              _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
-              _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
+        pa = [(_pack_f16(k, sm[2 * p][0], sm[2 * p][1]), _pack_f16(k, sm[2 * p][2], sm[2 * p][3]),
+               _pack_f16(k, sm[2 * p + 1][0], sm[2 * p + 1][1]),
+               _pack_f16(k, sm[2 * p + 1][2], sm[2 * p + 1][3])) for sm in s]
         for n in range(0, DT, 2):
-            b = k.ldmatrix(Address(v_addr + (16 * p * P + 8 * n) * 2, 0, "shared", T.b16), 4,
+            b = k.ldmatrix(Address(v_addr, (16 * p * P + 8 * n) * 2, "shared", T.b16), 4,
                            trans=True)
-            for e in range(2):
-                acc = o_acc[n + e]
-                for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):
-                    k.assign(r_, x)
+            for mt in range(MT):
+                for e in range(2):
+                    acc = o_acc[mt][n + e]
+                    for r_, x in zip(acc, k.mma_m16n8k16(pa[mt], b[2 * e:2 * e + 2], tuple(acc))):
+                        k.assign(r_, x)

@@ -38,12 +38,16 @@ class FlashPrefillSpec:
     head_dim : {64, 128}
     group : int
         Query heads per KV head (GQA), 1..16.
+    out_type : {"f32", "f16"}
+        Element type of ``out`` (f16 feeds the next GEMM's f16 X directly;
+        rounded once, ``cvt.rn``, from the f32 result).
     target : str
     pdl : bool
     """
 
     head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128)))
     group: int = attrs.field(default=4, validator=_int_in(1, 16))
+    out_type: str = attrs.field(default="f32", validator=_one_of("out_type", ("f32", "f16")))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -55,14 +59,30 @@ class FlashPrefillConfig:
     Parameters
     ----------
     warps : {1, 2, 4, 8}
-        Warps per block; each takes 16 query rows of one head, so a block
-        covers ``16 * warps`` rows (``block_rows``).
+        Warps per block; each takes ``warp_rows`` query rows of one query
+        head.
+    warp_rows : {16, 32}
+        Rows of one warp (one or two ``mma`` row tiles): with 32 every K and
+        V fragment read from shared memory serves two row tiles (half the
+        shared-memory reads per ``mma``) for about 2x the accumulator
+        registers.
+    heads : {1, 2, 4, 8}
+        Query heads per block, all of one KV head (a divisor of ``group``
+        and of ``warps``): every K/V tile copied into shared memory serves
+        ``heads`` heads of the block's ``warp_rows * warps / heads`` rows
+        (``block_rows``).
     block_keys : {16, 32, 64}
         Keys per shared-memory tile (K and V, rows padded by 8 halves).
+    stages : {2, 3}
+        K/V tiles in flight (a ``cp.async`` ring): tile ``i + stages - 1``
+        is copied while tile ``i`` is computed.
     """
 
-    warps: int = attrs.field(default=4, validator=_one_of("warps", (1, 2, 4, 8)))
+    warps: int = attrs.field(default=8, validator=_one_of("warps", (1, 2, 4, 8)))
+    warp_rows: int = attrs.field(default=16, validator=_one_of("warp_rows", (16, 32)))
+    heads: int = attrs.field(default=4, validator=_one_of("heads", (1, 2, 4, 8)))
     block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
+    stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3)))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillSpec))
@@ -85,10 +105,29 @@ class FlashPrefillPlan(PlanBase):
         defaults, not the tuned ones)."""
         return cls(FlashPrefillSpec(), FlashPrefillConfig(), **fields)
 
+    def _check(self):
+        c, g = self.config, self.spec.group
+        if g % c.heads:
+            raise ValueError(f"heads={c.heads} must divide the GQA group {g} (the block's "
+                             "query heads share one KV head)")
+        if c.warps % c.heads:
+            raise ValueError(f"heads={c.heads} must divide warps={c.warps} (each warp "
+                             "takes rows of one head)")
+
     @property
     def block_rows(self) -> int:
-        """Query rows of one block."""
-        return 16 * self.config.warps
+        """Chunk rows of one block (each for ``heads`` query heads)."""
+        return self.config.warp_rows * self.config.warps // self.config.heads
+
+    @property
+    def stage_bytes(self) -> int:
+        """Shared bytes of one K/V tile pair."""
+        return 2 * self.config.block_keys * self.pitch * 2
+
+    @property
+    def dynamic_shared(self) -> int:
+        """Dynamic shared bytes a block needs (the ring)."""
+        return self.config.stages * self.stage_bytes
 
     @property
     def pitch(self) -> int:
@@ -99,5 +138,7 @@ class FlashPrefillPlan(PlanBase):
     @property
     def kernel_name(self) -> str:
         c = self.config
-        return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_bn{c.block_keys}"
+        return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}"
+                + (f"r{c.warp_rows}" if c.warp_rows != 16 else "") + f"_h{c.heads}"
+                f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
                 + ("_pdl" if self.pdl else ""))

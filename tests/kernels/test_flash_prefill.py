@@ -9,7 +9,7 @@ import pytest
 from ptxgen.driver import ops
 from ptxgen.kernels import flash_prefill as FP
 
-BOUND = 5e-3       # q and P rounded to f16: ~2^-11 relative per term
+BOUND = 5e-3       # q and P rounded to f16: ~2^-11 relative per term (f16 out: one more)
 
 
 def attention64(q, kc, vc, L, T):
@@ -43,28 +43,90 @@ def _data(rng, n_kv, G, d, L, T, t_max, cap):
     return q, kc, vc
 
 
-CASES = [(L, T) for L in (0, 3, 40) for T in (1, 5, 17)]
+# L = 15, 14: a key tile (block_keys 16) ends at a warp's first row's position or one past it
+CASES = [(L, T) for L in (0, 3, 14, 15, 40) for T in (1, 5, 17)]
 
 
 @pytest.mark.parametrize("L,T", CASES)
 def test_matches_float64(backend, rng, L, T):
+    """L and T read from device scalars; a grid for 24 rows (2 blocks of 16
+    rows of 2 heads); rows past T stay untouched."""
     d, n_kv, G, t_max = 64, 1, 2, 24
     q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + T + 9)
     out = np.full((t_max, n_kv * G, d), np.nan, np.float32)
     ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
-                      backend=backend.name, warps=1, block_keys=16)
+                      backend=backend.name, warps=2, heads=2, block_keys=16, stages=2)
     ref = attention64(q, kc, vc, L, T)
     assert rel_err(out[:T], ref) <= BOUND, (L, T, rel_err(out[:T], ref))
     assert np.all(np.isnan(out[T:])), "rows past T were written"
 
 
-@pytest.mark.parametrize("L,T,warps,bn", [(40, 17, 2, 32), (3, 5, 1, 64)])
-def test_head_dim_128_gqa(backend, rng, L, T, warps, bn):
-    d, n_kv, G = 128, 2, 2
-    q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T + 3)
+# (head_dim, n_kv, group, warps, warp_rows, heads, block_keys, stages, L, T, out
+# dtype): every group size, both head dims, L = 0 and L > 0 with T not a
+# multiple of the block's rows, both output types, the shipped d128 layout (8
+# warps, 4 heads); blocks of 2 and 4 row groups paired from both ends with an
+# odd number of groups (a middle one: T = 9, 13, 33, 70, 70) and an even one
+# (T = 21, 90); warps of 32 rows (two mma row tiles)
+LAYOUTS = [
+    (64, 1, 1, 4, 16, 1, 16, 2, 6, 70, np.float32),
+    (64, 1, 1, 4, 16, 1, 32, 3, 0, 90, np.float16),
+    (64, 2, 1, 2, 16, 1, 16, 3, 0, 21, np.float32),
+    (64, 1, 2, 2, 16, 2, 32, 2, 19, 11, np.float16),
+    (64, 1, 4, 4, 16, 4, 32, 2, 37, 19, np.float16),
+    (64, 1, 8, 8, 16, 4, 16, 3, 5, 9, np.float32),
+    (128, 1, 4, 8, 16, 4, 64, 2, 70, 33, np.float16),
+    (128, 2, 2, 4, 16, 2, 32, 3, 0, 13, np.float32),
+    (64, 1, 4, 4, 32, 4, 32, 2, 37, 45, np.float32),
+    (128, 1, 2, 4, 32, 2, 16, 3, 0, 70, np.float16),
+]
+
+
+@pytest.mark.parametrize("d,n_kv,G,warps,wr,heads,bn,stages,L,T,odt", LAYOUTS)
+def test_layouts(backend, rng, d, n_kv, G, warps, wr, heads, bn, stages, L, T, odt):
+    t_max = T + 3
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + T + 5)
+    out = np.full((t_max, n_kv * G, d), np.nan, odt)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name, warps=warps, warp_rows=wr, heads=heads,
+                      block_keys=bn, stages=stages)
+    err = rel_err(out[:T], attention64(q, kc, vc, L, T))
+    assert err <= BOUND, err
+    assert np.all(np.isnan(out[T:])), "rows past T were written"
+
+
+def test_tuned_config(backend, rng):
+    """No config fields: the shipped table's choice for head_dim 128, group 4."""
+    d, L, T = 128, 9, 6
+    q, kc, vc = _data(rng, 1, 4, d, L, T, T, cap=L + T)
     out = np.full(q.shape, np.nan, np.float32)
-    ops.flash_prefill(q, kc, vc, L, T, out=out, backend=backend.name, warps=warps,
-                      block_keys=bn)
+    ops.flash_prefill(q, kc, vc, L, T, out=out, backend=backend.name)
+    assert rel_err(out, attention64(q, kc, vc, L, T)) <= BOUND
+
+
+@pytest.mark.parametrize("odt", [np.float32, np.float16])
+def test_gpu_shipped_config_larger(backend, rng, odt):
+    """The tuned config on a shape too large for the emulator: 8 query heads
+    of 2 KV heads, head_dim 128, a grid for 160 rows with T = 133 from the
+    device, L = 300 (many key tiles, several blocks per head pair)."""
+    if backend.name == "emu":
+        pytest.skip("GPU-sized case")
+    d, n_kv, G, L, T, t_max = 128, 2, 4, 300, 133, 160
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + t_max + 7)
+    out = np.full(q.shape, np.nan, odt)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name)
+    assert rel_err(out[:T], attention64(q, kc, vc, L, T)) <= BOUND
+    assert np.all(np.isnan(out[T:]))
+
+
+def test_q_in_a_wider_row(backend, rng):
+    """q read from the start of each row of a wider [T, row] array."""
+    d, n_kv, G, L, T = 64, 1, 2, 4, 7
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T)
+    wide = rng.standard_normal((T, G * d + 3 * d)).astype(np.float32)
+    wide[:, :G * d] = q.reshape(T, -1)
+    out = ops.flash_prefill(wide, kc, vc, L, T, n_q_heads=G, backend=backend.name, warps=2,
+                            heads=2, block_keys=16)
     assert rel_err(out, attention64(q, kc, vc, L, T)) <= BOUND
 
 
@@ -72,11 +134,12 @@ def test_causal_future_keys_do_not_leak(backend, rng):
     """Changing the chunk's last key and value changes only the last row."""
     d, L, T = 64, 3, 17
     q, kc, vc = _data(rng, 1, 1, d, L, T, T, cap=L + T)
-    a = ops.flash_prefill(q, kc, vc, L, T, backend=backend.name, warps=1, block_keys=16)
+    kw = dict(backend=backend.name, warps=1, heads=1, block_keys=16)
+    a = ops.flash_prefill(q, kc, vc, L, T, **kw)
     kc2, vc2 = kc.copy(), vc.copy()
     kc2[:, L + T - 1] = rng.standard_normal(d) * 4
     vc2[:, L + T - 1] = rng.standard_normal(d) * 4
-    b = ops.flash_prefill(q, kc2, vc2, L, T, backend=backend.name, warps=1, block_keys=16)
+    b = ops.flash_prefill(q, kc2, vc2, L, T, **kw)
     np.testing.assert_array_equal(a[:T - 1], b[:T - 1])
     assert not np.array_equal(a[T - 1], b[T - 1])
 
@@ -87,11 +150,26 @@ def test_reference_module_agrees(rng):
                                rtol=1e-12, atol=1e-12)
 
 
+def test_launch_geometry():
+    p = FP.FlashPrefillPlan.make(head_dim=128, group=4, warps=8, heads=4, block_keys=64,
+                                 stages=2)
+    grid, block, shared = FP.launch_geometry(p, 32, 512)
+    assert (grid, block) == ((16, 8, 1), (256, 1, 1))
+    assert shared == 2 * 2 * 64 * 136 * 2
+
+
 def test_bad_input_is_refused():
     q = np.zeros((4, 2, 64), np.float32)
     kc = np.zeros((1, 8, 64), np.float32)
     with pytest.raises(TypeError, match="float16"):
         ops.flash_prefill(q, kc, kc, 0, 4, backend="emu")
+    kc16 = np.zeros((1, 8, 64), np.float16)
+    with pytest.raises(TypeError, match="out must be float32 or float16"):
+        ops.flash_prefill(q, kc16, kc16, 0, 4, out=np.zeros((4, 2, 64)), backend="emu")
+    with pytest.raises(ValueError, match="heads=4 must divide the GQA group 2"):
+        ops.flash_prefill(q, kc16, kc16, 0, 4, backend="emu", heads=4)
+    with pytest.raises(ValueError, match="must divide warps"):
+        FP.FlashPrefillPlan.make(group=4, heads=4, warps=2)
     kc = np.zeros((1, 8, 96), np.float16)
     with pytest.raises(ValueError, match="q must be"):
         ops.flash_prefill(q, kc, kc, 0, 4, backend="emu")
