@@ -110,7 +110,8 @@ class Prefill:
             return np.float16 if gemm_ready(model, names) else np.float32
         self.x, self.h = buf((C, H)), buf((C, H), x_type("attn_q", "attn_k", "attn_v",
                                                                   "ffn_gate", "ffn_up"))
-        self.qkv, self.att = buf((C, self.qkv_dim)), buf((C, hp.q_dim))
+        self.qkv = buf((C, self.qkv_dim))
+        self.att = buf((C, hp.q_dim), x_type("attn_output"))      # flash_prefill's out
         self.gate, self.up = buf((C, hp.ffn)), buf((C, hp.ffn))
         self.act = buf((C, hp.ffn), x_type("ffn_down"))
         self.tokens = buf((C,), np.int32)
