@@ -22,9 +22,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# the suite without the `slow` comparisons with a llama.cpp build (make conformance)
+# the suite without the `slow` comparisons with a llama.cpp build (make conformance),
+# on one pytest-xdist worker per core, each test file on one worker (its module
+# fixtures built once); PYTEST_WORKERS=0 runs it in one process
+PYTEST_WORKERS ?= auto
 test: $(STAMP)
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 golden: $(STAMP)
 	PTXGEN_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py

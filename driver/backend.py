@@ -8,6 +8,8 @@ capture and replay graphs.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 
 __all__ = ["CudaBackend", "EmuBackend", "get_backend"]
@@ -72,12 +74,31 @@ class EmuBackend:
     name = "emu"
     can_capture = False
 
+    #: parsed and compiled modules by PTX text and builder source lines, most
+    #: recent last: parsing and compiling take far longer than emitting, and
+    #: a model's kernels are the same each time a model of that shape loads
+    _loaded: "OrderedDict[str, object]" = OrderedDict()
+    MAX_LOADED = 256
+
     def __init__(self):
         from ptxgen import emu
         self.e = emu
 
     def load(self, module):
-        return self.e.Module.from_ptx(module)
+        if not hasattr(module, "to_ptx_and_sources"):       # text: parsed each time
+            return self.e.Module.from_ptx(module)
+        text, sources = module.to_ptx_and_sources()
+        key = text + "\0" + repr(sorted(sources.items()))
+        loaded = EmuBackend._loaded
+        mod = loaded.get(key)
+        if mod is None:
+            mod = self.e.Module.from_ptx(text, sources=sources)
+            loaded[key] = mod
+            if len(loaded) > self.MAX_LOADED:
+                loaded.popitem(last=False)
+        else:
+            loaded.move_to_end(key)
+        return mod
 
     def empty(self, shape, dtype):
         return self.e.DeviceArray.empty(shape, dtype)

@@ -8,6 +8,11 @@ session seed and the test's node id (tests/seeding.py).  ``pytest --seed N``
 sets the session seed; by default each session draws a fresh one.  The seed
 is shown in the report header and in a "random seed" section of every
 failing test's report, with the command that reruns it.
+
+Under pytest-xdist (``make test`` runs ``-n auto``) the controller draws the
+session seed and hands it to every worker (``pytest_configure_node``), so
+all workers, and a rerun with ``--seed``, with or without ``-n``, draw the
+same inputs for a test.
 """
 
 import os
@@ -24,7 +29,17 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
-    seeding.configure(config.getoption("--seed"))
+    workerinput = getattr(config, "workerinput", None)     # set on pytest-xdist workers
+    if workerinput is not None and "ptxgen_seed" in workerinput:
+        seeding.configure(workerinput["ptxgen_seed"])
+    else:
+        seeding.configure(config.getoption("--seed"))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist (controller): every worker gets the controller's seed."""
+    node.workerinput["ptxgen_seed"] = seeding.session_seed()
 
 
 def pytest_report_header(config):

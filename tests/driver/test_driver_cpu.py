@@ -442,3 +442,20 @@ def test_device_array_interface_and_views():
     with pytest.raises(ValueError):
         a.reshape(5, 5)
     assert "freed" not in repr(a)
+
+
+def test_emu_backend_loads_an_identical_module_once():
+    """The emulator backend parses and compiles a module's PTX once: the same
+    text from the same builder lines gives the loaded module back; other text
+    and plain text load anew."""
+    from ptxgen import registry
+    from ptxgen.driver.backend import EmuBackend
+    specs = registry.canonical_specs()
+    fam, spec = specs["vector_add"]
+    a, b = EmuBackend(), EmuBackend()
+    first = a.load(fam.build(spec))
+    assert b.load(fam.build(spec)) is first
+    other_fam, other = specs["rmsnorm"]
+    assert a.load(other_fam.build(other)) is not first
+    text = fam.build(spec).to_ptx()
+    assert a.load(text) is not a.load(text)

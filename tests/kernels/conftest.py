@@ -153,8 +153,12 @@ _COMPARISONS: list = []
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """Write the emulator-against-GPU comparisons to $PTXGEN_EMU_GPU_REPORT
+    (under pytest-xdist each worker writes its own, ``<file>.gw0`` ...)."""
     out = os.environ.get("PTXGEN_EMU_GPU_REPORT")
     if out and _COMPARISONS:
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        out = f"{out}.{worker}" if worker else out
         with open(out, "w") as f:
             json.dump(_COMPARISONS, f, indent=1)
 

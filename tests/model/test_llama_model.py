@@ -22,27 +22,32 @@ def tiny(tmp_path_factory, module_seed):
     return str(p)
 
 
+def _rope_kinds(m, fuse):
+    kind, other = ("MulMatRopeKv", "RopeKvAppend") if fuse else ("RopeKvAppend", "MulMatRopeKv")
+    kinds = [op.kind for op in m.graph.ops]
+    assert kinds.count(kind) == TINY["n_layers"] and other not in kinds
+
+
 def test_emulator_decode_matches_reference(tiny, rng):
+    """The default graph, whose stacked QKV GEMV rotates q and k and appends
+    k and v to the cache (one MulMatRopeKv op, no RopeKvAppend launch),
+    matches the reference."""
     m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False)
-    prompt = [int(t) for t in rng.integers(0, 512, 2)]
-    res, logits = m.generate(prompt, 1, return_logits=True)
-    assert len(logits) == 2 and len(res.tokens) == 1
+    _rope_kinds(m, fuse=True)
+    prompt = [int(t) for t in rng.integers(0, 512, 3)]
+    res, logits = m.generate(prompt, 2, return_logits=True)
+    assert len(logits) == 4 and len(res.tokens) == 2
     _check_logits(m, tiny, prompt, res, logits)
 
 
 def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny, rng):
-    """By default the stacked QKV GEMV rotates q and k and appends k and v to
-    the cache (one MulMatRopeKv op, no RopeKvAppend launch); fuse_rope=False
-    keeps the separate RoPE + append launch.  Both match the reference."""
+    """fuse_rope=False keeps the separate RoPE + append launch and matches
+    the reference (the default, fused, graph: the test above)."""
     prompt = [int(t) for t in rng.integers(0, 512, 3)]
-    for fuse, kind in ((True, "MulMatRopeKv"), (False, "RopeKvAppend")):
-        m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False,
-                                 fuse_rope=fuse)
-        kinds = [op.kind for op in m.graph.ops]
-        other = "RopeKvAppend" if fuse else "MulMatRopeKv"
-        assert kinds.count(kind) == TINY["n_layers"] and other not in kinds
-        res, logits = m.generate(prompt, 2, return_logits=True)
-        _check_logits(m, tiny, prompt, res, logits)
+    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, fuse_rope=False)
+    _rope_kinds(m, fuse=False)
+    res, logits = m.generate(prompt, 2, return_logits=True)
+    _check_logits(m, tiny, prompt, res, logits)
 
 
 def test_ring_gemvs_spread_evenly_over_the_sms(tiny):

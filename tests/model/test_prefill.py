@@ -21,6 +21,28 @@ def tiny(tmp_path_factory, module_seed):
     return str(p)
 
 
+@pytest.fixture(scope="module")
+def model(tiny):
+    """One emulator model for the module (loading compiles every kernel);
+    each run starts from :func:`_fresh`."""
+    return LlamaModel.from_gguf(tiny, backend="emu", capacity=16, progress=False)
+
+
+def _fresh(m):
+    """NaN in every KV cache row and no prefill state, so a run can only
+    read what it wrote itself."""
+    for pair in m.kv_caches:
+        for c in pair:
+            m.executor.write(c, np.full(c.shape, np.nan, np.float16))
+    m._prefiller = None
+    return m
+
+
+def _run(m, prompt, new, chunk):
+    _fresh(m)
+    return m.generate(prompt, new, mode="eager", return_logits=True, prefill_chunk=chunk)
+
+
 #: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
 #: attn_v, ffn_down and the output, so q, k and v differ in type) and Q8_0
 MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0")}
@@ -29,22 +51,17 @@ TYPED = dict(TINY, n_layers=1)
 
 
 @pytest.fixture(scope="module", params=sorted(MIXED))
-def tiny_typed(request, tmp_path_factory, module_seed):
+def typed_model(request, tmp_path_factory, module_seed):
     p = tmp_path_factory.mktemp("model") / f"tiny_{request.param}.gguf"
     write_synthetic_llama(str(p), seed=module_seed, **TYPED, **MIXED[request.param])
-    return str(p)
+    return LlamaModel.from_gguf(str(p), backend="emu", capacity=16, progress=False)
 
 
-def _run(path, prompt, new, chunk):
-    m = LlamaModel.from_gguf(path, backend="emu", capacity=len(prompt) + new, progress=False)
-    return m.generate(prompt, new, mode="eager", return_logits=True, prefill_chunk=chunk)
-
-
-def test_prefill_matches_token_by_token(tiny, rng):
+def test_prefill_matches_token_by_token(model, rng):
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 7)]
     new = 4
-    (ref, ref_logits) = _run(tiny, prompt, new, 0)
-    (got, got_logits) = _run(tiny, prompt, new, 4)      # two chunks: 4 + 2 tokens
+    (ref, ref_logits) = _run(model, prompt, new, 0)
+    (got, got_logits) = _run(model, prompt, new, 4)      # two chunks: 4 + 2 tokens
     want = ref_logits[len(prompt) - 1]
     err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
     assert err <= 1e-2, err
@@ -52,42 +69,43 @@ def test_prefill_matches_token_by_token(tiny, rng):
     assert got.prompt_tokens_per_second > 0
 
 
-def test_prefill_matches_token_by_token_types(tiny_typed, rng):
+def test_prefill_matches_token_by_token_types(typed_model, rng):
     """The same for a Q4_K_M-mix file and a Q8_0 file: every projection runs
     on the GEMM (no GEMV per token)."""
     from ptxgen.driver.model.prefill import gemm_ready
-    m = LlamaModel.from_gguf(tiny_typed, backend="emu", capacity=16, progress=False)
+    m = typed_model
     assert gemm_ready(m)
     types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
     assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}), types
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
-    (ref, ref_logits) = _run(tiny_typed, prompt, 2, 0)
-    (got, got_logits) = _run(tiny_typed, prompt, 2, 4)      # two chunks: 4 + 1 tokens
+    (ref, ref_logits) = _run(m, prompt, 2, 0)
+    (got, got_logits) = _run(m, prompt, 2, 4)      # two chunks: 4 + 1 tokens
     want = ref_logits[len(prompt) - 1]
     err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
     assert err <= 1e-2, err
     assert got.tokens == ref.tokens
 
 
-def test_chunks_agree(tiny, rng):
+def test_chunks_agree(model, rng):
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
-    (a, la) = _run(tiny, prompt, 2, 2)
-    (b, lb) = _run(tiny, prompt, 2, 8)
+    (a, la) = _run(model, prompt, 2, 2)
+    (b, lb) = _run(model, prompt, 2, 8)
     err = float(np.linalg.norm(la[0] - lb[0]) / np.linalg.norm(lb[0]))
     assert err <= 1e-3, err
     assert a.tokens == b.tokens
 
 
-def test_buckets_agree(tiny, rng):
+def test_buckets_agree(model, rng):
     """Five prompt tokens as one chunk in a bucket of 8 (launches sized past
     the chunk, tiles past T exiting) against chunks of 4 and 1 in buckets of
     4 and 2: the same logits and continuation."""
     from ptxgen.driver.model.prefill import Prefill
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=len(prompt) + 2, progress=False)
+    m = _fresh(model)
     m._prefiller = Prefill(m, 8, buckets=())
     a, la = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=8)
     assert set(m._prefiller._seq) == {8}
+    _fresh(m)
     m._prefiller = Prefill(m, 4, buckets=(2, 4, 16))
     assert m._prefiller.buckets == (2, 4)
     b, lb = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=4)
