@@ -87,8 +87,9 @@ class OpSpec:
         #: extra (min_sm, min_ptx) needs for particular type names
         self.type_sm = dict(type_sm or {})
         self.doc = doc
-        #: (modifier, type name) pairs PTX does not define, e.g. div.approx.f64
-        self.exclude = frozenset(exclude)
+        #: (modifier, type name) pairs PTX does not define, e.g. div.approx.f64;
+        #: a dict gives the ISA's reason for each
+        self.exclude = dict(exclude) if isinstance(exclude, dict) else dict.fromkeys(exclude)
         #: how many leading operands are written
         self.ndst = 0
         for code in self.operands:
@@ -113,7 +114,8 @@ class OpSpec:
         for m in mods:
             for t in tys:
                 if (m, t.name) in self.exclude:
-                    return f"PTX has no {self.name}.{m}.{t.name}"
+                    why = self.exclude[(m, t.name)]
+                    return f"PTX has no {self.name}.{m}.{t.name}" + (f": {why}" if why else "")
         return None
 
     def check_types(self, tys) -> str | None:
@@ -235,7 +237,9 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("mad", "D s s C", [INT], [("lo", "hi", "wide"), ("sat",)],
            doc="integer multiply-add; floats use fma"),
     OpSpec("fma", "d s s s", [FLT + HALF], [ROUNDING_F, ("ftz",), ("sat",), ("relu",)],
-           type_sm=_FMA_HALF_SM),
+           type_sm=_FMA_HALF_SM,
+           exclude={(r, t): "half-precision fma rounds to nearest only (.rnd = .rn)"
+                    for r in ROUNDING_F[1:] for t in HALF}),
     OpSpec("div", "d s s", [ALLNUM], [("approx", "full") + ROUNDING_F, ("ftz",)],
            exclude=[("approx", "f64"), ("full", "f64")]),
     OpSpec("rem", "d s s", [INT]),
