@@ -8,6 +8,7 @@ import pytest
 
 import float_modifiers as FM
 import isa_coverage as IC
+import test_emu_cvt_modifiers as CVT
 import test_emu_int_modifiers as INT
 import test_emu_modifiers as FLT
 
@@ -35,21 +36,21 @@ def _float_split(c):
 def _status(c):
     if _float_split(c):
         return "tested" if c in FLT.COVERED else "not PTX" if c in FM.NOT_PTX else None
-    if c in INT.COVERED or c in WARP:
+    if c in INT.COVERED or c in CVT.COVERED or c in WARP:
         return "tested"
     if c[0] in IC.ALU_OPS and IC.not_ptx(*c) or _vote_not_ptx(*c):
         return "not PTX"
     return None
 
 
-ALU = IC.table_combos([o for o in IC.ALU_OPS if o not in ("cvt", "mov")] + list(FM.FLOAT_OPS))
+ALU = IC.table_combos(list(IC.ALU_OPS) + list(FM.FLOAT_OPS))
 
 
-def test_every_arithmetic_bit_compare_combination_is_tested():
+def test_every_arithmetic_bit_compare_conversion_combination_is_tested():
     missing = sorted(c for c in ALU if _status(c) is None)
     assert not missing, f"table combinations with no test: {missing}"
-    assert INT.COVERED <= ALU and FLT.COVERED <= ALU
-    assert not {c for c in INT.COVERED if IC.not_ptx(*c)}
+    assert INT.COVERED <= ALU and FLT.COVERED <= ALU and CVT.COVERED <= ALU
+    assert not {c for c in INT.COVERED | CVT.COVERED if IC.not_ptx(*c)}
 
 
 def test_registered_tests_exist():
@@ -80,11 +81,11 @@ def _ptx_of(combos):
 
 
 def test_ptxas_agrees_with_the_int_split(ptxas):
-    """ptxas assembles every integer/compare form run here (one kernel) and
+    """ptxas assembles every integer/compare/conversion form run here and
     refuses a sample of those named as not PTX, one per (opcode, reason)."""
     from ptxgen.errors import PtxBuildError
     from ptxgen.ptxas import PtxasError, assemble
-    tested = sorted(INT.COVERED)
+    tested = sorted(INT.COVERED | {c for c in CVT.COVERED if c[0] == "cvt"})
     for i in range(0, len(tested), 100):        # kernels within the parameter space
         assemble(_ptx_of(tested[i:i + 100]), "sm_90")
     seen, accepted = set(), []
