@@ -24,8 +24,8 @@ import itertools
 from ptxgen import types as T
 from ptxgen.isa import TABLE
 
-__all__ = ["table_combos", "ALU_OPS", "emitted_mods", "emit_combo", "not_ptx",
-           "BY_TEST", "type_tuple"]
+__all__ = ["table_combos", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
+           "not_ptx", "type_tuple"]
 
 #: the opcodes tests/emu/test_emu_int_modifiers.py and test_emu_cvt_modifiers.py
 #: build from their table entry alone (register operands, no memory)
@@ -33,6 +33,8 @@ ALU_OPS = ("add", "sub", "mul", "mad", "div", "rem", "neg", "abs", "min", "max",
            "popc", "clz", "and", "or", "xor", "not", "shl", "shr", "bfe", "bfi",
            "prmt", "dp4a", "dp2a", "setp", "selp", "cvt", "mov")
 FLOAT = ("f32", "f64", "f16", "f16x2", "bf16", "bf16x2")
+#: the opcodes tests/emu/test_emu_memory_modifiers.py builds from their table entry
+MEM_OPS = ("ld", "st", "atom", "red")
 
 
 def table_combos(ops=None):
@@ -195,6 +197,8 @@ def not_ptx(op, mod, ty):
     t0 = tys[0]
     if op == "cvt":
         return _cvt_not_ptx(mod, *tys)
+    if op in MEM_OPS:
+        return _mem_not_ptx(op, mod, ty)
     if op == "setp" and mod == "ftz" and t0 not in ("f32", "f16"):
         return "setp.ftz is defined on f32 (and f16) only"
     if op == "selp" and ty in ("f16", "bf16"):
@@ -215,3 +219,63 @@ def not_ptx(op, mod, ty):
         return "ptxas refuses the unsigned compares on .bN (use .uN)"
     return None
 
+
+
+# ------------------------------------------------------------ memory forms
+
+ATOM_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch")
+_SCOPES = ("cta", "cluster", "gpu", "sys")
+_GLOBAL_ONLY = ("ca", "cg", "cs", "lu", "cv", "nc", "wb", "wt", "L2::64B", "L2::128B",
+                "L2::256B", "L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
+                "L1::evict_last", "L1::no_allocate", "v2", "v4")
+#: the operation an atom/red runs when the combination names none
+DEFAULT_ATOM_OP = {"u32": "add", "s32": "add", "u64": "add", "s64": "min", "f32": "add",
+                   "f64": "add", "f16x2": "add", "bf16x2": "add", "b32": "xor", "b64": "xor"}
+
+
+def mem_mods(op, mod, ty):
+    """The modifiers a test emits for a memory combination, in the table's
+    order: ``mod`` plus what the instruction needs (a scope with
+    .relaxed/.acquire/.release, .relaxed with a scope, .global with a cache,
+    eviction, prefetch or vector modifier, an operation for atom/red, .noftz
+    on packed halves).  No state space means a generic address."""
+    m = [mod] if mod else []
+    if mod in ("relaxed", "acquire", "release", "acq_rel"):
+        m.append("gpu")
+    if mod in _SCOPES:
+        m.append("relaxed")
+    if op in ("ld", "st"):
+        if mod in _GLOBAL_ONLY:
+            m.append("global")
+    else:
+        if mod in ("relaxed", "acquire", "release", "acq_rel") + _SCOPES:
+            m.append("global")
+        if not any(x in ATOM_OPS for x in m):
+            m.append(DEFAULT_ATOM_OP[ty])
+        if ty in ("f16x2", "bf16x2") and "noftz" not in m:
+            m.append("noftz")
+    order = [x for g in TABLE[op].mods for x in g]
+    return sorted(set(m), key=order.index)
+
+
+def _mem_not_ptx(op, mod, ty):
+    if op in ("ld", "st"):
+        if op == "st" and mod == "param":
+            return "a kernel's parameters are read-only: st.param writes a call's arguments"
+        if mod == "v4" and ty.endswith("64"):
+            return "a .v4 of 64-bit elements is a 256-bit access (PTX 8.8, sm_100)"
+        return None
+    kind = mod if mod in ATOM_OPS else DEFAULT_ATOM_OP[ty]
+    if mod == "noftz" and ty not in ("f16x2", "bf16x2"):
+        return ".noftz belongs to the f16x2/bf16x2 additions"
+    if kind in ("and", "or", "xor", "cas", "exch") and ty not in ("b32", "b64"):
+        return "the bitwise operations, exch and cas take .b32/.b64"
+    if kind in ("inc", "dec") and ty != "u32":
+        return "inc/dec are defined on .u32 only"
+    if kind == "add" and ty in ("s64", "b32", "b64"):
+        return "add takes .u32/.s32/.u64/.f32/.f64 and the packed halves (no .s64, no .bN)"
+    if kind in ("min", "max") and ty in ("f32", "f64", "b32", "b64"):
+        return "min/max take .u32/.s32/.u64/.s64 (and halves as vector atomics)"
+    if kind in ("min", "max") and ty in ("f16x2", "bf16x2"):
+        return "min/max on packed halves exist only as vector atomics (.v2/.v4/.v8, PTX 8.1)"
+    return None

@@ -10,6 +10,7 @@ import float_modifiers as FM
 import isa_coverage as IC
 import test_emu_cvt_modifiers as CVT
 import test_emu_int_modifiers as INT
+import test_emu_memory_modifiers as MEM
 import test_emu_modifiers as FLT
 
 # the shfl and vote forms tests/emu/test_emu_warp_memory.py runs: each mode
@@ -36,9 +37,9 @@ def _float_split(c):
 def _status(c):
     if _float_split(c):
         return "tested" if c in FLT.COVERED else "not PTX" if c in FM.NOT_PTX else None
-    if c in INT.COVERED or c in CVT.COVERED or c in WARP:
+    if c in INT.COVERED or c in CVT.COVERED or c in MEM.COVERED or c in WARP:
         return "tested"
-    if c[0] in IC.ALU_OPS and IC.not_ptx(*c) or _vote_not_ptx(*c):
+    if c[0] in IC.ALU_OPS + IC.MEM_OPS and IC.not_ptx(*c) or _vote_not_ptx(*c):
         return "not PTX"
     return None
 
