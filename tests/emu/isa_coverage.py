@@ -9,12 +9,15 @@ lets the builder emit.  tests/emu/test_emu_isa_coverage.py fails on one
 that is neither
 
 - run against an exact oracle: the float forms in
-  tests/emu/test_emu_modifiers.py, the integer, bit, compare/select and
-  conversion forms in tests/emu/test_emu_int_modifiers.py and
-  tests/emu/test_emu_cvt_modifiers.py (their ``COVERED`` sets), or a form
-  named in :data:`BY_TEST` with the existing test that runs it; nor
+  tests/emu/test_emu_modifiers.py, the integer, bit, compare/select forms
+  in test_emu_int_modifiers.py, cvt and mov in test_emu_cvt_modifiers.py,
+  ld/st/atom/red in test_emu_memory_modifiers.py, barriers, fences,
+  branches, cvta and cp.async in test_emu_sync_forms.py (their ``COVERED``
+  sets), or an opcode named in test_emu_isa_coverage.py's ``BY_TEST`` with
+  the existing tests that run its forms (tensor cores, asynchronous
+  copies, mbarriers); nor
 - named by :func:`not_ptx` as one PTX does not define (with the ISA's
-  reason; ``test_ptxas_agrees_with_the_int_split`` has ptxas refuse each).
+  reason; ptxas refuses each, see the ``test_ptxas_agrees_*`` tests).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import itertools
 from ptxgen import types as T
 from ptxgen.isa import TABLE
 
-__all__ = ["table_combos", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
+__all__ = ["TABLE", "table_combos", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
            "not_ptx", "type_tuple"]
 
 #: the opcodes tests/emu/test_emu_int_modifiers.py and test_emu_cvt_modifiers.py
@@ -199,6 +202,8 @@ def not_ptx(op, mod, ty):
         return _cvt_not_ptx(mod, *tys)
     if op in MEM_OPS:
         return _mem_not_ptx(op, mod, ty)
+    if op in ("mma", "wgmma.mma_async"):
+        return _tc_not_ptx(op, mod, ty)
     if op == "setp" and mod == "ftz" and t0 not in ("f32", "f16"):
         return "setp.ftz is defined on f32 (and f16) only"
     if op == "selp" and ty in ("f16", "bf16"):
@@ -279,3 +284,53 @@ def _mem_not_ptx(op, mod, ty):
     if kind in ("min", "max") and ty in ("f16x2", "bf16x2"):
         return "min/max on packed halves exist only as vector atomics (.v2/.v4/.v8, PTX 8.1)"
     return None
+
+
+# ------------------------------------------------------------ tensor cores
+
+def _tc_not_ptx(op, mod, ty):
+    d, a, b = ty.split(".")[:3]
+    c = ty.split(".")[3] if op == "mma" else d
+    if (a in ("f16", "bf16") or b in ("f16", "bf16")) and a != b:
+        return "A and B are both f16, both bf16, or both 8-bit integers"
+    integer = a in ("s8", "u8")
+    if (d, c) != (("s32", "s32") if integer else ("f32", "f32")):
+        return "D and C are f32 for f16/bf16 inputs and s32 for s8/u8"
+    if op == "wgmma.mma_async":
+        if integer and a != b:
+            return "mixed-sign 8-bit wgmma needs PTX ISA 8.4 (ptxgen emits at most 8.0)"
+        if mod.startswith("m64n"):
+            n, k = (int(x) for x in mod[4:].split("k"))
+            if k != (32 if integer else 16):
+                return "wgmma is m64nNk16 for f16/bf16 and m64nNk32 for s8/u8"
+            if integer and not (n in (8, 16, 24, 32) or n % 16 == 0 and 48 <= n <= 256):
+                return "8-bit wgmma takes N = 8, 16, 24, 32, then 48 to 256 by 16"
+    return None
+
+
+# ------------------------------------------------------------ sync, control, cvta
+
+#: what each single-modifier combination of these opcodes emits (its
+#: required parts added); the forms tests/emu/test_emu_sync_forms.py runs
+SYNC_OPS = ("bar", "fence", "membar", "fence.proxy.async", "fence.mbarrier_init",
+            "griddepcontrol", "barrier.cluster.arrive", "barrier.cluster.wait", "bra", "ret",
+            "exit", "cvta", "cp.async")
+
+
+def sync_mods(op, mod):
+    """The modifiers a test emits for a combination of :data:`SYNC_OPS`."""
+    m = [mod] if mod else []
+    need = {"bar": (("sync", "arrive"), "sync"), "fence": (_SCOPES, "gpu"),
+            "membar": (("cta", "gl", "sys"), "gl"),
+            "griddepcontrol": (("launch_dependents", "wait"), "wait"),
+            "cvta": (("global", "shared", "param"), "global"),
+            "cp.async": (("ca", "cg"), "cg")}
+    if op in need and not any(x in need[op][0] for x in m):
+        m.append(need[op][1])
+    if op == "fence.mbarrier_init":
+        m = ["release", "cluster"]
+    if op == "cp.async":
+        m += [x for x in ("shared", "global") if x not in m and not (
+            x == "shared" and "shared::cta" in m)]
+    order = [x for g in TABLE[op].mods for x in g]
+    return sorted(set(m), key=order.index)
