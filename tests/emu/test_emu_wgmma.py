@@ -320,8 +320,9 @@ def _all_shapes_kernel(ab, a, b, ns, satfinite_n):
             k.wgmma(acc, da, db, ab_type=ab, scale_d=False, satfinite=sat)
             k.wgmma_commit()
             k.wgmma_wait(0)
-            for i in range(n // 2):
-                k.st(outp[off + t * (n // 2) + i], acc[i])
+            row = k.ptr_add(outp, t * (n // 2) + off)
+            for i in range(0, n // 2, 4):                 # v4 stores at fixed offsets
+                k.st(row[i], tuple(acc[i:i + 4]))
             off += 64 * n
     return m
 
@@ -359,3 +360,12 @@ def test_wgmma_every_shape(backend, rng, ab):
         else:
             err = np.abs(D - exact)
             assert np.all(err <= 2.0 ** -21 * (np.abs(A) @ np.abs(B[:n]).T)), (ab, n, err.max())
+
+
+def test_ptxas_takes_every_shape(ptxas, rng):
+    """The all-shapes kernels assemble for sm_90a (f16 and s8: every N)."""
+    from ptxgen.ptxas import assemble
+    for ab in ("f16", "s8"):
+        a, b = _kmajor(rng, ab, 64, "none", 0), _kmajor(rng, ab, 256, "none", 8192)
+        ns = N_INT8 if ab == "s8" else N_FLOAT
+        assemble(_all_shapes_kernel(ab, a, b, ns, 24 if ab == "s8" else None).to_ptx(), "sm_90a")
