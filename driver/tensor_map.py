@@ -45,6 +45,18 @@ class EncodedTensorMap:
         return f"<EncodedTensorMap {self.desc.dtype} shape={self.desc.shape} box={self.desc.box}>"
 
 
+def _stride_array(desc):
+    """The ``globalStrides`` array: the map's rank - 1 byte strides.  A
+    rank-1 map has none, but an empty list reaches the driver as a null
+    pointer, which ``cuTensorMapEncodeTiled`` refuses with
+    CUDA_ERROR_INVALID_VALUE; it gets one entry (the row's bytes rounded
+    up to 16, a valid stride) that the driver does not read."""
+    if desc.strides:
+        return desc.strides
+    row = desc.shape[0] * TMA_DTYPES[desc.dtype][0]
+    return (row + 15) // 16 * 16,
+
+
 def encode_tiled(desc: TensorMap) -> EncodedTensorMap:
     """Encode ``desc`` with ``cuTensorMapEncodeTiled`` (see the module docstring).
 
@@ -73,7 +85,7 @@ def encode_tiled(desc: TensorMap) -> EncodedTensorMap:
             else d.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA)
     raw = check(d.cuTensorMapEncodeTiled(
         dtype, d.cuuint32_t(desc.rank), desc.address, [d.cuuint64_t(n) for n in desc.shape],
-        [d.cuuint64_t(n) for n in desc.strides], [d.cuuint32_t(n) for n in desc.box],
+        [d.cuuint64_t(n) for n in _stride_array(desc)], [d.cuuint32_t(n) for n in desc.box],
         [d.cuuint32_t(1)] * desc.rank, d.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
         d.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B, fill),
         f"cuTensorMapEncodeTiled({desc!r})")

@@ -189,8 +189,9 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
         a :class:`Ptr` to ``elem`` values in ``space``, converted from the
         generic address with ``cvta.to``."""
         elem = T.type_by_name(elem)
-        if space not in ("global", "shared", "const"):
-            raise PtxBuildError(f"pointer space {space!r} is not one of global, shared, const")
+        if space not in ("global", "shared"):
+            raise PtxBuildError(f"pointer space {space!r} is not one of global, shared "
+                                "(ptxgen declares no .const variables to point at)")
         p = self._declare_param(name, T.u64, pointer_space=space, align=align or elem.bytes)
         raw = self.reg(T.u64)
         self.emit("ld", ["param"], [T.u64], [raw, Address(p.symbol, 0, "param")], _own_frames=1)

@@ -87,8 +87,9 @@ class OpSpec:
         #: extra (min_sm, min_ptx) needs for particular type names
         self.type_sm = dict(type_sm or {})
         self.doc = doc
-        #: (modifier, type name) pairs PTX does not define, e.g. div.approx.f64
-        self.exclude = frozenset(exclude)
+        #: (modifier, type name) pairs PTX does not define, e.g. div.approx.f64;
+        #: a dict gives the ISA's reason for each
+        self.exclude = dict(exclude) if isinstance(exclude, dict) else dict.fromkeys(exclude)
         #: how many leading operands are written
         self.ndst = 0
         for code in self.operands:
@@ -113,7 +114,9 @@ class OpSpec:
         for m in mods:
             for t in tys:
                 if (m, t.name) in self.exclude:
-                    return f"PTX has no {self.name}.{m}.{t.name}"
+                    why = self.exclude[(m, t.name)]
+                    return f"{self.name}.{m}.{t.name}: {why}" if why else \
+                        f"PTX has no {self.name}.{m}.{t.name}"
         return None
 
     def check_types(self, tys) -> str | None:
@@ -167,13 +170,13 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("cvt", "d s2", [INT + FLT + HALF[::2], INT + FLT + HALF[::2]],
            [ROUNDING_F + ROUNDING_I, ("ftz",), ("sat",)],
            type_sm={"bf16": (80, (7, 0))}, doc="convert between types"),
-    OpSpec("cvta", "d s", [("u32", "u64")], [("to",), ("global", "shared", "const", "param")],
+    OpSpec("cvta", "d s", [("u64",)], [("to",), ("global", "shared", "param")],
            type_sm={"param": (70, (7, 7))},
            doc="generic <-> state-space address (cvta.param: a kernel parameter's "
                "generic address)"),
     OpSpec("ld", "V m", [MEM],
            [("weak", "relaxed", "acquire", "volatile"), SCOPES,
-            ("global", "shared", "shared::cta", "shared::cluster", "param", "const"),
+            ("global", "shared", "shared::cta", "shared::cluster", "param"),
             ("ca", "cg", "cs", "lu", "cv"), ("nc",),
             ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
              "L1::evict_last", "L1::no_allocate"),
@@ -216,7 +219,7 @@ TABLE: dict[str, OpSpec] = _table(
            doc="make mbarrier.init visible to the bulk copy engine"),
     OpSpec("st", "m W", [MEM],
            [("weak", "relaxed", "release", "volatile"), SCOPES,
-            ("global", "shared", "shared::cta", "shared::cluster", "param"),
+            ("global", "shared", "shared::cta", "shared::cluster"),
             ("wb", "cg", "cs", "wt"),
             ("L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
              "L1::evict_last", "L1::no_allocate"),
@@ -235,7 +238,9 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("mad", "D s s C", [INT], [("lo", "hi", "wide"), ("sat",)],
            doc="integer multiply-add; floats use fma"),
     OpSpec("fma", "d s s s", [FLT + HALF], [ROUNDING_F, ("ftz",), ("sat",), ("relu",)],
-           type_sm=_FMA_HALF_SM),
+           type_sm=_FMA_HALF_SM,
+           exclude={(r, t): "PTX's half-precision fma rounds to nearest only (.rnd = .rn)"
+                    for r in ROUNDING_F[1:] for t in HALF}),
     OpSpec("div", "d s s", [ALLNUM], [("approx", "full") + ROUNDING_F, ("ftz",)],
            exclude=[("approx", "f64"), ("full", "f64")]),
     OpSpec("rem", "d s s", [INT]),
@@ -289,7 +294,7 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("ret", "", []),
     OpSpec("exit", "", []),
     # -- synchronisation and communication --------------------------------------
-    OpSpec("bar", "u? u?", [], [("cta",), ("sync", "arrive"), ("aligned",)],
+    OpSpec("bar", "u? u?", [], [("cta",), ("sync", "arrive")],
            doc="bar.sync barrier[, count]"),
     OpSpec("barrier.cluster.arrive", "", [], [("release", "relaxed"), ("aligned",)],
            min_sm=90, min_ptx=(7, 8),
@@ -298,7 +303,7 @@ TABLE: dict[str, OpSpec] = _table(
     OpSpec("barrier.cluster.wait", "", [], [("acquire",), ("aligned",)], min_sm=90,
            min_ptx=(7, 8), type_sm={"acquire": (90, (8, 0))},
            doc="wait until every thread of the cluster has arrived"),
-    OpSpec("mapa", "d s u", [("u32", "u64")], [("shared::cluster",)], min_sm=90, min_ptx=(7, 8),
+    OpSpec("mapa", "d s u", [("u32",)], [("shared::cluster",)], min_sm=90, min_ptx=(7, 8),
            doc="the shared::cluster address of the same shared variable in CTA RANK "
                "of the cluster"),
     OpSpec("fence.proxy.async", "", [], [("shared::cta", "shared::cluster", "global")],
@@ -332,18 +337,23 @@ TABLE: dict[str, OpSpec] = _table(
                                   ("f16", "bf16", "s8", "u8"), ("f32", "s32")],
            [("sync",), ("aligned",), MMA_SHAPES, ("row",), ("col",), ("satfinite",)],
            min_sm=80, min_ptx=(7, 0),
-           exclude=[("satfinite", t) for t in ("f16", "bf16", "f32")],
+           exclude={**{("satfinite", t): "PTX has .satfinite on the integer mma only"
+                       for t in ("f16", "bf16", "f32")},
+                    **{("m16n8k8", t): "PTX has no 8-bit m16n8k8 (8-bit mma is k16 or k32)"
+                       for t in ("s8", "u8")},
+                    **{("m16n8k16", t): "ptxgen builds the 8-bit mma as m16n8k32 only"
+                       for t in ("s8", "u8")},
+                    **{("m16n8k32", t): "PTX has no f16/bf16 m16n8k32 (k8 or k16)"
+                       for t in ("f16", "bf16")}},
            doc="mma.sync.aligned: a warp's 16x8 tile D = A.B + C (m16n8k16 / m16n8k8 "
                "f16 and bf16 into f32, m16n8k32 s8/u8 into s32)"),
     OpSpec("ldmatrix", "xd m", [("b16",)],
-           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",),
-            ("shared", "shared::cta")],
-           min_sm=75, min_ptx=(6, 5), type_sm={"shared::cta": (75, (7, 8))},
+           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",), ("shared",)],
+           min_sm=75, min_ptx=(6, 5),
            doc="load 1, 2 or 4 8x8 b16 matrices from shared memory into a warp's "
                "registers (rows addressed by lanes 0-7, 8-15, 16-23, 24-31)"),
     OpSpec("stmatrix", "m xs", [("b16",)],
-           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",),
-            ("shared", "shared::cta")],
+           [("sync",), ("aligned",), ("m8n8",), ("x1", "x2", "x4"), ("trans",), ("shared",)],
            min_sm=90, min_ptx=(7, 8),
            doc="store 1, 2 or 4 8x8 b16 matrices from a warp's registers to shared "
                "memory (the inverse of ldmatrix)"),

@@ -450,3 +450,17 @@ def test_mma_refuses_fragments_ptxas_would_reject():
         with pytest.raises(PtxTypeError, match="c registers must be f32"):
             k.mma_m16n8k16((bw,) * 4, (bw, bw), (bw, x, x, x))
         k.mma_m16n8k16((bw,) * 4, (bw, bw), (x, x, x, x))
+
+
+def test_half_fma_directed_rounding_refused_at_users_line():
+    """PTX defines fma on f16/bf16 (and the x2 forms) with .rn only: the
+    builder refuses .rz/.rm/.rp there, naming the caller's line and why
+    (ptxas takes fma.rm.bf16 but computes it through f16 conversions)."""
+    from ptxgen import types as T
+    m, k = _kernel()
+    a = k.bitcast(T.bf16, k.param("h", T.u16))
+    with pytest.raises(PtxTypeError) as ei:
+        k.emit("fma", ["rm"], [T.bf16], [k.reg(T.bf16), a, a, a])  # MARK-fma-rm-bf16
+    assert ei.value.loc.lineno == _line_of("MARK-fma-rm-bf16")
+    assert "fma.rm.bf16" in str(ei.value) and "rounds to nearest only" in str(ei.value)
+    k.emit("fma", ["rn"], [T.bf16], [k.reg(T.bf16), a, a, a])

@@ -237,6 +237,22 @@ def _lowmask(n, w):
     return np.where(n >= w, full, m).astype(UINT[w])
 
 
+def _field_operands(pos, ln, w):
+    """bfe/bfi's position and length as uint64.
+
+    The PTX ISA's pseudo-code takes both ``& 0xff``.  The 32-bit forms do
+    so on sm_90; the 64-bit forms do not: ptxas lowers ``bfe.{u,s}64`` and
+    ``bfi.b64`` to 64-bit funnel shifts and a ``(1 << len) - 1`` mask that
+    use the whole u32 operand, shifts saturating at 64 (as ``shl``/``shr``
+    do).  Within 0..255 the two agree; above 255 the hardware's rule is
+    the one a GPU runs (a position of 259 is past the msb, not bit 3).
+    """
+    pos, ln = np.asarray(pos, np.uint32), np.asarray(ln, np.uint32)
+    if w == 32:
+        pos, ln = pos & 0xFF, ln & 0xFF
+    return pos.astype(np.uint64), ln.astype(np.uint64)
+
+
 @semantics("bfe")
 def _bfe(stmt, ctx):
     from ..types import u32
@@ -246,8 +262,7 @@ def _bfe(stmt, ctx):
     def f(a, b, c):
         u = UINT[w]
         a = np.asarray(a).view(u) if np.asarray(a).dtype != u else np.asarray(a)
-        pos = (np.asarray(b, np.uint32) & 0xFF).astype(np.uint64)
-        ln = (np.asarray(c, np.uint32) & 0xFF).astype(np.uint64)
+        pos, ln = _field_operands(b, c, w)
         valid = np.where(pos >= w, 0, np.minimum(ln, w - np.minimum(pos, w)))
         shifted = np.where(pos >= w, u(0), a >> np.minimum(pos, w - 1).astype(u))
         field = shifted & _lowmask(valid, w)
@@ -267,8 +282,7 @@ def _bfi(stmt, ctx):
     u = UINT[w]
 
     def f(a, b, c, d):
-        pos = (np.asarray(c, np.uint32) & 0xFF).astype(np.uint64)
-        ln = (np.asarray(d, np.uint32) & 0xFF).astype(np.uint64)
+        pos, ln = _field_operands(c, d, w)
         valid = np.where(pos >= w, 0, np.minimum(ln, w - np.minimum(pos, w)))
         sh = np.minimum(pos, w - 1).astype(u)
         mask = (_lowmask(valid, w) << sh).astype(u)

@@ -115,8 +115,12 @@ def convert(x, dty, sty, mods):
     ftz = "ftz" in mods
     if sty.is_float:
         (v,) = decode(x, sty)
-        if ftz and sty.name in ("f32", "f16", "bf16"):
-            v = flush_half(v, sty.name)
+        if ftz and sty.name == "f32":
+            # .ftz flushes f32 subnormal inputs and f32 subnormal results;
+            # an f16 input is left alone (cvt.ftz.f32.f16 is the same
+            # instruction as cvt.f32.f16 on sm_90), a bf16 one is flushed
+            # as the f32 result it becomes
+            v = flush_half(v, "f32")
         if dty.is_float:
             if rnd in ("rni", "rzi", "rmi", "rpi"):
                 v = round_int(v, rnd)

@@ -56,8 +56,8 @@ def not_ptx(op, mod, ty):
         return "no .ftz form of this half-precision instruction"
     if mod == "relu" and ty not in HALVES:
         return "fma.relu is defined on f16, f16x2, bf16 and bf16x2 only"
-    if mod in ROUND[1:] and ty in HALVES and not (op == "fma" and ty.startswith("bf16")):
-        return "half-precision arithmetic rounds to nearest (.rn) only (bf16 fma: every mode)"
+    if mod in ROUND[1:] and ty in HALVES:
+        return "half-precision arithmetic rounds to nearest (.rn) only"
     if mod == "NaN" and ty == "f64":
         return "min/max.NaN is not defined on f64"
     if mod in ("approx", "full") and ty != "f32" and not (op == "rsqrt" and ty == "f64"):

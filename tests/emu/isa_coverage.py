@@ -9,12 +9,15 @@ lets the builder emit.  tests/emu/test_emu_isa_coverage.py fails on one
 that is neither
 
 - run against an exact oracle: the float forms in
-  tests/emu/test_emu_modifiers.py, the integer, bit, compare/select and
-  conversion forms in tests/emu/test_emu_int_modifiers.py and
-  tests/emu/test_emu_cvt_modifiers.py (their ``COVERED`` sets), or a form
-  named in :data:`BY_TEST` with the existing test that runs it; nor
+  tests/emu/test_emu_modifiers.py, the integer, bit, compare/select forms
+  in test_emu_int_modifiers.py, cvt and mov in test_emu_cvt_modifiers.py,
+  ld/st/atom/red in test_emu_memory_modifiers.py, barriers, fences,
+  branches, cvta and cp.async in test_emu_sync_forms.py (their ``COVERED``
+  sets), or an opcode named in test_emu_isa_coverage.py's ``BY_TEST`` with
+  the existing tests that run its forms (tensor cores, asynchronous
+  copies, mbarriers); nor
 - named by :func:`not_ptx` as one PTX does not define (with the ISA's
-  reason; ``test_ptxas_agrees_with_the_int_split`` has ptxas refuse each).
+  reason; ptxas refuses each, see the ``test_ptxas_agrees_*`` tests).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ import itertools
 from ptxgen import types as T
 from ptxgen.isa import TABLE
 
-__all__ = ["table_combos", "ALU_OPS", "emitted_mods", "emit_combo", "not_ptx",
-           "BY_TEST", "type_tuple"]
+__all__ = ["TABLE", "table_combos", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
+           "not_ptx", "type_tuple"]
 
 #: the opcodes tests/emu/test_emu_int_modifiers.py and test_emu_cvt_modifiers.py
 #: build from their table entry alone (register operands, no memory)
@@ -33,6 +36,8 @@ ALU_OPS = ("add", "sub", "mul", "mad", "div", "rem", "neg", "abs", "min", "max",
            "popc", "clz", "and", "or", "xor", "not", "shl", "shr", "bfe", "bfi",
            "prmt", "dp4a", "dp2a", "setp", "selp", "cvt", "mov")
 FLOAT = ("f32", "f64", "f16", "f16x2", "bf16", "bf16x2")
+#: the opcodes tests/emu/test_emu_memory_modifiers.py builds from their table entry
+MEM_OPS = ("ld", "st", "atom", "red")
 
 
 def table_combos(ops=None):
@@ -195,6 +200,10 @@ def not_ptx(op, mod, ty):
     t0 = tys[0]
     if op == "cvt":
         return _cvt_not_ptx(mod, *tys)
+    if op in MEM_OPS:
+        return _mem_not_ptx(op, mod, ty)
+    if op in ("mma", "wgmma.mma_async"):
+        return _tc_not_ptx(op, mod, ty)
     if op == "setp" and mod == "ftz" and t0 not in ("f32", "f16"):
         return "setp.ftz is defined on f32 (and f16) only"
     if op == "selp" and ty in ("f16", "bf16"):
@@ -215,3 +224,113 @@ def not_ptx(op, mod, ty):
         return "ptxas refuses the unsigned compares on .bN (use .uN)"
     return None
 
+
+
+# ------------------------------------------------------------ memory forms
+
+ATOM_OPS = ("add", "min", "max", "inc", "dec", "and", "or", "xor", "cas", "exch")
+_SCOPES = ("cta", "cluster", "gpu", "sys")
+_GLOBAL_ONLY = ("ca", "cg", "cs", "lu", "cv", "nc", "wb", "wt", "L2::64B", "L2::128B",
+                "L2::256B", "L1::evict_normal", "L1::evict_unchanged", "L1::evict_first",
+                "L1::evict_last", "L1::no_allocate", "v2", "v4")
+#: the operation an atom/red runs when the combination names none
+DEFAULT_ATOM_OP = {"u32": "add", "s32": "add", "u64": "add", "s64": "min", "f32": "add",
+                   "f64": "add", "f16x2": "add", "bf16x2": "add", "b32": "xor", "b64": "xor"}
+
+
+def mem_mods(op, mod, ty):
+    """The modifiers a test emits for a memory combination, in the table's
+    order: ``mod`` plus what the instruction needs (a scope with
+    .relaxed/.acquire/.release, .relaxed with a scope, .global with a cache,
+    eviction, prefetch or vector modifier, an operation for atom/red, .noftz
+    on packed halves).  No state space means a generic address."""
+    m = [mod] if mod else []
+    if mod in ("relaxed", "acquire", "release", "acq_rel"):
+        m.append("gpu")
+    if mod in _SCOPES:
+        m.append("relaxed")
+    if op in ("ld", "st"):
+        if mod in _GLOBAL_ONLY:
+            m.append("global")
+    else:
+        if mod in ("relaxed", "acquire", "release", "acq_rel") + _SCOPES:
+            m.append("global")
+        if not any(x in ATOM_OPS for x in m):
+            m.append(DEFAULT_ATOM_OP[ty])
+        if ty in ("f16x2", "bf16x2") and "noftz" not in m:
+            m.append("noftz")
+    order = [x for g in TABLE[op].mods for x in g]
+    return sorted(set(m), key=order.index)
+
+
+def _mem_not_ptx(op, mod, ty):
+    if op in ("ld", "st"):
+        if op == "st" and mod == "param":
+            return "a kernel's parameters are read-only: st.param writes a call's arguments"
+        if mod == "v4" and ty.endswith("64"):
+            return "a .v4 of 64-bit elements is a 256-bit access (PTX 8.8, sm_100)"
+        return None
+    kind = mod if mod in ATOM_OPS else DEFAULT_ATOM_OP[ty]
+    if mod == "noftz" and ty not in ("f16x2", "bf16x2"):
+        return ".noftz belongs to the f16x2/bf16x2 additions"
+    if kind in ("and", "or", "xor", "cas", "exch") and ty not in ("b32", "b64"):
+        return "the bitwise operations, exch and cas take .b32/.b64"
+    if kind in ("inc", "dec") and ty != "u32":
+        return "inc/dec are defined on .u32 only"
+    if kind == "add" and ty in ("s64", "b32", "b64"):
+        return "add takes .u32/.s32/.u64/.f32/.f64 and the packed halves (no .s64, no .bN)"
+    if kind in ("min", "max") and ty in ("f32", "f64", "b32", "b64"):
+        return "min/max take .u32/.s32/.u64/.s64 (and halves as vector atomics)"
+    if kind in ("min", "max") and ty in ("f16x2", "bf16x2"):
+        return "min/max on packed halves exist only as vector atomics (.v2/.v4/.v8, PTX 8.1)"
+    return None
+
+
+# ------------------------------------------------------------ tensor cores
+
+def _tc_not_ptx(op, mod, ty):
+    d, a, b = ty.split(".")[:3]
+    c = ty.split(".")[3] if op == "mma" else d
+    if (a in ("f16", "bf16") or b in ("f16", "bf16")) and a != b:
+        return "A and B are both f16, both bf16, or both 8-bit integers"
+    integer = a in ("s8", "u8")
+    if (d, c) != (("s32", "s32") if integer else ("f32", "f32")):
+        return "D and C are f32 for f16/bf16 inputs and s32 for s8/u8"
+    if op == "wgmma.mma_async":
+        if integer and a != b:
+            return "mixed-sign 8-bit wgmma needs PTX ISA 8.4 (ptxgen emits at most 8.0)"
+        if mod.startswith("m64n"):
+            n, k = (int(x) for x in mod[4:].split("k"))
+            if k != (32 if integer else 16):
+                return "wgmma is m64nNk16 for f16/bf16 and m64nNk32 for s8/u8"
+            if integer and not (n in (8, 16, 24, 32) or n % 16 == 0 and 48 <= n <= 256):
+                return "8-bit wgmma takes N = 8, 16, 24, 32, then 48 to 256 by 16"
+    return None
+
+
+# ------------------------------------------------------------ sync, control, cvta
+
+#: what each single-modifier combination of these opcodes emits (its
+#: required parts added); the forms tests/emu/test_emu_sync_forms.py runs
+SYNC_OPS = ("bar", "fence", "membar", "fence.proxy.async", "fence.mbarrier_init",
+            "griddepcontrol", "barrier.cluster.arrive", "barrier.cluster.wait", "bra", "ret",
+            "exit", "cvta", "cp.async")
+
+
+def sync_mods(op, mod):
+    """The modifiers a test emits for a combination of :data:`SYNC_OPS`."""
+    m = [mod] if mod else []
+    need = {"bar": (("sync", "arrive"), "sync"), "fence": (_SCOPES, "gpu"),
+            "membar": (("cta", "gl", "sys"), "gl"),
+            "griddepcontrol": (("launch_dependents", "wait"), "wait"),
+            "cvta": (("global", "shared", "param"), "global"),
+            "cp.async": (("ca", "cg"), "cg")}
+    if op in need and not any(x in need[op][0] for x in m):
+        m.append(need[op][1])
+    if op == "fence.mbarrier_init":
+        m = ["release", "cluster"]
+    if op == "cp.async":
+        m += [x for x in ("shared", "global") if x not in m and not (
+            x == "shared" and "shared::cta" in m)]
+    order = [x for g in TABLE[op].mods for x in g]
+    return sorted(set(m), key=order.index)

@@ -17,7 +17,7 @@ import pytest
 import isa_coverage as IC
 from backends import run_map
 from ptxgen import types as T
-from test_emu_intops import ref_bfe
+from test_emu_intops import field_operands, ref_bfe
 
 INT_OPS = tuple(o for o in IC.ALU_OPS if o not in ("cvt", "mov"))
 FLOAT = IC.FLOAT
@@ -170,8 +170,8 @@ def oracle(op, mods, tys, xs):
         return ref_bfe(xs[0], xs[1], xs[2], w, sg)
     if op == "bfi":
         d = u[1]
-        p, ln = xs[2] & 0xFF, xs[3] & 0xFF
-        for i in range(ln):
+        p, ln = field_operands(xs[2], xs[3], w)
+        for i in range(min(ln, w)):
             if p + i >= w:
                 break
             d = (d & ~(1 << (p + i))) | (((u[0] >> i) & 1) << (p + i))

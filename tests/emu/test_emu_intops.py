@@ -63,8 +63,15 @@ def test_add_sat_and_wrap(backend, rng):
                                   u - v)
 
 
+def field_operands(pos, ln, bits):
+    """bfe/bfi's (position, length): the ISA's ``& 0xff`` on the 32-bit
+    forms; the whole u32 value on the 64-bit forms, whose sm_90 lowering
+    (64-bit shifts saturating at 64) applies no mask."""
+    return (pos & 0xFF, ln & 0xFF) if bits == 32 else (pos, ln)
+
+
 def ref_bfe(a, pos, ln, bits, signed):
-    pos, ln = pos & 0xFF, ln & 0xFF
+    pos, ln = field_operands(pos, ln, bits)
     ua = a & ((1 << bits) - 1)
     sbit = 0 if (ln == 0 or not signed) else (ua >> min(pos + ln - 1, bits - 1)) & 1
     d = 0
@@ -85,6 +92,34 @@ def test_bfe(backend, ty, rng):
         assert g == ref_bfe(x, p, l, t.bits, t.is_signed), (x, p, l)
 
 
+def test_bfe_bfi_positions_past_255(backend):
+    """Position and length above 255: the 32-bit forms keep their low byte
+    (259 is bit 3), the 64-bit forms saturate (259 is past bit 63).
+    Expected values written out by hand."""
+    a32, a64 = 0xF0F0_5A5A, 0xF0F0_5A5A_0F0F_A5A5
+    pos = np.array([259, 3, 64, 259, 0xFFFF_FFFF], np.uint32)
+    ln = np.array([3, 259, 3, 259, 8], np.uint32)
+    want = {"u32": [3, 3, 0, 3, 0],
+            "s32": [3, 3, -1, 3, -1],
+            "u64": [0, a64 >> 3, 0, 0, 0],
+            "s64": [-1, (a64 >> 3) - (1 << 61), -1, -1, -1]}
+    for ty, w in want.items():
+        bits = int(ty[1:])
+        a = np.full(len(pos), a32 if bits == 32 else a64, f"u{bits // 8}").view(
+            f"{'i' if ty[0] == 's' else 'u'}{bits // 8}")
+        got = run_map(backend, lambda k, x, p, l: k.bfe(x, p, l), [a, pos, ln],
+                      [ty, "u32", "u32"], ty)
+        assert got.tolist() == w, (ty, got.tolist(), w)
+    f, b = np.full(5, 0xFFFF_FFFF_FFFF_FFFF, np.uint64), np.zeros(5, np.uint64)
+    got = run_map(backend, lambda k, x, y, p, l: k.bfi(x, y, p, l), [f, b, pos, ln],
+                  ["u64", "u64", "u32", "u32"], "u64")
+    assert got.tolist() == [0, 0xFFFF_FFFF_FFFF_FFF8, 0, 0, 0]
+    got = run_map(backend, lambda k, x, y, p, l: k.bfi(x, y, p, l),
+                  [f.astype(np.uint32), b.astype(np.uint32), pos, ln],
+                  ["u32", "u32", "u32", "u32"], "u32")
+    assert got.tolist() == [0b111000, 0b111000, 0, 0b111000, 0]
+
+
 @pytest.mark.parametrize("ty,bits", [("u32", 32), ("u64", 64)])
 def test_bfi(backend, ty, bits, rng):
     f, b = rand(rng, ty), rand(rng, ty)
@@ -94,7 +129,8 @@ def test_bfi(backend, ty, bits, rng):
                   [ty, ty, "u32", "u32"], ty)
     for x, y, p, l, g in zip(f.tolist(), b.tolist(), pos.tolist(), ln.tolist(), got.tolist()):
         d = y
-        for i in range(l):
+        p, l = field_operands(p, l, bits)
+        for i in range(min(l, bits)):
             if p + i > bits - 1:
                 break
             d = (d & ~(1 << (p + i))) | (((x >> i) & 1) << (p + i))

@@ -83,7 +83,7 @@ def _operands(rng, ab, kk, tiles):
 
 
 def _mma_kernel(shape, ab, na, nb, satfinite=False):
-    acc = s32 if ab in ("s8", "u8") else f32
+    acc = s32 if ab in ("s8", "u8") or isinstance(ab, tuple) else f32
     m = ptxgen.Module("sm_80")
     with m.kernel("mma") as k:
         pa, pb = k.param_ptr("fa", u32), k.param_ptr("fb", u32)
@@ -101,7 +101,7 @@ def _mma_kernel(shape, ab, na, nb, satfinite=False):
 def _run_mma(backend, shape, ab, A, B, C, abits, bbits, satfinite=False):
     tiles = A.shape[0]
     kk, ea, eb = SHAPES[shape]
-    per = 4 if ab in ("s8", "u8") else 2
+    per = 4 if ab in ("s8", "u8") or isinstance(ab, tuple) else 2
     fa = np.zeros((tiles, 32, ea), np.uint64)
     fb = np.zeros((tiles, 32, eb), np.uint64)
     fc = np.zeros((tiles, 32, 4), C.dtype)
@@ -168,6 +168,27 @@ def test_mma_int8_overflow_wraps_or_saturates(backend, request, satfinite):
     want = (np.clip(exact, -(1 << 31), (1 << 31) - 1) if satfinite
             else (exact + (1 << 31)) % (1 << 32) - (1 << 31))
     np.testing.assert_array_equal(D, want, err_msg=f"seed={seed}")
+
+
+@pytest.mark.parametrize("ta,tb", [("s8", "u8"), ("u8", "s8"), ("s8", "s8"), ("u8", "u8")])
+def test_mma_int8_signs_with_satfinite(backend, request, ta, tb):
+    """Every sign pair of m16n8k32 (mixed ones without and with
+    .satfinite, each pair with it): exact, clamped where D leaves s32."""
+    seed = _seed(request)
+    rng = np.random.default_rng(seed)
+    A, _, abits, _ = _operands(rng, ta, 32, 2)
+    _, B, _, bbits = _operands(rng, tb, 32, 2)
+    big = (1 << 31) - 1
+    C = np.empty((2, 16, 8), np.int32)
+    C[0] = rng.integers(-(1 << 20), 1 << 20, (16, 8))
+    C[1, :8] = big - rng.integers(0, 1000, (8, 8))      # rows that may cross the top
+    C[1, 8:] = -big - 1 + rng.integers(0, 1000, (8, 8))   # and the bottom
+    exact = A @ B + C
+    for sat in ((False, True) if ta != tb else (True,)):
+        D = _run_mma(backend, "m16n8k32", (ta, tb), A, B, C, abits, bbits, sat)
+        want = (np.clip(exact, -big - 1, big) if sat
+                else (exact + (1 << 31)) % (1 << 32) - (1 << 31))
+        np.testing.assert_array_equal(D, want, err_msg=f"seed={seed} satfinite={sat}")
 
 
 def test_mma_shape_and_type_errors_name_the_line():

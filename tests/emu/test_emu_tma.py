@@ -140,6 +140,29 @@ def test_tensor_map_checks_what_the_driver_would_refuse():
         TensorMap("f32", 0x1000, (1024,), (), (512,))
 
 
+def test_the_driver_gets_a_stride_array_for_every_rank():
+    """cuTensorMapEncodeTiled refuses a null globalStrides even for a rank-1
+    map (CUDA_ERROR_INVALID_VALUE): the encoder passes one stride there,
+    a valid one (a multiple of 16 covering the row), and the map's own
+    strides otherwise."""
+    from ptxgen.driver.tensor_map import _stride_array
+    assert _stride_array(TensorMap("f32", 0x1000, (300,), (), (64,))) == (1200,)
+    assert _stride_array(TensorMap("f16", 0x1000, (100,), (), (64,))) == (208,)
+    assert _stride_array(TensorMap("f16", 0x1000, (72, 40), (160,), (64, 8))) == (160,)
+
+
+@pytest.mark.parametrize("dtype,n", [("u8", 100), ("f16", 300), ("f32", 300), ("f64", 37)])
+def test_rank1_maps_encode_on_the_gpu(backend, dtype, n):
+    """Every element size encodes as a rank-1 map (the driver's check)."""
+    if backend.name == "emu":
+        pytest.skip("encoding is the driver's; the emulator takes the description")
+    backend.require_sm(90)
+    size = {"u8": 1, "f16": 2, "f32": 4, "f64": 8}[dtype]
+    arr = backend.array(np.zeros(n * size, np.uint8))
+    enc = backend.tensor_map(TensorMap(dtype, arr.ptr, (n,), (), (256 // size if size < 8 else 32,)))
+    assert len(enc.tobytes()) == 128
+
+
 def test_an_emulator_map_given_to_the_driver_packer_says_what_to_do():
     p = ParamInfo("tmap", "b8", 128, align=64, count=128)
     packer = ArgPacker("k", [p])

@@ -276,3 +276,96 @@ def test_wgmma_needs_whole_warpgroups(emu_backend):
     mod = emu_backend.load(m)
     with pytest.raises(WarpSyncError, match="whole warpgroups"):
         emu_backend.launch(mod["half"], 1, 64)
+
+
+# ------------------------------------------------ every shape of the table
+#: the N of m64nNk16 (f16/bf16) and of m64nNk32 (s8/u8) in the PTX ISA's
+#: shape table, written out here (not ptxgen's own wgmma_n_ok)
+N_FLOAT = tuple(range(8, 257, 8))
+N_INT8 = (8, 16, 24, 32) + tuple(range(48, 257, 16))
+
+
+def _d_index(n):
+    """(rows, cols) of every thread's accumulators (the ISA's D figure),
+    as arrays [128, n / 2]; tc_oracle.d_fragment spot-checked against it."""
+    tid, i = np.arange(128)[:, None], np.arange(n // 2)[None, :]
+    rows = 16 * (tid // 32) + (tid % 32) // 4 + 8 * ((i // 2) % 2)
+    cols = 8 * (i // 4) + 2 * (tid % 4) + i % 2
+    for t, j in ((0, 0), (37, n // 2 - 1), (127, n // 4)):
+        assert (rows[t, j], cols[t, j]) == d_fragment(t, j)
+    return rows, cols
+
+
+def _all_shapes_kernel(ab, a, b, ns, satfinite_n):
+    """One warpgroup: D = A.B[:N] for each N of ``ns`` (and once more at
+    ``satfinite_n`` with .satfinite), each stored after its wait."""
+    integer = ab in ("s8", "u8")
+    acc_t = s32 if integer else f32
+    m = ptxgen.Module("sm_90a")
+    with m.kernel("wgs", reqntid=128) as k:
+        img, outp = k.param_ptr("img", u32), k.param_ptr("out", acc_t)
+        sh = k.shared_array("sh", T.u32, SHARED // 4, align=1024)
+        t = k.tid.x
+        with k.for_range(0, SHARED // 4 // 128) as j:
+            k.st(sh[j * 128 + t], k.ld(img[j * 128 + t]))
+        k.fence_proxy_async()
+        k.bar_sync()
+        base = k.mov(sh, T.u32)
+        da = k.wgmma_desc(base + a.start, lbo=a.lbo, sbo=a.sbo)
+        db = k.wgmma_desc(base + b.start, lbo=b.lbo, sbo=b.sbo)
+        off = 0
+        for n, sat in [(n, False) for n in ns] + ([(satfinite_n, True)] if satfinite_n else []):
+            acc = k.wgmma_acc(n, ab)
+            k.wgmma_fence()
+            k.wgmma(acc, da, db, ab_type=ab, scale_d=False, satfinite=sat)
+            k.wgmma_commit()
+            k.wgmma_wait(0)
+            row = k.ptr_add(outp, t * (n // 2) + off)
+            for i in range(0, n // 2, 4):                 # v4 stores at fixed offsets
+                k.st(row[i], tuple(acc[i:i + 4]))
+            off += 64 * n
+    return m
+
+
+@pytest.mark.parametrize("ab", ["f16", "bf16", "s8", "u8"])
+def test_wgmma_every_shape(backend, rng, ab):
+    """Every m64nNk* the ISA defines for ``ab`` (the table's shape forms,
+    and .satfinite for 8-bit) in one kernel: D = A.B against numpy."""
+    backend.require_sm(90)
+    integer = ab in ("s8", "u8")
+    ns = N_INT8 if integer else N_FLOAT
+    sat_n = 24 if integer else None
+    a = _kmajor(rng, ab, 64, "none", 0)
+    b = _kmajor(rng, ab, 256, "none", 8192)
+    image = np.zeros(SHARED, np.uint8)
+    for op in (a, b):
+        place(image, op.start, op.tile, op.mode, op.kmajor, op.lbo, op.sbo)
+    A, B = _as_f64(a.tile, ab), _as_f64(b.tile, ab)
+    runs = list(ns) + ([sat_n] if sat_n else [])
+    total = 64 * sum(runs)
+    cdt = np.int32 if integer else np.float32
+    out = backend.poisoned(total, cdt)
+    mod = backend.load(_all_shapes_kernel(ab, a, b, ns, sat_n))
+    backend.launch(mod["wgs"], 1, 128, backend.array(image.view(np.uint32)), out)
+    got = out.to_numpy()
+    off = 0
+    for n in runs:
+        rows, cols = _d_index(n)
+        D = np.zeros((64, n))
+        D[rows, cols] = got[off:off + 64 * n].reshape(128, n // 2)
+        off += 64 * n
+        exact = A @ B[:n].T
+        if integer:
+            np.testing.assert_array_equal(D, exact, err_msg=f"{ab} N={n}")
+        else:
+            err = np.abs(D - exact)
+            assert np.all(err <= 2.0 ** -21 * (np.abs(A) @ np.abs(B[:n]).T)), (ab, n, err.max())
+
+
+def test_ptxas_takes_every_shape(ptxas, rng):
+    """The all-shapes kernels assemble for sm_90a (f16 and s8: every N)."""
+    from ptxgen.ptxas import assemble
+    for ab in ("f16", "s8"):
+        a, b = _kmajor(rng, ab, 64, "none", 0), _kmajor(rng, ab, 256, "none", 8192)
+        ns = N_INT8 if ab == "s8" else N_FLOAT
+        assemble(_all_shapes_kernel(ab, a, b, ns, 24 if ab == "s8" else None).to_ptx(), "sm_90a")
