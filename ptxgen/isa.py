@@ -166,7 +166,9 @@ _FMA_HALF_SM = {"bf16": (80, (7, 0)), "bf16x2": (80, (7, 0)),
 
 TABLE: dict[str, OpSpec] = _table(
     # -- data movement -------------------------------------------------------
-    OpSpec("mov", "V W", [BITS_PRED + ALLNUM + HALF], doc="copy; {a,b} packs/unpacks"),
+    # no f16/bf16 forms: ptxas refuses mov.f16 and friends ("unexpected
+    # instruction types"); half values move as .b16/.b32 (KernelBuilder.mov)
+    OpSpec("mov", "V W", [BITS_PRED + ALLNUM], doc="copy; {a,b} packs/unpacks"),
     OpSpec("cvt", "d s2", [INT + FLT + HALF[::2], INT + FLT + HALF[::2]],
            [ROUNDING_F + ROUNDING_I, ("ftz",), ("sat",)],
            type_sm={"bf16": (80, (7, 0))}, doc="convert between types"),

@@ -172,10 +172,13 @@ class Decoding:
     Attributes
     ----------
     n_fed : int
-        Tokens fed: the given tokens, plus the sequence's last chosen token
-        (not yet in the cache) when continuing one.
+        Tokens the decode step feeds: the given tokens (but those the
+        chunked prefill ran), plus the sequence's last chosen token (not yet
+        in the cache) when continuing one.
+    prefilled : int
+        Prompt tokens the chunked prefill ran before the decode step.
     start : int
-        The position of the first fed token.
+        The position of the first token the decode step feeds.
     prompt_seconds : float
         Wall time of the prompt: the chunked prefill (``prefill_seconds``,
         when it ran) and the feeding steps, up to the first new token.
@@ -187,9 +190,10 @@ class Decoding:
     """
 
     def __init__(self, model, n_fed: int, start: int, variant: str, mode: str, seed,
-                 progress=None, prefill_seconds: float = 0.0):
+                 progress=None, prefill_seconds: float = 0.0, prefilled: int = 0):
         self.model = model
         self.n_fed = n_fed
+        self.prefilled = prefilled
         self.start = start
         self.variant = variant
         self.mode = mode if model.backend.can_capture else "eager"

@@ -465,7 +465,7 @@ class LlamaModel(TextGeneration):
         start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
         done, t_prefill = self._run_prefill(token_ids, start, n_fed, mode, prefill_chunk)
         return Decoding(self, n_fed - done, start + done, variant, mode, seed, progress,
-                        prefill_seconds=t_prefill)
+                        prefill_seconds=t_prefill, prefilled=done)
 
     def step(self, mode: str = "graph", variant: str | None = None):
         """Run one decode step of ``variant`` (default ``"greedy"``): eager

@@ -213,7 +213,7 @@ class TextStream:
                 yield out
         self.result = TextResult(
             text="".join(parts), tokens=tuple(dec.tokens), stop_reason=reason,
-            prompt_tokens=dec.n_fed, generated_tokens=len(dec.tokens),
+            prompt_tokens=dec.prefilled + dec.n_fed, generated_tokens=len(dec.tokens),
             prompt_seconds=dec.prompt_seconds, decode_seconds=dec.decode_seconds, seed=dec.seed)
         if self._on_done is not None:
             self._on_done(self.result)

@@ -87,25 +87,28 @@ def _int_to_pair(x, sty):
 
 
 def _float_to_int(x64, dty, mode, src_bits=32):
-    """Round float64 ``x64`` to an integer with ``mode``, saturating; NaN -> 0
-    (except f64 -> s64, see below)."""
+    """Round float64 ``x64`` to an integer with ``mode``, saturating.  NaN
+    gives 0 as the ISA says, except where an H100 gives the destination's
+    top bit alone (``0x80..0``: INT_MIN for a signed type, ``2^(n-1)`` for
+    an unsigned one): every conversion to a 64-bit integer and every one
+    from f64."""
     lo, hi = _int_range(dty)
     r = round_int(x64, mode)
     nan = np.isnan(r)
     r = np.where(nan, 0.0, r)
     nat = NAT[dty.name]
+    # the top bit alone: INT_MIN signed, 2^(n-1) unsigned
+    top_bit = nat(lo) if dty.is_signed else nat(1 << (dty.bits - 1))
+    top = dty.bits == 64 or src_bits == 64
     if dty.bits < 64:
-        return np.clip(r, lo, hi).astype(nat)
+        out = np.clip(r, lo, hi).astype(nat)
+        return np.where(nan, top_bit, out).astype(nat) if top else out
     big = r >= float(hi)          # hi is not a float64 value: 2**63 or 2**64
     small = r < float(lo)
     out = np.where(big | small, 0.0, r).astype(nat)
     out = np.where(big, nat(hi), out)
     out = np.where(small, nat(lo), out).astype(nat)
-    if dty.name == "s64" and src_bits == 64:
-        # the hardware (checked on an H100) gives INT64_MIN for NaN here,
-        # not the 0 that narrower conversions give
-        out = np.where(nan, nat(lo), out).astype(nat)
-    return out
+    return np.where(nan, top_bit, out).astype(nat)
 
 
 def convert(x, dty, sty, mods):

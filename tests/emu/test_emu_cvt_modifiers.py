@@ -6,7 +6,9 @@ cvt: float -> float rounds once to the destination with the rounding
 modifier (``.rn`` to nearest even, ``.rz/.rm/.rp``), or to an integral
 value of the same format with ``.rni/.rzi/.rmi/.rpi``; float -> integer
 rounds with the integer rounding, saturates to the destination's range and
-gives 0 for NaN; integer -> float rounds like float -> float; integer ->
+gives 0 for NaN (the ISA's rule; an H100 gives the destination's top bit
+alone for a 64-bit destination or an f64 source, and so does the
+emulator); integer -> float rounds like float -> float; integer ->
 integer wraps (sign- or zero-extending by the source's signedness) or, with
 ``.sat``, clamps to the destination's range.  ``.sat`` on a float
 destination clamps to [0, 1] (NaN to 0).  ``.ftz`` flushes an f32 subnormal
@@ -180,8 +182,12 @@ def cvt_oracle(d, s, mods, x):
     lo, hi = (-(1 << (t.bits - 1)), (1 << (t.bits - 1)) - 1) if t.is_signed else (0, (1 << t.bits) - 1)
     if s in FLOATS:
         if math.isnan(x):
-            # the ISA says 0; an H100 gives INT64_MIN for f64 -> s64
-            return lo if (d, s) == ("s64", "f64") else 0
+            # the ISA says 0; an H100 gives the destination's top bit alone
+            # (INT_MIN, or 2^(n-1) unsigned) for a 64-bit destination or an
+            # f64 source
+            if t.bits == 64 or s == "f64":
+                return lo if t.is_signed else 1 << (t.bits - 1)
+            return 0
         if math.isinf(x):
             return hi if x > 0 else lo
         r = _int_round(x, irnd or "rzi")
@@ -294,6 +300,8 @@ def test_oracle_spot_values():
     assert cvt_oracle("u16", "f32", ["rzi"], -7.9) == 0
     assert cvt_oracle("s16", "f64", ["rpi"], 40000.2) == 32767
     assert cvt_oracle("u32", "f32", ["rzi"], math.nan) == 0
+    assert cvt_oracle("u64", "f16", ["rmi"], math.nan) == 1 << 63
+    assert cvt_oracle("s16", "f64", ["rni"], math.nan) == -(1 << 15)
     assert cvt_oracle("f16", "f32", ["rn"], 65520.0) == math.inf
     assert cvt_oracle("f16", "f32", ["rz"], 65520.0) == 65504.0
     assert cvt_oracle("f16", "f32", ["rn"], 1 + 2.0 ** -11) == 1.0

@@ -43,6 +43,26 @@ def _run(m, prompt, new, chunk):
     return m.generate(prompt, new, mode="eager", return_logits=True, prefill_chunk=chunk)
 
 
+def same_continuation(got, got_logits, ref, ref_logits, n_prompt):
+    """Check that the chunked prefill's greedy continuation is the
+    token-by-token one: at every step the logits agree within 1e-2 (relative
+    norm), and the tokens are equal up to the first step where they differ
+    by a near tie only: the reference's two candidates within twice the
+    per-logit deviation that bound allows (2e-2 rms of the logits; a random
+    synthetic model's logits are flat, so such ties occur).  Returns the
+    number of steps that agree."""
+    for j, (a, b) in enumerate(zip(got.tokens, ref.tokens)):
+        lg, lr = got_logits[j], ref_logits[n_prompt - 1 + j]
+        err = float(np.linalg.norm(lg - lr) / np.linalg.norm(lr))
+        assert err <= 1e-2, (j, err)
+        if a != b:
+            gap = float(lr[b] - lr[a])
+            tie = 2e-2 * float(np.sqrt(np.mean(lr * lr)))
+            assert gap <= tie, f"step {j}: prefill chose {a}, token by token {b}, gap {gap} > {tie}"
+            return j
+    return len(ref.tokens)
+
+
 #: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
 #: attn_v, ffn_down and the output, so q, k and v differ in type) and Q8_0
 MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0")}
@@ -62,10 +82,7 @@ def test_prefill_matches_token_by_token(model, rng):
     new = 4
     (ref, ref_logits) = _run(model, prompt, new, 0)
     (got, got_logits) = _run(model, prompt, new, 4)      # two chunks: 4 + 2 tokens
-    want = ref_logits[len(prompt) - 1]
-    err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
-    assert err <= 1e-2, err
-    assert got.tokens == ref.tokens
+    same_continuation(got, got_logits, ref, ref_logits, len(prompt))
     assert got.prompt_tokens_per_second > 0
 
 
@@ -80,10 +97,7 @@ def test_prefill_matches_token_by_token_types(typed_model, rng):
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     (ref, ref_logits) = _run(m, prompt, 2, 0)
     (got, got_logits) = _run(m, prompt, 2, 4)      # two chunks: 4 + 1 tokens
-    want = ref_logits[len(prompt) - 1]
-    err = float(np.linalg.norm(got_logits[0] - want) / np.linalg.norm(want))
-    assert err <= 1e-2, err
-    assert got.tokens == ref.tokens
+    same_continuation(got, got_logits, ref, ref_logits, len(prompt))
 
 
 def test_chunks_agree(model, rng):
@@ -136,7 +150,5 @@ def test_prefill_graph_gpu(tmp_path, rng, types):
     ref, lr = m.generate(prompt, 8, return_logits=True, prefill_chunk=0)
     for mode in ("eager", "graph"):
         got, lg = m.generate(prompt, 8, mode=mode, return_logits=True, prefill_chunk=128)
-        err = float(np.linalg.norm(lg[0] - lr[len(prompt) - 1]) / np.linalg.norm(lr[len(prompt) - 1]))
-        assert err <= 1e-2, (mode, err)
-        assert got.tokens == ref.tokens, mode
+        same_continuation(got, lg, ref, lr, len(prompt))
     assert set(m._prefiller._graphs) == {64, 128}
