@@ -35,6 +35,7 @@ class ScriptedDecoding:
         self._script = list(script)
         self.tokens = []
         self.n_fed = n_fed
+        self.prefilled = 0          # no chunked prefill in these scripts
         self.prompt_seconds, self.step_seconds, self.seed, self.mode = 0.5, [], None, "eager"
 
     def __iter__(self):
