@@ -56,7 +56,7 @@ from ptxgen.values import Address
 
 from ..spec_fields import pdl_prologue
 
-__all__ = ["build_gemm", "launch_geometry", "Lane", "WindowCopies", "sh", "nullctx"]
+__all__ = ["build_gemm", "launch_geometry", "kernel_directives", "kernel_interface", "Lane", "WindowCopies", "sh", "nullctx"]
 
 
 def launch_geometry(plan, m: int, t_max: int):
@@ -217,32 +217,49 @@ def _compute(k, plan, fmt, lanes, wbase, sbase, kk, wcol, g, tq, acc):
                     acc[mt][nt][e].set(d[e])
 
 
+def kernel_directives(plan) -> dict:
+    """``.reqntid`` (and ``.minnctapersm`` where the config asks) of a GEMM
+    kernel."""
+    kdir = dict(reqntid=plan.threads)
+    if plan.config.min_ctas:
+        kdir["minnctapersm"] = plan.config.min_ctas
+    return kdir
+
+
+def kernel_interface(k, plan, smem_align=None):
+    """Declare the parameters every GEMM kernel takes (``w, x[, r], y, m,
+    t | t_ptr``) and its dynamic shared memory (at ``smem_align`` bytes, the
+    builder's default when None), run the PDL prologue, read T and exit the
+    CTAs whose first token is past it.  Returns ``(w, x, r, y, mrows, t,
+    smem, n0)`` (``r`` None without the residual epilogue)."""
+    xt = f32 if plan.x_type == "f32" else f16
+    w = k.param_ptr("w", u8, align=16)
+    x = k.param_ptr("x", xt, align=16)
+    r = k.param_ptr("r", f32) if plan.epilogue == "residual" else None
+    y = k.param_ptr("y", f32)
+    mrows = k.param("m", u32)
+    if plan.t_device:
+        t_ptr = k.param_ptr("t_ptr", u32)
+    else:
+        t_param = k.param("t", u32)
+    smem = (k.dynamic_shared("smem", u8) if smem_align is None
+            else k.dynamic_shared("smem", u8, align=smem_align))
+    pdl_prologue(k, plan.spec)
+    t = k.ld(t_ptr[0]) if plan.t_device else t_param
+    n0 = k.ctaid.x * plan.config.bn
+    k.exit(guard=n0 >= t)
+    return w, x, r, y, mrows, t, smem, n0
+
+
 def build_gemm(plan, fmt) -> ptxgen.Module:
     """The GEMM kernel of ``plan`` (a :class:`.GemmPlan`) for the weight
     format ``fmt``."""
     c = plan.config
     S = c.stages
     nk = plan.k // c.bk
-    xt = f32 if plan.x_type == "f32" else f16
     m = ptxgen.Module(plan.target)
-    kdir = dict(reqntid=plan.threads)
-    if c.min_ctas:
-        kdir["minnctapersm"] = c.min_ctas
-    with m.kernel(plan.kernel_name, **kdir) as k:
-        w = k.param_ptr("w", u8, align=16)
-        x = k.param_ptr("x", xt, align=16)
-        r = k.param_ptr("r", f32) if plan.epilogue == "residual" else None
-        y = k.param_ptr("y", f32)
-        mrows = k.param("m", u32)
-        if plan.t_device:
-            t_ptr = k.param_ptr("t_ptr", u32)
-        else:
-            t_param = k.param("t", u32)
-        smem = k.dynamic_shared("smem", u8)
-        pdl_prologue(k, plan.spec)
-        t = k.ld(t_ptr[0]) if plan.t_device else t_param
-        n0 = k.ctaid.x * c.bn
-        k.exit(guard=n0 >= t)
+    with m.kernel(plan.kernel_name, **kernel_directives(plan)) as k:
+        w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan)
         m0 = k.ctaid.y * c.bm
         tid = k.tid.x
         warp, lane = tid >> 5, tid & 31

@@ -78,10 +78,10 @@ from __future__ import annotations
 import math
 
 import ptxgen
-from ptxgen.types import b32, b64, f16, f16x2, f32, u8, u32, u64
+from ptxgen.types import b32, b64, f16x2, u8, u32, u64
 from ptxgen.values import Address
 
-from ..spec_fields import pdl_prologue
+from .kernel import kernel_directives, kernel_interface
 from .spec import WG_W_PITCH, WG_X_ROW
 
 __all__ = ["build_wgmma_q4k"]
@@ -226,24 +226,9 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
     nk, nsb = plan.k // 64, plan.k // 256
     sbytes = plan.dynamic_shared // S
     m = ptxgen.Module(plan.target)
-    kdir = dict(reqntid=plan.threads)
-    if c.min_ctas:
-        kdir["minnctapersm"] = c.min_ctas
-    with m.kernel(plan.kernel_name, **kdir) as k:
-        w = k.param_ptr("w", u8, align=16)
-        x = k.param_ptr("x", f16, align=16)
-        r = k.param_ptr("r", f32) if plan.epilogue == "residual" else None
-        y = k.param_ptr("y", f32)
-        mrows = k.param("m", u32)
-        if plan.t_device:
-            t_ptr = k.param_ptr("t_ptr", u32)
-        else:
-            t_param = k.param("t", u32)
-        smem = k.dynamic_shared("smem", u8, align=1024)
-        pdl_prologue(k, plan.spec)
-        t = k.ld(t_ptr[0]) if plan.t_device else t_param
-        n0 = k.ctaid.x * c.bn
-        k.exit(guard=n0 >= t)
+    with m.kernel(plan.kernel_name, **kernel_directives(plan)) as k:
+        # a 128B-swizzled X tile starts on a 1024-byte boundary
+        w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan, smem_align=1024)
         m0 = k.ctaid.y * c.bm
         tid = k.tid.x
         base = k.mov(smem, u32)
