@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from ptxgen.kernels import gemm as G
+from test_gemm import _check as check, _launch as launch
 
 gguf = pytest.importorskip("gguf")
 
@@ -73,25 +74,6 @@ def bound(qtype, x, wa, ref, residual):
     if residual is not None:
         b = b + 2.0 ** -24 * np.abs(ref)
     return b
-
-
-def check(got, ref, bnd, what):
-    assert got.shape == ref.shape
-    assert np.all(np.isfinite(got)), f"{what}: non-finite outputs (poison left?)"
-    err = np.abs(got.astype(np.float64) - ref)
-    worst = np.unravel_index(np.argmax(err - bnd), err.shape)
-    assert np.all(err <= bnd), (f"{what}: error {err[worst]:.3g} above the bound "
-                                f"{bnd[worst]:.3g} at (t, m) = {worst}")
-    return float(err.max() / np.abs(ref).max())
-
-
-def launch(backend, plan, w, x, y, m, t_arg, t_max, r=None):
-    mod = backend.load(G.build(plan))
-    fn = mod[plan.kernel_name]
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
-    fn.require_dynamic_shared(shared)
-    args = [backend.array(w), backend.array(x)] + ([backend.array(r)] if r is not None else [])
-    backend.launch(fn, grid, block, *args, y, m, t_arg, shared=shared)
 
 
 # (qtype, T, M, K, fields): M and T cut tiles short; rows whose bytes are not
