@@ -29,9 +29,6 @@ SWEEP = [
     dict(warps=8, heads=2, block_keys=64, stages=2),
     dict(warps=8, heads=1, block_keys=64, stages=2),
     dict(warps=4, heads=1, block_keys=64, stages=2),
-    dict(warps=4, warp_rows=32, heads=4, block_keys=16, stages=3),
-    dict(warps=4, warp_rows=32, heads=4, block_keys=16, stages=2),
-    dict(warps=2, warp_rows=32, heads=2, block_keys=16, stages=2),
 ]
 
 

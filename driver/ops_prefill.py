@@ -50,7 +50,7 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     max_tokens : int, optional
         The most rows a launch covers (the grid); default ``T_max``.
     **config
-        FlashPrefillConfig fields (``warps``, ``warp_rows``, ``heads``,
+        FlashPrefillConfig fields (``warps``, ``heads``,
         ``block_keys``, ``stages``).
 
     Returns

@@ -32,15 +32,15 @@ def build_prefill(m, plan):
     warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
     dynamic shared memory.
 
-    **Work split.**  ``WR = warp_rows`` (16 or 32: one or two mma row
-    tiles), ``R = block_rows = WR warps / heads`` rows in ``RG = warps /
-    heads`` groups of ``WR``.  Block ``(x, y)`` takes the query heads ``y
+    **Work split.**  A warp takes 16 rows (one mma row tile); ``R =
+    block_rows = 16 warps / heads`` rows in ``RG = warps / heads`` groups
+    of 16.  Block ``(x, y)`` takes the query heads ``y
     heads ..`` + ``heads`` (one KV head ``h``); warp ``w`` head ``y heads + w
     % heads`` and row group ``w / heads`` of the block; lane ``4 g + t`` rows
-    ``g`` and ``g + 8`` of each of its row tiles.  Row ``i`` sits at position
+    ``g`` and ``g + 8`` of its row tile.  Row ``i`` sits at position
     ``L + i`` and sees keys ``0 .. L + i``, so later groups have more work.
     With one group a block (``RG = 1``) block ``x`` takes group ``nctaid.x -
-    1 - x``: the longest first.  With ``RG`` even the ``NG = ceil(T / WR)``
+    1 - x``: the longest first.  With ``RG`` even the ``NG = ceil(T / 16)``
     groups are paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1
     - p`` (the middle group of an odd ``NG`` alone), and block ``x`` takes
     pairs ``x RG/2 ..`` + ``RG/2``: every block walks about the same number
@@ -68,8 +68,6 @@ def build_prefill(m, plan):
     stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
     H, S = plan.heads, plan.stages
-    WR = plan.warp_rows        # rows of one warp: MT mma row tiles of 16
-    MT = WR // 16
     R, P = plan.block_rows, plan.pitch
     KT = d // 16               # k-tiles of q . k
     NT = BN // 8               # n-tiles of the scores per key tile
@@ -103,21 +101,21 @@ def build_prefill(m, plan):
         L = k.min(k.max(k.ld(start_ptr[0]), 0).bitcast(u32), cap)
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
-        RG = NW // H                             # row groups (one a warp) of a block
+        RG = NW // H                             # 16-row groups of a block
         if RG == 1:
             # one group a block, the longest first
             gw = k.nctaid.x - 1 - k.ctaid.x      # the warp's group
-            with k.if_(WR * gw >= Tn):
+            with k.if_(16 * gw >= Tn):
                 k.exit()
             gmax = gw                            # the block's last live group
             wlive = None
         else:
             # groups paired from both ends: block x takes pairs p = x RG/2 ..
-            # + RG/2, each the groups p and NG - 1 - p (NG = ceil(T / WR); the
+            # + RG/2, each the groups p and NG - 1 - p (NG = ceil(T / 16); the
             # middle group of an odd NG once), so every block walks about the
             # same number of keys
             Hh = RG // 2
-            NG = (Tn + (WR - 1)) >> (WR.bit_length() - 1)
+            NG = (Tn + 15) >> 4
             p0 = k.ctaid.x * Hh
             with k.if_(2 * p0 >= NG):
                 k.exit()
@@ -128,36 +126,31 @@ def build_prefill(m, plan):
             gw = k.select(back, NG - 1 - pw, pw)
             # a front group lives while 2 p + 1 <= NG, a back one while 2 p + 1 < NG
             wlive = 2 * pw + 1 < NG + k.select(back, k.mov(0, u32), k.mov(1, u32))
-        nkeys = k.min(L + WR * gmax + WR, L + Tn)    # keys the block's rows see
+        nkeys = k.min(L + 16 * gmax + 16, L + Tn)    # keys the block's rows see
         lastk = nkeys - 1
         ntiles = (nkeys + (BN - 1)) // BN
-        wrow = WR * gw                           # the warp's first row
+        wrow = 16 * gw                           # the warp's first row
         wpos_first = L + wrow                    # its first row's position
-        wpos_last = wpos_first + (WR - 1)        # its last row's position
-        # the lane's rows: g and g + 8 of each row tile (row ri = 2 mt + half)
-        rows = [wrow + (16 * mt + 8 * hf) + g for mt in range(MT) for hf in range(2)]
+        wpos_last = wpos_first + 15              # its last row's position
+        rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
 
         # q's A fragments (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
         # of each k-tile), prescaled, in f16
         c = k.mul(sm_scale, LOG2E, rnd="rn")
         qbase = [k.min(r, Tn - 1) * q_stride + qh * d + 2 * t for r in rows]
-        qa = []                                  # [mt][kt]
-        for mt in range(MT):
-            qa.append([])
-            for kt in range(KT):
-                regs = []
-                for half in range(2):            # columns 2t.. then 2t + 8..
-                    for r in range(2):           # rows g, g + 8
-                        x0, x1 = k.ld(q[qbase[2 * mt + r] + 16 * kt + 8 * half], vec=2,
-                                      nc=True)
-                        regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"),
-                                              k.mul(x1, c, rnd="rn")))
-                qa[mt].append(tuple(regs))
+        qa = []
+        for kt in range(KT):
+            regs = []
+            for half in range(2):                # columns 2t.. then 2t + 8..
+                for r in range(2):               # rows g, g + 8
+                    x0, x1 = k.ld(q[qbase[r] + 16 * kt + 8 * half], vec=2, nc=True)
+                    regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
+            qa.append(tuple(regs))
 
-        m_run = [k.var(f32, NEG) for _ in rows]
-        l_run = [k.var(f32, 0.0) for _ in rows]
-        o_acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)] for _ in range(MT)]
+        m_run = [k.var(f32, NEG), k.var(f32, NEG)]
+        l_run = [k.var(f32, 0.0), k.var(f32, 0.0)]
+        o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)]
         zero = k.mov(0.0, f32)
         ninf = k.mov(float("-inf"), f32)
         base = k.mov(smem, u32)
@@ -214,17 +207,16 @@ def build_prefill(m, plan):
             k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
 
-        for ri, row in enumerate(rows):
-            mt, r = divmod(ri, 2)
-            lt = l_run[ri] + k.shfl_xor(l_run[ri], 1)
+        for r in range(2):
+            lt = l_run[r] + k.shfl_xor(l_run[r], 1)
             lt = lt + k.shfl_xor(lt, 2)
             inv = k.div(1.0, lt, rnd="rn")
-            ok = row < Tn
+            ok = rows[r] < Tn
             with k.if_(ok if wlive is None else k.pand(ok, wlive)):
-                obase = (row * nq + qh) * d + 2 * t
+                obase = (rows[r] * nq + qh) * d + 2 * t
                 for n in range(DT):
-                    v0 = k.mul(o_acc[mt][n][2 * r], inv, rnd="rn")
-                    v1 = k.mul(o_acc[mt][n][2 * r + 1], inv, rnd="rn")
+                    v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
+                    v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
                     if ot is f16:
                         v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
                     k.st(out[obase + 8 * n], (v0, v1))
@@ -232,73 +224,62 @@ def build_prefill(m, plan):
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
     """One key tile of one warp: scores, mask (where ``pos`` is given: the
-    rows' positions), online softmax, ``O += P V``.  Every K and V fragment
-    loaded serves the warp's ``MT`` row tiles."""
+    rows' positions), online softmax, ``O += P V``."""
     P = plan.pitch
-    MT = len(qa)
     t = (k.tid.x & 31) & 3
-    s = [[] for _ in range(MT)]                  # [mt][n-tile]: 4 f32 each
+    s = []
     for p in range(NT // 2):                     # 16 keys at a time
-        acc = [[(zero, zero, zero, zero), (zero, zero, zero, zero)] for _ in range(MT)]
+        acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
         for kt in range(KT):
             b = k.ldmatrix(Address(k_addr, (16 * p * P + 16 * kt) * 2, "shared", T.b16), 4)
-            for mt in range(MT):
-                for e in range(2):
-                    acc[mt][e] = k.mma_m16n8k16(qa[mt][kt], b[2 * e:2 * e + 2], acc[mt][e])
-        for mt in range(MT):
-            s[mt].extend(acc[mt])
-    # key kb + 8 j + 2 t + e is seen by row ri when 8 j + e <= pos_ri - kb - 2 t
+            for e in range(2):
+                acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
+        s.extend(acc)
+    # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
     # (pos None: every key of the tile is seen by every row)
     lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
     vals, m_new = [], []
-    for ri in range(2 * MT):
-        mt, r = divmod(ri, 2)
+    for r in range(2):
         v = []
         for j in range(NT):
             for e in range(2):
-                x = s[mt][j][2 * r + e]
-                v.append(x if lim is None else k.select(lim[ri] >= 8 * j + e, x, ninf))
+                x = s[j][2 * r + e]
+                v.append(x if lim is None else k.select(lim[r] >= 8 * j + e, x, ninf))
         mx = v[0]
         for x in v[1:]:
             mx = k.max(mx, x)
         mx = k.max(mx, k.shfl_xor(mx, 1))
         mx = k.max(mx, k.shfl_xor(mx, 2))
         vals.append(v)
-        m_new.append(k.max(m_run[ri], mx))
+        m_new.append(k.max(m_run[r], mx))
     # rescale O and l by 2^(m_run - m_new) only when some row's max grew
     # (else the factor is exactly 1): after the first tiles of a long row
     # most tiles skip the multiplies
-    grow = m_new[0] > m_run[0]
-    for ri in range(1, 2 * MT):
-        grow = k.por(grow, m_new[ri] > m_run[ri])
+    grow = k.por(m_new[0] > m_run[0], m_new[1] > m_run[1])
     with k.if_(k.vote_sync("any", grow)):
-        for ri in range(2 * MT):
-            mt, r = divmod(ri, 2)
-            alpha = k.ex2(m_run[ri] - m_new[ri])
-            k.assign(l_run[ri], k.mul(l_run[ri], alpha, rnd="rn"))
-            for acc in o_acc[mt]:
+        for r in range(2):
+            alpha = k.ex2(m_run[r] - m_new[r])
+            k.assign(l_run[r], k.mul(l_run[r], alpha, rnd="rn"))
+            for acc in o_acc:
                 for e in range(2):
                     k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
-    for ri in range(2 * MT):
-        mt, r = divmod(ri, 2)
-        sm = s[mt]
-        k.assign(m_run[ri], m_new[ri])
-        pr = [k.ex2(x - m_new[ri]) for x in vals[ri]]
+    for r in range(2):
+        k.assign(m_run[r], m_new[r])
+        pr = [k.ex2(x - m_new[r]) for x in vals[r]]
         psum = pr[0]
         for x in pr[1:]:
             psum = psum + x
-        k.assign(l_run[ri], l_run[ri] + psum)
+        k.assign(l_run[r], l_run[r] + psum)
         for j in range(NT):
-            sm[j] = tuple(sm[j][:2 * r]) + (pr[2 * j], pr[2 * j + 1]) + tuple(sm[j][2 * r + 2:])
+            s[j] = tuple(s[j][:2 * r]) + (pr[2 * j], pr[2 * j + 1]) + tuple(s[j][2 * r + 2:])
     for p in range(NT // 2):
-        pa = [(_pack_f16(k, sm[2 * p][0], sm[2 * p][1]), _pack_f16(k, sm[2 * p][2], sm[2 * p][3]),
-               _pack_f16(k, sm[2 * p + 1][0], sm[2 * p + 1][1]),
-               _pack_f16(k, sm[2 * p + 1][2], sm[2 * p + 1][3])) for sm in s]
+        pa = (_pack_f16(k, s[2 * p][0], s[2 * p][1]), _pack_f16(k, s[2 * p][2], s[2 * p][3]),
+              _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
+              _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
         for n in range(0, DT, 2):
             b = k.ldmatrix(Address(v_addr, (16 * p * P + 8 * n) * 2, "shared", T.b16), 4,
                            trans=True)
-            for mt in range(MT):
-                for e in range(2):
-                    acc = o_acc[mt][n + e]
-                    for r_, x in zip(acc, k.mma_m16n8k16(pa[mt], b[2 * e:2 * e + 2], tuple(acc))):
-                        k.assign(r_, x)
+            for e in range(2):
+                acc = o_acc[n + e]
+                for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):
+                    k.assign(r_, x)

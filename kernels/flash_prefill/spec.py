@@ -59,17 +59,11 @@ class FlashPrefillConfig:
     Parameters
     ----------
     warps : {1, 2, 4, 8}
-        Warps per block; each takes ``warp_rows`` query rows of one query
-        head.
-    warp_rows : {16, 32}
-        Rows of one warp (one or two ``mma`` row tiles): with 32 every K and
-        V fragment read from shared memory serves two row tiles (half the
-        shared-memory reads per ``mma``) for about 2x the accumulator
-        registers.
+        Warps per block; each takes 16 query rows of one query head.
     heads : {1, 2, 4, 8}
         Query heads per block, all of one KV head (a divisor of ``group``
         and of ``warps``): every K/V tile copied into shared memory serves
-        ``heads`` heads of the block's ``warp_rows * warps / heads`` rows
+        ``heads`` heads of the block's ``16 * warps / heads`` rows
         (``block_rows``).
     block_keys : {16, 32, 64}
         Keys per shared-memory tile (K and V, rows padded by 8 halves).
@@ -79,7 +73,6 @@ class FlashPrefillConfig:
     """
 
     warps: int = attrs.field(default=8, validator=_one_of("warps", (1, 2, 4, 8)))
-    warp_rows: int = attrs.field(default=16, validator=_one_of("warp_rows", (16, 32)))
     heads: int = attrs.field(default=4, validator=_one_of("heads", (1, 2, 4, 8)))
     block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
     stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3)))
@@ -112,12 +105,12 @@ class FlashPrefillPlan(PlanBase):
                              "query heads share one KV head)")
         if c.warps % c.heads:
             raise ValueError(f"heads={c.heads} must divide warps={c.warps} (each warp "
-                             "takes rows of one head)")
+                             "takes 16 rows of one head)")
 
     @property
     def block_rows(self) -> int:
         """Chunk rows of one block (each for ``heads`` query heads)."""
-        return self.config.warp_rows * self.config.warps // self.config.heads
+        return 16 * self.config.warps // self.config.heads
 
     @property
     def stage_bytes(self) -> int:
@@ -138,7 +131,6 @@ class FlashPrefillPlan(PlanBase):
     @property
     def kernel_name(self) -> str:
         c = self.config
-        return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}"
-                + (f"r{c.warp_rows}" if c.warp_rows != 16 else "") + f"_h{c.heads}"
+        return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
                 f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
                 + ("_pdl" if self.pdl else ""))
