@@ -27,7 +27,7 @@ import itertools
 from ptxgen import types as T
 from ptxgen.isa import TABLE
 
-__all__ = ["TABLE", "table_combos", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
+__all__ = ["TABLE", "table_combos", "ptxas_takes", "ALU_OPS", "MEM_OPS", "emitted_mods", "mem_mods", "emit_combo",
            "not_ptx", "type_tuple"]
 
 #: the opcodes tests/emu/test_emu_int_modifiers.py and test_emu_cvt_modifiers.py
@@ -334,3 +334,25 @@ def sync_mods(op, mod):
             x == "shared" and "shared::cta" in m)]
     order = [x for g in TABLE[op].mods for x in g]
     return sorted(set(m), key=order.index)
+
+
+def ptxas_takes(forms, ptx_of, refused=()):
+    """The forms among ``forms`` (each named not PTX) that ptxas for sm_90
+    assembles all the same: ``ptx_of(form)`` is its one-instruction kernel;
+    a form whose build raises one of ``refused`` (the builder refusing it
+    first) is not a finding."""
+    from ptxgen.errors import PtxBuildError
+    from ptxgen.ptxas import PtxasError, assemble
+    taken = []
+    for c in forms:
+        try:
+            text = ptx_of(c)
+        except (PtxBuildError, *refused):
+            continue
+        try:
+            assemble(text, "sm_90")
+            taken.append(c)
+        except PtxasError:
+            pass
+    return taken
+
