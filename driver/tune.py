@@ -13,7 +13,8 @@ For ``flash_decode`` the call is the model's attention shape (8B: 32 query
 and 8 KV heads of 128, f16 cache), with and without ``early_kv``; each
 candidate (the tuned config and its neighbours in warps, unroll, the
 per-SM cap, the round-robin threshold and the L1 bypass threshold) is timed
-at 1K, 4K and 16K keys and ranked by the sum.
+at 1K, 4K and 16K keys (CUDA graphs of its launches, as for the GEMV) and
+ranked by the sum.
 
 ``--qtypes Q4_0,Q5_K`` tunes the 8B shapes with every matrix of those weight
 types (plain GEMVs, the shapes ``make bench`` reports), and ``--search``
@@ -107,19 +108,6 @@ def search_moves(spec, config, m: int, sm_count: int | None = None) -> list:
 def _spec(qtype, m, k, epi, target, hp_heads, pdl=False):
     rope = hp_heads if epi == "rope" else ()
     return gemv.GemvSpec(qtype, k, epilogue=epi, rope=rope, target=target, pdl=pdl)
-
-
-def _time(fn_launch, stream, reps):
-    from . import Event
-    fn_launch()
-    stream.synchronize()
-    e0, e1 = Event(), Event()
-    e0.record(stream)
-    for _ in range(reps):
-        fn_launch()
-    e1.record(stream)
-    e1.synchronize()
-    return e0.elapsed_ms(e1) * 1e3 / reps
 
 
 #: weight bytes a GEMV candidate rotates over (copies of the matrix), so its
@@ -303,13 +291,13 @@ def tune_flash(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
             spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, early_kv=early,
                                       target=dev.target, pdl=has_griddepcontrol(dev.target))
             cands = flash_candidates(spec)
+            timers = [[_graph_timer(lambda i, kw=attrs.asdict(c), L=L: flash_decode(
+                q, kc, vc, lens[L], out=o, early_kv=early, stream=stream, **kw),
+                stream, reps) for L in lengths] for c in cands]
             times = [[] for _ in cands]
             for _ in range(rounds):
-                for i, c in enumerate(cands):
-                    kw = attrs.asdict(c)
-                    times[i].append(sum(_time(lambda L=L: flash_decode(
-                        q, kc, vc, lens[L], out=o, early_kv=early, stream=stream, **kw),
-                        stream, reps) for L in lengths))
+                for i, per_len in enumerate(timers):
+                    times[i].append(sum(t() for t in per_len))
             med = [statistics.median(t) for t in times]
             best = min(range(len(cands)), key=med.__getitem__)
             tuning.store_user_config("flash_decode", dev.name, fd.tuning.call_of(spec),
