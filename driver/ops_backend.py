@@ -302,6 +302,18 @@ class OpArgs:
             raise ValueError(f"{name} has {a.size} elements, expected {size}")
         return a
 
+    def out_dtype(self, name, allowed=(np.float32, np.float16)):
+        """The dtype of the output ``name``: the argument's (one of
+        ``allowed``, else a TypeError naming them), or the first of
+        ``allowed`` when it was None."""
+        if self._given.get(name) is None:
+            return np.dtype(allowed[0])
+        dt = np.dtype(self.array(name).dtype)
+        if dt not in [np.dtype(a) for a in allowed]:
+            raise TypeError(f"{name} must be {' or '.join(np.dtype(a).name for a in allowed)}, "
+                            f"got {dt.name}")
+        return dt
+
     def out(self, name, shape, dtype=np.float32):
         """The output ``name``: the argument (checked for dtype and size) or,
         when it was None, a new array of ``shape``."""

@@ -51,13 +51,6 @@ def _workspace(key, shape, dtype, zero=False):
     return get_backend("cuda").workspace(key, shape, dtype, zero)
 
 
-def _out_dtype(out):
-    """float16 for a float16 ``out``, else float32 (a wrong type is named
-    by the op's own check)."""
-    dt = getattr(out, "dtype", None)      # numpy, device arrays, torch, cupy
-    return np.float16 if str(dt).rsplit(".", 1)[-1] == "float16" else np.float32
-
-
 def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=True,
             block=None, pdl=None, stream=None, backend=None):
     """``out = x / sqrt(mean(x**2) + eps) * w`` row by row (f32).
@@ -89,7 +82,7 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
         # enough threads for the row to sit in registers (4 x 16 bytes each)
         block = min(1024, max(256, -(-n // 512) * 32))
     tgt = a.backend.target
-    odt = _out_dtype(out)
+    odt = a.out_dtype("out")
     spec = _rms.RmsNormSpec(residual=residual is not None, block=block, precise=precise,
                             out_type="f16" if odt == np.float16 else "f32",
                             target=tgt, pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
@@ -140,7 +133,7 @@ def swiglu(g, u, out=None, *, pdl=False, stream=None, backend=None):
     ga, ua = a.array("g", np.float32), a.array("u", np.float32)
     if ga.size != ua.size:
         raise ValueError(f"g has {ga.size} elements, u {ua.size}")
-    odt = _out_dtype(out)
+    odt = a.out_dtype("out")
     spec = _swiglu.SwiGluSpec(out_type="f16" if odt == np.float16 else "f32",
                               target=a.backend.target, pdl=bool(pdl))
     out = a.out("out", ga.shape, odt)

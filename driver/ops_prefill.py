@@ -88,9 +88,7 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
         raise ValueError(f"{n_q} query heads are not a multiple of {n_kv} KV heads")
     if d not in (64, 128):
         raise ValueError(f"flash_prefill takes head_dim 64 or 128, got {d}")
-    odt = np.dtype(np.float32) if out is None else np.dtype(a.array("out").dtype)
-    if odt not in (np.float32, np.float16):
-        raise TypeError(f"out must be float32 or float16, got {odt.name}")
+    odt = a.out_dtype("out")
     be = a.backend
     plan = flash_prefill_plan(d, n_q // n_kv, target=be.target, device=be.device_name,
                               pdl=pdl, out_type="f16" if odt == np.float16 else "f32",

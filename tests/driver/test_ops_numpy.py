@@ -309,6 +309,13 @@ def test_bad_arguments_name_themselves():
         ops.swiglu(np.ones(4, np.float32), np.ones(4, np.float32), out=nan(3), backend="emu")
     with pytest.raises(ValueError, match="backend='tpu'"):
         ops.argmax(np.ones(10, np.float32), backend="tpu")
+    # an output of another float type than the op writes
+    with pytest.raises(TypeError, match="out must be float32 or float16, got float64"):
+        ops.swiglu(np.ones(4, np.float32), np.ones(4, np.float32), out=np.zeros(4),
+                   backend="emu")
+    with pytest.raises(TypeError, match="out must be float32 or float16, got float64"):
+        ops.rmsnorm(np.ones((2, 4), np.float32), np.ones(4, np.float32), 1e-5,
+                    out=np.zeros((2, 4)), backend="emu")
 
 
 def test_environment_variable_picks_the_backend(monkeypatch, rng, seed):
