@@ -56,15 +56,17 @@ _WG = dict(kernel="wgmma", bk=64, min_ctas=0)
 #: wgmma configs (sm_90): warpgroups of 64 rows x bn tokens, 2 bm threads
 WGMMA_SWEEP = [
     dict(bm=128, bn=128, stages=4, **_WG),
-    dict(bm=128, bn=128, stages=6, **_WG),
-    dict(bm=128, bn=128, stages=4, **{**_WG, "min_ctas": 2}),
-    dict(bm=128, bn=64, stages=6, **_WG),
+    dict(bm=128, bn=128, stages=5, **_WG),
     dict(bm=128, bn=256, stages=4, **_WG),
     dict(bm=128, bn=256, stages=5, **_WG),
-    dict(bm=64, bn=256, stages=4, **_WG),
+    dict(bm=128, bn=64, stages=6, **_WG),
     dict(bm=64, bn=128, stages=6, **_WG),
+    dict(bm=64, bn=256, stages=4, **_WG),
+    dict(bm=256, bn=128, stages=4, **_WG),
     dict(bm=256, bn=64, stages=4, **_WG),
 ]
+#: the token counts of the wgmma sweep
+WGMMA_TS = (128, 256, 512, 2048)
 
 
 class _Gemm:
@@ -79,8 +81,10 @@ class _Gemm:
         self.m, self.t = m, t
 
     def __call__(self, torch, w, x, y):
-        launch(self.fn, self.grid, self.block, w, x, y, self.m, self.t, shared=self.shared,
-               stream=torch.cuda.current_stream())
+        xm = G.x_map(self.plan, x.data_ptr(), x.shape[0])
+        tail = () if xm is None else (ops_backend.get_backend("cuda").tensor_map(xm),)
+        launch(self.fn, self.grid, self.block, w, x, y, self.m, self.t, *tail,
+               shared=self.shared, stream=torch.cuda.current_stream())
 
 
 def _check(torch, w, x, y, qtype="Q4_K", rows=8):
@@ -247,7 +251,7 @@ if __name__ == "__main__":
     if "--sweep" in sys.argv:
         res["sweep"] = sweep()
     if "--sweep-wgmma" in sys.argv:
-        res["sweep_wgmma"] = sweep(SWEEP[:1] + WGMMA_SWEEP)
+        res["sweep_wgmma"] = sweep(SWEEP[:1] + WGMMA_SWEEP, ts=WGMMA_TS)
     if args:
         with open(args[0], "w") as f:
             json.dump(res, f, indent=1)

@@ -125,6 +125,22 @@ class Backend:
             fn.require_dynamic_shared(dynamic_shared)
         return fn
 
+    def tensor_map(self, desc):
+        """The launch argument for the :class:`ptxgen.tensor_map.TensorMap`
+        ``desc``: on the GPU its ``CUtensorMap``, encoded once per
+        description; on the emulator the description itself."""
+        if self.name != "cuda":
+            return desc
+        key = ("tmap", desc)
+        with self._lock:
+            enc = self._cache.get(key)
+        if enc is None:
+            from .tensor_map import encode_tiled
+            enc = encode_tiled(desc)
+            with self._lock:
+                enc = self._cache.setdefault(key, enc)
+        return enc
+
     def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
         rec = getattr(_recorder, "launches", None)
         if rec is not None:

@@ -6,7 +6,7 @@
 # Results in $OUT (gemm_wgmma_tests.log, gemm_wgmma.json, gemm_wgmma.log).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-timeout 240 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_gemm_wgmma.py \
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rs tests/kernels/test_gemm_wgmma.py \
   tests/kernels/test_gemm.py 2>&1 | tee "$OUT/gemm_wgmma_tests.log" | tail -15
-timeout 420 python3 -m benchmarks.bench_gemm "$OUT/gemm_wgmma.json" --sweep-wgmma 2>&1 \
+timeout 450 python3 -m benchmarks.bench_gemm "$OUT/gemm_wgmma.json" --qtypes Q4_K --sweep-wgmma 2>&1 \
   | grep -v Warning | tee "$OUT/gemm_wgmma.log"

@@ -14,11 +14,12 @@ the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
 :mod:`.q8_0`); and on sm_90a for Q4_K ``wgmma`` (:mod:`.wgmma_q4k`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
-registers and X from swizzled shared memory.  Design, counts and accuracy:
+registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
 
 Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
-``(w, x[, r], y, M, T | t_ptr)``.
+``(w, x[, r], y, M, T | t_ptr)`` and, where :func:`x_map` gives one, the
+tensor map of X last.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from .reference import reference
 from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan,
                    GemmSpec)
 from .tuning import select_config
-from .wgmma_q4k import build_wgmma_q4k
+from .wgmma_q4k import build_wgmma_q4k, x_tensor_map
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "KERNELS", "CANONICAL", "FORMATS"]
+           "MAX_SHARED", "KERNELS", "CANONICAL", "FORMATS", "x_map"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -70,6 +71,14 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     if p.config.kernel == "wgmma":
         return build_wgmma_q4k(p)
     return build_gemm(p, FORMATS[p.qtype])
+
+
+def x_map(plan, x_address: int, t_rows: int):
+    """The tensor map (:class:`ptxgen.tensor_map.TensorMap`) the kernel of
+    ``plan`` takes as its last argument for X at device address
+    ``x_address`` with ``t_rows`` rows, or None where it takes none (the
+    ``mma`` kernels read X through its pointer)."""
+    return x_tensor_map(plan, x_address, t_rows) if plan.config.kernel == "wgmma" else None
 
 
 #: qtype -> the format module's stage copies, scales and fragment decoder

@@ -304,8 +304,16 @@ class GemmPlan(PlanBase):
     def dynamic_shared(self) -> int:
         c = self.config
         if c.kernel == "wgmma":
-            return c.stages * (c.bn * WG_X_ROW + c.bm * WG_W_PITCH)
+            return c.stages * (self.wgmma_stage_bytes + 8)
         return c.stages * self.stage_bytes + self.scale_bytes
+
+    @property
+    def wgmma_stage_bytes(self) -> int:
+        """A ``wgmma`` stage: X's tile and the weight rows (a multiple of
+        1024 bytes for the configs the tuning table holds; the next tile
+        must start 1024-aligned for the 128B swizzle)."""
+        c = self.config
+        return c.bn * WG_X_ROW + c.bm * WG_W_PITCH
 
     @property
     def kernel_name(self) -> str:

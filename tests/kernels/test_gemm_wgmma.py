@@ -31,8 +31,10 @@ def _run(backend, plan, w, x, y, m, t_arg, t_max, r=None):
     fn = mod[plan.kernel_name]
     grid, block, shared = G.launch_geometry(plan, m, t_max)
     fn.require_dynamic_shared(shared)
-    args = [backend.array(w), backend.array(x)] + ([r] if r is not None else [])
-    backend.launch(fn, grid, block, *args, y, m, t_arg, shared=shared)
+    xa = backend.array(x)
+    args = [backend.array(w), xa] + ([r] if r is not None else [])
+    xmap = backend.tensor_map(G.x_map(plan, int(xa.ptr), x.shape[0]))
+    backend.launch(fn, grid, block, *args, y, m, t_arg, xmap, shared=shared)
 
 
 # (T, M, K, config and spec fields): M and T both cut tiles short (M not a
@@ -91,14 +93,24 @@ def test_wgmma_gemm_t_from_device(backend, rng):
 
 def test_wgmma_selected_on_sm_90a_for_f16_prompts():
     """The tuning table's choice, where the H100 measured it faster: wgmma
-    for f16 X at 128 <= T <= 512 on sm_90a with at most 4096 weight rows;
-    mma.sync otherwise (more rows, f32 X, few or many tokens, other targets)."""
+    for f16 X at T >= 128 on sm_90a, its tile by rows and tokens; mma.sync
+    otherwise (f32 X, few tokens, unknown T, other targets)."""
     def pick(m=4096, **kw):
         return G.default_plan("Q4_K", 4096, m=m, **kw).config.kernel
+
+    def tile(m, t):
+        c = G.default_plan("Q4_K", 4096, m=m, x_type="f16", target="sm_90a", t=t).config
+        return c.bm, c.bn, c.stages
     assert pick(x_type="f16", target="sm_90a", t=512) == "wgmma"
     assert pick(x_type="f16", target="sm_90a", t=128) == "wgmma"
-    assert pick(m=14336, x_type="f16", target="sm_90a", t=512) == "mma"
-    assert pick(x_type="f16", target="sm_90a", t=2048) == "mma"
+    assert pick(m=14336, x_type="f16", target="sm_90a", t=512) == "wgmma"
+    assert pick(x_type="f16", target="sm_90a", t=2048) == "wgmma"
+    assert (tile(4096, 128), tile(4096, 256), tile(4096, 512), tile(4096, 2048)) == (
+        (64, 128, 6), (64, 128, 6), (64, 256, 4), (128, 256, 5))
+    assert (tile(6144, 128), tile(6144, 256), tile(6144, 512)) == (
+        (64, 128, 6), (64, 256, 4), (128, 256, 5))
+    assert (tile(14336, 128), tile(14336, 256), tile(14336, 512)) == (
+        (128, 128, 5), (128, 256, 5), (128, 256, 5))
     assert pick(x_type="f16", target="sm_90a", t=64) == "mma"
     assert pick(x_type="f32", target="sm_90a", t=512) == "mma"
     assert pick(x_type="f16", target="sm_90", t=512) == "mma"
