@@ -28,14 +28,16 @@ from __future__ import annotations
 
 import ptxgen
 from ptxgen import registry
+from ptxgen.tensor_map import TensorMap
 
+from ..spec_fields import has_bulk_copy
 from .kernel import build_prefill
 from .reference import reference
 from .spec import NEG, FlashPrefillConfig, FlashPrefillPlan, FlashPrefillSpec
 from .tuning import select_config
 
 __all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "build", "plan",
-           "select_config", "launch_geometry", "reference", "NEG", "CANONICAL"]
+           "select_config", "launch_geometry", "cache_maps", "reference", "NEG", "CANONICAL"]
 
 
 def plan(spec: FlashPrefillSpec, config: FlashPrefillConfig | None = None, *,
@@ -53,6 +55,21 @@ def build(spec, config: FlashPrefillConfig | None = None) -> ptxgen.Module:
     m = ptxgen.Module(p.target)
     build_prefill(m, p)
     return m
+
+
+def cache_maps(plan: FlashPrefillPlan, k_address: int, v_address: int, n_kv_heads: int,
+               capacity: int):
+    """The tensor maps (:class:`ptxgen.tensor_map.TensorMap`) of the K and V
+    caches (f16 ``[n_kv_heads, capacity, head_dim]`` at those device
+    addresses) that the kernel of ``plan`` takes as its last two arguments,
+    or None where it takes none (before sm_90 every tile comes by
+    ``cp.async``).  A box is 64 dims x ``block_keys`` rows, 128B-swizzled."""
+    if not has_bulk_copy(plan.target):
+        return None
+    d = plan.head_dim
+    return tuple(TensorMap("f16", a, (d, n_kv_heads * capacity), (2 * d,),
+                           (64, plan.block_keys), swizzle="128B", oob_fill="zero")
+                 for a in (k_address, v_address))
 
 
 def launch_geometry(plan: FlashPrefillPlan, n_q_heads: int, max_tokens: int):

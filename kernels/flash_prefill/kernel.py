@@ -8,7 +8,7 @@ from ptxgen import types as T
 from ptxgen.types import b32, f16, f32, s32, u8, u32
 from ptxgen.values import Address
 
-from ..spec_fields import pdl_prologue
+from ..spec_fields import has_bulk_copy, pdl_prologue
 from .spec import NEG
 
 __all__ = ["build_prefill"]
@@ -68,7 +68,9 @@ def build_prefill(m, plan):
     stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
     H, S = plan.heads, plan.stages
-    R, P = plan.block_rows, plan.pitch
+    R = plan.block_rows
+    HB = BN * 128                # bytes of one 64-dim half of a K (or V) tile
+    VOFF = BN * d * 2            # V's tile after K's in a stage
     KT = d // 16               # k-tiles of q . k
     NT = BN // 8               # n-tiles of the scores per key tile
     DT = d // 8                # n-tiles of the output
@@ -86,7 +88,11 @@ def build_prefill(m, plan):
         cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
         q_stride = k.param("q_stride", u32)
-        smem = k.dynamic_shared("smem", u8)
+        tma = has_bulk_copy(plan.target)          # whole K/V tiles by TMA
+        if tma:
+            kmap, vmap = k.tensor_map_param("k_map"), k.tensor_map_param("v_map")
+        # 128B-swizzled tiles start on 1024-byte boundaries
+        smem = k.dynamic_shared("smem", u8, align=1024)
         pdl_prologue(k, plan)
 
         tid = k.tid.x
@@ -135,7 +141,82 @@ def build_prefill(m, plan):
         rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
 
-        # q's A fragments (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
+        m_run = [k.var(f32, NEG), k.var(f32, NEG)]
+        l_run = [k.var(f32, 0.0), k.var(f32, 0.0)]
+        o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)]
+        zero = k.mov(0.0, f32)
+        ninf = k.mov(float("-inf"), f32)
+        base = k.mov(smem, u32)
+        mi, rr = lane >> 3, lane & 7
+        # ldmatrix row addresses (bytes, stage 0).  A tile's key row r keeps
+        # its 64-dim halves 128 bytes each in two 8 KB blocks (HB), its
+        # 16-byte chunk c of a half at chunk c ^ (r % 8) (the 128B swizzle a
+        # TMA box writes); the 8 rows one ldmatrix matrix reads have r % 8 =
+        # rr, so a lane's swizzle is its own constant.  K (B of S, not
+        # transposed): matrix mi is keys 16p + 8 (mi >> 1) + rr, dims 16 kt +
+        # 8 (mi & 1) (chunk 2 (kt % 4) + (mi & 1) of half kt // 4); V (B of
+        # O, transposed): keys 16p + 8 (mi & 1) + rr, dims 8 (n + (mi >> 1))
+        # (chunk n % 8 + (mi >> 1) of half n // 8).  Per chunk pair j (0..3):
+        k_rows = base + (8 * (mi >> 1) + rr) * 128
+        v_rows = base + (VOFF + (8 * (mi & 1) + rr) * 128)
+        k_addr = [k_rows + (((mi & 1) + 2 * j) ^ rr) * 16 for j in range(4)]
+        v_addr = [v_rows + (((mi >> 1) + 2 * j) ^ rr) * 16 for j in range(4)]
+
+        # the thread's 16-byte chunks of a tile by cp.async (every tile
+        # before sm_90, a block's last, partial tile on sm_90): (key row,
+        # shared byte offset, cache element offset within the row)
+        per = max(1, CHUNKS // nthr)
+        chunks = []
+        for j in range(per):
+            cidx = tid + j * nthr
+            r_, cc = cidx // (d // 8), cidx % (d // 8)
+            guard = (cidx < CHUNKS) if CHUNKS < nthr else None
+            dst = (cc >> 3) * HB + r_ * 128 + (((cc & 7) ^ (r_ & 7)) << 4)
+            chunks.append((guard, r_, dst, 8 * cc))
+        hrow = h * cap
+
+        def copy_rows(buf, kb):
+            # rows past the block's last key are clamped to it, so no
+            # unwritten cache row enters
+            for guard, r_, dst, col in chunks:
+                src = (hrow + k.min(kb + r_, lastk)) * d + col
+                k.cp_async(Address(buf + dst, 0, "shared", u8), kc[src], 16, guard=guard)
+                k.cp_async(Address(buf + dst, VOFF, "shared", u8), vc[src], 16, guard=guard)
+
+        if tma:
+            bar0 = base + S * SB                 # one mbarrier a stage after the ring
+            with k.if_(tid.eq(0)):
+                for s_ in range(S):
+                    k.mbarrier_init(Address(bar0 + 8 * s_, 0, "shared", T.u64), 1)
+                k.fence_mbarrier_init()
+            k.bar_sync(0)
+
+            def issue(buf, stage_idx, kb):
+                # a whole tile (its last key is the block's or before) by
+                # TMA from thread 0, else by cp.async (clamped rows)
+                with k.if_else(kb + (BN - 1) <= lastk) as (whole, part):
+                    with whole:
+                        mb = Address(bar0 + 8 * stage_idx, 0, "shared", T.u64)
+                        with k.if_(tid.eq(0)):
+                            k.mbarrier_arrive_expect_tx(mb, 2 * VOFF)
+                            for hf in range(d // 64):
+                                crd = (64 * hf, hrow + kb)
+                                k.tma_load(Address(buf + hf * HB, 0, "shared", u8), kmap, crd, mb)
+                                k.tma_load(Address(buf + (VOFF + hf * HB), 0, "shared", u8),
+                                           vmap, crd, mb)
+                    with part:
+                        copy_rows(buf, kb)
+                        k.cp_async_commit()
+        else:
+            def issue(buf, stage_idx, kb):
+                copy_rows(buf, kb)
+
+        for s_ in range(S - 1):
+            with k.if_(ntiles > s_):
+                issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
+            if not tma:
+                k.cp_async_commit()              # an empty group where there is no tile
+        # q's A fragments, loaded while the first tiles are in flight (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
         # of each k-tile), prescaled, in f16
         c = k.mul(sm_scale, LOG2E, rnd="rn")
         qbase = [k.min(r, Tn - 1) * q_stride + qh * d + 2 * t for r in rows]
@@ -148,53 +229,28 @@ def build_prefill(m, plan):
                     regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
             qa.append(tuple(regs))
 
-        m_run = [k.var(f32, NEG), k.var(f32, NEG)]
-        l_run = [k.var(f32, 0.0), k.var(f32, 0.0)]
-        o_acc = [[k.var(f32, 0.0) for _ in range(4)] for _ in range(DT)]
-        zero = k.mov(0.0, f32)
-        ninf = k.mov(float("-inf"), f32)
-        base = k.mov(smem, u32)
-        mi, rr = lane >> 3, lane & 7
-        # ldmatrix row addresses (bytes, stage 0): K (B of S, not transposed):
-        # matrix mi is keys 16p + 8 (mi >> 1) + rr, columns 16 kt + 8 (mi & 1);
-        # V (B of O, transposed): keys 16p + 8 (mi & 1) + rr, dims 8 (n + (mi >> 1))
-        k_addr = base + ((8 * (mi >> 1) + rr) * P + 8 * (mi & 1)) * 2
-        v_addr = base + (BN * P + (8 * (mi & 1) + rr) * P + 8 * (mi >> 1)) * 2
-
-        # the thread's 16-byte chunks of a tile: (key row, shared byte offset,
-        # cache element offset within the row)
-        per = max(1, CHUNKS // nthr)
-        chunks = []
-        for j in range(per):
-            cidx = tid + j * nthr
-            r_, cc = cidx // (d // 8), cidx % (d // 8)
-            guard = (cidx < CHUNKS) if CHUNKS < nthr else None
-            chunks.append((guard, r_, (r_ * P + 8 * cc) * 2, 8 * cc))
-        hrow = h * cap
-
-        def issue(buf, kb):
-            for guard, r_, dst, col in chunks:
-                src = (hrow + k.min(kb + r_, lastk)) * d + col
-                k.cp_async(Address(buf + dst, 0, "shared", u8), kc[src], 16, guard=guard)
-                k.cp_async(Address(buf + dst, BN * P * 2, "shared", u8), vc[src], 16,
-                           guard=guard)
-
-        for s_ in range(S - 1):
-            with k.if_(ntiles > s_):
-                issue(base + s_ * SB, k.mov(s_ * BN, u32))
-            k.cp_async_commit()
         cur = k.var(u32, 0)                  # byte offset of this tile's stage
         nxt = k.var(u32, (S - 1) * SB)       # of the stage S - 1 tiles ahead
+        cb = k.var(u32, 0)                   # this tile's stage index
+        nb = k.var(u32, S - 1)               # ... and the one S - 1 tiles ahead
+        phase = k.var(u32, 0)                # parity of the mbarrier phase of cb
         with k.for_range(0, ntiles) as it:
-            k.cp_async_wait(S - 2)
+            # cp.async tiles: before sm_90 the ring's groups (one a tile); on
+            # sm_90 only a block's last tile, whose group is waited for here
+            k.cp_async_wait(0 if tma else S - 2)
             k.bar_sync(0)
             ahead = it + (S - 1)
             with k.if_(ahead < ntiles):
-                issue(base + nxt, ahead * BN)
-            k.cp_async_commit()
+                issue(base + nxt, nb, ahead * BN)
+            if not tma:
+                k.cp_async_commit()
             kb = it * BN
+            if tma:
+                with k.if_(kb + (BN - 1) <= lastk):
+                    k.mbarrier_wait(Address(bar0 + 8 * cb, 0, "shared", T.u64), phase)
             with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
-                ka, va = k_addr + cur, v_addr + cur
+                ka = [a + cur for a in k_addr]
+                va = [a + cur for a in v_addr]
                 # a tile whose last key the warp's first row sees needs no mask
                 with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
                     with whole:
@@ -203,6 +259,10 @@ def build_prefill(m, plan):
                     with part:
                         _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
                               KT, NT, DT)
+            last = cb.eq(S - 1)
+            k.assign(phase, k.select(last, phase ^ 1, phase))
+            k.assign(cb, k.select(last, k.mov(0, u32), cb + 1))
+            k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
             k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
             k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
@@ -225,13 +285,14 @@ def build_prefill(m, plan):
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
     """One key tile of one warp: scores, mask (where ``pos`` is given: the
     rows' positions), online softmax, ``O += P V``."""
-    P = plan.pitch
+    HB = plan.block_keys * 128
     t = (k.tid.x & 31) & 3
     s = []
     for p in range(NT // 2):                     # 16 keys at a time
         acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
         for kt in range(KT):
-            b = k.ldmatrix(Address(k_addr, (16 * p * P + 16 * kt) * 2, "shared", T.b16), 4)
+            b = k.ldmatrix(Address(k_addr[kt % 4], (kt // 4) * HB + 16 * p * 128, "shared",
+                                   T.b16), 4)
             for e in range(2):
                 acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
         s.extend(acc)
@@ -277,8 +338,8 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
               _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
               _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
         for n in range(0, DT, 2):
-            b = k.ldmatrix(Address(v_addr, (16 * p * P + 8 * n) * 2, "shared", T.b16), 4,
-                           trans=True)
+            b = k.ldmatrix(Address(v_addr[(n % 8) // 2], (n // 8) * HB + 16 * p * 128,
+                                   "shared", T.b16), 4, trans=True)
             for e in range(2):
                 acc = o_acc[n + e]
                 for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):

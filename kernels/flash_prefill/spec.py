@@ -8,7 +8,7 @@ from __future__ import annotations
 import attrs
 
 from ..plan import PlanBase
-from ..spec_fields import pdl_field, target_field
+from ..spec_fields import has_bulk_copy, pdl_field, target_field
 
 __all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "NEG"]
 
@@ -114,19 +114,16 @@ class FlashPrefillPlan(PlanBase):
 
     @property
     def stage_bytes(self) -> int:
-        """Shared bytes of one K/V tile pair."""
-        return 2 * self.config.block_keys * self.pitch * 2
+        """Shared bytes of one K/V tile pair (rows of ``head_dim`` halves in
+        128-byte swizzled blocks of 64 dims, no padding)."""
+        return 2 * self.config.block_keys * self.spec.head_dim * 2
 
     @property
     def dynamic_shared(self) -> int:
-        """Dynamic shared bytes a block needs (the ring)."""
-        return self.config.stages * self.stage_bytes
-
-    @property
-    def pitch(self) -> int:
-        """Halves per shared K/V row (``head_dim + 8``: the 8 rows one
-        ``ldmatrix`` reads fall in different banks)."""
-        return self.spec.head_dim + 8
+        """Dynamic shared bytes a block needs: the ring and, where whole
+        tiles come by TMA (sm_90), one mbarrier a stage."""
+        bars = 8 * self.config.stages if has_bulk_copy(self.spec.target) else 0
+        return self.config.stages * self.stage_bytes + bars
 
     @property
     def kernel_name(self) -> str:

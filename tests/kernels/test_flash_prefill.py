@@ -116,6 +116,27 @@ def test_gpu_shipped_config_larger(backend, rng, odt):
     assert np.all(np.isnan(out[T:]))
 
 
+@pytest.mark.parametrize("d,bn,stages,L,T", [(128, 64, 2, 70, 33), (64, 32, 3, 0, 45)])
+def test_sm80_ring_of_cp_async(backend, rng, d, bn, stages, L, T):
+    """The sm_80 build (every tile by cp.async, no tensor maps) on the same
+    swizzled layout; a whole-tile and a partial last tile."""
+    from ptxgen.driver.ops_prefill import flash_prefill_plan
+    backend.require_sm(80)
+    n_kv, G = 1, 4
+    plan = flash_prefill_plan(d, G, target="sm_80", warps=8, heads=4, block_keys=bn,
+                              stages=stages)
+    assert FP.cache_maps(plan, 0, 0, n_kv, 1) is None
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T + 5)
+    out = backend.poisoned(q.shape, np.float32)
+    fn = backend.load(FP.build(plan))[plan.kernel_name]
+    grid, block, shared = FP.launch_geometry(plan, n_kv * G, T)
+    fn.require_dynamic_shared(shared)
+    backend.launch(fn, grid, block, backend.array(q), backend.array(kc), backend.array(vc),
+                   backend.array(np.array([L], np.int32)), backend.array(np.array([T], np.int32)),
+                   out, L + T + 5, 1.0 / math.sqrt(d), n_kv * G * d, shared=shared)
+    assert rel_err(out.to_numpy(), attention64(q, kc, vc, L, T)) <= BOUND
+
+
 def test_q_in_a_wider_row(backend, rng):
     """q read from the start of each row of a wider [T, row] array."""
     d, n_kv, G, L, T = 64, 1, 2, 4, 7
@@ -152,7 +173,12 @@ def test_launch_geometry():
                                  stages=2)
     grid, block, shared = FP.launch_geometry(p, 32, 512)
     assert (grid, block) == ((16, 8, 1), (256, 1, 1))
-    assert shared == 2 * 2 * 64 * 136 * 2
+    # 2 stages of a K and a V tile of 64 unpadded rows of 128 halves (sm_80)
+    assert shared == 2 * 2 * 64 * 128 * 2
+    # sm_90 adds one 8-byte mbarrier a stage (whole tiles come by TMA)
+    p90 = FP.FlashPrefillPlan.make(head_dim=128, group=4, warps=8, heads=4, block_keys=64,
+                                   stages=3, target="sm_90")
+    assert FP.launch_geometry(p90, 32, 512)[2] == 3 * 2 * 64 * 128 * 2 + 3 * 8
 
 
 def test_bad_input_is_refused():
