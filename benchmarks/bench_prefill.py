@@ -7,6 +7,7 @@ then end-to-end prompt tokens/s of the 8B-shaped synthetic Q4_K model at
 512 and 4096 tokens (chunk graphs, and eager launches).
 
     python -m benchmarks.bench_prefill [out.json] [--sweep] [--model PATH.gguf] [--skip-model]
+        [--skip-attention]
 """
 
 from __future__ import annotations
@@ -170,9 +171,10 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="also time every config of SWEEP")
     ap.add_argument("--model", default="/tmp/llama3-8b-q4k.gguf")
     ap.add_argument("--skip-model", action="store_true")
+    ap.add_argument("--skip-attention", action="store_true", help="only the end-to-end prompts")
     a = ap.parse_args()
-    res = bench_attention(sweep=a.sweep)
-    if a.json_out:
+    res = [] if a.skip_attention else bench_attention(sweep=a.sweep)
+    if a.json_out and res:
         import subprocess
         dev = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
                              capture_output=True, text=True).stdout.strip()
