@@ -210,28 +210,28 @@ def run_all(shapes=SHAPES, ts=TS, verbose=True, qtypes=QTYPES) -> dict:
     return out
 
 
-def sweep(variants=SWEEP, shapes=SHAPES, ts=(512, 2048), verbose=True) -> dict:
-    """Time each config of ``variants`` (f16 X) per shape and T."""
+def sweep(variants=SWEEP, shapes=SHAPES, ts=(512, 2048), verbose=True, qtype="Q4_K") -> dict:
+    """Time each config of ``variants`` (f16 X, ``qtype`` weights) per shape and T."""
     torch = _torch()
     gen = torch.Generator(device="cuda")
     gen.manual_seed(int(time.time()))
     out = dict(device=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), rows=[])
     for m, k in shapes:
-        ws = _weights(torch, m, k, gen)
+        ws = _weights(torch, m, k, gen, qtype)
         for t in ts:
             x = torch.randn(t, k, device="cuda", generator=gen).half()
             for knobs in variants:
                 try:
-                    g = _Gemm(k, m, t, "f16", **knobs)
-                    sec, err = _time_ours(torch, g, ws, x, t, m)
-                    r = dict(m=m, k=k, t=t, knobs=knobs, us=sec * 1e6,
+                    g = _Gemm(k, m, t, "f16", qtype, **knobs)
+                    sec, err = _time_ours(torch, g, ws, x, t, m, qtype)
+                    r = dict(qtype=qtype, m=m, k=k, t=t, knobs=knobs, us=sec * 1e6,
                              tflops=2.0 * t * m * k / sec / 1e12, rel_err=err,
                              regs=getattr(g.fn, "num_regs", None))
                 except Exception as e:      # a variant that does not build or launch
                     r = dict(m=m, k=k, t=t, knobs=knobs, error=f"{type(e).__name__}: {e}"[:200])
                 out["rows"].append(r)
                 if verbose:
-                    print(f"{m}x{k} T={t} " + (r["error"] if "error" in r else
+                    print(f"{qtype} {m}x{k} T={t} " + (r["error"] if "error" in r else
                           f"{r['us']:9.1f} us {r['tflops']:6.1f} TF err {r['rel_err']:.1e} "
                           f"regs {r['regs']}") + f"  {knobs}", flush=True)
         del ws
@@ -251,7 +251,8 @@ if __name__ == "__main__":
     if "--sweep" in sys.argv:
         res["sweep"] = sweep()
     if "--sweep-wgmma" in sys.argv:
-        res["sweep_wgmma"] = sweep(SWEEP[:1] + WGMMA_SWEEP, ts=WGMMA_TS)
+        res["sweep_wgmma"] = {q: sweep(SWEEP[:1] + WGMMA_SWEEP, ts=WGMMA_TS, qtype=q)
+                              for q in qts if q in G.WGMMA_QTYPES}
     if args:
         with open(args[0], "w") as f:
             json.dump(res, f, indent=1)

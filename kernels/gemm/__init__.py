@@ -30,14 +30,15 @@ from ptxgen import registry
 from . import q4k, q6k, q8_0
 from .kernel import build_gemm, launch_geometry
 from .reference import reference
-from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, X_TYPES, GemmConfig, GemmPlan,
-                   GemmSpec)
+from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, WGMMA_QTYPES, X_TYPES, GemmConfig,
+                   GemmPlan, GemmSpec)
 from .tuning import select_config
-from .wgmma_q4k import build_wgmma_q4k, x_tensor_map
+from .wgmma_q4k import build_wgmma, x_tensor_map
+from .wgmma_q6k import Q6KFormat
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "KERNELS", "CANONICAL", "FORMATS", "x_map"]
+           "MAX_SHARED", "KERNELS", "WGMMA_QTYPES", "CANONICAL", "FORMATS", "x_map"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -69,7 +70,7 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     :class:`GemmPlan`)."""
     p = plan(spec, config)
     if p.config.kernel == "wgmma":
-        return build_wgmma_q4k(p)
+        return build_wgmma(p, Q6KFormat) if p.qtype == "Q6_K" else build_wgmma(p)
     return build_gemm(p, FORMATS[p.qtype])
 
 

@@ -151,9 +151,9 @@ class WindowCopies:
     by multiples of 16.
 
     A chunk that would read past the end of W (the last row's last bytes,
-    when ``M row_bytes`` is not a multiple of 16) is copied 2 bytes at a
-    time by ``ld.global`` and ``st.shared`` instead; the bytes past the end
-    are left as they are (never read as data)."""
+    when ``M row_bytes`` is not a multiple of 16) copies only the bytes
+    before the end (:meth:`issue`); the bytes past it are left as they are
+    (never read as data)."""
 
     def __init__(self, k, plan, tid, w, m0, mrows, spans):
         c = plan.config
@@ -174,11 +174,17 @@ class WindowCopies:
     def issue(self, base, starts):
         """cp.async the stage into the stage at shared address ``base``;
         ``starts[i]``: the byte offset within a row of span ``i``'s first
-        byte."""
+        byte.  A chunk that would run past the end of W (``L`` < 16 bytes
+        left, even) copies only those: 8 bytes if ``L >= 8``, 4 at +8 if ``L
+        >= 12``, 4 at 0 if ``4 <= L < 8``, and the last 2 by ``ld``/``st``
+        when ``L`` is 2 mod 4 (no access past the end, which
+        compute-sanitizer would report even for ``cp.async``'s src-size
+        form); a chunk wholly past it copies nothing."""
         k = self.k
         for chunks, so in zip(self.spans, starts):
             for guard, off, dst in chunks:
                 src = (off + so) & ~15
+                left = self.total - src
                 inb = (src + 16) <= self.total
                 k.cp_async(sh(base + dst, u8), self.wp[src], 16,
                            guard=inb if guard is None else k.pand(guard, inb))
@@ -186,10 +192,13 @@ class WindowCopies:
                 if guard is not None:
                     tail = k.pand(guard, tail)
                 with k.if_(tail):
-                    for j in range(0, 16, 2):
-                        ok = (src + j) < self.total
-                        v = k.ld(self.wp[src + j], u16, guard=ok)
-                        k.st(sh(base + dst + j, u16), v, guard=ok)
+                    k.cp_async(sh(base + dst, u8), self.wp[src], 8, guard=left >= 8)
+                    k.cp_async(sh(base + dst + 8, u8), self.wp[src + 8], 4, guard=left >= 12)
+                    k.cp_async(sh(base + dst, u8), self.wp[src], 4,
+                               guard=k.pand(left >= 4, left < 8))
+                    odd = (left & 2).ne(0)
+                    v = k.ld(self.wp[src + left - 2], u16, guard=odd)
+                    k.st(sh(base + dst + left - 2, u16), v, guard=odd)
 
 
 def row_shift(k, plan, row, start):

@@ -29,9 +29,11 @@ MAX_SHARED = 227 * 1024
 #: kernel bodies: ``mma`` (mma.sync, :mod:`.q4k`, sm_80+) and ``wgmma``
 #: (warpgroup MMA, :mod:`.wgmma_q4k`, sm_90a, f16 X)
 KERNELS = ("mma", "wgmma")
-#: shared bytes a ``wgmma`` stage holds per weight row (16-byte header and
-#: 32 bytes of nibbles) and per token (64 halves, 128-byte swizzled)
-WG_W_PITCH, WG_X_ROW = 48, 128
+#: shared bytes a ``wgmma`` stage holds per token (64 halves, 128-byte
+#: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
+WG_X_ROW = 128
+#: the weight types the ``wgmma`` kernel decodes
+WGMMA_QTYPES = ("Q4_K", "Q6_K")
 
 
 def _in(name, allowed):
@@ -222,9 +224,9 @@ class GemmPlan(PlanBase):
         if not TARGETS[s.target].arch_specific or TARGETS[s.target].sm != 90:
             raise ValueError(f"kernel='wgmma' needs target sm_90a (wgmma is arch-specific), "
                              f"got {s.target}")
-        if s.qtype != "Q4_K":
-            raise ValueError(f"kernel='wgmma' is built for Q4_K weights, got {s.qtype} "
-                             f"(other types run on kernel='mma')")
+        if s.qtype not in WGMMA_QTYPES:
+            raise ValueError(f"kernel='wgmma' is built for {' and '.join(WGMMA_QTYPES)} "
+                             f"weights, got {s.qtype} (other types run on kernel='mma')")
         if s.x_type != "f16":
             raise ValueError(f"kernel='wgmma' takes f16 X, got x_type={s.x_type!r} (f32 X "
                              f"runs on kernel='mma')")
@@ -313,7 +315,7 @@ class GemmPlan(PlanBase):
         1024 bytes for the configs the tuning table holds; the next tile
         must start 1024-aligned for the 128B swizzle)."""
         c = self.config
-        return c.bn * WG_X_ROW + c.bm * WG_W_PITCH
+        return c.bn * WG_X_ROW + c.bm * self.w_pitch
 
     @property
     def kernel_name(self) -> str:

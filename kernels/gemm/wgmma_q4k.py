@@ -91,9 +91,9 @@ from ptxgen.types import b32, b64, f16x2, u8, u16, u32, u64
 from ptxgen.values import Address
 
 from .kernel import kernel_directives, kernel_interface
-from .spec import WG_W_PITCH, WG_X_ROW
+from .spec import WG_X_ROW
 
-__all__ = ["build_wgmma_q4k", "x_tensor_map"]
+__all__ = ["build_wgmma", "Q4KFormat", "x_tensor_map"]
 
 _F16_1024 = 0x64006400
 #: wgmma descriptor bits above the start address: LBO 16 (unused by a
@@ -132,12 +132,12 @@ class _WCopies:
         r, ch16 = tid >> 1, (tid & 1) << 4
         row = k.min(m0 + r, mrows - 1)
         self.wq = k.var(u64, w[k.mad(row, plan.row_bytes, ch16 + 16)].base)
-        self.wq_dst = (r * WG_W_PITCH + ch16) + (xoff + 16)
+        self.wq_dst = (r * plan.w_pitch + ch16) + (xoff + 16)
         # headers: one 16-byte chunk a row, threads 0 .. bm-1
         self.wh_ok = tid < bm
         hr = k.min(tid, bm - 1)
         self.wh = k.var(u64, w[k.mul(k.min(m0 + hr, mrows - 1), plan.row_bytes)].base)
-        self.wh_dst = hr * WG_W_PITCH + xoff
+        self.wh_dst = hr * plan.w_pitch + xoff
 
     def copy(self, stage, ahead, j, guard):
         """Copy group ``j`` (0..3) of the super-block ``ahead`` past the
@@ -203,7 +203,7 @@ def _levels(k, p, high):
     return h - k.const(f16x2, 1024.0)
 
 
-def _a_fragments(k, stage, woff, sc):
+def _a_fragments(k, stage, woff, sc, pitch):
     """The warpgroup's A registers of one stage: per wgmma step s, the four
     b32 registers (rows g / g+8, K positions 2t.. / 2t+8..).  The two bytes
     at ``16 s' + 8 half + 2t`` of a row (``s'`` 0 or 1) give register
@@ -213,7 +213,7 @@ def _a_fragments(k, stage, woff, sc):
     for sp in range(2):
         for h in range(2):                       # row g, g + 8
             for half in range(2):                # K positions 2t.. / 2t+8..
-                v = k.ld(_sh(stage + woff, 16 * sp + 8 * half + h * 8 * WG_W_PITCH, u16), u16)
+                v = k.ld(_sh(stage + woff, 16 * sp + 8 * half + h * 8 * pitch, u16), u16)
                 p = k.prmt(k.cvt(u32, v), 0, 0x4140)
                 for high in range(2):
                     sl, sh_, nl, nh = sc[h]
@@ -222,9 +222,37 @@ def _a_fragments(k, stage, woff, sc):
     return [tuple(f) for f in frags]
 
 
-def build_wgmma_q4k(plan) -> ptxgen.Module:
-    """The sm_90a Q4_K GEMM kernel of ``plan`` (a :class:`.GemmPlan` with
-    ``kernel="wgmma"``)."""
+class Q4KFormat:
+    """The Q4_K side of :func:`build_wgmma`: a stage row is the super-block's
+    16-byte header (copied with its first group) and the group's 32 bytes of
+    nibbles; the header's scales are held in registers over a super-block."""
+
+    def __init__(self, k, plan, tid, w, m0, mrows, rho, tq):
+        self.k, self.plan = k, plan
+        self.cp = _WCopies(k, plan, tid, w, m0, mrows)
+        self.hoff = rho * plan.w_pitch + plan.config.bn * WG_X_ROW
+        self.woff = self.hoff + 16 + 2 * tq
+
+    def copy(self, stage, ahead, j, guard):
+        self.cp.copy(stage, ahead, j, guard)
+
+    def advance(self):
+        self.cp.advance()
+
+    def fragments(self, stage, j):
+        k, pitch = self.k, self.plan.w_pitch
+        if j == 0:
+            self.hdr = [_Header(k, _sh(stage + self.hoff, h * 8 * pitch)) for h in range(2)]
+        sc = [hd.scales(k, j) for hd in self.hdr]
+        return _a_fragments(k, stage, self.woff, sc, pitch)
+
+
+def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
+    """The sm_90a GEMM kernel of ``plan`` (a :class:`.GemmPlan` with
+    ``kernel="wgmma"``) for the weight format ``fmt`` (:class:`Q4KFormat`,
+    :class:`.wgmma_q6k.Q6KFormat`): its copies of a stage's weight rows and
+    its A fragments of a stage; the ring, X's TMA loads, the wgmma and the
+    store are this function's."""
     c = plan.config
     S, D = c.stages, c.stages - 2
     nk, nsb = plan.k // 64, plan.k // 256
@@ -245,7 +273,12 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
                 k.mbarrier_init(_sh(bar0 + 8 * i, 0, u64), 1)
             k.fence_mbarrier_init()
         k.bar_sync()
-        cp = _WCopies(k, plan, tid, w, m0, mrows)
+        # thread (warpgroup wg, warp wq of it, lane g*4+tq): weight rows
+        # 64 wg + 16 wq + g (and + 8) of the CTA
+        lane = tid & 31
+        g, tq = lane >> 2, lane & 3
+        rho = ((tid >> 7) << 6) + (((tid >> 5) & 3) << 4) + g
+        wf = fmt(k, plan, tid, w, m0, mrows, rho, tq)
 
         def load_x(buf, bar, kel, guard):
             """Thread 0: X's tile at K element ``kel`` into ``buf`` by TMA,
@@ -256,16 +289,9 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
 
         for i in range(D):
             if i < nk:
-                cp.copy(base + i * sbytes, i // 4, i % 4, None)
+                wf.copy(base + i * sbytes, i // 4, i % 4, None)
                 load_x(base + i * sbytes, bar0 + 8 * i, 64 * i, None)
             k.cp_async_commit()
-        # thread (warpgroup wg, warp wq of it, lane g*4+tq): weight rows
-        # 64 wg + 16 wq + g (and + 8) of the CTA
-        lane = tid & 31
-        g, tq = lane >> 2, lane & 3
-        rho = ((tid >> 7) << 6) + (((tid >> 5) & 3) << 4) + g
-        hoff = rho * WG_W_PITCH + xbytes
-        woff = hoff + 16 + 2 * tq
         acc = k.wgmma_acc(c.bn)
         cur = k.var(u32, 0)                      # stage being computed: buffer index
         pre = k.var(u32, D)                      # ... being filled
@@ -279,16 +305,13 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
                 if lim > 0:
                     guard = None if lim >= nsb else sbi < lim
                     pbuf = base + pre * sbytes
-                    cp.copy(pbuf, (j + D) // 4, (j + D) % 4, guard)
+                    wf.copy(pbuf, (j + D) // 4, (j + D) % 4, guard)
                     load_x(pbuf, bar0 + pre * 8, kel + (256 * ((j + D) // 4) + 64 * ((j + D) % 4)),
                            guard)
                 k.cp_async_commit()
                 stage = base + cur * sbytes
                 k.mbarrier_wait(_sh(bar0 + cur * 8, 0, u64), phase)
-                if j == 0:
-                    hdr = [_Header(k, _sh(stage + hoff, h * 8 * WG_W_PITCH)) for h in range(2)]
-                sc = [hd.scales(k, j) for hd in hdr]
-                frags = _a_fragments(k, stage, woff, sc)
+                frags = wf.fragments(stage, j)
                 desc = k.cvt(u64, stage >> 4) | _DESC_HI
                 k.wgmma_fence()
                 for s in range(4):
@@ -300,11 +323,12 @@ def build_wgmma_q4k(plan) -> ptxgen.Module:
                 phase.set(k.select(wrap, phase ^ 1, phase))
                 cur.set(k.select(wrap, k.mov(0, u32), cur + 1))
                 pre.set(k.select((pre + 1).eq(S), k.mov(0, u32), pre + 1))
-            cp.advance()
+            wf.advance()
             kel.set(kel + 256)
         k.wgmma_wait(0)
         _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows)
     return m
+
 
 def _store(k, acc, y, r, row0, tok0, mrows, t, ldy):
     """Accumulator ``i``: weight row ``row0 + 8 ((i >> 1) & 1)``, token

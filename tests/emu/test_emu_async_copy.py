@@ -177,3 +177,41 @@ def test_module_version_rises_only_where_needed():
         y = k.param_ptr("y", f32)
         k.st(y[k.tid.x], k.mov(1.0, f32))
     assert ".version 7.8" in m.to_ptx()
+
+
+def test_src_size_reads_only_its_bytes_and_zero_fills(rng):
+    """src-size: bytes past it are zeros and never read, so a copy whose 16
+    bytes run past the end of an array is in bounds (the emulator faults on
+    any out-of-bounds byte)."""
+    from ptxgen.types import u8
+    from ptxgen.values import Address
+    m = ptxgen.Module("sm_80")
+    with m.kernel("cps") as k:
+        src = k.param_ptr("src", u8, align=16)
+        dst = k.param_ptr("dst", u8, align=16)
+        sh = k.shared_array("sh", u8, 16 * 8, align=16)
+        t = k.tid.x
+        base = k.mov(sh, u32)
+        # thread t: the 16-byte chunk at 16 t of a 100-byte array
+        n = k.min(k.mov(100, u32) - 16 * t, 16)
+        k.cp_async(Address(base + 16 * t, 0, "shared", u8), src[16 * t], 16, src_bytes=n)
+        k.cp_async_commit()
+        k.cp_async_wait(0)
+        k.bar_sync(0)
+        for j in range(16):
+            k.st(dst[16 * t + j], k.ld(Address(base + 16 * t, j, "shared", u8), u8))
+    text = m.to_ptx()
+    assert "cp.async.cg.shared.global" in text and ", 16, %r" in text
+    x = rng.integers(1, 256, 100, dtype=np.uint8)
+    dx = emu.DeviceArray.from_numpy(x)
+    dy = emu.DeviceArray.from_numpy(np.full(112, 0xA5, np.uint8))
+    emu.launch(emu.Module.from_ptx(m)["cps"], 1, 7, dx, dy)
+    want = np.zeros(112, np.uint8)
+    want[:100] = x
+    np.testing.assert_array_equal(dy.to_numpy(), want)
+    m2 = ptxgen.Module("sm_80")
+    with m2.kernel("bad") as k:
+        src = k.param_ptr("src", u8, align=16)
+        sh = k.shared_array("sh", u8, 16, align=16)
+        with pytest.raises(PtxBuildError, match="src_bytes must be 0..16"):
+            k.cp_async(sh[0], src[0], 16, src_bytes=17)

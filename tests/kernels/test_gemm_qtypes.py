@@ -78,8 +78,8 @@ def bound(qtype, x, wa, ref, residual):
 
 # (qtype, T, M, K, fields): M and T cut tiles short; rows whose bytes are not
 # 16-byte aligned (210 and 34 bytes a block: every shift 0..14 occurs) and a
-# W whose size is not a multiple of 16 (the last chunk copied 2 bytes at a
-# time); every stage depth, both x types, the residual
+# W whose size is not a multiple of 16 (the last chunk read short: src-size);
+# every stage depth, both x types, the residual
 CASES = [
     ("Q6_K", 5, 37, 256, dict(bk=128, bm=32, bn=8, warps_m=2, warps_n=1, stages=2)),
     ("Q6_K", 9, 48, 512, dict(bk=256, bm=16, bn=16, warps_m=1, warps_n=2, stages=2,
@@ -203,3 +203,37 @@ def test_ops_gemm_y_stride(rng):
         ops.gemm(w, x, "Q6_K", y_stride=ld, backend="emu")
     with pytest.raises(ValueError, match="elements"):
         ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")
+
+
+# the sm_90a warpgroup kernel with Q6_K weights (kernels/gemm/wgmma_q6k.py):
+# M of 37 rows (a W whose size is not a multiple of 16, every row shift), T
+# not a multiple of the tile, 1 and 2 warpgroups, K of 1 to 3 super-blocks
+# (the ring runs past K), the residual in place, T from the device
+WG_CASES = [
+    (5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    (21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
+    (9, 37, 768, dict(bm=64, bn=16, stages=5, t_device=True)),
+]
+
+
+@pytest.mark.parametrize("t,m,k,fields", WG_CASES)
+def test_wgmma_q6_k(backend, rng, t, m, k, fields):
+    """Same oracle and bound as the mma.sync kernel's (the same roundings;
+    wgmma's f32 chain is modelled like mma's)."""
+    backend.require_sm(90)
+    plan = G.GemmPlan.make("Q6_K", k, kernel="wgmma", x_type="f16", target="sm_90a", bk=64,
+                           **fields)
+    w = random_blocks(rng, "Q6_K", m, k)
+    x = rng.standard_normal((t, k)).astype(np.float16)
+    r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
+    mod = backend.load(G.build(plan))
+    grid, block, shared = G.launch_geometry(plan, m, t)
+    mod[plan.kernel_name].require_dynamic_shared(shared)
+    xa = backend.array(x)
+    y = backend.array(r) if r is not None else backend.poisoned((t, m), np.float32)
+    args = [backend.array(w), xa] + ([y] if r is not None else [])
+    t_arg = backend.array(np.array([t], np.uint32)) if plan.t_device else t
+    backend.launch(mod[plan.kernel_name], grid, block, *args, y, m, t_arg,
+                   backend.tensor_map(G.x_map(plan, int(xa.ptr), t)), shared=shared)
+    ref, wa = oracle("Q6_K", w, x, r)
+    check(y.to_numpy(), ref, bound("Q6_K", x, wa, ref, r), plan.kernel_name)
