@@ -44,9 +44,19 @@ def build_prefill(m, plan):
     groups are paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1
     - p`` (the middle group of an odd ``NG`` alone), and block ``x`` takes
     pairs ``x RG/2 ..`` + ``RG/2``: every block walks about the same number
-    of keys (at L = 0 half the longest walk is spent with the short groups'
-    warps done, leaving the SM to the long ones).  Warps of groups past
-    ``NG`` compute nothing and store nothing.
+    of keys.  Warps of groups past ``NG`` compute nothing and store
+    nothing.
+
+    **Split keys** (``plan.splits``).  A pair's back rows see more tiles
+    than its front rows (at L = 0 up to 8 against 1).  Where they see tiles
+    past the front rows' last one (``nf``), the pair's front warp stores its
+    rows after tile ``nf - 1``, takes the back rows' q fragments from shared
+    memory (the back warp left them there before the walk) and from tile
+    ``nf`` on computes the upper half of each tile for the back rows while
+    the back warp computes the lower half.  After the walk the front warp
+    leaves its partial ``(m, l, O)`` in shared memory over the ring and the
+    back warp merges it (``m = max(m1, m2)``, each side scaled by ``2^(m_i -
+    m)``) before the store.  Decided per pair from the device's L and T.
 
     **The ring.**  The block walks the keys its last row sees in tiles of
     ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
@@ -55,8 +65,9 @@ def build_prefill(m, plan):
         cp.async.wait_group stages-2; bar.sync   tile i landed; tile i-1's
                                                  buffer is free
         copy tile i + stages - 1 into that buffer; commit
-        each warp whose rows see tile i: S = Q K^T, mask (only where the
-        tile reaches past the warp's first row), online softmax, O += P V
+        each warp whose rows see tile i (or half of it, split keys):
+        S = Q K^T, mask (only where the tile reaches past the warp's first
+        row), online softmax, O += P V
 
     (rows past the block's last key are clamped to it, so no unwritten
     cache row enters).  q is read once into registers in f16, prescaled by
@@ -379,7 +390,8 @@ def build_prefill(m, plan):
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
-    """One key tile of one warp: scores, mask (where ``pos`` is given: the
+    """One key tile (``NT`` n-tiles of 8 keys from ``kb``: a whole tile or
+    half of one) of one warp: scores, mask (where ``pos`` is given: the
     rows' positions), online softmax, ``O += P V``."""
     HB = plan.block_keys * 128
     t = (k.tid.x & 31) & 3
