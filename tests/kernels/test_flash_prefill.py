@@ -183,14 +183,17 @@ def test_sm80_ring_of_cp_async(backend, rng, d, bn, stages, L, T):
     assert rel_err(out.to_numpy(), attention64(q, kc, vc, L, T)) <= BOUND
 
 
-def test_q_in_a_wider_row(backend, rng):
+# (warps, block_keys, T): one row group a block; two, with split keys (the
+# front rows at positions 4-19 see tile 0, the back rows 52-63 tile 1)
+@pytest.mark.parametrize("warps,bn,T", [(2, 16, 7), (4, 32, 60)])
+def test_q_in_a_wider_row(backend, rng, warps, bn, T):
     """q read from the start of each row of a wider [T, row] array."""
-    d, n_kv, G, L, T = 64, 1, 2, 4, 7
+    d, n_kv, G, L = 64, 1, 2, 4
     q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T)
     wide = rng.standard_normal((T, G * d + 3 * d)).astype(np.float32)
     wide[:, :G * d] = q.reshape(T, -1)
-    out = ops.flash_prefill(wide, kc, vc, L, T, n_q_heads=G, backend=backend.name, warps=2,
-                            heads=2, block_keys=16)
+    out = ops.flash_prefill(wide, kc, vc, L, T, n_q_heads=G, backend=backend.name,
+                            warps=warps, heads=2, block_keys=bn)
     assert rel_err(out, attention64(q, kc, vc, L, T)) <= BOUND
 
 
