@@ -23,7 +23,6 @@ import numpy as np
 #: choice for head_dim 128, group 4; kernels/tuning/flash_prefill.json)
 SWEEP = [
     dict(warps=8, heads=4, block_keys=64, stages=2),
-    dict(warps=8, heads=4, block_keys=64, stages=2, split_keys=False),
     dict(warps=8, heads=4, block_keys=64, stages=3),
     dict(warps=8, heads=4, block_keys=32, stages=3),
     dict(warps=4, heads=4, block_keys=64, stages=2),

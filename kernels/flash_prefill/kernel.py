@@ -44,19 +44,9 @@ def build_prefill(m, plan):
     groups are paired from both ends, pair ``p`` = groups ``p`` and ``NG - 1
     - p`` (the middle group of an odd ``NG`` alone), and block ``x`` takes
     pairs ``x RG/2 ..`` + ``RG/2``: every block walks about the same number
-    of keys.  Warps of groups past ``NG`` compute nothing and store
-    nothing.
-
-    **Split keys** (``plan.splits``).  A pair's back rows see more tiles
-    than its front rows (at L = 0 up to 8 against 1).  Where they see tiles
-    past the front rows' last one (``nf``), the pair's front warp stores its
-    rows after tile ``nf - 1``, takes the back rows' q fragments from shared
-    memory (the back warp left them there before the walk) and from tile
-    ``nf`` on computes the upper half of each tile for the back rows while
-    the back warp computes the lower half.  After the walk the front warp
-    leaves its partial ``(m, l, O)`` in shared memory over the ring and the
-    back warp merges it (``m = max(m1, m2)``, each side scaled by ``2^(m_i -
-    m)``) before the store.  Decided per pair from the device's L and T.
+    of keys (at L = 0 half the longest walk is spent with the short groups'
+    warps done, leaving the SM to the long ones).  Warps of groups past
+    ``NG`` compute nothing and store nothing.
 
     **The ring.**  The block walks the keys its last row sees in tiles of
     ``block_keys``; ``stages`` K/V tile pairs live in shared memory.  Per
@@ -65,9 +55,8 @@ def build_prefill(m, plan):
         cp.async.wait_group stages-2; bar.sync   tile i landed; tile i-1's
                                                  buffer is free
         copy tile i + stages - 1 into that buffer; commit
-        each warp whose rows see tile i (or half of it, split keys):
-        S = Q K^T, mask (only where the tile reaches past the warp's first
-        row), online softmax, O += P V
+        each warp whose rows see tile i: S = Q K^T, mask (only where the
+        tile reaches past the warp's first row), online softmax, O += P V
 
     (rows past the block's last key are clamped to it, so no unwritten
     cache row enters).  q is read once into registers in f16, prescaled by
@@ -87,7 +76,6 @@ def build_prefill(m, plan):
     DT = d // 8                # n-tiles of the output
     CHUNKS = BN * d // 8       # 16-byte chunks of one K (or V) tile
     SB = plan.stage_bytes
-    BH = BN // 2                 # keys of half a tile (split rows)
     nthr = 32 * NW
     ot = f16 if plan.out_type == "f16" else f32
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
@@ -120,7 +108,6 @@ def build_prefill(m, plan):
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
         RG = NW // H                             # 16-row groups of a block
-        SPL = plan.splits                        # the back rows' later tiles shared
         if RG == 1:
             # one group a block, the longest first
             gw = k.nctaid.x - 1 - k.ctaid.x      # the warp's group
@@ -153,30 +140,6 @@ def build_prefill(m, plan):
         wpos_last = wpos_first + 15              # its last row's position
         rows = [wrow + g, wrow + g + 8]
         pos = [(L + r).bitcast(s32) for r in rows]
-        if SPL:
-            # The pair's split (the same for its two warps): the front rows
-            # (group pw) see tiles 0 .. nf - 1; where the back rows (group NG
-            # - 1 - pw, alive) see more, from tile nf on the back warp takes
-            # the lower half of each of their tiles and the front warp, its
-            # own rows stored, the upper half, with the back rows' q (left in
-            # shared memory by the back warp); the front warp's partial (m,
-            # l, O) is merged into the back warp's at the end.
-            front = j < Hh
-            fpos_last = L + 16 * pw + 15         # the front rows' last position
-            brow = 16 * (NG - 1 - pw)            # the back rows' first row
-            bpos_first = L + brow
-            blast = k.min(bpos_first + 15, L + Tn - 1)   # their last position below T
-            nf = (fpos_last // BN) + 1
-            split = k.pand(2 * pw + 1 < NG, nf * BN <= blast)
-            unsplit = k.por(2 * pw + 1 >= NG, nf * BN > blast)
-            bpos = [(bpos_first + g).bitcast(s32), (bpos_first + g + 8).bitcast(s32)]
-            # whole tiles up to the front rows' last key where split, else the warp's own
-            full_end = k.select(split, fpos_last, wpos_last)
-            hoff = k.select(back, k.mov(0, u32), k.mov(BH * 128, u32))   # the half's bytes
-            hkey = k.select(back, k.mov(0, u32), k.mov(BH, u32))
-            slot = warp % (NW // 2)              # the pair's slot (front w, back w + NW/2)
-        else:
-            full_end = wpos_last
 
         m_run = [k.var(f32, NEG), k.var(f32, NEG)]
         l_run = [k.var(f32, 0.0), k.var(f32, 0.0)]
@@ -204,8 +167,8 @@ def build_prefill(m, plan):
         # shared byte offset, cache element offset within the row)
         per = max(1, CHUNKS // nthr)
         chunks = []
-        for j_ in range(per):
-            cidx = tid + j_ * nthr
+        for j in range(per):
+            cidx = tid + j * nthr
             r_, cc = cidx // (d // 8), cidx % (d // 8)
             guard = (cidx < CHUNKS) if CHUNKS < nthr else None
             dst = (cc >> 3) * HB + r_ * 128 + (((cc & 7) ^ (r_ & 7)) << 4)
@@ -221,7 +184,7 @@ def build_prefill(m, plan):
                 k.cp_async(Address(buf + dst, VOFF, "shared", u8), vc[src], 16, guard=guard)
 
         if tma:
-            bar0 = base + plan.bar_offset        # one mbarrier a stage
+            bar0 = base + S * SB                 # one mbarrier a stage after the ring
             with k.if_(tid.eq(0)):
                 for s_ in range(S):
                     k.mbarrier_init(Address(bar0 + 8 * s_, 0, "shared", T.u64), 1)
@@ -265,41 +228,6 @@ def build_prefill(m, plan):
                     x0, x1 = k.ld(q[qbase[r] + 16 * kt + 8 * half], vec=2, nc=True)
                     regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
             qa.append(tuple(regs))
-        if SPL:
-            # the back warp leaves its q for the front warp (lane for lane:
-            # the same fragment layout), read after a later barrier
-            qslot = base + (plan.q_stage_offset + (slot * KT * 32 + lane) * 16)
-            with k.if_(k.pand(back, split)):
-                for kt in range(KT):
-                    k.st(Address(qslot, kt * 512, "shared", b32), qa[kt])
-            qa = [tuple(k.var(b32, x) for x in regs) for regs in qa]
-
-        def store(rows_, guard):
-            # O / l for the rows below T (f32, or rounded to f16)
-            for r in range(2):
-                lt = l_run[r] + k.shfl_xor(l_run[r], 1)
-                lt = lt + k.shfl_xor(lt, 2)
-                inv = k.div(1.0, lt, rnd="rn")
-                ok = rows_[r] < Tn
-                with k.if_(ok if guard is None else k.pand(ok, guard)):
-                    obase = (rows_[r] * nq + qh) * d + 2 * t
-                    for n in range(DT):
-                        v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
-                        v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
-                        if ot is f16:
-                            v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
-                        k.st(out[obase + 8 * n], (v0, v1))
-
-        def tiles(kb_, nt, pos_, first, ka, va):
-            # a tile (or half tile) whose last key the warp's first row sees
-            # needs no mask
-            with k.if_else(kb_ + (nt * 8 - 1) <= first) as (whole, part):
-                with whole:
-                    _tile(k, plan, kb_, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
-                          KT, nt, DT)
-                with part:
-                    _tile(k, plan, kb_, qa, pos_, m_run, l_run, o_acc, ka, va, zero, ninf,
-                          KT, nt, DT)
 
         cur = k.var(u32, 0)                  # byte offset of this tile's stage
         nxt = k.var(u32, (S - 1) * SB)       # of the stage S - 1 tiles ahead
@@ -320,35 +248,17 @@ def build_prefill(m, plan):
             if tma:
                 with k.if_(kb + (BN - 1) <= lastk):
                     k.mbarrier_wait(Address(bar0 + 8 * cb, 0, "shared", T.u64), phase)
-            own = kb <= full_end if wlive is None else k.pand(kb <= full_end, wlive)
-            if not SPL:
-                with k.if_(own):
-                    tiles(kb, NT, pos, wpos_first, [a + cur for a in k_addr],
-                          [a + cur for a in v_addr])
-            else:
-                with k.if_else(own) as (whole_tile, half_tile):
-                    with whole_tile:
-                        tiles(kb, NT, pos, wpos_first, [a + cur for a in k_addr],
-                              [a + cur for a in v_addr])
-                    with half_tile:
-                        with k.if_(k.pand(split, kb <= blast)):
-                            with k.if_(k.pand(front, it.eq(nf))):
-                                # the front rows are done: store them, then
-                                # start the back rows' upper halves afresh
-                                store(rows, None)
-                                for r in range(2):
-                                    k.assign(m_run[r], NEG)
-                                    k.assign(l_run[r], 0.0)
-                                for acc in o_acc:
-                                    for x in acc:
-                                        k.assign(x, 0.0)
-                                for kt in range(KT):
-                                    for x, y in zip(qa[kt], k.ld(Address(qslot, kt * 512,
-                                                                         "shared", b32), vec=4)):
-                                        k.assign(x, y)
-                            hb = cur + hoff
-                            tiles(kb + hkey, NT // 2, bpos, bpos_first,
-                                  [a + hb for a in k_addr], [a + hb for a in v_addr])
+            with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
+                ka = [a + cur for a in k_addr]
+                va = [a + cur for a in v_addr]
+                # a tile whose last key the warp's first row sees needs no mask
+                with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
+                    with whole:
+                        _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
+                    with part:
+                        _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
+                              KT, NT, DT)
             last = cb.eq(S - 1)
             k.assign(phase, k.select(last, phase ^ 1, phase))
             k.assign(cb, k.select(last, k.mov(0, u32), cb + 1))
@@ -357,41 +267,23 @@ def build_prefill(m, plan):
             k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
 
-        if SPL:
-            # merge: the front warp's partial (m, l, O) of the back rows over
-            # the ring (every read of it done at the first barrier), the back
-            # warp's combined with it (m = max, each side scaled by 2^(m_side
-            # - m); l is still the lane's own partial sum, scaled alike)
-            mslot = base + (slot * (DT + 1) * 32 + lane) * 16
-            k.bar_sync(0)
-            with k.if_(k.pand(front, split)):
+        for r in range(2):
+            lt = l_run[r] + k.shfl_xor(l_run[r], 1)
+            lt = lt + k.shfl_xor(lt, 2)
+            inv = k.div(1.0, lt, rnd="rn")
+            ok = rows[r] < Tn
+            with k.if_(ok if wlive is None else k.pand(ok, wlive)):
+                obase = (rows[r] * nq + qh) * d + 2 * t
                 for n in range(DT):
-                    k.st(Address(mslot, n * 512, "shared", f32), tuple(o_acc[n]))
-                k.st(Address(mslot, DT * 512, "shared", f32),
-                     (m_run[0], m_run[1], l_run[0], l_run[1]))
-            k.bar_sync(0)
-            with k.if_(k.pand(back, split)):
-                fm0, fm1, fl0, fl1 = k.ld(Address(mslot, DT * 512, "shared", f32), vec=4)
-                fa, ba = [], []
-                for r, (fm, fl) in enumerate(((fm0, fl0), (fm1, fl1))):
-                    mx = k.max(m_run[r], fm)
-                    fa.append(k.ex2(fm - mx))
-                    ba.append(k.ex2(m_run[r] - mx))
-                    k.assign(l_run[r], k.fma(l_run[r], ba[r], k.mul(fl, fa[r], rnd="rn")))
-                for n in range(DT):
-                    fo = k.ld(Address(mslot, n * 512, "shared", f32), vec=4)
-                    for e in range(4):
-                        r = e // 2
-                        k.assign(o_acc[n][e], k.fma(o_acc[n][e], ba[r],
-                                                    k.mul(fo[e], fa[r], rnd="rn")))
-            store(rows, k.pand(wlive, k.por(back, unsplit)))
-        else:
-            store(rows, wlive)
+                    v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
+                    v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
+                    if ot is f16:
+                        v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
+                    k.st(out[obase + 8 * n], (v0, v1))
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
-    """One key tile (``NT`` n-tiles of 8 keys from ``kb``: a whole tile or
-    half of one) of one warp: scores, mask (where ``pos`` is given: the
+    """One key tile of one warp: scores, mask (where ``pos`` is given: the
     rows' positions), online softmax, ``O += P V``."""
     HB = plan.block_keys * 128
     t = (k.tid.x & 31) & 3

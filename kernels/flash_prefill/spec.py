@@ -70,21 +70,12 @@ class FlashPrefillConfig:
     stages : {2, 3}
         K/V tiles in flight (a ``cp.async`` ring): tile ``i + stages - 1``
         is copied while tile ``i`` is computed.
-    split_keys : bool
-        With row groups paired from both ends (2 or more a block) and tiles
-        of 32 or 64 keys: once a pair's front rows have seen their last
-        tile, its front warps take the upper half of every later tile of
-        the back rows (the back warps the lower half), and the two partial
-        results are merged through shared memory before the store.  Decided
-        in the kernel from the device's L and T (a pair whose two groups
-        end in the same tile splits nothing); no effect on other layouts.
     """
 
     warps: int = attrs.field(default=8, validator=_one_of("warps", (1, 2, 4, 8)))
     heads: int = attrs.field(default=4, validator=_one_of("heads", (1, 2, 4, 8)))
     block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
     stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3)))
-    split_keys: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillSpec))
@@ -122,40 +113,6 @@ class FlashPrefillPlan(PlanBase):
         return 16 * self.config.warps // self.config.heads
 
     @property
-    def splits(self) -> bool:
-        """Whether the kernel shares the back rows' later tiles between a
-        pair's warps (``split_keys`` where it applies: 2 or more row groups
-        a block, tiles of at least 32 keys, so that half a tile is whole
-        16-key ``mma`` steps)."""
-        c = self.config
-        return c.split_keys and c.warps // c.heads >= 2 and c.block_keys >= 32
-
-    @property
-    def q_stage_bytes(self) -> int:
-        """Shared bytes where the back warps leave their q fragments for the
-        front warps (after the ring): 16 bytes a lane a 16-dim k-step."""
-        return (self.config.warps // 2) * (self.spec.head_dim // 16) * 512 if self.splits else 0
-
-    @property
-    def q_stage_offset(self) -> int:
-        """Byte offset of the q stage: after the ring."""
-        return self.config.stages * self.stage_bytes
-
-    @property
-    def merge_bytes(self) -> int:
-        """Shared bytes of the front warps' partial (O, m, l) a back warp
-        merges (from offset 0, over the ring once the walk is done)."""
-        return (self.config.warps // 2) * (self.spec.head_dim // 8 + 1) * 512 \
-            if self.splits else 0
-
-    @property
-    def bar_offset(self) -> int:
-        """Byte offset of the mbarriers (sm_90): after the ring, the q stage
-        and the merge area."""
-        c = self.config
-        return max(self.q_stage_offset + self.q_stage_bytes, self.merge_bytes)
-
-    @property
     def stage_bytes(self) -> int:
         """Shared bytes of one K/V tile pair (rows of ``head_dim`` halves in
         128-byte swizzled blocks of 64 dims, no padding)."""
@@ -163,16 +120,14 @@ class FlashPrefillPlan(PlanBase):
 
     @property
     def dynamic_shared(self) -> int:
-        """Dynamic shared bytes a block needs: the ring, the q stage and the
-        merge area where keys are split (:attr:`splits`) and, where whole
+        """Dynamic shared bytes a block needs: the ring and, where whole
         tiles come by TMA (sm_90), one mbarrier a stage."""
         bars = 8 * self.config.stages if has_bulk_copy(self.spec.target) else 0
-        return self.bar_offset + bars
+        return self.config.stages * self.stage_bytes + bars
 
     @property
     def kernel_name(self) -> str:
         c = self.config
         return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
-                f"_bn{c.block_keys}_s{c.stages}" + ("_sk" if self.splits else "")
-                + ("_o16" if self.out_type == "f16" else "")
+                f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
                 + ("_pdl" if self.pdl else ""))
