@@ -12,7 +12,8 @@ from the per-device table ``kernels/tuning/gemm.json``
 (:mod:`.kernel`), a ``cp.async`` ring of raw weight bytes and f16 X tiles,
 the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
-:mod:`.q8_0`); and on sm_90a for Q4_K ``wgmma`` (:mod:`.wgmma_q4k`),
+:mod:`.q8_0`); and on sm_90a for Q4_K and Q6_K ``wgmma`` (:mod:`.wgmma_q4k`,
+:mod:`.wgmma_q6k`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.

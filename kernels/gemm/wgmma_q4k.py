@@ -1,6 +1,9 @@
-"""Q4_K GEMM on sm_90a warpgroups: ``wgmma.mma_async`` with A (the weights)
-decoded into registers and B (the tokens) brought by the tensor copy engine
-(TMA) into 128B-swizzled shared memory and read through a matrix descriptor.
+"""Quantized GEMM on sm_90a warpgroups: ``wgmma.mma_async`` with A (the
+weights) decoded into registers and B (the tokens) brought by the tensor
+copy engine (TMA) into 128B-swizzled shared memory and read through a
+matrix descriptor.  :func:`build_wgmma` is the kernel (the ring, X's loads,
+the wgmma, the store) for a weight format class: :class:`Q4KFormat`
+(described below) or :class:`.wgmma_q6k.Q6KFormat`.
 
 ``Y[T, M] = X[T, K] . W[M, K]^T``, X f16.  In wgmma terms the weight rows
 are A's 64 rows and the tokens B's N = ``bn`` columns, so D is a tile of
