@@ -12,8 +12,8 @@ from the per-device table ``kernels/tuning/gemm.json``
 (:mod:`.kernel`), a ``cp.async`` ring of raw weight bytes and f16 X tiles,
 the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
-:mod:`.q8_0`); and on sm_90a for Q4_K and Q6_K ``wgmma`` (:mod:`.wgmma_q4k`,
-:mod:`.wgmma_q6k`),
+:mod:`.q8_0`); and on sm_90a for Q4_K, Q6_K and Q8_0 ``wgmma`` (:mod:`.wgmma_q4k`,
+:mod:`.wgmma_q6k`, :mod:`.wgmma_q8_0`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
@@ -34,8 +34,9 @@ from .reference import reference
 from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, WGMMA_QTYPES, X_TYPES, GemmConfig,
                    GemmPlan, GemmSpec)
 from .tuning import select_config
-from .wgmma_q4k import build_wgmma, x_tensor_map
+from .wgmma_q4k import Q4KFormat, build_wgmma, x_tensor_map
 from .wgmma_q6k import Q6KFormat
+from .wgmma_q8_0 import Q80Format
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
@@ -71,7 +72,7 @@ def build(spec, config: GemmConfig | None = None) -> ptxgen.Module:
     :class:`GemmPlan`)."""
     p = plan(spec, config)
     if p.config.kernel == "wgmma":
-        return build_wgmma(p, Q6KFormat) if p.qtype == "Q6_K" else build_wgmma(p)
+        return build_wgmma(p, WGMMA_FORMATS[p.qtype])
     return build_gemm(p, FORMATS[p.qtype])
 
 
@@ -82,6 +83,9 @@ def x_map(plan, x_address: int, t_rows: int):
     ``mma`` kernels read X through its pointer)."""
     return x_tensor_map(plan, x_address, t_rows) if plan.config.kernel == "wgmma" else None
 
+
+#: qtype -> the warpgroup kernel's weight format
+WGMMA_FORMATS = {"Q4_K": Q4KFormat, "Q6_K": Q6KFormat, "Q8_0": Q80Format}
 
 #: qtype -> the format module's stage copies, scales and fragment decoder
 FORMATS = {"Q4_K": q4k.FORMAT, "Q6_K": q6k.FORMAT, "Q8_0": q8_0.FORMAT}

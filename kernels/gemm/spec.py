@@ -33,7 +33,7 @@ KERNELS = ("mma", "wgmma")
 #: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
 WG_X_ROW = 128
 #: the weight types the ``wgmma`` kernel decodes
-WGMMA_QTYPES = ("Q4_K", "Q6_K")
+WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
 
 def _in(name, allowed):
@@ -230,6 +230,9 @@ class GemmPlan(PlanBase):
         if s.x_type != "f16":
             raise ValueError(f"kernel='wgmma' takes f16 X, got x_type={s.x_type!r} (f32 X "
                              f"runs on kernel='mma')")
+        if s.k % 256:
+            raise ValueError(f"kernel='wgmma' walks K in super-blocks of 256 weights; "
+                             f"K={s.k} is not a multiple of 256")
         if c.bm not in (64, 128, 256):
             raise ValueError(f"kernel='wgmma': bm={c.bm} must be 64, 128 or 256 (one "
                              f"warpgroup per 64 weight rows)")

@@ -205,25 +205,30 @@ def test_ops_gemm_y_stride(rng):
         ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")
 
 
-# the sm_90a warpgroup kernel with Q6_K weights (kernels/gemm/wgmma_q6k.py):
-# M of 37 rows (a W whose size is not a multiple of 16, every row shift), T
-# not a multiple of the tile, 1 and 2 warpgroups, K of 1 to 3 super-blocks
-# (the ring runs past K), the residual in place, T from the device
+# the sm_90a warpgroup kernel with Q6_K and Q8_0 weights
+# (kernels/gemm/wgmma_q6k.py, wgmma_q8_0.py): M of 37 rows (a W whose size
+# is not a multiple of 16, every row shift), T not a multiple of the tile, 1
+# and 2 warpgroups, K of 1 to 3 super-blocks (the ring runs past K), the
+# residual in place, T from the device; Q8_0 also from gguf's quantizer
 WG_CASES = [
-    (5, 37, 256, dict(bm=64, bn=8, stages=3)),
-    (21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
-    (9, 37, 768, dict(bm=64, bn=16, stages=5, t_device=True)),
+    ("Q6_K", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("Q6_K", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
+    ("Q6_K", 9, 37, 768, dict(bm=64, bn=16, stages=5, t_device=True)),
+    ("Q8_0", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("Q8_0", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
+    ("Q8_0", 9, 37, 768, dict(bm=64, bn=16, stages=5, t_device=True)),
 ]
 
 
-@pytest.mark.parametrize("t,m,k,fields", WG_CASES)
-def test_wgmma_q6_k(backend, rng, t, m, k, fields):
+@pytest.mark.parametrize("qtype,t,m,k,fields", WG_CASES)
+def test_wgmma_qtypes(backend, rng, qtype, t, m, k, fields):
     """Same oracle and bound as the mma.sync kernel's (the same roundings;
     wgmma's f32 chain is modelled like mma's)."""
     backend.require_sm(90)
-    plan = G.GemmPlan.make("Q6_K", k, kernel="wgmma", x_type="f16", target="sm_90a", bk=64,
+    plan = G.GemmPlan.make(qtype, k, kernel="wgmma", x_type="f16", target="sm_90a", bk=64,
                            **fields)
-    w = random_blocks(rng, "Q6_K", m, k)
+    w = gguf_quantized(rng, m, k) if qtype == "Q8_0" and fields.get("t_device") else \
+        random_blocks(rng, qtype, m, k)
     x = rng.standard_normal((t, k)).astype(np.float16)
     r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
     mod = backend.load(G.build(plan))
@@ -235,5 +240,5 @@ def test_wgmma_q6_k(backend, rng, t, m, k, fields):
     t_arg = backend.array(np.array([t], np.uint32)) if plan.t_device else t
     backend.launch(mod[plan.kernel_name], grid, block, *args, y, m, t_arg,
                    backend.tensor_map(G.x_map(plan, int(xa.ptr), t)), shared=shared)
-    ref, wa = oracle("Q6_K", w, x, r)
-    check(y.to_numpy(), ref, bound("Q6_K", x, wa, ref, r), plan.kernel_name)
+    ref, wa = oracle(qtype, w, x, r)
+    check(y.to_numpy(), ref, bound(qtype, x, wa, ref, r), plan.kernel_name)

@@ -112,6 +112,12 @@ def test_wgmma_selected_on_sm_90a_for_f16_prompts():
     assert (tile(14336, 128), tile(14336, 256), tile(14336, 512)) == (
         (128, 128, 5), (128, 256, 5), (128, 256, 5))
     assert pick(x_type="f16", target="sm_90a", t=64) == "mma"
+    # Q6_K and Q8_0 on the warpgroup kernel too, where K is whole super-blocks
+    for q in ("Q6_K", "Q8_0"):
+        assert G.default_plan(q, 4096, m=14336, x_type="f16", target="sm_90a",
+                              t=512).config.kernel == "wgmma"
+    assert G.default_plan("Q8_0", 4160, m=4096, x_type="f16", target="sm_90a",
+                          t=512).config.kernel == "mma"
     assert pick(x_type="f32", target="sm_90a", t=512) == "mma"
     assert pick(x_type="f16", target="sm_90", t=512) == "mma"
     assert pick(x_type="f16", target="sm_90a", t=None) == "mma"
