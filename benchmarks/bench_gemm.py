@@ -37,7 +37,7 @@ __all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
+QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0"]
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
 _MMA = dict(kernel="mma")
@@ -149,7 +149,9 @@ def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
     row = dict(qtype=qtype, m=m, k=k, t=t)
     be = ops_backend.get_backend("cuda")
     x16 = torch.randn(t, k, device="cuda", generator=gen).half()
-    runs = [("f16", torch.float16, {}), ("f32", torch.float32, {})]
+    runs = [("f16", torch.float16, {})]
+    if qtype in G.MMA_QTYPES:                # f32 X runs on mma.sync, which decodes these only
+        runs.append(("f32", torch.float32, {}))
     runs += [(name, torch.float16, v) for name, v in _variants(be.target, t, qtype).items()]
     for name, dt, v in runs:
         x = x16 if dt == torch.float16 else torch.randn(t, k, device="cuda", generator=gen)
@@ -176,14 +178,17 @@ def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
 
 
 def _print_row(r):
-    a, b, c = r["f16"], r["f32"], r["cublas_f16"]
+    a, c = r["f16"], r["cublas_f16"]
+    b = r.get("f32")
     extra = "".join(f"  {n[4:]} {r[n]['us']:8.1f} us ({r['ratio_' + n]:.2f}x)"
                     for n in ("f16_mma", "f16_wgmma") if n in r)
+    f32 = f"  f32 X {b['us']:9.1f} us" if b else "  f32 X        -   "
+    ratios = f"{r['ratio_f16']:.2f}" + (f" / {r['ratio_f32']:.2f}" if b else "")
+    errs = f"{a['rel_err']:.1e}" + (f" {b['rel_err']:.1e}" if b else "")
     print(f"{r['qtype']:5s} {r['m']:6d}x{r['k']:<6d} T={r['t']:5d}"
-          f"  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF"
-          f"  f32 X {b['us']:9.1f} us  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF"
-          f"  ratio {r['ratio_f16']:.2f} / {r['ratio_f32']:.2f}{extra}  err {a['rel_err']:.1e}"
-          f" {b['rel_err']:.1e}  {a['plan']} regs {a['regs']}", flush=True)
+          f"  f16 X {a['us']:9.1f} us {a['tflops']:6.1f} TF{f32}"
+          f"  cuBLAS {c['us']:9.1f} us {c['tflops']:6.1f} TF  ratio {ratios}{extra}"
+          f"  err {errs}  {a['plan']} regs {a['regs']}", flush=True)
 
 
 def run_all(shapes=SHAPES, ts=TS, verbose=True, qtypes=QTYPES) -> dict:

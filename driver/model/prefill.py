@@ -35,6 +35,7 @@ from ptxgen.kernels import decode_state, gemm as _gemm, rope
 
 from .. import ops
 from ..ops_backend import get_backend, recording
+from ..ops_gemm import gemm_target
 
 __all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal", "gemm_ready"]
 
@@ -45,11 +46,22 @@ BUCKETS = (64, 128, 256)
 
 def gemm_ready(model, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
                                "ffn_up", "ffn_down")) -> bool:
-    """Whether every layer's weights ``names`` have a GEMM (else the prefill
-    runs a GEMV per row for them: correct, but no faster than decoding the
-    prompt)."""
-    return all(model.file.tensor(f"blk.{i}.{n}.weight").qtype.upper() in _gemm.QTYPES
+    """Whether every layer's weights ``names`` have a GEMM on the model's
+    device (else the prefill runs a GEMV per row for them: correct, but no
+    faster than decoding the prompt)."""
+    target = gemm_target(get_backend(_ops_backend(model)).target)
+    return all(_has_gemm(model.file.tensor(f"blk.{i}.{n}.weight"), target)
                for i in range(model.hp.n_layers) for n in names)
+
+
+def _ops_backend(model) -> str:
+    return "cuda" if model.executor.backend.name == "cuda" else "emu"
+
+
+def _has_gemm(t, target) -> bool:
+    """Whether the weight ``t`` (a RawTensor: ``[rows, K]``) has a GEMM built
+    for ``target``."""
+    return _gemm.supported(t.qtype.upper(), int(t.shape[-1]), target)
 
 
 def refusal(model) -> str | None:
@@ -154,7 +166,7 @@ class Prefill:
         rows = out.shape[1] if rows is None else rows
         stride = stride or rows
         w2 = w.view(np.uint8, (rows, w.nbytes // rows))
-        if q in _gemm.QTYPES:
+        if _has_gemm(t, gemm_target(get_backend(self.ops_backend).target)):
             ys = dict(y_stride=stride) if stride != rows else {}
             ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
                      **ys, **self._kw())

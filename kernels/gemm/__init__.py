@@ -12,8 +12,8 @@ from the per-device table ``kernels/tuning/gemm.json``
 (:mod:`.kernel`), a ``cp.async`` ring of raw weight bytes and f16 X tiles,
 the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
-:mod:`.q8_0`); and on sm_90a for Q4_K, Q6_K and Q8_0 ``wgmma`` (:mod:`.wgmma_q4k`,
-:mod:`.wgmma_q6k`, :mod:`.wgmma_q8_0`),
+:mod:`.q8_0`); and on sm_90a for Q4_K, Q6_K, Q8_0, Q4_0 and Q5_0 ``wgmma`` (:mod:`.wgmma_q4k`,
+:mod:`.wgmma_q6k`, :mod:`.wgmma_blocks32`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
@@ -31,16 +31,17 @@ from ptxgen import registry
 from . import q4k, q6k, q8_0
 from .kernel import build_gemm, launch_geometry
 from .reference import reference
-from .spec import (EPILOGUES, KERNELS, MAX_SHARED, QTYPES, WGMMA_QTYPES, X_TYPES, GemmConfig,
-                   GemmPlan, GemmSpec)
+from .spec import (EPILOGUES, KERNELS, MAX_SHARED, MMA_QTYPES, QTYPES, WGMMA_QTYPES, X_TYPES,
+                   GemmConfig, GemmPlan, GemmSpec)
 from .tuning import select_config
 from .wgmma_q4k import Q4KFormat, build_wgmma, x_tensor_map
 from .wgmma_q6k import Q6KFormat
-from .wgmma_q8_0 import Q80Format
+from .wgmma_blocks32 import Q40Format, Q50Format, Q80Format
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "KERNELS", "WGMMA_QTYPES", "CANONICAL", "FORMATS", "x_map"]
+           "MAX_SHARED", "KERNELS", "WGMMA_QTYPES", "MMA_QTYPES", "CANONICAL", "FORMATS", "x_map",
+           "supported"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,
@@ -85,7 +86,18 @@ def x_map(plan, x_address: int, t_rows: int):
 
 
 #: qtype -> the warpgroup kernel's weight format
-WGMMA_FORMATS = {"Q4_K": Q4KFormat, "Q6_K": Q6KFormat, "Q8_0": Q80Format}
+WGMMA_FORMATS = {"Q4_K": Q4KFormat, "Q6_K": Q6KFormat, "Q8_0": Q80Format, "Q4_0": Q40Format,
+                 "Q5_0": Q50Format}
+
+
+def supported(qtype: str, k: int, target: str) -> bool:
+    """Whether a GEMM of ``qtype`` weights with rows of ``k`` (f16 X) can be
+    built for ``target`` (the family's own target, e.g. sm_90a on an H100:
+    ``ops_gemm.gemm_target``): the mma.sync types anywhere, the others
+    only on the sm_90a warpgroup kernel, with K whole super-blocks of 256."""
+    if qtype not in QTYPES or k % QTYPES[qtype][0]:
+        return False
+    return qtype in MMA_QTYPES or (target == "sm_90a" and k % 256 == 0)
 
 #: qtype -> the format module's stage copies, scales and fragment decoder
 FORMATS = {"Q4_K": q4k.FORMAT, "Q6_K": q6k.FORMAT, "Q8_0": q8_0.FORMAT}

@@ -13,15 +13,17 @@ import attrs
 from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
-__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "X_TYPES", "EPILOGUES",
+__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "MMA_QTYPES", "X_TYPES", "EPILOGUES",
            "MAX_SHARED", "KERNELS"]
 
 #: weight formats the GEMM builds: (weights, bytes) of a GGUF block
-QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34)}
+QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q4_0": (32, 18),
+          "Q5_0": (32, 22)}
 #: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
 #: 128-weight halves of its super-blocks (their low and high nibbles and bits
 #: are interleaved over the half)
-_BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256)}
+_BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256), "Q4_0": (64,),
+       "Q5_0": (64,)}
 X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
@@ -33,7 +35,9 @@ KERNELS = ("mma", "wgmma")
 #: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
 WG_X_ROW = 128
 #: the weight types the ``wgmma`` kernel decodes
-WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
+WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0")
+#: the weight types the ``mma`` kernel decodes (the others run on sm_90a only)
+MMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
 
 def _in(name, allowed):
@@ -199,6 +203,9 @@ class GemmPlan(PlanBase):
         c = self.config
         if c.kernel == "wgmma":
             return self._check_wgmma()
+        if self.spec.qtype not in MMA_QTYPES:
+            raise ValueError(f"{self.spec.qtype} GEMMs run on kernel='wgmma' (sm_90a, f16 X, K "
+                             f"a multiple of 256) only, got kernel={c.kernel!r}")
         if c.bm % (16 * c.warps_m):
             raise ValueError(f"bm={c.bm} is not a multiple of 16 x warps_m={c.warps_m} "
                              f"(a warp's rows come in 16-row mma tiles)")
@@ -268,7 +275,7 @@ class GemmPlan(PlanBase):
             return 1 + bk // 32
         if q == "Q6_K":
             return 14 if bk == 256 else 5 + 3 + 2
-        return -(-(14 + 34 * bk // 32) // 16)
+        return -(-(14 + self.spec.block_bytes * bk // 32) // 16)
 
     @property
     def w_pitch(self) -> int:

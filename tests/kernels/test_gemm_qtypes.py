@@ -1,5 +1,6 @@
-"""The GEMM's Q6_K and Q8_0 formats (kernels/gemm/q6k.py, q8_0.py) against
-float64.
+"""The GEMM's Q6_K and Q8_0 formats (kernels/gemm/q6k.py, q8_0.py), and the
+warpgroup kernel's Q6_K, Q8_0, Q4_0 and Q5_0 (wgmma_q6k.py,
+wgmma_blocks32.py), against float64.
 
 The oracle: float64 weights from ``gguf.quants.dequantize`` (gguf's own
 decoder; exact here, as its f32 products ``d sc (q - 32)`` and ``d q`` need at
@@ -11,7 +12,8 @@ The bound, per output, summed with absolute values over K (``u = 2^-11``):
 
 - Q6_K: X rounded to f16 (``u``), ``d sc`` to f16 (``u``), the weight ``(q -
   32) (d sc)`` once more (``u``): ``3.01 u sum |x w|``;
-- Q8_0: X (``u``) and the weight ``q d`` (``u``): ``2.01 u sum |x w|``;
+- Q8_0, Q4_0, Q5_0: X (``u``) and the weight ``(q - z) d`` (``u``; ``q - z``
+  exact): ``2.01 u sum |x w|``;
 
 plus ``(K/16 + 1) 2^-21 sum |x w|`` for the f32 mma chain (docs/emulator.md),
 ``2^-24 sum (|x| + |w|)`` for f16 subnormals of X, and ``2^-24 |y|`` for the
@@ -27,7 +29,7 @@ from test_gemm import _check as check, _launch as launch
 gguf = pytest.importorskip("gguf")
 
 U = 2.0 ** -11
-FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01}
+FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01}
 
 
 def _d(rng, n):
@@ -38,10 +40,11 @@ def _d(rng, n):
 
 def random_blocks(rng, qtype, m, k):
     """``uint8 [m, row_bytes]`` of random valid ``qtype`` blocks."""
-    if qtype == "Q8_0":
+    if qtype in ("Q8_0", "Q4_0", "Q5_0"):
+        nq = {"Q8_0": 32, "Q4_0": 16, "Q5_0": 20}[qtype]       # bytes after d
         n = m * k // 32
-        b = np.concatenate([_d(rng, n), rng.integers(0, 256, (n, 32), dtype=np.uint8)], axis=1)
-        return b.reshape(m, k // 32 * 34)
+        b = np.concatenate([_d(rng, n), rng.integers(0, 256, (n, nq), dtype=np.uint8)], axis=1)
+        return b.reshape(m, k // 32 * (2 + nq))
     n = m * k // 256
     q = rng.integers(0, 256, (n, 192), dtype=np.uint8)            # ql, qh
     sc = rng.integers(-128, 128, (n, 16)).astype(np.int8).view(np.uint8)
@@ -205,8 +208,8 @@ def test_ops_gemm_y_stride(rng):
         ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")
 
 
-# the sm_90a warpgroup kernel with Q6_K and Q8_0 weights
-# (kernels/gemm/wgmma_q6k.py, wgmma_q8_0.py): M of 37 rows (a W whose size
+# the sm_90a warpgroup kernel with Q6_K, Q8_0, Q4_0 and Q5_0 weights
+# (kernels/gemm/wgmma_q6k.py, wgmma_blocks32.py): M of 37 rows (a W whose size
 # is not a multiple of 16, every row shift), T not a multiple of the tile, 1
 # and 2 warpgroups, K of 1 to 3 super-blocks (the ring runs past K), the
 # residual in place, T from the device; Q8_0 also from gguf's quantizer
@@ -217,6 +220,10 @@ WG_CASES = [
     ("Q8_0", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
     ("Q8_0", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
     ("Q8_0", 9, 37, 768, dict(bm=64, bn=16, stages=5, t_device=True)),
+    ("Q4_0", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("Q4_0", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
+    ("Q5_0", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("Q5_0", 9, 70, 768, dict(bm=128, bn=16, stages=5, t_device=True)),
 ]
 
 
@@ -242,3 +249,14 @@ def test_wgmma_qtypes(backend, rng, qtype, t, m, k, fields):
                    backend.tensor_map(G.x_map(plan, int(xa.ptr), t)), shared=shared)
     ref, wa = oracle(qtype, w, x, r)
     check(y.to_numpy(), ref, bound(qtype, x, wa, ref, r), plan.kernel_name)
+
+
+def test_q4_0_q5_0_need_the_warpgroup_kernel():
+    """No mma.sync decoder for Q4_0/Q5_0: a plan for it is refused, and
+    ``supported`` says where a GEMM exists (the prefill reads the others with
+    a GEMV a row)."""
+    with pytest.raises(ValueError, match="Q4_0 GEMMs run on kernel='wgmma'"):
+        G.GemmPlan.make("Q4_0", 256, kernel="mma", x_type="f16", target="sm_90")
+    assert G.supported("Q4_0", 4096, "sm_90a") and G.supported("Q5_0", 4096, "sm_90a")
+    assert not G.supported("Q4_0", 4096, "sm_90") and not G.supported("Q5_0", 4160, "sm_90a")
+    assert G.supported("Q8_0", 4160, "sm_80") and not G.supported("Q4_1", 4096, "sm_90a")
