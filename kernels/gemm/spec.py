@@ -18,12 +18,12 @@ __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "MMA_QTYPES", "X_TYPE
 
 #: weight formats the GEMM builds: (weights, bytes) of a GGUF block
 QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q4_0": (32, 18),
-          "Q5_0": (32, 22)}
+          "Q5_0": (32, 22), "Q5_K": (256, 176)}
 #: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
 #: 128-weight halves of its super-blocks (their low and high nibbles and bits
 #: are interleaved over the half)
 _BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256), "Q4_0": (64,),
-       "Q5_0": (64,)}
+       "Q5_0": (64,), "Q5_K": (64,)}
 X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
@@ -35,7 +35,7 @@ KERNELS = ("mma", "wgmma")
 #: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
 WG_X_ROW = 128
 #: the weight types the ``wgmma`` kernel decodes
-WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0")
+WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K")
 #: the weight types the ``mma`` kernel decodes (the others run on sm_90a only)
 MMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
@@ -269,10 +269,14 @@ class GemmPlan(PlanBase):
         aligned windows that hold them (the data starting 0..14 bytes in):
         Q8_0 one window of ``bk / 32`` blocks; Q6_K with ``bk = 256`` one
         window of the super-block, with ``bk = 128`` three (the half's 64
-        bytes of ``ql``, its 32 of ``qh``, and the 16 scales with ``d``)."""
+        bytes of ``ql``, its 32 of ``qh``, and the 16 scales with ``d``).
+        Q5_K (``bk = 64``, the warpgroup kernel): the header, the
+        super-block's 32 bytes of ``qh`` and 2 chunks of nibbles."""
         bk, q = self.config.bk, self.spec.qtype
         if q == "Q4_K":
             return 1 + bk // 32
+        if q == "Q5_K":
+            return 3 + bk // 32
         if q == "Q6_K":
             return 14 if bk == 256 else 5 + 3 + 2
         return -(-(14 + self.spec.block_bytes * bk // 32) // 16)
@@ -283,7 +287,7 @@ class GemmPlan(PlanBase):
         Q6_K / Q8_0, 16 bytes of padding, an odd multiple of 16 either way
         (the 8 rows a warp reads at once start on distinct banks)."""
         n = self.w_chunks
-        return 16 * (n + 1 - n % 2) if self.spec.qtype != "Q4_K" else 16 * n
+        return 16 * (n + 1 - n % 2) if self.spec.qtype not in ("Q4_K", "Q5_K") else 16 * n
 
     @property
     def x_pitch(self) -> int:

@@ -96,7 +96,7 @@ from ptxgen.values import Address
 from .kernel import kernel_directives, kernel_interface
 from .spec import WG_X_ROW
 
-__all__ = ["build_wgmma", "Q4KFormat", "x_tensor_map"]
+__all__ = ["build_wgmma", "Q4KFormat", "Q5KFormat", "x_tensor_map"]
 
 _F16_1024 = 0x64006400
 #: wgmma descriptor bits above the start address: LBO 16 (unused by a
@@ -125,17 +125,20 @@ def _gl(addr, off=0):
 class _WCopies:
     """Per-thread copies of a stage's weight bytes: global byte addresses
     (u64 Vars advanced a super-block per loop iteration) and shared offsets
-    within a stage (after X's tile)."""
+    within a stage (after X's tile).  ``qh``: the super-block's 32 bytes of
+    fifth bits after its header (Q5_K), copied with every stage after the
+    header, the nibbles after them."""
 
-    def __init__(self, k, plan, tid, w, m0, mrows):
+    def __init__(self, k, plan, tid, w, m0, mrows, qh=False):
         bm = plan.config.bm
-        self.k, self.plan = k, plan
+        self.k, self.plan, self.qh = k, plan, qh
         xoff = plan.config.bn * WG_X_ROW
-        # nibbles: 2 chunks a row, one a thread (threads = 2 bm)
+        qs = 48 if qh else 16                     # the nibbles' offset in block and row
+        # nibbles (and qh): 2 chunks a row each, one a thread (threads = 2 bm)
         r, ch16 = tid >> 1, (tid & 1) << 4
         row = k.min(m0 + r, mrows - 1)
-        self.wq = k.var(u64, w[k.mad(row, plan.row_bytes, ch16 + 16)].base)
-        self.wq_dst = (r * plan.w_pitch + ch16) + (xoff + 16)
+        self.wq = k.var(u64, w[k.mad(row, plan.row_bytes, ch16 + qs)].base)
+        self.wq_dst = (r * plan.w_pitch + ch16) + (xoff + qs)
         # headers: one 16-byte chunk a row, threads 0 .. bm-1
         self.wh_ok = tid < bm
         hr = k.min(tid, bm - 1)
@@ -149,6 +152,8 @@ class _WCopies:
         k = self.k
         sb = ahead * self.plan.block_bytes
         k.cp_async(_sh(stage + self.wq_dst, 0, u8), _gl(self.wq, sb + 32 * j), 16, guard=guard)
+        if self.qh:                               # qh sits 32 bytes before the nibbles
+            k.cp_async(_sh(stage + self.wq_dst, -32, u8), _gl(self.wq, sb - 32), 16, guard=guard)
         if j == 0:
             hg = self.wh_ok if guard is None else k.pand(self.wh_ok, guard)
             k.cp_async(_sh(stage + self.wh_dst, 0, u8), _gl(self.wh, sb), 16, guard=hg)
@@ -197,30 +202,49 @@ class _Header:
         return (_dup(k, s2, False), _dup(k, s2, True), _dup(k, nm2, False), _dup(k, nm2, True))
 
 
-def _levels(k, p, high):
-    """The two 4-bit levels of ``p`` (bytes in halves 0 and 2) as exact f16x2."""
+def _levels(k, p, high, fifth=None):
+    """The two 4-bit levels of ``p`` (bytes in halves 0 and 2) as exact f16x2;
+    with ``fifth`` (Q5_K: the levels' fifth bits, at bit 0 of each half) the
+    5-bit levels."""
     if high:
-        h = ((p & 0x00F000F0) | _F16_1024).bitcast(f16x2)
+        v = p & 0x00F000F0
+        if fifth is not None:
+            v = v | (fifth << 8)
+        h = (v | _F16_1024).bitcast(f16x2)
         return k.fma(h, k.const(f16x2, 1.0 / 16), k.const(f16x2, -64.0))
-    h = ((p & 0x000F000F) | _F16_1024).bitcast(f16x2)
+    v = p & 0x000F000F
+    if fifth is not None:
+        v = v | (fifth << 4)
+    h = (v | _F16_1024).bitcast(f16x2)
     return h - k.const(f16x2, 1024.0)
 
 
-def _a_fragments(k, stage, woff, sc, pitch):
+def _a_fragments(k, stage, woff, sc, pitch, qh_j=None):
     """The warpgroup's A registers of one stage: per wgmma step s, the four
     b32 registers (rows g / g+8, K positions 2t.. / 2t+8..).  The two bytes
     at ``16 s' + 8 half + 2t`` of a row (``s'`` 0 or 1) give register
     ``row + 2 half`` of step ``s'`` (low nibbles) and of step ``s' + 2``
-    (high nibbles)."""
+    (high nibbles).  ``qh_j`` (Q5_K): the group, whose fifth bits are bits
+    ``2j`` (low nibbles) and ``2j + 1`` (high) of the ``qh`` bytes at the
+    same offsets 32 bytes before the nibbles."""
     frags = [[None] * 4 for _ in range(4)]
     for sp in range(2):
         for h in range(2):                       # row g, g + 8
             for half in range(2):                # K positions 2t.. / 2t+8..
-                v = k.ld(_sh(stage + woff, 16 * sp + 8 * half + h * 8 * pitch, u16), u16)
+                off = 16 * sp + 8 * half + h * 8 * pitch
+                v = k.ld(_sh(stage + woff, off, u16), u16)
                 p = k.prmt(k.cvt(u32, v), 0, 0x4140)
+                if qh_j is not None:
+                    b = k.prmt(k.cvt(u32, k.ld(_sh(stage + woff, off - 32, u16), u16)), 0,
+                               0x4140)
                 for high in range(2):
                     sl, sh_, nl, nh = sc[h]
-                    a = k.fma(_levels(k, p, high), sh_ if high else sl, nh if high else nl)
+                    fifth = None
+                    if qh_j is not None:
+                        sh5 = 2 * qh_j + high
+                        fifth = (b >> sh5 if sh5 else b) & 0x00010001
+                    a = k.fma(_levels(k, p, high, fifth), sh_ if high else sl,
+                              nh if high else nl)
                     frags[sp + 2 * high][h + 2 * half] = a.bitcast(b32)
     return [tuple(f) for f in frags]
 
@@ -248,6 +272,28 @@ class Q4KFormat:
             self.hdr = [_Header(k, _sh(stage + self.hoff, h * 8 * pitch)) for h in range(2)]
         sc = [hd.scales(k, j) for hd in self.hdr]
         return _a_fragments(k, stage, self.woff, sc, pitch)
+
+
+class Q5KFormat(Q4KFormat):
+    """Q5_K (176-byte super-blocks: the Q4_K header, ``qh[32]`` with the
+    fifth bit of weight ``64 j + l`` at bit ``2j`` of ``qh[l]`` and of ``64 j
+    + 32 + l`` at bit ``2j + 1``, then the nibbles as Q4_K): a stage row is
+    the header, the super-block's ``qh`` (copied with every stage) and the
+    group's nibbles, 80 bytes; the levels take the fifth bit (``lop3``,
+    shift and ``or``, about 6 instructions a register)."""
+
+    def __init__(self, k, plan, tid, w, m0, mrows, rho, tq):
+        self.k, self.plan = k, plan
+        self.cp = _WCopies(k, plan, tid, w, m0, mrows, qh=True)
+        self.hoff = rho * plan.w_pitch + plan.config.bn * WG_X_ROW
+        self.woff = self.hoff + 48 + 2 * tq
+
+    def fragments(self, stage, j):
+        k, pitch = self.k, self.plan.w_pitch
+        if j == 0:
+            self.hdr = [_Header(k, _sh(stage + self.hoff, h * 8 * pitch)) for h in range(2)]
+        sc = [hd.scales(k, j) for hd in self.hdr]
+        return _a_fragments(k, stage, self.woff, sc, pitch, qh_j=j)
 
 
 def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:

@@ -11,7 +11,8 @@ seeded ``rng`` (and, for Q8_0, gguf's quantizer of random floats), with ``|d|
 The bound, per output, summed with absolute values over K (``u = 2^-11``):
 
 - Q6_K: X rounded to f16 (``u``), ``d sc`` to f16 (``u``), the weight ``(q -
-  32) (d sc)`` once more (``u``): ``3.01 u sum |x w|``;
+  32) (d sc)`` once more (``u``): ``3.01 u sum |x w|``; Q5_K the same with
+  ``|w|`` replaced by ``|d sc q| + |dmin m|`` (rounded apart);
 - Q8_0, Q4_0, Q5_0: X (``u``) and the weight ``(q - z) d`` (``u``; ``q - z``
   exact): ``2.01 u sum |x w|``;
 
@@ -29,7 +30,7 @@ from test_gemm import _check as check, _launch as launch
 gguf = pytest.importorskip("gguf")
 
 U = 2.0 ** -11
-FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01}
+FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01, "Q5_K": 3.01}
 
 
 def _d(rng, n):
@@ -40,6 +41,11 @@ def _d(rng, n):
 
 def random_blocks(rng, qtype, m, k):
     """``uint8 [m, row_bytes]`` of random valid ``qtype`` blocks."""
+    if qtype == "Q5_K":
+        n = m * k // 256
+        b = np.concatenate([_d(rng, n), _d(rng, n),
+                            rng.integers(0, 256, (n, 12 + 32 + 128), dtype=np.uint8)], axis=1)
+        return b.reshape(m, k // 256 * 176)
     if qtype in ("Q8_0", "Q4_0", "Q5_0"):
         nq = {"Q8_0": 32, "Q4_0": 16, "Q5_0": 20}[qtype]       # bytes after d
         n = m * k // 32
@@ -66,6 +72,34 @@ def oracle(qtype, w, x, r=None):
     if r is not None:
         y = y + np.asarray(r, np.float64)
     return y, np.abs(wd)
+
+
+def q5k_abs_parts(w, m, k):
+    """``|d sc q| + |dmin m|`` per weight of Q5_K bytes (the product bound's
+    term: the kernel rounds ``d sc`` and ``dmin m`` separately), decoded here
+    from the block layout, and checked against gguf's weights."""
+    b = w.reshape(m * k // 256, 176)
+    d = b[:, 0:2].copy().view(np.float16)[:, 0].astype(np.float64)
+    dmin = b[:, 2:4].copy().view(np.float16)[:, 0].astype(np.float64)
+    sc8, qh, qs = b[:, 4:16].astype(np.int64), b[:, 16:48].astype(np.int64), b[:, 48:]
+    out = np.empty((b.shape[0], 256))
+    wd = np.empty((b.shape[0], 256))
+    for j in range(8):
+        if j < 4:
+            sc, mn = sc8[:, j] & 63, sc8[:, j + 4] & 63
+        else:
+            sc = (sc8[:, j + 4] & 15) | ((sc8[:, j - 4] >> 6) << 4)
+            mn = (sc8[:, j + 4] >> 4) | ((sc8[:, j] >> 6) << 4)
+        g, hi = j // 2, j % 2
+        nib = (qs[:, 32 * g:32 * g + 32].astype(np.int64) >> (4 * hi)) & 15
+        q = nib + 16 * ((qh >> j) & 1)
+        s_, o_ = (d * sc)[:, None], (dmin * mn)[:, None]
+        out[:, 32 * j:32 * j + 32] = np.abs(s_ * q) + np.abs(o_)
+        wd[:, 32 * j:32 * j + 32] = s_ * q - o_
+    theirs = np.asarray(gguf.quants.dequantize(w, gguf.GGMLQuantizationType.Q5_K), np.float64)
+    assert np.allclose(wd.reshape(m, k), theirs.reshape(m, k), rtol=0,
+                       atol=1e-6 * np.abs(theirs).max())
+    return out.reshape(m, k)
 
 
 def bound(qtype, x, wa, ref, residual):
@@ -208,8 +242,8 @@ def test_ops_gemm_y_stride(rng):
         ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")
 
 
-# the sm_90a warpgroup kernel with Q6_K, Q8_0, Q4_0 and Q5_0 weights
-# (kernels/gemm/wgmma_q6k.py, wgmma_blocks32.py): M of 37 rows (a W whose size
+# the sm_90a warpgroup kernel with Q6_K, Q8_0, Q4_0, Q5_0 and Q5_K weights
+# (kernels/gemm/wgmma_q6k.py, wgmma_blocks32.py, wgmma_q4k.py): M of 37 rows (a W whose size
 # is not a multiple of 16, every row shift), T not a multiple of the tile, 1
 # and 2 warpgroups, K of 1 to 3 super-blocks (the ring runs past K), the
 # residual in place, T from the device; Q8_0 also from gguf's quantizer
@@ -224,6 +258,8 @@ WG_CASES = [
     ("Q4_0", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
     ("Q5_0", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
     ("Q5_0", 9, 70, 768, dict(bm=128, bn=16, stages=5, t_device=True)),
+    ("Q5_K", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("Q5_K", 21, 70, 768, dict(bm=128, bn=16, stages=4, epilogue="residual")),
 ]
 
 
@@ -248,15 +284,18 @@ def test_wgmma_qtypes(backend, rng, qtype, t, m, k, fields):
     backend.launch(mod[plan.kernel_name], grid, block, *args, y, m, t_arg,
                    backend.tensor_map(G.x_map(plan, int(xa.ptr), t)), shared=shared)
     ref, wa = oracle(qtype, w, x, r)
+    if qtype == "Q5_K":                       # d sc q and dmin m rounded apart: no cancellation
+        wa = q5k_abs_parts(w, m, k)
     check(y.to_numpy(), ref, bound(qtype, x, wa, ref, r), plan.kernel_name)
 
 
 def test_q4_0_q5_0_need_the_warpgroup_kernel():
-    """No mma.sync decoder for Q4_0/Q5_0: a plan for it is refused, and
+    """No mma.sync decoder for Q4_0/Q5_0/Q5_K: a plan for it is refused, and
     ``supported`` says where a GEMM exists (the prefill reads the others with
     a GEMV a row)."""
     with pytest.raises(ValueError, match="Q4_0 GEMMs run on kernel='wgmma'"):
         G.GemmPlan.make("Q4_0", 256, kernel="mma", x_type="f16", target="sm_90")
     assert G.supported("Q4_0", 4096, "sm_90a") and G.supported("Q5_0", 4096, "sm_90a")
+    assert G.supported("Q5_K", 4096, "sm_90a") and not G.supported("Q5_K", 4096, "sm_80")
     assert not G.supported("Q4_0", 4096, "sm_90") and not G.supported("Q5_0", 4160, "sm_90a")
     assert G.supported("Q8_0", 4160, "sm_80") and not G.supported("Q4_1", 4096, "sm_90a")
