@@ -12,7 +12,8 @@ The bound, per output, summed with absolute values over K (``u = 2^-11``):
 
 - Q6_K: X rounded to f16 (``u``), ``d sc`` to f16 (``u``), the weight ``(q -
   32) (d sc)`` once more (``u``): ``3.01 u sum |x w|``; Q5_K the same with
-  ``|w|`` replaced by ``|d sc q| + |dmin m|`` (rounded apart);
+  ``|w|`` replaced by ``|d sc q| + |dmin m|`` (rounded apart); F16 only X
+  (``1.01 u sum |x w|``);
 - Q8_0, Q4_0, Q5_0: X (``u``) and the weight ``(q - z) d`` (``u``; ``q - z``
   exact): ``2.01 u sum |x w|``;
 
@@ -30,7 +31,7 @@ from test_gemm import _check as check, _launch as launch
 gguf = pytest.importorskip("gguf")
 
 U = 2.0 ** -11
-FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01, "Q5_K": 3.01}
+FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01, "Q5_K": 3.01, "F16": 1.01}
 
 
 def _d(rng, n):
@@ -41,6 +42,8 @@ def _d(rng, n):
 
 def random_blocks(rng, qtype, m, k):
     """``uint8 [m, row_bytes]`` of random valid ``qtype`` blocks."""
+    if qtype == "F16":
+        return (rng.standard_normal((m, k)) * 0.1).astype(np.float16).view(np.uint8)
     if qtype == "Q5_K":
         n = m * k // 256
         b = np.concatenate([_d(rng, n), _d(rng, n),
@@ -260,6 +263,8 @@ WG_CASES = [
     ("Q5_0", 9, 70, 768, dict(bm=128, bn=16, stages=5, t_device=True)),
     ("Q5_K", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
     ("Q5_K", 21, 70, 768, dict(bm=128, bn=16, stages=4, epilogue="residual")),
+    ("F16", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("F16", 9, 70, 512, dict(bm=128, bn=16, stages=4, t_device=True)),
 ]
 
 
@@ -297,5 +302,6 @@ def test_q4_0_q5_0_need_the_warpgroup_kernel():
         G.GemmPlan.make("Q4_0", 256, kernel="mma", x_type="f16", target="sm_90")
     assert G.supported("Q4_0", 4096, "sm_90a") and G.supported("Q5_0", 4096, "sm_90a")
     assert G.supported("Q5_K", 4096, "sm_90a") and not G.supported("Q5_K", 4096, "sm_80")
+    assert G.supported("F16", 4096, "sm_90a") and not G.supported("BF16", 4096, "sm_90a")
     assert not G.supported("Q4_0", 4096, "sm_90") and not G.supported("Q5_0", 4160, "sm_90a")
     assert G.supported("Q8_0", 4160, "sm_80") and not G.supported("Q4_1", 4096, "sm_90a")

@@ -65,11 +65,13 @@ def same_continuation(got, got_logits, ref, ref_logits, n_prompt):
 
 #: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
 #: attn_v, ffn_down and the output, so q, k and v differ in type), Q8_0, and
-#: Q4_0 / Q5_0 / Q5_K (GEMMs on the sm_90a warpgroup kernel only: the emulator's)
+#: Q4_0 / Q5_0 / Q5_K / F16 (GEMMs on the sm_90a warpgroup kernel only: the
+#: emulator's)
 MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0"),
          "q4_0": dict(qtype="Q4_0", output_qtype="Q4_0"),
          "q5_0": dict(qtype="Q5_0", output_qtype="Q5_0"),
-         "q5_k": dict(qtype="Q5_K", output_qtype="Q5_K")}
+         "q5_k": dict(qtype="Q5_K", output_qtype="Q5_K"),
+         "f16": dict(qtype="F16", output_qtype="F16")}
 #: one layer (its attn_v and ffn_down are Q6_K under Q4_K_M) keeps the emulator quick
 TYPED = dict(TINY, n_layers=1)
 
@@ -91,13 +93,13 @@ def test_prefill_matches_token_by_token(model, rng):
 
 
 def test_prefill_matches_token_by_token_types(typed_model, rng):
-    """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0 and Q5_K files: every
+    """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0, Q5_K and F16 files: every
     projection runs on the GEMM (no GEMV per token)."""
     from ptxgen.driver.model.prefill import gemm_ready
     m = typed_model
     assert gemm_ready(m)
     types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
-    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"}), types
+    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"}, {"F16"}), types
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     (ref, ref_logits) = _run(m, prompt, 2, 0)
     (got, got_logits) = _run(m, prompt, 2, 4)      # two chunks: 4 + 1 tokens
@@ -136,11 +138,11 @@ def test_buckets_agree(model, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0", "q4_0", "q5_0", "q5_k"])
+@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0", "q4_0", "q5_0", "q5_k", "f16"])
 def test_prefill_graph_gpu(tmp_path, rng, types):
     """On the GPU: graph replays (buckets 64 and 128 of a 128 chunk) agree with
     eager launches and with the token-by-token prompt (Q4_K, Q4_K_M mix,
-    Q8_0, Q4_0, Q5_0, Q5_K: the last three need sm_90a's warpgroup kernel,
+    Q8_0, Q4_0, Q5_0, Q5_K, F16: the last four need sm_90a's warpgroup kernel,
     else they prefill with a GEMV a row)."""
     from ptxgen import driver
     if not driver.is_available():
