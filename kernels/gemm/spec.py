@@ -148,7 +148,8 @@ class GemmConfig:
         Tokens (rows of Y) per CTA.
     bk : {64, 128, 256}
         K per pipeline stage (Q4_K: a quarter, half or whole super-block;
-        Q6_K: 128 or 256; Q8_0: 2, 4 or 8 blocks).
+        Q6_K: 128 or 256; Q8_0: 2, 4 or 8 blocks; the warpgroup kernel and
+        the types only it decodes: 64).
     warps_m, warps_n : int
         The CTA's warps as a ``warps_m x warps_n`` grid; a warp owns a
         ``bm / warps_m`` (multiple of 16) by ``bn / warps_n`` (multiple of
@@ -159,11 +160,13 @@ class GemmConfig:
     min_ctas : int
         ``.minnctapersm`` hint (0: none).
     kernel : {"mma", "wgmma"}
-        ``mma``: ``mma.sync`` with the nibbles decoded into A fragments
-        per warp (:mod:`.q4k`).  ``wgmma``: sm_90a warpgroups, each 64
-        weight rows by all ``bn`` tokens, A from registers and X from
-        shared memory (:mod:`.wgmma_q4k`); ``bm`` a multiple of 64, ``bk``
-        64, f16 X; ``warps_m``/``warps_n`` unused (``2 bm`` threads).
+        ``mma``: ``mma.sync`` with the weights decoded into A fragments
+        per warp (:mod:`.q4k`, :mod:`.q6k`, :mod:`.q8_0`; ``MMA_QTYPES``).
+        ``wgmma``: sm_90a warpgroups, each 64 weight rows by all ``bn``
+        tokens, A decoded into registers and X brought by TMA into shared
+        memory (:mod:`.wgmma_q4k` and the format modules; every type of
+        ``WGMMA_QTYPES``); ``bm`` 64, 128 or 256, ``bk`` 64, f16 X, K a
+        multiple of 256; ``warps_m``/``warps_n`` unused (``2 bm`` threads).
     """
 
     bm: int = attrs.field(default=128, validator=_pow2(16, 256))
