@@ -1,4 +1,4 @@
-"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K, Q6_K, Q8_0).
+"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, F16).
 
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``), ``X``
 f32 or f16 ``[T, K]`` row-major, ``Y`` f32 ``[T, M]``; epilogues ``none``
