@@ -55,6 +55,7 @@ def gemm_ready(model, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_g
 
 
 def _ops_backend(model) -> str:
+    """The ``ops`` backend name of the model's executor."""
     return "cuda" if model.executor.backend.name == "cuda" else "emu"
 
 
@@ -109,7 +110,7 @@ class Prefill:
                         if b.kind != "activation"}
         be = self.backend = ex.backend
         self.stream = model._stream
-        self.ops_backend = "cuda" if be.name == "cuda" else "emu"
+        self.ops_backend = _ops_backend(model)
         self.pdl = bool(model.pdl)
         C, H, D = self.chunk, hp.hidden, hp.head_dim
         self.qkv_dim = hp.q_dim + 2 * hp.kv_dim

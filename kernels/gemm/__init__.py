@@ -13,7 +13,7 @@ from the per-device table ``kernels/tuning/gemm.json``
 the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
 :mod:`.q8_0`); and on sm_90a for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 and F16 ``wgmma`` (:mod:`.wgmma_q4k`,
-:mod:`.wgmma_q6k`, :mod:`.wgmma_blocks32`),
+:mod:`.wgmma_q6k`, :mod:`.wgmma_blocks32`, :mod:`.wgmma_f16`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
@@ -36,7 +36,8 @@ from .spec import (EPILOGUES, KERNELS, MAX_SHARED, MMA_QTYPES, QTYPES, WGMMA_QTY
 from .tuning import select_config
 from .wgmma_q4k import Q4KFormat, Q5KFormat, build_wgmma, x_tensor_map
 from .wgmma_q6k import Q6KFormat
-from .wgmma_blocks32 import F16Format, Q40Format, Q50Format, Q80Format
+from .wgmma_blocks32 import Q40Format, Q50Format, Q80Format
+from .wgmma_f16 import F16Format
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",

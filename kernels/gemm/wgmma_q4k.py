@@ -252,13 +252,17 @@ def _a_fragments(k, stage, woff, sc, pitch, qh_j=None):
 class Q4KFormat:
     """The Q4_K side of :func:`build_wgmma`: a stage row is the super-block's
     16-byte header (copied with its first group) and the group's 32 bytes of
-    nibbles; the header's scales are held in registers over a super-block."""
+    nibbles; the header's scales are held in registers over a super-block.
+    ``QH``: the super-block also holds 32 bytes of fifth bits after its
+    header (Q5_K, :class:`Q5KFormat`)."""
+
+    QH = False
 
     def __init__(self, k, plan, tid, w, m0, mrows, rho, tq):
         self.k, self.plan = k, plan
-        self.cp = _WCopies(k, plan, tid, w, m0, mrows)
+        self.cp = _WCopies(k, plan, tid, w, m0, mrows, qh=self.QH)
         self.hoff = rho * plan.w_pitch + plan.config.bn * WG_X_ROW
-        self.woff = self.hoff + 16 + 2 * tq
+        self.woff = self.hoff + (48 if self.QH else 16) + 2 * tq
 
     def copy(self, stage, ahead, j, guard):
         self.cp.copy(stage, ahead, j, guard)
@@ -271,7 +275,7 @@ class Q4KFormat:
         if j == 0:
             self.hdr = [_Header(k, _sh(stage + self.hoff, h * 8 * pitch)) for h in range(2)]
         sc = [hd.scales(k, j) for hd in self.hdr]
-        return _a_fragments(k, stage, self.woff, sc, pitch)
+        return _a_fragments(k, stage, self.woff, sc, pitch, qh_j=j if self.QH else None)
 
 
 class Q5KFormat(Q4KFormat):
@@ -282,18 +286,7 @@ class Q5KFormat(Q4KFormat):
     group's nibbles, 80 bytes; the levels take the fifth bit (``lop3``,
     shift and ``or``, about 6 instructions a register)."""
 
-    def __init__(self, k, plan, tid, w, m0, mrows, rho, tq):
-        self.k, self.plan = k, plan
-        self.cp = _WCopies(k, plan, tid, w, m0, mrows, qh=True)
-        self.hoff = rho * plan.w_pitch + plan.config.bn * WG_X_ROW
-        self.woff = self.hoff + 48 + 2 * tq
-
-    def fragments(self, stage, j):
-        k, pitch = self.k, self.plan.w_pitch
-        if j == 0:
-            self.hdr = [_Header(k, _sh(stage + self.hoff, h * 8 * pitch)) for h in range(2)]
-        sc = [hd.scales(k, j) for hd in self.hdr]
-        return _a_fragments(k, stage, self.woff, sc, pitch, qh_j=j)
+    QH = True
 
 
 def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:

@@ -1,6 +1,6 @@
 """The GEMM's Q6_K and Q8_0 formats (kernels/gemm/q6k.py, q8_0.py), and the
-warpgroup kernel's Q6_K, Q8_0, Q4_0 and Q5_0 (wgmma_q6k.py,
-wgmma_blocks32.py), against float64.
+warpgroup kernel's Q6_K, Q8_0, Q4_0, Q5_0, Q5_K and F16 (wgmma_q6k.py,
+wgmma_blocks32.py, wgmma_q4k.py, wgmma_f16.py), against float64.
 
 The oracle: float64 weights from ``gguf.quants.dequantize`` (gguf's own
 decoder; exact here, as its f32 products ``d sc (q - 32)`` and ``d q`` need at
@@ -245,11 +245,12 @@ def test_ops_gemm_y_stride(rng):
         ops.gemm(w, x, "Q6_K", out=flat[:100], y_stride=ld, backend="emu")
 
 
-# the sm_90a warpgroup kernel with Q6_K, Q8_0, Q4_0, Q5_0 and Q5_K weights
-# (kernels/gemm/wgmma_q6k.py, wgmma_blocks32.py, wgmma_q4k.py): M of 37 rows (a W whose size
-# is not a multiple of 16, every row shift), T not a multiple of the tile, 1
-# and 2 warpgroups, K of 1 to 3 super-blocks (the ring runs past K), the
-# residual in place, T from the device; Q8_0 also from gguf's quantizer
+# the sm_90a warpgroup kernel with Q6_K, Q8_0, Q4_0, Q5_0, Q5_K and F16 weights
+# (kernels/gemm/wgmma_q6k.py, wgmma_blocks32.py, wgmma_q4k.py, wgmma_f16.py): M
+# of 37 rows (a W whose size is not a multiple of 16, every row shift), T not
+# a multiple of the tile, 1 and 2 warpgroups, K of 1 to 3 super-blocks (the
+# ring runs past K), the residual in place, T from the device; Q8_0 also from
+# gguf's quantizer
 WG_CASES = [
     ("Q6_K", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
     ("Q6_K", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
