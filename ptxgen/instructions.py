@@ -543,18 +543,13 @@ class InstructionsMixin:
         ity = self._bits_type(ty) if _is_half(ty) else ty
         return self.emit("st", mods, [ity], [addr, src], guard=guard, dsts=0, _own_frames=1)
 
-    def cp_async(self, dst, src, nbytes=16, *, src_bytes=None, prefetch=None, guard=None):
+    def cp_async(self, dst, src, nbytes=16, *, prefetch=None, guard=None):
         """``cp.async`` (sm_80): copy ``nbytes`` (4, 8 or 16) from global
         ``src`` to shared ``dst`` without holding registers.  16-byte copies
         bypass L1 (``.cg``), smaller ones go through it (``.ca``).  The data
         may land any time before the thread's :meth:`cp_async_wait` that
         covers the copy's group (:meth:`cp_async_commit`); other threads see
-        it only after that wait and a barrier.  ``src_bytes`` (a u32
-        register or constant, at most ``nbytes``): only that many bytes are
-        read from ``src`` and the rest of ``dst`` is zero-filled (PTX's
-        src-size operand).  (compute-sanitizer's memcheck still counts the
-        full ``nbytes`` as read, so it reports a short copy at the end of an
-        allocation as out of bounds.)"""
+        it only after that wait and a barrier."""
         dst, src = self._as_addr(dst), self._as_addr(src)
         if dst.space != "shared":
             raise PtxBuildError(f"cp.async writes shared memory; the destination is {dst.space}")
@@ -562,14 +557,9 @@ class InstructionsMixin:
             raise PtxBuildError(f"cp.async reads global memory; the source is {src.space}")
         if nbytes not in (4, 8, 16):
             raise PtxBuildError(f"cp.async copies 4, 8 or 16 bytes, got {nbytes!r}")
-        if isinstance(src_bytes, int) and (isinstance(src_bytes, bool)
-                                           or not 0 <= src_bytes <= nbytes):
-            raise PtxBuildError(f"cp.async: src_bytes must be 0..{nbytes}, got {src_bytes!r}")
         mods = ["cg" if nbytes == 16 else "ca", "shared", "global"] + ([prefetch] if prefetch else [])
-        ops = [dst, src, as_operand(nbytes, T.u32)]
-        if src_bytes is not None:
-            ops.append(as_operand(src_bytes, T.u32))
-        return self.emit("cp.async", mods, [], ops, guard=guard, dsts=0, _own_frames=1)
+        return self.emit("cp.async", mods, [], [dst, src, as_operand(nbytes, T.u32)],
+                         guard=guard, dsts=0, _own_frames=1)
 
     def cp_async_commit(self):
         """``cp.async.commit_group``: the thread's copies since the last commit

@@ -191,11 +191,10 @@ TABLE: dict[str, OpSpec] = _table(
                     "shared::cta": (90, (7, 8)), "shared::cluster": (90, (7, 8))},
            doc="load; .nc = read-only non-coherent path; .shared::cluster reads a cluster "
                "peer's shared memory at a mapa address"),
-    OpSpec("cp.async", "m m u u?", [],
+    OpSpec("cp.async", "m m u", [],
            [("ca", "cg"), ("shared", "shared::cta"), ("global",), ("L2::128B", "L2::256B")],
            min_sm=80, min_ptx=(7, 0), type_sm={"L2::128B": (80, (7, 4)), "L2::256B": (80, (7, 4))},
-           doc="asynchronous global -> shared copy of 4, 8 or 16 bytes (cg: 16 only); with "
-               "a src-size operand only that many bytes are read, the rest zero-filled"),
+           doc="asynchronous global -> shared copy of 4, 8 or 16 bytes (cg: 16 only)"),
     OpSpec("cp.async.commit_group", "", [], min_sm=80, min_ptx=(7, 0),
            doc="close the thread's pending cp.async copies into one group"),
     OpSpec("cp.async.wait_group", "u", [], min_sm=80, min_ptx=(7, 0),

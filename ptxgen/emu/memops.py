@@ -451,12 +451,8 @@ def _cp_async(stmt, ctx):
         raise ctx.error("cp.async.cg copies 16 bytes only")
     get_dst, _ = shared_address(ctx, stmt.operands[0], "shared")
     get_src, _ = shared_address(ctx, stmt.operands[1], "global")
-    # src-size: only the first src_size bytes are read, the rest zero-filled
-    get_ssz = getter(ctx, stmt.operands[3], type_by_name("u32")) if len(stmt.operands) > 3 \
-        else None
     op = Op()
     src_acc = Access("global", 1, nbytes, "cp.async read", op)
-    byte_acc = Access("global", 1, 1, "cp.async read", op)
     dst_acc = Access("shared", 1, nbytes, "cp.async write", op)
 
     def fn(st, m):
@@ -465,31 +461,12 @@ def _cp_async(stmt, ctx):
             return
         src = addr_for(get_src, st, tids, m)
         data = np.zeros((tids.size, nbytes), np.uint8)
-        if get_ssz is None:
-            for buf, offs, sel in src_acc.parts(st, src, tids, READ):
-                got = buf[offs[:, None] + np.arange(nbytes)]
-                if sel is None:
-                    data[:] = got
-                else:
-                    data[sel] = got
-        else:
-            v = get_ssz(st)
-            ssz = (np.asarray(v, np.int64)[tids] if np.ndim(v)
-                   else np.full(tids.size, int(v), np.int64))
-            if np.any(ssz > nbytes):
-                raise ctx.error(f"cp.async: src-size {int(ssz.max())} is more than the copy's "
-                                f"{nbytes} bytes")
-            for b in range(nbytes):
-                take = ssz > b
-                if not take.any():
-                    continue
-                idx = np.flatnonzero(take)
-                for buf, offs, sel in byte_acc.parts(st, src[idx] + b, tids[idx], READ):
-                    got = buf[offs]
-                    if sel is None:
-                        data[idx, b] = got
-                    else:
-                        data[idx[sel], b] = got
+        for buf, offs, sel in src_acc.parts(st, src, tids, READ):
+            got = buf[offs[:, None] + np.arange(nbytes)]
+            if sel is None:
+                data[:] = got
+            else:
+                data[sel] = got
         dst = addr_for(get_dst, st, tids, m)
         # logged for races when written (by the wait), not now
         (_, offs, _), = dst_acc.parts(st, dst, tids, WRITE, log=False)

@@ -118,8 +118,8 @@ def bound(qtype, x, wa, ref, residual):
 
 # (qtype, T, M, K, fields): M and T cut tiles short; rows whose bytes are not
 # 16-byte aligned (210 and 34 bytes a block: every shift 0..14 occurs) and a
-# W whose size is not a multiple of 16 (the last chunk read short: src-size);
-# every stage depth, both x types, the residual
+# W whose size is not a multiple of 16 (the last chunk read in 8, 4 and 2-byte
+# pieces); every stage depth, both x types, the residual
 CASES = [
     ("Q6_K", 5, 37, 256, dict(bk=128, bm=32, bn=8, warps_m=2, warps_n=1, stages=2)),
     ("Q6_K", 9, 48, 512, dict(bk=256, bm=16, bn=16, warps_m=1, warps_n=2, stages=2,
