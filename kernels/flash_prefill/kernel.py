@@ -14,6 +14,10 @@ from .spec import NEG
 __all__ = ["build_prefill"]
 
 LOG2E = 1.0 / math.log(2.0)
+#: a row's running max moves only when a tile's max passes it by more than
+#: this (log2 units): the probabilities are then at most 2^8 (f16 holds
+#: them), and O and l, relative to the same max, are rescaled on few tiles
+RESCALE_SLACK = 8.0
 
 
 def _pack_f16(k, a, b):
@@ -61,9 +65,11 @@ def build_prefill(m, plan):
     (rows past the block's last key are clamped to it, so no unwritten
     cache row enters).  q is read once into registers in f16, prescaled by
     ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
-    ``ldmatrix.trans``; the running max and sum use ``ex2.approx`` (O and
-    the sum are rescaled only on tiles where some row's max grew, a
-    warp-uniform branch: the factor is exactly 1 otherwise); P is rounded
+    ``ldmatrix.trans``; the running max and sum use ``ex2.approx.ftz``; a
+    row's max moves only when a tile passes it by more than
+    :data:`RESCALE_SLACK`, and O and the sum are rescaled only on tiles
+    where some row's max moved (a warp-uniform branch: the factor is
+    exactly 1 otherwise); P is rounded
     to f16 and O accumulated in f32.  At the end ``O / l`` is
     stored (f32, or rounded to f16) for rows below ``T``."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
@@ -312,21 +318,23 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
         mx = k.max(mx, k.shfl_xor(mx, 1))
         mx = k.max(mx, k.shfl_xor(mx, 2))
         vals.append(v)
-        m_new.append(k.max(m_run[r], mx))
-    # rescale O and l by 2^(m_run - m_new) only when some row's max grew
-    # (else the factor is exactly 1): after the first tiles of a long row
-    # most tiles skip the multiplies
+        # the max a row's probabilities are taken against moves only when
+        # the tile's passes it by more than RESCALE_SLACK (softmax does not
+        # depend on that choice; ex2 stays at most 2^RESCALE_SLACK)
+        m_new.append(k.select(mx > m_run[r] + RESCALE_SLACK, mx, m_run[r]))
+    # rescale O and l by 2^(m_run - m_new) only when some row's max moved
+    # (else the factor is exactly 1): past a row's first tile few do
     grow = k.por(m_new[0] > m_run[0], m_new[1] > m_run[1])
     with k.if_(k.vote_sync("any", grow)):
         for r in range(2):
-            alpha = k.ex2(m_run[r] - m_new[r])
+            alpha = k.ex2(m_run[r] - m_new[r], ftz=True)
             k.assign(l_run[r], k.mul(l_run[r], alpha, rnd="rn"))
             for acc in o_acc:
                 for e in range(2):
                     k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
     for r in range(2):
         k.assign(m_run[r], m_new[r])
-        pr = [k.ex2(x - m_new[r]) for x in vals[r]]
+        pr = [k.ex2(x - m_new[r], ftz=True) for x in vals[r]]
         psum = pr[0]
         for x in pr[1:]:
             psum = psum + x

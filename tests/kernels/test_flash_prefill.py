@@ -91,6 +91,29 @@ def test_layouts(backend, rng, d, n_kv, G, warps, heads, bn, stages, L, T, odt):
     assert np.all(np.isnan(out[T:])), "rows past T were written"
 
 
+def test_running_max_moves_past_the_slack(backend, rng):
+    """Scores that rise from key tile to key tile (16-key tiles): by about
+    5 (log2 units) where the kernel keeps its running max (probabilities
+    up to 2^5 enter P), by about 16 and 24 where it must move it and
+    rescale O and l (RESCALE_SLACK is 8)."""
+    from ptxgen.kernels.flash_prefill.kernel import RESCALE_SLACK
+    d, n_kv, G, L, T = 64, 1, 2, 40, 17
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T)
+    u = rng.standard_normal(d)
+    u /= np.linalg.norm(u)
+    q[:] = 3 * u + 0.3 * rng.standard_normal(q.shape)
+    rise = np.array([0.0, 5.0, 21.0, 45.0])[np.arange(L + T) // 16]   # log2 units a tile
+    b = rise / (3 / math.sqrt(d) / math.log(2))                   # q . k / sqrt(d) ~ 3 b / 8
+    kc[0] = (b[:, None] * u + 0.3 * rng.standard_normal((L + T, d))).astype(np.float16)
+    steps = np.diff(np.unique(rise))
+    assert steps.min() < RESCALE_SLACK < steps.max()
+    out = np.full(q.shape, np.nan, np.float32)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name, warps=2, heads=2, block_keys=16, stages=2)
+    err = rel_err(out, attention64(q, kc, vc, L, T))
+    assert err <= BOUND, err
+
+
 def test_tuned_config(backend, rng):
     """No config fields: the shipped table's choice for head_dim 128, group 4."""
     d, L, T = 128, 9, 6
