@@ -84,7 +84,6 @@ def build_prefill(m, plan):
     SB = plan.stage_bytes
     nthr = 32 * NW
     ot = f16 if plan.out_type == "f16" else f32
-    HBK = plan.config.help_back
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", f16, align=16)
@@ -191,9 +190,9 @@ def build_prefill(m, plan):
                 k.cp_async(Address(buf + dst, VOFF, "shared", u8), vc[src], 16, guard=guard)
 
         if tma:
-            bar0 = base + plan.ring_bytes        # one mbarrier a tile slot after the ring
+            bar0 = base + S * SB                 # one mbarrier a stage after the ring
             with k.if_(tid.eq(0)):
-                for s_ in range(plan.tiles_in_ring):
+                for s_ in range(S):
                     k.mbarrier_init(Address(bar0 + 8 * s_, 0, "shared", T.u64), 1)
                 k.fence_mbarrier_init()
             k.bar_sync(0)
@@ -218,8 +217,6 @@ def build_prefill(m, plan):
             def issue(buf, stage_idx, kb):
                 copy_rows(buf, kb)
 
-        if HBK:
-            return _build_pairs(k, plan, locals())
         for s_ in range(S - 1):
             with k.if_(ntiles > s_):
                 issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
@@ -355,158 +352,3 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
                 acc = o_acc[n + e]
                 for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):
                     k.assign(r_, x)
-
-
-def _build_pairs(k, plan, e):
-    """The ring and the walk with ``help_back``: key tiles in pairs (stage
-    ``s`` holds tiles ``2 i`` and ``2 i + 1`` in slots ``2 s`` and ``2 s +
-    1``).  The front warp of a pair (group ``p``) walks its own rows' tiles
-    ``0 .. tf``; past them it stores its rows, loads the back group's q and
-    takes the back rows' odd tiles up to theirs (``tb``), while the back
-    warp takes the rest; at the end the helper's (m, l, O) go through
-    shared memory and the back warp merges them before its store."""
-    BN, S, SB, d, KT, DT = e["BN"], e["S"], e["SB"], e["d"], e["KT"], e["DT"]
-    NT = e["NT"]
-    tma, issue, base, ntiles = e["tma"], e["issue"], e["base"], e["ntiles"]
-    L, Tn, NG, pw, wlive, lastk = e["L"], e["Tn"], e["NG"], e["pw"], e["wlive"], e["lastk"]
-    H, Hh, warp, lane = e["H"], e["Hh"], e["warp"], e["lane"]
-    j = warp // H                            # the warp's row group in the block
-    g, t, qh, nq, q, out = e["g"], e["t"], e["qh"], e["nq"], e["q"], e["out"]
-    m_run, l_run, o_acc, zero, ninf = e["m_run"], e["l_run"], e["o_acc"], e["zero"], e["ninf"]
-    k_addr, v_addr, ot = e["k_addr"], e["v_addr"], e["ot"]
-    for s_ in range(S - 1):
-        for hf in range(2):
-            i_ = 2 * s_ + hf
-            with k.if_(ntiles > i_):
-                issue(base + i_ * SB, i_, k.mov(i_ * BN, u32))
-        if not tma:
-            k.cp_async_commit()
-    c = k.mul(e["sm_scale"], LOG2E, rnd="rn")
-
-    def load_q(grp):
-        rows = [16 * grp + g, 16 * grp + g + 8]
-        qbase = [k.min(r, Tn - 1) * e["q_stride"] + qh * d + 2 * t for r in rows]
-        qa = []
-        for kt in range(KT):
-            for half in range(2):
-                for r in range(2):
-                    x0, x1 = k.ld(q[qbase[r] + 16 * kt + 8 * half], vec=2, nc=True)
-                    qa.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
-        return qa
-
-    gw = e["gw"]
-    cg = k.var(u32, gw)                      # the group whose rows the warp holds
-    qv = [k.var(b32, x) for x in load_q(gw)]
-    front = j < Hh
-    gb = NG - 1 - pw
-    lastpos = L + Tn - 1
-    tf = k.min(L + 16 * pw + 15, lastpos) // BN          # the front rows' last tile
-    tb = k.min(L + 16 * gb + 15, lastpos) // BN          # the back rows' last tile
-    back_live = k.select(2 * pw + 1 < NG, k.mov(1, u32), k.mov(0, u32))
-    switched = k.var(u32, 0)
-
-    def store(grp, live):
-        rows = [16 * grp + g, 16 * grp + g + 8]
-        for r in range(2):
-            lt = l_run[r] + k.shfl_xor(l_run[r], 1)
-            lt = lt + k.shfl_xor(lt, 2)
-            inv = k.div(1.0, lt, rnd="rn")
-            with k.if_(k.pand(rows[r] < Tn, live)):
-                obase = (rows[r] * nq + qh) * d + 2 * t
-                for n in range(DT):
-                    v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
-                    v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
-                    if ot is f16:
-                        v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
-                    k.st(out[obase + 8 * n], (v0, v1))
-
-    cur = k.var(u32, 0)                      # byte offset of this pair's stage
-    nxt = k.var(u32, (S - 1) * 2 * SB)       # of the stage S - 1 pairs ahead
-    cb = k.var(u32, 0)
-    nb = k.var(u32, S - 1)
-    phase = k.var(u32, 0)
-    npairs = (ntiles + 1) >> 1
-    bar0 = e.get("bar0")
-    with k.for_range(0, npairs) as ip:
-        k.cp_async_wait(0 if tma else S - 2)
-        k.bar_sync(0)
-        ahead = ip + (S - 1)
-        with k.if_(ahead < npairs):
-            for hf in range(2):
-                with k.if_(2 * ahead + hf < ntiles):
-                    issue(base + nxt + hf * SB, 2 * nb + hf, (2 * ahead + hf) * BN)
-        if not tma:
-            k.cp_async_commit()
-        with k.for_range(0, 2) as hf:
-            jt = 2 * ip + hf
-            kb = jt * BN
-            with k.if_(jt < ntiles):
-                if tma:
-                    with k.if_(kb + (BN - 1) <= lastk):
-                        k.mbarrier_wait(Address(bar0 + 8 * (2 * cb + hf), 0, "shared", T.u64),
-                                        phase)
-                # the front warp helps with an odd tile past its own that the back rows see
-                helps = back_live & (jt & 1) & k.select(jt > tf, k.mov(1, u32), k.mov(0, u32)) \
-                    & k.select(jt <= tb, k.mov(1, u32), k.mov(0, u32))
-                with k.if_(k.pand(front, k.pand(helps.eq(1), switched.eq(0)))):
-                    store(cg, wlive)             # its own rows are done
-                    k.assign(switched, 1)
-                    k.assign(cg, gb)
-                    for v, x in zip(qv, load_q(gb)):
-                        k.assign(v, x)
-                    for r in range(2):
-                        k.assign(m_run[r], NEG)
-                        k.assign(l_run[r], 0.0)
-                        for n in range(DT):
-                            for e_ in range(2):
-                                k.assign(o_acc[n][2 * r + e_], 0.0)
-                own = k.select(front, k.select(jt <= tf, k.mov(1, u32), k.mov(0, u32)),
-                               k.select(jt <= tb, k.mov(1, u32), k.mov(0, u32)) & (helps ^ 1))
-                with k.if_(k.pand(wlive, (own | k.select(front, helps, k.mov(0, u32))).eq(1))):
-                    off = cur + hf * SB
-                    ka = [a + off for a in k_addr]
-                    va = [a + off for a in v_addr]
-                    wpf = L + 16 * cg
-                    pos = [(wpf + g).bitcast(s32), (wpf + g + 8).bitcast(s32)]
-                    qa = [tuple(qv[4 * kt:4 * kt + 4]) for kt in range(KT)]
-                    with k.if_else(kb + (BN - 1) <= wpf) as (whole, part):
-                        with whole:
-                            _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
-                                  KT, NT, DT)
-                        with part:
-                            _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
-                                  KT, NT, DT)
-        last = cb.eq(S - 1)
-        k.assign(phase, k.select(last, phase ^ 1, phase))
-        k.assign(cb, k.select(last, k.mov(0, u32), cb + 1))
-        k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
-        k.assign(cur, k.select(cur.eq((S - 1) * 2 * SB), k.mov(0, u32), cur + 2 * SB))
-        k.assign(nxt, k.select(nxt.eq((S - 1) * 2 * SB), k.mov(0, u32), nxt + 2 * SB))
-    k.cp_async_wait(0)
-
-    # merge: the helper's (m, l, O) in its lanes' order, at slot warp (front
-    # warps); its back warp (warp + Hh H) holds the same rows' fragments
-    nval = 4 + 4 * DT
-    k.bar_sync(0)                                # the ring is free
-    helped = back_live & k.select(((tf + 1) | 1) <= tb, k.mov(1, u32), k.mov(0, u32))
-    slot = k.select(front, warp, warp - Hh * H)
-    mbase = base + (slot * (nval * 32) + lane) * 4
-    regs = [m_run[0], m_run[1], l_run[0], l_run[1]] + [o_acc[n][i] for n in range(DT)
-                                                       for i in range(4)]
-    with k.if_(k.pand(front, k.pand(wlive, switched.eq(1)))):
-        for i, x in enumerate(regs):
-            k.st(Address(mbase, 128 * i, "shared", f32), x)
-    k.bar_sync(0)
-    with k.if_(k.pand(j >= Hh, k.pand(wlive, helped.eq(1)))):
-        other = [k.ld(Address(mbase, 128 * i, "shared", f32)) for i in range(len(regs))]
-        for r in range(2):
-            mm = k.max(m_run[r], other[r])
-            a1 = k.ex2(m_run[r] - mm, ftz=True)
-            a2 = k.ex2(other[r] - mm, ftz=True)
-            k.assign(l_run[r], k.fma(l_run[r], a1, k.mul(other[2 + r], a2, rnd="rn")))
-            for n in range(DT):
-                for e_ in range(2):
-                    i = 4 + 4 * n + 2 * r + e_
-                    k.assign(regs[i], k.fma(regs[i], a1, k.mul(other[i], a2, rnd="rn")))
-    # the back warp's rows and the front warp's own rows (if it never switched)
-    store(cg, k.pand(wlive, k.por(j >= Hh, switched.eq(0))))

@@ -70,19 +70,12 @@ class FlashPrefillConfig:
     stages : {2, 3}
         K/V tiles in flight (a ``cp.async`` ring): tile ``i + stages - 1``
         is copied while tile ``i`` is computed.
-    help_back : bool
-        Tiles go in pairs, and a front row group's warp, once its own rows
-        are done, takes the odd tiles its pair's back group still needs
-        (its partial O merged through shared memory at the end), halving
-        the longest walk at small L; needs an even number of row groups a
-        block and twice the ring.
     """
 
     warps: int = attrs.field(default=8, validator=_one_of("warps", (1, 2, 4, 8)))
     heads: int = attrs.field(default=4, validator=_one_of("heads", (1, 2, 4, 8)))
     block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
     stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3)))
-    help_back: bool = attrs.field(default=False, converter=bool)
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillSpec))
@@ -113,9 +106,6 @@ class FlashPrefillPlan(PlanBase):
         if c.warps % c.heads:
             raise ValueError(f"heads={c.heads} must divide warps={c.warps} (each warp "
                              "takes 16 rows of one head)")
-        if c.help_back and (c.warps // c.heads) % 2:
-            raise ValueError(f"help_back needs an even number of row groups a block "
-                             f"(warps / heads = {c.warps // c.heads})")
 
     @property
     def block_rows(self) -> int:
@@ -132,29 +122,12 @@ class FlashPrefillPlan(PlanBase):
     def dynamic_shared(self) -> int:
         """Dynamic shared bytes a block needs: the ring and, where whole
         tiles come by TMA (sm_90), one mbarrier a stage."""
-        return self.ring_bytes + 8 * self.tiles_in_ring * has_bulk_copy(self.spec.target)
-
-    @property
-    def tiles_in_ring(self) -> int:
-        """K/V tile slots of the ring (``stages``, or pairs of them with
-        ``help_back``)."""
-        return self.config.stages * (2 if self.config.help_back else 1)
-
-    @property
-    def ring_bytes(self) -> int:
-        """Bytes before the mbarriers: the ring, or with ``help_back`` the
-        helpers' partial (m, l, O) if larger (written after the ring's
-        last use)."""
-        ring = self.tiles_in_ring * self.stage_bytes
-        if not self.config.help_back:
-            return ring
-        merge = (self.config.warps // 2) * (4 + self.spec.head_dim // 2) * 32 * 4
-        return max(ring, -(-merge // 1024) * 1024)
+        bars = 8 * self.config.stages if has_bulk_copy(self.spec.target) else 0
+        return self.config.stages * self.stage_bytes + bars
 
     @property
     def kernel_name(self) -> str:
         c = self.config
         return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
-                f"_bn{c.block_keys}_s{c.stages}" + ("_hb" if c.help_back else "")
-                + ("_o16" if self.out_type == "f16" else "")
+                f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
                 + ("_pdl" if self.pdl else ""))

@@ -91,33 +91,6 @@ def test_layouts(backend, rng, d, n_kv, G, warps, heads, bn, stages, L, T, odt):
     assert np.all(np.isnan(out[T:])), "rows past T were written"
 
 
-# help_back: (head_dim, group, warps, heads, block_keys, stages, L, T, out dtype):
-# one pair a block with an odd NG (a middle group alone: T = 40) and an even
-# one; two pairs a block; L > 0 where the front rows' last tile is the back
-# rows' first partial one; the shipped d128 layout; 3 stages of pairs
-HELP = [
-    (64, 2, 4, 2, 16, 2, 0, 40, np.float32),
-    (64, 2, 4, 2, 16, 2, 0, 64, np.float16),
-    (64, 1, 4, 1, 16, 3, 0, 90, np.float32),
-    (64, 2, 4, 2, 16, 2, 19, 30, np.float32),
-    (64, 1, 2, 1, 32, 2, 5, 64, np.float16),
-    (128, 4, 8, 4, 64, 2, 0, 70, np.float32),
-]
-
-
-@pytest.mark.parametrize("d,G,warps,heads,bn,stages,L,T,odt", HELP)
-def test_help_back(backend, rng, d, G, warps, heads, bn, stages, L, T, odt):
-    t_max = T + 3
-    q, kc, vc = _data(rng, 1, G, d, L, T, t_max, cap=L + T + 5)
-    out = np.full((t_max, G, d), np.nan, odt)
-    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
-                      backend=backend.name, warps=warps, heads=heads, block_keys=bn,
-                      stages=stages, help_back=True)
-    err = rel_err(out[:T], attention64(q, kc, vc, L, T))
-    assert err <= BOUND, err
-    assert np.all(np.isnan(out[T:])), "rows past T were written"
-
-
 def test_running_max_moves_past_the_slack(backend, rng):
     """Scores that rise from key tile to key tile (16-key tiles): by about
     5 (log2 units) where the kernel keeps its running max (probabilities
