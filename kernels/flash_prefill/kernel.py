@@ -18,7 +18,6 @@ LOG2E = 1.0 / math.log(2.0)
 #: this (log2 units): the probabilities are then at most 2^8 (f16 holds
 #: them), and O and l, relative to the same max, are rescaled on few tiles
 RESCALE_SLACK = 8.0
-OVERLAP = True
 
 
 def _pack_f16(k, a, b):
@@ -218,24 +217,6 @@ def build_prefill(m, plan):
             def issue(buf, stage_idx, kb):
                 copy_rows(buf, kb)
 
-        def store_all():
-            # O / l for the warp's rows below T
-            for r in range(2):
-                lt = l_run[r] + k.shfl_xor(l_run[r], 1)
-                lt = lt + k.shfl_xor(lt, 2)
-                inv = k.div(1.0, lt, rnd="rn")
-                ok = rows[r] < Tn
-                with k.if_(ok if wlive is None else k.pand(ok, wlive)):
-                    obase = (rows[r] * nq + qh) * d + 2 * t
-                    for n in range(DT):
-                        v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
-                        v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
-                        if ot is f16:
-                            v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
-                        k.st(out[obase + 8 * n], (v0, v1))
-
-        if OVERLAP and S >= 3:
-            return _build_overlap(k, plan, locals())
         for s_ in range(S - 1):
             with k.if_(ntiles > s_):
                 issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
@@ -291,19 +272,27 @@ def build_prefill(m, plan):
             k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
             k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
-        store_all()
+
+        for r in range(2):
+            lt = l_run[r] + k.shfl_xor(l_run[r], 1)
+            lt = lt + k.shfl_xor(lt, 2)
+            inv = k.div(1.0, lt, rnd="rn")
+            ok = rows[r] < Tn
+            with k.if_(ok if wlive is None else k.pand(ok, wlive)):
+                obase = (rows[r] * nq + qh) * d + 2 * t
+                for n in range(DT):
+                    v0 = k.mul(o_acc[n][2 * r], inv, rnd="rn")
+                    v1 = k.mul(o_acc[n][2 * r + 1], inv, rnd="rn")
+                    if ot is f16:
+                        v0, v1 = k.cvt(f16, v0, rnd="rn"), k.cvt(f16, v1, rnd="rn")
+                    k.st(out[obase + 8 * n], (v0, v1))
 
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
     """One key tile of one warp: scores, mask (where ``pos`` is given: the
     rows' positions), online softmax, ``O += P V``."""
-    s = _scores(k, plan, qa, k_addr, zero, KT, NT)
-    _softmax_pv(k, plan, s, kb, pos, m_run, l_run, o_acc, v_addr, ninf, NT, DT)
-
-
-def _scores(k, plan, qa, k_addr, zero, KT, NT):
-    """``S = Q K^T`` of one key tile: ``NT`` accumulator tuples (8 keys each)."""
     HB = plan.block_keys * 128
+    t = (k.tid.x & 31) & 3
     s = []
     for p in range(NT // 2):                     # 16 keys at a time
         acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
@@ -313,15 +302,6 @@ def _scores(k, plan, qa, k_addr, zero, KT, NT):
             for e in range(2):
                 acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
         s.extend(acc)
-    return s
-
-
-def _softmax_pv(k, plan, s, kb, pos, m_run, l_run, o_acc, v_addr, ninf, NT, DT):
-    """Mask (where ``pos`` is given), online softmax and ``O += P V`` of one
-    key tile's scores ``s``."""
-    HB = plan.block_keys * 128
-    t = (k.tid.x & 31) & 3
-    s = list(s)
     # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
     # (pos None: every key of the tile is seen by every row)
     lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
@@ -372,93 +352,3 @@ def _softmax_pv(k, plan, s, kb, pos, m_run, l_run, o_acc, v_addr, ninf, NT, DT):
                 acc = o_acc[n + e]
                 for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):
                     k.assign(r_, x)
-
-
-def _build_overlap(k, plan, e):
-    """The walk with tile ``i + 1``'s ``S = Q K^T`` issued beside tile ``i``'s
-    softmax (``stages`` >= 3: tiles ``i`` and ``i + 1`` are both in shared
-    memory while ``i + stages - 1`` is copied)."""
-    BN, S, SB, d, KT, NT, DT = e["BN"], e["S"], e["SB"], e["d"], e["KT"], e["NT"], e["DT"]
-    tma, issue, base, ntiles, lastk = e["tma"], e["issue"], e["base"], e["ntiles"], e["lastk"]
-    Tn, g, t, qh, q = e["Tn"], e["g"], e["t"], e["qh"], e["q"]
-    m_run, l_run, o_acc, zero, ninf = e["m_run"], e["l_run"], e["o_acc"], e["zero"], e["ninf"]
-    k_addr, v_addr, rows, pos, wlive = e["k_addr"], e["v_addr"], e["rows"], e["pos"], e["wlive"]
-    wpos_first, wpos_last, bar0 = e["wpos_first"], e["wpos_last"], e.get("bar0")
-    for s_ in range(S - 1):
-        with k.if_(ntiles > s_):
-            issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
-        if not tma:
-            k.cp_async_commit()
-    c = k.mul(e["sm_scale"], LOG2E, rnd="rn")
-    qbase = [k.min(r, Tn - 1) * e["q_stride"] + qh * d + 2 * t for r in rows]
-    qa = []
-    for kt in range(KT):
-        regs = []
-        for half in range(2):
-            for r in range(2):
-                x0, x1 = k.ld(q[qbase[r] + 16 * kt + 8 * half], vec=2, nc=True)
-                regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
-        qa.append(tuple(regs))
-
-    def live(kb):
-        return kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)
-
-    sv = [tuple(k.var(f32) for _ in range(4)) for _ in range(NT)]    # tile i's scores
-
-    def keep(s):
-        for dst, src in zip(sv, s):
-            for a, b in zip(dst, src):
-                k.assign(a, b)
-
-    # tile 0: landed, then its scores
-    k.cp_async_wait(0 if tma else S - 2)
-    if tma:
-        with k.if_(k.mov(BN - 1, u32) <= lastk):
-            k.mbarrier_wait(Address(bar0, 0, "shared", T.u64), k.mov(0, u32))
-    k.bar_sync(0)
-    with k.if_(live(k.mov(0, u32))):
-        keep(_scores(k, plan, qa, k_addr, zero, KT, NT))
-
-    cur = k.var(u32, 0)                  # byte offset of tile i's slot
-    c1 = k.var(u32, SB)                  # of tile i + 1's
-    nxt = k.var(u32, (S - 1) * SB)       # of tile i + S - 1's (tile i - 1's)
-    cb1 = k.var(u32, 1)                  # tile i + 1's slot index
-    nb = k.var(u32, S - 1)               # tile i + S - 1's
-    ph1 = k.var(u32, 0)                  # parity of tile i + 1's mbarrier phase
-    with k.for_range(0, ntiles) as it:
-        kb = it * BN
-        kb1 = kb + BN
-        # tile i + 1 landed; every warp is past tile i - 1, whose slot is free
-        k.cp_async_wait(0 if tma else S - 3)
-        if tma:
-            with k.if_(kb1 + (BN - 1) <= lastk):
-                k.mbarrier_wait(Address(bar0 + 8 * cb1, 0, "shared", T.u64), ph1)
-        k.bar_sync(0)
-        ahead = it + (S - 1)
-        with k.if_(ahead < ntiles):
-            issue(base + nxt, nb, ahead * BN)
-        if not tma:
-            k.cp_async_commit()
-        with k.if_(live(kb)):
-            va = [a + cur for a in v_addr]
-            nlive = k.pand(it + 1 < ntiles, kb1 <= wpos_last)
-            with k.if_else(k.pand(nlive, kb + (BN - 1) <= wpos_first)) as (both, other):
-                with both:
-                    # tile i + 1's scores beside tile i's softmax (no mask)
-                    s1 = _scores(k, plan, qa, [a + c1 for a in k_addr], zero, KT, NT)
-                    _softmax_pv(k, plan, sv, kb, None, m_run, l_run, o_acc, va, ninf, NT, DT)
-                    keep(s1)
-                with other:
-                    _softmax_pv(k, plan, sv, kb, pos, m_run, l_run, o_acc, va, ninf, NT, DT)
-                    with k.if_(nlive):
-                        keep(_scores(k, plan, qa, [a + c1 for a in k_addr], zero, KT, NT))
-        wrap1 = cb1.eq(S - 1)
-        k.assign(ph1, k.select(wrap1, ph1 ^ 1, ph1))
-        k.assign(cb1, k.select(wrap1, k.mov(0, u32), cb1 + 1))
-        k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
-        top = (S - 1) * SB
-        k.assign(cur, k.select(cur.eq(top), k.mov(0, u32), cur + SB))
-        k.assign(c1, k.select(c1.eq(top), k.mov(0, u32), c1 + SB))
-        k.assign(nxt, k.select(nxt.eq(top), k.mov(0, u32), nxt + SB))
-    k.cp_async_wait(0)
-    return e["store_all"]()
