@@ -98,6 +98,18 @@ class Lane:
     mt_n: int
 
 
+def thread_chunks(tid, threads, rows, per_row):
+    """``(guard, row, chunk)`` for each of the ``rows x per_row`` chunks of a
+    stage tile that thread ``tid`` copies, dealt round robin over
+    ``threads`` threads; ``guard`` (``index < rows per_row``) only on the
+    last round where some threads have none."""
+    total = rows * per_row
+    for i in range(math.ceil(total / threads)):
+        idx = tid + i * threads
+        guard = (idx < total) if (i + 1) * threads > total else None
+        yield guard, idx // per_row, idx % per_row
+
+
 class _XCopies:
     """The per-thread copy plan of a stage's X tile: for every 16-byte chunk
     the thread copies, one u32 offset fixed for the whole kernel (tokens
@@ -114,10 +126,7 @@ class _XCopies:
         per = 16 // plan.x_bytes          # f16: 8 values, cp.async; f32: 4 values, registers
         cx = c.bk // per
         self.x = []
-        for i in range(math.ceil(c.bn * cx / thr)):
-            idx = tid + i * thr
-            guard = (idx < c.bn * cx) if (i + 1) * thr > c.bn * cx else None
-            n, ch = idx // cx, idx % cx
+        for guard, n, ch in thread_chunks(tid, thr, c.bn, cx):
             tok = k.min(n0 + n, t - 1)
             dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
             self.x.append((guard, k.mad(tok, plan.k, ch * per), dst))
@@ -162,10 +171,7 @@ class WindowCopies:
         self.total = mrows * plan.row_bytes
         for n, dst0 in spans:
             chunks = []
-            for i in range(math.ceil(c.bm * n / thr)):
-                idx = tid + i * thr
-                guard = (idx < c.bm * n) if (i + 1) * thr > c.bm * n else None
-                r, ch = idx // n, idx % n
+            for guard, r, ch in thread_chunks(tid, thr, c.bm, n):
                 row = k.min(m0 + r, mrows - 1)
                 chunks.append((guard, k.mad(row, plan.row_bytes, ch * 16),
                                r * plan.w_pitch + (dst0 + ch * 16)))

@@ -37,7 +37,7 @@ import ptxgen
 from ptxgen.types import b32, f16, f16x2, f32, u8
 from ptxgen.values import Address
 
-from .kernel import build_gemm, nullctx, sh
+from .kernel import build_gemm, nullctx, sh, thread_chunks
 
 __all__ = ["FORMAT", "build_q4k"]
 
@@ -56,10 +56,7 @@ class _Copies:
         # weight chunks: per row the header (chunk 0) and bk/32 chunks of nibbles
         cw = 1 + c.bk // 32
         self.w = []
-        for i in range(math.ceil(c.bm * cw / thr)):
-            idx = tid + i * thr
-            guard = (idx < c.bm * cw) if (i + 1) * thr > c.bm * cw else None
-            r, ch = idx // cw, idx % cw
+        for guard, r, ch in thread_chunks(tid, thr, c.bm, cw):
             row = k.min(m0 + r, mrows - 1)
             is_q = k.setp("ne", ch, 0)
             # chunk ch >= 1 sits at 16 ch in the stage row and at 16 + 32 j0 +
@@ -158,9 +155,7 @@ class _Q4K:
 
     qtype = "Q4_K"
 
-    @staticmethod
-    def copies(k, plan, tid, w, m0, mrows):
-        return _Copies(k, plan, tid, w, m0, mrows)
+    copies = staticmethod(_Copies)
 
     decode_scales = staticmethod(_decode_scales)
     fragments = staticmethod(_fragments)

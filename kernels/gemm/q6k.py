@@ -167,9 +167,7 @@ class _Q6K:
 
     qtype = "Q6_K"
 
-    @staticmethod
-    def copies(k, plan, tid, w, m0, mrows):
-        return _Copies(k, plan, tid, w, m0, mrows)
+    copies = staticmethod(_Copies)
 
     decode_scales = staticmethod(_decode_scales)
     fragments = staticmethod(_fragments)

@@ -98,9 +98,7 @@ class _Q80:
 
     qtype = "Q8_0"
 
-    @staticmethod
-    def copies(k, plan, tid, w, m0, mrows):
-        return _Copies(k, plan, tid, w, m0, mrows)
+    copies = staticmethod(_Copies)
 
     @staticmethod
     def decode_scales(*a):
