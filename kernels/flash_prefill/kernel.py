@@ -235,11 +235,10 @@ def build_prefill(m, plan):
                     regs.append(_pack_f16(k, k.mul(x0, c, rnd="rn"), k.mul(x1, c, rnd="rn")))
             qa.append(tuple(regs))
 
-        cur = k.var(u32, 0)                  # byte offset of this tile's stage
-        nxt = k.var(u32, (S - 1) * SB)       # of the stage S - 1 tiles ahead
-        cb = k.var(u32, 0)                   # this tile's stage index
+        cb = k.var(u32, 0)                   # this tile's stage
         nb = k.var(u32, S - 1)               # ... and the one S - 1 tiles ahead
-        phase = k.var(u32, 0)                # parity of the mbarrier phase of cb
+        if tma:
+            phase = k.var(u32, 0)            # parity of the mbarrier phase of cb
         with k.for_range(0, ntiles) as it:
             # cp.async tiles: before sm_90 the ring's groups (one a tile); on
             # sm_90 only a block's last tile, whose group is waited for here
@@ -247,7 +246,7 @@ def build_prefill(m, plan):
             k.bar_sync(0)
             ahead = it + (S - 1)
             with k.if_(ahead < ntiles):
-                issue(base + nxt, nb, ahead * BN)
+                issue(base + nb * SB, nb, ahead * BN)
             if not tma:
                 k.cp_async_commit()
             kb = it * BN
@@ -255,6 +254,7 @@ def build_prefill(m, plan):
                 with k.if_(kb + (BN - 1) <= lastk):
                     k.mbarrier_wait(Address(bar0 + 8 * cb, 0, "shared", T.u64), phase)
             with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
+                cur = cb * SB
                 ka = [a + cur for a in k_addr]
                 va = [a + cur for a in v_addr]
                 # a tile whose last key the warp's first row sees needs no mask
@@ -266,11 +266,10 @@ def build_prefill(m, plan):
                         _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
                               KT, NT, DT)
             last = cb.eq(S - 1)
-            k.assign(phase, k.select(last, phase ^ 1, phase))
+            if tma:
+                k.assign(phase, k.select(last, phase ^ 1, phase))
             k.assign(cb, k.select(last, k.mov(0, u32), cb + 1))
             k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
-            k.assign(cur, k.select(cur.eq((S - 1) * SB), k.mov(0, u32), cur + SB))
-            k.assign(nxt, k.select(nxt.eq((S - 1) * SB), k.mov(0, u32), nxt + SB))
         k.cp_async_wait(0)
 
         for r in range(2):
