@@ -56,10 +56,13 @@ class _Branch:
 
 class ControlFlowMixin:
     @contextmanager
-    def if_(self, cond):
-        """Run the block only where ``cond`` holds: ``@!cond bra END``."""
+    def if_(self, cond, *, uniform=False):
+        """Run the block only where ``cond`` holds: ``@!cond bra END``.
+        ``uniform``: ``cond`` is the same in every thread of a warp (``bra.uni``;
+        ptxas then treats the block as non-divergent, which warpgroup MMA
+        needs to stay asynchronous)."""
         end = self._auto_label("endif")
-        self.bra(end, guard=_negate(cond))
+        self.bra(end, guard=_negate(cond), uni=uniform)
         self._open_blocks += 1
         try:
             yield
@@ -68,12 +71,13 @@ class ControlFlowMixin:
         self.place(end)
 
     @contextmanager
-    def if_else(self, cond):
+    def if_else(self, cond, *, uniform=False):
         """Two arms; use as ``with k.if_else(p) as (then, otherwise):`` and
-        enter ``then`` first, then ``otherwise``."""
+        enter ``then`` first, then ``otherwise``.  ``uniform`` as for
+        :meth:`if_`."""
         other = self._auto_label("else")
         end = self._auto_label("endif")
-        self.bra(other, guard=_negate(cond))
+        self.bra(other, guard=_negate(cond), uni=uniform)
         state = {"then": False}
 
         def then_done():

@@ -48,7 +48,8 @@ import numpy as np
 
 from ..abi import ArgPacker
 from . import alu, convert, memops, mma, tma, warpops, wgmma  # noqa: F401  (semantics)
-from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister, describe_op)
+from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister, WarpSyncError,
+                     describe_op)
 from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
 from .races import check_races
 
@@ -296,6 +297,20 @@ def _per_block(mask, geo):
     return np.count_nonzero(mask.reshape(geo.nblocks, geo.T), axis=1)
 
 
+def _check_uniform(op, st, geo, active, taken):
+    """``bra.uni`` promises the guard is the same in every active thread of
+    a warp: a warp whose active threads split is a :class:`WarpSyncError`."""
+    split = np.zeros(int(geo.warp.max()) + 1, np.int64)
+    np.add.at(split, geo.warp[active & taken], 1)
+    stay = np.zeros_like(split)
+    np.add.at(stay, geo.warp[active & ~taken], 1)
+    bad = np.flatnonzero((split > 0) & (stay > 0))
+    if bad.size:
+        lane = int(np.flatnonzero((geo.warp == bad[0]) & active & ~taken)[0])
+        raise _error(WarpSyncError, "bra.uni whose guard differs between the active threads "
+                     "of a warp (the branch is declared non-divergent)", op, st, geo, lane)
+
+
 def _run_batch(k, st, geo):
     ops = k.ops
     n = geo.n
@@ -374,6 +389,8 @@ def _run_batch(k, st, geo):
             elif nt == 0:
                 pc += 1
             else:
+                if op.extra == "uni":
+                    _check_uniform(op, st, geo, active, m)
                 prev = parked.get(op.target)
                 parked[op.target] = m if prev is None else prev | m
                 active = active & ~m

@@ -185,6 +185,7 @@ def _fence(stmt, ctx):
 def _bra(stmt, ctx):
     op = Op(kind=BRA)
     op.target = ctx.kt.labels[stmt.operands[0][1]]
+    op.extra = "uni" if "uni" in stmt.mods else None
     return finish_op(op, stmt, ctx, TABLE["bra"])
 
 

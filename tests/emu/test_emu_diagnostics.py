@@ -166,6 +166,33 @@ def test_shfl_with_a_lane_missing():
     assert ei.value.line in _line_of(text, "shfl.sync")
 
 
+def _uniform_branch(cond_of):
+    m = ptxgen.Module("sm_80")
+    with m.kernel("uni") as k:
+        x = k.param_ptr("x", u32)
+        t = k.tid.x
+        with k.if_(cond_of(t), uniform=True):
+            k.st(x[t], t + 1)
+    return m.to_ptx()
+
+
+def test_uniform_branch_that_diverges_is_caught():
+    """``if_(..., uniform=True)`` emits ``bra.uni``: a guard that differs
+    inside a warp is reported at the branch; one that differs only between
+    warps runs."""
+    text = _uniform_branch(lambda t: t < 48)          # warp 1 splits at lane 16
+    assert "bra.uni" in text
+    with pytest.raises(emu.WarpSyncError, match="bra.uni") as ei:
+        emu.launch(emu.Module.from_ptx(text)["uni"], 1, 64, emu.DeviceArray.zeros(64, np.uint32))
+    assert ei.value.line in _line_of(text, "bra.uni")
+    assert ei.value.thread[0] // 32 == 1
+    out = emu.DeviceArray.zeros(64, np.uint32)
+    emu.launch(emu.Module.from_ptx(_uniform_branch(lambda t: t < 32))["uni"], 1, 64, out)
+    want = np.arange(1, 65, dtype=np.uint32)
+    want[32:] = 0
+    np.testing.assert_array_equal(out.to_numpy(), want)
+
+
 def test_misaligned_access():
     text = """.version 7.8
 .target sm_80
