@@ -20,16 +20,17 @@ import time
 import numpy as np
 
 #: FlashPrefillConfig variants ``--sweep`` times (the first is the shipped
-#: choice for head_dim 128, group 4; kernels/tuning/flash_prefill.json)
+#: choice for head_dim 128, group 4 on sm_90a, the fourth elsewhere;
+#: kernels/tuning/flash_prefill.json)
 SWEEP = [
-    dict(warps=8, heads=4, block_keys=64, stages=2),
-    dict(warps=8, heads=4, block_keys=64, stages=3),
-    dict(warps=8, heads=4, block_keys=32, stages=3),
-    dict(warps=4, heads=4, block_keys=64, stages=2),
-    dict(warps=4, heads=4, block_keys=32, stages=3),
-    dict(warps=8, heads=2, block_keys=64, stages=2),
-    dict(warps=8, heads=1, block_keys=64, stages=2),
-    dict(warps=4, heads=1, block_keys=64, stages=2),
+    dict(warps=8, heads=4, block_keys=64, stages=3, kernel="wgmma"),
+    dict(warps=8, heads=4, block_keys=64, stages=4, kernel="wgmma"),
+    dict(warps=4, heads=4, block_keys=64, stages=3, kernel="wgmma"),
+    dict(warps=8, heads=4, block_keys=64, stages=2, kernel="mma"),
+    dict(warps=8, heads=4, block_keys=64, stages=3, kernel="mma"),
+    dict(warps=4, heads=4, block_keys=64, stages=2, kernel="mma"),
+    dict(warps=8, heads=2, block_keys=64, stages=2, kernel="mma"),
+    dict(warps=8, heads=1, block_keys=64, stages=2, kernel="mma"),
 ]
 
 

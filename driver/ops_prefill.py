@@ -11,6 +11,7 @@ from ptxgen.kernels import flash_prefill as _fp
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .ops_backend import op_args
+from .ops_gemm import gemm_target
 
 __all__ = ["flash_prefill", "flash_prefill_plan"]
 
@@ -18,11 +19,23 @@ __all__ = ["flash_prefill", "flash_prefill_plan"]
 def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, out_type="f32",
                        **config):
     """The plan (spec and tuned config, ``config`` fields replacing its own)
-    for ``target``; ``pdl`` defaults to on for sm_90 and newer."""
+    for ``target``; ``pdl`` defaults to on for sm_90 and newer.  On an sm_90
+    device the family is built for sm_90a (as the GEMM's, :func:`.gemm_target`),
+    so the tuning table can choose the warpgroup kernel there."""
+    target = gemm_target(target)
     spec = _fp.FlashPrefillSpec(head_dim=head_dim, group=group, target=target, out_type=out_type,
                                 pdl=has_griddepcontrol(target) if pdl is None else bool(pdl))
-    return _fp.plan(spec, device=device).evolve(**config) if config else \
-        _fp.plan(spec, device=device)
+    tuned = _fp.plan(spec, device=device)
+    if not config:
+        return tuned
+    if "kernel" not in config and tuned.config.kernel == "wgmma":
+        # fields that rule out the tuned warpgroup kernel (heads not a
+        # multiple of 4, 2 stages) get the mma.sync one instead
+        try:
+            return tuned.evolve(**config)
+        except ValueError:
+            return tuned.evolve(kernel="mma", **config)
+    return tuned.evolve(**config)
 
 
 def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=None,
@@ -51,7 +64,8 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
         The most rows a launch covers (the grid); default ``T_max``.
     **config
         FlashPrefillConfig fields (``warps``, ``heads``,
-        ``block_keys``, ``stages``).
+        ``block_keys``, ``stages``, ``kernel``); where they rule out the
+        tuned warpgroup kernel and name no ``kernel``, the mma.sync one.
 
     Returns
     -------

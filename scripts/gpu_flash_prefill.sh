@@ -16,7 +16,7 @@ if command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (flash_prefill, cuda cases)"
   for tool in memcheck racecheck; do
     timeout 200 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
-      -o addopts="" tests/kernels/test_flash_prefill.py -k "cuda and (layouts or tuned or 40-17 or slack)" \
+      -o addopts="" tests/kernels/test_flash_prefill.py -k "cuda and (layouts or warpgroup or tuned or 40-17 or slack)" \
       > "$OUT/sanitizer_flash_prefill_$tool.log" 2>&1
     echo "$tool rc=$?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed" "$OUT/sanitizer_flash_prefill_$tool.log" | tail -3
   done

@@ -15,6 +15,10 @@ Layout
     L + T - 1``) must already be in the cache: the RoPE/KV-append launch
     before writes them.
 
+Two kernel bodies (``FlashPrefillConfig.kernel``): ``mma.sync`` per warp
+(sm_80+), and on sm_90a warpgroup ``wgmma`` with one tile's ``P V`` running
+beside the next tile's softmax.
+
 Accuracy: q and the probabilities are rounded to f16 (K and V are f16 as
 stored) with f32 accumulation, so the output is within about 2e-3 of
 float64 attention relative to the largest output value (tests: 5e-3).
@@ -88,6 +92,10 @@ CANONICAL = {
     "flash_prefill_d64": FlashPrefillPlan.make(head_dim=64, group=1, heads=1, warps=2,
                                                block_keys=32, stages=3),
     "flash_prefill_o16": FlashPrefillPlan.make(out_type="f16"),
+    # the warpgroup kernel as the table picks it on an H100 (sm_90a, f16 out
+    # for the next GEMM, PDL)
+    "flash_prefill_wg": FlashPrefillPlan.make(out_type="f16", target="sm_90a", pdl=True,
+                                              kernel="wgmma", stages=3),
 }
 
 registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ptxgen import types as T
-from ptxgen.types import b32, f16, f32, s32, u8, u32
+from ptxgen.types import b32, b64, f16, f32, s32, u8, u32
 from ptxgen.values import Address
 
 from ..spec_fields import has_bulk_copy, pdl_prologue
@@ -84,6 +84,7 @@ def build_prefill(m, plan):
     SB = plan.stage_bytes
     nthr = 32 * NW
     ot = f16 if plan.out_type == "f16" else f32
+    wg = plan.config.kernel == "wgmma"
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
         q = k.param_ptr("q", f32, align=16)
         kc = k.param_ptr("k_cache", f16, align=16)
@@ -163,10 +164,23 @@ def build_prefill(m, plan):
         # 8 (mi & 1) (chunk 2 (kt % 4) + (mi & 1) of half kt // 4); V (B of
         # O, transposed): keys 16p + 8 (mi & 1) + rr, dims 8 (n + (mi >> 1))
         # (chunk n % 8 + (mi >> 1) of half n // 8).  Per chunk pair j (0..3):
-        k_rows = base + (8 * (mi >> 1) + rr) * 128
-        v_rows = base + (VOFF + (8 * (mi & 1) + rr) * 128)
-        k_addr = [k_rows + (((mi & 1) + 2 * j) ^ rr) * 16 for j in range(4)]
-        v_addr = [v_rows + (((mi >> 1) + 2 * j) ^ rr) * 16 for j in range(4)]
+        if wg:
+            # descriptor bits above the start address (smem_layout): 128B
+            # swizzle, 8-key groups 1024 bytes apart (SBO); K's LBO unused
+            # (K-major, a k-step inside the 128-byte row), V's the 64-dim halves
+            k_hi = (16 >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+            v_hi = (HB >> 4) << 16 | (1024 >> 4) << 32 | 1 << 62
+            s_acc = k.wgmma_acc(BN)
+
+            def desc_of(stage):
+                """The K and V descriptors of the tile in ``stage``."""
+                kd = k.cvt(T.u64, (base + stage * SB) >> 4)
+                return kd | k_hi, (kd + (VOFF >> 4)) | v_hi
+        else:
+            k_rows = base + (8 * (mi >> 1) + rr) * 128
+            v_rows = base + (VOFF + (8 * (mi & 1) + rr) * 128)
+            k_addr = [k_rows + (((mi & 1) + 2 * j) ^ rr) * 16 for j in range(4)]
+            v_addr = [v_rows + (((mi >> 1) + 2 * j) ^ rr) * 16 for j in range(4)]
 
         # the thread's 16-byte chunks of a tile by cp.async (every tile
         # before sm_90, a block's last, partial tile on sm_90): (key row,
@@ -217,7 +231,10 @@ def build_prefill(m, plan):
             def issue(buf, stage_idx, kb):
                 copy_rows(buf, kb)
 
-        for s_ in range(S - 1):
+        # the walk keeps S - 1 tiles ahead (the wgmma walk S - 2: tile i - 1's
+        # V is still read while tile i's scores are computed)
+        lead = S - 2 if wg else S - 1
+        for s_ in range(lead):
             with k.if_(ntiles > s_):
                 issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
             if not tma:
@@ -236,15 +253,23 @@ def build_prefill(m, plan):
             qa.append(tuple(regs))
 
         cb = k.var(u32, 0)                   # this tile's stage
-        nb = k.var(u32, S - 1)               # ... and the one S - 1 tiles ahead
+        nb = k.var(u32, lead)                # ... and the one ``lead`` tiles ahead
         if tma:
             phase = k.var(u32, 0)            # parity of the mbarrier phase of cb
+        if wg:
+            pb = k.var(u32, 0)               # the stage of the tile before
+            # P of the tile before (f16 pairs in the A layout), for its P V
+            p_prev = [tuple(k.var(b32, 0) for _ in range(4)) for _ in range(NT // 2)]
         with k.for_range(0, ntiles) as it:
             # cp.async tiles: before sm_90 the ring's groups (one a tile); on
             # sm_90 only a block's last tile, whose group is waited for here
             k.cp_async_wait(0 if tma else S - 2)
+            if wg:
+                # the cp.async rows of a partial tile before wgmma reads them
+                # (the async proxy)
+                k.fence_proxy_async()
             k.bar_sync(0)
-            ahead = it + (S - 1)
+            ahead = it + lead
             with k.if_(ahead < ntiles):
                 issue(base + nb * SB, nb, ahead * BN)
             if not tma:
@@ -253,23 +278,61 @@ def build_prefill(m, plan):
             if tma:
                 with k.if_(kb + (BN - 1) <= lastk):
                     k.mbarrier_wait(Address(bar0 + 8 * cb, 0, "shared", T.u64), phase)
-            with k.if_(kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)):
-                cur = cb * SB
-                ka = [a + cur for a in k_addr]
-                va = [a + cur for a in v_addr]
-                # a tile whose last key the warp's first row sees needs no mask
-                with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
-                    with whole:
-                        _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, ka, va, zero, ninf,
-                              KT, NT, DT)
-                    with part:
-                        _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, ka, va, zero, ninf,
-                              KT, NT, DT)
+            live = kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)
+            if wg:
+                # tile i's S = Q K^T, then tile i - 1's O += P V, which runs
+                # while tile i's softmax is computed (the branches are
+                # warp-uniform, so ptxas keeps the wgmma asynchronous)
+                with k.if_else(live, uniform=True) as (on, off):
+                    with on:
+                        wgm = _WarpgroupMma(k, plan, desc_of(cb), s_acc, o_acc)
+                        wgm.issue_scores(qa)
+                        k.wgmma_commit()
+                        # tiles are live from 0 on, so the tile before was
+                        # too; at tile 0 P is still 0 (V: tile 0's, landed),
+                        # as a conditional wgmma here would be serialized
+                        _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).issue_pv(p_prev)
+                        k.wgmma_commit()
+                        k.wgmma_wait(1)                         # S is in; P V may run on
+                        s_ = wgm.score_tiles()
+                        with k.if_else(kb + (BN - 1) <= wpos_first, uniform=True) as (whole, part):
+                            for br, ps in ((whole, None), (part, pos)):
+                                with br:
+                                    _softmax_deferred(k, plan, kb, list(s_), ps, m_run, l_run,
+                                                      o_acc, p_prev, ninf)
+                    with off:
+                        # the tile before was the warpgroup's last: its P V
+                        seen = kb - BN <= wpos_last
+                        with k.if_(k.pand(it > 0, seen if wlive is None else k.pand(seen, wlive)),
+                                   uniform=True):
+                            _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).issue_pv(p_prev)
+                            k.wgmma_commit()
+                            k.wgmma_wait(0)
+                k.assign(pb, cb)
+            else:
+                with k.if_(live):
+                    cur = cb * SB
+                    mma = _SyncMma(k, plan, [a + cur for a in k_addr],
+                                   [a + cur for a in v_addr], zero)
+                    # a tile whose last key the warp's first row sees needs no mask
+                    with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
+                        with whole:
+                            _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, mma, ninf)
+                        with part:
+                            _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, mma, ninf)
             last = cb.eq(S - 1)
             if tma:
                 k.assign(phase, k.select(last, phase ^ 1, phase))
             k.assign(cb, k.select(last, k.mov(0, u32), cb + 1))
             k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
+        if wg:
+            # the last tile's P V
+            seen = (ntiles - 1) * BN <= wpos_last
+            with k.if_(k.pand(ntiles > 0, seen if wlive is None else k.pand(seen, wlive)),
+                       uniform=True):
+                _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).issue_pv(p_prev)
+                k.wgmma_commit()
+                k.wgmma_wait(0)
         k.cp_async_wait(0)
 
         for r in range(2):
@@ -287,20 +350,120 @@ def build_prefill(m, plan):
                     k.st(out[obase + 8 * n], (v0, v1))
 
 
-def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf, KT, NT, DT):
+class _SyncMma:
+    """``mma.sync`` on ``ldmatrix`` fragments: each warp its own 16 rows."""
+
+    def __init__(self, k, plan, k_addr, v_addr, zero):
+        self.k, self.HB, self.zero = k, plan.block_keys * 128, zero
+        self.k_addr, self.v_addr = k_addr, v_addr
+        self.KT, self.NT, self.DT = plan.head_dim // 16, plan.block_keys // 8, plan.head_dim // 8
+
+    def scores(self, qa):
+        """S = Q K^T for the tile: NT n-tiles of 4 f32 (the mma C layout)."""
+        k, z, HB = self.k, self.zero, self.HB
+        s = []
+        for p in range(self.NT // 2):                # 16 keys at a time
+            acc = [(z, z, z, z), (z, z, z, z)]
+            for kt in range(self.KT):
+                b = k.ldmatrix(Address(self.k_addr[kt % 4], (kt // 4) * HB + 16 * p * 128,
+                                       "shared", T.b16), 4)
+                for e in range(2):
+                    acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
+            s.extend(acc)
+        return s
+
+    def accumulate(self, pack, o_acc):
+        """O += P V; ``pack(p)``: P's A fragment of keys 16 p .. 16 p + 15."""
+        k, HB = self.k, self.HB
+        for p in range(self.NT // 2):
+            a = pack(p)
+            for n in range(0, self.DT, 2):
+                b = k.ldmatrix(Address(self.v_addr[(n % 8) // 2], (n // 8) * HB + 16 * p * 128,
+                                       "shared", T.b16), 4, trans=True)
+                for e in range(2):
+                    acc = o_acc[n + e]
+                    for r_, x in zip(acc, k.mma_m16n8k16(a, b[2 * e:2 * e + 2], tuple(acc))):
+                        k.assign(r_, x)
+
+
+class _WarpgroupMma:
+    """``wgmma.mma_async`` of the warpgroup's 64 rows (4 heads x 16 rows):
+    A (q, then P) from registers in the ``mma.sync`` A layout, B from the
+    stage through matrix descriptors (128B swizzle, 8-row groups 1024 bytes
+    apart).  K is B K-major (a key's dims contiguous): k-step ``kt`` starts
+    ``kt % 4`` 32-byte steps into half ``kt // 4``.  V is B MN-major (dims
+    contiguous): k-step ``p`` (keys 16 p ..) starts ``2048 p`` bytes in, the
+    second 64 dims ``HB`` further (LBO).  The accumulators' layout is
+    ``mma.sync``'s C, n-tile ``j`` in registers ``4 j .. 4 j + 3``.  The
+    caller commits and waits (the walk overlaps one tile's P V with the
+    next one's scores and softmax)."""
+
+    def __init__(self, k, plan, descs, s_acc, o_acc):
+        self.k, (self.kdesc, self.vdesc), self.s_acc = k, descs, s_acc
+        self.o_flat = tuple(r for acc in o_acc for r in acc)
+        self.HB16 = plan.block_keys * 128 >> 4
+        self.KT, self.NT = plan.head_dim // 16, plan.block_keys // 8
+
+    def issue_scores(self, qa):
+        """S = Q K^T into the score accumulators (not committed)."""
+        k = self.k
+        k.wgmma_fence()
+        for kt in range(self.KT):
+            step = (kt // 4) * self.HB16 + 2 * (kt % 4)
+            d = self.kdesc + step if step else self.kdesc
+            k.wgmma(self.s_acc, qa[kt], d.bitcast(b64), scale_d=kt > 0)
+
+    def score_tiles(self):
+        """The scores as ``mma.sync`` C n-tiles (after the wait)."""
+        return [tuple(self.s_acc[4 * j:4 * j + 4]) for j in range(self.NT)]
+
+    def issue_pv(self, pa):
+        """O += P V, ``pa[p]``: P's A fragment of keys 16 p .. 16 p + 15 (not
+        committed)."""
+        k = self.k
+        k.wgmma_fence()
+        for p, a in enumerate(pa):
+            d = self.vdesc + 128 * p if p else self.vdesc
+            k.wgmma(self.o_flat, a, d.bitcast(b64), trans_b=True)
+
+
+def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, mma, ninf):
     """One key tile of one warp: scores, mask (where ``pos`` is given: the
-    rows' positions), online softmax, ``O += P V``."""
-    HB = plan.block_keys * 128
+    rows' positions), online softmax, ``O += P V`` (``mma``: a
+    :class:`_SyncMma`)."""
+    NT = plan.block_keys // 8
     t = (k.tid.x & 31) & 3
-    s = []
-    for p in range(NT // 2):                     # 16 keys at a time
-        acc = [(zero, zero, zero, zero), (zero, zero, zero, zero)]
-        for kt in range(KT):
-            b = k.ldmatrix(Address(k_addr[kt % 4], (kt // 4) * HB + 16 * p * 128, "shared",
-                                   T.b16), 4)
-            for e in range(2):
-                acc[e] = k.mma_m16n8k16(qa[kt], b[2 * e:2 * e + 2], acc[e])
-        s.extend(acc)
+    s = _softmax(k, plan, kb, t, mma.scores(qa), pos, m_run, l_run, o_acc, ninf)
+    mma.accumulate(lambda p: _p_fragment(k, s, p), o_acc)
+
+
+def _p_fragment(k, s, p):
+    """P's A fragment of keys 16 p .. 16 p + 15 in f16, from the n-tiles
+    ``s`` (probabilities in the C layout)."""
+    return (_pack_f16(k, s[2 * p][0], s[2 * p][1]), _pack_f16(k, s[2 * p][2], s[2 * p][3]),
+            _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
+            _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
+
+
+def _softmax_deferred(k, plan, kb, s, pos, m_run, l_run, o_acc, p_prev, ninf):
+    """The wgmma walk's softmax of one tile while the tile before's ``P V``
+    may still run: P (into ``p_prev``, for the next iteration's ``P V``)
+    and its sums first, then the wait, then O's rescale."""
+    t = (k.tid.x & 31) & 3
+    s = _softmax(k, plan, kb, t, s, pos, m_run, l_run, o_acc, ninf, wait=lambda: k.wgmma_wait(0))
+    for p, regs in enumerate(p_prev):
+        for r_, v in zip(regs, _p_fragment(k, s, p)):
+            k.assign(r_, v)
+
+
+def _softmax(k, plan, kb, t, s, pos, m_run, l_run, o_acc, ninf, wait=None):
+    """Mask the tile's scores ``s`` (where ``pos`` is given; ``t``: the
+    lane's column pair in an n-tile), move the rows'
+    running max, rescale ``l`` and ``O``, add the tile's sums; returns
+    ``s`` with the probabilities in place of the scores.  With ``wait``
+    (the wgmma walk, O still being written) the probabilities and their
+    sums come first, then ``wait()``, then the rescale."""
+    NT = plan.block_keys // 8
     # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
     # (pos None: every key of the tile is seen by every row)
     lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
@@ -324,30 +487,37 @@ def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, k_addr, v_addr, zero, ninf,
     # rescale O and l by 2^(m_run - m_new) only when some row's max moved
     # (else the factor is exactly 1): past a row's first tile few do
     grow = k.por(m_new[0] > m_run[0], m_new[1] > m_run[1])
-    with k.if_(k.vote_sync("any", grow)):
-        for r in range(2):
-            alpha = k.ex2(m_run[r] - m_new[r], ftz=True)
-            k.assign(l_run[r], k.mul(l_run[r], alpha, rnd="rn"))
-            for acc in o_acc:
-                for e in range(2):
-                    k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
-    for r in range(2):
-        k.assign(m_run[r], m_new[r])
+
+    def rescale():
+        # (the vote makes the branch warp-uniform; said so on the wgmma walk,
+        # where ptxas otherwise serializes the warpgroup MMAs around it)
+        with k.if_(k.vote_sync("any", grow), uniform=wait is not None):
+            for r in range(2):
+                alpha = k.ex2(m_run[r] - m_new[r], ftz=True)
+                k.assign(l_run[r], k.mul(l_run[r], alpha, rnd="rn"))
+                for acc in o_acc:
+                    for e in range(2):
+                        k.assign(acc[2 * r + e], k.mul(acc[2 * r + e], alpha, rnd="rn"))
+
+    def probabilities(r):
         pr = [k.ex2(x - m_new[r], ftz=True) for x in vals[r]]
         psum = pr[0]
         for x in pr[1:]:
             psum = psum + x
-        k.assign(l_run[r], l_run[r] + psum)
         for j in range(NT):
             s[j] = tuple(s[j][:2 * r]) + (pr[2 * j], pr[2 * j + 1]) + tuple(s[j][2 * r + 2:])
-    for p in range(NT // 2):
-        pa = (_pack_f16(k, s[2 * p][0], s[2 * p][1]), _pack_f16(k, s[2 * p][2], s[2 * p][3]),
-              _pack_f16(k, s[2 * p + 1][0], s[2 * p + 1][1]),
-              _pack_f16(k, s[2 * p + 1][2], s[2 * p + 1][3]))
-        for n in range(0, DT, 2):
-            b = k.ldmatrix(Address(v_addr[(n % 8) // 2], (n // 8) * HB + 16 * p * 128,
-                                   "shared", T.b16), 4, trans=True)
-            for e in range(2):
-                acc = o_acc[n + e]
-                for r_, x in zip(acc, k.mma_m16n8k16(pa, b[2 * e:2 * e + 2], tuple(acc))):
-                    k.assign(r_, x)
+        return psum
+
+    if wait is None:
+        rescale()
+        for r in range(2):
+            k.assign(m_run[r], m_new[r])
+            k.assign(l_run[r], l_run[r] + probabilities(r))
+        return s
+    sums = [probabilities(r) for r in range(2)]
+    wait()
+    rescale()
+    for r in range(2):
+        k.assign(m_run[r], m_new[r])
+        k.assign(l_run[r], l_run[r] + sums[r])
+    return s

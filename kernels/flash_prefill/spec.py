@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import attrs
 
+from ptxgen.target import TARGETS
+
 from ..plan import PlanBase
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 
@@ -67,15 +69,23 @@ class FlashPrefillConfig:
         (``block_rows``).
     block_keys : {16, 32, 64}
         Keys per shared-memory tile (K and V, rows padded by 8 halves).
-    stages : {2, 3}
-        K/V tiles in flight (a ``cp.async`` ring): tile ``i + stages - 1``
-        is copied while tile ``i`` is computed.
+    stages : {2, 3, 4}
+        K/V tiles in the ring: tile ``i + stages - 1`` is copied while tile
+        ``i`` is computed (``wgmma``: tile ``i + stages - 2``, the tile
+        before's V being still in use; at least 3).
+    kernel : {"mma", "wgmma"}
+        ``mma``: each warp multiplies its 16 rows with ``mma.sync`` on
+        ``ldmatrix`` fragments (sm_80+).  ``wgmma``: each warpgroup (4
+        warps: 4 heads of one 16-row group, so ``heads`` must be a multiple
+        of 4) multiplies with ``wgmma.mma_async``, K and V read from the
+        shared tiles through matrix descriptors (sm_90a).
     """
 
     warps: int = attrs.field(default=8, validator=_one_of("warps", (1, 2, 4, 8)))
     heads: int = attrs.field(default=4, validator=_one_of("heads", (1, 2, 4, 8)))
     block_keys: int = attrs.field(default=64, validator=_one_of("block_keys", (16, 32, 64)))
-    stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3)))
+    stages: int = attrs.field(default=2, validator=_one_of("stages", (2, 3, 4)))
+    kernel: str = attrs.field(default="mma", validator=_one_of("kernel", ("mma", "wgmma")))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(FlashPrefillSpec))
@@ -106,6 +116,17 @@ class FlashPrefillPlan(PlanBase):
         if c.warps % c.heads:
             raise ValueError(f"heads={c.heads} must divide warps={c.warps} (each warp "
                              "takes 16 rows of one head)")
+        if c.kernel == "wgmma":
+            t = TARGETS[self.spec.target]
+            if not t.arch_specific or t.sm != 90:
+                raise ValueError(f"kernel='wgmma' needs target sm_90a (wgmma is "
+                                 f"arch-specific), got {self.spec.target}")
+            if c.stages < 3:
+                raise ValueError(f"kernel='wgmma' needs stages >= 3 (one tile's P V runs "
+                                 f"beside the next one's scores), got stages={c.stages}")
+            if c.heads % 4:
+                raise ValueError(f"kernel='wgmma' needs heads a multiple of 4 (a warpgroup's "
+                                 f"4 warps share one 16-row group), got heads={c.heads}")
 
     @property
     def block_rows(self) -> int:
@@ -130,4 +151,4 @@ class FlashPrefillPlan(PlanBase):
         c = self.config
         return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
                 f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
-                + ("_pdl" if self.pdl else ""))
+                + ("_wg" if c.kernel == "wgmma" else "") + ("_pdl" if self.pdl else ""))

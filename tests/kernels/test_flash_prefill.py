@@ -91,6 +91,50 @@ def test_layouts(backend, rng, d, n_kv, G, warps, heads, bn, stages, L, T, odt):
     assert np.all(np.isnan(out[T:])), "rows past T were written"
 
 
+# the warpgroup (wgmma) kernel, sm_90a: heads 4 and 8, both head dims, 3 and
+# 4 stages, tiles of 16/32/64 keys, L = 0 with many tiles (the walk's last
+# P V after the loop), one and two warpgroups a block
+WG_LAYOUTS = [
+    (64, 1, 4, 4, 4, 32, 3, 37, 19, np.float16),
+    (64, 1, 8, 8, 4, 16, 3, 5, 9, np.float32),
+    (64, 1, 8, 8, 8, 64, 3, 3, 30, np.float32),
+    (128, 1, 4, 8, 4, 64, 4, 0, 40, np.float32),
+    (128, 2, 4, 4, 4, 64, 3, 0, 130, np.float16),
+    (128, 1, 4, 8, 4, 16, 4, 70, 33, np.float32),
+]
+
+
+@pytest.mark.parametrize("d,n_kv,G,warps,heads,bn,stages,L,T,odt", WG_LAYOUTS)
+def test_warpgroup_kernel(backend, rng, d, n_kv, G, warps, heads, bn, stages, L, T, odt):
+    backend.require_sm(90)
+    t_max = T + 3
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + T + 5)
+    out = np.full((t_max, n_kv * G, d), np.nan, odt)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name, warps=warps, heads=heads, block_keys=bn,
+                      stages=stages, kernel="wgmma")
+    err = rel_err(out[:T], attention64(q, kc, vc, L, T))
+    assert err <= BOUND, err
+    assert np.all(np.isnan(out[T:])), "rows past T were written"
+
+
+def test_warpgroup_kernel_config_is_checked():
+    with pytest.raises(ValueError, match="needs target sm_90a"):
+        FP.FlashPrefillPlan.make(kernel="wgmma", target="sm_90", stages=3)
+    with pytest.raises(ValueError, match="heads a multiple of 4"):
+        FP.FlashPrefillPlan.make(kernel="wgmma", target="sm_90a", stages=3, group=2, heads=2)
+    with pytest.raises(ValueError, match="stages >= 3"):
+        FP.FlashPrefillPlan.make(kernel="wgmma", target="sm_90a", stages=2)
+    # the table's sm_90a choice, and the mma.sync kernel where the caller's
+    # fields rule the warpgroup one out
+    from ptxgen.driver.ops_prefill import flash_prefill_plan
+    assert flash_prefill_plan(128, 4, target="sm_90").config.kernel == "wgmma"
+    assert flash_prefill_plan(128, 4, target="sm_90", heads=2).config.kernel == "mma"
+    assert flash_prefill_plan(128, 4, target="sm_80").config.kernel == "mma"
+    with pytest.raises(ValueError, match="stages >= 3"):
+        flash_prefill_plan(128, 4, target="sm_90", stages=2, kernel="wgmma")
+
+
 def test_running_max_moves_past_the_slack(backend, rng):
     """Scores that rise from key tile to key tile (16-key tiles): by about
     5 (log2 units) where the kernel keeps its running max (probabilities
