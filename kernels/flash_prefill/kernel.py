@@ -266,8 +266,11 @@ def build_prefill(m, plan):
             k.cp_async_wait(0 if tma else S - 2)
             if wg:
                 # the cp.async rows of a partial tile before wgmma reads them
-                # (the async proxy)
-                k.fence_proxy_async()
+                # (the async proxy); only the last tile can be one, issued
+                # ``lead`` iterations ahead (the fence on every tile cost 2%
+                # at L = 4096)
+                with k.if_(it + lead >= ntiles, uniform=True):
+                    k.fence_proxy_async()
             k.bar_sync(0)
             ahead = it + lead
             with k.if_(ahead < ntiles):
