@@ -146,6 +146,11 @@ def build_prefill(m, plan):
         wpos_first = L + wrow                    # its first row's position
         wpos_last = wpos_first + 15              # its last row's position
         rows = [wrow + g, wrow + g + 8]
+
+        def sees(key):
+            """Whether the warp's rows see ``key`` (and it has rows at all)."""
+            seen = key <= wpos_last
+            return seen if wlive is None else k.pand(seen, wlive)
         pos = [(L + r).bitcast(s32) for r in rows]
 
         m_run = [k.var(f32, NEG), k.var(f32, NEG)]
@@ -281,11 +286,11 @@ def build_prefill(m, plan):
             if tma:
                 with k.if_(kb + (BN - 1) <= lastk):
                     k.mbarrier_wait(Address(bar0 + 8 * cb, 0, "shared", T.u64), phase)
-            live = kb <= wpos_last if wlive is None else k.pand(kb <= wpos_last, wlive)
+            live = sees(kb)
             if wg:
                 # tile i's S = Q K^T, then tile i - 1's O += P V, which runs
                 # while tile i's softmax is computed (the branches are
-                # warp-uniform, so ptxas keeps the wgmma asynchronous)
+                # warp-uniform: bra.uni spares ptxas's reconvergence code)
                 with k.if_else(live, uniform=True) as (on, off):
                     with on:
                         wgm = _WarpgroupMma(k, plan, desc_of(cb), s_acc, o_acc)
@@ -305,12 +310,8 @@ def build_prefill(m, plan):
                                                       o_acc, p_prev, ninf)
                     with off:
                         # the tile before was the warpgroup's last: its P V
-                        seen = kb - BN <= wpos_last
-                        with k.if_(k.pand(it > 0, seen if wlive is None else k.pand(seen, wlive)),
-                                   uniform=True):
-                            _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).issue_pv(p_prev)
-                            k.wgmma_commit()
-                            k.wgmma_wait(0)
+                        with k.if_(k.pand(it > 0, sees(kb - BN)), uniform=True):
+                            _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).last_pv(p_prev)
                 k.assign(pb, cb)
             else:
                 with k.if_(live):
@@ -330,12 +331,8 @@ def build_prefill(m, plan):
             k.assign(nb, k.select(nb.eq(S - 1), k.mov(0, u32), nb + 1))
         if wg:
             # the last tile's P V
-            seen = (ntiles - 1) * BN <= wpos_last
-            with k.if_(k.pand(ntiles > 0, seen if wlive is None else k.pand(seen, wlive)),
-                       uniform=True):
-                _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).issue_pv(p_prev)
-                k.wgmma_commit()
-                k.wgmma_wait(0)
+            with k.if_(k.pand(ntiles > 0, sees((ntiles - 1) * BN)), uniform=True):
+                _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).last_pv(p_prev)
         k.cp_async_wait(0)
 
         for r in range(2):
@@ -429,12 +426,17 @@ class _WarpgroupMma:
             d = self.vdesc + 128 * p if p else self.vdesc
             k.wgmma(self.o_flat, a, d.bitcast(b64), trans_b=True)
 
+    def last_pv(self, pa):
+        """O += P V for a warpgroup's last tile, committed and waited for."""
+        self.issue_pv(pa)
+        self.k.wgmma_commit()
+        self.k.wgmma_wait(0)
+
 
 def _tile(k, plan, kb, qa, pos, m_run, l_run, o_acc, mma, ninf):
     """One key tile of one warp: scores, mask (where ``pos`` is given: the
     rows' positions), online softmax, ``O += P V`` (``mma``: a
     :class:`_SyncMma`)."""
-    NT = plan.block_keys // 8
     t = (k.tid.x & 31) & 3
     s = _softmax(k, plan, kb, t, mma.scores(qa), pos, m_run, l_run, o_acc, ninf)
     mma.accumulate(lambda p: _p_fragment(k, s, p), o_acc)
@@ -492,8 +494,8 @@ def _softmax(k, plan, kb, t, s, pos, m_run, l_run, o_acc, ninf, wait=None):
     grow = k.por(m_new[0] > m_run[0], m_new[1] > m_run[1])
 
     def rescale():
-        # (the vote makes the branch warp-uniform; said so on the wgmma walk,
-        # where ptxas otherwise serializes the warpgroup MMAs around it)
+        # (the vote makes the branch warp-uniform; said so, bra.uni, on the
+        # wgmma walk)
         with k.if_(k.vote_sync("any", grow), uniform=wait is not None):
             for r in range(2):
                 alpha = k.ex2(m_run[r] - m_new[r], ftz=True)
