@@ -347,7 +347,8 @@ def test_ops_gemv_takes_the_new_types(qtype, rng):
 @pytest.mark.parametrize("qtype", NEW)
 @pytest.mark.parametrize("m,k,epi", [(1031, 4096, "none"), (1031, 4096, "residual"),
                                      (2053, 4096, "swiglu"), (1031, 14336, "none"),
-                                     (1031, 14336, "residual"), (14339, 4096, "none")])
+                                     (1031, 14336, "residual"), (4096, 14336, "none"),
+                                     (14339, 4096, "none")])
 def test_gemv_qtype_gpu_default(gpu_run, qtype, m, k, epi, rng):
     """The selected configs at the model's K on the GPU (sm_90 defaults:
     the bulk copy engine where chosen)."""
