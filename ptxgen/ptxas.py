@@ -46,6 +46,9 @@ class FunctionReport:
     shared_bytes: int = 0
     local_bytes: int = 0
     barriers: int = 0
+    #: ptxas's "Potential Performance Loss" notes (``info`` lines, e.g.
+    #: ``C7509``/``C7520``: wgmma instructions serialized), code first
+    advisories: tuple = ()
 
 
 def find_ptxas() -> str:
@@ -95,16 +98,25 @@ _USED_RE = re.compile(r"Used (\d+) registers")
 _BAR_RE = re.compile(r"used (\d+) barriers")
 _SMEM_RE = re.compile(r"(\d+) bytes smem")
 _LMEM_RE = re.compile(r"(\d+) bytes lmem")
+_ADVICE_RE = re.compile(r"\((C\d+)\) Potential Performance Loss: (.*)")
+_NAMED_RE = re.compile(r"in the function '([^']+)'")
 
 
 def _parse_report(log: str) -> list[FunctionReport]:
     reports = []
     cur = None
+    advice = []                      # (function or None, "C7509: text")
     for line in log.splitlines():
         m = _FUNC_RE.search(line)
         if m:
             cur = {"name": m.group(1)}
             reports.append(cur)
+            continue
+        m = _ADVICE_RE.search(line)
+        if m:
+            named = _NAMED_RE.search(line)
+            advice.append((named.group(1) if named else cur and cur["name"],
+                           f"{m.group(1)}: {m.group(2).strip()}"))
             continue
         if cur is None:
             continue
@@ -120,6 +132,8 @@ def _parse_report(log: str) -> list[FunctionReport]:
                 cur["shared_bytes"] = int(s.group(1))
             if (lm := _LMEM_RE.search(line)):
                 cur["local_bytes"] = int(lm.group(1))
+    for r in reports:
+        r["advisories"] = tuple(text for name, text in advice if name == r["name"])
     return [FunctionReport(**r) for r in reports]
 
 

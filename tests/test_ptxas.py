@@ -46,3 +46,26 @@ def test_sm90a_target_assembles(ptxas):
     text = fam.build(attrs.evolve(spec, target="sm_90a")).to_ptx()
     assert ".target sm_90a" in text
     assemble(text, "sm_90a")
+
+
+def test_report_keeps_performance_notes_per_kernel():
+    """ptxas's "Potential Performance Loss" info lines are kept with the
+    kernel they name (or the one being compiled), code first."""
+    from ptxgen.ptxas import _parse_report
+    log = ("ptxas info    : Compiling entry function 'a' for 'sm_90a'\n"
+           "ptxas info    : (C7509) Potential Performance Loss: wgmma.mma_async instructions "
+           "are serialized due to the presence of Extern calls in the function 'a'\n"
+           "ptxas info    : Used 191 registers, used 1 barriers\n"
+           "ptxas info    : Compiling entry function 'b' for 'sm_90a'\n"
+           "ptxas info    : (C7520) Potential Performance Loss: wgmma.mma_async instructions "
+           "are serialized due to program dependence on compiler-inserted WG.AR\n"
+           "ptxas info    : Used 40 registers\n"
+           "ptxas info    : Compiling entry function 'c' for 'sm_90a'\n"
+           "ptxas info    : Used 8 registers\n")
+    a, b, c = _parse_report(log)
+    assert (a.name, a.registers, b.registers, c.registers) == ("a", 191, 40, 8)
+    assert a.advisories == ("C7509: wgmma.mma_async instructions are serialized due to the "
+                            "presence of Extern calls in the function 'a'",)
+    assert b.advisories == ("C7520: wgmma.mma_async instructions are serialized due to "
+                            "program dependence on compiler-inserted WG.AR",)
+    assert c.advisories == ()
