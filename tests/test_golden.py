@@ -47,3 +47,25 @@ def test_no_stale_golden_files():
     names = {p.stem for p in GOLDEN.glob("*.ptx")}
     stale = sorted(names - set(SPECS))
     assert not stale, f"golden files with no canonical spec: {stale} (delete them)"
+
+
+WGMMA_SPECS = sorted(n for n, (fam, spec) in SPECS.items()
+                     if "wgmma.mma_async" in fam.build(spec).to_ptx())
+
+
+@pytest.mark.parametrize("relocatable", [False, True], ids=["whole", "relocatable"])
+@pytest.mark.parametrize("name", WGMMA_SPECS)
+def test_wgmma_is_not_serialized(ptxas, name, relocatable):
+    """ptxas keeps every canonical warpgroup kernel's wgmma asynchronous:
+    no "Potential Performance Loss" note (C7509 / C7520: the wgmma
+    instructions serialized), both as a whole program and as relocatable
+    code (``-c``), which is how the driver's linker, the disk cache's path,
+    compiles the PTX: an IEEE ``div.rn`` there is an extern call, and ptxas
+    then waits after every wgmma."""
+    from ptxgen.ptxas import assemble
+    fam, spec = SPECS[name]
+    _, reports = assemble(fam.build(spec).to_ptx(), "sm_90a",
+                          extra_args=("-c",) if relocatable else ())
+    assert reports, "ptxas reported no kernel"
+    notes = {r.name: r.advisories for r in reports if r.advisories}
+    assert not notes, f"ptxas serializes wgmma in {name}: {notes}"

@@ -338,7 +338,12 @@ def build_prefill(m, plan):
         for r in range(2):
             lt = l_run[r] + k.shfl_xor(l_run[r], 1)
             lt = lt + k.shfl_xor(lt, 2)
-            inv = k.div(1.0, lt, rnd="rn")
+            # rcp.approx (1 ulp), not an IEEE div/rcp: those are subroutine
+            # calls, which ptxas takes for extern calls when the driver's
+            # linker compiles the PTX as relocatable code (the disk cache's
+            # path), and it then serializes every wgmma (C7509: the
+            # warpgroup kernel ran 15% slower at L = 4096)
+            inv = k.rcp(lt, approx=True, ftz=True)
             ok = rows[r] < Tn
             with k.if_(ok if wlive is None else k.pand(ok, wlive)):
                 obase = (rows[r] * nq + qh) * d + 2 * t

@@ -101,7 +101,10 @@ def test_layouts(backend, rng, layout):
 
 # the warpgroup (wgmma) kernel, sm_90a: heads 4 and 8, both head dims, 3 and
 # 4 stages, tiles of 16/32/64 keys, L = 0 with many tiles (the walk's last
-# P V after the loop), one and two warpgroups a block
+# P V after the loop), one and two warpgroups a block; two-warpgroup blocks
+# whose back group walks 2 to 6 tiles past the front one's, at L = 0 and at
+# L = 5 and 13 (the back rows straddle a tile boundary, so two of their
+# tiles are masked), and a lone middle group (T = 100: 7 row groups)
 WG_LAYOUTS = [
     (64, 1, 4, 4, 4, 32, 3, 37, 19, np.float16),
     (64, 1, 8, 8, 4, 16, 3, 5, 9, np.float32),
@@ -109,6 +112,10 @@ WG_LAYOUTS = [
     (128, 1, 4, 8, 4, 64, 4, 0, 40, np.float32),
     (128, 2, 4, 4, 4, 64, 3, 0, 130, np.float16),
     (128, 1, 4, 8, 4, 16, 4, 70, 33, np.float32),
+    (128, 1, 4, 8, 4, 64, 3, 0, 150, np.float32),
+    (64, 1, 4, 8, 4, 16, 3, 5, 100, np.float16),
+    (64, 2, 4, 8, 4, 32, 4, 13, 150, np.float32),
+    (64, 1, 4, 8, 4, 16, 3, 0, 100, np.float32),
 ]
 
 
