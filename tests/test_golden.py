@@ -5,6 +5,7 @@ so a rewrite can never pass for a check there.  Outside CI a rewrite that
 changed a file is reported as a skip naming the file, never as a pass."""
 
 import difflib
+import functools
 import os
 from pathlib import Path
 
@@ -18,10 +19,16 @@ UNDER_CI = os.environ.get("CI", "").lower() == "true"
 SPECS = registry.canonical_specs()
 
 
+@functools.lru_cache(maxsize=None)
+def _emitted(name):
+    """The emitted PTX of canonical spec ``name`` (built once a session)."""
+    fam, spec = SPECS[name]
+    return fam.build(spec).to_ptx()
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_golden_ptx(name):
-    fam, spec = SPECS[name]
-    text = fam.build(spec).to_ptx()
+    text = _emitted(name)
     path = GOLDEN / f"{name}.ptx"
     if UPDATE:
         if UNDER_CI:
@@ -49,8 +56,7 @@ def test_no_stale_golden_files():
     assert not stale, f"golden files with no canonical spec: {stale} (delete them)"
 
 
-WGMMA_SPECS = sorted(n for n, (fam, spec) in SPECS.items()
-                     if "wgmma.mma_async" in fam.build(spec).to_ptx())
+WGMMA_SPECS = sorted(n for n in SPECS if "wgmma.mma_async" in _emitted(n))
 
 
 @pytest.mark.parametrize("relocatable", [False, True], ids=["whole", "relocatable"])
@@ -63,8 +69,7 @@ def test_wgmma_is_not_serialized(ptxas, name, relocatable):
     compiles the PTX: an IEEE ``div.rn`` there is an extern call, and ptxas
     then waits after every wgmma."""
     from ptxgen.ptxas import assemble
-    fam, spec = SPECS[name]
-    _, reports = assemble(fam.build(spec).to_ptx(), "sm_90a",
+    _, reports = assemble(_emitted(name), "sm_90a",
                           extra_args=("-c",) if relocatable else ())
     assert reports, "ptxas reported no kernel"
     notes = {r.name: r.advisories for r in reports if r.advisories}
