@@ -226,9 +226,11 @@ def bench_module_load(cold: int = 10, warm: int = 50) -> dict:
             m[VADD_NAME]
             m.unload()
         disk_ms.append(timed(load))
-    from ptxgen.driver.jit import link_cubin
+    from ptxgen.driver.jit import compile_cubin, cubin_compiler, link_cubin
 
-    cubin, _ = link_cubin(warm_texts[0], {})
+    tool = cubin_compiler()
+    cubin = (compile_cubin(warm_texts[0], {}, get_device().target, tool[0])[0] if tool
+             else link_cubin(warm_texts[0], {})[0])
 
     def raw_cubin():
         mod = check(d.cuModuleLoadData(cubin))

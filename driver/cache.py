@@ -1,7 +1,8 @@
 """Module cache: keys, the in-process level, and the on-disk cubin store.
 
-Pure Python (no CUDA calls): :mod:`ptxgen.driver.module` computes the cubin
-through the driver's ``cuLink*`` API and hands the bytes here.
+Pure Python (no CUDA calls): :mod:`ptxgen.driver.module` compiles the cubin
+with ptxas (:func:`ptxgen.driver.jit.compile_cubin`) and hands the bytes here;
+without ptxas nothing is stored (the driver's JIT keeps its own cache).
 
 On disk, one directory per key under ``$PTXGEN_CACHE_DIR`` (default
 ``~/.cache/ptxgen``, or ``$XDG_CACHE_HOME/ptxgen``)::
@@ -43,7 +44,8 @@ __all__ = [
     "ptx_hash",
 ]
 
-CACHE_FORMAT = 1
+#: 2: cubins from ptxas, whole programs (1: from the driver's linker, relocatable)
+CACHE_FORMAT = 2
 MAGIC = b"PTXGENCUBIN\0"
 _HEADER = struct.Struct("<12sIQ32s")
 HEADER_SIZE = _HEADER.size  # 56
@@ -91,7 +93,8 @@ def module_key(ptx, options=None) -> str:
     return h.hexdigest()
 
 
-def disk_key(ptx, arch: str, driver_version: int, options=None, version: str | None = None) -> str:
+def disk_key(ptx, arch: str, driver_version: int, options=None, version: str | None = None,
+             compiler: str = "") -> str:
     """On-disk key, hashing everything that changes the cubin.
 
     Parameters
@@ -106,6 +109,8 @@ def disk_key(ptx, arch: str, driver_version: int, options=None, version: str | N
         JIT options.
     version : str, optional
         ptxgen version; defaults to ``ptxgen.__version__``.
+    compiler : str
+        What compiled the cubin: ptxas's release line.
     """
     if version is None:
         import ptxgen
@@ -118,6 +123,7 @@ def disk_key(ptx, arch: str, driver_version: int, options=None, version: str | N
         "arch": arch,
         "driver": int(driver_version),
         "options": _options_repr(options),
+        "compiler": compiler,
     }
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 

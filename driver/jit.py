@@ -1,19 +1,32 @@
-"""The driver's PTX JIT: options, log buffers, cubin linking, and JIT error reports.
+"""PTX to machine code: the driver's JIT, ptxas for the disk cache, and JIT error reports.
 
-``load_ptx`` calls ``cuModuleLoadDataEx`` with error and info log buffers;
-``link_cubin`` runs ``cuLinkCreate``/``cuLinkAddData``/``cuLinkComplete`` to
-get a cubin for the disk cache. Both raise :class:`PTXJitError` quoting the
-JIT log and the PTX line(s) it points at.
+``load_ptx`` calls ``cuModuleLoadDataEx`` with error and info log buffers and
+raises :class:`PTXJitError` quoting the JIT log and the PTX line(s) it points
+at. It compiles the module as a whole program.
+
+The disk cache needs the cubin's bytes, which a loaded module does not give
+back. ``compile_cubin`` gets them from ptxas (found as :mod:`ptxgen.ptxas`
+finds it), also as a whole program, so a cached kernel is the same machine
+code the driver's JIT would make. The driver's linker (``link_cubin``,
+``cuLink*``) is the other way to get bytes, but it compiles PTX as
+relocatable code: measured on an H100 (docs/driver.md, "The module cache"), that costs the
+Q4_K GEMV 91 registers against 72, and turns ``div.rn`` into an extern call
+that makes ptxas serialize every ``wgmma`` of the kernel. It is kept for
+measurements only.
 """
 
 from __future__ import annotations
 
 import ctypes
 import re
+import threading
+
+from ptxgen import ptxas as _ptxas
 
 from .errors import PTXJitError, check, cuda, error_from_result
 
-__all__ = ["jit_error", "link_cubin", "load_cubin", "load_ptx", "normalize_options", "ptx_text"]
+__all__ = ["compile_cubin", "jit_error", "link_cubin", "load_cubin", "load_ptx",
+           "normalize_options", "ptx_text", "cubin_compiler", "ptxas_arch"]
 
 LOG_SIZE = 16384
 _LINE_RE = re.compile(r"ptx(?:as)?[^,\n]*?,\s*line\s+(\d+)", re.I)
@@ -145,6 +158,62 @@ def link_cubin(text: str, options: dict) -> tuple[bytes, str]:
     finally:
         d.cuLinkDestroy(state)
     return cubin, _log(info_buf)
+
+
+_compiler_lock = threading.Lock()
+_compiler: dict = {}
+
+
+def cubin_compiler() -> "tuple[str, str] | None":
+    """``(ptxas path, its release line)`` for :func:`compile_cubin`, or None
+    where no ptxas is found or this process found that the driver refuses
+    its cubins (see :func:`refuse_compiler`)."""
+    with _compiler_lock:
+        if "tool" not in _compiler:
+            try:
+                exe = _ptxas.find_ptxas()
+                _compiler["tool"] = (exe, _ptxas.ptxas_version(exe))
+            except (_ptxas.PtxasNotFound, OSError, ValueError):
+                _compiler["tool"] = None
+        return _compiler["tool"]
+
+
+def refuse_compiler() -> None:
+    """Stop using ptxas in this process (the driver would not load its cubin:
+    a ptxas newer than the driver)."""
+    with _compiler_lock:
+        _compiler["tool"] = None
+
+
+_TARGET_RE = re.compile(r"^\s*\.target\s+(sm_\d+[af]?)", re.M)
+
+
+def ptxas_arch(text: str, device_target: str) -> str:
+    """The ``-arch`` for ``text`` on a ``device_target`` device: the module's
+    own target where it is that device's architecture-specific variant
+    (``sm_90a`` on an ``sm_90``), else the device's."""
+    m = _TARGET_RE.search(text)
+    if m and m.group(1).rstrip("af") == device_target:
+        return m.group(1)
+    return device_target
+
+
+def compile_cubin(text: str, options: dict, arch: str, exe: str) -> tuple[bytes, str]:
+    """Compile PTX to a cubin for ``arch`` with ptxas ``exe``, as a whole
+    program; ``(cubin, ptxas -v log)``. Raises :class:`ptxgen.ptxas.PtxasError`."""
+    args = []
+    if "max_registers" in options:
+        args.append(f"-maxrregcount={options['max_registers']}")
+    if "opt_level" in options:
+        args.append(f"-O{options['opt_level']}")
+    if options.get("line_info"):
+        args.append("-lineinfo")
+    if options.get("debug_info"):
+        args.append("-g")
+    cubin, reports = _ptxas.assemble(text, arch, extra_args=args, exe=exe)
+    info = "\n".join(f"ptxas {arch} {r.name}: {r.registers} registers, {r.spill_stores} bytes "
+                     f"spill stores, {r.spill_loads} bytes spill loads" for r in reports)
+    return cubin, info
 
 
 def load_cubin(cubin: bytes):

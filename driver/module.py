@@ -1,7 +1,10 @@
 """Loaded modules and their kernels.
 
 ``Module.from_ptx(text_or_ptxgen_module)`` looks in the in-process cache, then
-the on-disk cubin cache, and only then runs the JIT. Kernels come out as
+the on-disk cubin cache, and only then compiles: with ptxas where it is found
+(the cubin then goes to the disk cache), else with the driver's JIT. Both
+compile the module as a whole program (driver/jit.py says why not the
+driver's linker). Kernels come out as
 :class:`Function` objects that know their parameter list (parsed from the PTX
 signature by :func:`ptxgen.abi.parse_entries`), their resource use, and how to
 pack their arguments.
@@ -19,7 +22,10 @@ from ptxgen.abi import ArgPacker, parse_entries
 from . import cache as _cache
 from .device import Device, driver_version, get_device
 from .errors import CUDAError, PTXJitError, check, cuda
-from .jit import link_cubin, load_cubin, load_ptx, normalize_options, ptx_text
+from ptxgen.ptxas import PtxasError
+
+from .jit import (compile_cubin, cubin_compiler, load_cubin, load_ptx, normalize_options,
+                  ptx_text, ptxas_arch, refuse_compiler)
 
 __all__ = ["Function", "Module", "function_for_handle"]
 
@@ -113,8 +119,14 @@ class Module:
             return mod
 
         entries = parse_entries(text)
+        tool = cubin_compiler()
+        if tool is None:                      # no ptxas: the driver's JIT, nothing on disk
+            handle, info = load_ptx(text, opts)
+            mod = cls(dev, handle, text, opts, "jit", info, key=mkey, entries=entries)
+            return _cache.memory_cache.put(mkey, mod)
+        exe, ptxas_release = tool
         disk = _cache.DiskCache()
-        dkey = _cache.disk_key(text, dev.target, driver_version(), opts)
+        dkey = _cache.disk_key(text, dev.target, driver_version(), opts, compiler=ptxas_release)
         cubin = disk.get(dkey)
         source, info = "disk", ""
         handle = None
@@ -126,22 +138,27 @@ class Module:
                 disk.corrupt_count += 1
                 handle = None
         if handle is None:
-            try:
-                cubin, info = link_cubin(text, opts)
-            except PTXJitError as exc:
-                if exc.log:
-                    raise
-                load_ptx(text, opts)  # the linker left no log: let cuModuleLoadDataEx report it
-                raise
             source = "jit"
-            disk.put(dkey, cubin, {
-                "ptx_sha256": _cache.ptx_hash(text),
-                "arch": dev.target,
-                "driver_version": driver_version(),
-                "options": opts,
-                "kernels": sorted(entries),
-            })
-            handle = load_cubin(cubin)
+            try:
+                cubin, info = compile_cubin(text, opts, ptxas_arch(text, dev.target), exe)
+            except PtxasError:
+                cubin = None          # the driver's JIT decides, and reports its own log
+            if cubin is not None:
+                try:
+                    handle = load_cubin(cubin)
+                except CUDAError:     # a ptxas newer than the driver: not again this process
+                    refuse_compiler()
+            if handle is None:
+                handle, info = load_ptx(text, opts)
+            else:
+                disk.put(dkey, cubin, {
+                    "ptx_sha256": _cache.ptx_hash(text),
+                    "arch": dev.target,
+                    "driver_version": driver_version(),
+                    "compiler": ptxas_release,
+                    "options": opts,
+                    "kernels": sorted(entries),
+                })
         mod = cls(dev, handle, text, opts, source, info, key=mkey, entries=entries)
         return _cache.memory_cache.put(mkey, mod)
 

@@ -1,8 +1,9 @@
 """Run NVIDIA's ptxas on emitted text: validity and the resource report.
 
 ptxas is looked up, in order, from ``$PTXGEN_PTXAS``, the ``nvidia-cuda-nvcc``
-wheel (``pip install ptxgen[test]``) and the ``PATH``.  Nothing else in
-ptxgen needs it.
+wheel (``pip install ptxgen[test]``) and the ``PATH``.  The driver uses it,
+where it is found, to build the disk cache's cubins as whole programs
+(:func:`ptxgen.driver.jit.compile_cubin`); nothing needs it.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ import shutil
 import subprocess
 import tempfile
 
+import functools
+
 import attrs
 
 __all__ = ["PtxasNotFound", "PtxasError", "FunctionReport", "find_ptxas", "assemble",
-           "quote_ptx_lines"]
+           "quote_ptx_lines", "ptxas_version"]
 
 
 class PtxasNotFound(RuntimeError):
@@ -72,6 +75,17 @@ def find_ptxas() -> str:
     raise PtxasNotFound("ptxas not found: install it with `pip install nvidia-cuda-nvcc` "
                         "(or `pip install ptxgen[test]`), put CUDA's bin/ on PATH, or "
                         "set PTXGEN_PTXAS=/path/to/ptxas")
+
+
+@functools.lru_cache(maxsize=8)
+def ptxas_version(exe: str) -> str:
+    """The release line of ``exe --version`` (e.g. ``"Cuda compilation tools,
+    release 13.0, V13.0.88"``): what a cubin it wrote depends on."""
+    proc = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30)
+    lines = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip()]
+    if proc.returncode != 0 or not lines:
+        raise PtxasNotFound(f"{exe} --version failed: {proc.stderr.strip() or proc.returncode}")
+    return next((ln for ln in lines if "release" in ln), lines[-1])
 
 
 _LINE_RE = re.compile(r"line (\d+);")
@@ -137,13 +151,14 @@ def _parse_report(log: str) -> list[FunctionReport]:
     return [FunctionReport(**r) for r in reports]
 
 
-def assemble(ptx: str, arch: str, *, extra_args=(), timeout: float = 120.0):
-    """Assemble ``ptx`` for ``arch`` (e.g. ``"sm_90"``).
+def assemble(ptx: str, arch: str, *, extra_args=(), timeout: float = 120.0, exe=None):
+    """Assemble ``ptx`` for ``arch`` (e.g. ``"sm_90"``) with ``exe`` (default
+    :func:`find_ptxas`).
 
     Returns ``(cubin_bytes, [FunctionReport, ...])``; raises
     :class:`PtxasError` with ptxas's message and the offending PTX lines.
     """
-    exe = find_ptxas()
+    exe = exe or find_ptxas()
     with tempfile.TemporaryDirectory(prefix="ptxgen-") as d:
         src = os.path.join(d, "kernel.ptx")
         out = os.path.join(d, "kernel.cubin")

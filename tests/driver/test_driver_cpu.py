@@ -157,12 +157,43 @@ def test_disk_key_hashes_every_field():
         dict(base, driver_version=12090),
         dict(base, options={"opt_level": 2}),
         dict(base, version="0.2.0"),
+        dict(base, compiler="Cuda compilation tools, release 13.1, V13.1.80"),
     ]
     keys = {cache.disk_key(**v) for v in variants}
     assert k not in keys and len(keys) == len(variants)
     import ptxgen
 
     assert cache.disk_key(VADD_PTX, "sm_90", 12080, {}) == cache.disk_key(**dict(base, version=ptxgen.__version__))
+
+
+def test_ptxas_arch_keeps_the_arch_specific_variant():
+    from ptxgen.driver.jit import ptxas_arch
+
+    assert ptxas_arch(".version 8.0\n.target sm_90a\n", "sm_90") == "sm_90a"
+    assert ptxas_arch(".version 8.0\n.target sm_80\n", "sm_90") == "sm_90"
+    assert ptxas_arch(".version 8.0\n.target sm_90a\n", "sm_100") == "sm_100"
+    assert ptxas_arch("// no target line\n", "sm_89") == "sm_89"
+
+
+def test_compile_cubin_is_whole_program_and_takes_the_options(ptxas):
+    """The disk cache's compile: ptxas without ``-c`` (RMSNorm 54 registers
+    against 68 relocatable on sm_90), with the JIT options mapped onto its flags."""
+    from ptxgen.driver.jit import compile_cubin
+    from ptxgen.kernels import rmsnorm
+    from ptxgen.ptxas import assemble
+
+    text = rmsnorm.build(rmsnorm.RmsNormSpec()).to_ptx()
+    _, whole = assemble(text, "sm_90")
+    _, reloc = assemble(text, "sm_90", extra_args=("-c",))
+    assert whole[0].registers < reloc[0].registers
+    cubin, info = compile_cubin(text, {}, "sm_90", ptxas)
+    assert cubin[:4] == b"\x7fELF"
+    assert f"{whole[0].name}: {whole[0].registers} registers" in info
+    # .maxntid outranks -maxrregcount in ptxas (and in the driver's JIT)
+    free = text.replace(".maxntid 256, 1, 1", "")
+    _, capped = compile_cubin(free, {"max_registers": 40}, "sm_90", ptxas)
+    regs = int(capped.split(": ")[1].split(" registers")[0])
+    assert regs <= 40 < whole[0].registers, capped
 
 
 def test_cache_dir_and_no_cache_env(monkeypatch, tmp_path):
