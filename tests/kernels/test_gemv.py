@@ -165,13 +165,14 @@ def test_gemv_dp4a_outlier_activations(run, qtype, k, knobs, rng):
 def test_q6k_dp4a_default_where_measured():
     """Q6_K takes the dp4a dot where it measured faster (the ring at K = 12288
     to 16384 without an epilogue or with the residual, and SwiGLU through the
-    ring at K = 4096) and keeps the f32 dot at K = 4096 otherwise."""
+    ring at K = 4096, the 128256-row output) and keeps the f32 dot at K =
+    4096 otherwise."""
     def dot(m, k, epi):
         return G.default_plan("Q6_K", k, epi, target="sm_90", m=m).dot
     assert [dot(4096, 14336, "none"), dot(4096, 14336, "residual"), dot(2048, 16384, "none"),
-            dot(14336, 4096, "swiglu")] == ["dp4a"] * 4
-    assert [dot(m, 4096, e) for m, e in ((4096, "none"), (14336, "none"), (128256, "none"),
-                                         (4096, "residual"))] == ["fma"] * 4
+            dot(14336, 4096, "swiglu"), dot(128256, 4096, "none")] == ["dp4a"] * 5
+    assert [dot(m, 4096, e) for m, e in ((4096, "none"), (14336, "none"),
+                                         (4096, "residual"))] == ["fma"] * 3
 
 
 def test_dp4a_dot_refused_where_not_built():
