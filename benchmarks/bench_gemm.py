@@ -37,7 +37,7 @@ __all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16"]
+QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"]
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
 _MMA = dict(kernel="mma")

@@ -212,6 +212,7 @@ class LlamaFile:
                                 f"non-zero power of two stored as uint32 ({e})") from None
             raise GGUFError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
         self._tensors = {t.name: t for t in self.reader.tensors}
+        self._in_f16 = {}
         self._check_extents()
         self.hparams = self._read_hparams()
         self._check_tensors(check_kernels)
@@ -465,6 +466,19 @@ class LlamaFile:
                 raise GGUFError(f"{self.path}: tensor {name!r} has {data.shape[1]} bytes "
                                 f"per row, expected {shape[-1] // per * nbytes}")
         return RawTensor(name, qt, shape, data)
+
+    def in_f16_range(self, name: str) -> bool:
+        """Whether every value of the BF16 tensor ``name`` converts to a finite
+        f16 (magnitude at most 65280, the largest bf16 under f16's 65504;
+        NaN and infinity do not): what the prefill GEMM's BF16 weights need.
+        Read once per tensor and remembered."""
+        if name not in self._in_f16:
+            t = self.tensor(name)
+            if t.qtype != "BF16":
+                raise ValueError(f"{name!r} is {t.qtype}, not BF16")
+            mag = np.bitwise_and(t.data.view(np.uint16), 0x7FFF)
+            self._in_f16[name] = bool(mag.max(initial=0) <= 0x477F)
+        return self._in_f16[name]
 
     def tokenizer(self):
         """The file's :class:`~.tokenizer.Tokenizer`, or None when it has no

@@ -50,7 +50,7 @@ def gemm_ready(model, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_g
     device (else the prefill runs a GEMV per row for them: correct, but no
     faster than decoding the prompt)."""
     target = gemm_target(get_backend(_ops_backend(model)).target)
-    return all(_has_gemm(model.file.tensor(f"blk.{i}.{n}.weight"), target)
+    return all(_has_gemm(model.file, f"blk.{i}.{n}.weight", target)
                for i in range(model.hp.n_layers) for n in names)
 
 
@@ -59,10 +59,12 @@ def _ops_backend(model) -> str:
     return "cuda" if model.executor.backend.name == "cuda" else "emu"
 
 
-def _has_gemm(t, target) -> bool:
-    """Whether the weight ``t`` (a RawTensor: ``[rows, K]``) has a GEMM built
-    for ``target``."""
-    return _gemm.supported(t.qtype.upper(), int(t.shape[-1]), target)
+def _has_gemm(file, name, target) -> bool:
+    """Whether the weight ``name`` of ``file`` (``[rows, K]``) has a GEMM
+    built for ``target``; BF16 only where every weight fits f16 (the GEMM
+    rounds them to f16, kernels/gemm/wgmma_f16.py)."""
+    q, k = file.qtype(name).upper(), int(file.shape(name)[-1])
+    return _gemm.supported(q, k, target) and (q != "BF16" or file.in_f16_range(name))
 
 
 def refusal(model) -> str | None:
@@ -141,6 +143,13 @@ class Prefill:
         self._graphs: dict = {}       # bucket -> captured graph
 
     # ------------------------------------------------------------ pieces
+    def _sources(self, name):
+        """The file's tensors behind the weight ``name`` (the stacked QKV
+        weight: attn_q, attn_k and attn_v)."""
+        if "attn_qkv" not in name:
+            return (name,)
+        return tuple(name.replace("attn_qkv", n) for n in ("attn_q", "attn_k", "attn_v"))
+
     def _w(self, name):
         """The weight's device array and its type (the stacked QKV weight has
         the type of attn_q)."""
@@ -167,7 +176,8 @@ class Prefill:
         rows = out.shape[1] if rows is None else rows
         stride = stride or rows
         w2 = w.view(np.uint8, (rows, w.nbytes // rows))
-        if _has_gemm(t, gemm_target(get_backend(self.ops_backend).target)):
+        if all(_has_gemm(self.model.file, n, gemm_target(get_backend(self.ops_backend).target))
+               for n in self._sources(name)):
             ys = dict(y_stride=stride) if stride != rows else {}
             ops.gemm(w2, x, q, out=out, residual=residual, n_tokens=self._n(), pdl=self.pdl,
                      **ys, **self._kw())

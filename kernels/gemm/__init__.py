@@ -1,4 +1,4 @@
-"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, F16).
+"""Quantized GEMM ``Y[T, M] = X[T, K] . W[M, K]^T`` on tensor cores (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, F16, BF16).
 
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``), ``X``
 f32 or f16 ``[T, K]`` row-major, ``Y`` f32 ``[T, M]``; epilogues ``none``
@@ -12,7 +12,7 @@ from the per-device table ``kernels/tuning/gemm.json``
 (:mod:`.kernel`), a ``cp.async`` ring of raw weight bytes and f16 X tiles,
 the blocks decoded straight into ``mma.sync.m16n8k16`` A fragments (f16,
 f32 accumulation) by the format's decoder (:mod:`.q4k`, :mod:`.q6k`,
-:mod:`.q8_0`); and on sm_90a for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 and F16 ``wgmma`` (:mod:`.wgmma_q4k`,
+:mod:`.q8_0`); and on sm_90a for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0, F16 and BF16 ``wgmma`` (:mod:`.wgmma_q4k`,
 :mod:`.wgmma_q6k`, :mod:`.wgmma_blocks32`, :mod:`.wgmma_f16`),
 warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
@@ -37,7 +37,7 @@ from .tuning import select_config
 from .wgmma_q4k import Q4KFormat, Q5KFormat, build_wgmma, x_tensor_map
 from .wgmma_q6k import Q6KFormat
 from .wgmma_blocks32 import Q40Format, Q50Format, Q80Format
-from .wgmma_f16 import F16Format
+from .wgmma_f16 import BF16Format, F16Format
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
@@ -88,7 +88,7 @@ def x_map(plan, x_address: int, t_rows: int):
 
 #: qtype -> the warpgroup kernel's weight format
 WGMMA_FORMATS = {"Q4_K": Q4KFormat, "Q6_K": Q6KFormat, "Q8_0": Q80Format, "Q4_0": Q40Format,
-                 "Q5_0": Q50Format, "Q5_K": Q5KFormat, "F16": F16Format}
+                 "Q5_0": Q50Format, "Q5_K": Q5KFormat, "F16": F16Format, "BF16": BF16Format}
 
 
 def supported(qtype: str, k: int, target: str) -> bool:

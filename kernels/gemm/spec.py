@@ -18,12 +18,12 @@ __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "MMA_QTYPES", "X_TYPE
 
 #: weight formats the GEMM builds: (weights, bytes) of a GGUF block
 QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q4_0": (32, 18),
-          "Q5_0": (32, 22), "Q5_K": (256, 176), "F16": (1, 2)}
+          "Q5_0": (32, 22), "Q5_K": (256, 176), "F16": (1, 2), "BF16": (1, 2)}
 #: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
 #: 128-weight halves of its super-blocks (their low and high nibbles and bits
 #: are interleaved over the half)
 _BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256), "Q4_0": (64,),
-       "Q5_0": (64,), "Q5_K": (64,), "F16": (64,)}
+       "Q5_0": (64,), "Q5_K": (64,), "F16": (64,), "BF16": (64,)}
 X_TYPES = ("f32", "f16")
 EPILOGUES = ("none", "residual")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
@@ -35,7 +35,7 @@ KERNELS = ("mma", "wgmma")
 #: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
 WG_X_ROW = 128
 #: the weight types the ``wgmma`` kernel decodes
-WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16")
+WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16")
 #: the weight types the ``mma`` kernel decodes (the others run on sm_90a only)
 MMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
@@ -280,7 +280,7 @@ class GemmPlan(PlanBase):
             return 1 + bk // 32
         if q == "Q5_K":
             return 3 + bk // 32
-        if q == "F16":
+        if q in ("F16", "BF16"):
             return bk // 8
         if q == "Q6_K":
             return 14 if bk == 256 else 5 + 3 + 2

@@ -1,5 +1,5 @@
 """The GEMM's Q6_K and Q8_0 formats (kernels/gemm/q6k.py, q8_0.py), and the
-warpgroup kernel's Q6_K, Q8_0, Q4_0, Q5_0, Q5_K and F16 (wgmma_q6k.py,
+warpgroup kernel's Q6_K, Q8_0, Q4_0, Q5_0, Q5_K, F16 and BF16 (wgmma_q6k.py,
 wgmma_blocks32.py, wgmma_q4k.py, wgmma_f16.py), against float64.
 
 The oracle: float64 weights from ``gguf.quants.dequantize`` (gguf's own
@@ -31,7 +31,8 @@ from test_gemm import _check as check, _launch as launch
 gguf = pytest.importorskip("gguf")
 
 U = 2.0 ** -11
-FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01, "Q5_K": 3.01, "F16": 1.01}
+FACTOR = {"Q6_K": 3.01, "Q8_0": 2.01, "Q4_0": 2.01, "Q5_0": 2.01, "Q5_K": 3.01, "F16": 1.01,
+          "BF16": 1.01}
 
 
 def _d(rng, n):
@@ -44,6 +45,12 @@ def random_blocks(rng, qtype, m, k):
     """``uint8 [m, row_bytes]`` of random valid ``qtype`` blocks."""
     if qtype == "F16":
         return (rng.standard_normal((m, k)) * 0.1).astype(np.float16).view(np.uint8)
+    if qtype == "BF16":
+        # magnitudes 2^-20 .. 2^15 (f16 subnormals to near f16's largest),
+        # truncated to bf16's 8 significant bits
+        w = rng.standard_normal((m, k)) * 2.0 ** rng.uniform(-20, 15, (m, k))
+        w = np.clip(w, -65280, 65280).astype(np.float32)
+        return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     if qtype == "Q5_K":
         n = m * k // 256
         b = np.concatenate([_d(rng, n), _d(rng, n),
@@ -266,6 +273,8 @@ WG_CASES = [
     ("Q5_K", 21, 70, 768, dict(bm=128, bn=16, stages=4, epilogue="residual")),
     ("F16", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
     ("F16", 9, 70, 512, dict(bm=128, bn=16, stages=4, t_device=True)),
+    ("BF16", 5, 37, 256, dict(bm=64, bn=8, stages=3)),
+    ("BF16", 21, 70, 512, dict(bm=128, bn=16, stages=4, epilogue="residual")),
 ]
 
 
@@ -303,6 +312,7 @@ def test_q4_0_q5_0_need_the_warpgroup_kernel():
         G.GemmPlan.make("Q4_0", 256, kernel="mma", x_type="f16", target="sm_90")
     assert G.supported("Q4_0", 4096, "sm_90a") and G.supported("Q5_0", 4096, "sm_90a")
     assert G.supported("Q5_K", 4096, "sm_90a") and not G.supported("Q5_K", 4096, "sm_80")
-    assert G.supported("F16", 4096, "sm_90a") and not G.supported("BF16", 4096, "sm_90a")
+    assert G.supported("F16", 4096, "sm_90a") and G.supported("BF16", 4096, "sm_90a")
+    assert not G.supported("BF16", 4096, "sm_90")
     assert not G.supported("Q4_0", 4096, "sm_90") and not G.supported("Q5_0", 4160, "sm_90a")
     assert G.supported("Q8_0", 4160, "sm_80") and not G.supported("Q4_1", 4096, "sm_90a")

@@ -65,13 +65,14 @@ def same_continuation(got, got_logits, ref, ref_logits, n_prompt):
 
 #: weight types of the parametrized file: llama.cpp's Q4_K_M mix (Q6_K for
 #: attn_v, ffn_down and the output, so q, k and v differ in type), Q8_0, and
-#: Q4_0 / Q5_0 / Q5_K / F16 (GEMMs on the sm_90a warpgroup kernel only: the
-#: emulator's)
+#: Q4_0 / Q5_0 / Q5_K / F16 / BF16 (GEMMs on the sm_90a warpgroup kernel
+#: only: the emulator's)
 MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="Q8_0"),
          "q4_0": dict(qtype="Q4_0", output_qtype="Q4_0"),
          "q5_0": dict(qtype="Q5_0", output_qtype="Q5_0"),
          "q5_k": dict(qtype="Q5_K", output_qtype="Q5_K"),
-         "f16": dict(qtype="F16", output_qtype="F16")}
+         "f16": dict(qtype="F16", output_qtype="F16"),
+         "bf16": dict(qtype="BF16", output_qtype="BF16")}
 #: one layer (its attn_v and ffn_down are Q6_K under Q4_K_M) keeps the emulator quick
 TYPED = dict(TINY, n_layers=1)
 
@@ -93,17 +94,42 @@ def test_prefill_matches_token_by_token(model, rng):
 
 
 def test_prefill_matches_token_by_token_types(typed_model, rng):
-    """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0, Q5_K and F16 files: every
-    projection runs on the GEMM (no GEMV per token)."""
+    """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0, Q5_K, F16 and BF16 files:
+    every projection runs on the GEMM (no GEMV per token)."""
     from ptxgen.driver.model.prefill import gemm_ready
     m = typed_model
     assert gemm_ready(m)
     types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
-    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"}, {"F16"}), types
+    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"}, {"F16"},
+                     {"BF16"}), types
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     (ref, ref_logits) = _run(m, prompt, 2, 0)
     (got, got_logits) = _run(m, prompt, 2, 4)      # two chunks: 4 + 1 tokens
     same_continuation(got, got_logits, ref, ref_logits, len(prompt))
+
+
+def test_bf16_weight_past_f16_keeps_its_matrix_on_the_gemv(tmp_path, rng):
+    """The GEMM rounds BF16 weights to f16: a matrix holding one weight past
+    f16's range (here 2^16) is read by the GEMV instead; the others keep
+    the GEMM."""
+    import gguf as _gguf
+    from ptxgen.driver.model.gguf_loader import LlamaFile
+    from ptxgen.driver.model.prefill import _has_gemm
+    p = tmp_path / "bf16.gguf"
+    write_synthetic_llama(str(p), seed=int(rng.integers(1 << 30)), **TYPED, **MIXED["bf16"])
+    name = "blk.0.ffn_up.weight"
+    t = next(t for t in _gguf.GGUFReader(str(p)).tensors if t.name == name)
+    with open(p, "r+b") as f:               # the 17th weight of row 0 := 2^16 (bf16 0x4780)
+        f.seek(int(t.data_offset) + 2 * 16)
+        f.write(np.array([0x4780], np.uint16).tobytes())
+    lf = LlamaFile(str(p))
+    assert not lf.in_f16_range(name) and lf.in_f16_range("blk.0.ffn_gate.weight")
+    assert not _has_gemm(lf, name, "sm_90a") and _has_gemm(lf, "blk.0.ffn_gate.weight", "sm_90a")
+    assert not _has_gemm(lf, "blk.0.ffn_gate.weight", "sm_90")
+    with open(p, "r+b") as f:               # 65280, bf16's largest under 65504: fits
+        f.seek(int(t.data_offset) + 2 * 16)
+        f.write(np.array([0x477F], np.uint16).tobytes())
+    assert LlamaFile(str(p)).in_f16_range(name)
 
 
 def test_chunks_agree(model, rng):
@@ -138,11 +164,12 @@ def test_buckets_agree(model, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0", "q4_0", "q5_0", "q5_k", "f16"])
+@pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0", "q4_0", "q5_0", "q5_k", "f16",
+                                   "bf16"])
 def test_prefill_graph_gpu(tmp_path, rng, types):
     """On the GPU: graph replays (buckets 64 and 128 of a 128 chunk) agree with
     eager launches and with the token-by-token prompt (Q4_K, Q4_K_M mix,
-    Q8_0, Q4_0, Q5_0, Q5_K, F16: the last four need sm_90a's warpgroup kernel,
+    Q8_0, Q4_0, Q5_0, Q5_K, F16, BF16: the last five need sm_90a's warpgroup kernel,
     else they prefill with a GEMV a row)."""
     from ptxgen import driver
     if not driver.is_available():
