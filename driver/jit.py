@@ -9,10 +9,10 @@ back. ``compile_cubin`` gets them from ptxas (found as :mod:`ptxgen.ptxas`
 finds it), also as a whole program, so a cached kernel is the same machine
 code the driver's JIT would make. The driver's linker (``link_cubin``,
 ``cuLink*``) is the other way to get bytes, but it compiles PTX as
-relocatable code: measured on an H100 (docs/driver.md, "The module cache"), that costs the
-Q4_K GEMV 91 registers against 72, and turns ``div.rn`` into an extern call
-that makes ptxas serialize every ``wgmma`` of the kernel. It is kept for
-measurements only.
+relocatable code: measured on an H100 (docs/driver.md, "The module
+cache"), that costs the Q4_K GEMV 91 registers against 72, and turns
+``div.rn`` into an extern call that makes ptxas serialize every ``wgmma``
+of the kernel. It is kept for measurements only.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from ptxgen import ptxas as _ptxas
 
 from .errors import PTXJitError, check, cuda, error_from_result
 
-__all__ = ["compile_cubin", "jit_error", "link_cubin", "load_cubin", "load_ptx",
-           "normalize_options", "ptx_text", "cubin_compiler", "ptxas_arch"]
+__all__ = ["compile_cubin", "cubin_compiler", "jit_error", "link_cubin", "load_cubin",
+           "load_ptx", "normalize_options", "ptx_text", "ptxas_arch", "refuse_compiler"]
 
 LOG_SIZE = 16384
 _LINE_RE = re.compile(r"ptx(?:as)?[^,\n]*?,\s*line\s+(\d+)", re.I)
@@ -200,7 +200,8 @@ def ptxas_arch(text: str, device_target: str) -> str:
 
 def compile_cubin(text: str, options: dict, arch: str, exe: str) -> tuple[bytes, str]:
     """Compile PTX to a cubin for ``arch`` with ptxas ``exe``, as a whole
-    program; ``(cubin, ptxas -v log)``. Raises :class:`ptxgen.ptxas.PtxasError`."""
+    program; ``(cubin, a line a kernel of ptxas's registers and spills)``.
+    Raises :class:`ptxgen.ptxas.PtxasError`."""
     args = []
     if "max_registers" in options:
         args.append(f"-maxrregcount={options['max_registers']}")

@@ -18,12 +18,11 @@ import threading
 import weakref
 
 from ptxgen.abi import ArgPacker, parse_entries
+from ptxgen.ptxas import PtxasError
 
 from . import cache as _cache
 from .device import Device, driver_version, get_device
-from .errors import CUDAError, PTXJitError, check, cuda
-from ptxgen.ptxas import PtxasError
-
+from .errors import CUDAError, check, cuda
 from .jit import (compile_cubin, cubin_compiler, load_cubin, load_ptx, normalize_options,
                   ptx_text, ptxas_arch, refuse_compiler)
 

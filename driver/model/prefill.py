@@ -7,9 +7,9 @@ embedding rows (one gather launch), then per layer RMSNorm over the rows,
 the QKV GEMM (``ops.gemm``; one over the stacked weight, or where q, k and v
 differ in type, as in llama.cpp's Q4_K_M mix, one each writing its column
 block of the QKV rows; a weight type the GEMM does not take, or a BF16
-matrix with a weight past f16's range, falls back to one GEMV per row; the activations a GEMM reads are f16, rounded by the
-kernel that writes them, where every layer's GEMM of that input takes f16
-X), RoPE with the KV append over the rows
+matrix with a weight past f16's range, falls back to one GEMV per row; the
+activations a GEMM reads are f16, rounded by the kernel that writes them,
+where every layer's GEMM of that input takes f16 X), RoPE with the KV append over the rows
 (``RopeSpec(rows=True)``: the chunk's K/V rows land in the cache before the
 attention reads them), causal attention (``ops.flash_prefill``, reading q
 from the QKV rows), the O GEMM with the residual, RMSNorm, gate and up
