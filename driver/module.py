@@ -118,46 +118,41 @@ class Module:
             return mod
 
         entries = parse_entries(text)
+        handle, source, info = None, "jit", ""
         tool = cubin_compiler()
-        if tool is None:                      # no ptxas: the driver's JIT, nothing on disk
-            handle, info = load_ptx(text, opts)
-            mod = cls(dev, handle, text, opts, "jit", info, key=mkey, entries=entries)
-            return _cache.memory_cache.put(mkey, mod)
-        exe, ptxas_release = tool
-        disk = _cache.DiskCache()
-        dkey = _cache.disk_key(text, dev.target, driver_version(), opts, compiler=ptxas_release)
-        cubin = disk.get(dkey)
-        source, info = "disk", ""
-        handle = None
-        if cubin is not None:
-            try:
-                handle = load_cubin(cubin)
-            except CUDAError:
-                disk.invalidate(dkey)  # valid file, but the driver refuses it: rebuild
-                disk.corrupt_count += 1
-                handle = None
-        if handle is None:
-            source = "jit"
-            try:
-                cubin, info = compile_cubin(text, opts, ptxas_arch(text, dev.target), exe)
-            except PtxasError:
-                cubin = None          # the driver's JIT decides, and reports its own log
+        if tool is not None:
+            exe, ptxas_release = tool
+            disk = _cache.DiskCache()
+            dkey = _cache.disk_key(text, dev.target, driver_version(), opts,
+                                   compiler=ptxas_release)
+            cubin = disk.get(dkey)
             if cubin is not None:
                 try:
-                    handle = load_cubin(cubin)
-                except CUDAError:     # a ptxas newer than the driver: not again this process
-                    refuse_compiler()
+                    handle, source = load_cubin(cubin), "disk"
+                except CUDAError:
+                    disk.invalidate(dkey)  # valid file, but the driver refuses it: rebuild
+                    disk.corrupt_count += 1
             if handle is None:
-                handle, info = load_ptx(text, opts)
-            else:
-                disk.put(dkey, cubin, {
-                    "ptx_sha256": _cache.ptx_hash(text),
-                    "arch": dev.target,
-                    "driver_version": driver_version(),
-                    "compiler": ptxas_release,
-                    "options": opts,
-                    "kernels": sorted(entries),
-                })
+                try:
+                    cubin, info = compile_cubin(text, opts, ptxas_arch(text, dev.target), exe)
+                except PtxasError:
+                    cubin = None      # the driver's JIT decides, and reports its own log
+                if cubin is not None:
+                    try:
+                        handle = load_cubin(cubin)
+                    except CUDAError:  # a ptxas newer than the driver: not again this process
+                        refuse_compiler()
+                    else:
+                        disk.put(dkey, cubin, {
+                            "ptx_sha256": _cache.ptx_hash(text),
+                            "arch": dev.target,
+                            "driver_version": driver_version(),
+                            "compiler": ptxas_release,
+                            "options": opts,
+                            "kernels": sorted(entries),
+                        })
+        if handle is None:            # no ptxas, or it or the driver refused: the driver's JIT
+            handle, info = load_ptx(text, opts)
         mod = cls(dev, handle, text, opts, source, info, key=mkey, entries=entries)
         return _cache.memory_cache.put(mkey, mod)
 
