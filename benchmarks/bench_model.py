@@ -117,7 +117,7 @@ def _without(kinds):
 
 
 def _write_model(tmp) -> str:
-    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
     path = os.path.join(tmp, "llama3-8b-q4k.gguf")
     t0 = time.perf_counter()
     write_synthetic_llama(path, n_layers=32, hidden=4096, ffn=14336, n_heads=32,
@@ -144,8 +144,8 @@ def run_sampler(gguf_path: str | None = None, contexts=(128, 4096), rounds: int 
     rounds per context on one model; each row gives the median ms/token and
     the ratio to greedy's median in the same context."""
     from ptxgen.driver import get_device
-    from ptxgen.driver.model.generation import SamplingSettings
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.generation import SamplingSettings
+    from ptxgen.llm.model import LlamaModel
     cases = dict(SAMPLER_CASES if cases is None else cases)
     tmp = None
     if gguf_path is None:
@@ -185,7 +185,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
     :class:`LlamaModel` keyword arguments; default: the ones below).  A
     configuration's ``"drop"`` entry (op kinds) builds the model without
     those ops' launches, to time what they cost (:func:`_without`)."""
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.model import LlamaModel
     tmp = None
     if gguf_path is None:
         tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")

@@ -151,7 +151,7 @@ def bench_attention(T=512, Ls=(0, 4096, 16384), nq=32, nkv=8, d=128, reps=20, sw
 
 
 def bench_model(path, lengths=(512, 4096), chunk=512):
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.model import LlamaModel
     m = LlamaModel.from_gguf(path, backend="cuda", capacity=max(lengths) + 8, progress=False)
     rng = np.random.default_rng(0)
     for n in lengths:
@@ -189,7 +189,7 @@ def main():
         if not os.path.exists(a.model):
             import subprocess
             import sys
-            subprocess.run([sys.executable, "-m", "ptxgen.driver.model.gguf_synth", a.model,
+            subprocess.run([sys.executable, "-m", "ptxgen.llm.gguf.synth", a.model,
                             "--preset", "llama3-8b", "--qtype", "Q4_K"], check=True)
         bench_model(a.model)
 

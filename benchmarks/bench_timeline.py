@@ -171,8 +171,8 @@ def main(argv=None):
         ap.error(f"--gemv-knobs: a JSON object of epilogue -> overrides, got {args.gemv_knobs!r}")
     from .bench_common import copy_bandwidth
     from .bench_model import _without
-    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.model import LlamaModel
     path = args.gguf
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="ptxgen-timeline-"), "llama3-8b-q4k.gguf")

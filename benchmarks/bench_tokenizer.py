@@ -28,8 +28,8 @@ import os
 import sys
 import time
 
-from ptxgen.driver.model.gguf_metadata import read_gguf_metadata
-from ptxgen.driver.model.tokenizer import Tokenizer
+from ptxgen.llm.gguf.metadata import read_gguf_metadata
+from ptxgen.llm.text.tokenizer import Tokenizer
 
 
 def english_text() -> str:

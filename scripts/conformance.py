@@ -7,7 +7,7 @@
 llama.cpp (a CPU build made by scripts/llamacpp_build.sh; its program
 ``ptxgen-logits``) evaluates the token sequence and writes the logits of every
 position; ptxgen evaluates the same sequence: ``--side ref``, the float64 numpy
-reference (driver/model/llama_ref.py); ``--side emu`` / ``--side cuda``, the
+reference (testing/reference.py); ``--side emu`` / ``--side cuda``, the
 decode step itself (:class:`LlamaModel`, one token a step through its graph) on the
 CPU emulator or the GPU. A third pass, the same reference with
 llama.cpp's rounding of matrix-multiply inputs emulated (Q8_K / Q8_0 / F16 / BF16
@@ -175,7 +175,7 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
     """Logits (n_tokens, n_vocab) float64 from the numpy reference (f16 KV cache)."""
     from unittest import mock
 
-    from ptxgen.driver.model import llama_ref
+    from ptxgen.testing import reference as llama_ref
     ref = llama_ref.LlamaReference(model, kv_dtype=np.float16, max_context=len(tokens))
     if not emulate_llamacpp:
         return np.stack([ref.step(t) for t in tokens])
@@ -193,7 +193,7 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
 def model_logits(model, tokens, *, backend) -> np.ndarray:
     """Logits (n_tokens, n_vocab) of ptxgen's decode step on ``backend``
     ("emu" or "cuda"): every token fed through the step, one at a time."""
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.model import LlamaModel
     m = LlamaModel.from_gguf(str(model), backend=backend, capacity=max(16, len(tokens) + 1),
                              progress=False)
     _, logits = m.generate(list(tokens), 1, return_logits=True)

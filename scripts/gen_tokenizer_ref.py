@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new-cases", type=int, default=0)
     args = ap.parse_args(argv)
     sys.path.insert(0, os.path.join(HERE, ".."))
-    from ptxgen.driver.model.pretokenize import PRE_TOKENIZERS
+    from ptxgen.llm.text.pretokenize import PRE_TOKENIZERS
 
     cases_path = os.path.join(DATA, "ref_cases.json")
     if args.new_cases:

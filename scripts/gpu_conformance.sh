@@ -16,7 +16,7 @@ if [[ $PARTS == *,tiny,* ]]; then
 fi
 if [[ $PARTS == *,8b,* ]]; then
   M=${MODEL_8B:-/tmp/llama3-8b-q4k.gguf}
-  [ -f "$M" ] || python3 -m ptxgen.driver.model.gguf_synth "$M" --preset llama3-8b --qtype Q4_K --quiet
+  [ -f "$M" ] || python3 -m ptxgen.llm.gguf.synth "$M" --preset llama3-8b --qtype Q4_K --quiet
   echo "== conformance, 8B-shaped Q4_K file, GPU side, analytic bound"
   timeout 400 python3 scripts/conformance.py "$M" --side cuda --bound analytic --threads 16 \
     --n-tokens 8 --seed 1 --json "$OUT/conformance_8b.json" 2>&1 | tee "$OUT/conformance_8b.log" | tail -14

@@ -8,7 +8,7 @@ set -u
 source "$(dirname "$0")/gpu_setup.sh"
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gemm_qtypes.py \
   tests/kernels/test_gemm.py -k "not emu" 2>&1 | tee "$OUT/gemm_qtypes_tests.log" | tail -15
-timeout 150 python3 -m pytest -q -p no:cacheprovider tests/model/test_prefill.py -m gpu 2>&1 \
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/llm/test_prefill.py -m gpu 2>&1 \
   | tee -a "$OUT/gemm_qtypes_tests.log" | tail -8
 timeout 280 python3 -m benchmarks.bench_gemm "$OUT/gemm_qtypes.json" --qtypes Q4_K,Q6_K,Q8_0 2>&1 \
   | grep -v Warning | tee "$OUT/gemm_qtypes.log"

@@ -8,11 +8,11 @@ source "$(dirname "$0")/gpu_setup.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "== tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" \
-  tests/model/test_generation.py tests/model/test_llama_model.py tests/test_cli_text.py \
+  tests/llm/test_generation.py tests/llm/test_llama_model.py tests/test_cli_text.py \
   -k "gpu or cuda or run_streams or chat_reads" > "$OUT/gen_tests.log" 2>&1; echo "pytest rc=$?"
 tail -15 "$OUT/gen_tests.log"
 echo "== run -p on the GPU"
-python3 -m ptxgen.driver.model.gguf_synth "$OUT/tiny-phi3.gguf" --preset tiny --seed 1 --quiet \
+python3 -m ptxgen.llm.gguf.synth "$OUT/tiny-phi3.gguf" --preset tiny --seed 1 --quiet \
   --vocab tests/data/vocab/ggml-vocab-phi-3.gguf
 timeout 60 python3 -m ptxgen run "$OUT/tiny-phi3.gguf" -p "Hello" -n 32 --temp 0.8 --seed 1 \
   --backend cuda 2>&1 | tail -3

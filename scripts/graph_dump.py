@@ -20,8 +20,8 @@ import numpy as np
 
 def dump(path, out, kw):
     from ptxgen.driver.backend import get_backend
-    from ptxgen.driver.model import llama as L
-    from ptxgen.driver.model.gguf_loader import LlamaFile
+    from ptxgen.llm import model as L
+    from ptxgen.llm.gguf.file import LlamaFile
 
     class _NoUpload:
         def __init__(self, *a, **k):

@@ -10,7 +10,7 @@ prefill (chunks of 512, graphs) and token by token through the decode step;
 then ``--new`` greedy tokens each.  Prints per step the relative error of
 the logits (``|a - b| / |b|``) and, where the tokens first differ, the
 token-by-token logits' gap between the two choices against the near-tie
-margin ``2e-2 rms(logits)`` (tests/model/test_prefill.py's criterion).
+margin ``2e-2 rms(logits)`` (tests/llm/test_prefill.py's criterion).
 Exit status 0 when every compared step is within 1e-2 and the first
 difference, if any, is a near tie.
 """
@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args(argv)
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.model import LlamaModel
     seed = a.seed if a.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
     rng = np.random.default_rng(seed)
     m = LlamaModel.from_gguf(a.model, backend="cuda", capacity=a.prompt + a.new + 8, progress=False)

@@ -3,7 +3,7 @@ reference, step by step (shared by the model tests)."""
 
 import numpy as np
 
-from ptxgen.driver.model.llama_ref import LlamaReference
+from ptxgen.testing.reference import LlamaReference
 
 
 def check_logits(model, path, prompt, res, logits, bound=1e-4):

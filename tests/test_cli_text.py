@@ -13,9 +13,9 @@ pytest.importorskip("gguf")
 
 from backends import cuda_available
 from ptxgen.cli import main
-from ptxgen.driver.model.gguf_synth import main as synth_main
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-from ptxgen.driver.model.tokenizer import Tokenizer
+from ptxgen.llm.gguf.synth import main as synth_main
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+from ptxgen.llm.text.tokenizer import Tokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "vocab")
 PHI3 = os.path.join(DATA, "ggml-vocab-phi-3.gguf")
@@ -71,7 +71,7 @@ def test_chat_holds_three_turns_feeding_only_new_tokens(model_path, capsys, monk
     turns two and three feed the previous reply's last token, an end-of-turn
     token when it stopped without one, and what the template adds."""
     import re
-    from ptxgen.driver.model.chat_template import encode_chat, incremental_chat_tokens
+    from ptxgen.llm.text.chat_template import encode_chat, incremental_chat_tokens
     questions = ["Hi", "How are you?", "Bye"]
     monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n\nHow are you?\nBye\n/exit\nnot read\n"))
     assert main(["chat", model_path, "-n", "1", "--backend", "emu", "--capacity", "48",
@@ -160,7 +160,7 @@ def test_synth_copies_a_vocabulary_from_the_command_line(tmp_path, capsys):
 
 def test_demo_text_part_runs_on_the_emulator(tmp_path, capsys):
     from ptxgen.driver.backend import EmuBackend
-    from ptxgen.driver.demo import _text
+    from ptxgen.testing.demo import _text
     _text(types.SimpleNamespace(max_new_tokens=1, vocab=PHI3), EmuBackend(), str(tmp_path))
     out = capsys.readouterr().out
     assert "ggml-vocab-phi-3.gguf's vocabulary" in out and "greedy: Once upon a time" in out
@@ -169,6 +169,6 @@ def test_demo_text_part_runs_on_the_emulator(tmp_path, capsys):
 
 
 def test_prompt_and_stop_escapes():
-    from ptxgen.driver.cli import _unescape
+    from ptxgen.llm.cli import _unescape
     assert _unescape(r"a\nb\tc\\n\"q\" \x") == 'a\nb\tc\\n"q" \\x'
     assert _unescape("plain") == "plain" and _unescape("end\\") == "end\\"

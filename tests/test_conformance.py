@@ -111,7 +111,7 @@ def test_compare_analytic_bound(rng, seed):
 
 
 def test_analytic_error_counts_each_rounded_input(tmp_path):
-    from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama
+    from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
     p = tmp_path / "m.gguf"
     write_synthetic_llama(p, **PRESETS["tiny"], qtype="Q4_K", output_qtype="Q8_0", seed=1)
     per_layer = 3 * 7.0e-3 ** 2 + 1.54e-2 ** 2                 # Q8_K inputs, the SwiGLU one larger
@@ -146,7 +146,7 @@ def test_tiny_model_matches_llamacpp(qtype, out_qtype, side, tmp_path, seed):
     if oracle is None or not oracle.is_file():
         pytest.skip("no llama.cpp build (make llamacpp)")
     model = tmp_path / "tiny.gguf"
-    from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama
+    from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
     write_synthetic_llama(model, **PRESETS["tiny"], qtype=qtype, output_qtype=out_qtype,
                           seed=seed % 2**32)
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
@@ -177,7 +177,7 @@ def test_conventions_match_llamacpp(name, side, tmp_path, seed):
     if oracle is None or not oracle.is_file():
         pytest.skip("no llama.cpp build (make llamacpp)")
     model = tmp_path / f"{name}.gguf"
-    from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama
+    from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
     write_synthetic_llama(model, **PRESETS["tiny"], **CONVENTIONS[name], seed=seed % 2**32)
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
                           "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "8",

@@ -1,14 +1,15 @@
-"""The layers import one way (DSL <- kernels <- CUDA layer <- ops <- model
-<- CLI), and no two modules import each other, even through imports made
-inside functions: a static walk of every ``import`` in ptxgen/, kernels/ and
-driver/.  (Importing ``pkg.sub`` runs ``pkg/__init__``; that is not counted
+"""The layers import one way (DSL <- kernels <- CUDA layer <- ops and the
+executor <- driver tools <- llm (the runner) <- testing), and no two modules
+import each other, even through imports made inside functions: a static walk
+of every ``import`` in ptxgen/, kernels/, driver/, llm/ and testing/.  (Importing ``pkg.sub`` runs ``pkg/__init__``; that is not counted
 as a dependency on the package's own module.)"""
 
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FOLDERS = {"ptxgen": "ptxgen", "kernels": "ptxgen.kernels", "driver": "ptxgen.driver"}
+FOLDERS = {"ptxgen": "ptxgen", "kernels": "ptxgen.kernels", "driver": "ptxgen.driver",
+           "llm": "ptxgen.llm", "testing": "ptxgen.testing"}
 
 #: the CUDA layer of driver/: below the ops, the model and the CLI
 CUDA_LAYER = {"backend", "cache", "device", "errors", "graph", "jit", "launch", "memory",
@@ -82,15 +83,17 @@ def _cycles(graph):
 
 
 def _layer(m):
+    if m.startswith("ptxgen.testing"):
+        return 7
+    if m.startswith("ptxgen.llm"):
+        return 6
     if m.startswith("ptxgen.driver."):
         sub = m.split(".")[2]
         if sub in CUDA_LAYER:
             return 2
-        if sub.startswith("ops"):
+        if sub.startswith("ops") or sub == "executor":
             return 3
-        if sub in ("model", "executor"):
-            return 4
-        return 5                                  # the CLI and tools on top
+        return 4                                  # driver tools (tune) on top
     if m == "ptxgen.driver":
         return 2                                  # the package re-exports the CUDA layer
     if m.startswith("ptxgen.kernels"):
@@ -106,3 +109,15 @@ def test_layers_import_downward_only():
     upward = [(a, b) for a, deps in _graph().items() for b in deps if _layer(b) > _layer(a)
               and a not in ("ptxgen.cli", "ptxgen.registry")]   # entry-point plugin loaders
     assert upward == []
+
+
+def test_llm_sits_above_driver():
+    """The runner imports the CUDA layer; nothing below imports the runner."""
+    g = _graph()
+    assert any(d.startswith("ptxgen.driver") for m, deps in g.items()
+               if m.startswith("ptxgen.llm") for d in deps)
+    below = [(a, b) for a, deps in g.items() for b in deps
+             if b.startswith(("ptxgen.llm", "ptxgen.testing"))
+             and not a.startswith(("ptxgen.llm", "ptxgen.testing"))
+             and a not in ("ptxgen.cli", "ptxgen.registry")]
+    assert below == []

@@ -1,4 +1,4 @@
-"""Tests of driver/model/gguf_synth.py (synthetic Llama GGUF) and driver/model/llama_ref.py (float64 reference)."""
+"""Tests of llm/gguf/synth.py (synthetic Llama GGUF) and testing/reference.py (float64 reference)."""
 from __future__ import annotations
 
 
@@ -7,9 +7,9 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ptxgen.driver.model import gguf_synth  # noqa: E402
-from ptxgen.driver.model.gguf_synth import PRESETS, write_synthetic_llama  # noqa: E402
-from ptxgen.driver.model.llama_ref import (LlamaReference, attention, load_llama_gguf,  # noqa: E402
+from ptxgen.llm.gguf import synth as gguf_synth  # noqa: E402
+from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama  # noqa: E402
+from ptxgen.testing.reference import (LlamaReference, attention, load_llama_gguf,  # noqa: E402
                                      rms_norm, rope_norm, silu)
 
 TINY = PRESETS["tiny"]
@@ -118,7 +118,7 @@ def test_synth_cli(tmp_path, capsys):
 def test_synth_cli_conventions(tmp_path, capsys):
     """--arch, --head-dim, --mix, --tied, --vocab-size, --tokenizer and
     --rope-freqs reach the file."""
-    from ptxgen.driver.model.gguf_loader import LlamaFile
+    from ptxgen.llm.gguf.file import LlamaFile
     q3 = tmp_path / "q3.gguf"
     assert gguf_synth.main([str(q3), "--arch", "qwen3", "--head-dim", "128", "--mix", "Q4_K_M",
                             "--tied", "--vocab-size", "1024", "--tokenizer", "llama",

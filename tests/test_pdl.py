@@ -110,8 +110,8 @@ def test_emulator_checks_pdl_launches(rng):
 
 def test_enable_pdl_rewrites_launches_and_the_emulator_runs_them(tmp_path, rng, seed):
     pytest.importorskip("gguf")
-    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.model import LlamaModel
     path = str(tmp_path / "tiny.gguf")
     write_synthetic_llama(path, n_layers=1, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
                           vocab=512, context_length=64, seed=seed)

@@ -11,7 +11,7 @@ an f16 pair (``cvt.rn``).  That is exact for every bf16 of magnitude 2^-14
 (f16's least normal) up to 65280 (bf16's largest under 65504): a bf16 has 8
 significant bits and f16 11.  Smaller weights become f16 subnormals, off by
 at most 2^-25; the prefill keeps a matrix with a larger weight on the GEMV
-(driver/model/prefill.py), since those would be infinite."""
+(llm/prefill.py), since those would be infinite."""
 
 from __future__ import annotations
 

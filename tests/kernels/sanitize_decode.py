@@ -64,8 +64,8 @@ def main(argv=None):
     ops_gemv.gemv(q4(300, 14336), D(f(14336)), "Q4_K", residual=D(f(300)))
     driver.get_device().synchronize()
     import tempfile
-    from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.model import LlamaModel
     with tempfile.TemporaryDirectory() as tmp:
         path = tmp + "/tiny.gguf"
         write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,

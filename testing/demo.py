@@ -5,7 +5,7 @@ real vocabulary.
 Part one writes a random 2-layer model, decodes it on the backend (CUDA
 graphs on a GPU) and compares every step's logits with a float64 numpy
 forward pass.  Part two copies a real vocabulary into another random model
-(:func:`~.model.gguf_synth.write_synthetic_llama` ``vocab_from``), streams
+(:func:`~ptxgen.llm.gguf.synth.write_synthetic_llama` ``vocab_from``), streams
 the text it generates from a prompt, greedily and with a seeded sampler, and
 answers one chat turn with the vocabulary's chat template; the weights are
 random, so the text is gibberish.  On the emulator the vocabulary is cut to
@@ -15,13 +15,17 @@ step takes about a second.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-__all__ = ["demo", "default_vocab"]
+from ptxgen.cli import HelpFormatter
+from ptxgen.llm.cli import get_backend_for_cli, positive as _positive, run_guarded
+
+__all__ = ["demo", "default_vocab", "demo_command"]
 
 _VOCAB_NAME = "ggml-vocab-phi-3.gguf"
 
@@ -52,9 +56,9 @@ def demo(a, be) -> int:
 
 
 def _numerics(a, be, d) -> bool:
-    from .model.gguf_synth import write_synthetic_llama
-    from .model.llama import LlamaModel
-    from .model.llama_ref import LlamaReference
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.model import LlamaModel
+    from ptxgen.testing.reference import LlamaReference
 
     n_new = a.max_new_tokens or (24 if be.name == "cuda" else 4)
     path = os.path.join(d, "tiny-llama.gguf")
@@ -83,8 +87,8 @@ def _numerics(a, be, d) -> bool:
 
 
 def _text(a, be, d) -> None:
-    from .model.gguf_synth import write_synthetic_llama
-    from .model.llama import LlamaModel
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.model import LlamaModel
 
     vocab = a.vocab or default_vocab()
     if vocab is None:
@@ -122,3 +126,20 @@ def _text(a, be, d) -> None:
         print(f"chat: user: {question!r} -> assistant: {r.text!r}")
         print(f"    {r.prompt_tokens} prompt tokens through the chat template; {r.stats()}")
     sys.stdout.flush()
+
+
+def demo_command(argv) -> int:
+    p = argparse.ArgumentParser(prog="python -m ptxgen demo", formatter_class=HelpFormatter,
+                                description="decode a tiny synthetic Llama, check it against a "
+                                            "float64 reference, then generate text with a real "
+                                            "vocabulary")
+    p.add_argument("--backend", choices=("auto", "cuda", "emu"), default="auto",
+                   help="the GPU, the CPU emulator, or the GPU when there is one")
+    p.add_argument("-n", "--max-new-tokens", type=_positive, default=None,
+                   help="tokens to generate (default: 24 on a GPU, 4 on the emulator)")
+    p.add_argument("--keep", metavar="DIR", default=None, help="keep the generated GGUFs in DIR")
+    p.add_argument("--vocab", metavar="FILE.gguf", default=None,
+                   help="the vocabulary of the text part (default: the source tree's "
+                        "tests/data/vocab/ggml-vocab-phi-3.gguf, when present)")
+    a = p.parse_args(argv)
+    return run_guarded(lambda: demo(a, get_backend_for_cli(a.backend)))

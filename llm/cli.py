@@ -30,7 +30,7 @@ import argparse
 import os
 import sys
 
-__all__ = ["run_command", "chat_command", "demo_command"]
+__all__ = ["run_command", "chat_command", "positive", "get_backend_for_cli", "run_guarded"]
 
 from ptxgen.cli import HelpFormatter as _HELP
 
@@ -46,7 +46,7 @@ def _tokens(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"--tokens takes comma-separated integers, got {text!r}")
 
 
-def _positive(text: str) -> int:
+def positive(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
@@ -58,11 +58,11 @@ def _positive(text: str) -> int:
 
 def _add_model_args(p, n_default):
     p.add_argument("model", help="a llama-architecture .gguf file")
-    p.add_argument("-n", "--max-new-tokens", type=_positive, default=n_default,
+    p.add_argument("-n", "--max-new-tokens", type=positive, default=n_default,
                    help="tokens to generate at most (per reply)")
     p.add_argument("--backend", choices=("auto", "cuda", "emu"), default="auto",
                    help="the GPU, the CPU emulator, or the GPU when there is one")
-    p.add_argument("--capacity", type=_positive, default=None,
+    p.add_argument("--capacity", type=positive, default=None,
                    help="KV cache length in tokens (default: the model's context, at most 4096)")
     p.add_argument("--eager", action="store_true",
                    help="one launch per op from Python instead of a CUDA graph per token")
@@ -94,7 +94,7 @@ def _add_sampling_args(p):
 
 
 def _sampling(a):
-    from .model.generation import SamplingSettings
+    from ptxgen.llm.generation import SamplingSettings
     if not a.no_escape:
         a.stop = [_unescape(x) for x in a.stop]
     try:
@@ -130,10 +130,10 @@ def _tty(stream) -> bool:
     return hasattr(stream, "isatty") and stream.isatty()
 
 
-def _get_backend(name: str):
+def get_backend_for_cli(name: str):
     """The backend, with a note on stderr when ``auto`` falls back to the emulator."""
-    from .backend import get_backend
-    from .errors import CUDAError
+    from ptxgen.driver.backend import get_backend
+    from ptxgen.driver.errors import CUDAError
     try:
         be = get_backend(name)
     except CUDAError as e:
@@ -148,8 +148,8 @@ def _get_backend(name: str):
 def _load(a, be, need: str = ""):
     """The model of ``a.model`` on ``be``; ``need`` "tokenizer" or "chat"
     refuses a file without a tokenizer (or chat template) before loading."""
-    from .model.gguf_loader import LlamaFile
-    from .model.llama import LlamaModel
+    from ptxgen.llm.gguf.file import LlamaFile
+    from ptxgen.llm.model import LlamaModel
     f = LlamaFile(a.model)
     tok = f.tokenizer()
     if need and tok is None:
@@ -175,13 +175,13 @@ def _prompt_progress(be):
     return show
 
 
-def _run_guarded(body) -> int:
+def run_guarded(body) -> int:
     """Run ``body()``; known failures become one ``error:`` line and exit 2."""
-    from .model.chat_template import ChatTemplateError
-    from .model.generation import ContextOverflowError
-    from .model.gguf_loader import GGUFError
-    from .model.gguf_metadata import GGUFMetadataError
-    from .model.tokenizer import TokenizerError
+    from ptxgen.llm.text.chat_template import ChatTemplateError
+    from ptxgen.llm.generation import ContextOverflowError
+    from ptxgen.llm.gguf.file import GGUFError
+    from ptxgen.llm.gguf.metadata import GGUFMetadataError
+    from ptxgen.llm.text.tokenizer import TokenizerError
     try:
         return body()
     except (CliError, GGUFError, GGUFMetadataError, TokenizerError, ChatTemplateError,
@@ -224,7 +224,7 @@ def run_command(argv) -> int:
                 raise CliError(f"--prompt-file {a.prompt_file}: is a directory")
             with open(a.prompt_file, encoding="utf-8") as f:
                 prompt = f.read()
-        be = _get_backend(a.backend)
+        be = get_backend_for_cli(a.backend)
         model = _load(a, be, "" if prompt is None else "tokenizer")
         if a.summary:
             print(model.summary())
@@ -245,7 +245,7 @@ def run_command(argv) -> int:
         print(_stats_line(res, stream, model), file=sys.stderr)
         return 0
 
-    return _run_guarded(body)
+    return run_guarded(body)
 
 
 def _stats_line(res, stream, model) -> str:
@@ -284,7 +284,7 @@ def chat_command(argv) -> int:
         if a.chat_template is not None:
             with open(a.chat_template, encoding="utf-8") as f:
                 a.template = f.read()
-        be = _get_backend(a.backend)
+        be = get_backend_for_cli(a.backend)
         model = _load(a, be, "chat")
         session = model.chat_session(
             a.system, template=a.template, max_new_tokens=a.max_new_tokens, sampling=settings,
@@ -310,22 +310,4 @@ def chat_command(argv) -> int:
             print(_stats_line(stream.result, stream, model), file=sys.stderr, flush=True)
         return 0
 
-    return _run_guarded(body)
-
-
-def demo_command(argv) -> int:
-    from .demo import demo
-    p = argparse.ArgumentParser(prog="python -m ptxgen demo", formatter_class=_HELP,
-                                description="decode a tiny synthetic Llama, check it against a "
-                                            "float64 reference, then generate text with a real "
-                                            "vocabulary")
-    p.add_argument("--backend", choices=("auto", "cuda", "emu"), default="auto",
-                   help="the GPU, the CPU emulator, or the GPU when there is one")
-    p.add_argument("-n", "--max-new-tokens", type=_positive, default=None,
-                   help="tokens to generate (default: 24 on a GPU, 4 on the emulator)")
-    p.add_argument("--keep", metavar="DIR", default=None, help="keep the generated GGUFs in DIR")
-    p.add_argument("--vocab", metavar="FILE.gguf", default=None,
-                   help="the vocabulary of the text part (default: the source tree's "
-                        "tests/data/vocab/ggml-vocab-phi-3.gguf, when present)")
-    a = p.parse_args(argv)
-    return _run_guarded(lambda: demo(a, _get_backend(a.backend)))
+    return run_guarded(body)

@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("gguf")
 
 from backends import cuda_available
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-from ptxgen.driver.model.llama import ContextOverflowError, LlamaModel
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+from ptxgen.llm.model import ContextOverflowError, LlamaModel
 from decode_check import check_logits as _check_logits
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
@@ -131,7 +131,7 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     assert cut.graph.launch_count == (full.graph.launch_count - per_kind["RmsNorm"]
                                       - per_kind["Attention"])
     assert [op.kind for op in cut.graph.ops] == [op.kind for op in full.graph.ops]
-    from ptxgen.driver.model.gguf_loader import GGUFError
+    from ptxgen.llm.gguf.file import GGUFError
     with pytest.raises(GGUFError):
         with bench_model._without({"RmsNorm"}):
             LlamaModel.from_gguf(__file__, backend="emu", progress=False)
@@ -193,7 +193,7 @@ def test_gpu_graph_replay_equals_eager_bit_for_bit(tiny):
 @pytest.mark.gpu
 @gpu
 def test_gpu_errors_leave_context_usable(tiny, tmp_path):
-    from ptxgen.driver.model.gguf_loader import GGUFError
+    from ptxgen.llm.gguf.file import GGUFError
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(open(tiny, "rb").read()[:100_000])
     with pytest.raises(GGUFError, match="truncated"):

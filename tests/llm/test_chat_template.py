@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from ptxgen.driver.model.chat_template import (ChatTemplateError, encode_chat,
+from ptxgen.llm.text.chat_template import (ChatTemplateError, encode_chat,
                                                incremental_chat_tokens, render_chat)
-from ptxgen.driver.model.tokenizer import Tokenizer
+from ptxgen.llm.text.tokenizer import Tokenizer
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
 

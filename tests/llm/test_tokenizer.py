@@ -23,10 +23,10 @@ import os
 import numpy as np
 import pytest
 
-from ptxgen.driver.model.gguf_metadata import GGUFMetadataError, read_gguf_metadata
-from ptxgen.driver.model.tokenizer import (SUPPORTED_PRE_TOKENIZERS, Tokenizer,
+from ptxgen.llm.gguf.metadata import GGUFMetadataError, read_gguf_metadata
+from ptxgen.llm.text.tokenizer import (SUPPORTED_PRE_TOKENIZERS, Tokenizer,
                                            TokenizerError)
-from ptxgen.driver.model.vocab import ATTR
+from ptxgen.llm.text.vocab import ATTR
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
 SEP = "\n__ggml_vocab_test__\n"

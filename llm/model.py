@@ -52,13 +52,13 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
                             kv_append, rmsnorm, rope, sampling, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from ..executor import ComputeGraph, Executor, Launch
-from .generation import (GREEDY, SAMPLE, ContextOverflowError, Decoding, SamplingSettings,
+from ptxgen.driver.executor import ComputeGraph, Executor, Launch
+from ptxgen.llm.generation import (GREEDY, SAMPLE, ContextOverflowError, Decoding, SamplingSettings,
                          sampler_spec)
-from .gguf_loader import GGUFError, LlamaFile
-from . import lowering
-from . import qkv as qkv_mod
-from .text import TextGeneration
+from ptxgen.llm.gguf.file import GGUFError, LlamaFile
+from ptxgen.llm import lowering
+from ptxgen.llm import qkv as qkv_mod
+from ptxgen.llm.textgen import TextGeneration
 
 __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError", "SamplingSettings"]
 
@@ -185,7 +185,7 @@ class LlamaModel(TextGeneration):
         one (``tokenizer.ggml.*``), becomes :attr:`tokenizer`; it must have
         as many tokens as the model has logits.
         """
-        from ..backend import get_backend
+        from ptxgen.driver.backend import get_backend
         f = LlamaFile(path)
         tok = f.tokenizer() if tokenizer else None
         be = get_backend(backend) if isinstance(backend, str) else backend
@@ -538,7 +538,7 @@ class LlamaModel(TextGeneration):
             chunk = self.default_prefill_chunk()
         if not chunk or start != 0 or n_fed < 2:
             return 0, 0.0
-        from .prefill import Prefill
+        from ptxgen.llm.prefill import Prefill
         t0 = time.perf_counter()
         pre = getattr(self, "_prefiller", None)
         if pre is None or pre.chunk != chunk:
@@ -551,7 +551,7 @@ class LlamaModel(TextGeneration):
         when the model suits the chunked prefill (no q/k norms or biases, a
         GEMM for every layer weight's type), 0 (token by token) otherwise
         and on the emulator."""
-        from .prefill import DEFAULT_CHUNK, gemm_ready, refusal
+        from ptxgen.llm.prefill import DEFAULT_CHUNK, gemm_ready, refusal
         if not self.backend.can_capture or refusal(self) is not None or not gemm_ready(self):
             return 0
         return DEFAULT_CHUNK

@@ -33,7 +33,7 @@ import operator
 import numpy as np
 import regex
 
-from .vocab import ATTR, TokenizerError, Vocab
+from ptxgen.llm.text.vocab import ATTR, TokenizerError, Vocab
 
 __all__ = ["SpmEncoder"]
 

@@ -16,7 +16,7 @@ import attrs
 
 from ptxgen.kernels import gemv
 
-from ..executor import Launch
+from ptxgen.driver.executor import Launch
 
 __all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "Tuning", "FAMILIES"]
 

@@ -7,8 +7,8 @@ import pytest
 
 pytest.importorskip("gguf")
 
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-from ptxgen.driver.model.llama import LlamaModel
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+from ptxgen.llm.model import LlamaModel
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
@@ -96,7 +96,7 @@ def test_prefill_matches_token_by_token(model, rng):
 def test_prefill_matches_token_by_token_types(typed_model, rng):
     """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0, Q5_K, F16 and BF16 files:
     every projection runs on the GEMM (no GEMV per token)."""
-    from ptxgen.driver.model.prefill import gemm_ready
+    from ptxgen.llm.prefill import gemm_ready
     m = typed_model
     assert gemm_ready(m)
     types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
@@ -113,8 +113,8 @@ def test_bf16_weight_past_f16_keeps_its_matrix_on_the_gemv(tmp_path, rng):
     f16's range (here 2^16) is read by the GEMV instead; the others keep
     the GEMM."""
     import gguf as _gguf
-    from ptxgen.driver.model.gguf_loader import LlamaFile
-    from ptxgen.driver.model.prefill import _has_gemm
+    from ptxgen.llm.gguf.file import LlamaFile
+    from ptxgen.llm.prefill import _has_gemm
     p = tmp_path / "bf16.gguf"
     write_synthetic_llama(str(p), seed=int(rng.integers(1 << 30)), **TYPED, **MIXED["bf16"])
     name = "blk.0.ffn_up.weight"
@@ -145,7 +145,7 @@ def test_buckets_agree(model, rng):
     """Five prompt tokens as one chunk in a bucket of 8 (launches sized past
     the chunk, tiles past T exiting) against chunks of 4 and 1 in buckets of
     4 and 2: the same logits and continuation."""
-    from ptxgen.driver.model.prefill import Prefill
+    from ptxgen.llm.prefill import Prefill
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     m = _fresh(model)
     m._prefiller = Prefill(m, 8, buckets=())

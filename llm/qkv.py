@@ -22,9 +22,9 @@ import numpy as np
 
 from ptxgen.kernels import rmsnorm, rope
 
-from ..executor import Launch
-from . import lowering
-from .gguf_loader import RawTensor
+from ptxgen.driver.executor import Launch
+from ptxgen.llm import lowering
+from ptxgen.llm.gguf.file import RawTensor
 
 __all__ = ["lower_qkv", "can_fuse_rope"]
 

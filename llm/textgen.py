@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import attrs
 
-from .chat_template import ChatTemplateError, encode_chat, incremental_chat_tokens
-from .generation import SamplingSettings
+from ptxgen.llm.text.chat_template import ChatTemplateError, encode_chat, incremental_chat_tokens
+from ptxgen.llm.generation import SamplingSettings
 
 __all__ = ["TextGeneration", "TextResult", "TextStream", "ChatSession", "STOP_EOG",
            "STOP_STRING", "STOP_LENGTH", "STOP_CAPACITY", "sampling_settings"]

@@ -9,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from ptxgen.driver.model import text as T
-from ptxgen.driver.model.generation import SamplingSettings
-from ptxgen.driver.model.gguf_synth import vocab_metadata, write_synthetic_llama
-from ptxgen.driver.model.tokenizer import Tokenizer
+from ptxgen.llm import textgen as T
+from ptxgen.llm.generation import SamplingSettings
+from ptxgen.llm.gguf.synth import vocab_metadata, write_synthetic_llama
+from ptxgen.llm.text.tokenizer import Tokenizer
 from ptxgen.kernels.sampling import params as S
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")

@@ -75,7 +75,7 @@ def read_info(path, ctx: int | None = None) -> ModelInfo:
     GGUFError
         Not a readable GGUF file.
     """
-    from .gguf_loader import GGUFError, LlamaFile
+    from ptxgen.llm.gguf.file import GGUFError, LlamaFile
     path = os.fspath(path)
     try:
         import gguf
@@ -132,8 +132,8 @@ def weight_estimates(info: ModelInfo) -> list:
     other tensors as stored), and to llama.cpp's Q4_K_M mix where all of its
     types have kernels, smallest first."""
     from ptxgen.kernels import quants
-    from .gguf_loader import kernel_types
-    from .gguf_synth import quant_mix
+    from ptxgen.llm.gguf.file import kernel_types
+    from ptxgen.llm.gguf.synth import quant_mix
     mats = kernel_types()["matrix"]
 
     def size(qt, shape):
@@ -234,7 +234,7 @@ def info_command(argv) -> int:
     p.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                    help="fit against this many GiB instead of the present GPU's free memory")
     a = p.parse_args(argv)
-    from .gguf_loader import GGUFError
+    from ptxgen.llm.gguf.file import GGUFError
     if a.ctx is not None and a.ctx < 1:
         print(f"error: --ctx must be a positive number of tokens, got {a.ctx}", file=sys.stderr)
         return 2

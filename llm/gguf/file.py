@@ -491,7 +491,7 @@ class LlamaFile:
             The vocabulary cannot be used, or its size is not the model's
             (``token_embd`` rows).
         """
-        from .tokenizer import Tokenizer, TokenizerError
+        from ptxgen.llm.text.tokenizer import Tokenizer, TokenizerError
         field = self.reader.fields.get("tokenizer.ggml.model")
         if field is None or bytes(field.parts[field.data[0]]).decode(errors="replace") == "none":
             return None

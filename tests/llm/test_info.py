@@ -10,7 +10,7 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from ptxgen.cli import main
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+from ptxgen.llm.gguf.synth import write_synthetic_llama
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)

@@ -29,7 +29,7 @@ vocabulary take seconds per step.
 
 CLI::
 
-    python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny|llama3-8b|... [--arch qwen2]
+    python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny|llama3-8b|... [--arch qwen2]
         [--qtype Q4_K] [--mix Q4_K_M] [--rope-freqs] [--head-dim N] [--tied] [--vocab-size N]
         [--vocab VOCAB.gguf [--vocab-limit N]] [--seed N]
 """
@@ -119,8 +119,8 @@ def vocab_metadata(path, limit: Optional[int] = None) -> dict:
     dict
         Key -> value, as :func:`~.gguf_metadata.read_gguf_metadata` gives.
     """
-    from .gguf_metadata import read_gguf_metadata
-    from . import vocab as V
+    from ptxgen.llm.gguf.metadata import read_gguf_metadata
+    from ptxgen.llm.text import vocab as V
 
     meta = read_gguf_metadata(path)
     out = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
@@ -550,8 +550,8 @@ def write_synthetic_llama(
 
 
 def main(argv=None) -> int:
-    """Command line: ``python -m ptxgen.driver.model.gguf_synth OUT.gguf --preset tiny``."""
-    ap = argparse.ArgumentParser(prog="python -m ptxgen.driver.model.gguf_synth",
+    """Command line: ``python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny``."""
+    ap = argparse.ArgumentParser(prog="python -m ptxgen.llm.gguf.synth",
                                  description="Write a synthetic decoder GGUF with random "
                                              "quantized weights.",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)

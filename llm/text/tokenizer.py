@@ -28,11 +28,11 @@ import os
 import numpy as np
 import regex
 
-from .bpe import BpeEncoder
-from .gguf_metadata import read_gguf_metadata
-from .pretokenize import PRE_TOKENIZERS, byte_decode_table
-from .spm import SpmEncoder, spm_piece
-from .vocab import ATTR, SUPPORTED_MODELS, TokenizerError, Vocab
+from ptxgen.llm.text.bpe import BpeEncoder
+from ptxgen.llm.gguf.metadata import read_gguf_metadata
+from ptxgen.llm.text.pretokenize import PRE_TOKENIZERS, byte_decode_table
+from ptxgen.llm.text.spm import SpmEncoder, spm_piece
+from ptxgen.llm.text.vocab import ATTR, SUPPORTED_MODELS, TokenizerError, Vocab
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "SUPPORTED_MODELS",
            "SUPPORTED_PRE_TOKENIZERS"]
@@ -372,7 +372,7 @@ class Tokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             template: str | None = None, **extra) -> str:
         """Render ``messages`` with the file's chat template (see :func:`.chat_template.render_chat`)."""
-        from .chat_template import render_chat
+        from ptxgen.llm.text.chat_template import render_chat
 
         v = self._vocab
         bos = v.special["bos"]

@@ -16,10 +16,10 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from decode_check import check_logits
-from ptxgen.driver.model.gguf_loader import LlamaFile
-from ptxgen.driver.model.gguf_synth import quant_mix, write_synthetic_llama
-from ptxgen.driver.model.llama import LlamaModel
-from ptxgen.driver.model.llama_ref import LlamaReference
+from ptxgen.llm.gguf.file import LlamaFile
+from ptxgen.llm.gguf.synth import quant_mix, write_synthetic_llama
+from ptxgen.llm.model import LlamaModel
+from ptxgen.testing.reference import LlamaReference
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
@@ -42,7 +42,7 @@ def _kinds(m, layer):
 def _qkv_epilogue(m, path):
     """The layer-0 Q/K/V GEMV's epilogue, which `python -m ptxgen tune`
     must time too (its gemv_calls)."""
-    from ptxgen.driver.tune import gemv_calls
+    from ptxgen.llm.tune import gemv_calls
     spec = next(L.spec for op in m.graph.ops if op.name == "blk.0.attn_qkv" for L in op.launches)
     qt, rows, k, epi = gemv_calls(path)[0]
     assert (qt, rows, k, epi) == (spec.qtype, m.hp.q_dim + 2 * m.hp.kv_dim, m.hp.hidden,

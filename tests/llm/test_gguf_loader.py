@@ -7,8 +7,8 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from ptxgen.driver.model.gguf_loader import GGUFError, LlamaFile
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
+from ptxgen.llm.gguf.file import GGUFError, LlamaFile
+from ptxgen.llm.gguf.synth import write_synthetic_llama
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=128)
@@ -252,7 +252,7 @@ def test_types_checked_per_role(tmp_path, seed):
 def test_head_size_without_an_attention_kernel(tmp_path, seed):
     """Heads of 96 load as a file but no attention kernel takes them: the
     model refuses at load, naming the keys."""
-    from ptxgen.driver.model.llama import LlamaModel
+    from ptxgen.llm.model import LlamaModel
     p = str(tmp_path / "d96.gguf")
     write_synthetic_llama(p, seed=seed, n_layers=1, hidden=384, ffn=512, n_heads=4,
                           n_kv_heads=2, vocab=256, qtype="Q8_0", output_qtype="Q8_0")

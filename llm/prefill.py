@@ -33,9 +33,9 @@ import numpy as np
 
 from ptxgen.kernels import decode_state, gemm as _gemm, rope
 
-from .. import ops
-from ..ops_backend import get_backend, recording
-from ..ops_gemm import gemm_target
+from ptxgen.driver import ops
+from ptxgen.driver.ops_backend import get_backend, recording
+from ptxgen.driver.ops_gemm import gemm_target
 
 __all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal", "gemm_ready"]
 

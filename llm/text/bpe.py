@@ -23,8 +23,8 @@ import itertools
 
 from tokenizers import models
 
-from .pretokenize import PRE_TOKENIZERS, byte_encode, split_words
-from .vocab import TokenizerError, Vocab
+from ptxgen.llm.text.pretokenize import PRE_TOKENIZERS, byte_encode, split_words
+from ptxgen.llm.text.vocab import TokenizerError, Vocab
 
 __all__ = ["BpeEncoder"]
 

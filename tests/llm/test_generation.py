@@ -18,12 +18,12 @@ pytest.importorskip("gguf")
 
 from backends import cuda_available
 from ptxgen.driver.backend import EmuBackend
-from ptxgen.driver.model.chat_template import encode_chat, incremental_chat_tokens
-from ptxgen.driver.model.generation import ContextOverflowError, SamplingSettings
-from ptxgen.driver.model.gguf_loader import GGUFError, LlamaFile
-from ptxgen.driver.model.gguf_synth import write_synthetic_llama
-from ptxgen.driver.model.llama import LlamaModel
-from ptxgen.driver.model import text as T
+from ptxgen.llm.text.chat_template import encode_chat, incremental_chat_tokens
+from ptxgen.llm.generation import ContextOverflowError, SamplingSettings
+from ptxgen.llm.gguf.file import GGUFError, LlamaFile
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+from ptxgen.llm.model import LlamaModel
+from ptxgen.llm import textgen as T
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
 PHI3 = os.path.join(DATA, "ggml-vocab-phi-3.gguf")

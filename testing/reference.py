@@ -32,7 +32,7 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from .gguf_loader import SUPPORTED_TYPES, LlamaFile, LlamaHParams
+from ptxgen.llm.gguf.file import SUPPORTED_TYPES, LlamaFile, LlamaHParams
 
 __all__ = ["LlamaHParams", "RefConventions", "LlamaReference", "load_llama_gguf",
            "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu",

@@ -1,0 +1,2 @@
+"""GGUF files: the metadata reader, the validated model file and the
+synthetic-model writer."""

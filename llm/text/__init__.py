@@ -1,0 +1,2 @@
+"""Text: the GGUF vocabulary's tokenizer (BPE and SentencePiece) and chat
+templates."""
