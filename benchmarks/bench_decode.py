@@ -117,7 +117,7 @@ def run_all(verbose: bool = True) -> dict:
         q = torch.randn(n_q, d, device="cuda")
         o = torch.empty(n_q, d, device="cuda")
         dq, dk, dv, do = _dev(q), _dev(kc), _dev(vc), _dev(o)
-        step_knobs = {"early_kv": True}     # as LlamaModel runs it (its tuned config)
+        step_knobs = {"early_kv": True}     # as Model runs it (its tuned config)
         for L in (1024, 4096, 16384, 32768):
             lens = _i32(torch, L)
             dl = _dev(lens)

@@ -66,14 +66,14 @@ def _set_context(model, ctx: int):
     st[ds.POS] = ctx - 1
     st[ds.KV_LEN] = ctx
     st[ds.PROMPT_LEN] = 0
-    model.executor.write(model.state, st)
+    model.executor.write(model.step_graph.state, st)
     model.backend.synchronize()
 
 
 def _measure(model, ctx: int, mode: str, n: int = 30, variant: str | None = None) -> float:
     from ptxgen import driver
     _set_context(model, ctx)
-    s = model._stream
+    s = model.device_stream
     for _ in range(3):
         model.step(mode, variant)
     s.synchronize()
@@ -145,13 +145,13 @@ def run_sampler(gguf_path: str | None = None, contexts=(128, 4096), rounds: int 
     the ratio to greedy's median in the same context."""
     from ptxgen.driver import get_device
     from ptxgen.llm.generation import SamplingSettings
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     cases = dict(SAMPLER_CASES if cases is None else cases)
     tmp = None
     if gguf_path is None:
         tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")
         gguf_path = _write_model(tmp)
-    model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
+    model = Model.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
                                  progress=False, tokenizer=False)
     out = {"device": get_device().name, "rounds": rounds, "rows": [],
            "launches_per_token": {v: model.graph.launch_count_of(v)
@@ -164,7 +164,7 @@ def run_sampler(gguf_path: str | None = None, contexts=(128, 4096), rounds: int 
         for _ in range(rounds):
             times["greedy"].append(_measure(model, ctx, "graph", variant="greedy"))
             for name, kw in cases.items():
-                model.executor.write(model.sampling_params, SamplingSettings(**kw).params(1234))
+                model.executor.write(model.step_graph.sampling_params, SamplingSettings(**kw).params(1234))
                 model.backend.synchronize()
                 times[name].append(_measure(model, ctx, "graph", variant="sample"))
         base = float(np.median(times["greedy"]))
@@ -182,10 +182,10 @@ def run_sampler(gguf_path: str | None = None, contexts=(128, 4096), rounds: int 
 def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
             modes=("eager", "graph")) -> dict:
     """Decode-step timings per configuration (``configs``: name ->
-    :class:`LlamaModel` keyword arguments; default: the ones below).  A
+    :class:`Model` keyword arguments; default: the ones below).  A
     configuration's ``"drop"`` entry (op kinds) builds the model without
     those ops' launches, to time what they cost (:func:`_without`)."""
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     tmp = None
     if gguf_path is None:
         tmp = tempfile.mkdtemp(prefix="ptxgen-bench-")
@@ -209,7 +209,7 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         t0 = time.perf_counter()
         kw = dict(kw)
         with _without(kw.pop("drop", ())):
-            model = LlamaModel.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
+            model = Model.from_gguf(gguf_path, backend="cuda", capacity=max(contexts) + 64,
                                          progress=False, **kw)
         load_s = time.perf_counter() - t0
         out.update(launches_per_token=model.graph.launch_count,

@@ -151,8 +151,8 @@ def bench_attention(T=512, Ls=(0, 4096, 16384), nq=32, nkv=8, d=128, reps=20, sw
 
 
 def bench_model(path, lengths=(512, 4096), chunk=512):
-    from ptxgen.llm.model import LlamaModel
-    m = LlamaModel.from_gguf(path, backend="cuda", capacity=max(lengths) + 8, progress=False)
+    from ptxgen.llm import Model
+    m = Model.from_gguf(path, backend="cuda", capacity=max(lengths) + 8, progress=False)
     rng = np.random.default_rng(0)
     for n in lengths:
         prompt = [int(t) for t in rng.integers(0, m.hp.vocab, n)]

@@ -60,12 +60,12 @@ def collect(model, ctx):
     mods = {id(m): m for _, _, m, _, _, _ in launches}
     _set_context(model, ctx)
     model.step("graph")
-    model._stream.synchronize()
+    model.device_stream.synchronize()
     _set_context(model, ctx)
     for m in mods.values():
         timeline.reset(m)
     model.step("graph")
-    model._stream.synchronize()
+    model.device_stream.synchronize()
     recs = {k: timeline.read(m) for k, m in mods.items()}
     cursor = defaultdict(int)
     rows = []
@@ -155,14 +155,14 @@ def main(argv=None):
     ap.add_argument("--drop", default="", help="comma-separated op kinds built without launches "
                     "(an ablation, as bench_model's configs' \"drop\")")
     ap.add_argument("--fuse-norm", default=None,
-                    help="RMSNorms folded into the GEMVs after them (LlamaModel's fuse_norm): "
+                    help="RMSNorms folded into the GEMVs after them (Model's fuse_norm): "
                          "all, none, or a comma list of attn,ffn,output (default: the model's)")
     ap.add_argument("--gemv-knobs", default="{}",
                     help='Q4_K GEMV spec overrides per epilogue as JSON, e.g. '
-                    '\'{"swiglu": {"per_sm": 4}}\' (LlamaModel\'s gemv_knobs)')
+                    '\'{"swiglu": {"per_sm": 4}}\' (Model\'s gemv_knobs)')
     ap.add_argument("--flash-knobs", default="{}",
                     help='FlashDecodeSpec overrides as JSON, e.g. \'{"per_sm": 2}\' '
-                    "(LlamaModel's flash_knobs)")
+                    "(Model's flash_knobs)")
     ap.add_argument("--no-fuse-rope", action="store_true",
                     help="RoPE and the KV append as a launch of their own (fuse_rope=False)")
     args = ap.parse_args(argv)
@@ -172,7 +172,7 @@ def main(argv=None):
     from .bench_common import copy_bandwidth
     from .bench_model import _without
     from ptxgen.llm.gguf.synth import write_synthetic_llama
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     path = args.gguf
     if path is None:
         path = os.path.join(tempfile.mkdtemp(prefix="ptxgen-timeline-"), "llama3-8b-q4k.gguf")
@@ -190,11 +190,11 @@ def main(argv=None):
                 gemv_knobs=lambda m, k, epilogue: per_epi.get(epilogue, {}),
                 flash_knobs=json.loads(args.flash_knobs), fuse_rope=not args.no_fuse_rope)
     with _without(drop):
-        plain = LlamaModel.from_gguf(path, **load)
+        plain = Model.from_gguf(path, **load)
     t_plain = {c: _step_ms(plain, c) for c in contexts}
     del plain
     with timeline.instrumenting(), _without(drop):
-        model = LlamaModel.from_gguf(path, **load)
+        model = Model.from_gguf(path, **load)
     out = {}
     for ctx in contexts:
         t_inst = _step_ms(model, ctx)

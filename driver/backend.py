@@ -41,8 +41,8 @@ class CudaBackend:
     def fill_zero(self, arr):
         arr.fill(0)
 
-    def copy_from_host(self, arr, data):
-        arr.view(np.uint8, (data.nbytes,)).copy_from(data)
+    def copy_from_host(self, arr, data, stream=None):
+        arr.view(np.uint8, (data.nbytes,)).copy_from(data.view(np.uint8), stream=stream)
 
     def ptr(self, arr) -> int:
         return arr.ptr
@@ -66,6 +66,11 @@ class CudaBackend:
 
     def replay(self, graph_exec, stream):
         graph_exec.launch(stream)
+
+    def tensor_map(self, desc):
+        """The ``CUtensorMap`` launch argument of a :class:`ptxgen.tensor_map.TensorMap`."""
+        from .tensor_map import encode_tiled
+        return encode_tiled(desc)
 
 
 class EmuBackend:
@@ -112,7 +117,7 @@ class EmuBackend:
     def fill_zero(self, arr):
         arr.copy_from(np.zeros(arr.shape, arr.dtype))
 
-    def copy_from_host(self, arr, data):
+    def copy_from_host(self, arr, data, stream=None):
         arr.copy_from(data.view(arr.dtype).reshape(arr.shape))
 
     def ptr(self, arr) -> int:
@@ -126,6 +131,10 @@ class EmuBackend:
 
     def synchronize(self, stream=None):
         pass
+
+    def tensor_map(self, desc):
+        """The emulator takes a tensor map's description as its argument."""
+        return desc
 
     def capture(self, stream, issue):
         raise RuntimeError("the CPU emulator has no CUDA graphs; run eagerly")

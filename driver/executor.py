@@ -27,6 +27,19 @@ variant; an op of one variant runs only in that one.  ``run_eager``,
 ``capture`` and ``replay`` take the variant (default: the graph's
 ``default_variant``), and the executor keeps one CUDA graph per variant, so
 each replay issues only its own variant's launches.
+
+Shared memory.  Several graphs of one model (the decode step, the prompt
+chunk of each size) read the same weights and write the same KV cache: a
+:class:`Store` holds those persistent buffers by name, each graph made with
+it (``ComputeGraph(store=...)``) takes them from it, and a
+:class:`DeviceMemory` uploads each once for every executor given it.  The
+graphs of one model never run at the same time (one stream), so their
+executors can share one activation arena too (:class:`Arena`).
+
+Arguments.  A launch's arguments are a mapping from the kernel's declared
+parameter names to buffers, buffer references or scalars; the executor
+orders them by the kernel's PTX signature and refuses a missing or unknown
+name, naming the kernel.
 """
 
 from __future__ import annotations
@@ -36,7 +49,8 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
-__all__ = ["Buffer", "BufRef", "Launch", "Op", "ComputeGraph", "plan_activations", "Executor"]
+__all__ = ["Buffer", "BufRef", "TensorMapOf", "Launch", "Op", "Store", "ComputeGraph",
+           "plan_activations", "DeviceMemory", "Arena", "Executor"]
 
 _ALIGN = 256
 
@@ -78,16 +92,32 @@ class BufRef:
 
 
 def _buffers_of(args):
+    if isinstance(args, dict):
+        args = args.values()
     for a in args:
+        if isinstance(a, TensorMapOf):
+            a = a.source
         if isinstance(a, Buffer):
             yield a
         elif isinstance(a, BufRef):
             yield a.buffer
 
 
+@attrs.frozen(eq=False)
+class TensorMapOf:
+    """A launch argument: the tensor map ``describe(address)`` (a
+    :class:`ptxgen.tensor_map.TensorMap`) of the buffer ``source`` once it
+    has an address, as the backend encodes it (a ``CUtensorMap`` on the GPU)."""
+
+    source: Any
+    describe: Any
+
+
 @attrs.frozen
 class Launch:
-    """One kernel launch of an op: ``family.build(spec)[kernel](*args)``."""
+    """One kernel launch of an op: ``family.build(spec)[kernel](**args)``;
+    ``args`` maps the kernel's parameter names to buffers, buffer
+    references or scalars."""
 
     family: str
     spec: Any
@@ -116,22 +146,62 @@ class Op:
         return self.variant is None or self.variant == variant
 
 
-class ComputeGraph:
-    """Tensor ops in execution (topological) order."""
+class Store:
+    """Persistent buffers (weights and state) by name, shared by the graphs
+    of one model."""
 
     def __init__(self):
+        self.buffers: dict[str, Buffer] = {}
+
+    def get(self, name, shape, dtype, kind, data=None, nbytes=0, make=None) -> Buffer:
+        """The buffer ``name``, made on first use (``data`` may be a function
+        of no arguments, called then); a later request must agree on shape,
+        dtype and kind."""
+        b = self.buffers.get(name)
+        if b is None:
+            if callable(data):
+                data = data()
+            b = self.buffers[name] = Buffer(name, tuple(shape), dtype, kind, data, nbytes)
+        elif (b.shape, b.dtype, b.kind) != (tuple(shape), np.dtype(dtype), kind):
+            raise ValueError(f"buffer {name!r} is {b.kind} {b.shape} {b.dtype}; asked for "
+                             f"{kind} {tuple(shape)} {np.dtype(dtype)}")
+        return b
+
+
+class ComputeGraph:
+    """Tensor ops in execution (topological) order.  With a :class:`Store`,
+    weight and state buffers are the store's, shared with its other graphs."""
+
+    def __init__(self, store: Store | None = None):
         self.buffers: list[Buffer] = []
         self.ops: list[Op] = []
         self._names: set[str] = set()
+        self.store = store
         #: the variant run when none is named (see the module docstring)
         self.default_variant: str | None = None
 
     def buffer(self, name, shape, dtype, kind="activation", data=None, nbytes=0) -> Buffer:
+        """A new buffer; with a store, a weight or state buffer is the
+        store's (asking for it again gives it again)."""
+        shared = self.store is not None and kind != "activation"
         if name in self._names:
+            if shared and name in self.store.buffers:
+                return self.store.get(name, shape, dtype, kind)
             raise ValueError(f"buffer name {name!r} is used twice")
         self._names.add(name)
-        b = Buffer(name, tuple(shape), dtype, kind, data, nbytes)
+        if shared:
+            b = self.store.get(name, shape, dtype, kind, data, nbytes)
+        else:
+            b = Buffer(name, tuple(shape), dtype, kind, data() if callable(data) else data, nbytes)
         self.buffers.append(b)
+        return b
+
+    def shared(self, name) -> Buffer:
+        """The store's buffer ``name`` (made by another graph), now also this graph's."""
+        b = self.store.buffers[name]
+        if name not in self._names:
+            self._names.add(name)
+            self.buffers.append(b)
         return b
 
     def add(self, kind: str, name: str, inputs: Sequence[Buffer], outputs: Sequence[Buffer],
@@ -237,6 +307,60 @@ def plan_activations(graph: ComputeGraph) -> int:
     return size
 
 
+class DeviceMemory:
+    """The device arrays of persistent buffers, uploaded once for every
+    executor that shares this object (see the module docstring)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.arrays: dict[int, Any] = {}
+
+    def upload(self, buffers, progress=None):
+        """Allocate (and fill from ``data``, else zero) the buffers not yet on the device."""
+        be = self.backend
+        todo = [b for b in buffers if id(b) not in self.arrays]
+        total = sum(b.nbytes for b in todo)
+        done = 0
+        for b in todo:
+            if b.data is not None:
+                arr = be.from_numpy(np.ascontiguousarray(b.data))
+            else:
+                arr = be.empty((b.nbytes,), np.uint8)
+                be.fill_zero(arr)
+            self.arrays[id(b)] = arr
+            done += b.nbytes
+            if progress is not None:
+                progress(done, total, b.name)
+
+    def ptr(self, b: Buffer) -> int:
+        return self.backend.ptr(self.arrays[id(b)])
+
+
+class Arena:
+    """Device bytes for the activations of graphs that never run at the same
+    time (one stream): every graph's size is reserved before the first one
+    runs, and the arena is allocated once, at the largest (captured graphs
+    hold its address)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.nbytes = 0
+        self._array = None
+
+    def reserve(self, nbytes: int):
+        if nbytes > self.nbytes:
+            if self._array is not None:
+                raise RuntimeError(f"the activation arena ({self.nbytes} bytes) is in use and "
+                                   f"cannot grow to {nbytes}: reserve every graph's size first")
+            self.nbytes = nbytes
+
+    @property
+    def array(self):
+        if self._array is None:
+            self._array = self.backend.empty((max(self.nbytes, _ALIGN),), np.uint8)
+        return self._array
+
+
 class Executor:
     """Compiles, allocates and runs a :class:`ComputeGraph` on a backend.
 
@@ -246,17 +370,28 @@ class Executor:
     backend : object
         ``ptxgen.driver.backend.CudaBackend`` or ``EmuBackend``: module
         loading, launches, arrays.
-    families : dict
-        Family name -> module with ``build(spec)`` (the kernels/ modules).
+    families : dict, optional
+        Family name -> module with ``build(spec)``; default: the kernel
+        families of :mod:`ptxgen.registry`.
+    memory : DeviceMemory, optional
+        Shared with other executors of the same model (its persistent
+        buffers); default: this executor's own.
+    arena : Arena, optional
+        Shared with executors of graphs that never run at the same time,
+        each graph's size reserved before the first runs; default: this
+        executor's own.
     """
 
-    def __init__(self, graph: ComputeGraph, backend, families: dict, progress=None):
+    def __init__(self, graph: ComputeGraph, backend, families: dict | None = None,
+                 progress=None, memory: DeviceMemory | None = None, arena: Arena | None = None):
         self.graph = graph
         self.backend = backend
         self.families = families
         self.arena_bytes = plan_activations(graph)
+        self.memory = memory if memory is not None else DeviceMemory(backend)
+        self._arena = arena if arena is not None else Arena(backend)
+        self._arena.reserve(self.arena_bytes)
         self._modules: dict = {}
-        self.arrays: dict[int, Any] = {}
         self._graph_execs: dict = {}
         self._alloc(progress)
         self._compile()
@@ -268,29 +403,22 @@ class Executor:
 
     # ------------------------------------------------------------- set-up
     def _alloc(self, progress):
-        be = self.backend
-        self.arena = be.empty((max(self.arena_bytes, _ALIGN),), np.uint8)
-        persistent = [b for b in self.graph.buffers if b.kind != "activation"]
-        total = sum(b.nbytes for b in persistent)
-        done = 0
-        for b in persistent:
-            if b.data is not None:
-                arr = be.from_numpy(np.ascontiguousarray(b.data))
-            else:
-                arr = be.empty((b.nbytes,), np.uint8)
-                be.fill_zero(arr)
-            self.arrays[id(b)] = arr
-            done += b.nbytes
-            if progress is not None:
-                progress(done, total, b.name)
+        self.memory.upload([b for b in self.graph.buffers if b.kind != "activation"], progress)
+        self.arena = self._arena.array
+        self.arrays = self.memory.arrays
+
+    def _build(self, family: str):
+        if self.families is not None:
+            return self.families[family].build
+        from ptxgen import registry
+        return registry.family(family).build
 
     def _compile(self):
         for op in self.graph.ops:
             for L in op.launches:
                 key = (L.family, L.spec)
                 if key not in self._modules:
-                    fam = self.families[L.family]
-                    self._modules[key] = self.backend.load(fam.build(L.spec))
+                    self._modules[key] = self.backend.load(self._build(L.family)(L.spec))
 
     def ptr(self, b: Buffer) -> int:
         if b.kind == "activation":
@@ -302,10 +430,20 @@ class Executor:
     def _resolve(self, L: Launch):
         fn = self._modules[(L.family, L.spec)].function(L.kernel)
         fn.require_dynamic_shared(L.shared)
-        args = tuple(self.ptr(a) if isinstance(a, Buffer)
-                     else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
-                     else a for a in L.args)
+        given = L.args
+        if isinstance(given, dict):
+            given = _by_signature(fn, given)
+        args = tuple(self._value(a) for a in given)
         return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
+
+    def _value(self, a):
+        if isinstance(a, Buffer):
+            return self.ptr(a)
+        if isinstance(a, BufRef):
+            return self.ptr(a.buffer) + a.offset
+        if isinstance(a, TensorMapOf):
+            return self.backend.tensor_map(a.describe(self._value(a.source)))
+        return a
 
     # ------------------------------------------------------------- running
     def launches(self, variant=None) -> list:
@@ -352,11 +490,26 @@ class Executor:
             raw = self.backend.to_numpy(self.arrays[id(b)]).view(np.uint8).reshape(-1)[:b.nbytes]
         return raw.view(b.dtype).reshape(b.shape).copy()
 
-    def write(self, b: Buffer, value: np.ndarray):
-        """Overwrite a state buffer from the host."""
+    def write(self, b: Buffer, value: np.ndarray, stream=None):
+        """Overwrite a state buffer from the host (ordered on ``stream`` when
+        given: work queued there before still sees the old value)."""
         if b.kind != "state":
             raise ValueError(f"only state buffers are written from the host, not {b.name!r}")
         data = np.ascontiguousarray(value, dtype=b.dtype).reshape(-1).view(np.uint8)
         if data.nbytes != b.nbytes:
             raise ValueError(f"{b.name}: {data.nbytes} bytes given, buffer holds {b.nbytes}")
-        self.backend.copy_from_host(self.arrays[id(b)], data)
+        self.backend.copy_from_host(self.arrays[id(b)], data, stream=stream)
+
+
+def _by_signature(fn, named: dict) -> tuple:
+    """``named`` arguments in the order of ``fn``'s declared parameters; a
+    missing or unknown name is refused, naming the kernel."""
+    names = [p.name for p in fn.params]
+    missing = [n for n in names if n not in named]
+    extra = [n for n in named if n not in names]
+    if missing or extra:
+        what = (f"missing {', '.join(missing)}" if missing else "") + \
+               ("; " if missing and extra else "") + \
+               (f"unknown {', '.join(extra)}" if extra else "")
+        raise ValueError(f"kernel {fn.name}({', '.join(names)}): {what}")
+    return tuple(named[n] for n in names)

@@ -60,8 +60,8 @@ def _weights(a, name, qtype):
     return q, m, rb // bb * bw
 
 
-def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, stream=None,
-         backend=None, **knobs):
+def gemm(w, x, qtype, out=None, residual=None, *, bias=None, n_tokens=None, y_stride=None,
+         stream=None, backend=None, **knobs):
     """``Y = X . W^T`` (``+ residual``) for quantized ``W``.
 
     Parameters
@@ -78,6 +78,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
     residual : float32 [T, M], optional
         Fused ``Y = X W^T + residual`` (``out`` may be ``residual``; laid
         out as ``out`` is).
+    bias : float32 [M], optional
+        Fused ``Y = X W^T + bias`` (added to every row); not with ``residual``.
     n_tokens : device int32 scalar, optional
         The rows of ``x`` to compute, read by the kernel (``t_device``): the
         launch covers all ``T`` rows of ``x`` and the tiles past
@@ -104,8 +106,10 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
     TypeError
         Wrong dtypes.
     """
+    if residual is not None and bias is not None:
+        raise ValueError("gemm takes a residual or a bias, not both")
     a = op_args(backend, writes=("out",), stream=stream, w=w, x=x, out=out, residual=residual,
-                n_tokens=n_tokens)
+                bias=bias, n_tokens=n_tokens)
     q, m, k = _weights(a, "w", qtype)
     xd = a.array("x")
     x_type = _X_TYPES.get(np.dtype(xd.dtype))
@@ -118,7 +122,7 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
     if t < 1:
         raise ValueError("x has no rows (T = 0)")
     be = a.backend
-    epi = "none" if residual is None else "residual"
+    epi = "residual" if residual is not None else "bias" if bias is not None else "none"
     t_dev = n_tokens is not None
     ys = 0
     if y_stride is not None:
@@ -139,6 +143,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
     args = [a["w"], xd]
     if residual is not None:
         args.append(a.array("residual", np.float32, None if ys else t * m))
+    if bias is not None:
+        args.append(a.array("bias", np.float32, m))
     grid, block, shared = _g.launch_geometry(plan, m, t)
     fn = be.function(_g.build, plan, dynamic_shared=shared)
     xm = _g.x_map(plan, int(xd.ptr), t)

@@ -7,7 +7,10 @@ fused form first adds a residual row, ``s = x + res``, writes ``s`` to
 Layout: ``x``, ``res``, ``sum_out``, ``out`` are row-major ``[rows, n]`` f32
 (``out`` f16 with ``out_type="f16"``), ``w`` is ``[n]`` f32; ``n`` (any positive length) and ``eps`` are launch
 parameters.  Launch: one block of ``spec.block`` threads per row,
-``grid = rows``.  A row whose pointers are all 16-byte aligned is read with
+``grid = rows``.  With ``grouped``, rows come in groups (the q heads of
+each token of a chunk): ``grid = (rows per group, groups)`` and row ``r``
+of group ``g`` starts at element ``g * stride + r * n`` of ``x`` and of
+``out`` (``stride``: a u32 parameter after ``eps``).  A row whose pointers are all 16-byte aligned is read with
 ``ld.global.nc.v4`` (a scalar tail covers ``n % 4``); other rows go scalar.
 An aligned row of at most ``4 * cache_vec * block`` values (``n % 4 == 0``)
 is kept in registers (one read of x and w); otherwise a second pass
@@ -51,6 +54,9 @@ class RmsNormSpec:
     out_type : {"f32", "f16"}
         ``out``'s element type; f16 is rounded to nearest (``cvt.rn``) from
         the f32 result, for a GEMM that takes f16 X.  ``sum_out`` stays f32.
+    grouped : bool
+        Rows in groups ``stride`` elements apart (see the module docstring);
+        not with ``residual``.
     target : str
     """
 
@@ -59,6 +65,7 @@ class RmsNormSpec:
     precise: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     cache_vec: int = attrs.field(default=4, validator=attrs.validators.in_((0, 1, 2, 4, 8)))
     out_type: str = attrs.field(default="f32", validator=attrs.validators.in_(("f32", "f16")))
+    grouped: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -67,7 +74,12 @@ class RmsNormSpec:
         name = "add_rmsnorm_f32" if self.residual else "rmsnorm_f32"
         return (name + ("" if self.precise else "_approx") + f"_b{self.block}"
                 + (f"_c{self.cache_vec}" if self.cache_vec != 4 else "")
-                + ("_out_f16" if self.out_type == "f16" else ""))
+                + ("_out_f16" if self.out_type == "f16" else "")
+                + ("_grouped" if self.grouped else ""))
+
+    def __attrs_post_init__(self):
+        if self.grouped and self.residual:
+            raise ValueError("a grouped RMSNorm has no residual form")
 
     @property
     def tolerance(self) -> float:
@@ -106,7 +118,8 @@ def _row_ptr(k, p, row, n):
 def build(spec: RmsNormSpec) -> ptxgen.Module:
     """PTX for ``spec``: kernel ``spec.kernel_name``.
 
-    Parameters (in order): ``x, [res, sum_out,] w, out, n: u32, eps: f32``.
+    Parameters (in order): ``x, [res, sum_out,] w, out, n: u32, eps: f32[,
+    stride: u32]``.
     """
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
@@ -120,12 +133,17 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
         out = k.param_ptr("out", f16 if half else f32, align=16)
         n = k.param("n", u32)
         eps = k.param("eps", f32)
+        stride = k.param("stride", u32) if spec.grouped else None
         scratch = k.shared_array("warp_sums", f32, max(1, spec.block // 32), align=16)
 
         row = k.ctaid.x
         tid = k.tid.x
-        xr = _row_ptr(k, x, row, n)
-        outr = _row_ptr(k, out, row, n)
+        if spec.grouped:
+            off = k.mul_wide(k.ctaid.y, stride) + k.mul_wide(row, n)
+            xr, outr = k.ptr_add(x, off), k.ptr_add(out, off)
+        else:
+            xr = _row_ptr(k, x, row, n)
+            outr = _row_ptr(k, out, row, n)
         ptrs = [xr, w, outr]
         if spec.residual:
             rr = _row_ptr(k, res, row, n)
@@ -230,9 +248,12 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
     return m
 
 
-def launch_geometry(spec: RmsNormSpec, rows: int):
-    """``(grid, block, shared_bytes)``: one block per row."""
-    return (rows, 1, 1), (spec.block, 1, 1), 0
+def launch_geometry(spec: RmsNormSpec, rows: int, groups: int = 1):
+    """``(grid, block, shared_bytes)``: one block per row (``rows`` per group
+    of a grouped kernel)."""
+    if groups != 1 and not spec.grouped:
+        raise ValueError("groups of rows need a grouped RMSNorm spec")
+    return (rows, groups, 1), (spec.block, 1, 1), 0
 
 
 def reference(x, w, eps, residual=None):
@@ -248,6 +269,7 @@ def reference(x, w, eps, residual=None):
 CANONICAL = {
     "rmsnorm": RmsNormSpec(),
     "add_rmsnorm": RmsNormSpec(residual=True),
+    "rmsnorm_grouped": RmsNormSpec(grouped=True, pdl=True, target="sm_90"),
 }
 
 registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

@@ -149,7 +149,7 @@ def _load(a, be, need: str = ""):
     """The model of ``a.model`` on ``be``; ``need`` "tokenizer" or "chat"
     refuses a file without a tokenizer (or chat template) before loading."""
     from ptxgen.llm.gguf.file import LlamaFile
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     f = LlamaFile(a.model)
     tok = f.tokenizer()
     if need and tok is None:
@@ -161,7 +161,7 @@ def _load(a, be, need: str = ""):
     if be.name == "emu":
         print(f"loading {a.model} and building its kernels for the emulator ...",
               file=sys.stderr, flush=True)
-    return LlamaModel(f, be, capacity=a.capacity, tokenizer=tok)
+    return Model(f, be, capacity=a.capacity, tokenizer=tok)
 
 
 def _prompt_progress(be):

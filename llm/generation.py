@@ -1,5 +1,5 @@
-"""Token generation on a :class:`~.llama.LlamaModel`: sampling settings, and
-the step loop that feeds tokens and hands back each chosen one.
+"""How the next token is chosen: sampling settings and the decode step's
+two variants.
 
 :class:`SamplingSettings` holds llama.cpp's sampler settings (temperature,
 top-k, top-p, min-p, the repetition / frequency / presence penalties over
@@ -11,26 +11,21 @@ sampler kernel (``ptxgen.kernels.sampling``) writes the chosen token
 instead, reading its settings from a device buffer the host rewrites before
 a generation.  Each variant is its own captured CUDA graph.
 
-:class:`Decoding` is the step loop: it feeds the given tokens (after the
-sequence already in the KV cache when the model continues one), then yields
-each token the model chooses, one step at a time, until the caller stops
-or the KV cache is full.
+The step loop that feeds tokens and hands back each chosen one is
+:class:`~ptxgen.llm.session.Decoding`.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import time
 
 import attrs
 import numpy as np
 
-from ptxgen.kernels import decode_state
 from ptxgen.kernels import sampling as _smp
 
-__all__ = ["SamplingSettings", "Decoding", "ContextOverflowError", "sampler_spec", "GREEDY",
-           "SAMPLE"]
+__all__ = ["SamplingSettings", "ContextOverflowError", "sampler_spec", "GREEDY", "SAMPLE"]
 
 #: the decode step's variants (``ComputeGraph.variants``)
 GREEDY, SAMPLE = "greedy", "sample"
@@ -157,96 +152,3 @@ def sampler_spec(n_vocab: int, target: str) -> _smp.SamplingSpec:
     else:
         block = min(512, max(64, 1 << max(0, (-(-n_vocab // 2) - 1).bit_length())))
     return _smp.SamplingSpec(block=block, top=64, target=target)
-
-
-class Decoding:
-    """Feeds tokens to a model, then yields each token it chooses.
-
-    Made by :meth:`LlamaModel.decode`.  Iterating runs the decode steps:
-    the first ``next()`` runs one step per fed token (the last of them
-    chooses the first new token), every later one runs one step.  The
-    iteration ends when the KV cache is full (:attr:`capacity_reached`);
-    otherwise the caller stops it.  Tokens are chosen on the device; each
-    is read back after its step.
-
-    Attributes
-    ----------
-    n_fed : int
-        Tokens the decode step feeds: the given tokens (but those the
-        chunked prefill ran), plus the sequence's last chosen token (not yet
-        in the cache) when continuing one.
-    prefilled : int
-        Prompt tokens the chunked prefill ran before the decode step.
-    start : int
-        The position of the first token the decode step feeds.
-    prompt_seconds : float
-        Wall time of the prompt: the chunked prefill (``prefill_seconds``,
-        when it ran) and the feeding steps, up to the first new token.
-    step_seconds : list of float
-        Wall time of each later step.
-    seed : int or None
-        The seed the sampler used (None for greedy decoding).
-    capacity_reached : bool
-    """
-
-    def __init__(self, model, n_fed: int, start: int, variant: str, mode: str, seed,
-                 progress=None, prefill_seconds: float = 0.0, prefilled: int = 0):
-        self.model = model
-        self.n_fed = n_fed
-        self.prefilled = prefilled
-        self.start = start
-        self.variant = variant
-        self.mode = mode if model.backend.can_capture else "eager"
-        self.seed = seed
-        self.prompt_seconds = self.prefill_seconds = float(prefill_seconds)
-        self.step_seconds: list = []
-        self.capacity_reached = False
-        self.tokens: list = []
-        self._progress = progress
-        self._pos = None
-
-    def __iter__(self):
-        return self
-
-    def _read_state(self):
-        m = self.model
-        st = m.executor.read(m.state)
-        if st[decode_state.OVERFLOW]:
-            raise ContextOverflowError("the decode step reported a KV-cache overflow")
-        return st
-
-    def __next__(self) -> int:
-        m = self.model
-        if self._pos is None:
-            t0 = time.perf_counter()
-            for i in range(self.n_fed):
-                m.step(self.mode, self.variant)
-                if self._progress is not None:
-                    m.backend.synchronize(m._stream)
-                    self._progress(i + 1, self.n_fed)
-            m.backend.synchronize(m._stream)
-            st = self._read_state()
-            self.prompt_seconds = self.prefill_seconds + time.perf_counter() - t0
-        else:
-            if self._pos >= m.capacity - 1:
-                self.capacity_reached = True
-                raise StopIteration
-            t0 = time.perf_counter()
-            m.step(self.mode, self.variant)
-            m.backend.synchronize(m._stream)
-            st = self._read_state()
-            self.step_seconds.append(time.perf_counter() - t0)
-        pos = int(st[decode_state.POS])
-        want = self.start + self.n_fed + len(self.tokens)
-        if pos != want:
-            raise RuntimeError(f"the decode state is at position {pos}, expected {want}")
-        self._pos = pos
-        m._note_position(pos)
-        tok = int(st[decode_state.TOKEN])
-        self.tokens.append(tok)
-        return tok
-
-    @property
-    def decode_seconds(self) -> float:
-        """Wall time of the steps after the first new token."""
-        return float(sum(self.step_seconds))

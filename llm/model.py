@@ -1,153 +1,79 @@
-"""Decode from a GGUF file: the decode-step graph and greedy generation.
+"""A decoder from a GGUF file on a backend: its weights, its KV cache and
+the graphs its definition lowers to.
 
-Architectures ``llama`` (and ``mistral``), ``qwen2`` and ``qwen3``, read as
-llama.cpp reads them (:mod:`.gguf_loader`: head size, RoPE layout and
-frequencies, q/k/v biases, q/k norms, tied output).
-:meth:`LlamaModel.from_gguf` validates the file (:mod:`.gguf_loader`),
-uploads every tensor in its own format, and builds the decode step as a
-:class:`~.executor.ComputeGraph`:
+:meth:`Model.from_gguf` validates the file (:mod:`.gguf.file`), finds the
+definition of its architecture (:mod:`.models`), lowers it for one token
+(:class:`~.lowering.decode.DecodeLowering`: the decode step, captured as
+one CUDA graph per way of choosing the next token) and, when a prompt
+first needs them, for prompt chunks (:class:`~.prefill.Prefill`); both
+read the same weights and write the same KV cache.
 
-    Embedding -> per layer [RmsNorm, MulMat q|k|v (stacked) + Rope +
-    KvAppend, Attention (split + combine), MulMat+Add (o-proj), RmsNorm,
-    MulMat gate/up + SwiGLU, MulMat+Add (down)] -> RmsNorm -> MulMat
-    (logits) -> Argmax | Sample -> StateAdvance
-
-The next token is chosen by one of two variants of the step (one CUDA graph
-each): ``"greedy"`` (the default) launches the argmax, ``"sample"`` the
-sampler kernel (penalties, top-k, top-p, min-p, temperature and a seeded
-draw, its settings read from the ``sampling_params`` buffer); both write the
-token to the same state word.  A greedy step is exactly the launches it was
-without a sampler.
-
-The stacked Q/K/V GEMV rotates q and k and appends k and v to the cache in
-its epilogue (``fuse_rope``, the default); with ``fuse_rope=False``, when
-the three projections differ in type, or for files with q/k/v biases (added
-by the GEMV's residual epilogue), q/k norms (one RMSNorm launch each for q
-and k) or neox RoPE (qwen2, qwen3), a separate RoPE + KV-append launch
-follows the projections (:mod:`.qkv`).  The attention RMSNorm is folded into the Q4_K
-Q/K/V GEMV that reads it (``fuse_norm``, default ``("attn",)``: the GEMV
-scales by the norm itself, no separate launch); ``fuse_norm=True`` folds the
-FFN and output norms too.
-
-Per-token state (token id, position, KV length, prompt length, the chosen
-token and an overflow flag) is an ``int32[8]`` device buffer (see
-``kernels/decode_state.py``); the last launch of the step advances it, so
-the captured CUDA graph is replayed unchanged for every token.  The
-``prompt`` buffer holds the tokens to feed by position and ``history`` the
-whole sequence (the sampler's penalty window), so a later call can append
-tokens to the sequence in the cache and go on from there
-(``keep_cache=True``): a chat keeps its earlier turns.
+The sequence in the cache belongs to a :class:`~.session.Session`;
+``generate``, ``decode`` and the text methods (:mod:`.textgen`) run on a
+session made for the call (or, with ``keep_cache``, on the sequence the
+cache holds).  Nothing the model holds refers back to it, so ``del model``
+frees its device memory at once.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 
 import attrs
-import numpy as np
 
-from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
-                            kv_append, rmsnorm, rope, sampling, swiglu)
+from ptxgen.driver.executor import DeviceMemory, Executor, Store
+from ptxgen.kernels import flash_decode
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from ptxgen.driver.executor import ComputeGraph, Executor, Launch
-from ptxgen.llm.generation import (GREEDY, SAMPLE, ContextOverflowError, Decoding, SamplingSettings,
-                         sampler_spec)
-from ptxgen.llm.gguf.file import GGUFError, LlamaFile
-from ptxgen.llm import lowering
-from ptxgen.llm import qkv as qkv_mod
-from ptxgen.llm.textgen import TextGeneration
+from .generation import ContextOverflowError, SamplingSettings
+from .gguf.file import GGUFError, LlamaFile
+from .lowering.common import Tuning
+from .lowering.decode import NORM_KINDS, DecodeLowering, norm_kinds
+from .models import architecture_of
+from .session import Decoding, GenerateResult, Session
+from .textgen import TextGeneration
 
-__all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError", "SamplingSettings"]
-
-FAMILIES = {
-    "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
-    "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu, "sampling": sampling,
-    **lowering.FAMILIES,
-}
+__all__ = ["Model", "GenerateResult", "ContextOverflowError", "SamplingSettings", "NORM_KINDS",
+           "enable_pdl"]
 
 
-@attrs.frozen
-class GenerateResult:
-    tokens: list
-    #: seconds per decode step (host-observed, after the first warm-up step)
-    step_seconds: list
-    launches_per_token: int
-    mode: str
-    #: seconds spent on the prompt (chunked prefill, or the decode steps
-    #: over the prompt) and prompt tokens per second
-    prompt_seconds: float = float("nan")
-    prompt_tokens_per_second: float = float("nan")
-    #: the sampler's seed (None for greedy decoding)
-    seed: int | None = None
-
-    @property
-    def tokens_per_second(self) -> float:
-        s = sorted(self.step_seconds)
-        return 1.0 / s[len(s) // 2] if s else float("nan")
-
-
-NORM_KINDS = ("attn", "ffn", "output")
-"""The RMSNorms ``LlamaModel(fuse_norm=...)`` can fold into their GEMVs."""
-
-
-def _norm_kinds(fuse_norm) -> tuple:
-    """``fuse_norm`` as a sorted tuple of :data:`NORM_KINDS`."""
-    if isinstance(fuse_norm, bool):
-        return NORM_KINDS if fuse_norm else ()
-    kinds = (fuse_norm,) if isinstance(fuse_norm, str) else tuple(fuse_norm)
-    bad = [k for k in kinds if k not in NORM_KINDS]
-    if bad:
-        raise ValueError(f"fuse_norm: unknown RMSNorm {bad[0]!r}; give True, False or "
-                         f"some of {', '.join(map(repr, NORM_KINDS))}")
-    return tuple(k for k in NORM_KINDS if k in kinds)
-
-
-class LlamaModel(TextGeneration):
-    """A Llama-architecture model on a backend, decoding one token per step.
+class Model(TextGeneration):
+    """A decoder model on a backend.
 
     Use :meth:`from_gguf`.  ``capacity`` is the KV-cache length (tokens).
     Token ids in, token ids out: :meth:`generate` and :meth:`decode`; text
     through the file's tokenizer: :meth:`generate_text`, :meth:`stream`,
-    :meth:`chat` and :meth:`chat_session` (:mod:`.text`).
+    :meth:`chat` and :meth:`chat_session` (:mod:`.textgen`); a sequence of
+    your own: :meth:`session`.
+
     ``pdl`` (default: on for sm_90 and newer) builds and launches every
     kernel with programmatic dependent launch: each kernel starts while the
     one before it drains, issues its first weight loads, and waits
     (``griddepcontrol.wait``) before it reads activations.  ``fuse_norm``
     names the RMSNorms folded into the Q4_K GEMVs that read their output
-    instead of launched on their own (see :func:`lowering.can_fuse_norm`):
-    any of ``"attn"`` (into the stacked Q/K/V GEMV), ``"ffn"`` (gate/up) and
-    ``"output"`` (the logits GEMV); ``True`` for all, ``False`` for none.
-    The default, ``("attn",)``, is the fastest measured on an H100 (``make
-    bench`` at b3cce2a: 2.045 / 2.216 ms per token at context 128 / 4096,
-    against 2.095 / 2.278 with none and 2.122 / 2.290 with all three; the
-    fused gate/up kernel is the loser, docs/notes/gemv.md twelfth pass; the output
-    norm is level, docs/executor.md).
-    ``gemv_knobs`` replaces GemvConfig fields of the Q4_K GEMVs' tuned
-    configs (e.g. ``{"rows": 4}``), for tuning; a function ``(m, k,
-    epilogue) -> dict`` gives them per GEMV shape; a field a shape cannot
-    take is refused with the shape named.  Ring GEMVs take ``per_sm =
-    ceil(grid / SMs)`` (:func:`ptxgen.kernels.gemv.tuning.balanced`).
-    ``flash_knobs`` replaces FlashDecodeConfig fields of the attention
-    kernels' tuned config (e.g. ``{"warps": 4}``, or ``{"mma": False}`` for
-    the CUDA-core split); the split is built with ``early_kv`` (the decode
-    step keeps its contract), whose tuned config differs from the op's.
+    instead of launched on their own: any of ``"attn"`` (into the stacked
+    Q/K/V GEMV), ``"ffn"`` (gate/up) and ``"output"`` (the logits GEMV);
+    ``True`` for all, ``False`` for none; the default, ``("attn",)``, is
+    the fastest measured (docs/executor.md).  ``gemv_knobs`` replaces
+    GemvConfig fields of the Q4_K GEMVs' tuned configs (e.g. ``{"rows":
+    4}``), for tuning; a function ``(m, k, epilogue) -> dict`` gives them
+    per GEMV shape; a field a shape cannot take is refused with the shape
+    named.  ``flash_knobs`` replaces FlashDecodeConfig fields of the
+    attention kernels' tuned config (e.g. ``{"warps": 4}``).
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
-    stacked Q/K/V GEMV's epilogue instead of a launch of their own.
+    stacked Q/K/V GEMV's epilogue where the architecture allows.
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
-                 pdl: bool | None = None, fuse_norm=("attn",),
-                 gemv_knobs=None, flash_knobs=None, fuse_rope: bool = True,
-                 tokenizer=None):
+                 pdl: bool | None = None, fuse_norm=("attn",), gemv_knobs=None,
+                 flash_knobs=None, fuse_rope: bool = True, tokenizer=None):
         self.file = file
         #: the text <-> token ids of the file's vocabulary (None if it has none)
         self.tokenizer = tokenizer
         self.hp = file.hparams
+        self.arch = architecture_of(file)
         _check_attention_shape(file)
         self.backend = backend
         self.capacity = int(capacity or min(self.hp.context_length, 4096))
@@ -155,31 +81,33 @@ class LlamaModel(TextGeneration):
             raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
         self.target = target or _backend_target(backend)
         self.sm_count = sm_count or _backend_sm_count(backend)
-        self.fuse_norm = _norm_kinds(fuse_norm)
-        self.fuse_rope = bool(fuse_rope)
-        self.flash_knobs = dict(flash_knobs or {})
-        self.graph = ComputeGraph()
-        self.tuning = lowering.Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
-        self._build()
+        self.fuse_norm = norm_kinds(fuse_norm)
+        self.tuning = Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
+        self.store = Store()
+        self.step_graph = DecodeLowering(
+            file, self.store, target=self.target, sm_count=self.sm_count,
+            capacity=self.capacity, rope_layout=self.arch.rope_layout, tuning=self.tuning,
+            fuse_norm=self.fuse_norm, fuse_rope=fuse_rope, flash_knobs=flash_knobs)
+        self.arch.forward(self.step_graph)
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
-            enable_pdl(self.graph)
+            enable_pdl(self.step_graph.g)
+        self.memory = DeviceMemory(backend)
         bar = _ProgressBar(file.weight_bytes, enabled=progress)
-        self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
+        self.executor = Executor(self.step_graph.g, backend, progress=bar.update,
+                                 memory=self.memory)
         bar.close()
-        self._stream = backend.stream()
-        self._prompt_host = np.zeros(self.capacity, np.int32)
-        # the position of the sequence's last chosen token (not yet in the
-        # cache), or None when the cache holds no sequence to continue
-        self._pos = None
-        #: bumped whenever a new sequence starts (a chat checks its cache is still its own)
-        self.sequence_id = 0
+        self.device_stream = backend.stream()
+        self._prefills: dict = {}
+        #: the session whose sequence the KV cache holds, and the position it reached
+        self.cache_owner: int | None = None
+        self.cache_position: int | None = None
 
     @classmethod
     def from_gguf(cls, path, *, backend="auto", capacity=None, progress=True,
                   tokenizer: bool = True, **kw):
-        """Load a Llama GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``).
+        """Load a GGUF file onto ``backend`` (``"cuda"``, ``"emu"`` or ``"auto"``).
 
         With ``tokenizer`` (the default) the file's vocabulary, when it has
         one (``tokenizer.ggml.*``), becomes :attr:`tokenizer`; it must have
@@ -191,281 +119,18 @@ class LlamaModel(TextGeneration):
         be = get_backend(backend) if isinstance(backend, str) else backend
         return cls(f, be, capacity=capacity, progress=progress, tokenizer=tok, **kw)
 
-    # ------------------------------------------------------------- the graph
-    def _weight(self, name):
-        t = self.file.tensor(name)
-        return self.graph.buffer(name, t.data.shape, t.data.dtype, "weight", t.data), t
-
-    def _build(self):
-        g, hp, tgt, cap = self.graph, self.hp, self.target, self.capacity
-        H, D = hp.hidden, hp.head_dim
-        self.state = g.buffer("state", (decode_state.STATE_WORDS,), np.int32, "state",
-                              decode_state.initial_state(0, 1))
-        self.prompt = g.buffer("prompt", (cap,), np.int32, "state", np.zeros(cap, np.int32))
-        self.history = g.buffer("history", (cap,), np.int32, "state", np.zeros(cap, np.int32))
-        token_ptr = self.state.at(4 * decode_state.TOKEN)
-        pos_ptr = self.state.at(4 * decode_state.POS)
-        kvlen_ptr = self.state.at(4 * decode_state.KV_LEN)
-
-        x = g.buffer("x", (H,), np.float32)
-        emb, et = self._weight("token_embd.weight")
-        es = embedding.EmbeddingSpec(qtype=et.qtype.replace("F32", "f32").replace("F16", "f16"),
-                                     target=tgt)
-        grid, block, sh = embedding.launch_geometry(es, H)
-        g.add("Embedding", "embd", [emb, self.state], [x],
-              [Launch("embedding", es, es.kernel_name, grid, block,
-                      (emb, token_ptr, x, H, hp.vocab), sh)])
-
-        rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
-        # RoPE on q and k, and this token's K/V rows appended to the f16 cache:
-        # the QKV GEMV's epilogue, or one launch of its own (qkv.py).  The
-        # table holds the file's frequencies (rope_freqs factors and linear
-        # scaling included), so one kernel serves every convention
-        ropes = rope.RopeSpec(head_dim=D, layout=hp.rope_layout, theta=hp.rope_theta,
-                              append="f16", target=tgt)
-        freqs = g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight",
-                         rope.table_of(self.file.rope_inv_freq()))
-        # the length is advanced at the end of the step and the launch just
-        # before attention (the QKV GEMV, or the RoPE launch) appends row
-        # kv_len - 1: early_kv's contract
-        fd_spec = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
-                                               kv_dtype="f16", early_kv=True, target=tgt)
-        fds = flash_decode.with_overrides(fd_spec, self.flash_knobs, self.tuning.device)
-        n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
-        (sgrid, sblock), comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
-        sm_scale = 1.0 / math.sqrt(D)
-
-        h = g.buffer("h", (H,), np.float32)
-        # q, k and v are consecutive slices of one buffer, so one GEMV over
-        # the stacked [Wq; Wk; Wv] can write all three when their types agree
-        qkv = g.buffer("qkv", (hp.q_dim + 2 * hp.kv_dim,), np.float32)
-        # qwen3: q and k after their per-head RMSNorms
-        qk_out = (g.buffer("qk_normed", (hp.q_dim + hp.kv_dim,), np.float32)
-                  if hp.qk_norm else None)
-        att = g.buffer("att", (hp.q_dim,), np.float32)
-        part_o = g.buffer("part_o", (hp.n_heads, n_splits, D), np.float32)
-        part_ml = g.buffer("part_ml", (hp.n_heads, n_splits, 2), np.float32)
-        act = g.buffer("ffn_act", (hp.ffn,), np.float32)
-        self.kv_caches = []
-        for i in range(hp.n_layers):
-            p = f"blk.{i}."
-            kc = g.buffer(p + "k_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
-            vc = g.buffer(p + "v_cache", (hp.n_kv_heads, cap, D), np.float16, "state")
-            self.kv_caches.append((kc, vc))
-            qkv_ts = [self.file.tensor(p + n + ".weight") for n in ("attn_q", "attn_k", "attn_v")]
-            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
-            q_att, q_buf = qkv_mod.lower_qkv(self, g, p, inp, norm, qkv, freqs, pos_ptr,
-                                             (kc, vc), ropes, qk_out=qk_out)
-            attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
-                           (q_att, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale),
-                           fds.dynamic_shared),
-                    Launch("flash_decode", fds, fds.combine_name, *comb,
-                           (part_o, part_ml, att, n_splits))]
-            g.add("Attention", p + "attention", [q_buf, kc, vc, self.state], [att], attn)
-            w, t = self._weight(p + "attn_output.weight")
-            lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt, tuning=self.tuning)
-            ffn_ts = [self.file.tensor(p + n + ".weight") for n in ("ffn_gate", "ffn_up")]
-            inp, norm = self._norm_or_fuse(g, rs, x, h, p + "ffn_norm", ffn_ts)
-            self._gate_up(g, p, inp, act, tgt, norm)
-            w, t = self._weight(p + "ffn_down.weight")
-            lowering.mul_mat(g, p + "ffn_down", w, t, act, x, residual=x, target=tgt, tuning=self.tuning)
-        self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
-        out_name = "output.weight" if self.file.has("output.weight") else "token_embd.weight"
-        w, t = (self._weight(out_name) if out_name == "output.weight" else (emb, et))
-        inp, norm = self._norm_or_fuse(g, rs, x, h, "output_norm", [t])
-        lowering.mul_mat(g, "output", w, t, inp, self.logits, norm=norm, target=tgt, tuning=self.tuning)
-        # the next token: the argmax ("greedy") or the sampler ("sample"),
-        # both writing the state's ARGMAX word, which StateAdvance reads
-        g.default_variant = GREEDY
-        next_ptr = self.state.at(4 * decode_state.ARGMAX)
-        ams = argmax.ArgmaxSpec(target=tgt)
-        grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
-        scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
-        counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
-        g.add("Argmax", "argmax", [self.logits], [self.state],
-              [Launch("argmax", ams, ams.kernel_name, grid, block,
-                      (self.logits, hp.vocab, next_ptr, scratch, counter), sh)],
-              variant=GREEDY)
-        self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
-                                        "state", SamplingSettings().params(0))
-        sps = sampler_spec(hp.vocab, tgt)
-        grid, block, sh = sampling.launch_geometry(sps, hp.vocab)
-        work = g.buffer("sample_work", (hp.vocab,), np.float32)
-        sscratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),),
-                            np.uint64)
-        scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
-        g.add("Sample", "sample", [self.logits, self.history, self.state, self.sampling_params],
-              [self.state],
-              [Launch("sampling", sps, sps.kernel_name, grid, block,
-                      (self.logits, hp.vocab, self.history, pos_ptr, self.sampling_params,
-                       next_ptr, 1, work, 0, sscratch, scounter), sh)],
-              variant=SAMPLE)
-        ds = decode_state.DecodeStateSpec(target=tgt)
-        grid, block, sh = decode_state.launch_geometry(ds)
-        g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
-              [Launch("decode_state", ds, ds.kernel_name, grid, block,
-                      (self.state, self.prompt, self.history, cap), sh)])
-
-    def _norm_or_fuse(self, g, rs, x, h, name, tensors):
-        """The input of the GEMVs over ``tensors`` and their ``norm`` argument:
-        ``(x, (weight, eps))`` when the RMSNorm ``name`` fuses into them, else
-        an RmsNorm op writing ``h`` and ``(h, None)``."""
-        kind = name.rsplit(".", 1)[-1].removesuffix("_norm")
-        if kind in self.fuse_norm and lowering.can_fuse_norm(*tensors):
-            w, _ = self._weight(name + ".weight")
-            return x, (w, self.hp.eps)
-        self._norm(g, rs, x, name + ".weight", h, self.hp.hidden, self.hp.eps, name)
-        return h, None
-
-    def _gate_up(self, g, p, h, act, tgt, norm=None):
-        """silu(Wg h) * (Wu h): the fused GEMV when gate and up share a type,
-        else two GEMVs and a SwiGLU launch."""
-        wg, tg = self._weight(p + "ffn_gate.weight")
-        wu, tu = self._weight(p + "ffn_up.weight")
-        if tg.qtype == tu.qtype:
-            lowering.mul_mat_swiglu(g, p + "ffn_gate_up", wg, tg, wu, tu, h, act,
-                                         norm=norm, target=tgt, tuning=self.tuning)
-            return
-        gate = g.buffer(p + "ffn_gate_out", (self.hp.ffn,), np.float32)
-        up = g.buffer(p + "ffn_up_out", (self.hp.ffn,), np.float32)
-        lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt, tuning=self.tuning)
-        lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt, tuning=self.tuning)
-        ss = swiglu.SwiGluSpec(target=tgt)
-        grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
-        g.add("SwiGLU", p + "swiglu", [gate, up], [act],
-              [Launch("swiglu", ss, ss.kernel_name, grid, block, (gate, up, act, self.hp.ffn), sh)])
-
-    def _norm(self, g, spec, x, wname, out, n, eps, name):
-        w, _ = self._weight(wname)
-        grid, block, sh = rmsnorm.launch_geometry(spec, 1)
-        g.add("RmsNorm", name, [x, w], [out],
-              [Launch("rmsnorm", spec, spec.kernel_name, grid, block, (x, w, out, n, eps), sh)])
-
-    # ----------------------------------------------------------- generation
-    def reset(self, prompt):
-        """Start a new sequence: the cache is emptied and ``prompt`` (at
-        least one token) is what the next steps feed."""
-        prompt = self._check_tokens(prompt)
-        if not prompt:
-            raise ValueError("generate needs at least one prompt token")
-        if len(prompt) > self.capacity:
-            raise ContextOverflowError(f"prompt of {len(prompt)} tokens exceeds the KV cache "
-                                       f"capacity of {self.capacity}")
-        ex = self.executor
-        ex.write(self.state, decode_state.initial_state(prompt[0], len(prompt)))
-        self._prompt_host[:] = 0
-        self._prompt_host[:len(prompt)] = prompt
-        ex.write(self.prompt, self._prompt_host)
-        hist = np.zeros(self.capacity, np.int32)
-        hist[0] = prompt[0]
-        ex.write(self.history, hist)
-        self.backend.synchronize()
-        # set once the prompt is fed (an abandoned prompt leaves nothing to continue)
-        self._pos = None
-        self.sequence_id += 1
-
-    def _check_tokens(self, tokens) -> list:
-        tokens = [int(t) for t in tokens]
-        bad = [t for t in tokens if not 0 <= t < self.hp.vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.hp.vocab - 1})")
-        return tokens
+    # ------------------------------------------------------------ the graphs
+    @property
+    def graph(self):
+        """The decode step's :class:`~ptxgen.driver.executor.ComputeGraph`."""
+        return self.step_graph.g
 
     @property
-    def position(self) -> int | None:
-        """Where the sequence in the cache stands: the position of its last
-        chosen token, the next one a step feeds (the cache holds the ones
-        before it); None when there is no sequence to continue."""
-        return self._pos
-
-    def _note_position(self, pos: int):
-        self._pos = pos
-
-    def _append(self, tokens) -> tuple:
-        """Queue ``tokens`` after the sequence in the cache: the next steps
-        feed its last chosen token, then these.  Returns ``(start, n_fed)``."""
-        tokens = self._check_tokens(tokens)
-        p = self._pos
-        end = p + len(tokens)
-        if end >= self.capacity:
-            raise ContextOverflowError(
-                f"the sequence holds {p + 1} tokens; {len(tokens)} more would need {end + 1} "
-                f"of the KV cache's {self.capacity} positions (and one for the reply)")
-        ex = self.executor
-        self.backend.synchronize(self._stream)
-        st = ex.read(self.state)
-        if int(st[decode_state.POS]) != p or st[decode_state.OVERFLOW]:
-            raise RuntimeError(f"the decode state (position {int(st[decode_state.POS])}) does "
-                               f"not continue the sequence at {p}")
-        self._prompt_host[p + 1:end + 1] = tokens
-        ex.write(self.prompt, self._prompt_host)
-        st[decode_state.PROMPT_LEN] = end + 1
-        ex.write(self.state, st)
-        self.backend.synchronize()
-        return p, len(tokens) + 1
-
-    def _plan(self, token_ids, keep_cache) -> tuple:
-        """``(start, n_fed)`` of feeding ``token_ids``: the first position
-        fed and the number of steps up to the first new token."""
-        if keep_cache and self._pos is not None:
-            return self._pos, len(token_ids) + 1
-        return 0, len(token_ids)
-
-    def _prepare(self, token_ids, sampling, keep_cache):
-        """Set the state for feeding ``token_ids`` and the sampler's
-        parameters; returns ``(start, n_fed, variant, seed)``."""
-        settings = SamplingSettings() if sampling is None else sampling
-        if not isinstance(settings, SamplingSettings):
-            raise TypeError(f"sampling must be a SamplingSettings, got {type(sampling).__name__}")
-        if keep_cache and self._pos is not None:
-            start, n_fed = self._append(token_ids)
-        else:
-            self.reset(token_ids)
-            start, n_fed = 0, len(token_ids)
-        seed = None
-        if not settings.is_greedy:
-            seed = settings.resolved_seed()
-            self.executor.write(self.sampling_params, settings.params(seed))
-            self.backend.synchronize()
-        return start, n_fed, settings.variant, seed
-
-    def decode(self, token_ids, *, sampling: SamplingSettings | None = None,
-               keep_cache: bool = False, mode: str = "graph", progress=None,
-               prefill_chunk: int | None = None) -> Decoding:
-        """Feed ``token_ids`` and iterate over the tokens the model chooses.
-
-        Parameters
-        ----------
-        token_ids : list of int
-            With ``keep_cache`` these follow the sequence already in the
-            cache (whose last chosen token is fed first); otherwise they
-            start a new one (at least one token).
-        sampling : SamplingSettings, optional
-            Greedy when None.
-        keep_cache : bool
-            Continue the cached sequence (a new one if there is none).
-        mode : {"graph", "eager"}
-        progress : callable(done, total), optional
-            Called after each feeding step (synchronizes each step).
-        prefill_chunk : int, optional
-            A new sequence's prompt but its last token runs through the
-            chunked prefill in chunks of this many tokens (0: through the
-            decode step; None: :meth:`default_prefill_chunk`).
-
-        Returns
-        -------
-        Decoding
-            An iterator of token ids; it ends when the KV cache is full.
-        """
-        start, n_fed = self._plan(token_ids, keep_cache)
-        if start + n_fed >= self.capacity:
-            raise ContextOverflowError(
-                f"{start + n_fed} tokens leave no room for a new one in the KV cache's "
-                f"{self.capacity} positions")
-        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
-        done, t_prefill = self._run_prefill(token_ids, start, n_fed, mode, prefill_chunk)
-        return Decoding(self, n_fed - done, start + done, variant, mode, seed, progress,
-                        prefill_seconds=t_prefill, prefilled=done)
+    def kv_caches(self) -> list:
+        """Each layer's ``(k_cache, v_cache)`` buffers (f16 ``[n_kv_heads,
+        capacity, head_dim]``; read them with ``model.executor.read``)."""
+        b = self.store.buffers
+        return [(b[f"blk.{i}.k_cache"], b[f"blk.{i}.v_cache"]) for i in range(self.hp.n_layers)]
 
     def step(self, mode: str = "graph", variant: str | None = None):
         """Run one decode step of ``variant`` (default ``"greedy"``): eager
@@ -473,103 +138,70 @@ class LlamaModel(TextGeneration):
         v = self.graph.resolve_variant(variant)
         if mode == "graph" and self.backend.can_capture:
             if not self.executor.is_captured(v):
-                self.executor.capture(self._stream, v)
-            self.executor.replay(self._stream, v)
+                self.executor.capture(self.device_stream, v)
+            self.executor.replay(self.device_stream, v)
         else:
-            self.executor.run_eager(self._stream, variant=v)
+            self.executor.run_eager(self.device_stream, variant=v)
 
-    def generate(self, token_ids, max_new_tokens: int, *, mode: str = "graph",
-                 return_logits: bool = False, sampling: SamplingSettings | None = None,
-                 keep_cache: bool = False, prefill_chunk: int | None = None):
-        """Feed ``token_ids``, then choose ``max_new_tokens`` more (greedy
-        unless ``sampling`` says otherwise); no early stop.
-
-        With ``keep_cache`` the tokens continue the sequence in the cache.
-        A new sequence's prompt but its last token runs through
-        :class:`~.prefill.Prefill` in chunks of ``prefill_chunk`` tokens
-        (0: every prompt token through the decode step; None, the default:
-        :meth:`default_prefill_chunk`, or 0 with ``return_logits``).
-        Returns a :class:`GenerateResult`; ``return_logits`` also returns the
-        logits of every step through the decode step (a host copy per step,
-        slower)."""
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-        start, n_fed = self._plan(token_ids, keep_cache)
-        total = start + n_fed + max_new_tokens
-        if total > self.capacity:
-            raise ContextOverflowError(
-                f"{start + n_fed} prompt + {max_new_tokens} new tokens need {total} positions; "
-                f"the KV cache holds {self.capacity}")
-        start, n_fed, variant, seed = self._prepare(token_ids, sampling, keep_cache)
-        times, logits = [], []
-        if prefill_chunk is None and return_logits:
-            prefill_chunk = 0       # only the decode step gives every prompt step's logits
-        done, t_prefill = self._run_prefill(token_ids, start, n_fed, mode, prefill_chunk)
-        for _ in range(n_fed - 1 - done + max_new_tokens):
-            t0 = time.perf_counter()
-            self.step(mode, variant)
-            if return_logits:
-                logits.append(self.executor.read(self.logits).astype(np.float64))
-            else:
-                self.backend.synchronize(self._stream)
-            times.append(time.perf_counter() - t0)
-        state = self.executor.read(self.state)
-        if state[decode_state.OVERFLOW]:
-            raise ContextOverflowError("the decode step reported a KV-cache overflow")
-        self._pos = int(state[decode_state.POS])
-        hist = self.executor.read(self.history)[:total]
-        n_steps = n_fed - 1 - done            # feeding steps left to the decode step
-        prompt_s = t_prefill + sum(times[:n_steps])
-        res = GenerateResult(tokens=[int(t) for t in hist[start + n_fed:]],
-                             step_seconds=times[1:] if len(times) > 1 else times,
-                             launches_per_token=self.graph.launch_count_of(variant),
-                             mode=mode if self.backend.can_capture else "eager",
-                             prompt_seconds=prompt_s,
-                             prompt_tokens_per_second=(n_fed - 1) / prompt_s
-                             if prompt_s > 0 else float("nan"), seed=seed)
-        return (res, logits) if return_logits else res
-
-    def _run_prefill(self, token_ids, start, n_fed, mode, chunk) -> tuple:
-        """Prefill a new sequence's prompt but its last token in chunks of
-        ``chunk`` (None: :meth:`default_prefill_chunk`); returns the tokens
-        done and the seconds taken (``(0, 0.0)`` where it does not apply:
-        a continued sequence, a one-token prompt, chunk 0)."""
-        if chunk is None:
-            chunk = self.default_prefill_chunk()
-        if not chunk or start != 0 or n_fed < 2:
-            return 0, 0.0
-        from ptxgen.llm.prefill import Prefill
-        t0 = time.perf_counter()
-        pre = getattr(self, "_prefiller", None)
-        if pre is None or pre.chunk != chunk:
-            pre = self._prefiller = Prefill(self, chunk)
-        done = pre.run(list(token_ids), mode)
-        return done, time.perf_counter() - t0
+    def prefill(self, chunk: int, buckets=None):
+        """The :class:`~.prefill.Prefill` for chunks of up to ``chunk``
+        tokens (at most the capacity; ``buckets``: see there; made on first use)."""
+        from .prefill import Prefill
+        chunk = min(int(chunk), self.capacity)
+        key = (chunk, None if buckets is None else tuple(buckets))
+        pre = self._prefills.get(key)
+        if pre is None:
+            pre = self._prefills[key] = Prefill(
+                self.arch, self.store, self.memory, self.backend, self.device_stream,
+                target=self.target, capacity=self.capacity, chunk=chunk,
+                device=self.tuning.device, pdl=self.pdl, buckets=buckets)
+        return pre
 
     def default_prefill_chunk(self) -> int:
         """The prompt chunk :meth:`generate` uses by default: 512 on the GPU
-        when the model suits the chunked prefill (no q/k norms or biases, a
-        GEMM for every layer weight's type), 0 (token by token) otherwise
-        and on the emulator."""
-        from ptxgen.llm.prefill import DEFAULT_CHUNK, gemm_ready, refusal
-        if not self.backend.can_capture or refusal(self) is not None or not gemm_ready(self):
+        when every layer weight's type has a GEMM there, 0 (token by token)
+        otherwise and on the emulator."""
+        from .prefill import DEFAULT_CHUNK, gemm_ready
+        if not self.backend.can_capture or not gemm_ready(self.file, self.target):
             return 0
         return DEFAULT_CHUNK
 
     def summary(self) -> str:
         return self.graph.summary()
 
+    # ------------------------------------------------------------ sequences
+    def session(self) -> Session:
+        """A new sequence on this model (it takes the KV cache when it runs)."""
+        return Session(self)
 
-def enable_pdl(graph: ComputeGraph) -> int:
+    def _session(self, keep_cache: bool) -> Session:
+        return Session(self, continue_cache=keep_cache)
+
+    @property
+    def position(self) -> int | None:
+        """Where the sequence in the cache stands (see :attr:`Session.position`)."""
+        return self.cache_position if self.cache_owner is not None else None
+
+    def reset(self, prompt):
+        """Start a new sequence in the cache that feeds ``prompt`` next."""
+        self._session(False).reset(prompt)
+
+    def decode(self, token_ids, *, keep_cache: bool = False, **kw) -> Decoding:
+        """:meth:`Session.decode` on a new sequence, or with ``keep_cache``
+        on the one in the cache."""
+        return self._session(keep_cache).decode(token_ids, keep_cache=keep_cache, **kw)
+
+    def generate(self, token_ids, max_new_tokens: int, *, keep_cache: bool = False, **kw):
+        """:meth:`Session.generate` on a new sequence, or with ``keep_cache``
+        on the one in the cache."""
+        return self._session(keep_cache).generate(token_ids, max_new_tokens,
+                                                  keep_cache=keep_cache, **kw)
+
+
+def enable_pdl(graph) -> int:
     """Rebuild every launch of ``graph`` whose spec has a ``pdl`` field with
     ``pdl=True`` (the kernels start while their predecessor drains and wait
-    with ``griddepcontrol.wait``).  Returns the number of launches changed.
-
-    Raises
-    ------
-    ValueError
-        A spec's target has no ``griddepcontrol`` (below sm_90).
-    """
+    with ``griddepcontrol.wait``).  Returns the number of launches changed."""
     n = 0
     for op in graph.ops:
         launches = []
@@ -602,7 +234,8 @@ def _check_attention_shape(file):
 def _backend_target(backend) -> str:
     if getattr(backend, "name", "") == "cuda":
         return backend.device.target
-    return "sm_80"
+    from ptxgen.driver.ops_backend import EMU_TARGET
+    return EMU_TARGET
 
 
 def _backend_device_name(backend) -> str | None:
@@ -616,7 +249,8 @@ def _backend_device_name(backend) -> str | None:
 def _backend_sm_count(backend) -> int:
     if getattr(backend, "name", "") == "cuda":
         return int(backend.device.sm_count)
-    return 4
+    from ptxgen.driver.ops_backend import EMU_SM_COUNT
+    return EMU_SM_COUNT
 
 
 class _ProgressBar:
@@ -632,10 +266,10 @@ class _ProgressBar:
             return
         frac = done / max(total, 1)
         bar = "#" * int(30 * frac)
-        sys.stderr.write(f"\rloading weights [{bar:<30}] {done / 1e9:6.2f}/{total / 1e9:.2f} GB {name[:24]:<24}")
+        sys.stderr.write(f"\rloading weights [{bar:<30}] {done / 1e9:6.2f}/{total / 1e9:.2f} GB "
+                         f"{name[:24]:<24}")
         sys.stderr.flush()
 
     def close(self):
         if self.enabled:
             sys.stderr.write(f"\rloaded in {time.perf_counter() - self.t0:.1f} s" + " " * 60 + "\n")
-

@@ -1,6 +1,6 @@
 """Text in, text out: prompts and chats through a model's own tokenizer.
 
-:class:`TextGeneration` gives :class:`~.llama.LlamaModel` its text methods:
+:class:`TextGeneration` gives :class:`~.model.Model` its text methods:
 
 * ``generate_text(prompt, ...)`` returns a :class:`TextResult` (the text and
   its statistics);
@@ -156,21 +156,20 @@ class TextStream:
     """
 
     def __init__(self, model, prompt_ids, *, max_new_tokens, sampling, stop=(),
-                 keep_cache=False, mode="graph", progress=None, on_done=None):
+                 keep_cache=False, mode="graph", progress=None, on_done=None, session=None):
         tok = _tokenizer_of(model)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
                 or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-        self._stops = _StopStrings(stop)
         self.model = model
-        self.result: TextResult | None = None
-        self._tok = tok
-        self._max = max_new_tokens
-        self._on_done = on_done
+        self._done = _Done(on_done)
         # starts the sequence now (errors surface here, not on the first next())
-        self._dec = model.decode(prompt_ids, sampling=sampling, keep_cache=keep_cache, mode=mode,
-                                 progress=progress)
-        self._it = self._run()
+        run = model if session is None else session
+        self._dec = run.decode(prompt_ids, sampling=sampling, keep_cache=keep_cache, mode=mode,
+                               progress=progress)
+        # the pieces come from a generator that does not refer to this object
+        # (a stream and its generator in a cycle would wait for the collector)
+        self._it = _pieces(tok, self._dec, _StopStrings(stop), max_new_tokens, self._done)
 
     def __iter__(self):
         return self
@@ -183,46 +182,60 @@ class TextStream:
         """``"graph"`` or ``"eager"``: how the steps run."""
         return self._dec.mode
 
-    def _run(self):
-        tok, dec, stops = self._tok, self._dec, self._stops
-        utf8 = tok.stream_decoder()
-        parts = []
-        reason = STOP_CAPACITY
-        for t in dec:
-            if tok.is_eog(t):
-                reason = STOP_EOG
-                break
-            out, hit = stops.push(utf8.feed(t))
-            if out:
-                parts.append(out)
-                yield out
-            if hit:
-                reason = STOP_STRING
-                break
-            if len(dec.tokens) >= self._max:
-                reason = STOP_LENGTH
-                break
-        if reason != STOP_STRING:
-            out, hit = stops.push(utf8.flush())
-            if hit:
-                reason = STOP_STRING
-            else:
-                out += stops.finish()
-            if out:
-                parts.append(out)
-                yield out
-        self.result = TextResult(
-            text="".join(parts), tokens=tuple(dec.tokens), stop_reason=reason,
-            prompt_tokens=dec.prefilled + dec.n_fed, generated_tokens=len(dec.tokens),
-            prompt_seconds=dec.prompt_seconds, decode_seconds=dec.decode_seconds, seed=dec.seed)
-        if self._on_done is not None:
-            self._on_done(self.result)
+    @property
+    def result(self) -> "TextResult | None":
+        """The :class:`TextResult` once the iteration has ended (None before)."""
+        return self._done.result
 
     def run(self) -> TextResult:
         """Consume the rest of the stream and return its result."""
         for _ in self:
             pass
         return self.result
+
+
+class _Done:
+    """Where a stream's generator leaves its result (and whom it tells)."""
+
+    def __init__(self, on_done):
+        self.result = None
+        self.on_done = on_done
+
+
+def _pieces(tok, dec, stops, max_new, done: _Done):
+    """The text pieces of the decoding ``dec``; sets ``done.result`` at the end."""
+    utf8 = tok.stream_decoder()
+    parts = []
+    reason = STOP_CAPACITY
+    for t in dec:
+        if tok.is_eog(t):
+            reason = STOP_EOG
+            break
+        out, hit = stops.push(utf8.feed(t))
+        if out:
+            parts.append(out)
+            yield out
+        if hit:
+            reason = STOP_STRING
+            break
+        if len(dec.tokens) >= max_new:
+            reason = STOP_LENGTH
+            break
+    if reason != STOP_STRING:
+        out, hit = stops.push(utf8.flush())
+        if hit:
+            reason = STOP_STRING
+        else:
+            out += stops.finish()
+        if out:
+            parts.append(out)
+            yield out
+    done.result = TextResult(
+        text="".join(parts), tokens=tuple(dec.tokens), stop_reason=reason,
+        prompt_tokens=dec.prefilled + dec.n_fed, generated_tokens=len(dec.tokens),
+        prompt_seconds=dec.prompt_seconds, decode_seconds=dec.decode_seconds, seed=dec.seed)
+    if done.on_done is not None:
+        done.on_done(done.result)
 
 
 def _tokenizer_of(model):
@@ -244,7 +257,7 @@ def _prompt_ids(tok, prompt, add_special, parse_special) -> list:
 
 
 class TextGeneration:
-    """The text methods of :class:`~.llama.LlamaModel` (a mixin)."""
+    """The text methods of :class:`~.model.Model` (a mixin)."""
 
     def stream(self, prompt, *, max_new_tokens: int = 256, stop=(), add_special: bool = True,
                parse_special: bool = True, sampling: SamplingSettings | None = None,
@@ -326,7 +339,7 @@ class ChatSession:
 
     Parameters
     ----------
-    model : LlamaModel
+    model : Model
     system : str, optional
         A system message opening the conversation.
     template : str, optional
@@ -338,20 +351,20 @@ class ChatSession:
     def __init__(self, model, system: str | None = None, template: str | None = None,
                  **defaults):
         self.model = model
+        self.session = model.session()
         self.tokenizer = _tokenizer_of(model)
         self.template = template
         self.defaults = defaults
         self.messages: list = []
         if system:
             self.messages.append({"role": "system", "content": system})
-        self._sequence = None      # model.sequence_id while the cache holds this chat
+        self._fed = False          # the session's sequence is this conversation so far
         self._close_turn = False   # the last reply ended without an end-of-generation token
 
     def _ids(self, messages) -> tuple:
         """``(token ids to feed, keep_cache)`` for the conversation ``messages``."""
-        tok, m = self.tokenizer, self.model
-        if self._sequence is not None and self._sequence == m.sequence_id \
-                and m.position is not None:
+        tok = self.tokenizer
+        if self._fed and self.session.position is not None:
             try:
                 ids = incremental_chat_tokens(tok, self.messages, messages,
                                               template=self.template)
@@ -372,21 +385,21 @@ class ChatSession:
         messages = self.messages + [{"role": "user", "content": text}]
         ids, keep = self._ids(messages)
         args = {**self.defaults, **kw}
-        self._sequence = None
+        self._fed = False
 
         def done(result):
             self.messages = messages + [{"role": "assistant", "content": result.text}]
-            self._sequence = self.model.sequence_id
+            self._fed = True
             self._close_turn = result.stop_reason != STOP_EOG
 
-        return _session_stream(self.model, ids, keep, done, args)
+        return _session_stream(self.model, self.session, ids, keep, done, args)
 
     def send(self, text: str, **kw) -> TextResult:
         """Send a user message and return the whole reply."""
         return self.stream(text, **kw).run()
 
 
-def _session_stream(model, ids, keep, done, args) -> TextStream:
+def _session_stream(model, session, ids, keep, done, args) -> TextStream:
     """A chat turn's stream: ``args`` are :meth:`TextGeneration.stream`'s
     (the prompt ones do not apply to rendered chat tokens)."""
     args = dict(args)
@@ -395,4 +408,4 @@ def _session_stream(model, ids, keep, done, args) -> TextStream:
     for k in ("add_special", "parse_special"):
         args.pop(k, None)
     return TextStream(model, ids, sampling=sampling, keep_cache=keep, on_done=done,
-                      max_new_tokens=args.pop("max_new_tokens", 256), **args)
+                      max_new_tokens=args.pop("max_new_tokens", 256), session=session, **args)

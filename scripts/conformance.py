@@ -8,7 +8,7 @@ llama.cpp (a CPU build made by scripts/llamacpp_build.sh; its program
 ``ptxgen-logits``) evaluates the token sequence and writes the logits of every
 position; ptxgen evaluates the same sequence: ``--side ref``, the float64 numpy
 reference (testing/reference.py); ``--side emu`` / ``--side cuda``, the
-decode step itself (:class:`LlamaModel`, one token a step through its graph) on the
+decode step itself (:class:`Model`, one token a step through its graph) on the
 CPU emulator or the GPU. A third pass, the same reference with
 llama.cpp's rounding of matrix-multiply inputs emulated (Q8_K / Q8_0 / F16 / BF16
 by the weight's type, and f16 queries and probabilities in attention, as
@@ -193,8 +193,8 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
 def model_logits(model, tokens, *, backend) -> np.ndarray:
     """Logits (n_tokens, n_vocab) of ptxgen's decode step on ``backend``
     ("emu" or "cuda"): every token fed through the step, one at a time."""
-    from ptxgen.llm.model import LlamaModel
-    m = LlamaModel.from_gguf(str(model), backend=backend, capacity=max(16, len(tokens) + 1),
+    from ptxgen.llm import Model
+    m = Model.from_gguf(str(model), backend=backend, capacity=max(16, len(tokens) + 1),
                              progress=False)
     _, logits = m.generate(list(tokens), 1, return_logits=True)
     return np.stack(logits[:len(tokens)]).astype(np.float64)

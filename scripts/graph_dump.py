@@ -7,7 +7,7 @@ anything: for checking that a change leaves a model's decode step as it was.
 
 The graph is built for sm_90a with 132 SMs (an H100's; PDL on), capacity
 4096, on the emulator backend (no GPU needed); the optional JSON object
-gives more ``LlamaModel`` keyword arguments.  Compare two dumps (e.g. before
+gives more ``Model`` keyword arguments.  Compare two dumps (e.g. before
 and after a change, same file) with ``cmp`` or ``diff``.
 """
 
@@ -19,6 +19,8 @@ import numpy as np
 
 
 def dump(path, out, kw):
+    from ptxgen import registry
+    from ptxgen.abi import parse_entries
     from ptxgen.driver.backend import get_backend
     from ptxgen.llm import model as L
     from ptxgen.llm.gguf.file import LlamaFile
@@ -28,7 +30,7 @@ def dump(path, out, kw):
             pass
 
     L.Executor = _NoUpload
-    m = L.LlamaModel(LlamaFile(path), get_backend("emu"), capacity=4096, target="sm_90a",
+    m = L.Model(LlamaFile(path), get_backend("emu"), capacity=4096, target="sm_90a",
                      sm_count=132, progress=False, **kw)
 
     def arg(a):
@@ -43,10 +45,14 @@ def dump(path, out, kw):
         for ln in op.launches:
             key = repr(ln.spec)
             if key not in ptx:
-                text = L.FAMILIES[ln.family].build(ln.spec).to_ptx()
-                ptx[key] = hashlib.sha256(text.encode()).hexdigest()[:16]
+                text = registry.family(ln.family).build(ln.spec).to_ptx()
+                ptx[key] = (hashlib.sha256(text.encode()).hexdigest()[:16],
+                            {k: [p.name for p in v] for k, v in parse_entries(text).items()})
+            args = ln.args
+            if isinstance(args, dict):          # by name: in the kernel's parameter order
+                args = [args[n] for n in ptx[key][1][ln.kernel]]
             rows.append([op.kind, op.name, ln.family, ln.kernel, list(ln.grid), list(ln.block),
-                         ln.shared, [arg(a) for a in ln.args], ptx[key]])
+                         ln.shared, [arg(a) for a in args], ptx[key][0]])
     bufs = {b.name: [list(b.shape), str(b.dtype), b.kind] for b in m.graph.buffers}
     tables = {b.name: hashlib.sha256(np.ascontiguousarray(b.data).tobytes()).hexdigest()[:16]
               for b in m.graph.buffers if b.name == "rope_freqs"}

@@ -28,10 +28,10 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--seed", type=int, default=None)
     a = ap.parse_args(argv)
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     seed = a.seed if a.seed is not None else int(np.random.SeedSequence().entropy % 2**32)
     rng = np.random.default_rng(seed)
-    m = LlamaModel.from_gguf(a.model, backend="cuda", capacity=a.prompt + a.new + 8, progress=False)
+    m = Model.from_gguf(a.model, backend="cuda", capacity=a.prompt + a.new + 8, progress=False)
     prompt = [int(t) for t in rng.integers(0, m.hp.vocab, a.prompt)]
     ref, lr = m.generate(prompt, a.new, return_logits=True, prefill_chunk=0)
     got, lg = m.generate(prompt, a.new, return_logits=True, prefill_chunk=512)

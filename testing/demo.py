@@ -57,7 +57,7 @@ def demo(a, be) -> int:
 
 def _numerics(a, be, d) -> bool:
     from ptxgen.llm.gguf.synth import write_synthetic_llama
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     from ptxgen.testing.reference import LlamaReference
 
     n_new = a.max_new_tokens or (24 if be.name == "cuda" else 4)
@@ -66,7 +66,7 @@ def _numerics(a, be, d) -> bool:
                                  vocab=512, context_length=256, seed=1234)
     print(f"wrote {path} ({info.n_bytes / 1e6:.2f} MB, 2 layers, hidden 256, 4/2 heads, vocab 512)")
     print(f"backend: {be.name}" + ("" if be.name == "cuda" else " (no GPU: CPU emulator)"))
-    model = LlamaModel.from_gguf(path, backend=be, capacity=64, progress=False)
+    model = Model.from_gguf(path, backend=be, capacity=64, progress=False)
     print(model.summary())
     prompt = [1, 7, 42]
     res, logits = model.generate(prompt, n_new, mode="graph", return_logits=True)
@@ -88,7 +88,7 @@ def _numerics(a, be, d) -> bool:
 
 def _text(a, be, d) -> None:
     from ptxgen.llm.gguf.synth import write_synthetic_llama
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
 
     vocab = a.vocab or default_vocab()
     if vocab is None:
@@ -104,7 +104,7 @@ def _text(a, be, d) -> None:
     path = os.path.join(d, "tiny-llama-vocab.gguf")
     info = write_synthetic_llama(path, context_length=256, seed=4321, vocab_from=vocab,
                                  vocab_limit=None if gpu else 700, **shape)
-    model = LlamaModel.from_gguf(path, backend=be, capacity=128, progress=False)
+    model = Model.from_gguf(path, backend=be, capacity=128, progress=False)
     tok = model.tokenizer
     print(f"text path: {os.path.basename(vocab)}'s vocabulary ({tok.n_vocab} tokens, "
           f"{tok.model} tokenizer{'' if gpu else ', cut down for the emulator'}) in a random "

@@ -111,11 +111,11 @@ def test_emulator_checks_pdl_launches(rng):
 def test_enable_pdl_rewrites_launches_and_the_emulator_runs_them(tmp_path, rng, seed):
     pytest.importorskip("gguf")
     from ptxgen.llm.gguf.synth import write_synthetic_llama
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     path = str(tmp_path / "tiny.gguf")
     write_synthetic_llama(path, n_layers=1, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
                           vocab=512, context_length=64, seed=seed)
-    m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False,
+    m = Model.from_gguf(path, backend="emu", capacity=4, progress=False,
                              target="sm_90", pdl=True)
     launches = [L for op in m.graph.ops for L in op.launches]
     assert launches and all(L.spec.pdl for L in launches)

@@ -246,11 +246,12 @@ def kernel_interface(k, plan, smem_align=None):
     t | t_ptr``) and its dynamic shared memory (at ``smem_align`` bytes, the
     builder's default when None), run the PDL prologue, read T and exit the
     CTAs whose first token is past it.  Returns ``(w, x, r, y, mrows, t,
-    smem, n0)`` (``r`` None without the residual epilogue)."""
+    smem, n0)`` (``r``: the residual ``[T, M]`` or the bias ``[M]``; None
+    without either epilogue)."""
     xt = f32 if plan.x_type == "f32" else f16
     w = k.param_ptr("w", u8, align=16)
     x = k.param_ptr("x", xt, align=16)
-    r = k.param_ptr("r", f32) if plan.epilogue == "residual" else None
+    r = k.param_ptr("r", f32) if plan.epilogue != "none" else None
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     if plan.t_device:
@@ -343,6 +344,7 @@ def _store(k, plan, acc, y, r, row0, tok0, g, tq, mrows, t):
                 idx = k.mad(toks[ti], ldy, rows[ri])
                 v = acc[mt][nt][e]
                 if r is not None:
-                    # plain ld, not .nc: y may be r
-                    v = k.add(v, k.ld(r[idx], guard=ok), guard=ok)
+                    # plain ld, not .nc: y may be r; a bias is one value per row
+                    ridx = rows[ri] if plan.epilogue == "bias" else idx
+                    v = k.add(v, k.ld(r[ridx], guard=ok), guard=ok)
                 k.st(y[idx], v, guard=ok)

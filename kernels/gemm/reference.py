@@ -17,7 +17,8 @@ def reference(qtype: str, w_raw, x, residual=None):
     qtype : str
     w_raw : uint8 [M, row_bytes]
     x : float [T, K]
-    residual : float [T, M], optional
+    residual : float [T, M] or [M], optional
+        Added to Y (a bias ``[M]`` to every row).
     """
     from ..quants import dequantize
     x = np.asarray(x, dtype=np.float64)

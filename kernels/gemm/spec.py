@@ -25,7 +25,7 @@ QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q4_0": (32,
 _BK = {"Q4_K": (64, 128, 256), "Q6_K": (128, 256), "Q8_0": (64, 128, 256), "Q4_0": (64,),
        "Q5_0": (64,), "Q5_K": (64,), "F16": (64,), "BF16": (64,)}
 X_TYPES = ("f32", "f16")
-EPILOGUES = ("none", "residual")
+EPILOGUES = ("none", "residual", "bias")
 #: dynamic shared memory one CTA may ask for on sm_80 / sm_90
 MAX_SHARED = 227 * 1024
 #: kernel bodies: ``mma`` (mma.sync, :mod:`.q4k`, sm_80+) and ``wgmma``
@@ -85,9 +85,10 @@ class GemmSpec:
     x_type : {"f32", "f16"}
         X's element type.  Either way X enters the tensor cores as f16
         (f32 is rounded to nearest on the way into shared memory).
-    epilogue : {"none", "residual"}
-        ``Y = X W^T`` or ``Y = X W^T + R`` (``R`` f32 ``[T, M]``; ``Y`` may
-        be ``R``).
+    epilogue : {"none", "residual", "bias"}
+        ``Y = X W^T``, ``Y = X W^T + R`` (``R`` f32 ``[T, M]``; ``Y`` may
+        be ``R``) or ``Y = X W^T + b`` (``b`` f32 ``[M]``, added to every
+        row; passed as ``r``).
     y_stride : int
         Row stride of Y (and R) in elements, a build-time constant; 0: M
         (Y dense).  Lets a GEMM write a column block of a wider output (the

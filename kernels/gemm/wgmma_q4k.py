@@ -368,14 +368,16 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
             wf.advance()
             kel.set(kel + 256)
         k.wgmma_wait(0)
-        _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows)
+        _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows,
+               plan.epilogue == "bias")
     return m
 
 
-def _store(k, acc, y, r, row0, tok0, mrows, t, ldy):
+def _store(k, acc, y, r, row0, tok0, mrows, t, ldy, bias=False):
     """Accumulator ``i``: weight row ``row0 + 8 ((i >> 1) & 1)``, token
     ``tok0 + 8 (i >> 2) + (i & 1)``; stored at ``y[token * ldy + row]``
-    (``ldy``: the spec's ``y_stride``, or M) when both are in range."""
+    (``ldy``: the spec's ``y_stride``, or M) when both are in range, with
+    ``r[token * ldy + row]`` added (a residual) or ``r[row]`` (``bias``)."""
     rok = [row0 < mrows, (row0 + 8) < mrows]
     for i, v in enumerate(acc):
         h, tt = (i >> 1) & 1, 8 * (i >> 2) + (i & 1)
@@ -385,5 +387,5 @@ def _store(k, acc, y, r, row0, tok0, mrows, t, ldy):
         idx = k.mad(tok, ldy, row)
         if r is not None:
             # plain ld, not .nc: y may be r
-            v = k.add(v, k.ld(r[idx], guard=ok), guard=ok)
+            v = k.add(v, k.ld(r[row if bias else idx], guard=ok), guard=ok)
         k.st(y[idx], v, guard=ok)

@@ -65,16 +65,16 @@ def main(argv=None):
     driver.get_device().synchronize()
     import tempfile
     from ptxgen.llm.gguf.synth import write_synthetic_llama
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     with tempfile.TemporaryDirectory() as tmp:
         path = tmp + "/tiny.gguf"
         write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
                               vocab=512, context_length=64, seed=seed)
-        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False)
+        m = Model.from_gguf(path, backend="cuda", capacity=16, progress=False)
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")
         # RMSNorms folded into the GEMVs (ring, dp4a) and the CUDA-core flash decode
-        m = LlamaModel.from_gguf(path, backend="cuda", capacity=16, progress=False,
+        m = Model.from_gguf(path, backend="cuda", capacity=16, progress=False,
                                  fuse_norm=True, flash_knobs={"mma": False})
         m.generate([1, 2, 3], 3, mode="eager")
         m.generate([1, 2, 3], 3, mode="graph")

@@ -98,6 +98,9 @@ CASES = [
     (33, 96, 512, dict(bm=32, bn=32, warps_m=1, warps_n=2, stages=2, x_type="f16",
                        epilogue="residual")),
     (16, 37, 512, dict(bm=16, bn=8, warps_m=1, warps_n=1, stages=5, epilogue="residual")),
+    # a bias (one value per weight row, every token): Qwen2's q/k/v
+    (21, 40, 256, dict(bm=32, bn=16, warps_m=2, warps_n=1, stages=2, x_type="f16",
+                       epilogue="bias")),
 ]
 
 
@@ -107,11 +110,17 @@ def test_gemm_numerics(backend, rng, t, m, k, fields):
     w, a_abs = _weights(rng, m, k)
     x = rng.standard_normal((t, k)).astype(np.float32)
     xin = x.astype(np.float16) if plan.x_type == "f16" else x
-    r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
+    r = _addend(rng, plan.epilogue, t, m)
     y = backend.poisoned((t, m), np.float32)
     _launch(backend, plan, w, xin, y, m, t, t, r)
     ref = G.reference("Q4_K", w, xin, r)
     _check(y.to_numpy(), ref, bound(xin, a_abs, ref, r), plan.kernel_name)
+
+
+def _addend(rng, epilogue, t, m):
+    """The epilogue's ``r``: a residual ``[T, M]``, a bias ``[M]``, or None."""
+    shape = {"residual": (t, m), "bias": (m,)}.get(epilogue)
+    return None if shape is None else rng.standard_normal(shape).astype(np.float32)
 
 
 def test_gemm_residual_in_place(backend, rng):

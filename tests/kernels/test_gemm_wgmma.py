@@ -46,6 +46,7 @@ CASES = [
     (37, 72, 1024, dict(bm=64, bn=32, stages=4, epilogue="residual")),
     (9, 136, 256, dict(bm=128, bn=8, stages=5)),
     (16, 200, 512, dict(bm=256, bn=16, stages=4, epilogue="residual")),
+    (13, 96, 512, dict(bm=64, bn=16, stages=3, epilogue="bias")),
 ]
 
 
@@ -54,7 +55,8 @@ def test_wgmma_gemm_numerics(backend, rng, t, m, k, fields):
     plan = _plan(k, **fields)
     w, a_abs = _weights(rng, m, k)
     x = rng.standard_normal((t, k)).astype(np.float16)
-    r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
+    shape = {"residual": (t, m), "bias": (m,)}.get(plan.epilogue)
+    r = None if shape is None else rng.standard_normal(shape).astype(np.float32)
     y = backend.poisoned((t, m), np.float32)
     _run(backend, plan, w, x, y, m, t, t, None if r is None else backend.array(r))
     ref = G.reference("Q4_K", w, x, r)

@@ -85,6 +85,35 @@ def test_rmsnorm_f16_out(run, rows, n, residual, rng):
     assert np.all(err <= (2.0 ** -11 + 1e-5) * np.abs(ref) + 2.0 ** -25), float(np.max(err))
 
 
+@pytest.mark.parametrize("heads,groups,n,stride", [(4, 3, 64, 384), (8, 2, 128, 1536),
+                                                   (3, 5, 37, 200)])
+def test_rmsnorm_grouped(run, heads, groups, n, stride, rng):
+    """Rows in groups ``stride`` apart (the q heads of each token of a
+    chunk): each row normed on its own, nothing written between the groups'
+    rows."""
+    spec = R.RmsNormSpec(grouped=True, block=64)
+    buf = rng.standard_normal((groups, stride)).astype(np.float32) * 2
+    w = rng.standard_normal(n).astype(np.float32)
+    rows = buf[:, :heads * n].reshape(groups, heads, n)
+    ref = want(rows.reshape(-1, n), w, 1e-6).reshape(groups, heads, n)
+    f = run.function(R.build, spec)
+    grid, block, _ = R.launch_geometry(spec, heads, groups)
+    assert grid == (heads, groups, 1)
+    dout = run.poisoned(buf.shape)
+    run.launch(f, grid, block, run.array(buf), run.array(w), dout, n, 1e-6, stride)
+    got = run.get(dout)
+    normed = got[:, :heads * n].reshape(groups, heads, n)
+    assert rel_err(normed, ref) <= 1e-5, rel_err(normed, ref)
+    assert np.all(np.isnan(got[:, heads * n:])), "a grouped row wrote past its group's rows"
+
+
+def test_rmsnorm_grouped_refuses_a_residual():
+    with pytest.raises(ValueError, match="residual"):
+        R.RmsNormSpec(grouped=True, residual=True)
+    with pytest.raises(ValueError, match="grouped"):
+        R.launch_geometry(R.RmsNormSpec(), 4, 2)
+
+
 def test_rmsnorm_approx(run, rng):
     x = rng.standard_normal((2, 300)).astype(np.float32)
     w = rng.standard_normal(300).astype(np.float32)

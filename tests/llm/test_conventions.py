@@ -18,7 +18,7 @@ gguf = pytest.importorskip("gguf")
 from decode_check import check_logits
 from ptxgen.llm.gguf.file import LlamaFile
 from ptxgen.llm.gguf.synth import quant_mix, write_synthetic_llama
-from ptxgen.llm.model import LlamaModel
+from ptxgen.llm import Model
 from ptxgen.testing.reference import LlamaReference
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
@@ -26,7 +26,7 @@ TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
 
 
 def _decode(path, rng, **kw):
-    m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False, **kw)
+    m = Model.from_gguf(path, backend="emu", capacity=4, progress=False, **kw)
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 2)]
     res, logits = m.generate(prompt, 1, return_logits=True)
     assert len(logits) == 2
@@ -213,7 +213,7 @@ def test_gpu_decode_matches_reference(tmp_path, rng, seed, name):
         pytest.skip("no NVIDIA GPU / driver available")
     path = str(tmp_path / f"{name}.gguf")
     write_synthetic_llama(path, seed=seed, **TINY, **GPU_FILES[name])
-    m = LlamaModel.from_gguf(path, backend="cuda", capacity=64, progress=False)
+    m = Model.from_gguf(path, backend="cuda", capacity=64, progress=False)
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 3)]
     res, logits = m.generate(prompt, 29, mode="graph", return_logits=True)
     assert len(logits) == 31

@@ -22,7 +22,7 @@ from ptxgen.llm.text.chat_template import encode_chat, incremental_chat_tokens
 from ptxgen.llm.generation import ContextOverflowError, SamplingSettings
 from ptxgen.llm.gguf.file import GGUFError, LlamaFile
 from ptxgen.llm.gguf.synth import write_synthetic_llama
-from ptxgen.llm.model import LlamaModel
+from ptxgen.llm import Model
 from ptxgen.llm import textgen as T
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
@@ -67,7 +67,7 @@ def path(tmp_path_factory, module_seed):
 
 @pytest.fixture(scope="module")
 def model(path):
-    return LlamaModel.from_gguf(path, backend=RecordingEmu(), capacity=40, progress=False)
+    return Model.from_gguf(path, backend=RecordingEmu(), capacity=40, progress=False)
 
 
 def _launch_names(model, variant):
@@ -231,7 +231,7 @@ def test_three_turn_chat_feeds_only_new_tokens(model):
         assert r.prompt_tokens < len(encode_chat(tok, chat.messages[:-1]))
         seq += ([] if closed else [tok.eot_id]) + new + list(r.tokens)
     assert [m["role"] for m in chat.messages] == ["user", "assistant"] * 3
-    hist = model.executor.read(model.history)[:model.position + 1]
+    hist = model.executor.read(model.step_graph.history)[:model.position + 1]
     assert hist.tolist() == seq
     # another sequence in between: the next turn would encode the whole conversation
     nxt = chat.messages + [{"role": "user", "content": "Again"}]
@@ -251,7 +251,7 @@ def test_capacity_and_overflow(path, monkeypatch):
     or a turn that cannot fit is refused before anything runs.  The random
     model may pick an end-of-generation token within the three steps (seed
     150712800 did), so no token ends it here."""
-    m = LlamaModel.from_gguf(path, backend="emu", capacity=6, progress=False)
+    m = Model.from_gguf(path, backend="emu", capacity=6, progress=False)
     monkeypatch.setattr(type(m.tokenizer), "is_eog", lambda self, t: False)
     r = m.generate_text([1, 2, 3], max_new_tokens=10)
     assert r.stop_reason == T.STOP_CAPACITY and r.generated_tokens == 3
@@ -298,7 +298,7 @@ def test_gpu_sampling_eager_equals_graph(gpu_path, seed):
     """Real CUDA graphs: 40 tokens of seeded sampling (llama.cpp's default
     chain with penalties) are the same in eager and graph mode and again;
     a different seed gives a different sequence."""
-    m = LlamaModel.from_gguf(gpu_path, backend="cuda", capacity=128, progress=False)
+    m = Model.from_gguf(gpu_path, backend="cuda", capacity=128, progress=False)
     prompt = m.tokenizer.encode("Once upon a time")
     s = SamplingSettings(temperature=0.8, repeat_penalty=1.1, seed=seed)
     a = m.generate(prompt, 40, mode="eager", sampling=s)
@@ -319,7 +319,7 @@ def test_gpu_sampling_eager_equals_graph(gpu_path, seed):
 @pytest.mark.gpu
 @gpu
 def test_gpu_text_and_chat(gpu_path):
-    m = LlamaModel.from_gguf(gpu_path, backend="cuda", capacity=256, progress=False)
+    m = Model.from_gguf(gpu_path, backend="cuda", capacity=256, progress=False)
     r = m.generate_text("Hello", max_new_tokens=16, temperature=0.8, seed=1)
     assert r.generated_tokens <= 16 and r.decode_tokens_per_second > 0
     chat = m.chat_session(max_new_tokens=8, temperature=0.7, seed=2)

@@ -252,14 +252,14 @@ def test_types_checked_per_role(tmp_path, seed):
 def test_head_size_without_an_attention_kernel(tmp_path, seed):
     """Heads of 96 load as a file but no attention kernel takes them: the
     model refuses at load, naming the keys."""
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
     p = str(tmp_path / "d96.gguf")
     write_synthetic_llama(p, seed=seed, n_layers=1, hidden=384, ffn=512, n_heads=4,
                           n_kv_heads=2, vocab=256, qtype="Q8_0", output_qtype="Q8_0")
     assert LlamaFile(p).hparams.head_dim == 96
     with pytest.raises(GGUFError, match=r"4 query heads on 2 KV heads of size 96 \(metadata keys "
                                         r"'llama.attention.key_length'.*have no attention kernel"):
-        LlamaModel.from_gguf(p, backend="emu", capacity=4, progress=False)
+        Model.from_gguf(p, backend="emu", capacity=4, progress=False)
 
 
 def test_alignment(tmp_path, seed):

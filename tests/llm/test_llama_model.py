@@ -8,7 +8,7 @@ pytest.importorskip("gguf")
 
 from backends import cuda_available
 from ptxgen.llm.gguf.synth import write_synthetic_llama
-from ptxgen.llm.model import ContextOverflowError, LlamaModel
+from ptxgen.llm.model import ContextOverflowError, Model
 from decode_check import check_logits as _check_logits
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
@@ -32,7 +32,7 @@ def test_emulator_decode_matches_reference(tiny, rng):
     """The default graph, whose stacked QKV GEMV rotates q and k and appends
     k and v to the cache (one MulMatRopeKv op, no RopeKvAppend launch),
     matches the reference."""
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False)
+    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False)
     _rope_kinds(m, fuse=True)
     prompt = [int(t) for t in rng.integers(0, 512, 3)]
     res, logits = m.generate(prompt, 2, return_logits=True)
@@ -44,7 +44,7 @@ def test_rope_in_the_qkv_gemv_or_its_own_launch(tiny, rng):
     """fuse_rope=False keeps the separate RoPE + append launch and matches
     the reference (the default, fused, graph: the test above)."""
     prompt = [int(t) for t in rng.integers(0, 512, 3)]
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, fuse_rope=False)
+    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, fuse_rope=False)
     _rope_kinds(m, fuse=False)
     res, logits = m.generate(prompt, 2, return_logits=True)
     _check_logits(m, tiny, prompt, res, logits)
@@ -56,7 +56,7 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
     allow more), and the attention split takes the tuned config of an
     early_kv split (two blocks an SM, the L1 bypass at every length)."""
     from ptxgen.kernels import gemv as G
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=60)
+    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=60)
     rings = [L for op in m.graph.ops for L in op.launches
              if L.family == "gemv" and L.spec.stages]
     assert rings
@@ -82,7 +82,7 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     tests/kernels/test_gemv.py); the default folds the attention norm only;
     gemv_knobs replace config fields of the Q4_K GEMVs; one a shape cannot
     take is refused with the shape named."""
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False, fuse_norm=True,
+    m = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False, fuse_norm=True,
                              gemv_knobs={"max_ctas": 7})
     kinds = [op.kind for op in m.graph.ops]
     assert kinds.count("RmsNorm") == 1 and m.graph.ops[kinds.index("RmsNorm")].name == "output_norm"
@@ -90,27 +90,27 @@ def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
     q4k = [s for s in gemvs if s.qtype == "Q4_K"]
     assert q4k and all(s.max_ctas == 7 for s in q4k)
     with pytest.raises(ValueError, match="gemv_knobs .* blk.0"):
-        LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+        Model.from_gguf(tiny, backend="emu", capacity=4, progress=False,
                              gemv_knobs={"rows": 3})
     assert sum(s.norm for s in q4k) == 2 * TINY["n_layers"]
     # the default folds the attention norm only: the FFN and output norms launch
-    default = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    default = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False)
     assert default.fuse_norm == ("attn",)
     norms = [op.name for op in default.graph.ops if op.kind == "RmsNorm"]
     assert norms == [f"blk.{i}.ffn_norm" for i in range(TINY["n_layers"])] + ["output_norm"]
     normed = [op.kind for op in default.graph.ops for L in op.launches
               if L.family == "gemv" and L.spec.norm]
     assert normed == ["MulMatRopeKv"] * TINY["n_layers"]
-    plain = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+    plain = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False,
                                  fuse_norm=False)
     assert [op.kind for op in plain.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
-    out_only = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+    out_only = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False,
                                     fuse_norm="output")
     # the output is Q6_K here: its norm cannot fold, so every norm launches
     assert out_only.fuse_norm == ("output",)
     assert [op.kind for op in out_only.graph.ops].count("RmsNorm") == 2 * TINY["n_layers"] + 1
     with pytest.raises(ValueError, match="fuse_norm: unknown RMSNorm 'attention'"):
-        LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False,
+        Model.from_gguf(tiny, backend="emu", capacity=4, progress=False,
                              fuse_norm=["attention"])
 
 
@@ -121,9 +121,9 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     from benchmarks import bench_model
     from ptxgen.driver.executor import ComputeGraph
     add = ComputeGraph.add
-    full = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    full = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False)
     with bench_model._without({"RmsNorm", "Attention"}):
-        cut = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+        cut = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False)
     assert ComputeGraph.add is add
     per_kind = {}
     for op in full.graph.ops:
@@ -134,7 +134,7 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
     from ptxgen.llm.gguf.file import GGUFError
     with pytest.raises(GGUFError):
         with bench_model._without({"RmsNorm"}):
-            LlamaModel.from_gguf(__file__, backend="emu", progress=False)
+            Model.from_gguf(__file__, backend="emu", progress=False)
     assert ComputeGraph.add is add
 
 
@@ -145,7 +145,7 @@ def test_mixed_types_use_unfused_paths(tmp_path, seed):
     write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1),
                           type_overrides={"blk.0.attn_v.weight": "Q6_K",
                                           "blk.0.ffn_up.weight": "Q8_0"})
-    m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False)
+    m = Model.from_gguf(path, backend="emu", capacity=4, progress=False)
     kinds = [op.kind for op in m.graph.ops]
     assert kinds.count("MulMat") == 3 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
     assert "RopeKvAppend" in kinds and "MulMatRopeKv" not in kinds
@@ -156,7 +156,7 @@ def test_mixed_types_use_unfused_paths(tmp_path, seed):
 
 
 def test_context_overflow_refused(tiny):
-    m = LlamaModel.from_gguf(tiny, backend="emu", capacity=4, progress=False)
+    m = Model.from_gguf(tiny, backend="emu", capacity=4, progress=False)
     with pytest.raises(ContextOverflowError, match="need 6 positions; the KV cache holds 4"):
         m.generate([1, 2], 4)
     with pytest.raises(ValueError, match="outside the vocabulary"):
@@ -169,7 +169,7 @@ gpu = pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver av
 @pytest.mark.gpu
 @gpu
 def test_gpu_decode_32_steps_matches_reference(tiny, rng):
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
+    m = Model.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
     prompt = [int(t) for t in rng.integers(0, 512, 3)]
     res, logits = m.generate(prompt, 30, mode="graph", return_logits=True)
     assert len(logits) == 32
@@ -179,7 +179,7 @@ def test_gpu_decode_32_steps_matches_reference(tiny, rng):
 @pytest.mark.gpu
 @gpu
 def test_gpu_graph_replay_equals_eager_bit_for_bit(tiny):
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=80, progress=False)
+    m = Model.from_gguf(tiny, backend="cuda", capacity=80, progress=False)
     prompt = [3, 14, 15]
     # 64 steps: the 3 prompt tokens and 61 of the 62 generated ones each give logits
     r1, l1 = m.generate(prompt, 62, mode="eager", return_logits=True)
@@ -197,8 +197,8 @@ def test_gpu_errors_leave_context_usable(tiny, tmp_path):
     bad = tmp_path / "cut.gguf"
     bad.write_bytes(open(tiny, "rb").read()[:100_000])
     with pytest.raises(GGUFError, match="truncated"):
-        LlamaModel.from_gguf(str(bad), backend="cuda", progress=False)
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=8, progress=False)
+        Model.from_gguf(str(bad), backend="cuda", progress=False)
+    m = Model.from_gguf(tiny, backend="cuda", capacity=8, progress=False)
     with pytest.raises(ContextOverflowError):
         m.generate([1, 2, 3], 10)
     res = m.generate([1, 2, 3], 4)   # the same model still decodes afterwards
@@ -214,8 +214,8 @@ def test_gpu_pdl_graph_equals_plain_eager_bit_for_bit(tiny):
     if get_device().compute_capability < (9, 0):
         pytest.skip("PDL needs sm_90")
     prompt = [7, 1, 8]
-    plain = LlamaModel.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=False)
-    fast = LlamaModel.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=True)
+    plain = Model.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=False)
+    fast = Model.from_gguf(tiny, backend="cuda", capacity=40, progress=False, pdl=True)
     assert not plain.pdl and fast.pdl
     r1, l1 = plain.generate(prompt, 30, mode="eager", return_logits=True)
     r2, l2 = fast.generate(prompt, 30, mode="graph", return_logits=True)
@@ -232,7 +232,7 @@ def test_model_flash_config_where_the_tensor_cores_do_not_take_the_shape(tmp_pat
     path = str(tmp_path / "g16.gguf")
     write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1, hidden=2048, n_heads=16, n_kv_heads=1))
     for knobs in (None, {"unroll": 2}):
-        m = LlamaModel.from_gguf(path, backend="emu", capacity=4, progress=False,
+        m = Model.from_gguf(path, backend="emu", capacity=4, progress=False,
                                  flash_knobs=knobs)
         split = next(L.spec for op in m.graph.ops for L in op.launches
                      if L.kernel.endswith("_split"))

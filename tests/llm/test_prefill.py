@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("gguf")
 
 from ptxgen.llm.gguf.synth import write_synthetic_llama
-from ptxgen.llm.model import LlamaModel
+from ptxgen.llm import Model
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
@@ -25,7 +25,7 @@ def tiny(tmp_path_factory, module_seed):
 def model(tiny):
     """One emulator model for the module (loading compiles every kernel);
     each run starts from :func:`_fresh`."""
-    return LlamaModel.from_gguf(tiny, backend="emu", capacity=16, progress=False)
+    return Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
 
 
 def _fresh(m):
@@ -34,7 +34,6 @@ def _fresh(m):
     for pair in m.kv_caches:
         for c in pair:
             m.executor.write(c, np.full(c.shape, np.nan, np.float16))
-    m._prefiller = None
     return m
 
 
@@ -72,7 +71,11 @@ MIXED = {"q4_k_m": dict(mix="Q4_K_M"), "q8_0": dict(qtype="Q8_0", output_qtype="
          "q5_0": dict(qtype="Q5_0", output_qtype="Q5_0"),
          "q5_k": dict(qtype="Q5_K", output_qtype="Q5_K"),
          "f16": dict(qtype="F16", output_qtype="F16"),
-         "bf16": dict(qtype="BF16", output_qtype="BF16")}
+         "bf16": dict(qtype="BF16", output_qtype="BF16"),
+         # q/k/v biases (added by the GEMM's bias epilogue; split by type under the mix)
+         "qwen2": dict(arch="qwen2"), "qwen2_q4_k_m": dict(arch="qwen2", mix="Q4_K_M"),
+         # per-head q/k norms (the grouped RMSNorm over every token's heads)
+         "qwen3": dict(arch="qwen3", head_dim=64)}
 #: one layer (its attn_v and ffn_down are Q6_K under Q4_K_M) keeps the emulator quick
 TYPED = dict(TINY, n_layers=1)
 
@@ -81,7 +84,7 @@ TYPED = dict(TINY, n_layers=1)
 def typed_model(request, tmp_path_factory, module_seed):
     p = tmp_path_factory.mktemp("model") / f"tiny_{request.param}.gguf"
     write_synthetic_llama(str(p), seed=module_seed, **TYPED, **MIXED[request.param])
-    return LlamaModel.from_gguf(str(p), backend="emu", capacity=16, progress=False)
+    return Model.from_gguf(str(p), backend="emu", capacity=16, progress=False)
 
 
 def test_prefill_matches_token_by_token(model, rng):
@@ -94,14 +97,18 @@ def test_prefill_matches_token_by_token(model, rng):
 
 
 def test_prefill_matches_token_by_token_types(typed_model, rng):
-    """The same for a Q4_K_M-mix file and Q8_0, Q4_0, Q5_0, Q5_K, F16 and BF16 files:
-    every projection runs on the GEMM (no GEMV per token)."""
+    """The same for a Q4_K_M-mix file, Q8_0, Q4_0, Q5_0, Q5_K, F16 and BF16
+    files, and Qwen2 (biases) and Qwen3 (q/k norms) files: every projection
+    runs on the GEMM (no GEMV per token)."""
     from ptxgen.llm.prefill import gemm_ready
     m = typed_model
-    assert gemm_ready(m)
+    assert gemm_ready(m.file, m.target)
     types = {m.file.tensor(f"blk.0.{n}.weight").qtype for n in ("attn_q", "attn_v", "ffn_down")}
-    assert types in ({"Q4_K", "Q6_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"}, {"F16"},
-                     {"BF16"}), types
+    assert types in ({"Q4_K", "Q6_K"}, {"Q4_K"}, {"Q8_0"}, {"Q4_0"}, {"Q5_0"}, {"Q5_K"},
+                     {"F16"}, {"BF16"}), types
+    launches = [L for b in m.prefill(4).buckets for op in m.prefill(4).graph(b).ops
+                for L in op.launches]
+    assert not any(L.family == "gemv" for L in launches)
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     (ref, ref_logits) = _run(m, prompt, 2, 0)
     (got, got_logits) = _run(m, prompt, 2, 4)      # two chunks: 4 + 1 tokens
@@ -114,7 +121,7 @@ def test_bf16_weight_past_f16_keeps_its_matrix_on_the_gemv(tmp_path, rng):
     the GEMM."""
     import gguf as _gguf
     from ptxgen.llm.gguf.file import LlamaFile
-    from ptxgen.llm.prefill import _has_gemm
+    from ptxgen.llm.lowering.matmul import has_gemm
     p = tmp_path / "bf16.gguf"
     write_synthetic_llama(str(p), seed=int(rng.integers(1 << 30)), **TYPED, **MIXED["bf16"])
     name = "blk.0.ffn_up.weight"
@@ -124,8 +131,8 @@ def test_bf16_weight_past_f16_keeps_its_matrix_on_the_gemv(tmp_path, rng):
         f.write(np.array([0x4780], np.uint16).tobytes())
     lf = LlamaFile(str(p))
     assert not lf.in_f16_range(name) and lf.in_f16_range("blk.0.ffn_gate.weight")
-    assert not _has_gemm(lf, name, "sm_90a") and _has_gemm(lf, "blk.0.ffn_gate.weight", "sm_90a")
-    assert not _has_gemm(lf, "blk.0.ffn_gate.weight", "sm_90")
+    assert not has_gemm(lf, name, "sm_90") and has_gemm(lf, "blk.0.ffn_gate.weight", "sm_90")
+    assert not has_gemm(lf, "blk.0.ffn_gate.weight", "sm_80")
     with open(p, "r+b") as f:               # 65280, bf16's largest under 65504: fits
         f.seek(int(t.data_offset) + 2 * 16)
         f.write(np.array([0x477F], np.uint16).tobytes())
@@ -145,17 +152,16 @@ def test_buckets_agree(model, rng):
     """Five prompt tokens as one chunk in a bucket of 8 (launches sized past
     the chunk, tiles past T exiting) against chunks of 4 and 1 in buckets of
     4 and 2: the same logits and continuation."""
-    from ptxgen.llm.prefill import Prefill
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 6)]
     m = _fresh(model)
-    m._prefiller = Prefill(m, 8, buckets=())
-    a, la = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=8)
-    assert set(m._prefiller._seq) == {8}
+    pre = m.prefill(8, buckets=())
+    a, la = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=pre)
+    assert set(pre._executors) == {8}
     _fresh(m)
-    m._prefiller = Prefill(m, 4, buckets=(2, 4, 16))
-    assert m._prefiller.buckets == (2, 4)
-    b, lb = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=4)
-    assert set(m._prefiller._seq) == {2, 4}
+    pre = m.prefill(4, buckets=(2, 4, 16))
+    assert pre.buckets == (2, 4)
+    b, lb = m.generate(prompt, 2, mode="eager", return_logits=True, prefill_chunk=pre)
+    assert set(pre._executors) == {2, 4}
     err = float(np.linalg.norm(la[0] - lb[0]) / np.linalg.norm(lb[0]))
     assert err <= 1e-3, err
     assert a.tokens == b.tokens
@@ -179,7 +185,7 @@ def test_prefill_graph_gpu(tmp_path, rng, types):
                           ffn=1024, n_heads=8, n_kv_heads=2, vocab=1024, context_length=512,
                           **MIXED.get(types, {}))
     prompt = [int(t) for t in rng.integers(0, 1024, 180)]       # chunks of 128 and 51
-    m = LlamaModel.from_gguf(str(p), backend="cuda", capacity=256, progress=False)
+    m = Model.from_gguf(str(p), backend="cuda", capacity=256, progress=False)
     assert m.default_prefill_chunk() == 512
     ref, lr = m.generate(prompt, 8, return_logits=True, prefill_chunk=0)
     for mode in ("eager", "graph"):

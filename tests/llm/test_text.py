@@ -28,7 +28,7 @@ def spm() -> Tokenizer:
 
 
 class ScriptedDecoding:
-    """What LlamaModel.decode returns, replaying a fixed token list; the
+    """What Model.decode returns, replaying a fixed token list; the
     list running out is a full KV cache."""
 
     def __init__(self, script, n_fed):

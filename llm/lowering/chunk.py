@@ -1,0 +1,258 @@
+"""A prompt chunk: a model definition lowered for the rows of up to
+``rows`` consecutive tokens of one sequence, on tensor cores.
+
+The chunk's token ids (``chunk_tokens``) and the int32 pair ``(L, T)``
+(``chunk_info``: its first position and its length) live in device buffers
+the kernels read (the GEMMs with ``t_device``: tiles past ``T`` exit), so
+the launches depend only on ``rows``, the *bucket*: every launch is sized
+for it and one captured CUDA graph serves every chunk of up to ``rows``
+tokens.  The K and V rows land in the model's cache (shared with the decode
+step) before the chunk's attention reads them.
+
+The blocks lower to:
+
+- ``embed``: one row-gather launch over the chunk's tokens;
+- ``norm``: an RMSNorm launch over the rows (f16 out where every GEMM
+  that reads it takes f16 X);
+- ``qkv``: one GEMM over the stacked ``[Wq; Wk; Wv]`` (or one per weight
+  writing its column block, where their types differ) with the biases
+  added in its epilogue, the per-head q/k RMSNorms over every token's heads
+  (two launches of a grouped RMSNorm), then RoPE + the K/V append over the
+  rows;
+- ``attention``: causal chunk attention reading q from the QKV rows;
+- ``linear``: a GEMM with the residual added in its epilogue;
+- ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
+- ``output``: nothing: the last prompt token is the decode step's, which
+  computes its logits and chooses the first new token.
+
+A weight type with no GEMM on the device runs a GEMV per row instead
+(correct, but no faster than decoding the prompt).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ptxgen.driver.executor import TensorMapOf
+from ptxgen.kernels import embedding, flash_prefill, rmsnorm, rope, swiglu
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from . import matmul
+from .common import QKV, Lowering, Normed, kernel_qtype
+
+__all__ = ["ChunkLowering", "gemm_ready"]
+
+
+def gemm_ready(file, target, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
+                                    "ffn_up", "ffn_down")) -> bool:
+    """Whether every layer's weights ``names`` have a GEMM on ``target``."""
+    return all(matmul.has_gemm(file, f"blk.{i}.{n}.weight", target)
+               for i in range(file.hparams.n_layers) for n in names)
+
+
+class ChunkLowering(Lowering):
+    """The blocks of a definition as the launches of a prompt chunk of up to
+    ``rows`` tokens.
+
+    Parameters
+    ----------
+    file, store, target, capacity, rope_layout
+        As :class:`~.decode.DecodeLowering`'s.
+    rows : int
+        The bucket: the most tokens a chunk of this graph holds.
+    chunk : int
+        The largest bucket of the model.
+    device : str, optional
+        The GPU's name (tuned configs stored for it win).
+    pdl : bool
+        Programmatic dependent launch where the target has it.
+    """
+
+    def __init__(self, file, store, *, target, capacity, rope_layout, rows: int, chunk: int,
+                 device=None, pdl=True):
+        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout)
+        if not 1 <= rows <= chunk:
+            raise ValueError(f"a chunk bucket of {rows} rows must be in 1..{chunk}")
+        g, hp = self.g, self.hp
+        self.rows, self.device = int(rows), device
+        self.pdl = bool(pdl) and has_griddepcontrol(target)
+        self.tokens = g.buffer("chunk_tokens", (capacity,), np.int32, "state")
+        self.info = g.buffer("chunk_info", (2,), np.int32, "state")
+        self.start_ptr, self.n_ptr = self.info.at(0), self.info.at(4)
+        self.qkv_dim = hp.q_dim + 2 * hp.kv_dim
+        B, H = self.rows, hp.hidden
+
+        def x_type(*names):
+            # f16 where every GEMM reading it takes f16 X (the GEMV fallback reads f32)
+            return np.float16 if gemm_ready(file, target, names) else np.float32
+        self.x = g.buffer("x", (B, H), np.float32)
+        self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v", "ffn_gate",
+                                              "ffn_up"))
+        self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
+        self.att = g.buffer("att", (B, hp.q_dim), x_type("attn_output"))
+        self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
+
+    # ------------------------------------------------------------ pieces
+    def _matmul(self, name, x, out, *, residual=None, bias=None, rows=None, stride=None,
+                weight=None, info=None):
+        """``out = x W^T (+ residual | + bias)`` over the bucket's rows; with
+        ``stride`` ``out`` is a flat view whose row ``t`` starts at element
+        ``t stride``."""
+        w, t = (weight, info) if weight is not None else self.weight(name)
+        rows = t.shape[0] if rows is None else rows
+        stride = stride or rows
+        sources = (name,) if "attn_qkv" not in name else tuple(
+            name.replace("attn_qkv", n) for n in ("attn_q", "attn_k", "attn_v"))
+        if all(matmul.has_gemm(self.file, n, self.target) for n in sources):
+            matmul.gemm(self, name.removesuffix(".weight"), w, t, x, out, self.n_ptr,
+                        rows_max=self.rows, residual=residual, bias=bias, y_stride=stride,
+                        device=self.device, pdl=self.pdl)
+            return
+        # fallback: a GEMV per row (f32 X)
+        K = t.shape[1]
+        for r in range(self.rows):
+            extra = bias if residual is None else _row(residual, r, 4 * stride)
+            matmul.gemv(self, f"{name.removesuffix('.weight')}.row{r}", w, t, _row(x, r, 4 * K),
+                        _row(out, r, 4 * stride), residual=extra)
+
+    def embed(self, weight):
+        emb, et = self.weight(weight)
+        hp = self.hp
+        es = embedding.EmbeddingSpec(qtype=kernel_qtype(et.qtype), rows=True, target=self.target)
+        geom = embedding.launch_geometry(es, hp.hidden, self.rows)
+        self.add("Embedding", "embd", [emb, self.tokens], [self.x],
+                 [self.launch("embedding", es, es.kernel_name, geom, table=emb,
+                              token_ptr=self.tokens, out=self.x, n=hp.hidden,
+                              n_vocab=hp.vocab)])
+        return self.x
+
+    def norm(self, x, weight, kind):
+        return Normed(x, weight, kind)
+
+    def _rmsnorm(self, x, weight, out, name):
+        w, _ = self.weight(weight)
+        spec = rmsnorm.RmsNormSpec(residual=False, block=_norm_block(self.hp.hidden),
+                                   out_type="f16" if out.dtype == np.float16 else "f32",
+                                   target=self.target, pdl=self.pdl)
+        self.add("RmsNorm", name, [x, w], [out],
+                 [self.launch("rmsnorm", spec, spec.kernel_name,
+                              rmsnorm.launch_geometry(spec, self.rows), x=x, w=w, out=out,
+                              n=self.hp.hidden, eps=self.hp.eps)])
+
+    def _input(self, h):
+        if not isinstance(h, Normed):
+            return h
+        self._rmsnorm(h.x, h.weight, self.h, h.weight.removesuffix(".weight"))
+        return self.h
+
+    def qkv(self, h, w: QKV):
+        hp, f, p = self.hp, self.file, w.prefix
+        x = self._input(h)
+        qkv = self.qkv_rows
+        if len({f.qtype(n) for n in (w.q, w.k, w.v)}) == 1:
+            wb, t = self.stacked_qkv(w)
+            self._matmul(p + "attn_qkv.weight", x, qkv, bias=self.qkv_bias(w), weight=wb,
+                         info=t)
+        else:
+            bias = self.qkv_bias(w)
+            off = 0
+            for n, rows in ((w.q, hp.q_dim), (w.k, hp.kv_dim), (w.v, hp.kv_dim)):
+                self._matmul(n, x, qkv.at(4 * off), rows=rows, stride=self.qkv_dim,
+                             bias=None if bias is None else bias.at(4 * off))
+                off += rows
+        src = qkv
+        if w.q_norm:
+            # the normed q and k in a buffer of the QKV rows' layout (v unused)
+            src = self.g.buffer(p + "qk_normed", (self.rows, self.qkv_dim), np.float32)
+            self._head_norm(w.q_norm, qkv.at(0), src.at(0), hp.n_heads, qkv, src)
+            self._head_norm(w.k_norm, qkv.at(4 * hp.q_dim), src.at(4 * hp.q_dim),
+                            hp.n_kv_heads, qkv, src)
+        kc, vc = self.kv_cache(w.layer)
+        freqs = self.rope_table()
+        rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
+                           append="f16", rows=True, target=self.target)
+        grid, block, sh = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        ins = [src, freqs, self.info] + ([qkv] if src is not qkv else [])
+        self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
+                 [self.launch("rope", rs, rs.kernel_name, ((grid[0], self.rows, 1), block, sh),
+                              q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
+                              pos_ptr=self.start_ptr, n_q_heads=hp.n_heads,
+                              n_kv_heads=hp.n_kv_heads,
+                              v=qkv.at(4 * (hp.q_dim + hp.kv_dim)), k_cache=kc, v_cache=vc,
+                              capacity=self.capacity, row_stride=self.qkv_dim,
+                              n_rows_ptr=self.n_ptr)])
+        return src
+
+    def _head_norm(self, weight, x, out, heads, src, dst):
+        """The RMSNorm of every head (rows of ``head_dim``) of every token,
+        each token's heads ``qkv_dim`` elements after the last's."""
+        w, _ = self.weight(weight)
+        spec = rmsnorm.RmsNormSpec(residual=False, grouped=True, target=self.target,
+                                   pdl=self.pdl)
+        self.add("RmsNorm", weight.removesuffix(".weight"), [src, w], [dst],
+                 [self.launch("rmsnorm", spec, spec.kernel_name,
+                              rmsnorm.launch_geometry(spec, heads, self.rows), x=x, w=w, out=out,
+                              n=self.hp.head_dim, eps=self.hp.eps, stride=self.qkv_dim)])
+
+    def attention(self, layer, q):
+        hp = self.hp
+        D = hp.head_dim
+        kc, vc = self.kv_cache(layer)
+        target = matmul.gemm_target(self.target)
+        spec = flash_prefill.FlashPrefillSpec(
+            head_dim=D, group=hp.n_heads // hp.n_kv_heads, target=target,
+            out_type="f16" if self.att.dtype == np.float16 else "f32", pdl=self.pdl)
+        plan = flash_prefill.plan(spec, device=self.device)
+        geom = flash_prefill.launch_geometry(plan, hp.n_heads, self.rows)
+        args = dict(q=q, k_cache=kc, v_cache=vc, start_ptr=self.start_ptr,
+                    n_tokens_ptr=self.n_ptr, out=self.att, capacity=self.capacity,
+                    sm_scale=1.0 / math.sqrt(D), q_stride=self.qkv_dim)
+        n_kv, cap = hp.n_kv_heads, self.capacity
+        if flash_prefill.cache_maps(plan, 0, 0, n_kv, cap) is not None:
+            for name, cache, i in (("k_map", kc, 0), ("v_map", vc, 1)):
+                args[name] = TensorMapOf(cache, lambda a, i=i: flash_prefill.cache_maps(
+                    plan, a, a, n_kv, cap)[i])
+        q_buf = q.buffer if hasattr(q, "buffer") else q
+        self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.info], [self.att],
+                 [self.launch("flash_prefill", plan, plan.kernel_name, geom, **args)])
+        return self.att
+
+    def linear(self, a, weight, residual=None):
+        if residual is None:
+            raise ValueError("a chunk's linear block adds to the residual stream")
+        self._matmul(weight, a, residual, residual=residual)
+        return residual
+
+    def gated_ffn(self, h, gate, up, down, residual):
+        hp = self.hp
+        x = self._input(h)
+        p = gate.removesuffix("ffn_gate.weight")
+        g_out = self.g.buffer(p + "ffn_gate_out", (self.rows, hp.ffn), np.float32)
+        u_out = self.g.buffer(p + "ffn_up_out", (self.rows, hp.ffn), np.float32)
+        self._matmul(gate, x, g_out)
+        self._matmul(up, x, u_out)
+        ss = swiglu.SwiGluSpec(out_type="f16" if self.act.dtype == np.float16 else "f32",
+                               target=self.target, pdl=self.pdl)
+        n = self.rows * hp.ffn
+        self.add("SwiGLU", p + "swiglu", [g_out, u_out], [self.act],
+                 [self.launch("swiglu", ss, ss.kernel_name, swiglu.launch_geometry(ss, n),
+                              g=g_out, u=u_out, out=self.act, n=n)])
+        return self.linear(self.act, down, residual=residual)
+
+    def output(self, h, weight):
+        """Nothing: the decode step computes the last token's logits."""
+
+
+def _norm_block(n: int) -> int:
+    """Threads of an RMSNorm block over rows of ``n``: enough for the row to
+    sit in registers (4 x 16 bytes each)."""
+    return min(1024, max(256, -(-n // 512) * 32))
+
+
+def _row(a, r: int, row_bytes: int):
+    """A reference to row ``r`` of the buffer (or reference) ``a``."""
+    if hasattr(a, "buffer"):
+        return a.buffer.at(a.offset + r * row_bytes)
+    return a.at(r * row_bytes)

@@ -1,0 +1,167 @@
+"""What every lowering shares: the model's persistent buffers (weights as
+stored in the file, the stacked Q/K/V weight, the bias vector, the RoPE
+table, the KV cache) and the way an op and its launches join a graph.
+
+A lowering is the object a model definition's blocks are called on
+(:mod:`ptxgen.llm.models`): each block method adds tensor ops, each lowered
+to kernel launches, to one :class:`~ptxgen.driver.executor.ComputeGraph`.
+The decode lowering (:mod:`.decode`) emits GEMVs and flash decode for one
+token; the chunk lowering (:mod:`.chunk`) GEMMs and chunk attention for
+the rows of a prompt chunk.  Both take their persistent buffers from one
+:class:`~ptxgen.driver.executor.Store`, so the graphs of a model share its
+weights and KV cache.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from ptxgen.driver.executor import ComputeGraph, Launch
+from ptxgen.kernels import rope
+
+__all__ = ["Tuning", "Normed", "QKV", "TensorInfo", "Lowering", "kernel_qtype"]
+
+_QKV = ("attn_q", "attn_k", "attn_v")
+
+
+def kernel_qtype(qtype: str) -> str:
+    """A GGML type name as the embedding kernel spells it."""
+    return qtype.replace("F32", "f32").replace("F16", "f16")
+
+
+@attrs.frozen
+class Tuning:
+    """How the model's GEMVs are configured, passed down explicitly:
+    ``sm_count`` (a ring's CTAs are spread evenly over the SMs) and
+    ``overrides``, GemvConfig fields for every Q4_K GEMV (a dict, or a
+    function ``(m, k, epilogue) -> dict``).  An override a shape cannot take
+    is refused with the shape named."""
+
+    sm_count: int | None = None
+    overrides: object = attrs.field(factory=dict)
+    #: the device's name: configs ``python -m ptxgen tune`` stored for it win
+    device: str | None = None
+
+
+@attrs.frozen
+class TensorInfo:
+    """A weight's name, GGML type and logical shape ``[rows, cols]``."""
+
+    name: str
+    qtype: str
+    shape: tuple
+
+
+@attrs.frozen(eq=False)
+class Normed:
+    """The RMSNorm of ``x`` with the file's weight ``weight``, not yet
+    launched: the block that reads it launches it, or folds it into its own
+    first kernel (``kind`` names it for ``fuse_norm``: attn, ffn, output)."""
+
+    x: object
+    weight: str
+    kind: str
+
+
+@attrs.frozen
+class QKV:
+    """The tensors of a layer's attention input: the projections, their
+    optional biases (None where the file has none) and the optional
+    per-head RMSNorm weights of q and k (qwen3)."""
+
+    layer: int
+    q: str
+    k: str
+    v: str
+    biases: tuple = (None, None, None)
+    q_norm: str | None = None
+    k_norm: str | None = None
+
+    @classmethod
+    def of_layer(cls, file, i: int, qk_norm: bool) -> "QKV":
+        p = f"blk.{i}."
+        biases = tuple(p + n + ".bias" if file.has(p + n + ".bias") else None for n in _QKV)
+        return cls(i, *(p + n + ".weight" for n in _QKV), biases=biases,
+                   q_norm=p + "attn_q_norm.weight" if qk_norm else None,
+                   k_norm=p + "attn_k_norm.weight" if qk_norm else None)
+
+    @property
+    def prefix(self) -> str:
+        return f"blk.{self.layer}."
+
+    @property
+    def has_bias(self) -> bool:
+        return any(b is not None for b in self.biases)
+
+
+class Lowering:
+    """The graph, the file and the persistent buffers one lowering writes
+    into; subclasses implement the blocks (``embed``, ``norm``, ``qkv``,
+    ``attention``, ``linear``, ``gated_ffn``, ``output``)."""
+
+    def __init__(self, file, store, *, target: str, capacity: int, rope_layout: str):
+        self.file = file
+        self.hp = file.hparams
+        self.store = store
+        self.g = ComputeGraph(store)
+        self.target = target
+        self.capacity = capacity
+        self.rope_layout = rope_layout
+
+    # ------------------------------------------------------- persistent buffers
+    def weight(self, name: str):
+        """The file's tensor ``name`` as a weight buffer, and the tensor."""
+        t = self.file.tensor(name)
+        return self.g.buffer(name, t.data.shape, t.data.dtype, "weight", t.data), t
+
+    def stacked_qkv(self, w: QKV):
+        """``[Wq; Wk; Wv]`` as one weight (the three share a type), and its
+        :class:`TensorInfo`."""
+        f = self.file
+        names = (w.q, w.k, w.v)
+        rows = sum(f.shape(n)[0] for n in names)
+        info = TensorInfo(w.prefix + "attn_qkv.weight", f.qtype(w.q), (rows, f.shape(w.q)[1]))
+        first = f.tensor(w.q).data
+        shape = (rows,) + first.shape[1:]
+        buf = self.g.buffer(info.name, shape, first.dtype, "weight",
+                            lambda: np.concatenate([f.tensor(n).data for n in names]))
+        return buf, info
+
+    def qkv_bias(self, w: QKV):
+        """One f32 buffer of the layer's q | k | v biases (zeros for a missing
+        one: adding 0 is exact), or None when the layer has none."""
+        if not w.has_bias:
+            return None
+        hp = self.hp
+        parts = [self.file.tensor(n).data.astype(np.float32) if n is not None
+                 else np.zeros(rows, np.float32)
+                 for n, rows in zip(w.biases, (hp.q_dim, hp.kv_dim, hp.kv_dim))]
+        data = np.concatenate(parts)
+        return self.g.buffer(w.prefix + "attn_qkv.bias", data.shape, np.float32, "weight", data)
+
+    def rope_table(self):
+        """The RoPE frequencies as the kernels take them: the file's
+        convention (rope_freqs factors and linear scaling included)."""
+        D = self.hp.head_dim
+        return self.g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight",
+                             lambda: rope.table_of(self.file.rope_inv_freq()))
+
+    def kv_cache(self, i: int):
+        """Layer ``i``'s f16 K and V caches, ``[n_kv_heads, capacity, head_dim]``."""
+        hp, p = self.hp, f"blk.{i}."
+        shape = (hp.n_kv_heads, self.capacity, hp.head_dim)
+        return (self.g.buffer(p + "k_cache", shape, np.float16, "state"),
+                self.g.buffer(p + "v_cache", shape, np.float16, "state"))
+
+    # ------------------------------------------------------------------ ops
+    def add(self, kind, name, ins, outs, launches, variant=None):
+        return self.g.add(kind, name, ins, outs, launches, variant=variant)
+
+    @staticmethod
+    def launch(family, spec, kernel, geometry, **args) -> Launch:
+        """One launch: ``geometry`` is ``(grid, block[, shared])``, ``args``
+        the kernel's parameters by name."""
+        grid, block, *rest = geometry
+        return Launch(family, spec, kernel, tuple(grid), tuple(block), dict(args),
+                      int(rest[0]) if rest else 0)

@@ -1,0 +1,300 @@
+"""The decode step: a model definition lowered for one token of one
+sequence, captured once and replayed for every token.
+
+Per-token state (token id, position, KV length, prompt length, the chosen
+token and an overflow flag) is an ``int32[8]`` device buffer
+(``kernels/decode_state.py``) that every kernel reads; the last launch of
+the step advances it, so the same CUDA graph serves every token.  The
+``prompt`` buffer holds the tokens to feed by position and ``history`` the
+whole sequence (the sampler's penalty window).
+
+The blocks lower to:
+
+- ``embed``: one row-gather launch of the state's token;
+- ``norm``: an RMSNorm launch, or nothing where the Q4_K GEMVs that read
+  it take it in their prologue (``fuse_norm``: ``"attn"`` by default);
+- ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also rotates q
+  and k and appends this token's K/V rows to the f16 caches (interleaved
+  RoPE, one weight type, no biases or q/k norms, ``fuse_rope``); otherwise
+  the projections (stacked when the types agree), each bias added by the
+  GEMV's residual epilogue (before RoPE, as llama.cpp adds it), one
+  RMSNorm launch over the q heads and one over the k heads where the file
+  has q/k norms, then one RoPE + KV-append launch in the file's layout;
+- ``attention``: the split-KV flash decode and its combine;
+- ``linear``: a GEMV (its residual epilogue adds the stream);
+- ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
+  up share a type (else two GEMVs and a SwiGLU launch), then the down GEMV;
+- ``output``: the logits GEMV, then the next token's choice in two
+  variants of the step, ``"greedy"`` (argmax) and ``"sample"`` (the
+  sampler chain reading ``sampling_params``), and the state advance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsnorm, rope,
+                            sampling, swiglu)
+from ptxgen.llm.generation import GREEDY, SAMPLE, SamplingSettings, sampler_spec
+
+from . import matmul
+from .common import QKV, Lowering, Normed, Tuning, kernel_qtype
+
+__all__ = ["DecodeLowering", "NORM_KINDS", "norm_kinds"]
+
+NORM_KINDS = ("attn", "ffn", "output")
+"""The RMSNorms ``fuse_norm`` can fold into their GEMVs."""
+
+
+def norm_kinds(fuse_norm) -> tuple:
+    """``fuse_norm`` as a sorted tuple of :data:`NORM_KINDS`."""
+    if isinstance(fuse_norm, bool):
+        return NORM_KINDS if fuse_norm else ()
+    kinds = (fuse_norm,) if isinstance(fuse_norm, str) else tuple(fuse_norm)
+    bad = [k for k in kinds if k not in NORM_KINDS]
+    if bad:
+        raise ValueError(f"fuse_norm: unknown RMSNorm {bad[0]!r}; give True, False or "
+                         f"some of {', '.join(map(repr, NORM_KINDS))}")
+    return tuple(k for k in NORM_KINDS if k in kinds)
+
+
+class DecodeLowering(Lowering):
+    """The blocks of a definition as the launches of one decode step.
+
+    Parameters
+    ----------
+    file : LlamaFile
+    store : Store
+        The model's persistent buffers (shared with its chunk graphs).
+    target, sm_count : the device's
+    capacity : int
+        KV-cache positions.
+    rope_layout : str
+        The architecture's RoPE pairs.
+    tuning : Tuning
+    fuse_norm : tuple of str
+        :data:`NORM_KINDS` folded into GEMVs.
+    fuse_rope : bool
+        RoPE and the KV append in the stacked Q/K/V GEMV's epilogue where it applies.
+    flash_knobs : dict
+        FlashDecodeConfig fields replacing the tuned ones.
+    """
+
+    def __init__(self, file, store, *, target, sm_count, capacity, rope_layout,
+                 tuning: Tuning, fuse_norm=("attn",), fuse_rope=True, flash_knobs=None):
+        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout)
+        g, hp, cap = self.g, self.hp, capacity
+        self.sm_count = sm_count
+        self.tuning = tuning
+        self.fuse_norm = norm_kinds(fuse_norm)
+        self.fuse_rope = bool(fuse_rope)
+        self.state = g.buffer("state", (decode_state.STATE_WORDS,), np.int32, "state",
+                              decode_state.initial_state(0, 1))
+        self.prompt = g.buffer("prompt", (cap,), np.int32, "state", np.zeros(cap, np.int32))
+        self.history = g.buffer("history", (cap,), np.int32, "state", np.zeros(cap, np.int32))
+        self.pos_ptr = self.state.at(4 * decode_state.POS)
+        self.kvlen_ptr = self.state.at(4 * decode_state.KV_LEN)
+        self.x = g.buffer("x", (hp.hidden,), np.float32)
+        # the length is advanced at the end of the step and the launch just
+        # before attention (the QKV GEMV, or the RoPE launch) appends row
+        # kv_len - 1: early_kv's contract
+        D = hp.head_dim
+        fd_spec = flash_decode.FlashDecodeSpec(head_dim=D, group=hp.n_heads // hp.n_kv_heads,
+                                               kv_dtype="f16", early_kv=True, target=target)
+        self.fds = flash_decode.with_overrides(fd_spec, dict(flash_knobs or {}), tuning.device)
+        self.n_splits = flash_decode.choose_splits(self.fds, sm_count, hp.n_kv_heads, cap)
+        self._rms = rmsnorm.RmsNormSpec(residual=False, target=target)
+        self._scratch = {}
+
+    # ------------------------------------------------------------ buffers
+    def _act(self, name, shape, dtype=np.float32):
+        """An activation buffer made once and reused by every layer."""
+        b = self._scratch.get(name)
+        if b is None:
+            b = self._scratch[name] = self.g.buffer(name, shape, dtype)
+        return b
+
+    # ------------------------------------------------------------- blocks
+    def embed(self, weight):
+        hp = self.hp
+        emb, et = self.weight(weight)
+        self._embedding = (emb, et)
+        es = embedding.EmbeddingSpec(qtype=kernel_qtype(et.qtype), target=self.target)
+        geom = embedding.launch_geometry(es, hp.hidden)
+        self.add("Embedding", "embd", [emb, self.state], [self.x],
+                 [self.launch("embedding", es, es.kernel_name, geom, table=emb,
+                              token_ptr=self.state.at(4 * decode_state.TOKEN), out=self.x,
+                              n=hp.hidden, n_vocab=hp.vocab)])
+        return self.x
+
+    def norm(self, x, weight, kind):
+        return Normed(x, weight, kind)
+
+    def _input(self, h, tensors):
+        """The buffer a GEMV over ``tensors`` reads for the value ``h`` and its
+        ``norm`` argument: ``(x, (weight, eps))`` where the pending RMSNorm
+        folds into it, else the RMSNorm launched into ``h`` and ``(h, None)``."""
+        if not isinstance(h, Normed):
+            return h, None
+        if h.kind in self.fuse_norm and matmul.can_fuse_norm(*tensors):
+            w, _ = self.weight(h.weight)
+            return h.x, (w, self.hp.eps)
+        out = self._act("h", (self.hp.hidden,))
+        self._rmsnorm(h.x, h.weight, out, self.hp.hidden, 1, h.weight.removesuffix(".weight"))
+        return out, None
+
+    def _rmsnorm(self, x, weight, out, n, rows, name, src=None, dst=None):
+        w, _ = self.weight(weight)
+        spec = self._rms
+        geom = rmsnorm.launch_geometry(spec, rows)
+        self.add("RmsNorm", name, [src or x, w], [dst or out],
+                 [self.launch("rmsnorm", spec, spec.kernel_name, geom, x=x, w=w, out=out, n=n,
+                              eps=self.hp.eps)])
+
+    def qkv(self, h, w: QKV):
+        hp, f, p = self.hp, self.file, w.prefix
+        qkv = self._act("qkv", (hp.q_dim + 2 * hp.kv_dim,))
+        qk_out = self._act("qk_normed", (hp.q_dim + hp.kv_dim,)) if w.q_norm else None
+        q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
+        kc, vc = self.kv_cache(w.layer)
+        freqs = self.rope_table()
+        tun = dict(tuning=self.tuning)
+        infos = [f.tensor(n) for n in (w.q, w.k, w.v)]
+        x, norm = self._input(h, infos)
+        if len({t.qtype for t in infos}) == 1:
+            wb, t = self.stacked_qkv(w)
+            if self._fuses_rope(w, infos):
+                matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.pos_ptr, kc,
+                                 vc, state=self.state, norm=norm, **tun)
+                return q
+            bias = self.qkv_bias(w)
+            matmul.gemv(self, p + "attn_qkv", wb, t, x, qkv, residual=bias, norm=norm, **tun)
+        else:
+            bias = self.qkv_bias(w)
+            offsets = (0, 4 * hp.q_dim, 4 * (hp.q_dim + hp.kv_dim))
+            for name, out, off in zip((w.q, w.k, w.v), (q, k, v), offsets):
+                wb, t = self.weight(name)
+                matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
+                            residual=None if bias is None else bias.at(off), **tun)
+        qr, kr, src = q, k, qkv
+        if w.q_norm:
+            qr, kr, src = qk_out.at(0), qk_out.at(4 * hp.q_dim), qk_out
+            self._rmsnorm(q, w.q_norm, qr, hp.head_dim, hp.n_heads,
+                          w.q_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
+            self._rmsnorm(k, w.k_norm, kr, hp.head_dim, hp.n_kv_heads,
+                          w.k_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
+        rs = self._rope_spec()
+        geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        ins = [src, freqs, self.state] + ([qkv] if src is not qkv else [])
+        self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
+                 [self.launch("rope", rs, rs.kernel_name, geom, q=qr, k=kr, freqs=freqs,
+                              pos_ptr=self.pos_ptr, n_q_heads=hp.n_heads,
+                              n_kv_heads=hp.n_kv_heads, v=v, k_cache=kc, v_cache=vc,
+                              capacity=self.capacity)])
+        return qr
+
+    def _fuses_rope(self, w: QKV, infos) -> bool:
+        return (self.fuse_rope and self.rope_layout == "interleaved" and w.q_norm is None
+                and not w.has_bias and len({t.qtype for t in infos}) == 1)
+
+    def _rope_spec(self):
+        hp = self.hp
+        return rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
+                             append="f16", target=self.target)
+
+    def attention(self, layer, q):
+        hp, fds, ns = self.hp, self.fds, self.n_splits
+        D = hp.head_dim
+        kc, vc = self.kv_cache(layer)
+        att = self._act("att", (hp.q_dim,))
+        part_o = self._act("part_o", (hp.n_heads, ns, D))
+        part_ml = self._act("part_ml", (hp.n_heads, ns, 2))
+        split, comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, ns)
+        q_buf = q.buffer if hasattr(q, "buffer") else q
+        self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.state], [att],
+                 [self.launch("flash_decode", fds, fds.split_name, split + (fds.dynamic_shared,),
+                              q=q, k_cache=kc, v_cache=vc, kv_len_ptr=self.kvlen_ptr,
+                              part_o=part_o, part_ml=part_ml, capacity=self.capacity,
+                              sm_scale=1.0 / math.sqrt(D)),
+                  self.launch("flash_decode", fds, fds.combine_name, comb, part_o=part_o,
+                              part_ml=part_ml, out=att, n_splits=ns)])
+        return att
+
+    def linear(self, a, weight, residual=None):
+        w, t = self.weight(weight)
+        y = residual if residual is not None else self._act(weight + ".out", (t.shape[0],))
+        matmul.gemv(self, weight.removesuffix(".weight"), w, t, a, y, residual=residual,
+                    tuning=self.tuning)
+        return y
+
+    def gated_ffn(self, h, gate, up, down, residual):
+        hp = self.hp
+        act = self._act("ffn_act", (hp.ffn,))
+        wg, tg = self.weight(gate)
+        wu, tu = self.weight(up)
+        x, norm = self._input(h, [tg, tu])
+        p = gate.removesuffix("ffn_gate.weight")
+        if tg.qtype == tu.qtype:
+            matmul.gemv_swiglu(self, p + "ffn_gate_up", wg, tg, wu, tu, x, act, norm=norm,
+                               tuning=self.tuning)
+        else:
+            g_out = self.g.buffer(p + "ffn_gate_out", (hp.ffn,), np.float32)
+            u_out = self.g.buffer(p + "ffn_up_out", (hp.ffn,), np.float32)
+            matmul.gemv(self, p + "ffn_gate", wg, tg, x, g_out, norm=norm, tuning=self.tuning)
+            matmul.gemv(self, p + "ffn_up", wu, tu, x, u_out, norm=norm, tuning=self.tuning)
+            ss = swiglu.SwiGluSpec(target=self.target)
+            self.add("SwiGLU", p + "swiglu", [g_out, u_out], [act],
+                     [self.launch("swiglu", ss, ss.kernel_name,
+                                  swiglu.launch_geometry(ss, hp.ffn), g=g_out, u=u_out, out=act,
+                                  n=hp.ffn)])
+        return self.linear(act, down, residual=residual)
+
+    def output(self, h, weight):
+        g, hp = self.g, self.hp
+        self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
+        w, t = self._embedding if weight == "token_embd.weight" else self.weight(weight)
+        x, norm = self._input(h, [t])
+        matmul.gemv(self, "output", w, t, x, self.logits, norm=norm, tuning=self.tuning)
+        self._choose()
+        self._advance()
+
+    # ---------------------------------------------------- the next token
+    def _choose(self):
+        """The argmax ("greedy") or the sampler ("sample"), both writing the
+        state's ARGMAX word, which the advance reads."""
+        g, hp, tgt = self.g, self.hp, self.target
+        g.default_variant = GREEDY
+        next_ptr = self.state.at(4 * decode_state.ARGMAX)
+        ams = argmax.ArgmaxSpec(target=tgt)
+        grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
+        counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
+        self.add("Argmax", "argmax", [self.logits], [self.state],
+                 [self.launch("argmax", ams, ams.kernel_name, (grid, block, sh), x=self.logits,
+                              n=hp.vocab, out=next_ptr, scratch=scratch, counter=counter)],
+                 variant=GREEDY)
+        self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
+                                        "state", SamplingSettings().params(0))
+        sps = sampler_spec(hp.vocab, tgt)
+        geom = sampling.launch_geometry(sps, hp.vocab)
+        work = g.buffer("sample_work", (hp.vocab,), np.float32)
+        sscratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),),
+                            np.uint64)
+        scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
+        self.add("Sample", "sample", [self.logits, self.history, self.state,
+                                      self.sampling_params], [self.state],
+                 [self.launch("sampling", sps, sps.kernel_name, geom, logits=self.logits,
+                              n=hp.vocab, history=self.history, pos=self.pos_ptr,
+                              params=self.sampling_params, out=next_ptr, n_draws=1, work=work,
+                              info=0, scratch=sscratch, counter=scounter)],
+                 variant=SAMPLE)
+
+    def _advance(self):
+        ds = decode_state.DecodeStateSpec(target=self.target)
+        self.add("StateAdvance", "advance", [self.state, self.prompt],
+                 [self.state, self.history],
+                 [self.launch("decode_state", ds, ds.kernel_name, decode_state.launch_geometry(ds),
+                              state=self.state, prompt=self.prompt, history=self.history,
+                              capacity=self.capacity)])

@@ -1,0 +1,151 @@
+"""Matrix products lowered to launches: GEMVs for one token, GEMMs for the
+rows of a chunk.
+
+For one token (:func:`gemv`): ``y = W x`` (or ``y = W x + r`` with
+``residual``; ``y`` may be ``r`` itself), :func:`gemv_swiglu` the fused
+``silu(Wg x) * (Wu x)`` and :func:`gemv_rope` the stacked Q/K/V projection
+with RoPE and the KV-cache append in its epilogue.  With ``norm=(nw, eps)``
+the RMSNorm of ``x`` is folded in front (``W (x / rms(x) * nw)``; Q4_K
+only, see :func:`can_fuse_norm`).
+
+For a chunk (:func:`gemm`): ``Y = X W^T`` over the rows of ``X`` (with a
+residual ``R`` of Y's shape, or a bias vector broadcast over the rows), the
+number of rows read from a device int32 so one captured launch serves any
+chunk up to its size; a weight type with no GEMM on the target falls back
+to a GEMV per row.
+
+Weights stay in their GGUF format.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ptxgen.driver.executor import TensorMapOf
+from ptxgen.kernels import gemm as _gemm
+from ptxgen.kernels import gemv as _gemv
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from .common import Lowering, Tuning
+
+__all__ = ["gemv", "gemv_swiglu", "gemv_rope", "gemm", "gemm_target", "has_gemm",
+           "can_fuse_norm"]
+
+
+def can_fuse_norm(*tensors) -> bool:
+    """Whether GEMVs over all of ``tensors`` can take the RMSNorm fused."""
+    return all(t.qtype == "Q4_K" for t in tensors)
+
+
+def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=()):
+    if t.qtype not in _gemv.QTYPE_INFO:
+        raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
+                         f"{', '.join(_gemv.QTYPE_INFO)}")
+    m, k = t.shape
+    ov = tuning.overrides
+    knobs = ov(m, k, epilogue) if callable(ov) else ov
+    if t.qtype != "Q4_K" or not knobs:
+        return _gemv.plan(_gemv.GemvSpec(t.qtype, k, epilogue=epilogue, norm=norm, rope=rope,
+                                         target=target), m=m, sm_count=tuning.sm_count,
+                          device=tuning.device), m
+    try:
+        return _gemv.default_plan(t.qtype, k, epilogue, target=target, m=m, norm=norm,
+                                  rope=rope, **knobs), m
+    except ValueError as e:
+        raise ValueError(f"gemv_knobs {knobs!r} for {t.name} ({m}x{k}, {epilogue}): {e}") from None
+
+
+def _gemv_launch(plan, m, **args):
+    grid, block, shared, rpc = _gemv.launch_geometry(plan, m)
+    norm = args.pop("norm", None)
+    if norm is not None:
+        args.update(nw=norm[0], eps=float(norm[1]))
+    return Lowering.launch("gemv", plan, plan.kernel_name, (grid, block, shared), m=m, rpc=rpc,
+                           **args)
+
+
+def gemv(lw: Lowering, name, w, t, x, y, *, residual=None, norm=None, tuning=Tuning(), **extra):
+    """``y = W x (+ residual)``: one GEMV launch (``w``/``t``: the weight's
+    buffer and tensor info; ``norm``: ``(weight buffer, eps)`` folded in)."""
+    plan, m = _gemv_plan(t, "residual" if residual is not None else "none", lw.target,
+                         norm is not None, tuning)
+    args = dict(w=w, x=x, y=y, norm=norm)
+    if residual is not None:
+        args["r"] = residual
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + (
+        [residual] if residual is not None else [])
+    return lw.add("MulMat", name, ins, [y], [_gemv_launch(plan, m, **args)], **extra)
+
+
+def gemv_swiglu(lw: Lowering, name, wg, tg, wu, tu, x, y, *, norm=None, tuning=Tuning()):
+    """``y = silu(Wg x) * (Wu x)``: one GEMV launch over both weights."""
+    if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
+        raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
+                         "must have one type and shape to fuse")
+    plan, m = _gemv_plan(tg, "swiglu", lw.target, norm is not None, tuning)
+    ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
+    return lw.add("MulMatSwiGLU", name, ins, [y],
+                  [_gemv_launch(plan, m, w=wg, wu=wu, x=x, y=y, norm=norm)])
+
+
+def gemv_rope(lw: Lowering, name, w, t, x, qkv, freqs, pos_ptr, k_cache, v_cache, *, state,
+              norm=None, tuning=Tuning()):
+    """``qkv = [Wq; Wk; Wv] x`` with q and k rotated (interleaved RoPE at the
+    device position ``pos_ptr``, table ``freqs``) and this token's k and v
+    rows written to the f16 caches: one GEMV launch (``GemvSpec.rope``).
+    ``state`` is the buffer ``pos_ptr`` points into."""
+    hp = lw.hp
+    plan, m = _gemv_plan(t, "rope", lw.target, norm is not None, tuning,
+                         rope=(hp.head_dim, hp.n_heads, hp.n_kv_heads))
+    if m != plan.rope_rows:
+        raise ValueError(f"{name}: {t.name} has {m} rows; {hp.n_heads} query and "
+                         f"{hp.n_kv_heads} KV heads of {hp.head_dim} need {plan.rope_rows}")
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state]
+    return lw.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
+                  [_gemv_launch(plan, m, w=w, x=x, norm=norm, freqs=freqs, pos_ptr=pos_ptr,
+                                k_cache=k_cache, v_cache=v_cache, capacity=lw.capacity,
+                                y=qkv)])
+
+
+# ------------------------------------------------------------------ chunks
+def gemm_target(target: str) -> str:
+    """The target the GEMM family is built for on a device whose general
+    target is ``target``: ``sm_90a`` on sm_90, so the tuning table can
+    choose the warpgroup (wgmma) kernel there."""
+    return "sm_90a" if target == "sm_90" else target
+
+
+def has_gemm(file, name, target) -> bool:
+    """Whether the weight ``name`` of ``file`` (``[rows, K]``) has a GEMM
+    built for ``target`` (the device's); BF16 only where every weight fits
+    f16 (the GEMM rounds them to f16)."""
+    q, k = file.qtype(name).upper(), int(file.shape(name)[-1])
+    return _gemm.supported(q, k, gemm_target(target)) and (q != "BF16" or file.in_f16_range(name))
+
+
+def gemm(lw: Lowering, name, w, t, x, y, n_tokens, *, rows_max: int, residual=None, bias=None,
+         y_stride=None, device=None, pdl=True):
+    """``Y = X W^T (+ residual | + bias)`` over the rows of ``X``: ``X`` is
+    ``[rows_max, K]`` (f16 or f32), ``Y`` f32 ``[rows_max, M]`` or, with
+    ``y_stride``, a column block of a wider array.  ``n_tokens`` is the
+    device int32 holding how many rows to compute."""
+    m, k = t.shape
+    tgt = gemm_target(lw.target)
+    epi = "residual" if residual is not None else "bias" if bias is not None else "none"
+    xb = x.buffer if hasattr(x, "buffer") else x
+    x_type = "f16" if xb.dtype == np.float16 else "f32"
+    ys = 0 if y_stride in (None, m) else int(y_stride)
+    plan = _gemm.default_plan(t.qtype.upper(), k, x_type=x_type, epilogue=epi, t_device=True,
+                              target=tgt, pdl=pdl and has_griddepcontrol(tgt), y_stride=ys,
+                              m=m, t=rows_max, device=device)
+    grid, block, shared = _gemm.launch_geometry(plan, m, rows_max)
+    args = dict(w=w, x=x, y=y, m=m, t_ptr=n_tokens)
+    if residual is not None:
+        args["r"] = residual
+    if bias is not None:
+        args["r"] = bias
+    if _gemm.x_map(plan, 0, rows_max) is not None:
+        args["xmap"] = TensorMapOf(x, lambda addr: _gemm.x_map(plan, addr, rows_max))
+    ins = [w, x] + [a for a in (residual, bias) if a is not None]
+    return lw.add("MulMat", name, ins, [y],
+                  [lw.launch("gemm", plan, plan.kernel_name, (grid, block, shared), **args)])
