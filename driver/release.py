@@ -94,9 +94,10 @@ class CaptureWatch:
         """The releases held back during the capture, as a phrase (``""`` when none)."""
         if not self.held:
             return ""
-        what = f"{self.held} release{'s' if self.held > 1 else ''}"
+        what = f"{self.held} releases" if self.held > 1 else "1 release"
+        verb = "were" if self.held > 1 else "was"
         return (f"{what} asked for while it was open (first: {self.first_held}) "
-                "were held back until it ended")
+                f"{verb} held back until it ended")
 
 
 def open_capture() -> CaptureWatch:
@@ -152,11 +153,10 @@ def release(what: str, fn, *args) -> None:
     Parameters
     ----------
     what : str
-        What is released (``"cuMemFree(0x7f0000000000)"``), for messages.
+        What is released (``"cuMemFree(0x7f0000000000, 4096 bytes)"``), for messages.
     fn : callable
         Makes the driver call and raises on failure; its exception is
-        swallowed (a finalizer has nowhere to raise to), after the driver
-        layer's error path has noted it for any open capture.
+        swallowed (a finalizer has nowhere to raise to).
     *args
         Its arguments.
     """

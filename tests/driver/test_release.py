@@ -7,7 +7,6 @@ either counted directly (open_capture/close_capture) or made by the real
 
 import gc
 import threading
-import types
 import weakref
 
 import numpy as np
