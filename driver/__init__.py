@@ -27,6 +27,7 @@ from .graph import Graph, GraphExec, KernelNode, capture
 from .launch import launch
 from .memory import DeviceArray, as_device_array, pinned_empty, pinned_zeros
 from .module import Function, Module
+from .release import hold_releases
 from .stream import Event, Stream, elapsed_ms
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "driver_version",
     "elapsed_ms",
     "get_device",
+    "hold_releases",
     "init",
     "is_available",
     "launch",

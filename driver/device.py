@@ -11,7 +11,7 @@ import threading
 
 from .errors import check, cuda, init
 
-__all__ = ["Device", "device_count", "driver_version", "get_device"]
+__all__ = ["Device", "call_in_context", "device_count", "driver_version", "get_device"]
 
 _devices: dict[int, "Device"] = {}
 _devices_lock = threading.Lock()
@@ -212,6 +212,29 @@ def driver_version() -> int:
         init()
         _driver_version = int(check(cuda().cuDriverGetVersion(), "cuDriverGetVersion"))
     return _driver_version
+
+
+def call_in_context(context, call: str, *args) -> None:
+    """Call the driver function named ``call`` with ``context`` current on this thread.
+
+    The context is pushed and popped again, so the thread's own current
+    context is left as it was. This is how resources are released
+    (:mod:`ptxgen.driver.release`): on whichever thread drops the last
+    reference or ends a capture, which need not be one that uses ``context``.
+
+    Raises
+    ------
+    CUDAError
+        The push or the call failed.
+    """
+    d = cuda()
+    check(d.cuCtxPushCurrent(context), "cuCtxPushCurrent")
+    try:
+        ret = getattr(d, call)(*args)
+        if ret[0]:
+            check(ret, f"{call}({', '.join(map(str, args))})")
+    finally:
+        d.cuCtxPopCurrent()
 
 
 def get_device(ordinal: int | "Device" | None = None) -> Device:

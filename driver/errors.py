@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import threading
 
+from .release import note_failure
+
 __all__ = [
     "CUDAError",
     "CUDAUnavailableError",
@@ -77,7 +79,19 @@ class LaunchConfigError(ValueError):
 
 
 class GraphCaptureError(CUDAError):
-    """A stream capture failed; the capture was ended and its partial graph discarded."""
+    """A stream capture failed; the capture was ended and its partial graph discarded.
+
+    Attributes
+    ----------
+    first_failure : str or None
+        The first driver call that failed while the capture was open (from
+        any thread), e.g. ``"cuMemcpyDtoH: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: ..."``;
+        the message leads with it when it is not the error that ended the capture.
+    """
+
+    def __init__(self, message, code=0, name="", text="", first_failure=None):
+        super().__init__(message, code, name, text)
+        self.first_failure = first_failure
 
 
 # ----------------------------------------------------------------------------- the bindings
@@ -125,11 +139,17 @@ def _error_strings(err) -> tuple[str, str]:
 
 
 def error_from_result(err, context: str = "", cls=CUDAError) -> CUDAError:
-    """Build (not raise) the exception for a failed ``CUresult``."""
+    """Build (not raise) the exception for a failed ``CUresult``.
+
+    While a stream capture is open, the failure is also noted for it
+    (:func:`ptxgen.driver.release.note_failure`), so that a failed capture
+    names its first cause.
+    """
     name, text = _error_strings(err)
     msg = f"{name}: {text}" if text else name
     if context:
         msg = f"{context}: {msg}"
+    note_failure(msg)
     return cls(msg, int(err), name, text)
 
 

@@ -11,7 +11,15 @@
 If anything fails inside the ``with`` block (a driver error, a forbidden
 synchronous call, a Python exception) the capture is ended, the partial graph
 destroyed, and :class:`GraphCaptureError` raised from the original error, so
-the stream and context stay usable.
+the stream and context stay usable. Its message leads with the first driver
+call that failed while the capture was open, from any thread, when that is
+not the error that ended the block: an invalidated capture is noticed by the
+next call into it, not by the call that broke it.
+
+While the capture is open, resources released by this layer (memory freed,
+modules unloaded, graphs destroyed: by the collector, another thread or
+user code) are held back and released when it ends (see
+:mod:`ptxgen.driver.release`, which also says what it cannot see).
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from __future__ import annotations
 import ctypes
 import weakref
 
-from .device import get_device
+from .device import call_in_context, get_device
 from .errors import CUDAError, GraphCaptureError, check, cuda, error_from_result
 from .launch import normalize_dims
 from .module import function_for_handle
+from .release import close_capture, open_capture, release
 from .stream import Stream, stream_handle
 
 __all__ = ["Graph", "GraphExec", "KernelNode", "capture"]
@@ -30,18 +39,8 @@ __all__ = ["Graph", "GraphExec", "KernelNode", "capture"]
 _MODES = {"global": "GLOBAL", "thread_local": "THREAD_LOCAL", "relaxed": "RELAXED"}
 
 
-def _destroy_graph(handle) -> None:
-    try:
-        cuda().cuGraphDestroy(handle)
-    except Exception:
-        pass
-
-
-def _destroy_exec(handle) -> None:
-    try:
-        cuda().cuGraphExecDestroy(handle)
-    except Exception:
-        pass
+def _destroy_graph(device, handle) -> None:
+    release(f"cuGraphDestroy({handle})", call_in_context, device.context, "cuGraphDestroy", handle)
 
 
 def _function_by_name(func_handle):
@@ -107,7 +106,7 @@ class Graph:
     def _adopt(self, handle) -> None:
         d = cuda()
         self.handle = handle
-        self._finalizer = weakref.finalize(self, _destroy_graph, handle)
+        self._finalizer = weakref.finalize(self, _destroy_graph, self.device, handle)
         n = check(d.cuGraphGetNodes(handle, 0), "cuGraphGetNodes")[1]
         nodes = check(d.cuGraphGetNodes(handle, n), "cuGraphGetNodes")[0] if n else []
         self.num_nodes = int(n)
@@ -141,7 +140,8 @@ class GraphExec:
     def __init__(self, graph: Graph, handle):
         self.graph = graph
         self.handle = handle
-        self._finalizer = weakref.finalize(self, _destroy_exec, handle)
+        self._finalizer = weakref.finalize(self, release, f"cuGraphExecDestroy({handle})", call_in_context,
+                                           graph.device.context, "cuGraphExecDestroy", handle)
 
     def launch(self, stream) -> None:
         """Replay the graph on ``stream`` (``cuGraphLaunch``)."""
@@ -212,6 +212,8 @@ class capture:
     mode : {"global", "thread_local", "relaxed"}
         ``cuStreamBeginCapture`` mode; "global" (the default) makes unsafe
         calls from any thread (e.g. a synchronous copy) fail the capture.
+        Releases of this layer's resources are held while any capture is
+        open, whatever its mode (:mod:`ptxgen.driver.release`).
 
     Yields
     ------
@@ -219,7 +221,7 @@ class capture:
         Empty inside the block, filled when it ends.
     """
 
-    __slots__ = ("stream", "mode", "graph", "_h")
+    __slots__ = ("stream", "mode", "graph", "_h", "_watch")
 
     def __init__(self, stream, mode: str = "global"):
         if stream is None or int(stream_handle(stream)) in (0, 1, 2):
@@ -230,15 +232,23 @@ class capture:
         self.mode = mode
         self.graph = None
         self._h = None
+        self._watch = None
 
     def __enter__(self) -> Graph:
+        if self._watch is not None:
+            raise RuntimeError("this capture is already open; make a new capture(stream) to nest")
         dev = self.stream.device if isinstance(self.stream, Stream) else get_device()
         dev.activate()
         d = cuda()
         self._h = stream_handle(self.stream)
         mode = getattr(d.CUstreamCaptureMode, "CU_STREAM_CAPTURE_MODE_" + _MODES[self.mode])
-        check(d.cuStreamBeginCapture(self._h, mode), "cuStreamBeginCapture")
         self.graph = Graph(dev)
+        self._watch = open_capture()  # before the driver's capture opens: releases are held from here
+        try:
+            check(d.cuStreamBeginCapture(self._h, mode), "cuStreamBeginCapture")
+        except BaseException:
+            self._close()
+            raise
         return self.graph
 
     def _end(self):
@@ -250,23 +260,46 @@ class capture:
             graph = None
         return ret[0], graph
 
+    def _close(self):
+        """Count the capture as ended (the held releases are made here); its watch."""
+        watch, self._watch = self._watch, None
+        close_capture(watch)
+        return watch
+
     def __exit__(self, exc_type, exc, tb):
-        err, handle = self._end()
+        try:
+            err, handle = self._end()
+        finally:
+            watch = self._close()
+        dev = self.graph.device
+        held = watch.held_note()
         if exc is not None:
             if handle is not None:
-                _destroy_graph(handle)
-            raise GraphCaptureError(
-                f"stream capture failed: {exc_type.__name__}: {exc}; the capture was ended "
-                "and the partial graph discarded (the stream and context remain usable)"
-            ) from exc
+                _destroy_graph(dev, handle)
+            noticed = f"{exc_type.__name__}: {exc}"
+            cause = watch.cause(str(exc))
+            parts = [f"stream capture failed: {cause}; then {noticed}" if cause
+                     else f"stream capture failed: {noticed}"]
+            if held:
+                parts.append(held)
+            parts.append("the capture was ended and the partial graph discarded "
+                         "(the stream and context remain usable)")
+            codes = (exc.code, exc.name, exc.text) if isinstance(exc, CUDAError) else ()
+            raise GraphCaptureError("; ".join(parts), *codes, first_failure=watch.first_message) from exc
         if err:
             if handle is not None:
-                _destroy_graph(handle)
+                _destroy_graph(dev, handle)
+            cause = watch.cause()
             e = error_from_result(err, "cuStreamEndCapture")
-            raise GraphCaptureError(
-                f"stream capture failed: {e}; the capture was invalidated (often by a synchronous "
-                "call or a use of the legacy default stream while capturing) and has been discarded",
-                e.code, e.name, e.text,
-            )
+            if cause:
+                parts = [f"stream capture failed: {cause}; then {e}"]
+            else:
+                parts = [f"stream capture failed: {e}; the capture was invalidated (often by a "
+                         "synchronous call or a use of the legacy default stream while capturing)"]
+            if held:
+                parts.append(held)
+            parts.append("it has been discarded")
+            raise GraphCaptureError("; ".join(parts), e.code, e.name, e.text,
+                                    first_failure=watch.first_message)
         self.graph._adopt(handle)
         return False

@@ -2,7 +2,9 @@
 
 A :class:`DeviceArray` is a contiguous (C-order) block of device memory with a
 shape and a numpy dtype. It is freed by ``weakref.finalize`` when the last
-reference goes (or by :meth:`DeviceArray.free`); views keep their base alive.
+reference goes (or by :meth:`DeviceArray.free`), through
+:func:`ptxgen.driver.release.release` (held while a stream capture is open);
+views keep their base alive.
 It exports ``__cuda_array_interface__`` (version 3) so torch and cupy can view
 it without a copy, and :func:`as_device_array` wraps any object that exports
 one (a torch tensor, a cupy array) the other way round.
@@ -19,25 +21,12 @@ import numpy as np
 from ptxgen.abi import register_pointer_type
 from ptxgen.device_array import DeviceArrayBase, normalize_shape
 
-from .device import get_device
+from .device import call_in_context, get_device
 from .errors import check, cuda
+from .release import release
 from .stream import stream_handle
 
 __all__ = ["DeviceArray", "as_device_array", "pinned_empty", "pinned_zeros"]
-
-
-def _free_device(ptr: int) -> None:
-    try:
-        cuda().cuMemFree(ptr)
-    except Exception:
-        pass
-
-
-def _free_host(ptr: int) -> None:
-    try:
-        cuda().cuMemFreeHost(ptr)
-    except Exception:
-        pass
 
 
 class DeviceArray(DeviceArrayBase):
@@ -70,7 +59,8 @@ class DeviceArray(DeviceArrayBase):
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         ptr = int(check(cuda().cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})"))
         arr = cls(ptr, shape, dtype, dev)
-        arr._finalizer = weakref.finalize(arr, _free_device, ptr)
+        arr._finalizer = weakref.finalize(arr, release, f"cuMemFree(0x{ptr:x}, {nbytes} bytes)",
+                                          call_in_context, dev.context, "cuMemFree", ptr)
         return arr
 
     @classmethod
@@ -234,10 +224,11 @@ class _PinnedHolder:
     __slots__ = ("ptr", "nbytes", "__array_interface__", "_finalizer", "__weakref__")
 
     def __init__(self, nbytes: int, shape, dtype):
-        get_device()
+        dev = get_device()
         self.ptr = int(check(cuda().cuMemAllocHost(max(nbytes, 1)), f"cuMemAllocHost({nbytes})"))
         self.nbytes = nbytes
-        self._finalizer = weakref.finalize(self, _free_host, self.ptr)
+        self._finalizer = weakref.finalize(self, release, f"cuMemFreeHost(0x{self.ptr:x}, {nbytes} bytes)",
+                                           call_in_context, dev.context, "cuMemFreeHost", self.ptr)
         self.__array_interface__ = {
             "shape": tuple(shape), "typestr": np.dtype(dtype).str, "data": (self.ptr, False), "version": 3,
         }

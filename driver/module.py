@@ -21,10 +21,11 @@ from ptxgen.abi import ArgPacker, parse_entries
 from ptxgen.ptxas import PtxasError
 
 from . import cache as _cache
-from .device import Device, driver_version, get_device
+from .device import Device, call_in_context, driver_version, get_device
 from .errors import CUDAError, check, cuda
 from .jit import (compile_cubin, cubin_compiler, load_cubin, load_ptx, normalize_options,
                   ptx_text, ptxas_arch, refuse_compiler)
+from .release import release
 
 __all__ = ["Function", "Module", "function_for_handle"]
 
@@ -35,13 +36,6 @@ functions_by_handle: "weakref.WeakValueDictionary[int, Function]" = weakref.Weak
 def function_for_handle(handle) -> "Function | None":
     """The live :class:`Function` whose ``CUfunction`` is ``handle``, if any."""
     return functions_by_handle.get(int(handle))
-
-
-def _unload(handle) -> None:
-    try:
-        cuda().cuModuleUnload(handle)
-    except Exception:  # interpreter shutdown, driver gone: nothing useful to do
-        pass
 
 
 class Module:
@@ -76,7 +70,8 @@ class Module:
         self.info_log = info_log
         self._key = key
         self._functions: dict[str, Function] = {}
-        self._finalizer = weakref.finalize(self, _unload, handle)
+        self._finalizer = weakref.finalize(self, release, f"cuModuleUnload({handle})",
+                                           call_in_context, device.context, "cuModuleUnload", handle)
 
     @classmethod
     def from_ptx(cls, ptx, *, device=None, options=None, cache: bool = True) -> "Module":

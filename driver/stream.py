@@ -1,27 +1,14 @@
-"""Streams and events."""
+"""Streams and events (destroyed through :func:`ptxgen.driver.release.release`)."""
 
 from __future__ import annotations
 
 import weakref
 
-from .device import get_device
+from .device import call_in_context, get_device
 from .errors import check, cuda
+from .release import release
 
 __all__ = ["Event", "Stream", "elapsed_ms", "stream_handle"]
-
-
-def _destroy_stream(handle) -> None:
-    try:
-        cuda().cuStreamDestroy(handle)
-    except Exception:
-        pass
-
-
-def _destroy_event(handle) -> None:
-    try:
-        cuda().cuEventDestroy(handle)
-    except Exception:
-        pass
 
 
 class Stream:
@@ -49,7 +36,9 @@ class Stream:
         d = cuda()
         flags = d.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else d.CUstream_flags.CU_STREAM_DEFAULT
         self.handle = check(d.cuStreamCreateWithPriority(int(flags), priority), "cuStreamCreateWithPriority")
-        self._finalizer = weakref.finalize(self, _destroy_stream, self.handle)
+        self._finalizer = weakref.finalize(self, release, f"cuStreamDestroy({self.handle})",
+                                           call_in_context, self.device.context, "cuStreamDestroy",
+                                           self.handle)
 
     @property
     def ptr(self) -> int:
@@ -120,13 +109,14 @@ class Event:
     __slots__ = ("handle", "timing", "_finalizer", "__weakref__")
 
     def __init__(self, timing: bool = True):
-        get_device()
+        dev = get_device()
         d = cuda()
         F = d.CUevent_flags
         flags = int(F.CU_EVENT_DEFAULT) if timing else int(F.CU_EVENT_DISABLE_TIMING)
         self.timing = timing
         self.handle = check(d.cuEventCreate(flags), "cuEventCreate")
-        self._finalizer = weakref.finalize(self, _destroy_event, self.handle)
+        self._finalizer = weakref.finalize(self, release, f"cuEventDestroy({self.handle})",
+                                           call_in_context, dev.context, "cuEventDestroy", self.handle)
 
     def record(self, stream=None) -> "Event":
         """Record on ``stream`` (default: the legacy default stream); returns self."""

@@ -13,7 +13,7 @@ FOLDERS = {"ptxgen": "ptxgen", "kernels": "ptxgen.kernels", "driver": "ptxgen.dr
 
 #: the CUDA layer of driver/: below the ops, the model and the CLI
 CUDA_LAYER = {"backend", "cache", "device", "errors", "graph", "jit", "launch", "memory",
-              "module", "stream", "tensor_map", "timeline"}
+              "module", "release", "stream", "tensor_map", "timeline"}
 
 
 def _modules():
