@@ -273,3 +273,34 @@ def test_paged_attention_gpu(gpu_run, B, cap, bs, rng):
     S = P.choose_splits(plan, dev.sm_count, B, 8, cap)
     outs = _run(gpu_run, plan, pc, lens, S)
     _check(outs, [pc.reference(x) for x in lens], lens)
+
+
+@pytest.mark.parametrize("q_row", [False, True])
+def test_op_on_the_emulator(q_row, rng):
+    """``ops.paged_attention`` with numpy arrays on the emulator: q packed or
+    inside longer rows (``n_q_heads``), the split count its own (an H100's)
+    or one split (no combine)."""
+    from ptxgen.driver import ops
+    lens = np.array([33, 1, 64], np.int32)
+    pc = Paged(rng, lens, 2, 2, 64, 16, max_blocks=4, q_pad=12 if q_row else 0)
+    ref = pc.reference(lens)
+    q = pc.qbuf if q_row else pc.q.copy()
+    extra = dict(n_q_heads=4) if q_row else {}
+    for kw in (dict(warps=2), dict(warps=1, n_splits=1)):
+        out = ops.paged_attention(q, pc.kp, pc.vp, pc.table, lens, backend="emu", **extra, **kw)
+        _check([out], [ref], [lens])
+
+
+def test_op_refuses_bad_shapes(rng):
+    from ptxgen.driver import ops
+    pc = Paged(rng, [5, 7], 2, 2, 64, 16, max_blocks=2)
+    lens = np.array([5, 7], np.int32)
+    with pytest.raises(ValueError, match="k_pool"):
+        ops.paged_attention(pc.q, pc.kp[0], pc.vp[0], pc.table, lens, backend="emu")
+    with pytest.raises(TypeError, match="k_pool"):
+        ops.paged_attention(pc.q, pc.kp.astype(np.float32), pc.vp, pc.table, lens,
+                            backend="emu")
+    with pytest.raises(ValueError, match="seq_lens"):
+        ops.paged_attention(pc.q, pc.kp, pc.vp, pc.table, lens[:1], backend="emu")
+    with pytest.raises(ValueError, match="multiple of 2 KV heads"):
+        ops.paged_attention(pc.q[:, :3], pc.kp, pc.vp, pc.table, lens, backend="emu")
