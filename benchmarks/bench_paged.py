@@ -2,7 +2,8 @@
 shape (32 query / 8 KV heads of 128, f16 KV) for batches of sequences of one
 length, in pool blocks of 16, 32, 64 and 128 tokens dealt in a shuffled
 order; beside today's contiguous flash decode at B = 1 (``ops.flash_decode``,
-a cache of 32768 rows as ``bench_decode`` times it) and torch SDPA over
+a cache of 32768 rows as ``bench_decode`` times it: the op's config, and
+with ``early_kv`` as the decode step runs it) and torch SDPA over
 contiguous ``[B, 8, L, 128]`` f16 caches (GQA).
 
 Every timing is a CUDA-graph replay of ``REPS`` calls (ours captured with
@@ -38,6 +39,7 @@ VARIANTS = {
     "w4": dict(warps=4),
     "w4u2": dict(warps=4, unroll=2),
     "w8u2": dict(unroll=2),
+    "no_l1_bypass": dict(l1_bypass=False),
     "no_hints": dict(l2_prefetch=False, l1_bypass=False),
     "splits1": dict(n_splits=1),
     "splits2": dict(n_splits=2),
@@ -126,9 +128,9 @@ def bench_case(torch, B, L, variants=True):
         o1 = torch.empty(N_Q, D, device="cuda")
         d = [as_device_array(t) for t in (q1, kc, vc, o1)]
         kv_len = as_device_array(torch.tensor([L], dtype=torch.int32, device="cuda"))
-        rec["flash_decode_us"] = graph_us(
-            lambda s: ops.flash_decode(d[0], d[1], d[2], kv_len, out=d[3], stream=s), stream,
-            REPS, REPEATS)
+        for key, kw in (("flash_decode_us", {}), ("flash_decode_step_us", dict(early_kv=True))):
+            rec[key] = graph_us(lambda s: ops.flash_decode(d[0], d[1], d[2], kv_len, out=d[3],
+                                                           stream=s, **kw), stream, REPS, REPEATS)
         del kc, vc
     qs = torch.randn(B, N_Q, 1, D, device="cuda", dtype=torch.float16, generator=gen)
     ks = torch.randn(B, N_KV, L, D, device="cuda", dtype=torch.float16, generator=gen)
@@ -175,6 +177,9 @@ def main(argv=None):
               + f" {fd if fd else math.nan:8.2f} {r['sdpa_us']:8.2f}"
               + f" {r['kv_bytes'] / best / 1e6:6.2f} {32 * best / 1000:8.3f}ms"
               + f" {r['n_splits'][16]:>7} {max(r['max_rel_err'].values()):8.1e}", flush=True)
+        if fd:
+            print(f"       flash decode with early_kv (the decode step's): "
+                  f"{r['flash_decode_step_us']:.2f}")
         if r["variants_us"]:
             print("       bs16 variants: " + ", ".join(f"{k} {v:.2f}"
                                                      for k, v in r["variants_us"].items()))
