@@ -5,16 +5,24 @@
 # GPU cases), then the benchmark beside contiguous flash decode and torch SDPA.
 # Results in $OUT (or ./gpu-out): paged_tests.log, emu_vs_gpu_paged.json,
 # sanitizer_paged_*.log, paged_attention.json, bench_paged.log.
+# Usage: bash scripts/gpu_paged_attention.sh [all|tests|sanitize|bench]
+# (one part per call keeps each under the device tool's 10 minutes).
 set -u
+PART=${1:-all}
 source "$(dirname "$0")/gpu_setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+if want tests; then
 echo "== paged tests"
 PTXGEN_EMU_GPU_REPORT="$OUT/emu_vs_gpu_paged.json" timeout 240 python3 -m pytest -q \
   -p no:cacheprovider -o addopts="" tests/kernels/test_paged_attention.py \
   tests/kernels/test_rope.py -k "paged" > "$OUT/paged_tests.log" 2>&1; echo "pytest rc=$?"
 tail -8 "$OUT/paged_tests.log"
-if command -v compute-sanitizer >/dev/null; then
+fi
+if ! want sanitize; then
+  :
+elif command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer (paged)"
   for tool in memcheck racecheck; do
     timeout 150 compute-sanitizer --tool $tool --print-limit 5 --error-exitcode 3 \
@@ -28,6 +36,8 @@ if command -v compute-sanitizer >/dev/null; then
 else
   echo "== compute-sanitizer not on PATH: skipped"
 fi
+if want bench; then
 echo "== bench_paged"
 timeout 300 python3 -m benchmarks.bench_paged "$OUT/paged_attention.json" 2>&1 \
   | grep -v Warning | tee "$OUT/bench_paged.log"
+fi
