@@ -23,7 +23,24 @@ head_dim / 2`` threads, ``grid = ceil(that / block)``.
 
 Parameters: ``q, k: f32*, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32,
 n_kv_heads: u32``; with ``append`` set (the fused decode-step form) also
-``v: f32*, k_cache, v_cache: f16* or f32*, capacity: u32``.
+``v: f32*, k_cache, v_cache: f16* or f32*, capacity: u32``; with ``rows``
+also ``row_stride: u32, n_rows_ptr: s32*``.
+
+Rows (``rows=True``): ``grid.y`` rows of a ``[T_max, ...]`` buffer, row
+``y`` (its q, k and v each ``y * row_stride`` elements on) at position
+``pos_ptr[0] + y``; rows at or past the device count ``n_rows_ptr[0]`` are
+left alone.
+
+Paged (``paged=block_size``, with ``rows`` and ``append``): the rows are
+tokens of any sequences, row ``y`` at its own position ``positions[y]``,
+its K and V rows appended at slot ``slots[y]`` of a paged KV cache (the
+layout of :mod:`~ptxgen.kernels.paged_attention`: pools ``[num_blocks,
+n_kv_heads, block_size, head_dim]``, slot ``s`` is block ``s //
+block_size``, offset ``s % block_size``; vLLM's ``slot_mapping``).  The
+parameters are named ``q, k, freqs, positions, n_q_heads, n_kv_heads, v,
+k_pool, v_pool, n_slots, row_stride, n_rows_ptr, slots``: ``n_slots =
+num_blocks * block_size``, and a slot outside ``[0, n_slots)`` (-1 for a
+padding row) leaves the pools untouched (Q and K are still rotated).
 
 Fused KV-cache append (``append="f16"`` or ``"f32"``): one launch does what
 this kernel followed by ``kv_append`` does.  ``v`` is f32 ``[n_kv_heads,
@@ -61,6 +78,10 @@ _C2 = float(np.float32(TWO_PI - _C1))
 _C3 = float(np.float32(TWO_PI - _C1 - _C2))
 
 
+#: ``RopeSpec.paged`` values: 0 (a contiguous cache) or a paged cache's block size
+PAGED_BLOCKS = (0, 16, 32, 64, 128, 256)
+
+
 def _positive(_, attr, v):
     if not (isinstance(v, (int, float)) and v > 0):
         raise ValueError(f"{attr.name} must be positive, got {v!r}")
@@ -86,6 +107,11 @@ class RopeSpec:
         Also append this token's K (rotated) and V rows to a KV cache of
         that type at ``pos`` (the fused RoPE + KV-append decode kernel; extra
         parameters ``v, k_cache, v_cache, capacity``).  ``"none"``: RoPE only.
+    rows : bool
+        ``grid.y`` rows of tokens (see the module's docstring).
+    paged : {0, 16, 32, 64, 128, 256}
+        0: a contiguous cache; else the block size of a paged cache, each
+        row at its own position and slot (needs ``rows`` and ``append``).
     block : int
     target : str
     """
@@ -102,6 +128,7 @@ class RopeSpec:
     append: str = attrs.field(default="none",
                               validator=attrs.validators.in_(("none", "f16", "f32")))
     rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    paged: int = attrs.field(default=0)
     block: int = block_field(128)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -115,11 +142,17 @@ class RopeSpec:
     def __attrs_post_init__(self):
         if self.scaling == "llama3" and self.high_freq_factor <= self.low_freq_factor:
             raise ValueError("llama3 scaling needs high_freq_factor > low_freq_factor")
+        if self.paged not in PAGED_BLOCKS or isinstance(self.paged, bool):
+            raise ValueError(f"paged must be 0 (a contiguous cache) or a block size in "
+                             f"{', '.join(map(str, PAGED_BLOCKS[1:]))}, got {self.paged!r}")
+        if self.paged and not (self.rows and self.append != "none"):
+            raise ValueError("paged (a paged KV cache) needs rows=True and append set")
 
     @property
     def kernel_name(self) -> str:
         app = "" if self.append == "none" else f"_app{self.append[1:]}"
-        return f"rope_{self.layout}_d{self.head_dim}{app}" + ("_rows" if self.rows else "")
+        return (f"rope_{self.layout}_d{self.head_dim}{app}" + ("_rows" if self.rows else "")
+                + (f"_paged{self.paged}" if self.paged else ""))
 
 
 def inv_freq(spec: RopeSpec) -> np.ndarray:
@@ -177,10 +210,12 @@ def rotate_pair(k, a, b, s, c):
 def build(spec: RopeSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
     ``q, k, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32, n_kv_heads: u32``
-    and, with ``spec.append`` set, ``v: f32*, k_cache, v_cache, capacity: u32``."""
+    and, with ``spec.append`` set, ``v: f32*, k_cache, v_cache, capacity: u32``
+    (with ``rows`` and ``paged``, the names of the module's docstring)."""
     d = spec.head_dim
     half = d // 2
     app = spec.append != "none"
+    paged = spec.paged
     cty = f16 if spec.append == "f16" else f32
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
@@ -188,17 +223,19 @@ def build(spec: RopeSpec) -> ptxgen.Module:
         q = k.param_ptr("q", f32, align=8)
         kk = k.param_ptr("k", f32, align=8)
         freqs = k.param_ptr("freqs", f32, align=8)
-        pos_ptr = k.param_ptr("pos_ptr", s32)
+        pos_ptr = k.param_ptr("positions" if paged else "pos_ptr", s32)
         n_q = k.param("n_q_heads", u32)
         n_kv = k.param("n_kv_heads", u32)
         if app:
             vin = k.param_ptr("v", f32, align=8)
-            kc = k.param_ptr("k_cache", cty, align=8)
-            vc = k.param_ptr("v_cache", cty, align=8)
-            cap = k.param("capacity", u32)
+            kc = k.param_ptr("k_pool" if paged else "k_cache", cty, align=8)
+            vc = k.param_ptr("v_pool" if paged else "v_cache", cty, align=8)
+            cap = k.param("n_slots" if paged else "capacity", u32)
         if spec.rows:
             rstride = k.param("row_stride", u32)
             nrows_ptr = k.param_ptr("n_rows_ptr", s32)
+            if paged:
+                slots = k.param_ptr("slots", s32)
             yrow = k.ctaid.y
             live = yrow < k.max(k.ld(nrows_ptr[0]), 0).bitcast(u32)
             roff = yrow * rstride
@@ -216,8 +253,11 @@ def build(spec: RopeSpec) -> ptxgen.Module:
             rd = row * d
             xp = k.ptr_add(sel, rd + roff if spec.rows else rd)
             hi, lo = k.ld(freqs[i << 1], vec=2, nc=True)
-            pos = k.ld(pos_ptr[0])
-            if spec.rows:
+            if paged:
+                pos = k.ld(pos_ptr[yrow])
+            else:
+                pos = k.ld(pos_ptr[0])
+            if spec.rows and not paged:
                 pos = pos + yrow.bitcast(s32)
             pos_f = pos.to(f32)
             s, c = angle_sincos(k, pos_f, hi, lo)
@@ -232,8 +272,9 @@ def build(spec: RopeSpec) -> ptxgen.Module:
             if app:
                 # K threads at a position inside the cache; V's pair is loaded
                 # now (predicated) so that its latency overlaps the rotation.
-                pos_u = pos.bitcast(u32)
-                ok = k.setp("ge", pos, 0, combine=("and", ~is_q))
+                at = k.ld(slots[yrow]) if paged else pos     # the slot, or the cache row
+                pos_u = at.bitcast(u32)
+                ok = k.setp("ge", at, 0, combine=("and", ~is_q))
                 ok = k.setp("lt", pos_u, cap, combine=("and", ok))
                 v_addr = vin[(rd + roff if spec.rows else rd) + j]
                 if spec.layout == "neox":
@@ -249,7 +290,12 @@ def build(spec: RopeSpec) -> ptxgen.Module:
                 k.st(a_addr, (a2, b2))
             if app:
                 with k.if_(ok):
-                    dst = k.mad(k.mad(row, cap, pos_u), d, j)   # [h, pos, j]
+                    if paged:                       # [slot // bs, h, slot % bs, j]
+                        blk = pos_u >> (paged.bit_length() - 1)
+                        off = pos_u & (paged - 1)
+                        dst = k.mad(k.mad(k.mad(blk, n_kv, row), paged, off), d, j)
+                    else:
+                        dst = k.mad(k.mad(row, cap, pos_u), d, j)   # [h, pos, j]
                     for cache, (x0, x1) in ((kc, (a2, b2)), (vc, (va, vb))):
                         c_addr = cache[dst]
                         if cty is f16:
@@ -299,6 +345,8 @@ CANONICAL = {
     "rope_llama3": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3"),
     "rope_llama3_append": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3",
                                    append="f16"),
+    "rope_llama3_paged": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3",
+                                  append="f16", rows=True, paged=16),
 }
 
 registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

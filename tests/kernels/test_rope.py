@@ -336,3 +336,71 @@ def test_rope_rows_append(run, layout, rng):
 def _offset(arr, elems):
     """A view of ``arr`` starting ``elems`` f32 elements in."""
     return arr.view(offset=4 * elems)
+
+
+@pytest.mark.parametrize("layout,app,bs", [("interleaved", "f16", 16), ("neox", "f16", 32),
+                                           ("interleaved", "f32", 64), ("neox", "f32", 16)])
+def test_rope_paged_append(run, layout, app, bs, rng):
+    """The paged form: row y of a [T_max, q | k | v] buffer (tokens of any
+    sequences) rotated at its own position ``positions[y]`` (unordered, far
+    apart), its K/V rows written to slot ``slots[y]`` of paged pools
+    ``[num_blocks, n_kv, bs, d]``; a row with slot -1 or ``n_slots`` is
+    rotated and writes nothing; rows at or past T are untouched, and so is
+    every other slot of the pools."""
+    spec = R.RopeSpec(head_dim=64, layout=layout, append=app, rows=True, paged=bs, block=64,
+                      **(dict(theta=500000.0, scaling="llama3") if layout == "interleaved"
+                         else {}))
+    n_q, n_kv, d, nb, t_max, T = 4, 2, 64, 5, 7, 6
+    n_slots = nb * bs
+    stride = (n_q + 2 * n_kv) * d + 8                 # a padded row: 8 elements nobody reads
+    qkv = (rng.standard_normal((t_max, stride)) * 3).astype(np.float32)
+    cty = np.float16 if app == "f16" else np.float32
+    kp = rng.standard_normal((nb, n_kv, bs, d)).astype(cty)
+    vp = rng.standard_normal((nb, n_kv, bs, d)).astype(cty)
+    positions = rng.permutation(rng.integers(0, 20000, t_max)).astype(np.int32)
+    slots = rng.choice(n_slots, t_max, replace=False).astype(np.int32)
+    skip = rng.choice(T, 2, replace=False)
+    slots[skip[0]], slots[skip[1]] = -1, n_slots
+    f = run.function(R.build, spec)
+    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    dqkv, dkp, dvp = run.array(qkv), run.array(kp), run.array(vp)
+    run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),
+               run.array(R.freq_table(spec)), run.array(positions), n_q, n_kv,
+               _offset(dqkv, (n_q + n_kv) * d), dkp, dvp, n_slots, stride,
+               run.array(np.array([T], np.int32)), run.array(slots))
+    out, gkp, gvp = run.get(dqkv), run.get(dkp), run.get(dvp)
+    want_kp, want_vp = kp.copy(), vp.copy()
+    vend = (n_q + 2 * n_kv) * d
+    for y in range(t_max):
+        if y >= T:
+            np.testing.assert_array_equal(out[y], qkv[y])
+            continue
+        pos = int(positions[y])
+        q = qkv[y, :n_q * d].reshape(n_q, d)
+        k = qkv[y, n_q * d:(n_q + n_kv) * d].reshape(n_kv, d)
+        v = qkv[y, (n_q + n_kv) * d:vend].reshape(n_kv, d)
+        assert rel_err(out[y, :n_q * d].reshape(n_q, d), want(q, pos, spec)) <= 1e-5, y
+        gk = out[y, n_q * d:(n_q + n_kv) * d].reshape(n_kv, d)
+        assert rel_err(gk, want(k, pos, spec)) <= 1e-5, y
+        np.testing.assert_array_equal(out[y, (n_q + n_kv) * d:], qkv[y, (n_q + n_kv) * d:])
+        if 0 <= slots[y] < n_slots:
+            blk, off = divmod(int(slots[y]), bs)
+            want_kp[blk, :, off] = gk.astype(cty)       # the rotated K, converted
+            want_vp[blk, :, off] = v.astype(cty)        # V as given, converted
+    np.testing.assert_array_equal(_bits(gkp), _bits(want_kp))
+    np.testing.assert_array_equal(_bits(gvp), _bits(want_vp))
+
+
+def test_rope_paged_parameters_and_refusals():
+    spec = R.RopeSpec(append="f16", rows=True, paged=64)
+    assert spec.kernel_name == "rope_neox_d128_app16_rows_paged64"
+    params = [line.strip().rstrip(",").split()[-1] for line in R.build(spec).to_ptx().splitlines()
+              if line.strip().startswith(".param")]
+    assert params == ["q", "k", "freqs", "positions", "n_q_heads", "n_kv_heads", "v", "k_pool",
+                      "v_pool", "n_slots", "row_stride", "n_rows_ptr", "slots"]
+    for bad in (dict(paged=16), dict(paged=16, rows=True), dict(paged=16, append="f16"),
+                dict(paged=8, rows=True, append="f16"), dict(paged=True, rows=True,
+                                                            append="f16"),
+                dict(paged=512, rows=True, append="f16")):
+        with pytest.raises(ValueError, match="paged"):
+            R.RopeSpec(**bad)

@@ -1,0 +1,306 @@
+"""Paged decode attention (a batch of sequences over a paged f16 KV cache)
+against float64 attention over the same K/V.
+
+The oracle is ``paged_attention.reference`` (each sequence's rows gathered
+through its block table, float64 softmax attention), itself checked in
+``test_reference_matches_a_contiguous_cache`` against flash decode's
+reference over caches assembled here row by row.  Every pool slot no
+sequence owns (unassigned blocks, the tail of a sequence's last block) holds
+NaN, so a kernel that read one row too far, or a wrong block, gives NaN.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from ptxgen.kernels import flash_decode as FD
+from ptxgen.kernels import paged_attention as P
+
+BOUND = 1e-4          # relative to the sequence's largest output
+
+
+def rel_err(out, ref) -> float:
+    """``max|out - ref| / max|ref|`` in float64 (inf if ``out`` is not finite)."""
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    return float(np.max(np.abs(out - ref)) / max(np.max(np.abs(ref)), 1e-300))
+
+
+class Paged:
+    """A batch's paged cache: ``B`` sequences of up to ``lens_max[b]`` keys
+    in blocks of ``bs`` tokens dealt from a shuffled pool with ``spare``
+    blocks nobody owns; every slot no sequence owns is NaN; table entries
+    past a sequence's blocks are random garbage (never read)."""
+
+    def __init__(self, rng, lens_max, n_kv, G, d, bs, max_blocks, spare=3, q_pad=0):
+        B = len(lens_max)
+        need = [-(-int(L) // bs) for L in lens_max]
+        if max(need) > max_blocks:
+            raise ValueError("a sequence needs more blocks than its table row holds")
+        nb = sum(need) + spare
+        perm = rng.permutation(nb)
+        self.table = rng.integers(-2**31, 2**31 - 1, (B, max_blocks)).astype(np.int32)
+        self.kp = np.full((nb, n_kv, bs, d), np.nan, np.float16)
+        self.vp = np.full((nb, n_kv, bs, d), np.nan, np.float16)
+        used = 0
+        for b, L in enumerate(lens_max):
+            self.table[b, :need[b]] = perm[used:used + need[b]]
+            used += need[b]
+            pos = np.arange(int(L))
+            blk = self.table[b, pos // bs]
+            self.kp[blk, :, pos % bs] = rng.standard_normal((len(pos), n_kv, d))
+            self.vp[blk, :, pos % bs] = rng.standard_normal((len(pos), n_kv, d))
+        n_q = n_kv * G
+        self.q_stride = n_q * d + q_pad
+        qbuf = np.full((B, self.q_stride), np.nan, np.float32)
+        qbuf[:, :n_q * d] = (rng.standard_normal((B, n_q * d)) * 2).astype(np.float32)
+        self.qbuf = qbuf
+        self.q = qbuf[:, :n_q * d].reshape(B, n_q, d)
+        self.B, self.n_kv, self.n_q, self.d = B, n_kv, n_q, d
+
+    def reference(self, lens):
+        return P.reference(self.q, self.kp, self.vp, self.table, lens)
+
+
+def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
+    """The outputs ``[B, n_q, d]`` for each lengths array of ``lens_list``,
+    launched with the same pools, table, q and workspace."""
+    split = run.function(P.build, plan, plan.split_name)
+    (g1, b1), comb = P.launch_geometry(plan, pc.B, pc.n_kv, n_splits)
+    combine = run.function(P.build, plan, plan.combine_name) if comb else None
+    part_o = run.poisoned((pc.B, pc.n_q, n_splits, pc.d))
+    part_ml = run.poisoned((pc.B, pc.n_q, n_splits, 2))
+    out = run.poisoned((pc.B, pc.n_q, pc.d))
+    tab = pc.table if table is None else table
+    dq, dk, dv, dt = (run.array(a) for a in (pc.qbuf, pc.kp, pc.vp, tab))
+    results = []
+    for lens in lens_list:
+        dl = run.array(np.asarray(lens, np.int32))
+        run.launch(split, g1, b1, dq, dk, dv, dt, dl, part_o, part_ml, out, pc.q_stride,
+                   tab.shape[1], pc.kp.shape[0], 1 / math.sqrt(pc.d))
+        if comb:
+            run.launch(combine, *comb, part_o, part_ml, out, n_splits)
+        results.append(run.get(out))
+    return results
+
+
+def _check(outs, refs, lens_list):
+    for lens, out, ref in zip(lens_list, outs, refs):
+        for b, L in enumerate(lens):
+            if L <= 0:
+                assert np.all(out[b] == 0), (b, L)
+                continue
+            err = rel_err(out[b], ref[b])
+            assert err <= BOUND, (b, int(L), err)
+
+
+def _lengths(rng, B, bs, cap):
+    """``B`` lengths in ``1..cap``: block boundaries (``k bs``, ``k bs + 1``,
+    ``k bs - 1``), 1, ``cap`` and random ones, shuffled."""
+    edge = [1, cap, bs, bs + 1, 2 * bs, 2 * bs - 1, 3 * bs + 1, 16, 17, 15]
+    pick = [x for x in edge if 1 <= x <= cap]
+    lens = [pick[i] if i < len(pick) and rng.random() < 0.7 else int(rng.integers(1, cap + 1))
+            for i in range(B)]
+    return np.array(rng.permutation(lens), np.int32)
+
+
+EMU_PLANS = [
+    # the 8B shape's head (d 128, group 4) in 16-token blocks, one warp
+    P.PagedAttentionPlan.make(head_dim=128, group=4, block_size=16, warps=1, unroll=1),
+    P.PagedAttentionPlan.make(head_dim=128, group=4, block_size=32, warps=2, unroll=2,
+                              l2_prefetch=False, l1_bypass=False),
+    P.PagedAttentionPlan.make(head_dim=64, group=3, block_size=16, warps=2, unroll=1),
+    P.PagedAttentionPlan.make(head_dim=64, group=1, block_size=64, warps=1, unroll=3,
+                              combine_warps=1),
+    P.PagedAttentionPlan.make(head_dim=128, group=8, block_size=128, warps=2, unroll=1,
+                              min_keys=32),
+    P.PagedAttentionPlan.make(head_dim=64, group=5, block_size=256, warps=4, unroll=1,
+                              combine_warps=4),
+]
+
+
+@pytest.mark.parametrize("n_splits", [1, 3])
+@pytest.mark.parametrize("plan", EMU_PLANS, ids=lambda p: p.kernel_name)
+def test_paged_attention(run, plan, n_splits, rng):
+    """B of 1..8 sequences of lengths 1..capacity (block boundaries among
+    them) in shuffled blocks; a second launch with other lengths (a graph
+    replay: same arguments, the lengths array rewritten)."""
+    bs = plan.block_size
+    max_blocks = max(2, 80 // bs + 1)
+    cap = max_blocks * bs
+    B = int(rng.integers(1, 9))
+    lens = [_lengths(rng, B, bs, cap), _lengths(rng, B, bs, cap)]
+    pc = Paged(rng, np.maximum(*lens), 2, plan.group, plan.head_dim, bs, max_blocks)
+    outs = _run(run, plan, pc, lens, n_splits)
+    _check(outs, [pc.reference(x) for x in lens], lens)
+
+
+@pytest.mark.parametrize("n_splits", [1, 2, 5])
+def test_every_length_up_to_capacity(run, n_splits, rng):
+    """One launch of 64 sequences of lengths 1..64 (4 blocks of 16, so every
+    offset in a block, every block boundary and the full table)."""
+    plan = P.PagedAttentionPlan.make(head_dim=64, group=2, block_size=16, warps=2, unroll=1)
+    lens = np.array(rng.permutation(np.arange(1, 65)), np.int32)
+    pc = Paged(rng, lens, 1, 2, 64, 16, max_blocks=4, spare=5)
+    (out,) = _run(run, plan, pc, [lens], n_splits)
+    _check([out], [pc.reference(lens)], [lens])
+
+
+def test_reference_matches_a_contiguous_cache(rng):
+    """The paged reference equals flash decode's reference over caches
+    assembled row by row through the table."""
+    pc = Paged(rng, [37, 5, 64], 2, 3, 32, 16, max_blocks=4)
+    lens = np.array([37, 5, 64], np.int32)
+    ref = pc.reference(lens)
+    for b, L in enumerate(lens):
+        kc = np.zeros((2, L, 32), np.float16)
+        vc = np.zeros((2, L, 32), np.float16)
+        for p in range(L):
+            blk = pc.table[b, p // 16]
+            kc[:, p], vc[:, p] = pc.kp[blk, :, p % 16], pc.vp[blk, :, p % 16]
+        want = FD.reference(pc.q[b], kc, vc, int(L))
+        assert np.max(np.abs(ref[b] - want)) <= 1e-12 * np.max(np.abs(want))
+    assert np.all(pc.reference(np.zeros(3, np.int32)) == 0)
+
+
+@pytest.mark.parametrize("n_splits", [1, 4])
+def test_empty_and_clamped_lengths(run, n_splits, rng):
+    """Length 0 (and negative) gives zeros, a length past the table's
+    capacity reads the whole table; q rows sit ``q_stride`` apart with NaN
+    between them (q inside a wider row, as in a QKV buffer)."""
+    plan = P.PagedAttentionPlan.make(head_dim=64, group=2, block_size=16, warps=2, unroll=1)
+    pc = Paged(rng, [48, 0, 20, 48], 2, 2, 64, 16, max_blocks=3, q_pad=20)
+    lens = [np.array([1000, 0, 20, -5], np.int32), np.array([0, 0, 0, 0], np.int32)]
+    outs = _run(run, plan, pc, lens, n_splits)
+    assert rel_err(outs[0][0], pc.reference([48, 0, 20, 0])[0]) <= BOUND
+    _check(outs, [pc.reference(x) for x in lens], lens)
+
+
+def test_bad_table_entries_read_the_last_block(run, rng):
+    """An entry outside ``[0, num_blocks)`` inside a sequence's length reads
+    block ``num_blocks - 1`` (the pool's last block, filled here)."""
+    plan = P.PagedAttentionPlan.make(head_dim=64, group=2, block_size=16, warps=2, unroll=1)
+    pc = Paged(rng, [40, 30], 2, 2, 64, 16, max_blocks=3, spare=1)
+    last = pc.kp.shape[0] - 1
+    pc.kp[last] = rng.standard_normal(pc.kp[last].shape)
+    pc.vp[last] = rng.standard_normal(pc.vp[last].shape)
+    bad = pc.table.copy()
+    bad[0, 1], bad[1, 0] = -7, 2**31 - 1
+    clamped = pc.table.copy()
+    clamped[0, 1], clamped[1, 0] = last, last
+    lens = np.array([40, 30], np.int32)
+    (out,) = _run(run, plan, pc, [lens], 3, table=bad)
+    ref = P.reference(pc.q, pc.kp, pc.vp, clamped, lens)
+    _check([out], [ref], [lens])
+
+
+def test_short_sequences_use_fewer_splits(run, rng):
+    """A sequence of ``L`` keys works on ``ceil(L / min_keys)`` splits at
+    most, its 16-key chunks dealt evenly; the splits past them leave the
+    neutral partial ``(-1e30, 0)``: with min_keys 32 and 4 splits, L = 20
+    keeps one split, L = 70 three (chunks 1, 2, 2: 16, 32 and 22 keys), L =
+    128 four (32 each).  With q = 0 every score is 0, so ``l`` counts the
+    split's keys."""
+    plan = P.PagedAttentionPlan.make(head_dim=64, group=1, block_size=16, warps=1, unroll=1,
+                                     min_keys=32)
+    lens = np.array([20, 70, 128], np.int32)
+    pc = Paged(rng, lens, 1, 1, 64, 16, max_blocks=8)
+    pc.qbuf[:] = 0.0
+    split = run.function(P.build, plan, plan.split_name)
+    (g1, b1), _ = P.launch_geometry(plan, 3, 1, 4)
+    part_ml = run.poisoned((3, 1, 4, 2))
+    run.launch(split, g1, b1, run.array(pc.qbuf), run.array(pc.kp), run.array(pc.vp),
+               run.array(pc.table), run.array(lens), run.poisoned((3, 1, 4, 64)), part_ml,
+               run.poisoned((3, 1, 64)), pc.q_stride, 8, pc.kp.shape[0], 0.125)
+    got = run.get(part_ml)[:, 0]
+    want_l = [[20, 0, 0, 0], [16, 32, 22, 0], [32, 32, 32, 32]]
+    assert np.array_equal(got[..., 1], np.array(want_l, np.float32)), got[..., 1]
+    assert np.all(got[..., 0][np.array(want_l) == 0] == np.float32(FD.NEG))
+    assert np.all(got[..., 0][np.array(want_l) > 0] == 0.0)
+
+
+def test_launch_geometry_and_splits():
+    plan = P.PagedAttentionPlan.make()
+    assert P.launch_geometry(plan, 64, 8, 1) == (((1, 8, 64), (256, 1, 1)), None)
+    assert P.launch_geometry(plan, 2, 8, 16) == (((16, 8, 2), (256, 1, 1)),
+                                                  ((64, 1, 1), (64, 1, 1)))
+    for bad in (0, P.MAX_SPLITS + 1):
+        with pytest.raises(ValueError, match="n_splits"):
+            P.launch_geometry(plan, 1, 8, bad)
+    # one 8-warp block an SM: B = 1 fills 132 SMs with 16 splits per KV head
+    # (flash decode's count), B = 8 with 2, B = 32 and more need no combine
+    assert P.resident_blocks(plan) == 1
+    assert P.choose_splits(plan, 132, 1, 8, 4096) == 16
+    assert P.choose_splits(plan, 132, 8, 8, 4096) == 2
+    assert P.choose_splits(plan, 132, 32, 8, 4096) == 1
+    assert P.choose_splits(plan, 132, 1, 8, 64) == 4          # ceil(64 / min_keys 16)
+    assert P.choose_splits(plan, 132, 1, 8, 4096, blocks_per_sm=4) == 66
+
+
+@pytest.mark.parametrize("bad", [dict(head_dim=256), dict(head_dim=96), dict(group=0),
+                                 dict(group=9), dict(block_size=8), dict(block_size=48),
+                                 dict(block_size=512), dict(block_size=True), dict(warps=0),
+                                 dict(warps=9), dict(unroll=5), dict(min_keys=8),
+                                 dict(min_keys=48), dict(l2_prefetch=1),
+                                 dict(combine_warps=3), dict(kv_dtype="f32"),
+                                 dict(pdl=True)])
+def test_refuses(bad):
+    with pytest.raises(ValueError):
+        P.PagedAttentionPlan.make(**bad)
+
+
+def test_tuned_config_builds():
+    spec = P.PagedAttentionSpec(target="sm_90")
+    plan = P.plan(spec)
+    assert plan.config == P.select_config(spec)
+    assert plan.split_name in P.build(plan).to_ptx()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [16, 64, 256])
+@pytest.mark.parametrize("B,cap", [(1, 4096), (8, 1024), (64, 512)])
+def test_paged_attention_gpu(gpu_run, B, cap, bs, rng):
+    """The 8B shape (32 query / 8 KV heads of 128) with the tuned config and
+    the device's split count, lengths up to ``cap``."""
+    from ptxgen.driver import get_device
+    dev = get_device()
+    plan = P.plan(P.PagedAttentionSpec(block_size=bs, target=gpu_run.target()), batch=B)
+    max_blocks = cap // bs
+    lens = [_lengths(rng, B, bs, cap), np.array(rng.integers(1, cap + 1, B), np.int32)]
+    pc = Paged(rng, np.maximum(*lens), 8, 4, 128, bs, max_blocks)
+    S = P.choose_splits(plan, dev.sm_count, B, 8, cap)
+    outs = _run(gpu_run, plan, pc, lens, S)
+    _check(outs, [pc.reference(x) for x in lens], lens)
+
+
+@pytest.mark.parametrize("q_row", [False, True])
+def test_op_on_the_emulator(q_row, rng):
+    """``ops.paged_attention`` with numpy arrays on the emulator: q packed or
+    inside longer rows (``n_q_heads``), the split count its own (an H100's)
+    or one split (no combine)."""
+    from ptxgen.driver import ops
+    lens = np.array([33, 1, 64], np.int32)
+    pc = Paged(rng, lens, 2, 2, 64, 16, max_blocks=4, q_pad=12 if q_row else 0)
+    ref = pc.reference(lens)
+    q = pc.qbuf if q_row else pc.q.copy()
+    extra = dict(n_q_heads=4) if q_row else {}
+    for kw in (dict(warps=2), dict(warps=1, n_splits=1)):
+        out = ops.paged_attention(q, pc.kp, pc.vp, pc.table, lens, backend="emu", **extra, **kw)
+        _check([out], [ref], [lens])
+
+
+def test_op_refuses_bad_shapes(rng):
+    from ptxgen.driver import ops
+    pc = Paged(rng, [5, 7], 2, 2, 64, 16, max_blocks=2)
+    lens = np.array([5, 7], np.int32)
+    with pytest.raises(ValueError, match="k_pool"):
+        ops.paged_attention(pc.q, pc.kp[0], pc.vp[0], pc.table, lens, backend="emu")
+    with pytest.raises(TypeError, match="k_pool"):
+        ops.paged_attention(pc.q, pc.kp.astype(np.float32), pc.vp, pc.table, lens,
+                            backend="emu")
+    with pytest.raises(ValueError, match="seq_lens"):
+        ops.paged_attention(pc.q, pc.kp, pc.vp, pc.table, lens[:1], backend="emu")
+    with pytest.raises(ValueError, match="multiple of 2 KV heads"):
+        ops.paged_attention(pc.q[:, :3], pc.kp, pc.vp, pc.table, lens, backend="emu")
