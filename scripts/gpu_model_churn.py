@@ -7,7 +7,7 @@ Without a model file a tiny synthetic one is written (the "tiny" preset:
 2 layers, hidden 256). The loop is the issue's::
 
     for i in range(models):
-        m = LlamaModel.from_gguf(path, backend="cuda", capacity=capacity, progress=False)
+        m = Model.from_gguf(path, backend="cuda", capacity=capacity, progress=False)
         m.generate([1, 2, 3], 8)
         del m
 
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance-mib", type=float, default=8.0)
     a = ap.parse_args(argv)
     from ptxgen.driver import get_device
-    from ptxgen.llm.model import LlamaModel
+    from ptxgen.llm import Model
 
     path = a.model
     if path is None:
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         return dev.mem_info()[0] / MIB
 
     def load():
-        return LlamaModel.from_gguf(path, backend="cuda", capacity=a.capacity, progress=False)
+        return Model.from_gguf(path, backend="cuda", capacity=a.capacity, progress=False)
 
     m = load()
     want = m.generate([1, 2, 3], 8).tokens

@@ -15,7 +15,7 @@ pytest.importorskip("gguf")
 
 from backends import cuda_available
 from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
-from ptxgen.llm.model import LlamaModel
+from ptxgen.llm import Model
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver available")]
@@ -49,12 +49,12 @@ def _settled_free() -> int:
 
 
 def test_forty_models_in_a_row_capture_and_give_their_memory_back(tiny, collector_on):
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
+    m = Model.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
     want = m.generate(PROMPT, 8).tokens      # warm-up: kernels built, modules loaded and cached
     del m
     free0 = _settled_free()
     for i in range(40):                      # the collector runs when it will; no explicit collect
-        m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
+        m = Model.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
         got = m.generate(PROMPT, 8).tokens
         assert got == want, f"model {i}: {got} != {want}"
         del m
@@ -77,11 +77,11 @@ def test_dropped_model_collected_inside_the_next_capture(tiny, collector_on, mon
         return g
 
     monkeypatch.setattr(graph.capture, "__enter__", enter_then_collect)
-    m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
+    m = Model.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
     want = m.generate(PROMPT, 8).tokens
     for i in range(4):
         del m
-        m = LlamaModel.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
+        m = Model.from_gguf(tiny, backend="cuda", capacity=64, progress=False)
         got = m.generate(PROMPT, 8).tokens
         assert got == want, f"model {i}: {got} != {want}"
     assert collected, "generate() made no capture: this test no longer tests anything"
