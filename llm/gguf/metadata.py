@@ -223,10 +223,11 @@ def _strings(cur: Cursor, n: int, what: str) -> list:
 
 
 def _describe(vtype: int, etype, value) -> str:
-    """What a value is, for a message: "float32 inf", "an array of 3 uint32"."""
+    """What a value is, for a message: "float32 inf", "an array of 3 elements
+    of type uint32"."""
     if vtype == _ARRAY:
         inner = _TYPE_NAMES[etype] if etype is not None and etype < len(_TYPE_NAMES) else "?"
-        return f"an array of {len(value):,} {inner}"
+        return f"an array of {len(value):,} elements of type {inner}"
     if vtype == _STRING:
         return f"the string {shown(value)}"
     return f"{_TYPE_NAMES[vtype]} {value!r}"

@@ -52,9 +52,10 @@ def corpus(llama: bytes, gpt2: bytes) -> dict:
     key("tokenizer.ggml.bos_token_id:f32-inf", F32, scalar(F32, INF), "file",
         "'tokenizer.ggml.bos_token_id' must be an integer, got float32 inf")
     key("tokenizer.ggml.model:empty-array", ARR, array(STR, []), "file",
-        "'tokenizer.ggml.model' must be a string, got an array of 0 string")
+        "'tokenizer.ggml.model' must be a string, got an array of 0 elements of type string")
     key("tokenizer.ggml.tokens:integers", ARR, array(U32, range(260)), "file",
-        "'tokenizer.ggml.tokens' must be an array of strings, got an array of 260 uint32")
+        "'tokenizer.ggml.tokens' must be an array of strings, got an array of 260 elements "
+        "of type uint32")
     key("tokenizer.ggml.merges:integers", ARR, array(U32, range(10)), "file",
         "'tokenizer.ggml.merges' must be an array of strings", which=gpt2)
     key("llama.context_length:0", U32, scalar(U32, 0), "model",
