@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
 VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench llamacpp conformance clean mutate
+.PHONY: all setup test golden demo bench llamacpp conformance clean mutate fuzz
 
 all: test
 
@@ -28,6 +28,13 @@ setup: $(STAMP)
 PYTEST_WORKERS ?= auto
 test: $(STAMP)
 	$(PY) -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# the hostile-input suite (tests/fuzz) with many examples per property test;
+# `make test` runs it with a few (PTXGEN_FUZZ_EXAMPLES unset)
+FUZZ_EXAMPLES ?= 20000
+fuzz: $(STAMP)
+	PTXGEN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/fuzz \
+		--hypothesis-show-statistics $(PYTEST_ARGS)
 
 golden: $(STAMP)
 	PTXGEN_UPDATE_GOLDEN=1 $(PY) -m pytest -q tests/test_golden.py

@@ -1,8 +1,8 @@
 """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``: what a
 GGUF file holds and whether it fits a GPU.
 
-Reported from the file alone (metadata and tensor headers; no tensor data
-is read): the architecture, the parameter count (every tensor's elements,
+Reported from the file alone, read once (metadata and tensor headers; no
+tensor data is read): the architecture, the parameter count (every tensor's elements,
 as llama.cpp counts them), the quant mix (tensors, parameters and bytes per
 GGML type), the tokenizer (``tokenizer.ggml.model`` and the token list's
 length) and vocabulary, the training context length, whether ptxgen's
@@ -20,7 +20,6 @@ that type, or llama.cpp's Q4_K_M mix; vectors kept), and which would fit.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import attrs
@@ -68,7 +67,7 @@ class ModelInfo:
 
 
 def read_info(path, ctx: int | None = None) -> ModelInfo:
-    """Read ``path``'s metadata and tensor headers.
+    """Read ``path``'s metadata and tensor headers (the file is read once).
 
     Raises
     ------
@@ -76,52 +75,37 @@ def read_info(path, ctx: int | None = None) -> ModelInfo:
         Not a readable GGUF file.
     """
     from ptxgen.llm.gguf.file import GGUFError, LlamaFile
-    path = os.fspath(path)
-    try:
-        import gguf
-    except ImportError:
-        raise GGUFError("reading GGUF files needs the gguf package: pip install gguf") from None
-    if not os.path.exists(path):
-        raise GGUFError(f"{path}: no such file")
-    try:
-        r = gguf.GGUFReader(path, "r")
-    except Exception as e:
-        raise GGUFError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from None
-
-    def field(key):
-        f = r.fields.get(key)
-        return None if f is None else f.contents()
-
-    arch = field("general.architecture")
+    from ptxgen.llm.gguf.reader import read_gguf
+    g = read_gguf(path)
+    meta = g.metadata
+    arch = meta.get("general.architecture")
     shares: dict = {}
     tensors = []
-    for t in r.tensors:
-        qt = t.tensor_type.name
-        n = int(t.n_elements)
-        s = shares.setdefault(qt, [0, 0, 0])
+    for t in g.tensors.values():
+        s = shares.setdefault(t.qtype, [0, 0, 0])
         s[0] += 1
-        s[1] += n
-        s[2] += int(t.n_bytes)
-        tensors.append((t.name, qt, tuple(int(d) for d in reversed(t.shape))))
+        s[1] += t.n_elements
+        s[2] += t.nbytes
+        tensors.append((t.name, t.qtype, t.shape))
     types = tuple(sorted((TypeShare(q, *v) for q, v in shares.items()),
                          key=lambda s: -s.nbytes))
-    tok = r.fields.get("tokenizer.ggml.tokens")
-    n_tokens = None if tok is None else len(tok.data)
+    tok = meta.get("tokenizer.ggml.tokens")
     hp, reason = None, None
     try:
-        hp = LlamaFile(path, check_kernels=False).hparams
-        LlamaFile(path)
+        f = LlamaFile.from_contents(g, check_kernels=False)
+        hp = f.hparams
+        f.check_kernel_types()
     except GGUFError as e:
-        reason = str(e).removeprefix(f"{path}: ")
-    ctx_len = field(f"{arch}.context_length") if arch else None
+        reason = str(e).removeprefix(f"{g.path}: ")
+    ctx_len = meta.get(f"{arch}.context_length") if arch else None
     kv = None
     if hp is not None:
         ctx = int(ctx or min(hp.context_length, 4096))
         kv = 2 * hp.n_layers * hp.n_kv_heads * ctx * hp.head_dim * 2
-    return ModelInfo(path=path, arch=arch, n_params=sum(s.params for s in types), types=types,
-                     tokenizer=field("tokenizer.ggml.model"), n_tokens=n_tokens,
-                     vocab=None if hp is None else hp.vocab,
-                     context_length=None if ctx_len is None else int(ctx_len),
+    return ModelInfo(path=g.path, arch=arch, n_params=sum(s.params for s in types), types=types,
+                     tokenizer=meta.get("tokenizer.ggml.model"),
+                     n_tokens=None if tok is None else len(tok),
+                     vocab=None if hp is None else hp.vocab, context_length=ctx_len,
                      weight_bytes=sum(s.nbytes for s in types), ctx=ctx if kv else None,
                      kv_bytes=kv, not_runnable=reason, hparams=hp, tensors=tuple(tensors))
 
@@ -159,12 +143,11 @@ def weight_estimates(info: ModelInfo) -> list:
 
 
 def _nbytes(qt, shape) -> int:
-    import gguf
-    bs, ts = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qt]]
+    from ptxgen.llm.gguf.ggml_types import ggml_type_named
     n = 1
     for d in shape:
         n *= int(d)
-    return n // bs * ts
+    return ggml_type_named(qt).row_bytes(n)
 
 
 def _gib(n) -> str:

@@ -40,31 +40,56 @@ architecture's tensor loader and graph do, and so what this module reads:
   required (as llama.cpp requires them); ``head_count_kv`` defaults to
   ``head_count``; a mixture of experts (``expert_count`` > 0) or
   non-causal attention is refused.
-- ``general.alignment``: a power-of-two uint32 (default 32); every
-  tensor's data offset must be a multiple of it.
+- ``general.alignment``: a power of two (default 32); every tensor's data
+  offset must be a multiple of it.
 - Any tensor llama.cpp's loader would not expect for the architecture
   (llama.cpp refuses a file with tensors left over), and those it would
   use but the decode step does not (``attn_output.bias``, FFN biases,
   ``output.bias``, a fused ``attn_qkv``), are refused by name.
 
 Tensors stay in their own format: :meth:`LlamaFile.tensor` returns the raw
-bytes as ``uint8 [rows, row_bytes]`` (float arrays for F16/F32).  With
-``check_kernels`` (the default) every tensor's type must be one the decode
-step has a kernel for in its role (:func:`kernel_types`), else it is
-refused by name; without it (the float64 reference, ``ptxgen info``) any
-float or block-quantized GGML type is accepted.  Problems raise
+bytes as ``uint8 [rows, row_bytes]`` (float arrays for F16/F32), read-only
+views of the file's one map.  With ``check_kernels`` (the default) every
+tensor's type must be one the decode step has a kernel for in its role
+(:func:`kernel_types`), else it is refused by name; without it (the float64
+reference, ``ptxgen info``) any float or block-quantized GGML type is
+accepted.  Problems raise
 :class:`GGUFError` naming the file and the key or tensor.
+
+The file is untrusted input: :func:`~.reader.read_gguf` reads it once and
+checks its structure (every count, length and tensor extent against the
+file's size, key types); this module then bounds the hyperparameters,
+generously but finitely, before any of them sizes a loop or a table:
+
+- ``block_count`` 1 to :data:`MAX_LAYERS`; ``embedding_length``,
+  ``feed_forward_length``, the head size and heads x head size 1 to
+  :data:`MAX_WIDTH`; ``head_count`` 1 to :data:`MAX_HEADS`, ``head_count_kv``
+  1 to ``head_count``, dividing it; a per-layer array has one value per layer;
+- the vocabulary 1 to :data:`MAX_VOCAB`; ``context_length``
+  :data:`MIN_CONTEXT` to :data:`MAX_CONTEXT`;
+- ``layer_norm_rms_epsilon`` and ``rope.freq_base`` finite and positive,
+  ``rope.scaling.factor`` finite and not negative.
+
+Every expected tensor must then have the shape these give (embedding and
+output rows the vocabulary), and its bytes lie inside the file: no product
+of hyperparameters is taken on trust.
 """
 
 from __future__ import annotations
 
-import os
+import math
 
 import attrs
 import numpy as np
 
-__all__ = ["GGUFError", "LlamaHParams", "LlamaFile", "SUPPORTED_ARCHS", "SUPPORTED_TYPES",
-           "ROPE_LAYOUT", "layer_tensor_names", "kernel_types", "tensor_role"]
+from ptxgen.llm.gguf.errors import GGUFError, GGUFMetadataError
+from ptxgen.llm.gguf.metadata import shown
+from ptxgen.llm.gguf.reader import GGUFContents, read_gguf
+
+__all__ = ["GGUFError", "GGUFMetadataError", "LlamaHParams", "LlamaFile", "SUPPORTED_ARCHS",
+           "SUPPORTED_TYPES", "ROPE_LAYOUT", "layer_tensor_names", "kernel_types",
+           "tensor_role", "MAX_LAYERS", "MAX_WIDTH", "MAX_HEADS", "MAX_VOCAB", "MIN_CONTEXT",
+           "MAX_CONTEXT"]
 
 #: architectures this module reads (``mistral`` is read as ``llama``)
 SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
@@ -77,16 +102,30 @@ SUPPORTED_TYPES = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256,
                    "Q6_K": (256, 210)}
 #: GGML types that never hold these models' weights
 _NOT_WEIGHTS = ("I8", "I16", "I32", "I64", "F64")
+#: GGML types read as NumPy float arrays
+_FLOATS = {"F32": np.float32, "F16": np.float16}
+
+# Hyperparameter bounds: far above the largest models (126 layers, a hidden
+# size of 16K, 128 heads, vocabularies of 256K), finite so that no number in
+# a file sizes a loop or an allocation without end.
+#: most layers (``block_count``)
+MAX_LAYERS = 1024
+#: widest hidden, feed-forward, head and query sizes
+MAX_WIDTH = 1 << 20
+#: most attention heads
+MAX_HEADS = 1 << 14
+#: largest vocabulary
+MAX_VOCAB = 1 << 24
+#: shortest training context: the decode step needs a prompt token and a reply
+MIN_CONTEXT = 2
+#: longest training context (llama.cpp keeps it in a uint32)
+MAX_CONTEXT = (1 << 32) - 1
 
 _LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BIASES = ("attn_q", "attn_k", "attn_v")
 _QK_NORMS = ("attn_q_norm", "attn_k_norm")
-
-
-class GGUFError(ValueError):
-    """A GGUF file that cannot be used, and why."""
 
 
 def layer_tensor_names(i: int) -> list[str]:
@@ -184,56 +223,83 @@ class LlamaFile:
     Raises
     ------
     GGUFError
-        The file is missing, not a GGUF, truncated, of an unsupported
-        architecture or convention, lacks a tensor, holds one it should not,
-        or holds an unsupported tensor type.
+        The file is missing, not a GGUF, truncated or malformed (a
+        :class:`GGUFMetadataError`), of an unsupported architecture or
+        convention, has a hyperparameter out of range, lacks a tensor, holds
+        one it should not, or holds an unsupported tensor type.
     """
 
     def __init__(self, path, *, check_kernels: bool = True):
-        self.path = os.fspath(path)
-        try:
-            import gguf
-        except ImportError:
-            raise GGUFError("reading GGUF files needs the gguf package: pip install gguf") from None
-        self._gguf = gguf
-        if not os.path.exists(self.path):
-            raise GGUFError(f"{self.path}: no such file")
-        if os.path.isdir(self.path):
-            raise GGUFError(f"{self.path}: is a directory, not a .gguf file")
-        with open(self.path, "rb") as f:
-            magic = f.read(4)
-        if magic != b"GGUF":
-            raise GGUFError(f"{self.path}: not a GGUF file (magic {magic!r}, expected b'GGUF')")
-        try:
-            self.reader = gguf.GGUFReader(self.path, "r")
-        except Exception as e:  # the reader raises several kinds on bad bytes
-            if "alignment" in str(e):
-                raise GGUFError(f"{self.path}: metadata key 'general.alignment' must be a "
-                                f"non-zero power of two stored as uint32 ({e})") from None
-            raise GGUFError(f"{self.path}: truncated or corrupt GGUF file ({type(e).__name__}: {e})") from None
-        self._tensors = {t.name: t for t in self.reader.tensors}
+        self._setup(read_gguf(path), check_kernels)
+
+    @classmethod
+    def from_contents(cls, contents: GGUFContents, *, check_kernels: bool = True) -> "LlamaFile":
+        """Validate a file already read by :func:`~.reader.read_gguf`."""
+        self = cls.__new__(cls)
+        self._setup(contents, check_kernels)
+        return self
+
+    def _setup(self, contents: GGUFContents, check_kernels: bool):
+        self.contents = contents
+        self.path = contents.path
+        #: key -> value of the file's metadata (:func:`~.metadata.read_gguf_metadata`'s)
+        self.metadata = contents.metadata
+        self._tensors = contents.tensors
         self._in_f16 = {}
-        self._check_extents()
+        self._reader = None
         self.hparams = self._read_hparams()
-        self._check_tensors(check_kernels)
+        self._check_tensors()
+        if check_kernels:
+            self.check_kernel_types()
+
+    @property
+    def reader(self):
+        """The ``gguf`` package's reader of this (validated) file, made on
+        first use: for the float64 reference and tests, never for loading."""
+        if self._reader is None:
+            import gguf
+            self._reader = gguf.GGUFReader(self.path, "r")
+        return self._reader
 
     # ------------------------------------------------------------ metadata
+    def _error(self, msg: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {msg}")
+
     def _field(self, key, default=None, required=True):
-        f = self.reader.fields.get(key)
-        if f is None:
+        v = self.metadata.get(key)
+        if v is None:
             if required and default is None:
-                raise GGUFError(f"{self.path}: metadata key {key!r} is missing")
+                raise self._error(f"metadata key {key!r} is missing")
             return default
-        return f.contents()
+        return v
 
     def _uniform(self, key, default=None, required=True):
         """A per-model value that llama.cpp also accepts as one per layer."""
         v = self._field(key, default, required)
-        if isinstance(v, list):
-            if not v or any(x != v[0] for x in v):
-                raise GGUFError(f"{self.path}: metadata key {key!r} differs between layers "
-                                f"({v[:4]}...); per-layer shapes are not supported")
+        if isinstance(v, np.ndarray):
+            n = getattr(self, "_n_layers", None)
+            if n is not None and v.size != n:
+                raise self._error(f"metadata key {key!r} has {v.size} values for {n} layers")
+            if not v.size or np.any(v != v[0]):
+                raise self._error(f"metadata key {key!r} differs between layers "
+                                  f"({v[:4].tolist()}...); per-layer shapes are not supported")
             v = v[0]
+        return v
+
+    def _int(self, key, lo, hi, default=None, *, per_layer=False, why=""):
+        """An integer key in ``[lo, hi]``."""
+        v = self._uniform(key, default) if per_layer else self._field(key, default)
+        v = int(v)
+        if not lo <= v <= hi:
+            raise self._error(f"metadata key {key!r} is {v:,}; it must be {lo:,} to {hi:,}{why}")
+        return v
+
+    def _float(self, key, default=None):
+        """A finite positive number key."""
+        v = float(self._field(key, default))
+        if not (math.isfinite(v) and v > 0):
+            raise self._error(f"metadata key {key!r} is {v}; it must be a finite positive "
+                              "number")
         return v
 
     @property
@@ -242,100 +308,107 @@ class LlamaFile:
 
     @property
     def alignment(self) -> int:
-        return int(self._field("general.alignment", default=32))
+        return self.contents.alignment
 
     @property
     def tokenizer_model(self) -> str | None:
         return self._field("tokenizer.ggml.model", required=False)
 
     def _n_tokens(self) -> int | None:
-        f = self.reader.fields.get("tokenizer.ggml.tokens")
-        return None if f is None else len(f.data)
+        toks = self.metadata.get("tokenizer.ggml.tokens")
+        return None if toks is None else len(toks)
 
     def _read_hparams(self) -> LlamaHParams:
         arch = self._field("general.architecture")
         if arch not in SUPPORTED_ARCHS:
-            raise GGUFError(f"{self.path}: architecture {arch!r} is not supported "
-                            f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+            raise self._error(f"architecture {shown(arch)} is not supported "
+                              f"(supported: {', '.join(SUPPORTED_ARCHS)})")
         a = arch
+        n_layers = self._int(f"{a}.block_count", 1, MAX_LAYERS)
+        self._n_layers = n_layers
         if int(self._uniform(f"{a}.expert_count", default=0, required=False)) > 0:
-            raise GGUFError(f"{self.path}: metadata key '{a}.expert_count' > 0: mixtures of "
-                            "experts are not supported")
+            raise self._error(f"metadata key '{a}.expert_count' > 0: mixtures of experts are "
+                              "not supported")
         if not self._field(f"{a}.attention.causal", default=True, required=False):
-            raise GGUFError(f"{self.path}: metadata key '{a}.attention.causal' is false: "
-                            "non-causal attention is not supported")
-        hidden = int(self._field(f"{a}.embedding_length"))
-        n_layers = int(self._field(f"{a}.block_count"))
-        n_heads = int(self._uniform(f"{a}.attention.head_count"))
-        n_kv = int(self._uniform(f"{a}.attention.head_count_kv", default=n_heads))
-        if n_heads <= 0 or n_kv <= 0 or n_heads % n_kv or n_layers <= 0 or hidden <= 0:
-            raise GGUFError(f"{self.path}: head counts {n_heads}/{n_kv} (keys "
-                            f"'{a}.attention.head_count', '{a}.attention.head_count_kv') do "
-                            f"not form whole groups, or a size is not positive")
-        head_k = int(self._field(f"{a}.attention.key_length", default=hidden // n_heads))
-        head_v = int(self._field(f"{a}.attention.value_length", default=hidden // n_heads))
+            raise self._error(f"metadata key '{a}.attention.causal' is false: non-causal "
+                              "attention is not supported")
+        hidden = self._int(f"{a}.embedding_length", 1, MAX_WIDTH)
+        n_heads = self._int(f"{a}.attention.head_count", 1, MAX_HEADS, per_layer=True)
+        n_kv = self._int(f"{a}.attention.head_count_kv", 1, n_heads, default=n_heads,
+                         per_layer=True, why=" (attention.head_count)")
+        if n_heads % n_kv:
+            raise self._error(f"head counts {n_heads}/{n_kv} (keys '{a}.attention.head_count', "
+                              f"'{a}.attention.head_count_kv') do not form whole groups")
+        head_k = self._int(f"{a}.attention.key_length", 0, MAX_WIDTH, default=hidden // n_heads)
+        head_v = self._int(f"{a}.attention.value_length", 0, MAX_WIDTH,
+                           default=hidden // n_heads)
         if head_v != head_k:
-            raise GGUFError(f"{self.path}: metadata key '{a}.attention.value_length' ({head_v}) "
-                            f"differs from '{a}.attention.key_length' ({head_k}); llama.cpp's "
-                            f"{a} graph needs one head size")
-        rope_dim = int(self._field(f"{a}.rope.dimension_count", default=head_k))
+            raise self._error(f"metadata key '{a}.attention.value_length' ({head_v}) differs "
+                              f"from '{a}.attention.key_length' ({head_k}); llama.cpp's {a} "
+                              "graph needs one head size")
+        rope_dim = self._int(f"{a}.rope.dimension_count", 0, MAX_WIDTH, default=head_k)
         if rope_dim != head_k:
-            raise GGUFError(f"{self.path}: metadata key '{a}.rope.dimension_count' is {rope_dim} "
-                            f"of head size {head_k}: partial rotary embeddings are not supported")
+            raise self._error(f"metadata key '{a}.rope.dimension_count' is {rope_dim} of head "
+                              f"size {head_k}: partial rotary embeddings are not supported")
         if head_k % 2 or head_k <= 0:
-            raise GGUFError(f"{self.path}: metadata key '{a}.attention.key_length': head size "
-                            f"{head_k} is not a positive even number")
+            raise self._error(f"metadata key '{a}.attention.key_length': head size {head_k} is "
+                              "not a positive even number")
+        if n_heads * head_k > MAX_WIDTH:
+            raise self._error(f"{n_heads} heads of size {head_k} (keys "
+                              f"'{a}.attention.head_count', '{a}.attention.key_length') make "
+                              f"queries wider than {MAX_WIDTH:,}")
         if arch == "qwen2" and n_heads * head_k != hidden:
-            raise GGUFError(f"{self.path}: metadata key 'qwen2.attention.key_length' ({head_k}) "
-                            f"x {n_heads} heads is not the hidden size {hidden}, which qwen2's "
-                            "query projection has")
+            raise self._error(f"metadata key 'qwen2.attention.key_length' ({head_k}) x "
+                              f"{n_heads} heads is not the hidden size {hidden}, which qwen2's "
+                              "query projection has")
+        ffn = self._int(f"{a}.feed_forward_length", 1, MAX_WIDTH, per_layer=True)
+        context = self._int(f"{a}.context_length", MIN_CONTEXT, MAX_CONTEXT,
+                            why=" (the decode step needs a prompt token and a reply)")
+        eps = self._float(f"{a}.attention.layer_norm_rms_epsilon")
+        theta = self._float(f"{a}.rope.freq_base", default=10000.0)
         freq_scale = self._rope_freq_scale(a)
-        ff = self._uniform(f"{a}.feed_forward_length")
         vocab = self._vocab(a)
         has = self._tensors.__contains__
-        hp = LlamaHParams(
-            arch=arch, n_layers=n_layers, hidden=hidden, ffn=int(ff), n_heads=n_heads,
-            n_kv_heads=n_kv, head_dim=head_k, vocab=vocab,
-            context_length=int(self._field(f"{a}.context_length")),
-            eps=float(self._field(f"{a}.attention.layer_norm_rms_epsilon")),
-            rope_theta=float(self._field(f"{a}.rope.freq_base", default=10000.0)),
-            rope_dim=rope_dim, rope_layout=ROPE_LAYOUT[arch], rope_freq_scale=freq_scale,
+        return LlamaHParams(
+            arch=arch, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
+            n_kv_heads=n_kv, head_dim=head_k, vocab=vocab, context_length=context, eps=eps,
+            rope_theta=theta, rope_dim=rope_dim, rope_layout=ROPE_LAYOUT[arch],
+            rope_freq_scale=freq_scale,
             rope_freqs=arch in ("llama", "mistral") and has("rope_freqs.weight"),
             qk_norm=arch == "qwen3",
             qkv_bias=any(has(f"blk.{i}.{b}.bias") for i in range(n_layers) for b in _BIASES),
             tied=not has("output.weight"))
-        if not hp.rope_theta > 0:
-            raise GGUFError(f"{self.path}: metadata key '{a}.rope.freq_base' must be positive, "
-                            f"got {hp.rope_theta}")
-        return hp
 
     def _rope_freq_scale(self, a) -> float:
         kind = self._field(f"{a}.rope.scaling.type", default="linear", required=False)
         if kind not in ("none", "linear"):
             known = kind in ("yarn", "longrope")
-            raise GGUFError(f"{self.path}: metadata key '{a}.rope.scaling.type' is {kind!r}: "
-                            + ("this RoPE scaling is not supported" if known else
-                               "not a type llama.cpp knows (none, linear, yarn, longrope)")
-                            + "; supported: none, linear")
+            raise self._error(f"metadata key '{a}.rope.scaling.type' is {shown(kind)}: "
+                              + ("this RoPE scaling is not supported" if known else
+                                 "not a type llama.cpp knows (none, linear, yarn, longrope)")
+                              + "; supported: none, linear")
         attn = float(self._field(f"{a}.rope.scaling.attn_factor", default=1.0, required=False))
         if attn != 1.0:
-            raise GGUFError(f"{self.path}: metadata key '{a}.rope.scaling.attn_factor' is "
-                            f"{attn}: scaled RoPE magnitudes are not supported")
-        factor = self._field(f"{a}.rope.scaling.factor", required=False)
+            raise self._error(f"metadata key '{a}.rope.scaling.attn_factor' is {attn}: scaled "
+                              "RoPE magnitudes are not supported")
+        key = f"{a}.rope.scaling.factor"
+        factor = self._field(key, required=False)
         if factor is None:
-            factor = self._field(f"{a}.rope.scale_linear", required=False)
+            key = f"{a}.rope.scale_linear"
+            factor = self._field(key, required=False)
         factor = float(factor or 0.0)
+        if not (math.isfinite(factor) and factor >= 0):
+            raise self._error(f"metadata key {key!r} is {factor}; it must be a finite "
+                              "non-negative number")
         if kind == "none" or factor == 0.0:
             return 1.0
-        if factor < 0:
-            raise GGUFError(f"{self.path}: metadata key '{a}.rope.scaling.factor' is {factor}")
         return 1.0 / factor
 
     def _vocab(self, a) -> int:
         emb = self._tensors.get("token_embd.weight")
         if emb is None:
-            raise GGUFError(f"{self.path}: tensor 'token_embd.weight' is missing")
-        rows = int(emb.shape[1]) if len(emb.shape) > 1 else 0
+            raise self._error("tensor 'token_embd.weight' is missing")
+        rows = emb.dims[1] if len(emb.dims) > 1 else 0
         n_tok = self._n_tokens()
         if n_tok is not None:
             vocab, src = n_tok, "the tokenizer's token list (tokenizer.ggml.tokens)"
@@ -345,26 +418,15 @@ class LlamaFile:
             if vocab is None:
                 vocab, src = rows, "the embedding"
         vocab = int(vocab)
+        if not 1 <= vocab <= MAX_VOCAB:
+            raise self._error(f"{src} gives a vocabulary of {vocab:,}; it must be 1 to "
+                              f"{MAX_VOCAB:,}")
         if rows != vocab:
-            raise GGUFError(f"{self.path}: tensor 'token_embd.weight' has {rows} rows but "
-                            f"{src} gives a vocabulary of {vocab}")
+            raise self._error(f"tensor 'token_embd.weight' has {rows} rows but {src} gives a "
+                              f"vocabulary of {vocab}")
         return vocab
 
     # ------------------------------------------------------------- tensors
-    def _check_extents(self):
-        size = os.path.getsize(self.path)
-        align = int(self._field("general.alignment", default=32))
-        start = int(getattr(self.reader, "data_offset", 0))
-        for t in self.reader.tensors:
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > size:
-                raise GGUFError(f"{self.path}: truncated: tensor {t.name!r} ends at byte "
-                                f"{end} but the file has {size}")
-            if (int(t.data_offset) - start) % align:
-                raise GGUFError(f"{self.path}: tensor {t.name!r} starts at data offset "
-                                f"{int(t.data_offset) - start}, not a multiple of "
-                                f"general.alignment {align}")
-
     def expected_tensors(self) -> dict:
         """Name -> expected logical shape of every tensor the decode step
         reads from this file (required ones and the optional ones present)."""
@@ -391,43 +453,41 @@ class LlamaFile:
                     out[p + short + ".weight"] = (hp.head_dim,)
         return out
 
-    def _check_tensors(self, check_kernels: bool):
+    def _check_tensors(self):
+        """Every expected tensor present, of a weight type and its shape; no other."""
         hp = self.hparams
         need = self.expected_tensors()
         missing = [n for n in need if n not in self._tensors]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise GGUFError(f"{self.path}: tensor {missing[0]!r} is missing{more}")
+            raise self._error(f"tensor {missing[0]!r} is missing{more}")
         extra = [n for n in self._tensors if n not in need]
         if extra:
-            raise GGUFError(f"{self.path}: tensor {extra[0]!r} is not supported in a "
-                            f"{hp.arch} model{_why_extra(extra[0], hp.arch)}")
-        roles = kernel_types() if check_kernels else None
+            raise self._error(f"tensor {shown(extra[0])} is not supported in a {hp.arch} "
+                              f"model{_why_extra(extra[0], hp.arch)}")
         for name, shape in need.items():
-            t = self._tensors[name]
-            qt = t.tensor_type.name
-            if roles is None:
-                if qt in _NOT_WEIGHTS or qt not in {k.name for k in self._gguf.GGML_QUANT_SIZES}:
-                    raise GGUFError(f"{self.path}: tensor {name!r} has type {qt}, which is "
-                                    "not supported (not a weight type)")
-            else:
-                for role in tensor_role(name, hp.tied):
-                    if qt not in roles[role]:
-                        what = {"matrix": "a matrix" + (" (the tied output)" if name ==
-                                                        "token_embd.weight" else ""),
-                                "embedding": "the embedding", "vector": "a vector"}[role]
-                        raise GGUFError(f"{self.path}: tensor {name!r} has type {qt}, which is "
-                                        f"not supported for {what} (supported: "
-                                        f"{', '.join(roles[role])})")
+            qt = self.qtype(name)
+            if qt in _NOT_WEIGHTS:
+                raise self._error(f"tensor {name!r} has type {qt}, which is not supported "
+                                  "(not a weight type)")
             got = self.shape(name)
             if got != shape:
-                raise GGUFError(f"{self.path}: tensor {name!r} has shape {got}, "
-                                f"expected {shape}")
-            if len(shape) == 2:
-                bs = self._gguf.GGML_QUANT_SIZES[t.tensor_type][0]
-                if shape[1] % bs:
-                    raise GGUFError(f"{self.path}: tensor {name!r}: {qt} rows of {shape[1]} are "
-                                    f"not whole {bs}-weight blocks")
+                raise self._error(f"tensor {name!r} has shape {got}, expected {shape}")
+
+    def check_kernel_types(self) -> None:
+        """Refuse (GGUFError) a tensor whose type has no decode kernel in its
+        role (:func:`kernel_types`)."""
+        roles = kernel_types()
+        tied = self.hparams.tied
+        for name in self.expected_tensors():
+            qt = self.qtype(name)
+            for role in tensor_role(name, tied):
+                if qt not in roles[role]:
+                    what = {"matrix": "a matrix" + (" (the tied output)" if name ==
+                                                    "token_embd.weight" else ""),
+                            "embedding": "the embedding", "vector": "a vector"}[role]
+                    raise self._error(f"tensor {name!r} has type {qt}, which is not supported "
+                                      f"for {what} (supported: {', '.join(roles[role])})")
 
     @property
     def names(self) -> list[str]:
@@ -437,35 +497,29 @@ class LlamaFile:
         return name in self._tensors
 
     def qtype(self, name: str) -> str:
-        return self._tensors[name].tensor_type.name
+        return self._tensors[name].qtype
 
     def shape(self, name: str) -> tuple:
         """Logical ``(rows, cols)``; GGUF stores dims innermost-first."""
-        t = self._tensors[name]
-        dims = [int(d) for d in t.shape]
-        if len(dims) == 1:
-            return (dims[0],)
-        return tuple(reversed(dims))
+        return self._tensors[name].shape
 
     def tensor(self, name: str) -> RawTensor:
-        """The tensor's stored bytes/values, unconverted."""
+        """The tensor's stored bytes/values, unconverted: read-only views of
+        the file's map."""
         try:
             t = self._tensors[name]
         except KeyError:
-            raise GGUFError(f"{self.path}: tensor {name!r} is missing") from None
-        qt = t.tensor_type.name
-        shape = self.shape(name)
-        data = np.asarray(t.data)
-        if qt in ("F32", "F16"):
-            data = data.reshape(shape)
+            raise self._error(f"tensor {name!r} is missing") from None
+        raw = self.contents.data(name)
+        shape = t.shape
+        if t.qtype in _FLOATS:
+            data = raw.view(_FLOATS[t.qtype]).reshape(shape)
         else:
-            per, nbytes = self._gguf.GGML_QUANT_SIZES[t.tensor_type]
-            rows = 1 if len(shape) == 1 else shape[0]
-            data = data.view(np.uint8).reshape(rows, -1)
-            if data.shape[1] != shape[-1] // per * nbytes:
-                raise GGUFError(f"{self.path}: tensor {name!r} has {data.shape[1]} bytes "
-                                f"per row, expected {shape[-1] // per * nbytes}")
-        return RawTensor(name, qt, shape, data)
+            rows = 1
+            for d in shape[:-1]:
+                rows *= d
+            data = raw.reshape(rows, t.type.row_bytes(shape[-1]))
+        return RawTensor(name, t.qtype, shape, data)
 
     def in_f16_range(self, name: str) -> bool:
         """Whether every value of the BF16 tensor ``name`` converts to a finite
@@ -483,7 +537,7 @@ class LlamaFile:
     def tokenizer(self):
         """The file's :class:`~.tokenizer.Tokenizer`, or None when it has no
         ``tokenizer.ggml.model`` or that is ``"none"`` (as llama.cpp reads it:
-        no vocabulary).
+        no vocabulary).  Built from the metadata already read.
 
         Raises
         ------
@@ -492,27 +546,28 @@ class LlamaFile:
             (``token_embd`` rows).
         """
         from ptxgen.llm.text.tokenizer import Tokenizer, TokenizerError
-        field = self.reader.fields.get("tokenizer.ggml.model")
-        if field is None or bytes(field.parts[field.data[0]]).decode(errors="replace") == "none":
+        if self.tokenizer_model in (None, "none"):
             return None
         try:
-            tok = Tokenizer.from_gguf(self.path)
+            tok = Tokenizer.from_metadata(self.metadata)
         except TokenizerError as e:
-            raise GGUFError(str(e)) from None
+            raise self._error(str(e)) from None
         if tok.n_vocab != self.hparams.vocab:
-            raise GGUFError(f"{self.path}: the vocabulary has {tok.n_vocab} tokens but the "
-                            f"model {self.hparams.vocab} logits")
+            raise self._error(f"the vocabulary has {tok.n_vocab} tokens but the model "
+                              f"{self.hparams.vocab} logits")
         return tok
 
     def dequantized(self, name: str) -> np.ndarray:
         """The tensor in float32 through ``gguf.quants.dequantize``."""
+        import gguf
         t = self._tensors[name]
+        raw = self.tensor(name).data.view(np.uint8)
         try:
-            out = self._gguf.quants.dequantize(t.data, t.tensor_type)
+            out = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(t.type.id))
         except NotImplementedError:
-            raise GGUFError(f"{self.path}: tensor {name!r}: the gguf package cannot decode "
-                            f"{t.tensor_type.name}") from None
-        return np.asarray(out, dtype=np.float32).reshape(self.shape(name))
+            raise self._error(f"tensor {name!r}: the gguf package cannot decode "
+                              f"{t.qtype}") from None
+        return np.asarray(out, dtype=np.float32).reshape(t.shape)
 
     def rope_inv_freq(self) -> np.ndarray:
         """float64 ``[head_dim / 2]``: the angle per position of each
@@ -524,8 +579,8 @@ class LlamaFile:
         if hp.rope_freqs:
             fac = self.tensor("rope_freqs.weight").data.astype(np.float64)
             if not np.all(fac > 0) or not np.all(np.isfinite(fac)):
-                raise GGUFError(f"{self.path}: tensor 'rope_freqs.weight' holds a factor that "
-                                "is not a positive number")
+                raise self._error("tensor 'rope_freqs.weight' holds a factor that is not a "
+                                  "positive number")
             f = f / fac
         if hp.rope_freq_scale != 1.0:
             f = f * hp.rope_freq_scale
@@ -533,7 +588,7 @@ class LlamaFile:
 
     @property
     def weight_bytes(self) -> int:
-        return sum(int(t.n_bytes) for t in self.reader.tensors)
+        return sum(t.nbytes for t in self._tensors.values())
 
 
 def _why_extra(name: str, arch: str) -> str:

@@ -32,9 +32,50 @@ def test_hparams_and_tensors(tiny):
     n = f.tensor("blk.1.ffn_norm.weight")
     assert n.qtype == "F32" and n.data.shape == (256,)
     # raw bytes decode to what gguf decodes
-    ref = gguf.quants.dequantize(f.reader.tensors[[x.name for x in f.reader.tensors].index(
-        "blk.0.attn_q.weight")].data, gguf.GGMLQuantizationType.Q4_K)
+    by_name = {t.name: t for t in gguf.GGUFReader(tiny).tensors}
+    ref = gguf.quants.dequantize(by_name["blk.0.attn_q.weight"].data,
+                                 gguf.GGMLQuantizationType.Q4_K)
     np.testing.assert_array_equal(f.dequantized("blk.0.attn_q.weight"), ref.reshape(256, 256))
+
+
+def test_tensors_are_read_only_views_of_the_file(tiny):
+    """Every tensor holds the bytes the gguf package's reader finds at its
+    offset, as a read-only view of the one map (no copy)."""
+    f = LlamaFile(tiny)
+    theirs = {t.name: t for t in gguf.GGUFReader(tiny).tensors}
+    assert sorted(f.names) == sorted(theirs)
+    assert f.weight_bytes == sum(int(t.n_bytes) for t in theirs.values())
+    for name in f.names:
+        data = f.tensor(name).data
+        assert not data.flags.writeable and not data.flags.owndata, name
+        assert np.array_equal(data.view(np.uint8).reshape(-1),
+                              np.asarray(theirs[name].data).view(np.uint8).reshape(-1)), name
+        with pytest.raises(ValueError):
+            data.reshape(-1)[:1] = 0
+
+
+def test_read_once_without_the_gguf_reader(tmp_path, seed, monkeypatch):
+    """LlamaFile and its tokenizer read the file once, with the project's
+    reader: neither the gguf package's reader nor a second metadata read."""
+    import ptxgen.llm.gguf.reader as reader
+    import ptxgen.llm.text.tokenizer as tokenizer
+    path = str(tmp_path / "tok.gguf")
+    write_synthetic_llama(path, seed=seed, tokenizer="llama", **TINY)
+    calls = []
+    real = reader.read_gguf
+
+    def once(path):
+        calls.append(path)
+        return real(path)
+
+    def refuse(*a, **k):
+        raise AssertionError("the file was read again")
+
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    monkeypatch.setattr(tokenizer, "read_gguf_metadata", refuse)
+    monkeypatch.setattr("ptxgen.llm.gguf.file.read_gguf", once)
+    f = LlamaFile(path)
+    assert f.tokenizer().n_vocab == 512 and calls == [path]
 
 
 def test_truncated_file(tiny, tmp_path):
@@ -173,7 +214,7 @@ def test_defaults_and_head_size_keys(tiny, tmp_path, rng):
     ({"llama.rope.scaling.attn_factor": 2.0},
      r"'llama.rope.scaling.attn_factor' is 2.0: scaled RoPE magnitudes"),
     ({"llama.expert_count": 8}, r"'llama.expert_count' > 0: mixtures of experts"),
-    ({"llama.attention.head_count": ([4, 4, 8], gguf.GGUFValueType.ARRAY)},
+    ({"llama.attention.head_count": ([4, 8], gguf.GGUFValueType.ARRAY)},
      r"'llama.attention.head_count' differs between layers"),
     ({"llama.vocab_size": 500},
      r"'token_embd.weight' has 512 rows but metadata key 'llama.vocab_size' gives a "

@@ -2,7 +2,9 @@
 the synthetic file it describes, computed here from what the writer was
 asked for and GGML's block sizes."""
 
+import os
 import re
+import time
 
 import numpy as np
 import pytest
@@ -14,6 +16,7 @@ from ptxgen.llm.gguf.synth import write_synthetic_llama
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
+VOCAB = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
 #: GGML type -> (weights per block, bytes per block), from ggml's type table
 BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144),
           "Q6_K": (256, 210)}
@@ -133,9 +136,45 @@ def test_bad_input(tmp_path, capsys):
     bad = tmp_path / "x.gguf"
     bad.write_bytes(b"NOPE" * 20)
     assert main(["info", str(bad)]) == 2
-    assert "not a readable GGUF file" in capsys.readouterr().err
+    assert "not a GGUF file" in capsys.readouterr().err
     assert main(["info", str(bad), "--ctx", "0"]) == 2
     assert "--ctx must be a positive number" in capsys.readouterr().err
+
+
+def test_reads_the_file_once(tmp_path, capsys, seed, monkeypatch):
+    """One read with the project's reader (never the gguf package's), for
+    the report and the loader's verdict alike."""
+    import ptxgen.llm.gguf.reader as reader
+    path = tmp_path / "t.gguf"
+    write_synthetic_llama(path, seed=seed, tokenizer="llama", **TINY)
+    calls = []
+    real = reader.read_gguf
+
+    def counted(p):
+        calls.append(p)
+        return real(p)
+
+    def refuse(*a, **k):
+        raise AssertionError("the gguf package's reader was used")
+
+    monkeypatch.setattr(reader, "read_gguf", counted)
+    monkeypatch.setattr(gguf, "GGUFReader", refuse)
+    out = _run(capsys, path)
+    assert "ptxgen decode: yes" in out and "tokenizer: llama (512 tokens in its list)" in out
+    assert len(calls) == 1
+
+
+def test_a_large_vocabulary_file(capsys):
+    """A 128K-token vocabulary (Llama 3's, no tensors) is described in well
+    under the time the gguf package's reader needed (tens of seconds)."""
+    path = os.path.join(VOCAB, "ggml-vocab-llama-bpe.gguf")
+    t0 = time.perf_counter()
+    out = _run(capsys, path)
+    seconds = time.perf_counter() - t0
+    assert "tokenizer: gpt2 (128,256 tokens in its list)" in out
+    assert "parameters: 0 " in out
+    assert "ptxgen decode: no: tensor 'token_embd.weight' is missing" in out
+    assert seconds < 5, seconds
 
 
 @pytest.mark.gpu
