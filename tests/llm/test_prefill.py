@@ -171,12 +171,12 @@ def test_buckets_agree(model, rng):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("types", ["q4_k", "q4_k_m", "q8_0", "q4_0", "q5_0", "q5_k", "f16",
-                                   "bf16"])
+                                   "bf16", "qwen2", "qwen2_q4_k_m", "qwen3"])
 def test_prefill_graph_gpu(tmp_path, rng, types):
     """On the GPU: graph replays (buckets 64 and 128 of a 128 chunk) agree with
     eager launches and with the token-by-token prompt (Q4_K, Q4_K_M mix,
     Q8_0, Q4_0, Q5_0, Q5_K, F16, BF16: the last five need sm_90a's warpgroup kernel,
-    else they prefill with a GEMV a row)."""
+    else they prefill with a GEMV a row; Qwen2's biases and Qwen3's q/k norms)."""
     from ptxgen import driver
     if not driver.is_available():
         pytest.skip("no NVIDIA GPU / driver available")
@@ -191,4 +191,4 @@ def test_prefill_graph_gpu(tmp_path, rng, types):
     for mode in ("eager", "graph"):
         got, lg = m.generate(prompt, 8, mode=mode, return_logits=True, prefill_chunk=128)
         same_continuation(got, lg, ref, lr, len(prompt))
-    assert set(m._prefiller._graphs) == {64, 128}
+    assert set(m.prefill(128)._executors) == {64, 128}
