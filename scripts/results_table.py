@@ -70,9 +70,11 @@ measurement of it, with the device, date and commit it was taken on.  The
 numbers live in `benchmarks/results/` (one JSON file per measured run, with
 the command or call that produced it); `make bench` writes a run's raw JSON
 and `python scripts/results_table.py --add bench-results` turns it into one
-of those files.  How each figure is measured is in the benchmark's
-docstring (`benchmarks/`); the earlier, dated results pages are in git
-(`git log -- docs/results.md`).
+of those files, and the figures of the other benchmarks (prompts, sampling,
+llama.cpp in the same run) go into files of the same layout
+(`scripts/results_table.py` describes it).  How each figure is measured is
+in the benchmark's docstring (`benchmarks/`); the earlier, dated results
+pages are in git (`git log -p -- docs/results.md`).
 
 Ranges are the spread over repeats in one call.  "Share of copy" is the bytes
 a kernel must read over the bandwidth of a 1 GiB device-to-device copy
