@@ -5,7 +5,7 @@ driver (launch, graph, module-load) benchmark, the GEMV, GEMM (prefill), decode-
 Llama-decode benchmarks on the GPU, the streaming ceiling of the same
 positions (``bench_ceiling``), plus the CPU-side DSL emission and
 emulator speeds, and writes ``OUT_DIR/<name>.json`` for each:
-``{"meta": {"date", "commit", "device"}, "result": ...}``.
+``{"meta": {"date", "time", "commit", "device"}, "result": ...}``.
 ``python scripts/results_table.py --add OUT_DIR`` turns the GPU parts into a
 file of ``benchmarks/results/`` and rewrites docs/results.md from them.
 """
@@ -70,7 +70,8 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit, "device": _device_name()}
+    meta = {"date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S"),
+            "commit": commit, "device": _device_name()}
     failed = []
     for name in PARTS:
         if name in skip:

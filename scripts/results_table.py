@@ -19,10 +19,11 @@ Each file of benchmarks/results/ is one measured run::
 the row is compared with in the same run: ``name``, and ``value``/``unit``
 and/or ``time_ratio``, ptxgen's time over the peer's), ``note`` and
 ``decimals`` are optional, and a row may give its own ``device``, ``date``
-or ``commit`` where it differs from the file's.  The page shows, for every
-``(area, what)``, the row of the newest date (ties: the later file name), so
-a new run replaces the rows it measured and leaves the others with their own
-device, date and commit.
+or ``commit`` where it differs from the file's.  A file may add ``"time":
+"HH:MM[:SS]"`` (``--add`` copies ``make bench``'s).  The page shows, for
+every ``(area, what)``, the newest row (by date, then time, a file without
+one first, then file name), so a new run replaces the rows it measured and
+leaves the others with their own device, date and commit.
 
 ``--add DIR`` reads what ``make bench`` (``python -m benchmarks.bench_all
 DIR``) wrote: ``DIR/<part>.json``, each ``{"meta": {"date", "commit",
@@ -55,6 +56,7 @@ AREAS = {
     "cpu": "CPU side",
 }
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}\Z")
+_TIME = re.compile(r"\d{2}:\d{2}(:\d{2})?\Z")
 _ROW_KEYS = {"area", "what", "value", "unit", "peer", "note", "decimals", "device", "date",
              "commit"}
 _PEER_KEYS = {"name", "value", "unit", "time_ratio", "decimals"}
@@ -148,6 +150,8 @@ def load_run(path: Path, areas=AREAS) -> dict:
             raise ResultsError(f"{path}: no {k!r}")
     if not _DATE.match(str(run["date"])):
         raise ResultsError(f"{path}: date must be YYYY-MM-DD, got {run['date']!r}")
+    if "time" in run and not _TIME.match(str(run["time"])):
+        raise ResultsError(f"{path}: time must be HH:MM or HH:MM:SS, got {run['time']!r}")
     if not isinstance(run["rows"], list) or not run["rows"]:
         raise ResultsError(f"{path}: 'rows' must be a non-empty list")
     seen = set()
@@ -163,7 +167,8 @@ def load_run(path: Path, areas=AREAS) -> dict:
 
 def current_rows(paths, areas=AREAS) -> dict:
     """``{area: [row, ...]}``: for each ``(area, what)`` the newest row
-    (date, then file name), each with its device, date, commit filled in;
+    (date, then the file's time, then file name), each with its device,
+    date, commit filled in;
     an area's rows in the natural order of ``what`` (numbers by value)."""
     best: dict = {}
     for path in sorted(Path(p) for p in paths):
@@ -173,7 +178,9 @@ def current_rows(paths, areas=AREAS) -> dict:
             for k in ("device", "date", "commit"):
                 r.setdefault(k, run[k])
             key = (r["area"], r["what"])
-            rank = (r["date"], path.name)
+            # a row's own date outranks the file's time: time orders runs of one day
+            time = run.get("time", "") if r["date"] == run["date"] else ""
+            rank = (r["date"], time, path.name)
             if key not in best or rank >= best[key][0]:
                 best[key] = (rank, r)
     out: dict = {}
@@ -386,6 +393,7 @@ def from_bench(directory, *, device=None, commit=None) -> dict:
         raise ResultsError(f"{directory}: no part this page reports "
                            f"({', '.join(f'{p}.json' for p in _PARTS)})")
     dates = {m.get("date") for m, _ in metas}
+    times = sorted(m["time"] for m, _ in metas if m.get("time"))
     commits = {m.get("commit") for m, _ in metas}
     if len(dates) != 1 or len(commits) != 1:
         raise ResultsError(f"{directory}: parts from several runs (dates {sorted(map(str, dates))}, "
@@ -395,9 +403,12 @@ def from_bench(directory, *, device=None, commit=None) -> dict:
     if device is None:
         raise ResultsError(f"{directory}: the device is not recorded (or differs between "
                            f"parts: {sorted(devices)}); give --device")
-    return {"device": device, "date": dates.pop(), "commit": commit or commits.pop(),
-            "source": f"make bench (benchmarks/bench_all.py), parts {', '.join(sources)}",
-            "rows": rows}
+    run = {"device": device, "date": dates.pop(), "commit": commit or commits.pop(),
+           "source": f"make bench (benchmarks/bench_all.py), parts {', '.join(sources)}",
+           "rows": rows}
+    if times:
+        run["time"] = times[0]          # when the run started
+    return run
 
 
 def _slug(s: str) -> str:
@@ -418,7 +429,8 @@ def main(argv=None) -> int:
     try:
         if a.add:
             run = from_bench(a.add, device=a.device, commit=a.commit)
-            out = results / f"{run['date']}-{_slug(run['commit'])}-{_slug(run['device'])}.json"
+            when = run["date"] + ("-" + run["time"].replace(":", "") if "time" in run else "")
+            out = results / f"{when}-{_slug(run['commit'])}-{_slug(run['device'])}.json"
             if out.exists():
                 raise ResultsError(f"{out} exists; remove it or give --commit")
             results.mkdir(parents=True, exist_ok=True)

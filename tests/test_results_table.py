@@ -76,6 +76,18 @@ def test_newest_measurement_of_a_quantity_wins(tmp_path, rng):
     assert len(rows) == 1 + len(dates)          # every run's own row stays
 
 
+def test_runs_of_one_day_are_ordered_by_their_time(tmp_path, rng):
+    times = sorted({f"{h:02d}:{m:02d}:{s:02d}" for h, m, s in rng.integers(0, 60, (5, 3)) % [24, 60, 60]})
+    row = {"area": "decode", "what": "step", "unit": "ms"}
+    # names in the reverse order of the times, and one file without a time
+    for i, t in enumerate(times):
+        run = dict(_run("2026-05-05", f"t{i}", [dict(row, value=float(i))]), time=t)
+        _write(tmp_path / f"{len(times) - i:02d}.json", run)
+    _write(tmp_path / "zz-no-time.json", _run("2026-05-05", "none", [dict(row, value=-1.0)]))
+    (r,) = rt.current_rows(rt.result_files(tmp_path))["decode"]
+    assert (r["value"], r["commit"]) == (float(len(times) - 1), f"t{len(times) - 1}")
+
+
 def test_a_row_may_carry_its_own_commit_and_date(tmp_path):
     _write(tmp_path / "a.json", _run("2026-03-01", "aaaaaaa", [
         {"area": "gemm", "what": "Q6_K", "value": 43.2, "unit": "µs", "commit": "fc90be6"},
@@ -118,6 +130,8 @@ def test_numbers_in_names_sort_by_value():
     (_run("2026-01-02", "c", [{"area": "decode", "what": "x", "value": [2, 1], "unit": "u"}]),
      "a number or [low, high]"),
     (_run("2026-01-02", "c", [{"area": "decode", "what": "x", "value": 1}]), "no 'unit'"),
+    (dict(_run("2026-01-02", "c", [{"area": "decode", "what": "x", "value": 1, "unit": "u"}]),
+          time="9:30"), "HH:MM or HH:MM:SS"),
     (_run("2026-01-02", "c", [{"area": "decode", "what": "x", "value": 1, "unit": "u",
                                "speed": 3}]), "unknown key(s) speed"),
     (_run("2026-01-02", "c", [{"area": "decode", "what": "x", "value": 1, "unit": "u",
@@ -162,6 +176,7 @@ def test_make_bench_output_becomes_one_results_file(tmp_path, monkeypatch, rng):
     (added,) = res.glob("*.json")
     run = rt.load_run(added)
     assert run["device"] == "GPU Y" and re.fullmatch(r"\d{4}-\d{2}-\d{2}", run["date"])
+    assert re.fullmatch(r"\d{2}:\d{2}:\d{2}", run["time"])
     rows = {(r["area"], r["what"]): r for r in run["rows"]}
     assert rows[("gemv", "Q4_K 14336×4096")]["value"] == round(100 * share, 1)
     assert rows[("gemm", "Q6_K 4096×4096")]["value"] == round(40 * us, 1)
