@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # use `make bench VENV_FLAGS=--system-site-packages` (or scripts/gpu_bench.sh).
 VENV_FLAGS ?=
 
-.PHONY: all setup test golden demo bench llamacpp conformance clean mutate fuzz
+.PHONY: all setup test golden demo bench results llamacpp conformance clean mutate fuzz
 
 all: test
 
@@ -45,6 +45,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_all bench-results $(BENCH_ARGS)
+
+# docs/results.md from benchmarks/results/*.json; a `make bench` run joins them
+# with `python scripts/results_table.py --add bench-results`
+results:
+	$(PYTHON) scripts/results_table.py
 
 # llama.cpp (CPU) built once per machine outside the tree, in
 # $${PTXGEN_CACHE_DIR:-~/.cache/ptxgen}/llama.cpp-<version>; the oracle of scripts/conformance.py.

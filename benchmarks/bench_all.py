@@ -4,7 +4,10 @@
 driver (launch, graph, module-load) benchmark, the GEMV, GEMM (prefill), decode-kernel and
 Llama-decode benchmarks on the GPU, the streaming ceiling of the same
 positions (``bench_ceiling``), plus the CPU-side DSL emission and
-emulator speeds, and writes ``OUT_DIR/<name>.json`` for each.
+emulator speeds, and writes ``OUT_DIR/<name>.json`` for each:
+``{"meta": {"date", "time", "commit", "device"}, "result": ...}``.
+``python scripts/results_table.py --add OUT_DIR`` turns the GPU parts into a
+file of ``benchmarks/results/`` and rewrites docs/results.md from them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,15 @@ def _run(name):
     raise ValueError(name)
 
 
+def _device_name():
+    """The GPU's name, or None where there is none."""
+    try:
+        from ptxgen.driver import get_device, is_available
+        return get_device().name if is_available() else None
+    except Exception:           # a broken driver: the GPU parts will say why
+        return None
+
+
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     skip = set()
@@ -58,7 +70,8 @@ def main(argv=None):
     os.makedirs(out_dir, exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip() or "unknown"
-    meta = {"date": time.strftime("%Y-%m-%d"), "commit": commit}
+    meta = {"date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S"),
+            "commit": commit, "device": _device_name()}
     failed = []
     for name in PARTS:
         if name in skip:

@@ -26,7 +26,7 @@ past the 50 MB L2:
 
 Each row gives the time, the share of copy, and so the most any kernel in
 that chain could reach.  ``make bench`` runs the real kernels in the same
-positions; docs/results.md sets the two side by side.
+positions (docs/notes/gemv.md, "The yardstick").
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ buffers (CUDA events around each copy, median of 10 after 2 warm-ups) and
 returns bytes read + written per second.  Every GPU benchmark (GEMV, decode
 kernels, the model) divides by this one figure, measured in its own run.
 
-(An elementwise ``torch`` copy of a ``uint8`` tensor reaches only about 80% of
-this on an H100 — 2.44 against 2.98 TB/s — so it is not used as the
-ceiling; a float32 ``torch`` copy agrees with the driver's copy.)
+(An elementwise ``torch`` copy of a ``uint8`` tensor stays well below this on
+an H100, so it is not used as the ceiling; a float32 ``torch`` copy agrees
+with the driver's copy.)
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (Q4_K, Q6_K,
-Q8_0) beside cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
+"""Quantized GEMM benchmark: ``Y[T, M] = X[T, K] . W[M, K]^T`` (every weight
+type of ``QTYPES``) beside cuBLAS f16 (``torch.mm`` on f16 weights of the same shape).
 
 ``python -m benchmarks.bench_gemm [out.json] [--sweep] [--sweep-wgmma]
 [--qtypes Q6_K,Q8_0]`` on a GPU with torch.  For every weight type of

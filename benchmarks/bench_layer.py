@@ -9,8 +9,9 @@ copy's bandwidth measured in the same run).  Variants size each GEMV's grid
 to whole waves from the driver's occupancy (``max_ctas = resident CTAs per SM
 x SMs``, with ``min_ctas`` raising the CTAs per SM); ``--extra`` adds row and
 ring variants; ``main(variants=...)`` times the given ones instead (name ->
-{gemv: knobs}, or a function of the SM count giving that).  Results:
-docs/results.md ("Inside the decode step").
+{gemv: knobs}, or a function of the SM count giving that).  Its first
+results are in the git history of docs/results.md ("Inside the decode
+step", 2026-11-22).
 """
 
 from __future__ import annotations

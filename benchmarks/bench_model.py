@@ -200,7 +200,8 @@ def run_all(gguf_path: str | None = None, contexts=(128, 4096), configs=None,
         configs["fused_norm"] = dict(fuse_norm=True)
         configs["no_fused_norm"] = dict(fuse_norm=False)
         # the fused gate/up GEMV through the cp.async ring (faster on its own,
-        # not followed by the down projection: docs/notes/gemv.md, fifth pass)
+        # not when followed by the down projection: the git history of
+        # docs/notes/gemv.md)
         configs["stream_gate_up"] = dict(gemv_knobs=_stream_gate_up)
     copy_bw = _copy_bandwidth()
     out = {"device": get_device().name, "copy_bandwidth_GBps": copy_bw / 1e9, "rows": []}

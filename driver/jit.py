@@ -9,10 +9,10 @@ back. ``compile_cubin`` gets them from ptxas (found as :mod:`ptxgen.ptxas`
 finds it), also as a whole program, so a cached kernel is the same machine
 code the driver's JIT would make. The driver's linker (``link_cubin``,
 ``cuLink*``) is the other way to get bytes, but it compiles PTX as
-relocatable code: measured on an H100 (docs/driver.md, "The module
-cache"), that costs the Q4_K GEMV 91 registers against 72, and turns
+relocatable code, which costs kernels registers and speed and turns
 ``div.rn`` into an extern call that makes ptxas serialize every ``wgmma``
-of the kernel. It is kept for measurements only.
+of the kernel (docs/driver.md, "The module cache"). It is kept for
+measurements only.
 """
 
 from __future__ import annotations

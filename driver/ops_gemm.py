@@ -70,7 +70,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, bias=None, n_tokens=None, y_st
         GGUF weight bytes.
     x : float32 or float16 [T, K]
         Rounded to f16 on the way into the tensor cores either way.
-    qtype : {"Q4_K", "Q6_K", "Q8_0"}
+    qtype : {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"}
+        The last five on sm_90a only (the warpgroup kernel).
     out : float32 [T, M], optional
         Written in place; allocated when None.  With ``y_stride``: any
         float32 array of at least ``(T - 1) y_stride + M`` elements, row

@@ -5,11 +5,12 @@ family's selector then prefers over the shipped table on this device.
 The command, ``python -m ptxgen tune``, is :mod:`ptxgen.llm.tune` (it reads
 a model's shapes); this module times the calls it is given.
 
-For ``gemv`` the calls are the weight shapes of ``--model`` (a GGUF file's
-Q4_K/Q6_K/Q8_0 matrices, with the epilogues the decode step uses) or, by
+For ``gemv`` the calls are the weight shapes of ``--model`` (every distinct
+GEMV of a GGUF file's decode step, with its weight type and epilogue) or, by
 default, those of an 8B Llama: for each, :func:`gemv.candidate_configs`
 (the selected config and its neighbours) are timed in alternating rounds,
-each a median of CUDA-event-timed launches over random valid weights.
+each a CUDA graph of launches over copies of random valid weights larger
+than the L2, as the decode step reads them.
 For ``flash_decode`` the call is the model's attention shape (8B: 32 query
 and 8 KV heads of 128, f16 cache), with and without ``early_kv``; each
 candidate (the tuned config and its neighbours in warps, unroll, the

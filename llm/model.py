@@ -55,7 +55,7 @@ class Model(TextGeneration):
     instead of launched on their own: any of ``"attn"`` (into the stacked
     Q/K/V GEMV), ``"ffn"`` (gate/up) and ``"output"`` (the logits GEMV);
     ``True`` for all, ``False`` for none; the default, ``("attn",)``, is
-    the fastest measured (docs/executor.md).  ``gemv_knobs`` replaces
+    the fastest measured (docs/llm.md, "The decode step").  ``gemv_knobs`` replaces
     GemvConfig fields of the Q4_K GEMVs' tuned configs (e.g. ``{"rows":
     4}``), for tuning; a function ``(m, k, epilogue) -> dict`` gives them
     per GEMV shape; a field a shape cannot take is refused with the shape

@@ -23,8 +23,8 @@ MAX_STATIC_SHARED = 48 * 1024
 #: bytes of a shared-memory line.  A dynamic shared array is placed right after
 #: the kernel's static ones, at the alignment it declares; one filled by
 #: warp-wide 16-byte ``cp.async`` copies should start on a line, or every
-#: warp's copy spans an extra line (H100, ncu: a ring 112 bytes into the window
-#: took 32 L2 sectors for 16 and 12 shared wavefronts for 4 per warp copy)
+#: warp's copy spans an extra line, with more L2 sectors and shared wavefronts
+#: than it needs (seen with ncu on an H100)
 SHARED_LINE = 128
 
 #: shared memory the hardware sets aside for every resident CTA (sm_80+)

@@ -17,7 +17,7 @@ def check_logits(model, path, prompt, res, logits, bound=1e-4):
     1e-5 of the row's largest magnitude (the kernels' f32 error where the
     GEMV sum cancels).  The logits bound is relative (L2 norm) per step:
     fed the model's rows, the f32 kernels stay at 1e-6 ... 4e-5 on the test
-    models (docs/executor.md, accuracy note), so a flip in the cache no
+    models (docs/llm.md, "The decode step"), so a flip in the cache no
     longer counts against it and a wrong kernel still does."""
     ref = LlamaReference(path, kv_dtype=np.float16)
     caches = [tuple(model.executor.read(c) for c in pair) for pair in model.kv_caches]

@@ -65,7 +65,7 @@ def build_split_mma(m, spec):
       with ``early_kv`` before ``griddepcontrol.wait``, as in the CUDA-core
       split: q after the wait, and a lane whose row is ``kv_len - 1`` loads
       it again).  Issuing the next trip's loads before this trip's math
-      needs more than 255 registers (measured on the H100, docs/kernels.md).
+      needs more registers than ptxas's limit of 255 (docs/notes/flash_decode.md).
 
     The warps' partials meet in shared memory as in the CUDA-core split."""
     d, G, U, NW = spec.head_dim, spec.group, spec.unroll, spec.warps
@@ -164,8 +164,8 @@ def build_split_mma(m, spec):
             qa = load_q()
             newest = L - 1
             # the rows again rather than kept from before the wait: holding
-            # them across q's fragments costs registers (ptxas, sm_90: 255
-            # instead of 251 at unroll 2)
+            # them across q's fragments costs registers (at unroll 2 it takes
+            # ptxas to its limit of 255)
             for u in range(U):
                 for n, row in enumerate(chunk_rows(start + wofs + CH * u)):
                     with k.if_(row.eq(newest)):

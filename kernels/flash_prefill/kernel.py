@@ -272,8 +272,8 @@ def build_prefill(m, plan):
             if wg:
                 # the cp.async rows of a partial tile before wgmma reads them
                 # (the async proxy); only the last tile can be one, issued
-                # ``lead`` iterations ahead (the fence on every tile cost 2%
-                # at L = 4096)
+                # ``lead`` iterations ahead (a fence on every tile was
+                # slower at long L)
                 with k.if_(it + lead >= ntiles, uniform=True):
                     k.fence_proxy_async()
             k.bar_sync(0)
@@ -341,8 +341,8 @@ def build_prefill(m, plan):
             # rcp.approx (1 ulp), not an IEEE div/rcp: those are subroutine
             # calls, which ptxas takes for extern calls when the driver's
             # linker compiles the PTX as relocatable code (the disk cache's
-            # path), and it then serializes every wgmma (C7509: the
-            # warpgroup kernel ran 15% slower at L = 4096)
+            # path), and it then serializes every wgmma (C7509; the
+            # warpgroup kernel was slower for it, docs/notes/flash_prefill.md)
             inv = k.rcp(lt, approx=True, ftz=True)
             ok = rows[r] < Tn
             row = [[k.mul(o_acc[n][2 * r + e], inv, rnd="rn") for e in range(2)]
@@ -353,7 +353,7 @@ def build_prefill(m, plan):
                 # (the pair an even lane lacks is its neighbour's of tile n,
                 # an odd lane's of tile n + 1), so each lane stores 8 bytes
                 # and the row's 4 lanes one sector (two 16-byte halves by two
-                # stores cost 1 us at L = 0 on an H100)
+                # stores were slower at L = 0)
                 odd = (t & 1).eq(1)
                 stores = []
                 for n in range(0, DT, 2):

@@ -75,11 +75,12 @@ class GemmSpec:
 
     Parameters
     ----------
-    qtype : {"Q4_K", "Q6_K", "Q8_0"}
-        Weight format.
+    qtype : {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"}
+        Weight format (:data:`QTYPES`); the ``mma`` kernel decodes
+        :data:`MMA_QTYPES`, the sm_90a ``wgmma`` kernel :data:`WGMMA_QTYPES`.
     k : int
         Row length, a multiple of the format's block (256 for the K-quants,
-        32 for Q8_0; the config's ``bk`` must divide it too); a build-time
+        32 for Q8_0, Q4_0 and Q5_0; the config's ``bk`` must divide it too); a build-time
         constant.  M and T are
         launch arguments.
     x_type : {"f32", "f16"}

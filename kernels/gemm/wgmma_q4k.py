@@ -44,9 +44,9 @@ wgmma), the weights by ordinary loads and ``cp.async``.
 
 Why TMA for X: X is the operand every CTA of a token column re-reads (each
 of the M / bm row blocks), about 4/5 of a stage's bytes.  Copied 16 bytes a
-thread with ``cp.async`` it came in at about 2 TB/s over the whole GPU and
-bounded the kernel at 190-250 TFLOP/s; the same tiles by TMA run at
-460-610 TFLOP/s (docs/notes/gemm.md, H100).
+thread with ``cp.async``, X's arrival bounded the kernel far below the
+tensor cores' rate; by TMA the same tiles run more than twice as fast
+(docs/notes/gemm.md, "X by TMA").
 
 **The K order.**  Natural: wgmma step ``s`` (0..3) takes X's K positions
 ``16 s .. 16 s + 15`` of the group, which a descriptor starting ``32 s``

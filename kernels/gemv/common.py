@@ -4,7 +4,7 @@
 quantized blocks (``uint8 [M, row_bytes]``), ``x`` and ``y`` float32.  One
 plan (:class:`.spec.GemvPlan`: a spec and its config) covers every format
 and epilogue; the kernel bodies live in :mod:`.q4k` (Q4_K, direct 16-byte
-loads), :mod:`.staged` (Q6_K and Q8_0, tile by tile through shared memory)
+loads), :mod:`.staged` (every other format, tile by tile through shared memory)
 and :mod:`.ring` (every format through a ``cp.async`` ring).
 
 Kernel parameters, in order::

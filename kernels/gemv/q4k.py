@@ -101,8 +101,8 @@ def piece_x(k, x, pc, nw=None):
 
     Every load (both halves of x, and nw unless :func:`piece_nw` issued it
     earlier) goes out before the first arithmetic on them, so they share one
-    round trip to L2.  (Measured on an H100, this did not change the fused
-    gate/up kernel's time alone; docs/notes/gemv.md, twelfth pass.)"""
+    round trip to L2.  (It did not change the fused gate/up kernel's time
+    alone on an H100: docs/notes/gemv.md, "The fused RMSNorm".)"""
     xo, valid = pc["xo"], pc["valid"]
     if nw is not None and "nwv" not in pc:
         piece_nw(k, nw, pc)

@@ -559,7 +559,9 @@ def main(argv=None) -> int:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--arch", choices=sorted(ARCHS), default=None,
                     help="conventions (default: the preset's, else llama)")
-    ap.add_argument("--qtype", default="Q4_K", help="layer weight type (Q4_K, Q6_K, Q8_0, F16, F32)")
+    ap.add_argument("--qtype", default="Q4_K",
+                    help="layer weight type (Q4_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, "
+                         "F16, BF16, F32)")
     ap.add_argument("--output-qtype", default="Q6_K", help="type of output.weight")
     ap.add_argument("--mix", choices=sorted(MIXES), default=None,
                     help="llama.cpp's quant mix (replaces --qtype and --output-qtype)")

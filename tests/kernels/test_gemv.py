@@ -255,8 +255,8 @@ def test_gemv_q4k_knobs_gpu_large(gpu_run, k, epi, knobs, rng):
 
 def test_default_plan_streams_q4k_with_dp4a():
     """Q4_K defaults to the cp.async ring with the dp4a dot wherever the other
-    knobs allow it (measured faster at every shape, docs/notes/gemv.md seventh
-    pass), with the row group shrunk to fit shared memory; Q6_K/Q8_0 stream
+    knobs allow it (measured faster at every shape, docs/notes/gemv.md,
+    "Kernel structure"), with the row group shrunk to fit shared memory; Q6_K/Q8_0 stream
     at K <= 4096 with 16-byte rows."""
     def spec(m, epi="none", k=4096, **kw):
         return G.default_plan("Q4_K", k, epi, target="sm_90", m=m, **kw)
