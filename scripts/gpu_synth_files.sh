@@ -10,11 +10,12 @@ for spec in "$@"; do
   [[ $rest == *:* ]] && extra=${rest#*:}
   if [ "$cmd" = start ]; then
     [ -f "/tmp/$name.gguf" ] && continue
+    rm -f "/tmp/$name.synth.rc"
     setsid bash -c "python3 -m ptxgen.llm.gguf.synth /tmp/$name.part.gguf --preset $preset $extra \
-      --seed 7 --quiet > /tmp/$name.synth.log 2>&1 && mv /tmp/$name.part.gguf /tmp/$name.gguf" \
-      < /dev/null > /dev/null 2>&1 &
+      --seed 7 --quiet > /tmp/$name.synth.log 2>&1 && mv /tmp/$name.part.gguf /tmp/$name.gguf; \
+      echo \$? > /tmp/$name.synth.rc" < /dev/null > /dev/null 2>&1 &
   else
-    for _ in $(seq 1 600); do [ -f "/tmp/$name.gguf" ] && break; sleep 1; done
+    for _ in $(seq 1 600); do [ -f "/tmp/$name.gguf" ] || [ -f "/tmp/$name.synth.rc" ] && break; sleep 1; done
     [ -f "/tmp/$name.gguf" ] || { echo "no /tmp/$name.gguf"; cat "/tmp/$name.synth.log"; exit 1; }
   fi
 done
