@@ -71,28 +71,41 @@ class ChunkLowering(Lowering):
     """
 
     def __init__(self, file, store, *, target, capacity, rope_layout, rows: int, chunk: int,
-                 device=None, pdl=True):
+                 device=None, pdl=True, gemm=True):
         super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout)
         if not 1 <= rows <= chunk:
             raise ValueError(f"a chunk bucket of {rows} rows must be in 1..{chunk}")
         g, hp = self.g, self.hp
         self.rows, self.device = int(rows), device
         self.pdl = bool(pdl) and has_griddepcontrol(target)
-        self.tokens = g.buffer("chunk_tokens", (capacity,), np.int32, "state")
-        self.info = g.buffer("chunk_info", (2,), np.int32, "state")
-        self.start_ptr, self.n_ptr = self.info.at(0), self.info.at(4)
+        #: the weights as GEMMs (else a GEMV per row, as at one token)
+        self.gemm = bool(gemm)
+        self.tokens, self.info = self._inputs(capacity, chunk)
+        self.start_ptr, self.n_ptr = _plus(self.info, 0), _plus(self.info, 4)
         self.qkv_dim = hp.q_dim + 2 * hp.kv_dim
+        self._extra = {}
         B, H = self.rows, hp.hidden
 
         def x_type(*names):
-            # f16 where every GEMM reading it takes f16 X (the GEMV fallback reads f32)
-            return np.float16 if gemm_ready(file, target, names) else np.float32
+            # f16 where every GEMM reading it takes f16 X (a GEMV reads f32)
+            return (np.float16 if self.gemm and gemm_ready(file, target, names)
+                    else np.float32)
         self.x = g.buffer("x", (B, H), np.float32)
         self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v", "ffn_gate",
                                               "ffn_up"))
         self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
-        self.att = g.buffer("att", (B, hp.q_dim), x_type("attn_output"))
+        self.att = g.buffer("att", (B, hp.q_dim), self._attention_out(x_type("attn_output")))
         self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
+
+    def _attention_out(self, dtype):
+        """The attention output's type: f16 where the GEMM reading it takes it."""
+        return dtype
+
+    def _inputs(self, capacity, chunk) -> tuple:
+        """The token ids and the int32 pair ``(start, n_rows)``."""
+        g = self.g
+        return (g.buffer("chunk_tokens", (max(capacity, chunk),), np.int32, "state"),
+                g.buffer("chunk_info", (2,), np.int32, "state"))
 
     # ------------------------------------------------------------ pieces
     def _matmul(self, name, x, out, *, residual=None, bias=None, rows=None, stride=None,
@@ -105,12 +118,12 @@ class ChunkLowering(Lowering):
         stride = stride or rows
         sources = (name,) if "attn_qkv" not in name else tuple(
             name.replace("attn_qkv", n) for n in ("attn_q", "attn_k", "attn_v"))
-        if all(matmul.has_gemm(self.file, n, self.target) for n in sources):
+        if self.gemm and all(matmul.has_gemm(self.file, n, self.target) for n in sources):
             matmul.gemm(self, name.removesuffix(".weight"), w, t, x, out, self.n_ptr,
                         rows_max=self.rows, residual=residual, bias=bias, y_stride=stride,
                         device=self.device, pdl=self.pdl)
             return
-        # fallback: a GEMV per row (f32 X)
+        # a GEMV per row (f32 X): no GEMM for the type, or a row or two
         K = t.shape[1]
         for r in range(self.rows):
             extra = bias if residual is None else _row(residual, r, 4 * stride)
@@ -170,12 +183,18 @@ class ChunkLowering(Lowering):
             self._head_norm(w.k_norm, qkv.at(4 * hp.q_dim), src.at(4 * hp.q_dim),
                             hp.n_kv_heads, qkv, src)
         kc, vc = self.kv_cache(w.layer)
-        freqs = self.rope_table()
+        self._rope_launch(w, src, qkv, kc, vc, self.rope_table())
+        return src
+
+    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs):
+        """RoPE over the rows at positions ``start ..`` and their K/V rows
+        appended to the caches."""
+        hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
                            append="f16", rows=True, target=self.target)
         grid, block, sh = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
         ins = [src, freqs, self.info] + ([qkv] if src is not qkv else [])
-        self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
+        self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
                  [self.launch("rope", rs, rs.kernel_name, ((grid[0], self.rows, 1), block, sh),
                               q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
                               pos_ptr=self.start_ptr, n_q_heads=hp.n_heads,
@@ -183,7 +202,6 @@ class ChunkLowering(Lowering):
                               v=qkv.at(4 * (hp.q_dim + hp.kv_dim)), k_cache=kc, v_cache=vc,
                               capacity=self.capacity, row_stride=self.qkv_dim,
                               n_rows_ptr=self.n_ptr)])
-        return src
 
     def _head_norm(self, weight, x, out, heads, src, dst):
         """The RMSNorm of every head (rows of ``head_dim``) of every token,
@@ -249,6 +267,13 @@ def _norm_block(n: int) -> int:
     """Threads of an RMSNorm block over rows of ``n``: enough for the row to
     sit in registers (4 x 16 bytes each)."""
     return min(1024, max(256, -(-n // 512) * 32))
+
+
+def _plus(a, nbytes: int):
+    """A reference ``nbytes`` into the buffer (or further on from the reference) ``a``."""
+    if hasattr(a, "buffer"):
+        return a.buffer.at(a.offset + nbytes)
+    return a.at(nbytes)
 
 
 def _row(a, r: int, row_bytes: int):

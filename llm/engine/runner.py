@@ -1,0 +1,269 @@
+"""The batched engine's device side: a model's weights, a paged KV pool,
+and the step graphs of its definition lowered for batches
+(:class:`~ptxgen.llm.lowering.batch.BatchLowering`).
+
+A step is either a **decode step** (one token of each of up to
+``max_batch`` sequences; each row's next token chosen with its own
+sampling settings) or a **prefill chunk** (up to ``chunk`` prompt tokens of
+one sequence, their K and V rows written to the pool; no logits: the
+prompt's last token is fed by a decode step).  Each kind has a graph per
+bucket (the row counts ``1, 2, 4, ...`` up to its largest), captured on
+first use on the GPU and replayed; a step runs the smallest bucket that
+holds it.  The inputs of a step (token ids, positions, KV slots, block
+tables, lengths, sampling parameters) go to the device in one copy.
+
+The block manager (which blocks a sequence owns) is the scheduler's
+(:mod:`.blocks`); the runner only reads the tables it is given.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from ptxgen.driver.executor import Arena, DeviceMemory, Executor, Store, plan_activations
+from ptxgen.llm.generation import SamplingSettings
+from ptxgen.llm.lowering.batch import BatchIO, BatchLowering
+from ptxgen.llm.models import architecture_of
+
+__all__ = ["BatchRunner", "DecodeRow", "PrefillChunk", "RowOutput", "kv_bytes_per_token",
+           "pool_blocks"]
+
+
+@attrs.frozen
+class DecodeRow:
+    """One sequence's token to feed in a decode step."""
+
+    token: int
+    position: int
+    block_table: tuple
+    sampling: SamplingSettings = SamplingSettings()
+    seed: int = 0
+    #: the sequence's tokens through ``token`` (penalties read the last ones)
+    history: tuple = ()
+    #: top-N log-probabilities wanted (0: none)
+    logprobs: int = 0
+
+
+@attrs.frozen
+class PrefillChunk:
+    """Prompt tokens of one sequence at positions ``start ..``."""
+
+    tokens: tuple
+    start: int
+    block_table: tuple
+    last: bool = False
+
+
+@attrs.frozen
+class RowOutput:
+    token: int
+    #: the chosen token's log-probability (log-softmax of the raw logits;
+    #: NaN unless ``logprobs`` was asked for)
+    logprob: float = float("nan")
+    top: tuple = ()
+
+
+def kv_bytes_per_token(hp) -> int:
+    """Bytes of f16 K and V one token holds over every layer."""
+    return hp.n_layers * 2 * hp.n_kv_heads * hp.head_dim * 2
+
+
+def pool_blocks(free_bytes: int, utilization: float, hp, block_size: int,
+                reserve_bytes: int = 0) -> int:
+    """Blocks of ``block_size`` tokens that fit in ``utilization`` of
+    ``free_bytes`` after ``reserve_bytes`` (activations, graphs)."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
+    usable = int(free_bytes * utilization) - reserve_bytes
+    return max(0, usable // (kv_bytes_per_token(hp) * block_size))
+
+
+def _buckets(largest: int) -> tuple:
+    out, b = [], 1
+    while b < largest:
+        out.append(b)
+        b *= 2
+    return tuple(out) + (largest,)
+
+
+class BatchRunner:
+    """Steps of a model over a paged KV pool.
+
+    Parameters
+    ----------
+    file : LlamaFile
+    backend : the executor backend (``ptxgen.driver.backend``)
+    num_blocks, block_size : int
+        The pool: ``num_blocks`` blocks of ``block_size`` tokens per layer.
+    max_batch : int
+        The most sequences of a decode step.
+    chunk : int
+        The most tokens of a prefill chunk.
+    n_ctx : int
+        The most tokens one sequence holds.
+    target, sm_count, device : the GPU's (defaults from the backend)
+    pdl : bool
+    gemv_rows : int
+        Decode steps of at most this many rows run their weights as GEMVs.
+    """
+
+    def __init__(self, file, backend, *, num_blocks: int, block_size: int = 16,
+                 max_batch: int = 64, chunk: int = 512, n_ctx: int = 4096, target=None,
+                 sm_count=None, device=None, pdl=None, gemv_rows: int = 1):
+        from ptxgen.kernels.spec_fields import has_griddepcontrol
+        from ptxgen.llm.model import _backend_device_name, _backend_sm_count, _backend_target
+        self.file, self.hp = file, file.hparams
+        self.arch = architecture_of(file)
+        self.backend = backend
+        self.block_size, self.num_blocks = int(block_size), int(num_blocks)
+        self.max_batch, self.chunk, self.n_ctx = int(max_batch), int(chunk), int(n_ctx)
+        self.max_blocks_per_seq = -(-self.n_ctx // self.block_size)
+        self.n_vocab = self.hp.vocab
+        if self.num_blocks < 1:
+            raise ValueError("the KV pool needs at least one block")
+        self.target = target or _backend_target(backend)
+        self.sm_count = sm_count or _backend_sm_count(backend)
+        self.device = device if device is not None else _backend_device_name(backend)
+        self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
+        self.io = BatchIO(max(self.max_batch, self.chunk), self.max_blocks_per_seq)
+        self.store, self.memory, self.arena = Store(), DeviceMemory(backend), Arena(backend)
+        self._graphs = {}
+        for kind, largest in (("decode", self.max_batch), ("prefill", self.chunk)):
+            for b in _buckets(largest):
+                lw = BatchLowering(file, self.store, target=self.target,
+                                   rope_layout=self.arch.rope_layout, kind=kind, rows=b,
+                                   io=self.io, num_blocks=self.num_blocks,
+                                   block_size=self.block_size, n_ctx=self.n_ctx,
+                                   sm_count=self.sm_count, device=self.device, pdl=self.pdl,
+                                   gemv_rows=gemv_rows if kind == "decode" else 0)
+                self.arch.forward(lw)
+                self._graphs[kind, b] = lw
+                self.arena.reserve(plan_activations(lw.g))
+        self._executors: dict = {}
+        self.stream = backend.stream()
+        self._host = np.zeros(self.io.words, np.int32)
+        self._history = np.zeros((self.io.rows, self.n_ctx), np.int32)
+
+    # ------------------------------------------------------------ graphs
+    def buckets(self, kind: str) -> tuple:
+        return tuple(b for k, b in self._graphs if k == kind)
+
+    def graph(self, kind: str, rows: int):
+        """The :class:`~ptxgen.driver.executor.ComputeGraph` of a bucket."""
+        return self._graphs[kind, rows].g
+
+    def _bucket(self, kind: str, n: int) -> int:
+        for b in self.buckets(kind):
+            if n <= b:
+                return b
+        raise ValueError(f"a {kind} step of {n} rows exceeds the largest bucket "
+                         f"({self.buckets(kind)[-1]})")
+
+    def _executor(self, kind, bucket) -> Executor:
+        ex = self._executors.get((kind, bucket))
+        if ex is None:
+            ex = self._executors[kind, bucket] = Executor(
+                self._graphs[kind, bucket].g, self.backend, memory=self.memory, arena=self.arena)
+        return ex
+
+    def _run(self, kind, n, mode):
+        b = self._bucket(kind, n)
+        ex = self._executor(kind, b)
+        lw = self._graphs[kind, b]
+        ex.write(lw.io, self._host, stream=self.stream)
+        if mode == "graph" and self.backend.can_capture:
+            if not ex.is_captured():
+                ex.capture(self.stream)
+            ex.replay(self.stream)
+        else:
+            ex.run_eager(self.stream)
+        return ex, lw
+
+    # -------------------------------------------------------------- inputs
+    def _slot(self, table, position) -> int:
+        i, off = divmod(position, self.block_size)
+        if i >= len(table):
+            raise ValueError(f"position {position} is past the block table's "
+                             f"{len(table)} blocks of {self.block_size}")
+        blk = int(table[i])
+        if not 0 <= blk < self.num_blocks:
+            raise ValueError(f"block {blk} is outside the pool of {self.num_blocks}")
+        return blk * self.block_size + off
+
+    def _fill(self, rows):
+        """Write ``rows`` (``(token, position, table)`` each) into the host image."""
+        io, h = self.io, self._host
+        h[:] = 0
+        tok, pos, slot, lens = (io.view(h, n) for n in ("tokens", "positions", "slots", "lens"))
+        tables = io.view(h, "tables")
+        for r, (t, p, table) in enumerate(rows):
+            if len(table) > io.max_blocks:
+                raise ValueError(f"a block table of {len(table)} blocks is wider than "
+                                 f"{io.max_blocks}")
+            tok[r], pos[r], slot[r], lens[r] = t, p, self._slot(table, p), p + 1
+            tables[r, :len(table)] = table
+        io.view(h, "info")[:] = (0, len(rows))
+
+    # --------------------------------------------------------------- steps
+    def decode(self, rows, mode: str = "graph") -> list:
+        """One decode step: the next token of each row's sequence."""
+        n = len(rows)
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"a decode step takes 1..{self.max_batch} rows, got {n}")
+        self._fill([(r.token, r.position, r.block_table) for r in rows])
+        params = self.io.view(self._host, "params")
+        penalties = False
+        for i, r in enumerate(rows):
+            params[i] = r.sampling.params(r.seed)
+            penalties |= r.sampling.penalties_on
+        b = self._bucket("decode", n)
+        lw = self._graphs["decode", b]
+        ex = self._executor("decode", b)
+        if penalties:
+            self._history[:] = 0
+            for i, r in enumerate(rows):
+                hist = r.history[-self.n_ctx:]
+                end = r.position + 1
+                self._history[i, max(0, end - len(hist)):end] = hist[-end:]
+            ex.write(lw.history, self._history, stream=self.stream)
+        ex, lw = self._run("decode", n, mode)
+        self.backend.synchronize(self.stream)
+        toks = ex.read(lw.next_tokens)[:n]
+        out = []
+        want = [i for i, r in enumerate(rows) if r.logprobs > 0]
+        logits = ex.read(lw.logits) if want else None
+        for i, r in enumerate(rows):
+            t = int(toks[i])
+            if logits is None or r.logprobs <= 0:
+                out.append(RowOutput(t))
+                continue
+            lp = _log_softmax(logits[i])
+            top = np.argsort(-lp, kind="stable")[:r.logprobs]
+            out.append(RowOutput(t, float(lp[t]), tuple((int(j), float(lp[j])) for j in top)))
+        return out
+
+    def prefill(self, chunk: PrefillChunk, mode: str = "graph"):
+        """Write a prompt chunk's K and V rows to the pool (no token is chosen:
+        a decode step feeds the prompt's last token)."""
+        n = len(chunk.tokens)
+        if not 1 <= n <= self.chunk:
+            raise ValueError(f"a prefill chunk takes 1..{self.chunk} tokens, got {n}")
+        self._fill([(t, chunk.start + i, chunk.block_table) for i, t in enumerate(chunk.tokens)])
+        self._run("prefill", n, mode)
+        self.backend.synchronize(self.stream)
+        return None
+
+    # ------------------------------------------------------------ reading
+    def read_kv(self, layer: int):
+        """Layer ``layer``'s K and V pools, as host arrays (for tests)."""
+        ex = next(iter(self._executors.values()), None) or self._executor("decode", 1)
+        p = f"blk.{layer}."
+        b = self.store.buffers
+        return ex.read(b[p + "k_pool"]), ex.read(b[p + "v_pool"])
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    m = np.max(x)
+    return x - m - np.log(np.sum(np.exp(x - m)))

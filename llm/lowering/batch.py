@@ -1,0 +1,224 @@
+"""A decode batch: a model definition lowered for one new token of each of
+up to ``rows`` sequences, over a paged KV cache (the batched engine's step).
+
+Row ``r`` of the step is a token of some sequence: its id, position and KV
+slot (``block * block_size + offset``, as vLLM's slot mapping), the
+sequence's block table and length (its tokens through this one) and its
+sampling parameters, all in one int32 device buffer (``batch_io``, laid
+out by :class:`BatchIO`) the host rewrites with one copy before each step,
+whose ``info`` pair holds the number of rows in use; so one captured CUDA
+graph per *bucket* (the row count it is sized for) serves every batch up to
+that size.  A step of kind ``"prefill"`` is the same for the rows of a
+prompt chunk of one sequence (each row attends to its own position), and
+computes no logits: the prompt's last token is fed by a decode step.
+
+The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
+
+- the weight pass is a GEMV per row at ``rows <= gemv_rows`` (one row:
+  the single-sequence decode's kernels) and the GEMM above;
+- ``qkv`` rotates q and k at each row's own position and appends k and v
+  to the paged pools at each row's slot (:mod:`ptxgen.kernels.rope`,
+  ``paged``);
+- ``attention`` is the paged decode attention of every row over its own
+  sequence (:mod:`ptxgen.kernels.paged_attention`);
+- ``output`` computes every row's logits, then each row's next token with
+  its own sampling settings (one sampler launch per row, greedy rows
+  included: a temperature of 0 is the argmax, ties to the lowest id).
+
+The KV pools are ``[num_blocks, n_kv_heads, block_size, head_dim]`` f16
+per layer (``blk.i.k_pool``, ``blk.i.v_pool``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+from ptxgen.kernels import paged_attention, rope, sampling
+from ptxgen.llm.generation import sampler_spec
+
+from . import matmul
+from .chunk import ChunkLowering
+from .common import QKV
+
+__all__ = ["BatchLowering", "BatchIO"]
+
+
+@attrs.frozen
+class BatchIO:
+    """Where each per-step input lives in the ``batch_io`` int32 buffer
+    (offsets in words) for up to ``rows`` rows and tables ``max_blocks``
+    wide."""
+
+    rows: int
+    max_blocks: int
+
+    @property
+    def fields(self) -> dict:
+        """name -> (word offset, words)."""
+        R, W = self.rows, self.max_blocks
+        sizes = [("tokens", R), ("positions", R), ("slots", R), ("lens", R), ("info", 2),
+                 ("tables", R * W), ("params", R * sampling.PARAM_WORDS)]
+        out, off = {}, 0
+        for name, n in sizes:
+            out[name] = (off, n)
+            off += n + (-n % 4)          # 16-byte aligned fields
+        return out
+
+    @property
+    def words(self) -> int:
+        off, n = list(self.fields.values())[-1]
+        return off + n
+
+    def view(self, host: np.ndarray, name: str) -> np.ndarray:
+        """The field ``name`` of the host image ``host`` (int32[words])."""
+        off, n = self.fields[name]
+        v = host[off:off + n]
+        if name == "tables":
+            return v.reshape(self.rows, self.max_blocks)
+        if name == "params":
+            return v.view(np.uint32).reshape(self.rows, sampling.PARAM_WORDS)
+        return v
+
+
+class BatchLowering(ChunkLowering):
+    """The blocks of a definition as the launches of one decode-batch step.
+
+    Parameters
+    ----------
+    file, store, target, rope_layout, device, pdl
+        As :class:`~.chunk.ChunkLowering`'s.
+    rows : int
+        The bucket: the most sequences a step of this graph holds.
+    max_batch : int
+        The largest bucket (the input arrays' length).
+    num_blocks, block_size, max_blocks : int
+        The paged pool and the block-table width.
+    n_ctx : int
+        The most tokens a sequence holds (the sampler's history rows).
+    sm_count : int
+    gemv_rows : int
+        At most this many rows run the weights as one GEMV per row.
+    """
+
+    def __init__(self, file, store, *, target, rope_layout, kind: str, rows: int,
+                 io: BatchIO, num_blocks: int, block_size: int, n_ctx: int, sm_count: int,
+                 device=None, pdl=True, gemv_rows: int = 1):
+        if kind not in ("decode", "prefill"):
+            raise ValueError(f"a batch step is 'decode' or 'prefill', not {kind!r}")
+        self.kind, self.io_layout = kind, io
+        self.num_blocks, self.block_size, self.max_blocks = num_blocks, block_size, io.max_blocks
+        self.n_ctx, self.sm_count, self.gemv_rows = n_ctx, sm_count, gemv_rows
+        super().__init__(file, store, target=target, capacity=n_ctx, rope_layout=rope_layout,
+                         rows=rows, chunk=io.rows, device=device, pdl=pdl,
+                         gemm=rows > gemv_rows)
+        g = self.g
+        f = io.fields
+        self.positions = self.io.at(4 * f["positions"][0])
+        self.slots = self.io.at(4 * f["slots"][0])
+        self.tables = self.io.at(4 * f["tables"][0])
+        self.lens = self.io.at(4 * f["lens"][0])
+        self.params = self.io.at(4 * f["params"][0])
+        self.history = g.buffer("batch_history", (io.rows, n_ctx), np.int32, "state")
+        self.next_tokens = g.buffer("batch_next", (io.rows,), np.int32, "state")
+
+    def _inputs(self, capacity, chunk):
+        """The token ids and the ``(start, n_rows)`` pair: fields of ``batch_io``."""
+        io = self.io_layout
+        self.io = self.g.buffer("batch_io", (io.words,), np.int32, "state")
+        f = io.fields
+        return self.io.at(4 * f["tokens"][0]), self.io.at(4 * f["info"][0])
+
+    def _attention_out(self, dtype):
+        """The paged attention writes f32."""
+        return np.float32
+
+    def kv_cache(self, i: int):
+        """Layer ``i``'s paged K and V pools."""
+        hp, p = self.hp, f"blk.{i}."
+        shape = (self.num_blocks, hp.n_kv_heads, self.block_size, hp.head_dim)
+        return (self.g.buffer(p + "k_pool", shape, np.float16, "state"),
+                self.g.buffer(p + "v_pool", shape, np.float16, "state"))
+
+    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs):
+        hp = self.hp
+        rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
+                           append="f16", rows=True, paged=self.block_size, target=self.target)
+        grid, block, sh = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        ins = [src, freqs, self.io] + ([qkv] if src is not qkv else [])
+        self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
+                 [self.launch("rope", rs, rs.kernel_name, ((grid[0], self.rows, 1), block, sh),
+                              q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
+                              positions=self.positions, n_q_heads=hp.n_heads,
+                              n_kv_heads=hp.n_kv_heads, v=qkv.at(4 * (hp.q_dim + hp.kv_dim)),
+                              k_pool=kc, v_pool=vc, n_slots=self.num_blocks * self.block_size,
+                              row_stride=self.qkv_dim, n_rows_ptr=self.n_ptr, slots=self.slots)])
+
+    def attention(self, layer, q):
+        hp = self.hp
+        D = hp.head_dim
+        kc, vc = self.kv_cache(layer)
+        spec = paged_attention.PagedAttentionSpec(
+            head_dim=D, group=hp.n_heads // hp.n_kv_heads, block_size=self.block_size,
+            target=self.target, pdl=self.pdl)
+        plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
+        splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
+                                               self.max_blocks * self.block_size)
+        (sgrid, sblock), comb = paged_attention.launch_geometry(plan, self.rows, hp.n_kv_heads,
+                                                                splits)
+        out = self.att
+        part_o = self._scratch_buf("pa_part_o", (self.rows, hp.n_heads, splits, D))
+        part_ml = self._scratch_buf("pa_part_ml", (self.rows, hp.n_heads, splits, 2))
+        q_buf = q.buffer if hasattr(q, "buffer") else q
+        launches = [self.launch("paged_attention", plan, plan.split_name,
+                                (sgrid, sblock), q=q, k_pool=kc, v_pool=vc,
+                                block_table=self.tables, seq_lens=self.lens, part_o=part_o,
+                                part_ml=part_ml, out=out, q_stride=self.qkv_dim,
+                                max_blocks=self.max_blocks, num_blocks=self.num_blocks,
+                                sm_scale=1.0 / math.sqrt(D))]
+        if comb is not None:
+            launches.append(self.launch("paged_attention", plan, plan.combine_name, comb,
+                                        part_o=part_o, part_ml=part_ml, out=out,
+                                        n_splits=splits))
+        self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.io], [out],
+                 launches)
+        return out
+
+    def _scratch_buf(self, name, shape):
+        b = self._extra.get(name)
+        if b is None:
+            b = self._extra[name] = self.g.buffer(name, shape, np.float32)
+        return b
+
+    def output(self, h, weight):
+        """Every row's logits, then each row's next token (nothing in a
+        prefill step)."""
+        if self.kind == "prefill":
+            return
+        hp, g = self.hp, self.g
+        x = self._input(h)
+        self.logits = g.buffer("batch_logits", (self.rows, hp.vocab), np.float32)
+        self._matmul(weight, x, self.logits)
+        sps = sampler_spec(hp.vocab, self.target)
+        geom = sampling.launch_geometry(sps, hp.vocab)
+        work = g.buffer("sample_work", (hp.vocab,), np.float32)
+        scratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),), np.uint64)
+        counter = g.buffer("batch_sample_counter", (1,), np.uint32, "state",
+                           np.zeros(1, np.uint32))
+        launches = [self.launch("sampling", sps, sps.kernel_name, geom,
+                                logits=self.logits.at(4 * r * hp.vocab), n=hp.vocab,
+                                history=self.history.at(4 * r * self.n_ctx),
+                                pos=_plus(self.positions, 4 * r),
+                                params=_plus(self.params, 4 * r * sampling.PARAM_WORDS),
+                                out=self.next_tokens.at(4 * r), n_draws=1, work=work, info=0,
+                                scratch=scratch, counter=counter)
+                    for r in range(self.rows)]
+        self.add("Sample", "sample", [self.logits, self.history, self.io], [self.next_tokens],
+                 launches)
+
+
+def _plus(ref, nbytes: int):
+    """``ref`` (a buffer reference) ``nbytes`` further on."""
+    return ref.buffer.at(ref.offset + nbytes)

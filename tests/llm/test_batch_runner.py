@@ -1,0 +1,114 @@
+"""The batched engine's device side (llm/engine/runner.py) on the emulator:
+sequences of different lengths prefilled in chunks into a paged pool, then
+decoded together, each getting the greedy tokens the single-sequence model
+gets for it alone; the pool blocks of one sequence are never written by
+another's steps."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from ptxgen.driver.backend import get_backend
+from ptxgen.llm import Model
+from ptxgen.llm.engine.runner import (BatchRunner, DecodeRow, PrefillChunk, kv_bytes_per_token,
+                                      pool_blocks)
+from ptxgen.llm.gguf.file import LlamaFile
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+
+TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
+            context_length=256)
+BS = 16
+
+
+def _file(tmp_path_factory, seed, arch):
+    p = tmp_path_factory.mktemp("model") / f"{arch}.gguf"
+    extra = dict(head_dim=64) if arch == "qwen3" else {}
+    write_synthetic_llama(str(p), seed=seed, arch=arch, **TINY, **extra)
+    return str(p)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory, module_seed):
+    return _file(tmp_path_factory, module_seed, "llama")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def arch_files(request, tmp_path_factory, module_seed):
+    return _file(tmp_path_factory, module_seed, request.param)
+
+
+def _run(runner, prompts, tables, n_new, chunk):
+    """Prefill every prompt but its last token in chunks, then decode all of
+    them together ``n_new`` steps; returns each sequence's new tokens."""
+    last = []
+    for p, tab in zip(prompts, tables):
+        body = p[:-1]
+        for s in range(0, len(body), chunk):
+            runner.prefill(PrefillChunk(tuple(body[s:s + chunk]), s, tab), mode="eager")
+        last.append((p[-1], len(p) - 1))
+    out = [[] for _ in prompts]
+    for _ in range(n_new):
+        res = runner.decode([DecodeRow(t, pos, tab) for (t, pos), tab in zip(last, tables)],
+                            mode="eager")
+        for i, r in enumerate(res):
+            out[i].append(r.token)
+            last[i] = (r.token, last[i][1] + 1)
+    return out
+
+
+def test_batch_equals_each_sequence_alone(arch_files, rng):
+    """Three sequences (4, 9 and 18 prompt tokens: one, two and three
+    chunks, the last crossing a block boundary) in shuffled, interleaved
+    blocks: each gets the tokens the single-sequence model gives it
+    (Llama, Qwen2's biases, Qwen3's q/k norms)."""
+    files = arch_files
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=12, block_size=BS,
+                         max_batch=4, chunk=8, n_ctx=48)
+    model = Model.from_gguf(files, backend="emu", capacity=48, progress=False)
+    prompts = [[int(t) for t in rng.integers(0, TINY["vocab"], n)] for n in (4, 9, 18)]
+    blocks = [int(b) for b in rng.permutation(12)]
+    tables = [tuple(blocks[0:2]), tuple(blocks[2:4]), tuple(blocks[4:7])]
+    want = [model.generate(p, 3, prefill_chunk=0).tokens for p in prompts]
+    got = _run(runner, prompts, tables, 3, 8)
+    assert got == want
+    # no step wrote into a block no sequence owns
+    owned = {b for t in tables for b in t}
+    k, v = runner.read_kv(0)
+    for b in set(range(12)) - owned:
+        assert not k[b].any() and not v[b].any(), f"block {b} was written"
+
+
+def test_rows_past_the_batch_do_not_matter(files, rng):
+    """Two sequences in the bucket of 2 and, with a third beside them, in the
+    bucket of 4: the first two get the same tokens either way."""
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=8, block_size=BS,
+                         max_batch=4, chunk=8, n_ctx=32)
+    prompts = [[int(t) for t in rng.integers(0, TINY["vocab"], n)] for n in (3, 6, 5)]
+    a = _run(runner, prompts[:2], [(0,), (1,)], 2, 8)
+    b = _run(runner, prompts, [(2,), (3,), (4,)], 2, 8)
+    assert a == b[:2]
+
+
+def test_bad_inputs_are_refused(files):
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=4, block_size=BS,
+                         max_batch=2, chunk=4, n_ctx=32)
+    with pytest.raises(ValueError, match="past the block table"):
+        runner.decode([DecodeRow(1, 16, (0,))])
+    with pytest.raises(ValueError, match="outside the pool"):
+        runner.decode([DecodeRow(1, 0, (9,))])
+    with pytest.raises(ValueError, match="1..2 rows"):
+        runner.decode([DecodeRow(1, 0, (0,))] * 3)
+    with pytest.raises(ValueError, match="1..4 tokens"):
+        runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,)))
+
+
+def test_pool_sizing():
+    from types import SimpleNamespace
+    hp = SimpleNamespace(n_layers=32, n_kv_heads=8, head_dim=128)
+    assert kv_bytes_per_token(hp) == 32 * 2 * 8 * 128 * 2
+    # 40 GiB free, 90%: 36 GiB of 128 KiB tokens in blocks of 16
+    n = pool_blocks(40 << 30, 0.9, hp, 16)
+    assert n == int((40 << 30) * 0.9) // (131072 * 16)
+    with pytest.raises(ValueError):
+        pool_blocks(1 << 30, 1.5, hp, 16)
