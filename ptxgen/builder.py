@@ -11,11 +11,19 @@ and records the user's source line for error messages and annotations.
 The instruction methods themselves (``add``, ``ld``, ``shfl_sync`` ...) live
 in :mod:`ptxgen.instructions`; structured control flow in
 :mod:`ptxgen.control`.
+
+Nothing a builder makes points back at it strongly: registers and shared
+arrays hold its :class:`~ptxgen.values.KernelRef` (a weak reference), the
+builder holds its module weakly, and the module holds its builders.  So a
+dropped module is freed by reference counting alone, with nothing left for
+Python's cyclic garbage collector (whose runs are costly with many objects
+alive, and must not happen inside a CUDA graph capture).
 """
 
 from __future__ import annotations
 
 import re
+import weakref
 
 from . import isa
 from . import types as T
@@ -26,7 +34,7 @@ from .target import MAX_PTX, MAX_STATIC_SHARED, SHARED_LINE
 from .instr import Comment, Instr, LabelDef, Vec, leaves
 from .instructions import InstructionsMixin
 from .tensorcore import TensorCoreMixin
-from .values import (Address, Imm, Label, NotPred, Operand, Ptr, Reg,
+from .values import (Address, Imm, KernelRef, Label, NotPred, Operand, Ptr, Reg,
                      SpecialReg, Symbol, TensorRef, Var)
 
 __all__ = ["KernelBuilder", "Param"]
@@ -60,7 +68,8 @@ class Param:
 
 
 class _Dims:
-    """``k.tid.x`` style access to a special register triple."""
+    """``k.tid.x`` style access to a special register triple (made on each
+    ``k.tid``, so the builder does not hold it: it would be a cycle)."""
 
     __slots__ = ("kb", "base")
 
@@ -82,7 +91,8 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
     Parameters
     ----------
     module : ptxgen.Module
-        The module the kernel belongs to (gives the target).
+        The module the kernel belongs to (gives the target; held weakly,
+        the module holds the kernel).
     name : str
         The kernel's PTX name.
     maxntid, reqntid : tuple of int, optional
@@ -101,9 +111,11 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
                  cluster=None):
         if not _IDENT.match(name):
             raise PtxBuildError(f"kernel name {name!r} is not a valid PTX identifier")
-        self.module = module
+        self._module = weakref.ref(module)
         self.target = module.target
         self.name = name
+        #: the weak reference to this builder that its values hold
+        self.ref = KernelRef(self)
         self.maxntid = _dims3(maxntid, "maxntid")
         self.reqntid = _dims3(reqntid, "reqntid")
         if minnctapersm is not None and self.maxntid is None and self.reqntid is None:
@@ -135,10 +147,16 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
         self._open_blocks = 0
         self.finished = False
         self.loc = caller_loc(1)
-        self.tid = _Dims(self, "tid")
-        self.ntid = _Dims(self, "ntid")
-        self.ctaid = _Dims(self, "ctaid")
-        self.nctaid = _Dims(self, "nctaid")
+
+    @property
+    def module(self):
+        """The module the kernel belongs to (None once it is dropped)."""
+        return self._module()
+
+    tid = property(lambda self: _Dims(self, "tid"))
+    ntid = property(lambda self: _Dims(self, "ntid"))
+    ctaid = property(lambda self: _Dims(self, "ctaid"))
+    nctaid = property(lambda self: _Dims(self, "nctaid"))
 
     # ------------------------------------------------------------------ regs
     def reg(self, ty: T.PtxType) -> Reg:
@@ -146,18 +164,18 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
         # the check is for type names and 8-bit types; skip it when ty is
         # already a register type (the hot case)
         rty = ty if ty in _REGISTER_TYPES else self._check_reg_type(ty)
-        return Reg(self, rty, self._next_index(rty))
+        return Reg(self.ref, rty, self._next_index(rty))
 
     def var(self, ty: T.PtxType, init=None) -> Var:
         """A mutable register, optionally initialised (``mov``) to ``init``."""
         ty = self._check_reg_type(ty)
-        v = Var(self, ty, self._next_index(ty))
+        v = Var(self.ref, ty, self._next_index(ty))
         if init is not None:
             self.assign(v, init)
         return v
 
     def ptr_reg(self, elem: T.PtxType, space: str = "global") -> Ptr:
-        return Ptr(self, self._next_index(T.u64), T.type_by_name(elem), space)
+        return Ptr(self.ref, self._next_index(T.u64), T.type_by_name(elem), space)
 
     def _check_reg_type(self, ty):
         if ty.__class__ is not T.PtxType:
@@ -240,7 +258,7 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
             raise PtxBuildError(f"alignment {align} of {name!r} is not a power of two")
         if any(s.name == name for s in self.shared):
             raise PtxBuildError(f"shared array {name!r} is declared twice")
-        sym = Symbol(name, "shared", elem, count, align, kernel=self)
+        sym = Symbol(name, "shared", elem, count, align, kernel_ref=self.ref)
         total = self.static_shared_bytes + (sym.nbytes if count is not None else 0)
         if total > MAX_STATIC_SHARED:
             raise PtxBuildError(f"shared array {name!r} brings the static shared memory of "
@@ -297,10 +315,11 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
             self.ptx_needed = newer
         ins = Instr(op, mods, types, operands, guard, loc, ndst, opcode)
         defined = self._defined
+        me = self.ref
         for o in operands[ndst:]:
             cls = o.__class__
             if cls is Reg or cls is Var or cls is Ptr:
-                if o.kb is self and id(o) in defined:
+                if o.kernel_ref is me and id(o) in defined:
                     continue
                 self._use(o, loc)
             elif cls is Imm or cls is Label or cls is Symbol:
@@ -317,10 +336,10 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
         for r in operands[:ndst]:
             cls = r.__class__
             if cls is Reg or cls is Ptr:
-                if r.kb is self and id(r) not in defined:
+                if r.kernel_ref is me and id(r) not in defined:
                     defined.add(id(r))
                     continue
-            elif cls is Var and r.kb is self:
+            elif cls is Var and r.kernel_ref is me:
                 defined.add(id(r))
                 continue
             for x in (r.items if cls is Vec else (r,)):
@@ -351,9 +370,8 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
     def _define(self, r, loc, guarded):
         if not isinstance(r, Reg):
             raise PtxBuildError(f"cannot write to read-only operand {r.render()}", loc)
-        if r.kb is not self:
-            raise PtxBuildError(f"register {r.name} belongs to kernel {r.kb.name}, "
-                                f"not {self.name}", loc)
+        if r.kernel_ref is not self.ref:
+            raise self._foreign(r, loc)
         key = id(r)
         if key in self._defined and not r.mutable:
             raise PtxBuildError(
@@ -363,14 +381,20 @@ class KernelBuilder(InstructionsMixin, TensorCoreMixin, ControlFlowMixin):
 
     def _use(self, o, loc):
         if isinstance(o, Reg):
-            if o.kb is not self:
-                raise PtxBuildError(f"register {o.name} belongs to kernel {o.kb.name}, "
-                                    f"not {self.name}", loc)
+            if o.kernel_ref is not self.ref:
+                raise self._foreign(o, loc)
             if id(o) not in self._defined:
                 raise PtxBuildError(f"register {o.name} ({o.type}) is read before "
                                     "anything writes it", loc)
         elif isinstance(o, SpecialReg) and o.min_sm > self.target.sm:
             raise TargetError(f"{o.name} needs sm_{o.min_sm}", loc)
+
+    def _foreign(self, r, loc):
+        """The error for a register of another kernel, alive or gone."""
+        ref = r.kernel_ref
+        gone = ", which is gone (its Module was dropped)" if ref() is None else ""
+        return PtxBuildError(f"register {r.name} belongs to kernel {ref.name}{gone}, "
+                             f"not {self.name}", loc)
 
     def comment(self, text: str):
         """Put a ``// comment`` line in the emitted body."""

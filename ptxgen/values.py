@@ -5,17 +5,50 @@ emit instructions through that kernel's builder, with strict typing: both
 sides must have the same type (a Python ``int``/``float`` takes the
 register's type).  ``<``, ``<=``, ``>``, ``>=`` give predicate registers;
 equality is spelled ``a.eq(b)`` / ``a.ne(b)`` because ``==`` stays identity.
+
+A register or shared array reaches its builder through a
+:class:`KernelRef`, a weak reference: the builder holds the instructions
+that hold the registers, so a strong one would make every kernel a
+reference cycle, freed only by Python's cyclic garbage collector.
 """
 
 from __future__ import annotations
 
 import struct
+import weakref
 
 from . import types as T
 from .errors import PtxBuildError, PtxTypeError
 
 __all__ = ["Operand", "Reg", "Var", "Ptr", "Imm", "Address", "SpecialReg",
-           "NotPred", "Symbol", "Label", "TensorRef", "format_imm", "as_operand"]
+           "NotPred", "Symbol", "Label", "TensorRef", "KernelRef", "format_imm",
+           "as_operand"]
+
+
+class KernelRef(weakref.ref):
+    """A weak reference to a kernel's builder that remembers the kernel's
+    name, for the error when a value outlives its kernel.
+
+    Each builder makes one (``kb.ref``) and hands it to every register and
+    shared array it makes, so ``value.kernel_ref is kb.ref`` tells whether
+    a value belongs to ``kb``.
+    """
+
+    __slots__ = ("name",)
+
+    def __new__(cls, kb):
+        return super().__new__(cls, kb)
+
+    def __init__(self, kb):
+        super().__init__(kb)
+        self.name = kb.name
+
+    def gone(self, what: str) -> PtxBuildError:
+        """The error for ``what`` (such as ``register %r5``) used after the
+        kernel is gone."""
+        return PtxBuildError(f"{what} belongs to kernel {self.name}, which is gone: its "
+                             "Module was dropped, so it can no longer be built on "
+                             "(keep the Module while its values are in use)")
 
 
 class Operand:
@@ -102,15 +135,25 @@ class Reg(Operand):
     counters and accumulators.
     """
 
-    __slots__ = ("kb", "type", "index", "name", "__weakref__")
+    __slots__ = ("kernel_ref", "type", "index", "name", "__weakref__")
     readonly = False
     mutable = False
 
-    def __init__(self, kb, ty: T.PtxType, index: int):
-        self.kb = kb
+    def __init__(self, kernel_ref: KernelRef, ty: T.PtxType, index: int):
+        #: the :class:`KernelRef` of the kernel the register belongs to
+        self.kernel_ref = kernel_ref
         self.type = ty
         self.index = index
         self.name = f"{ty.reg_prefix}{index}"
+
+    @property
+    def kb(self):
+        """The builder of the register's kernel (a :class:`PtxBuildError`
+        if that kernel is gone)."""
+        kb = self.kernel_ref()
+        if kb is None:
+            raise self.kernel_ref.gone(f"register {self.name}")
+        return kb
 
     def render(self) -> str:
         return self.name
@@ -272,8 +315,8 @@ class Ptr(Reg):
 
     __slots__ = ("elem", "space")
 
-    def __init__(self, kb, index: int, elem: T.PtxType, space: str, ty=T.u64):
-        super().__init__(kb, ty, index)
+    def __init__(self, kernel_ref, index: int, elem: T.PtxType, space: str, ty=T.u64):
+        super().__init__(kernel_ref, ty, index)
         self.elem = elem
         self.space = space
 
@@ -331,9 +374,9 @@ class SpecialReg(Operand):
 class Symbol(Operand):
     """A named variable in a state space (``.shared`` array, kernel param)."""
 
-    __slots__ = ("name", "space", "type", "elem", "count", "align", "kernel")
+    __slots__ = ("name", "space", "type", "elem", "count", "align", "kernel_ref")
 
-    def __init__(self, name, space, elem, count=1, align=None, ty=None, kernel=None):
+    def __init__(self, name, space, elem, count=1, align=None, ty=None, kernel_ref=None):
         self.name = name
         self.space = space
         self.elem = elem
@@ -341,7 +384,21 @@ class Symbol(Operand):
         self.align = align
         #: the value type when used as a ``mov`` source (its address)
         self.type = ty if ty is not None else T.u32 if space == "shared" else T.u64
-        self.kernel = kernel
+        #: the :class:`KernelRef` of the kernel that declared a shared
+        #: array (None for a parameter)
+        self.kernel_ref = kernel_ref
+
+    @property
+    def kernel(self):
+        """The builder of the kernel that declared a shared array, None for
+        a parameter (a :class:`PtxBuildError` if that kernel is gone)."""
+        ref = self.kernel_ref
+        if ref is None:
+            return None
+        kb = ref()
+        if kb is None:
+            raise ref.gone(f"shared array {self.name}")
+        return kb
 
     def render(self) -> str:
         return self.name

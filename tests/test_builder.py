@@ -244,7 +244,7 @@ def test_register_of_another_kernel():
     k1 = m.kernel("one")
     a = k1.param("a", u32)
     k2 = m.kernel("two")
-    with pytest.raises(PtxBuildError, match="belongs to kernel one"):
+    with pytest.raises(PtxBuildError, match="belongs to kernel one, not two"):
         k2.add(a, 1)
 
 
