@@ -174,9 +174,9 @@ def flash_prefill_paged(q, k_pool, v_pool, block_table, start, n_tokens, out=Non
     if bs not in _fp.PAGED_SIZES:
         raise ValueError(f"block size {bs} is not one of {_fp.PAGED_SIZES}")
     tab = a.array("block_table", np.int32)
-    if tab.ndim != 1:
-        raise ValueError(f"block_table must be the sequence's row, int32 [max_blocks], got "
-                         f"shape {tuple(tab.shape)}")
+    if tab.ndim != 1 or tab.shape[0] < 1:
+        raise ValueError(f"block_table must be the sequence's row, int32 [max_blocks] with "
+                         f"max_blocks >= 1, got shape {tuple(tab.shape)}")
     qa, t_max, n_q, q_stride = _queries(a, kp, vp, n_kv, d, n_q_heads)
     odt = a.out_dtype("out")
     be = a.backend

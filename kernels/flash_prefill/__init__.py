@@ -22,11 +22,13 @@ Paged (``paged=block_size``)
     ``block_table`` the sequence's row of the block table (int32
     ``[max_blocks]``, read from device memory: key ``p`` is in pool block
     ``block_table[p // block_size]``, an entry outside ``[0, num_blocks)``
-    reads block ``num_blocks - 1``); ``capacity`` is ``max_blocks *
-    block_size``.  The paged RoPE (``RopeSpec(rows=True, append="f16",
-    paged=block_size)``) writes the chunk's own rows at their slots first.
-    On sm_90 the tensor maps cover each pool as ``num_blocks * n_kv_heads *
-    block_size`` rows (:func:`pool_maps`).
+    reads block ``num_blocks - 1``); the kernel takes ``max_blocks`` (at
+    least 1) and ``num_blocks`` where the contiguous one takes
+    ``capacity``, and clamps ``L`` and ``T`` to ``max_blocks *
+    block_size`` keys.  The paged RoPE (``RopeSpec(rows=True,
+    append="f16", paged=block_size)``) writes the chunk's own rows at their
+    slots first.  On sm_90 the tensor maps cover each pool as ``num_blocks
+    * n_kv_heads * block_size`` rows (:func:`pool_maps`).
 
 Two kernel bodies (``FlashPrefillConfig.kernel``): ``mma.sync`` per warp
 (sm_80+), and on sm_90a warpgroup ``wgmma`` with one tile's ``P V`` running

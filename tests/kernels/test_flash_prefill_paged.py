@@ -194,6 +194,8 @@ def test_spec_and_bad_input():
                                 np.zeros((3, 1, 24, 64), np.float16), tab, 0, 4, backend="emu")
     with pytest.raises(ValueError, match="the sequence's row"):
         ops.flash_prefill_paged(q, kp, kp, tab[None], 0, 4, backend="emu")
+    with pytest.raises(ValueError, match="max_blocks >= 1"):
+        ops.flash_prefill_paged(q, kp, kp, tab[:0], 0, 4, backend="emu")
     with pytest.raises(TypeError, match="block_table must be int32"):
         ops.flash_prefill_paged(q, kp, kp, tab.astype(np.int64), 0, 4, backend="emu")
     with pytest.raises(ValueError, match="must both be"):
