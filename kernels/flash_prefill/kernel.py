@@ -148,10 +148,12 @@ def build_prefill(m, plan):
                 # tile to issue, which thread 0 reloads at each issue
                 NE = max(1, BN // BS)            # a tile's blocks (its boxes a half)
 
-                def tile_entries(kb):
-                    return [pool.entry((kb >> pool.lg) + i, clamp=True) for i in range(NE)]
-                first = [tile_entries(k.mov(s_ * BN, u32)) for s_ in range(lead)]
-                ahead_ents = [k.var(u32, e) for e in tile_entries(k.mov(lead * BN, u32))]
+                def tile_entries(kb, volatile=False):
+                    return [pool.load((kb >> pool.lg) + i, clamp=True, volatile=volatile)
+                            for i in range(NE)]
+                # (volatile: issued here, beside L and T, not after the exit)
+                first = [tile_entries(k.mov(s_ * BN, u32), True) for s_ in range(lead)]
+                ahead_ents = [k.var(u32, e) for e in tile_entries(k.mov(lead * BN, u32), True)]
         RG = NW // H                             # 16-row groups of a block
         if RG == 1:
             # one group a block, the longest first
@@ -426,17 +428,17 @@ def build_prefill(m, plan):
 
 
 def _tma_paged(k, plan, pool, buf, kb, ents, maps, mb):
-    """Thread 0's TMA boxes of the whole tile at key ``kb`` from the pools:
-    with blocks of at least a tile (``paged >= block_keys``) one box a
-    64-dim half at the tile's row in block ``ents[0]``; with smaller blocks
-    ``block_keys / paged`` boxes of ``paged`` rows a half, box ``i`` from
-    block ``ents[i]`` into the half's rows ``i * paged ..`` (a multiple of
-    1024 bytes, where the 128B swizzle pattern repeats, so the tile reads
-    as one box's)."""
+    """Thread 0's TMA boxes of the whole tile at key ``kb`` from the pools
+    (``ents``: the tile's table entries as read): with blocks of at least a
+    tile (``paged >= block_keys``) one box a 64-dim half at the tile's row
+    in the block of ``ents[0]``; with smaller blocks ``block_keys / paged``
+    boxes of ``paged`` rows a half, box ``i`` from the block of ``ents[i]``
+    into the half's rows ``i * paged ..`` (a multiple of 1024 bytes, where
+    the 128B swizzle pattern repeats, so the tile reads as one box's)."""
     d, BN, BS = plan.head_dim, plan.block_keys, plan.paged
     HB, VOFF = BN * 128, BN * d * 2
-    rows = ([pool.block_row(ents[0]) + pool.offset(kb)] if BS >= BN
-            else [pool.block_row(e) for e in ents])
+    rows = ([pool.block_row(pool.block(ents[0])) + pool.offset(kb)] if BS >= BN
+            else [pool.block_row(pool.block(e)) for e in ents])
     for hf in range(d // 64):
         for i, row in enumerate(rows):
             crd = (64 * hf, row)

@@ -23,18 +23,29 @@ class PoolRows:
         self.block_rows = n_kv * bs              # rows of one pool block (every head)
         self.head_row = h * bs                   # head h's first row inside a block
 
-    def entry(self, index, clamp: bool = False):
-        """The pool block at table index ``index`` (u32; with ``clamp``
-        first limited to the table's last index, for reads ahead of the
-        keys a block walks)."""
+    def load(self, index, clamp: bool = False, volatile: bool = False):
+        """The table's entry at ``index`` as read (u32; with ``clamp`` the
+        index first limited to the table's last, for reads ahead of the keys
+        a block walks).  :meth:`block` makes it a pool block; kept apart so
+        that a read ahead is not waited for until its use.  ``volatile``
+        keeps the load where it is written: ptxas moves a plain load that is
+        used only past a branch (the kernel's early exit) below it."""
         k = self.k
         if clamp:
             index = k.min(index, self.max_blocks - 1)
-        return k.min(k.ld(self.table[index]).bitcast(u32), self.last_block)
+        return k.ld(self.table[index], u32, volatile=volatile)
 
-    def block_row(self, entry):
-        """Row of head ``h``'s first key in pool block ``entry``."""
-        return entry * self.block_rows + self.head_row
+    def block(self, entry):
+        """The pool block of a table entry (clamped into the pool)."""
+        return self.k.min(entry, self.last_block)
+
+    def entry(self, index):
+        """The pool block at table index ``index``."""
+        return self.block(self.load(index))
+
+    def block_row(self, block):
+        """Row of head ``h``'s first key in pool block ``block``."""
+        return block * self.block_rows + self.head_row
 
     def row(self, key):
         """Row of key ``key`` (one table load)."""
