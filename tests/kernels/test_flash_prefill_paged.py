@@ -66,13 +66,16 @@ class Chunk:
 # (kernel, head_dim, n_kv, group, warps, heads, block_keys, stages, block size, L, T):
 # blocks smaller than a tile (16 / 32 keys under 32- and 64-key tiles: several
 # TMA boxes a half), as large and larger; L and L + T on block boundaries and
-# one key off them; L = 0 with many tiles; two row groups a block
+# one key off them; L = 0 with many tiles; two row groups a block; several
+# KV heads, with one to seven query heads each and blocks of part of a group
 CASES = [
     ("mma", 64, 1, 2, 2, 2, 32, 2, 16, 37, 19),
     ("mma", 64, 2, 1, 4, 1, 16, 3, 16, 16, 16),
     ("mma", 64, 1, 4, 4, 4, 32, 3, 64, 63, 30),
     ("mma", 128, 1, 4, 8, 4, 64, 2, 32, 0, 70),
     ("mma", 64, 1, 2, 4, 2, 32, 2, 128, 129, 12),
+    ("mma", 64, 2, 7, 2, 1, 32, 2, 32, 40, 20),          # Qwen2's group of 7
+    ("mma", 64, 2, 4, 4, 2, 32, 3, 64, 10, 40),          # two blocks a KV head
     ("wgmma", 64, 1, 4, 4, 4, 32, 3, 16, 31, 33),
     ("wgmma", 64, 1, 4, 8, 4, 64, 3, 16, 5, 100),
     ("wgmma", 64, 1, 8, 8, 8, 64, 4, 32, 64, 64),
