@@ -37,11 +37,13 @@ class Rows:
         self.scratch = run.poisoned((self.B, S.scratch_words(spec, self.v)), np.uint64)
         self.counter = run.array(np.zeros(self.B, np.uint32))
 
-    def __call__(self, params, history, hist_len, pos, n_draws=1):
+    def __call__(self, params, history, hist_len, pos, n_draws=1, info=True):
+        """The outputs by name (``info=False``: a null ``info`` pointer)."""
         run, B, N = self.run, self.B, self.spec.logprobs
         got = {"out": run.poisoned((B, n_draws), np.int32),
-               "info": run.poisoned((B, S.INFO_WORDS), np.int32),
                "work": run.poisoned((B, self.v), np.float32)}
+        if info:
+            got["info"] = run.poisoned((B, S.INFO_WORDS), np.int32)
         if N:
             got.update(logprob=run.poisoned((B, n_draws), np.float32),
                        top_ids=run.poisoned((B, N), np.int32),
@@ -50,8 +52,8 @@ class Rows:
         run.launch(self.fn, self.grid, self.block, self.logits, self.v,
                    run.array(history.astype(np.int32)), history.shape[1],
                    run.array(np.asarray(hist_len, np.int32)), run.array(np.asarray(pos, np.int32)),
-                   run.array(params), got["out"], n_draws, got["work"], got["info"], self.scratch,
-                   self.counter, *lp, shared=self.shared)
+                   run.array(params), got["out"], n_draws, got["work"], got.get("info", 0),
+                   self.scratch, self.counter, *lp, shared=self.shared)
         assert not run.get(self.counter).any(), "each row's last block must reset its counter"
         return {k: run.get(v) for k, v in got.items()}
 
@@ -223,14 +225,16 @@ def test_logprobs(run, rng, spec):
 
 def test_logprobs_small_vocabulary(run, rng):
     """A vocabulary of fewer than N tokens: the top list ends with id -1
-    and -inf; the log-probabilities of the rest sum to 1."""
+    and -inf; the log-probabilities of the rest sum to 1 (and no ``info``:
+    a null pointer stays null in every row)."""
     spec = S.SamplingSpec(block=32, top=8, rows=True, logprobs=S.MAX_LOGPROBS)
     v = 13
     x = (rng.standard_normal((2, v)) * 3).astype(np.float32)
     params = np.stack([S.pack_params(temperature=0.8, seed=3, logprobs=True),
                        S.pack_params(temperature=0.0, logprobs=True)])
     got = Rows(run, x, spec)(params, np.zeros((2, 1), np.int32), np.zeros(2, np.int32),
-                             np.zeros(2, np.int32))
+                             np.zeros(2, np.int32), info=False)
+    assert int(got["out"][1, 0]) == int(np.argmax(x[1]))
     for b in range(2):
         ids, tlp = got["top_ids"][b], got["top_logprobs"][b]
         order = np.lexsort((np.arange(v), -x[b].astype(np.float64)))
