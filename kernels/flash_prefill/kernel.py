@@ -71,10 +71,11 @@ def build_prefill(m, plan):
     (:class:`.pool.PoolRows`): with ``paged >= block_keys`` a tile lies in
     one pool block, one entry a tile; thread 0 reads the next TMA tile's
     entries when it issues a tile, so the table adds no load to a copy's
-    path, and the prologue's entries are read beside L and T.  q is read once into registers in f16, prescaled by
-    ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
-    ``ldmatrix.trans``; the running max and sum use ``ex2.approx.ftz``; a
-    row's max moves only when a tile passes it by more than
+    path, and the prologue's entries are read beside L and T.  q is read
+    once into registers in f16, prescaled by ``sm_scale log2 e``; K
+    fragments come by ``ldmatrix``, V by ``ldmatrix.trans``; the running
+    max and sum use ``ex2.approx.ftz``; a row's max moves only when a tile
+    passes it by more than
     :data:`RESCALE_SLACK`, and O and the sum are rescaled only on tiles
     where some row's max moved (a warp-uniform branch: the factor is
     exactly 1 otherwise); P is rounded
@@ -274,7 +275,8 @@ def build_prefill(m, plan):
                         with k.if_(tid.eq(0)):
                             k.mbarrier_arrive_expect_tx(mb, 2 * VOFF)
                             if BS:
-                                _tma_paged(k, plan, pool, buf, kb, ents or ahead_ents,
+                                _tma_paged(k, plan, pool, buf, kb,
+                                           ahead_ents if ents is None else ents,
                                            (kmap, vmap), mb)
                                 if ents is None:         # the next tile's blocks
                                     for r_, e in zip(ahead_ents, tile_entries(kb + BN)):
