@@ -15,6 +15,21 @@ Layout
     L + T - 1``) must already be in the cache: the RoPE/KV-append launch
     before writes them.
 
+Paged (``paged=block_size``)
+    The keys and values of the chunk's sequence in a paged cache, the
+    layout of :mod:`~ptxgen.kernels.paged_attention`: pools ``k_pool``,
+    ``v_pool`` f16 ``[num_blocks, n_kv_heads, block_size, head_dim]``,
+    ``block_table`` the sequence's row of the block table (int32
+    ``[max_blocks]``, read from device memory: key ``p`` is in pool block
+    ``block_table[p // block_size]``, an entry outside ``[0, num_blocks)``
+    reads block ``num_blocks - 1``); the kernel takes ``max_blocks`` (at
+    least 1) and ``num_blocks`` where the contiguous one takes
+    ``capacity``, and clamps ``L`` and ``T`` to ``max_blocks *
+    block_size`` keys.  The paged RoPE (``RopeSpec(rows=True,
+    append="f16", paged=block_size)``) writes the chunk's own rows at their
+    slots first.  On sm_90 the tensor maps cover each pool as ``num_blocks
+    * n_kv_heads * block_size`` rows (:func:`pool_maps`).
+
 Two kernel bodies (``FlashPrefillConfig.kernel``): ``mma.sync`` per warp
 (sm_80+), and on sm_90a warpgroup ``wgmma`` with one tile's ``P V`` running
 beside the next tile's softmax.
@@ -37,11 +52,12 @@ from ptxgen.tensor_map import TensorMap
 from ..spec_fields import has_bulk_copy
 from .kernel import build_prefill
 from .reference import reference
-from .spec import NEG, FlashPrefillConfig, FlashPrefillPlan, FlashPrefillSpec
+from .spec import NEG, PAGED_SIZES, FlashPrefillConfig, FlashPrefillPlan, FlashPrefillSpec
 from .tuning import select_config
 
 __all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "build", "plan",
-           "select_config", "launch_geometry", "cache_maps", "reference", "NEG", "CANONICAL"]
+           "select_config", "launch_geometry", "cache_maps", "pool_maps", "reference", "NEG",
+           "PAGED_SIZES", "CANONICAL"]
 
 
 def plan(spec: FlashPrefillSpec, config: FlashPrefillConfig | None = None, *,
@@ -68,11 +84,35 @@ def cache_maps(plan: FlashPrefillPlan, k_address: int, v_address: int, n_kv_head
     addresses) that the kernel of ``plan`` takes as its last two arguments,
     or None where it takes none (before sm_90 every tile comes by
     ``cp.async``).  A box is 64 dims x ``block_keys`` rows, 128B-swizzled."""
+    if plan.paged:
+        raise ValueError(f"{plan.kernel_name} reads a paged cache: its maps come from pool_maps")
     if not has_bulk_copy(plan.target):
         return None
     d = plan.head_dim
     return tuple(TensorMap("f16", a, (d, n_kv_heads * capacity), (2 * d,),
                            (64, plan.block_keys), swizzle="128B", oob_fill="zero")
+                 for a in (k_address, v_address))
+
+
+def pool_maps(plan: FlashPrefillPlan, k_address: int, v_address: int, n_kv_heads: int,
+              num_blocks: int):
+    """The tensor maps of the K and V pools (f16 ``[num_blocks, n_kv_heads,
+    paged, head_dim]`` at those device addresses, seen as ``num_blocks *
+    n_kv_heads * paged`` rows of ``head_dim``) that the paged kernel of
+    ``plan`` takes as its last two arguments, or None before sm_90.  A box
+    is 64 dims x ``min(paged, block_keys)`` rows, 128B-swizzled (a tile of
+    ``block_keys`` keys is ``block_keys / paged`` boxes a half when the
+    blocks are smaller)."""
+    if not plan.paged:
+        raise ValueError(f"{plan.kernel_name} reads a contiguous cache: its maps come from "
+                         "cache_maps")
+    if not has_bulk_copy(plan.target):
+        return None
+    d = plan.head_dim
+    rows = num_blocks * n_kv_heads * plan.paged
+    return tuple(TensorMap("f16", a, (d, rows), (2 * d,),
+                           (64, min(plan.paged, plan.block_keys)), swizzle="128B",
+                           oob_fill="zero")
                  for a in (k_address, v_address))
 
 
@@ -96,6 +136,11 @@ CANONICAL = {
     # for the next GEMM, PDL)
     "flash_prefill_wg": FlashPrefillPlan.make(out_type="f16", target="sm_90a", pdl=True,
                                               kernel="wgmma", stages=3),
+    # the same over a paged cache of 64-token blocks (one pool block a tile),
+    # and the mma.sync kernel over 16-token blocks (four a tile)
+    "flash_prefill_wg_paged": FlashPrefillPlan.make(out_type="f16", target="sm_90a", pdl=True,
+                                                    kernel="wgmma", stages=3, paged=64),
+    "flash_prefill_paged16": FlashPrefillPlan.make(paged=16),
 }
 
 registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,

@@ -9,6 +9,7 @@ from ptxgen.types import b32, b64, f16, f32, s32, u8, u32
 from ptxgen.values import Address
 
 from ..spec_fields import has_bulk_copy, pdl_prologue
+from .pool import PoolRows
 from .spec import NEG
 
 __all__ = ["build_prefill"]
@@ -32,9 +33,12 @@ def build_prefill(m, plan):
     n_tokens_ptr: s32*, out: f32* (f16* with out_type f16), capacity: u32,
     sm_scale: f32, q_stride: u32`` (elements between consecutive query
     rows; ``n_q_heads * head_dim`` for a contiguous q, more where q sits in
-    a wider QKV row).  Grid ``(ceil(T_max / R), n_q_heads / heads)``, ``32 *
-    warps`` threads, :attr:`.FlashPrefillPlan.dynamic_shared` bytes of
-    dynamic shared memory.
+    a wider QKV row), and on sm_90 ``k_map, v_map`` (the caches' tensor
+    maps).  Paged (``plan.paged``): ``q, k_pool, v_pool, block_table: s32*,
+    start_ptr, n_tokens_ptr, out, max_blocks: u32, sm_scale, q_stride,
+    num_blocks: u32`` and on sm_90 the pools' maps.  Grid ``(ceil(T_max /
+    R), n_q_heads / heads)``, ``32 * warps`` threads,
+    :attr:`.FlashPrefillPlan.dynamic_shared` bytes of dynamic shared memory.
 
     **Work split.**  A warp takes 16 rows (one mma row tile); ``R =
     block_rows = 16 warps / heads`` rows in ``RG = warps / heads`` groups
@@ -63,10 +67,15 @@ def build_prefill(m, plan):
         tile reaches past the warp's first row), online softmax, O += P V
 
     (rows past the block's last key are clamped to it, so no unwritten
-    cache row enters).  q is read once into registers in f16, prescaled by
-    ``sm_scale log2 e``; K fragments come by ``ldmatrix``, V by
-    ``ldmatrix.trans``; the running max and sum use ``ex2.approx.ftz``; a
-    row's max moves only when a tile passes it by more than
+    cache row enters).  Paged, a key row's address comes from the table
+    (:class:`.pool.PoolRows`): with ``paged >= block_keys`` a tile lies in
+    one pool block, one entry a tile; thread 0 reads the next TMA tile's
+    entries when it issues a tile, so the table adds no load to a copy's
+    path, and the prologue's entries are read beside L and T.  q is read
+    once into registers in f16, prescaled by ``sm_scale log2 e``; K
+    fragments come by ``ldmatrix``, V by ``ldmatrix.trans``; the running
+    max and sum use ``ex2.approx.ftz``; a row's max moves only when a tile
+    passes it by more than
     :data:`RESCALE_SLACK`, and O and the sum are rescaled only on tiles
     where some row's max moved (a warp-uniform branch: the factor is
     exactly 1 otherwise); P is rounded
@@ -85,16 +94,28 @@ def build_prefill(m, plan):
     nthr = 32 * NW
     ot = f16 if plan.out_type == "f16" else f32
     wg = plan.config.kernel == "wgmma"
+    BS = plan.paged              # pool block size (0: a contiguous cache)
     with m.kernel(plan.kernel_name, reqntid=nthr) as k:
         q = k.param_ptr("q", f32, align=16)
-        kc = k.param_ptr("k_cache", f16, align=16)
-        vc = k.param_ptr("v_cache", f16, align=16)
+        if BS:
+            kc = k.param_ptr("k_pool", f16, align=16)
+            vc = k.param_ptr("v_pool", f16, align=16)
+            table = k.param_ptr("block_table", s32)
+        else:
+            kc = k.param_ptr("k_cache", f16, align=16)
+            vc = k.param_ptr("v_cache", f16, align=16)
         start_ptr = k.param_ptr("start_ptr", s32)
         ntok_ptr = k.param_ptr("n_tokens_ptr", s32)
         out = k.param_ptr("out", ot, align=16)
-        cap = k.param("capacity", u32)
+        if BS:
+            max_blocks = k.param("max_blocks", u32)
+        else:
+            cap = k.param("capacity", u32)
         sm_scale = k.param("sm_scale", f32)
         q_stride = k.param("q_stride", u32)
+        if BS:
+            num_blocks = k.param("num_blocks", u32)
+            cap = max_blocks << (BS.bit_length() - 1)    # the table row's keys
         tma = has_bulk_copy(plan.target)          # whole K/V tiles by TMA
         if tma:
             kmap, vmap = k.tensor_map_param("k_map"), k.tensor_map_param("v_map")
@@ -114,6 +135,26 @@ def build_prefill(m, plan):
         L = k.min(k.max(k.ld(start_ptr[0]), 0).bitcast(u32), cap)
         Tn = k.min(k.max(k.ld(ntok_ptr[0]), 0).bitcast(u32), cap - L)
         Tn = k.min(Tn, k.nctaid.x * R)
+        # the walk keeps S - 1 tiles ahead (the wgmma walk S - 2: tile i - 1's
+        # V is still read while tile i's scores are computed)
+        lead = S - 2 if wg else S - 1
+        if BS:
+            # the pools' rows of KV head h (n_kv_heads from the grid)
+            n_kv = k.nctaid.y if G == H else k.nctaid.y // (G // H)
+            pool = PoolRows(k, BS, table, max_blocks, num_blocks, h, n_kv)
+            if tma:
+                # the pool blocks of the tiles TMA copies, read ahead: those
+                # of the prologue's tiles here, beside L and T (they do not
+                # depend on them), and in ``ahead_ents`` those of the next
+                # tile to issue, which thread 0 reloads at each issue
+                NE = max(1, BN // BS)            # a tile's blocks (its boxes a half)
+
+                def tile_entries(kb, volatile=False):
+                    return [pool.load((kb >> pool.lg) + i, clamp=True, volatile=volatile)
+                            for i in range(NE)]
+                # (volatile: issued here, beside L and T, not after the exit)
+                first = [tile_entries(k.mov(s_ * BN, u32), True) for s_ in range(lead)]
+                ahead_ents = [k.var(u32, e) for e in tile_entries(k.mov(lead * BN, u32), True)]
         RG = NW // H                             # 16-row groups of a block
         if RG == 1:
             # one group a block, the longest first
@@ -198,13 +239,22 @@ def build_prefill(m, plan):
             guard = (cidx < CHUNKS) if CHUNKS < nthr else None
             dst = (cc >> 3) * HB + r_ * 128 + (((cc & 7) ^ (r_ & 7)) << 4)
             chunks.append((guard, r_, dst, 8 * cc))
-        hrow = h * cap
+        if not BS:
+            hrow = h * cap
 
         def copy_rows(buf, kb):
             # rows past the block's last key are clamped to it, so no
             # unwritten cache row enters
+            if BS >= BN:
+                # the tile (and its clamped rows) lies in one pool block
+                trow = pool.block_row(pool.entry(kb >> pool.lg))
             for guard, r_, dst, col in chunks:
-                src = (hrow + k.min(kb + r_, lastk)) * d + col
+                if not BS:
+                    src = (hrow + k.min(kb + r_, lastk)) * d + col
+                elif BS >= BN:
+                    src = (trow + pool.offset(k.min(kb + r_, lastk))) * d + col
+                else:
+                    src = pool.row(k.min(kb + r_, lastk)) * d + col
                 k.cp_async(Address(buf + dst, 0, "shared", u8), kc[src], 16, guard=guard)
                 k.cp_async(Address(buf + dst, VOFF, "shared", u8), vc[src], 16, guard=guard)
 
@@ -216,7 +266,7 @@ def build_prefill(m, plan):
                 k.fence_mbarrier_init()
             k.bar_sync(0)
 
-            def issue(buf, stage_idx, kb):
+            def issue(buf, stage_idx, kb, ents=None):
                 # a whole tile (its last key is the block's or before) by
                 # TMA from thread 0, else by cp.async (clamped rows)
                 with k.if_else(kb + (BN - 1) <= lastk) as (whole, part):
@@ -224,24 +274,31 @@ def build_prefill(m, plan):
                         mb = Address(bar0 + 8 * stage_idx, 0, "shared", T.u64)
                         with k.if_(tid.eq(0)):
                             k.mbarrier_arrive_expect_tx(mb, 2 * VOFF)
-                            for hf in range(d // 64):
-                                crd = (64 * hf, hrow + kb)
-                                k.tma_load(Address(buf + hf * HB, 0, "shared", u8), kmap, crd, mb)
-                                k.tma_load(Address(buf + (VOFF + hf * HB), 0, "shared", u8),
-                                           vmap, crd, mb)
+                            if BS:
+                                _tma_paged(k, plan, pool, buf, kb,
+                                           ahead_ents if ents is None else ents,
+                                           (kmap, vmap), mb)
+                                if ents is None:         # the next tile's blocks
+                                    for r_, e in zip(ahead_ents, tile_entries(kb + BN)):
+                                        k.assign(r_, e)
+                            else:
+                                for hf in range(d // 64):
+                                    crd = (64 * hf, hrow + kb)
+                                    k.tma_load(Address(buf + hf * HB, 0, "shared", u8), kmap,
+                                               crd, mb)
+                                    k.tma_load(Address(buf + (VOFF + hf * HB), 0, "shared", u8),
+                                               vmap, crd, mb)
                     with part:
                         copy_rows(buf, kb)
                         k.cp_async_commit()
         else:
-            def issue(buf, stage_idx, kb):
+            def issue(buf, stage_idx, kb, ents=None):
                 copy_rows(buf, kb)
 
-        # the walk keeps S - 1 tiles ahead (the wgmma walk S - 2: tile i - 1's
-        # V is still read while tile i's scores are computed)
-        lead = S - 2 if wg else S - 1
         for s_ in range(lead):
             with k.if_(ntiles > s_):
-                issue(base + s_ * SB, s_, k.mov(s_ * BN, u32))
+                issue(base + s_ * SB, s_, k.mov(s_ * BN, u32),
+                      ents=first[s_] if BS and tma else None)
             if not tma:
                 k.cp_async_commit()              # an empty group where there is no tile
         # q's A fragments, loaded while the first tiles are in flight (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9
@@ -370,6 +427,26 @@ def build_prefill(m, plan):
                     obase = (rows[r] * nq + qh) * d + 2 * t
                     for n in range(DT):
                         k.st(out[obase + 8 * n], tuple(row[n]))
+
+
+def _tma_paged(k, plan, pool, buf, kb, ents, maps, mb):
+    """Thread 0's TMA boxes of the whole tile at key ``kb`` from the pools
+    (``ents``: the tile's table entries as read): with blocks of at least a
+    tile (``paged >= block_keys``) one box a 64-dim half at the tile's row
+    in the block of ``ents[0]``; with smaller blocks ``block_keys / paged``
+    boxes of ``paged`` rows a half, box ``i`` from the block of ``ents[i]``
+    into the half's rows ``i * paged ..`` (a multiple of 1024 bytes, where
+    the 128B swizzle pattern repeats, so the tile reads as one box's)."""
+    d, BN, BS = plan.head_dim, plan.block_keys, plan.paged
+    HB, VOFF = BN * 128, BN * d * 2
+    rows = ([pool.block_row(pool.block(ents[0])) + pool.offset(kb)] if BS >= BN
+            else [pool.block_row(pool.block(e)) for e in ents])
+    for hf in range(d // 64):
+        for i, row in enumerate(rows):
+            crd = (64 * hf, row)
+            off = hf * HB + i * BS * 128
+            k.tma_load(Address(buf + off, 0, "shared", u8), maps[0], crd, mb)
+            k.tma_load(Address(buf + (VOFF + off), 0, "shared", u8), maps[1], crd, mb)
 
 
 class _SyncMma:

@@ -9,10 +9,11 @@ import attrs
 
 from ptxgen.target import TARGETS
 
+from ..paged_attention.spec import BLOCK_SIZES as PAGED_SIZES
 from ..plan import PlanBase
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 
-__all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "NEG"]
+__all__ = ["FlashPrefillSpec", "FlashPrefillConfig", "FlashPrefillPlan", "NEG", "PAGED_SIZES"]
 
 NEG = -1.0e30           # finite "minus infinity" for running maxima
 
@@ -43,6 +44,12 @@ class FlashPrefillSpec:
     out_type : {"f32", "f16"}
         Element type of ``out`` (f16 feeds the next GEMM's f16 X directly;
         rounded once, ``cvt.rn``, from the f32 result).
+    paged : {0, 16, 32, 64, 128, 256}
+        0: the keys and values are a contiguous cache ``[n_kv_heads,
+        capacity, head_dim]``; else the block size of a paged cache (pools
+        ``[num_blocks, n_kv_heads, paged, head_dim]`` read through the
+        sequence's block-table row, the layout of
+        :mod:`~ptxgen.kernels.paged_attention`).
     target : str
     pdl : bool
     """
@@ -50,6 +57,7 @@ class FlashPrefillSpec:
     head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128)))
     group: int = attrs.field(default=4, validator=_int_in(1, 16))
     out_type: str = attrs.field(default="f32", validator=_one_of("out_type", ("f32", "f16")))
+    paged: int = attrs.field(default=0, validator=_one_of("paged", (0,) + PAGED_SIZES))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -151,4 +159,5 @@ class FlashPrefillPlan(PlanBase):
         c = self.config
         return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
                 f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
-                + ("_wg" if c.kernel == "wgmma" else "") + ("_pdl" if self.pdl else ""))
+                + ("_wg" if c.kernel == "wgmma" else "") + (f"_p{self.paged}" if self.paged else "")
+                + ("_pdl" if self.pdl else ""))

@@ -73,9 +73,18 @@ the number of keys known exactly (``>= kappa``).
 Parameters (``params``, u32[12], :func:`pack_params`): top_k (s32), top_p,
 min_p, temperature, penalty_last_n (s32; -1: the whole history),
 penalty_repeat, penalty_freq, penalty_present (f32), seed (u64 as two
-words), two reserved words.  The window is ``history[pos - n + 1 .. pos]``
+words), logprobs (0/1: the row's log-probabilities are wanted), one
+reserved word.  The window is ``history[pos - n + 1 .. pos]``
 (prompt and generated tokens, as llama-cli accepts both), ``pos`` read from
 the int32 at ``pos``; ids outside ``[0, V)`` are ignored.
+
+Batched (``rows=True``, :mod:`.rows`): ``grid.y`` rows of logits in one
+launch, each with its own parameters, penalty window (a ring ``[B,
+window]`` with a per-row count), position, outputs and workspace; row
+``y``'s result equals a one-row launch's on the same inputs.  Log-
+probabilities (``logprobs = N``, :mod:`.logprobs`): each draw's and the
+top ``N`` tokens' under the log-softmax of the raw logits, for rows that
+ask.
 """
 
 from __future__ import annotations
@@ -91,20 +100,33 @@ from ptxgen.types import f32, f64, s32, u32, u64
 from ..spec_fields import block_field, pdl_field, pdl_prologue, target_field
 from .blockops import Block, SharedView, ord_key
 from .last_block import merge_and_draw
+from .logprobs import RawRecords
 from .merge import list_width, sort_slice
 from .params import (_LOG2E, FIXED_BITS, FLAG_GREEDY, FLAG_TRUNCATED, FLAG_WHOLE, FREQ,
-                     INFO_WORDS, LAST_N, PARAM_WORDS, PRESENT, REPEAT, TEMP, ex2_weight,
-                     no_filter, pack_params)
+                     INFO_WORDS, LAST_N, MAX_LOGPROBS, MAX_ROWS, PARAM_WORDS, PRESENT, REPEAT,
+                     TEMP, ex2_weight, no_filter, pack_params)
 from .philox import philox4x32_10
+from .rows import row_arrays
 
 __all__ = ["SamplingSpec", "build", "launch_geometry", "scratch_words", "pack_params",
            "PARAM_WORDS", "INFO_WORDS", "FIXED_BITS", "FLAG_TRUNCATED", "FLAG_WHOLE",
-           "FLAG_GREEDY", "philox4x32_10"]
+           "FLAG_GREEDY", "MAX_LOGPROBS", "MAX_ROWS", "philox4x32_10"]
 
 
 def _check_top(inst, attr, v):
     if not (isinstance(v, int) and 1 <= v <= 2 * inst.block):
         raise ValueError(f"{attr.name} must be an int in 1..2*block ({2 * inst.block}), got {v!r}")
+
+
+def _check_rows(inst, attr, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"{attr.name} must be a bool, got {v!r}")
+
+
+def _check_logprobs(inst, attr, v):
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_LOGPROBS:
+        raise ValueError(f"{attr.name} must be an int in 0..{MAX_LOGPROBS} (the top "
+                         f"log-probabilities a row reports), got {v!r}")
 
 
 @attrs.frozen
@@ -117,18 +139,28 @@ class SamplingSpec:
         Threads per block; each block owns ``2 * block`` logits.
     top : int
         Keys each block hands to the merge (the exact top-k limit).
+    rows : bool
+        Batched: ``grid.y`` rows of logits, each with its own parameters,
+        penalty window, position, outputs and workspace (:mod:`.rows`).
+    logprobs : int
+        0, or ``N`` in 1..20: the launch also writes each draw's
+        log-probability and the ``N`` most likely tokens with theirs
+        (:mod:`.logprobs`), for rows whose parameters ask for them.
     target : str
     pdl : bool
     """
 
     block: int = block_field(512)
     top: int = attrs.field(default=64, validator=_check_top)
+    rows: bool = attrs.field(default=False, validator=_check_rows)
+    logprobs: int = attrs.field(default=0, validator=_check_logprobs)
     target: str = target_field()
     pdl: bool = pdl_field()
 
     @property
     def kernel_name(self) -> str:
-        return f"sample_b{self.block}_t{self.top}"
+        return (f"sample_b{self.block}_t{self.top}" + ("_rows" if self.rows else "")
+                + (f"_lp{self.logprobs}" if self.logprobs else ""))
 
     @property
     def slice(self) -> int:
@@ -154,37 +186,56 @@ def blocks_for(spec: SamplingSpec, n: int) -> int:
     return max(1, -(-n // spec.slice))
 
 
-def launch_geometry(spec: SamplingSpec, n: int):
-    """``(grid, block, shared_bytes)`` for a vocabulary of ``n`` logits."""
+def launch_geometry(spec: SamplingSpec, n: int, batch: int | None = None):
+    """``(grid, block, shared_bytes)`` for a vocabulary of ``n`` logits (and
+    with ``rows``, ``batch`` rows of them: ``grid.y``)."""
     if n < 1:
         raise ValueError(f"the vocabulary must hold at least one logit, got {n}")
     g = blocks_for(spec, n)
     if g > spec.block:
         raise ValueError(f"{n} logits need {g} blocks of {spec.slice}; at most block = "
                          f"{spec.block} blocks: use a larger block")
-    return (g, 1, 1), (spec.block, 1, 1), 8 * max(g * spec.top, spec.slice)
+    if spec.rows:
+        if batch is None or isinstance(batch, bool) or not 1 <= batch <= MAX_ROWS:
+            raise ValueError(f"a rows sampler needs batch in 1..{MAX_ROWS}, got {batch!r}")
+    elif batch not in (None, 1):
+        raise ValueError(f"{spec.kernel_name} samples one row; batch={batch!r} needs "
+                         "SamplingSpec(rows=True)")
+    return (g, batch or 1, 1), (spec.block, 1, 1), 8 * max(g * spec.top, spec.slice)
 
 
 def scratch_words(spec: SamplingSpec, n: int) -> int:
-    """u64 words of ``scratch`` for ``n`` logits: a record per block, then
-    the running sums of the whole-vocabulary draw (one per logit)."""
-    return blocks_for(spec, n) * spec.record + n
+    """u64 words of ``scratch`` for ``n`` logits (a row's, with ``rows``): a
+    record per block, the running sums of the whole-vocabulary draw (one per
+    logit), and with ``logprobs`` a record per block of its top raw logits."""
+    g = blocks_for(spec, n)
+    return g * spec.record + n + (g * (spec.logprobs + 1) if spec.logprobs else 0)
 
 
-def _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthreads):
+def _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthreads, ring=None):
     """Apply the window's penalties to ``vals`` (the block's slice): the
     threads count the window's tokens that fall in the slice into
     ``counts`` (shared u32[slice], native shared atomics), then each
-    thread updates its own logits.  Starts and ends with a barrier."""
+    thread updates its own logits.  Starts and ends with a barrier.
+
+    The window: ``history[pos - n + 1 .. pos]``; with ``ring = (have,
+    window)`` (the rows mode) the last ``n`` of ``have`` tokens of a ring
+    of ``window`` entries, token ``p`` at ``history[p % window]`` (``n``
+    at most ``window``)."""
     last_n = k.ld(prm[LAST_N], s32)
     rep, freq, pres = (k.ld(prm[i], f32) for i in (REPEAT, FREQ, PRESENT))
     off = k.setp("eq", rep, 1.0, combine=("and", freq.eq(0.0)))
     off = k.setp("eq", pres, 0.0, combine=("and", off))
     off = k.por(off, last_n.eq(0))
-    pos = k.ld(pos_p[0])
-    have = pos + 1
+    if ring is None:
+        pos = k.ld(pos_p[0])
+        have = pos + 1
+    else:
+        have, window = ring
     nwin = k.select(last_n < 0, have, k.min(last_n, have))
     nwin = k.select(have < 0, k.mov(0, s32), nwin)
+    if ring is not None:
+        nwin = k.min(nwin, window.bitcast(s32))
     start = (have - nwin).bitcast(u32)
     nw = nwin.bitcast(u32)
     with k.if_(~off):
@@ -192,7 +243,8 @@ def _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthreads):
             k.st(counts[blk.tid + e * nthreads if e else blk.tid], k.mov(0, u32))
         k.bar_sync(0)
         with k.for_range(blk.tid, nw, nthreads) as j:
-            rel = k.ld(history[start + j]).bitcast(u32) - lo
+            at = start + j if ring is None else (start + j) % window
+            rel = k.ld(history[at]).bitcast(u32) - lo
             with k.if_(rel < nb):
                 k.red("add", counts[rel], k.mov(1, u32))
         k.bar_sync(0)
@@ -210,15 +262,23 @@ def _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthreads):
 def build(spec: SamplingSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters ``logits: f32*, n: u32, history: s32*,
     pos: s32*, params: u32*, out: s32*, n_draws: u32, work: f32*, info: s32*
-    (or 0), scratch: u64*, counter: u32*``."""
+    (or 0), scratch: u64*, counter: u32*``; with ``rows`` (:mod:`.rows`)
+    ``logits, n, history, window: u32, history_len: s32*, pos, params, out,
+    n_draws, work, info, scratch, counter``, each array one row per
+    ``grid.y``; with ``logprobs`` also ``logprob: f32*, top_ids: s32*,
+    top_logprobs: f32*`` (:mod:`.logprobs`)."""
     spec.check_power_of_two()
     nthr, S, T, R = spec.block, spec.slice, spec.top, spec.record
+    NL = spec.logprobs
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=nthr) as k:
         pdl_prologue(k, spec)
         logits = k.param_ptr("logits", f32)
         n = k.param("n", u32)
         history = k.param_ptr("history", s32)
+        if spec.rows:
+            window = k.param("window", u32)
+            hist_len = k.param_ptr("history_len", s32)
         pos_p = k.param_ptr("pos", s32)
         prm = k.param_ptr("params", u32, align=16)
         out = k.param_ptr("out", s32)
@@ -227,6 +287,15 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
         info = k.param_ptr("info", s32)
         scratch = k.param_ptr("scratch", u64, align=8)
         counter = k.param_ptr("counter", u32)
+        if NL:
+            lp_out = (k.param_ptr("logprob", f32), k.param_ptr("top_ids", s32),
+                      k.param_ptr("top_logprobs", f32))
+        if spec.rows:
+            # this row's part of every array
+            (logits, history, hist_len, pos_p, prm, out, work, info, scratch, counter,
+             lp_out) = row_arrays(k, spec, n, n_draws, window, logits, history, hist_len, pos_p,
+                                  prm, out, work, info, scratch, counter,
+                                  lp_out if NL else None)
 
         blk = Block(k, nthr)
         keys = k.dynamic_shared("keys", u64, align=16)
@@ -254,14 +323,20 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
         # ---- this block's slice: load, penalise, keys, statistics, sort
         lo = k.ctaid.x * S
         nb = k.min(n - lo, S)
+        raw = []                                    # the slice's logits as loaded
         for e in (0, 1):
             i = tid + e * nthr if e else tid
             v = k.var(f32, ninf)
             with k.if_(i < nb):
                 v.set(k.ld(logits[lo + i], nc=True))
             k.st(vals[i], v)
+            raw.append(v)
         k.bar_sync(0)
-        _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthr)
+        if NL:
+            lp = RawRecords(k, spec, blk, prm, scratch, n, sh.mrg)
+            lp.before_penalties(raw, lo, nb)
+        _penalties(k, blk, vals, counts, history, pos_p, prm, lo, nb, nthr,
+                   ring=(k.ld(hist_len[0]), window) if spec.rows else None)
         mloc = k.var(f32, ninf)
         pair = []
         for e in (0, 1):
@@ -300,6 +375,8 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
             with k.if_(i0 + 1 < nb):
                 k.st(cum[lo + i0 + 1], base + w_pair[0] + w_pair[1])
 
+        if NL:
+            lp.after_sort(mb, sb)
         rec = scratch + k.ctaid.x * R
         for j in k.strided(tid, T, nthr):
             k.st(rec[j], k.ld(sh.mrg[j]))
@@ -316,9 +393,13 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
         with k.if_(k.ld(last[0]).eq(1)):
             k.fence("acq_rel", "gpu")
             merge_and_draw(k, spec, blk, SimpleNamespace(**locals()))
+            if NL:
+                lp.last_block(logits, out, n_draws, lp_out)
     return m
 
 
-CANONICAL = {"sampling": SamplingSpec()}
+CANONICAL = {"sampling": SamplingSpec(),
+             # the batched engine's: rows, with the top 20 log-probabilities
+             "sampling_rows": SamplingSpec(rows=True, logprobs=MAX_LOGPROBS)}
 
 registry.register("sampling", SamplingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])

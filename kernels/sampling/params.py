@@ -10,10 +10,15 @@ import numpy as np
 from ptxgen.types import f32, s32, u32, u64
 
 __all__ = ["pack_params", "ex2_weight", "no_filter", "PARAM_WORDS", "INFO_WORDS",
-           "FIXED_BITS", "FLAG_TRUNCATED", "FLAG_WHOLE", "FLAG_GREEDY"]
+           "FIXED_BITS", "FLAG_TRUNCATED", "FLAG_WHOLE", "FLAG_GREEDY", "MAX_LOGPROBS",
+           "MAX_ROWS"]
 
-(TOP_K, TOP_P, MIN_P, TEMP, LAST_N, REPEAT, FREQ, PRESENT, SEED_LO, SEED_HI) = range(10)
+(TOP_K, TOP_P, MIN_P, TEMP, LAST_N, REPEAT, FREQ, PRESENT, SEED_LO, SEED_HI, LOGPROBS) = range(11)
 PARAM_WORDS = 12
+#: the most top log-probabilities a row reports (OpenAI's ``top_logprobs`` limit)
+MAX_LOGPROBS = 20
+#: the most rows of a batched launch (``grid.y``)
+MAX_ROWS = 65535
 INFO_WORDS = 4
 FIXED_BITS = 40
 FLAG_TRUNCATED, FLAG_WHOLE, FLAG_GREEDY = 1, 2, 4
@@ -23,11 +28,14 @@ _LN2 = 0.6931471805599453
 
 def pack_params(*, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, penalty_last_n=0,
                 penalty_repeat=1.0, penalty_freq=0.0, penalty_present=0.0,
-                seed=0) -> np.ndarray:
+                seed=0, logprobs=False) -> np.ndarray:
     """The ``params`` words (u32[12]) of the sampler; llama.cpp's names:
     ``--top-k``, ``--top-p``, ``--min-p``, ``--temp``, ``--repeat-last-n``,
     ``--repeat-penalty``, ``--frequency-penalty``, ``--presence-penalty``,
-    ``--seed`` (0 .. 2^64 - 1)."""
+    ``--seed`` (0 .. 2^64 - 1); ``logprobs``: this row's log-probabilities
+    are wanted (read by a kernel built with ``SamplingSpec.logprobs``)."""
+    if not isinstance(logprobs, (bool, np.bool_)):
+        raise ValueError(f"logprobs must be a bool, got {logprobs!r}")
     seed = int(seed)
     if not 0 <= seed < 1 << 64:
         raise ValueError(f"seed must be in 0 .. 2**64 - 1, got {seed}")
@@ -45,6 +53,7 @@ def pack_params(*, top_k=0, top_p=1.0, min_p=0.0, temperature=1.0, penalty_last_
             raise ValueError(f"sampling parameters must be finite, got {v!r}")
         w[i] = np.float32(v).view(np.uint32)
     w[SEED_LO], w[SEED_HI] = seed & 0xFFFFFFFF, seed >> 32
+    w[LOGPROBS] = 1 if logprobs else 0
     return w
 
 
