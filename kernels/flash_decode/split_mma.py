@@ -150,16 +150,10 @@ def build_split_mma(m, spec):
             return [[row_words(n, row, cg, evict) for n, row in
                      enumerate(chunk_rows(base + wofs + CH * u))] for u in range(U)]
 
-        def as_vars(words):
-            """The loaded words as variables (the pipeline's registers)."""
-            if isinstance(words, (list, tuple)):
-                return [as_vars(w) for w in words]
-            return k.var(b32, words)
-
         if early:
             # the first trip in flight before the wait; then q, and the row
             # the grid before may have appended, loaded again
-            first = as_vars(trip_loads(start, cg=True))
+            first = _as_vars(k, trip_loads(start, cg=True))
             pdl_wait(k, spec)
             qa = load_q()
             newest = L - 1
@@ -277,3 +271,11 @@ def _leaves(tree):
     if isinstance(tree, (list, tuple)):
         return [x for sub in tree for x in _leaves(sub)]
     return [tree]
+
+
+def _as_vars(k, words):
+    """The loaded words as variables (the pipeline's registers); a module
+    function: a nested one calling itself would hold the builder in a cycle."""
+    if isinstance(words, (list, tuple)):
+        return [_as_vars(k, w) for w in words]
+    return k.var(b32, words)
