@@ -5,9 +5,11 @@ tree and run the tests that must catch it; exit 1 if any mutant survives.
 A mutant names a file, a snippet that must occur exactly once in it, its
 replacement, and the pytest selection (paths, optionally ``-k``) that must
 fail.  The copy holds the tracked and untracked-but-not-ignored files of
-this tree; ``ptxgen/kernels`` and ``ptxgen/driver`` are linked to the
-copy's ``kernels/`` and ``driver/`` and PYTHONPATH points at the copy, so
-the copy's modules are the ones imported (not the editable install's).
+this tree; the packages that pyproject.toml's ``package-dir`` places
+inside ``ptxgen`` from the top of the tree (``kernels/``, ``driver/``,
+``llm/``, ``testing/``) are linked into the copy's ``ptxgen/`` and
+PYTHONPATH points at the copy, so the copy's modules are the ones imported
+(not the editable install's).
 Every selection first passes on the unmutated copy (a baseline), so a
 failure can only come from the mutant.
 
@@ -31,6 +33,21 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "tests" / "mutants.toml"
+
+
+def linked_packages(root=ROOT):
+    """``{subpackage: folder}`` for the subpackages of ``ptxgen`` that live
+    outside ``ptxgen/`` (pyproject.toml's ``tool.setuptools.package-dir``)."""
+    with open(root / "pyproject.toml", "rb") as f:
+        dirs = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+    out = {}
+    for name, folder in dirs.items():
+        parts = name.split(".")
+        if parts[0] == "ptxgen" and len(parts) == 2 and folder != f"ptxgen/{parts[1]}":
+            out[parts[1]] = folder
+    return out
+
+
 PYTEST = ["-x", "-q", "-p", "no:cacheprovider", "-m", "not gpu", "-k", "not cuda"]
 
 
@@ -60,8 +77,8 @@ def copy_tree(dst: Path):
         if src.is_file():
             (dst / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dst / rel)
-    for pkg in ("kernels", "driver"):
-        (dst / "ptxgen" / pkg).symlink_to(dst / pkg, target_is_directory=True)
+    for pkg, folder in linked_packages().items():
+        (dst / "ptxgen" / pkg).symlink_to(dst / folder, target_is_directory=True)
 
 
 def run_tests(tree: Path, selection: str, timeout=900):
@@ -79,8 +96,9 @@ def run_tests(tree: Path, selection: str, timeout=900):
 
 def check_imports(tree: Path):
     env = dict(os.environ, PYTHONPATH=str(tree))
+    names = ["ptxgen", "ptxgen.emu"] + [f"ptxgen.{p}" for p in linked_packages()]
     code = ("import importlib; print(*(importlib.import_module(n).__file__ for n in "
-            "('ptxgen', 'ptxgen.kernels.rmsnorm', 'ptxgen.driver.launch', 'ptxgen.emu')))")
+            f"{names!r}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tree, env=env, check=True,
                          capture_output=True, text=True).stdout.split()
     wrong = [p for p in out if not Path(p).resolve().is_relative_to(tree.resolve())]

@@ -81,7 +81,8 @@ class DualRunner:
     kernels that use ``.approx`` functions may differ by a few ulps, so the
     comparison allows a relative difference of 1e-5 (of the largest value),
     or for float16 results one f16 ulp of the element (an f32 value a few
-    ulps apart may round to the neighbouring f16), and records how many
+    ulps apart may round to the neighbouring f16), over the finite values
+    (NaNs and infinities must be the same on both), and records how many
     elements were bit-identical.
     """
 
@@ -116,7 +117,10 @@ class DualRunner:
         exact = float(np.mean(same))
         if e.dtype.kind == "f":
             assert np.array_equal(np.isnan(e), np.isnan(g)), "emulator and GPU differ in NaNs"
-            finite = ~np.isnan(g)
+            inf = np.isinf(g)
+            assert np.array_equal(np.isinf(e), inf) and np.array_equal(e[inf], g[inf]), \
+                "emulator and GPU differ in infinities"
+            finite = np.isfinite(g)
             ef, gf = e[finite].astype(np.float64), g[finite].astype(np.float64)
             scale = max(float(np.max(np.abs(gf))) if gf.size else 0.0, 1e-30)
             rel = float(np.max(np.abs(ef - gf)) / scale) if gf.size else 0.0

@@ -454,6 +454,96 @@ def test_truncation_reported(run):
     assert set(out.tolist()) <= set(kept.tolist())
 
 
+# -------------------------------------------------- boundaries reached exactly
+def _tied_logits(rng, v, n_tied):
+    """``n_tied`` equal logits at random indices; every other logit is
+    -inf or lies more than 760 below them, where its weight is 0 in the
+    kernel's 40-bit masses and in float64 (``exp(-760) == 0``): the top-k
+    and top-p sums are exact, ``n_tied * 2^40`` and ``n_tied``."""
+    x = np.where(rng.random(v) < 0.5, -np.inf, rng.uniform(-1000.0, -760.0, v))
+    a = float(np.float32(rng.uniform(-2.0, 5.0)))
+    tied = np.sort(rng.choice(v, n_tied, replace=False))
+    x[tied] = a
+    return x.astype(np.float32), tied
+
+
+@pytest.mark.parametrize("n_tied", [2, 8, 32, 64])
+def test_boundary_top_p_reached_by_ties(run, n_tied, rng):
+    """``n_tied`` equal logits and ``top_p = j / n_tied`` (exact in f32):
+    the first ``j`` of them reach ``top_p`` exactly, so top-p keeps ``j``
+    tokens, the ``j`` lowest indices of the tie (not ``j + 1``).  With and
+    without a top-k that keeps the whole tie (and some zero-weight tokens);
+    64 tied tokens cut below the 32-key merged list (the radix select)."""
+    v = 1500
+    x, tied = _tied_logits(rng, v, n_tied)
+    y = x.astype(np.float64)
+    smp = Sampler(run, x)
+    for top_k in (0, n_tied, n_tied + int(rng.integers(1, 9))):
+        j = int(rng.integers(1, n_tied))
+        top_p = j / n_tied
+        assert float(np.float32(top_p)) == top_p
+        want = ref_kept(y, top_k, top_p, 0.0)
+        assert want.tolist() == tied[:j].tolist()          # the reference's own reading
+        params = S.pack_params(top_k=top_k, top_p=top_p, temperature=0.8,
+                               seed=int(rng.integers(1 << 62)))
+        out, info, _ = smp(params, np.zeros(1, np.int32), 0, n_draws=48)
+        msg = f"top_k {top_k}, top_p {j}/{n_tied}"
+        assert int(info[0]) == j and int(info[2]) == int(tied[j - 1]), msg
+        assert not info[1] & S.FLAG_TRUNCATED, msg
+        assert set(out.tolist()) <= set(want.tolist()), msg
+
+
+def test_boundary_min_p_one_keeps_tied_maxima(run, rng):
+    """``min_p = 1`` puts the threshold exactly at the maximum
+    (``y >= max + ln 1``): every logit equal to the maximum is kept (the
+    threshold's key is the smallest of its value), nothing else.  Greedy
+    (temperature 0) over tied maxima picks the lowest index."""
+    v = 1500
+    x = _logits(rng, v, 2.0)
+    top = float(np.float32(x.max() + 1.0))
+    tied = np.sort(rng.choice(v, int(rng.integers(2, 12)), replace=False))
+    x[tied] = top
+    y = x.astype(np.float64)
+    want = ref_kept(y, 0, 1.0, 1.0)
+    assert want.tolist() == tied.tolist()
+    smp = Sampler(run, x)
+    out, info, _ = smp(S.pack_params(min_p=1.0, temperature=1.0, seed=int(rng.integers(1 << 62))),
+                       np.zeros(1, np.int32), 0, n_draws=64)
+    assert int(info[0]) == tied.size and int(info[2]) == int(tied[-1])
+    assert set(out.tolist()) <= set(tied.tolist())
+    assert len(set(out.tolist())) > 1, "64 draws over equal weights gave one token"
+    out, info, _ = smp(S.pack_params(temperature=0.0), np.zeros(1, np.int32), 0, n_draws=4)
+    assert out.tolist() == [int(tied[0])] * 4 and info[1] & S.FLAG_GREEDY
+
+
+def test_boundary_top_k_edges(run, rng):
+    """top-k equal to the merged list's width, to the count of keys known
+    exactly, and to the vocabulary (then it is off: with no other filter
+    the draw covers the whole vocabulary); one below the vocabulary is a
+    filter."""
+    v = 1500
+    x = _logits(rng, v, 2.0)
+    y = x.astype(np.float64)
+    width = merged_width(SPEC.top)
+    known = ref_known(y, SPEC.slice, SPEC.top)
+    assert known > width + 1, known
+    order = np.lexsort((np.arange(v), -y))
+    smp = Sampler(run, x)
+    hist = np.zeros(1, np.int32)
+    for top_k in (width, known):
+        out, info, _ = smp(S.pack_params(top_k=top_k, temperature=1.0, seed=top_k), hist, 0,
+                           n_draws=32)
+        assert int(info[0]) == top_k and int(info[2]) == int(order[top_k - 1]), top_k
+        assert int(info[3]) == known and not info[1] & S.FLAG_TRUNCATED, top_k
+        assert set(out.tolist()) <= set(order[:top_k].tolist())
+    out, info, _ = smp(S.pack_params(top_k=v, temperature=1.0, seed=3), hist, 0, n_draws=32)
+    assert info[1] & S.FLAG_WHOLE and int(info[0]) == v and int(info[2]) == -1
+    assert not info[1] & S.FLAG_TRUNCATED
+    out, info, _ = smp(S.pack_params(top_k=v - 1, temperature=1.0, seed=3), hist, 0, n_draws=32)
+    assert not info[1] & S.FLAG_WHOLE and info[1] & S.FLAG_TRUNCATED   # past the known keys
+    assert int(info[0]) == known
+
+
 def test_refuses_bad_input():
     with pytest.raises(ValueError):
         S.SamplingSpec(block=64, top=200)

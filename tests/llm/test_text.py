@@ -196,6 +196,25 @@ def test_sampling_settings_refuse_bad_values(kw, msg):
         SamplingSettings(**kw)
 
 
+@pytest.mark.parametrize("kw", [
+    dict(top_p=1.0, min_p=1.0), dict(top_p=0.0, min_p=0.0), dict(temperature=0.0, top_k=0),
+    dict(repeat_last_n=-1), dict(repeat_last_n=0), dict(seed=(1 << 64) - 1), dict(seed=0),
+], ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_sampling_settings_take_their_edges(kw):
+    """Each range's own ends are accepted (``[0, 1]`` for top-p and min-p,
+    ``0 .. 2**64 - 1`` for the seed, -1 and 0 for the window) and reach
+    the kernel's words unchanged."""
+    s = SamplingSettings(**kw)
+    w = s.params(s.resolved_seed())
+    f = w.view(np.float32)
+    got = {"top_p": float(f[S.TOP_P]), "min_p": float(f[S.MIN_P]),
+           "temperature": float(f[S.TEMP]), "top_k": int(w[S.TOP_K].view(np.int32)),
+           "repeat_last_n": int(w[S.LAST_N].view(np.int32)),
+           "seed": int(w[S.SEED_LO]) | int(w[S.SEED_HI]) << 32}
+    for k, v in kw.items():
+        assert got[k] == v, k
+
+
 def test_sampling_settings_variant_and_words():
     assert SamplingSettings().variant == "greedy"
     assert SamplingSettings(temperature=0.7).variant == "sample"
