@@ -25,11 +25,29 @@ import copy
 
 import numpy as np
 
-__all__ = ["Vocab", "TokenizerError", "ATTR", "TOKEN_TYPE"]
+__all__ = ["Vocab", "TokenizerError", "TokenLimitError", "ATTR", "TOKEN_TYPE"]
 
 
 class TokenizerError(ValueError):
     """A vocabulary or tokenizer setting that cannot be used, and why."""
+
+
+class TokenLimitError(TokenizerError):
+    """Text that needs more tokens than allowed.
+
+    Attributes
+    ----------
+    limit : int
+        The most tokens allowed.
+    at_least : int
+        How many tokens the text needs at least (found before tokenizing
+        all of it).
+    """
+
+    def __init__(self, message: str, limit: int, at_least: int):
+        super().__init__(message)
+        self.limit = limit
+        self.at_least = at_least
 
 
 class TOKEN_TYPE:
@@ -348,6 +366,29 @@ class Vocab:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def longest_token_within(self, chars) -> int:
+        """The length of the longest token text made only of ``chars`` (a set
+        of characters); 1 if none is.
+
+        A text made of those characters is cut into tokens no longer than
+        this (or byte tokens, one per byte), which bounds its token count
+        from below.
+        """
+        key = frozenset(chars)
+        memo = self.__dict__.setdefault("_longest_within", {})
+        found = memo.get(key)
+        if found is None:
+            by_length = self.__dict__.get("_by_length")
+            if by_length is None:
+                # (length, character set) per token, longest first
+                by_length = self._by_length = sorted(
+                    ((len(t), frozenset(t)) for t in self.tokens), key=lambda p: -p[0])
+            found = next((n for n, cs in by_length if cs <= key), 1)
+            if len(memo) > 4096:
+                memo.clear()
+            memo[key] = found
+        return found
 
     def byte_token(self, b: int) -> int:
         """The id of the token for one raw byte (SPM ``<0xXX>`` or the byte itself)."""
