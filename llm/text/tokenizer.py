@@ -467,14 +467,16 @@ class Tokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             template: str | None = None, **extra) -> str:
-        """Render ``messages`` with the file's chat template (see :func:`.chat_template.render_chat`)."""
-        from ptxgen.llm.text.chat_template import render_chat
+        """Render ``messages`` with a chat template (see :func:`.chat_template.render_chat`):
+        ``template``, or the file's own (:func:`.chat_template.file_template`:
+        ChatML, with a warning, when the file's cannot be used)."""
+        from ptxgen.llm.text.chat_template import file_template, render_chat
 
         v = self._vocab
         bos = v.special["bos"]
         eos = v.special["eos"]
         return render_chat(
-            self.chat_template if template is None else template, messages,
+            file_template(self) if template is None else template, messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=v.tokens[bos] if bos is not None else "",
             eos_token=v.tokens[eos] if eos is not None else "", **extra)
