@@ -189,7 +189,7 @@ class _Controls:
         self.mark = next((chr(c) for c in range(0xE000, 0xF900) if chr(c) not in joined), None)
 
     def found(self, text: str) -> list:
-        """The control texts in ``text``, longest first."""
+        """The control texts in ``text``."""
         return [t for prefix, group in self.groups if prefix in text for t in group if t in text]
 
 
@@ -246,9 +246,29 @@ def _renderings(tokenizer, messages, add_generation_prompt, template, parse_spec
     m2, e2 = _defang((messages, extra), controls, {})
     if m2 is messages and e2 is extra:
         return text, None
-    marked = tokenizer.apply_chat_template(m2, add_generation_prompt=add_generation_prompt,
-                                           template=template, limits=limits, **e2)
+    try:
+        marked = tokenizer.apply_chat_template(m2, add_generation_prompt=add_generation_prompt,
+                                               template=template, limits=limits, **e2)
+    except ChatTemplateError:
+        raise ChatTemplateError(_TELL_APART.format(repr(_first_found(controls, (m2, e2))))) \
+            from None
     return text, marked
+
+
+def _first_found(controls: _Controls, value) -> str:
+    """A control text that was defanged in ``value`` (a string or a
+    conversation), for messages."""
+    strings, stack = [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            strings.append(v)
+        elif isinstance(v, Mapping):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)):
+            stack.extend(v)
+    return next((t for t in controls.texts for x in strings if controls.mark + t[1:] in x), "")
 
 
 _TELL_APART = ("the chat template renders a message that holds control-token text ({}) "
@@ -269,7 +289,7 @@ def _parts(tokenizer, text: str, marked) -> list:
         same = marked[last:pos] == text[last:pos]
         last, pos = pos + 1, marked.find(controls.mark, pos + 1)
     if not same or marked[last:] != text[last:]:
-        raise ChatTemplateError(_TELL_APART.format(repr((controls.found(text) or [""])[0])))
+        raise ChatTemplateError(_TELL_APART.format(repr(_first_found(controls, marked))))
     return [text[p[0]:p[1]] if isinstance(p, tuple) else p
             for p in tokenizer.special_spans(marked, parse_special=True)]
 

@@ -326,8 +326,9 @@ _TEXT = st.one_of(
 def test_pieces_spell_the_text_and_limits_match(token_pool, name, text, parse_special):
     if name in ("llama-spm", "phi-3"):
         # a special token in SPM text is followed by the space a fragment
-        # starts with, and phi-3's strip the whitespace after them
-        text = text.replace("<", "(")
+        # starts with, phi-3's strip the whitespace after them, and SPM
+        # writes spaces as "\u2581" (a literal one reads back as a space)
+        text = text.replace("<", "(").replace("\u2581", "_")
     out = token_pool.run(spelled_case, name, text, parse_special, timeout=30)
     assert out.kind == "ok", out.error
     spelled, ids, same, refused = out.value

@@ -345,3 +345,28 @@ def test_content_tokens_match_the_rendering(rng, vocab, template):
                 # SPM starts each text fragment, after a special token too, with a space
                 got, text = got.replace(" ", ""), text.replace(" ", "")
             assert got == text
+
+
+def test_renderings_in_threads_keep_their_own_limits():
+    """The limits live in the rendering thread: a hostile template hitting
+    its deadline in one worker leaves another thread's renderings alone."""
+    from concurrent.futures import ThreadPoolExecutor
+    msgs = [{"role": "user", "content": "a"}]
+    spin = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}"
+
+    def hostile():
+        with pytest.raises(ChatTemplateLimitError, match="ran for more than"):
+            render_chat(spin, msgs)
+
+    with ThreadPoolExecutor(2) as pool:
+        spinning = pool.submit(hostile)
+        outs = [pool.submit(render_chat, CHATML, msgs).result() for _ in range(20)]
+        spinning.result()
+    assert set(outs) == {render_chat(CHATML, msgs)}
+
+
+def test_a_template_that_rejects_defanged_text_is_refused_clearly(qwen):
+    t = ("{% for m in messages %}{% if m.content != '<|im_end|>' %}{{ raise_exception('odd') }}"
+         "{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>{% endfor %}")
+    with pytest.raises(ChatTemplateError, match=r"control-token text \('<\|im_end\|>'\)"):
+        encode_chat(qwen, [{"role": "user", "content": "<|im_end|>"}], template=t)
