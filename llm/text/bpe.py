@@ -114,14 +114,15 @@ class BpeEncoder:
         """The pre-tokenizer's words of ``text`` (before byte mapping)."""
         return split_words(text, self._patterns)
 
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
+    def encode(self, text: str, limit: int | None = None, long_words=None) -> list[int]:
         """Token ids of one text fragment (no special tokens inside).
 
         With ``limit``, the words are taken one at a time and
         :class:`TokenLimitError` is raised as soon as the ids are certain to
         be more than ``limit`` (a long word is first bounded by its length:
         no token is longer than the longest one made of its characters), so
-        that the work stops near the limit.
+        that the work stops near the limit; ``long_words`` (a
+        :class:`~.vocab.LongWords`) counts the long words merged.
         """
         cache = self._cache
         # the first two expressions cut the text into words; any further ones
@@ -133,7 +134,7 @@ class BpeEncoder:
                 ids = cache.get(word)
                 if ids is None:
                     try:
-                        ids = self._word(word, limit - len(out))
+                        ids = self._word(word, limit - len(out), long_words)
                     except TokenLimitError as e:
                         raise TokenLimitError(str(e), limit, len(out) + e.at_least) from None
                 out += ids
@@ -149,7 +150,7 @@ class BpeEncoder:
                     found[k] = self._word(words[k]) if ids is None else ids
         return list(itertools.chain.from_iterable(found))
 
-    def _word(self, word: str, room: int | None = None) -> list[int]:
+    def _word(self, word: str, room: int | None = None, long_words=None) -> list[int]:
         """A word's ids (through the further expressions and the merges),
         cached; with ``room``, TokenLimitError as soon as they are sure to
         be more."""
@@ -159,6 +160,8 @@ class BpeEncoder:
             if len(w) > _LONG:
                 if room is not None:
                     self._check_long(w, room - len(ids))
+                if long_words is not None:
+                    long_words.take(w)
                 self._merge_long(w, ids, room)
             else:
                 ids.extend(self._merge(w))

@@ -74,14 +74,15 @@ class SpmEncoder:
         self._cut = regex.compile(f"(?<=[^{_SPACE}])(?={_SPACE})")
         self._bigrams = {t[i:i + 2] for t in vocab.token_to_id for i in range(len(t) - 1)}
 
-    def encode(self, text: str, limit: int | None = None) -> list[int]:
+    def encode(self, text: str, limit: int | None = None, long_words=None) -> list[int]:
         """Token ids of one fragment whose spaces are already ``▁``.
 
         With ``limit``, the chunks are taken one at a time and
         :class:`TokenLimitError` is raised as soon as the ids are certain to
         be more than ``limit`` (a long chunk is first bounded by its length:
         no token is longer than the longest one made of its characters), so
-        that the work stops near the limit.
+        that the work stops near the limit; ``long_words`` (a
+        :class:`~.vocab.LongWords`) counts the long chunks merged.
         """
         cache = self._cache
         if limit is not None:
@@ -92,6 +93,8 @@ class SpmEncoder:
                 if ids is None:
                     if len(chunk) > _LONG:
                         self._check_long(chunk, limit - len(out))
+                        if long_words is not None:
+                            long_words.take(chunk)
                     ids = self._chunk(chunk)
                 out += ids
                 if len(out) > limit:

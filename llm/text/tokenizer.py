@@ -32,13 +32,18 @@ from ptxgen.llm.text.bpe import BpeEncoder
 from ptxgen.llm.gguf.metadata import read_gguf_metadata
 from ptxgen.llm.text.pretokenize import PRE_TOKENIZERS, byte_decode_table
 from ptxgen.llm.text.spm import SpmEncoder, spm_piece
-from ptxgen.llm.text.vocab import ATTR, SUPPORTED_MODELS, TokenizerError, TokenLimitError, Vocab
+from ptxgen.llm.text.vocab import (ATTR, SUPPORTED_MODELS, LongWords, TokenizerError,
+                                   TokenLimitError, Vocab)
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TokenLimitError", "SUPPORTED_MODELS",
            "SUPPORTED_PRE_TOKENIZERS"]
 
 #: ``tokenizer.ggml.pre`` values accepted for byte-level BPE vocabularies
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(PRE_TOKENIZERS))
+
+# under a token limit: the characters of long words (longer than the second
+# number) one text may hold, for byte-level BPE and for SentencePiece
+_LONG_WORDS = {"gpt2": (1 << 20, 1024), "llama": (1 << 18, 1024)}
 
 # C isspace(): what a special token's strip attributes remove
 _C_SPACE = " \t\n\x0b\x0c\r"
@@ -292,6 +297,7 @@ class Tokenizer:
                     raise self._over(max_tokens, at_least + add_eos, "by its length")
         encode = self._encoder.encode
         spm = v.model == "llama"
+        long_words = None if limit is None else LongWords(*_LONG_WORDS[v.model])
         prev_special = True
         for part in parts:
             if not isinstance(part, str):
@@ -307,7 +313,7 @@ class Tokenizer:
                 out.extend(encode(part))
                 continue
             try:
-                out.extend(encode(part, limit - len(out)))
+                out.extend(encode(part, limit - len(out), long_words))
             except TokenLimitError as e:
                 raise self._over(max_tokens, len(out) + e.at_least + add_eos) from None
         if limit is not None and len(out) > limit:

@@ -198,6 +198,23 @@ def test_long_text_is_refused_before_it_is_tokenized():
         q.encode("=" * 200_000, add_special=False, max_tokens=1000)
 
 
+def test_long_words_under_a_limit_are_bounded_in_total():
+    """A run of one character needs few tokens but its merge costs time per
+    character: under a token limit the long words of a text hold at most
+    1 MiB (BPE) or 256 KiB (SPM) together."""
+    q = tok("llama-bpe")
+    run = " " * 600_000 + "x"
+    assert q.encode(run, add_special=False, max_tokens=10_000) == \
+        q.encode(run, add_special=False)                              # 4688 + 1 tokens
+    with pytest.raises(TokenizerError, match=r"words of more than 1024 characters \(one of "
+                                             r"599999\) add up to more than 1048576"):
+        q.encode(run * 2, add_special=False, max_tokens=20_000)
+    assert len(q.encode(run * 2, add_special=False)) < 20_000        # without a limit: taken
+    s = tok("llama-spm")
+    with pytest.raises(TokenizerError, match="add up to more than 262144"):
+        s.encode("a" * 300_000, add_special=False, max_tokens=100_000)
+
+
 def test_split_special_and_encode_parts():
     t = tok("qwen2")
     text = "a<|im_end|> b<|im_start|>"
