@@ -49,6 +49,7 @@ thread-local, so renderings in different threads do not interfere.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
@@ -354,9 +355,10 @@ def _check_binop(b: _Budget, op: str, left, right):
             b.need(_percent_size(b, left, right), "a % format")
 
 
-def _check_width(b: _Budget, s, width, what: str):
+def _check_width(b: _Budget, s, width, *args):
+    """``center``/``ljust``/``rjust``/``zfill``: a result of ``width``."""
     if isinstance(width, int):
-        b.need(max(len(s) if isinstance(s, (str, bytes)) else 0, width), what)
+        b.need(max(len(s) if isinstance(s, (str, bytes)) else 0, width), f"a width of {width}")
 
 
 def _check_replace(b: _Budget, s, old, new, count=-1):
@@ -401,13 +403,8 @@ def _check_to_bytes(b: _Budget, n, length=1, *args, **kw):
 
 # builtin method name -> check(budget, self, *args, **kwargs)
 _METHOD_CHECKS = {
-    "center": lambda b, s, width, *a: _check_width(b, s, width, "a center()"),
-    "ljust": lambda b, s, width, *a: _check_width(b, s, width, "an ljust()"),
-    "rjust": lambda b, s, width, *a: _check_width(b, s, width, "an rjust()"),
-    "zfill": lambda b, s, width, *a: _check_width(b, s, width, "a zfill()"),
-    "expandtabs": _check_expandtabs,
-    "replace": _check_replace,
-    "translate": _check_translate,
+    "center": _check_width, "ljust": _check_width, "rjust": _check_width, "zfill": _check_width,
+    "expandtabs": _check_expandtabs, "replace": _check_replace, "translate": _check_translate,
     "to_bytes": _check_to_bytes,
 }
 
@@ -487,16 +484,19 @@ def _check_filter_int(b, value, default=0, base=10):
         raise ChatTemplateLimitError(f"int() of a string of {len(value)} characters")
 
 
+def _check_filter_center(b, s, width=80):
+    _check_width(b, s, width)
+
+
+def _check_filter_replace(b, s, old, new, count=None):
+    _check_replace(b, s, old, new, -1 if count is None else count)
+
+
 # filter name -> check(budget, value, *args, **kwargs) (no context argument)
 _FILTER_CHECKS = {
-    "center": lambda b, s, width=80: _check_width(b, s, width, "a center"),
-    "indent": _check_filter_indent,
-    "format": _check_filter_format,
-    "replace": lambda b, s, old, new, count=None: _check_replace(
-        b, s, old, new, -1 if count is None else count),
-    "batch": _check_filter_batch,
-    "slice": _check_filter_slice,
-    "sum": _check_filter_sum,
+    "center": _check_filter_center, "indent": _check_filter_indent,
+    "format": _check_filter_format, "replace": _check_filter_replace,
+    "batch": _check_filter_batch, "slice": _check_filter_slice, "sum": _check_filter_sum,
     "int": _check_filter_int,
 }
 _DROPPED_FILTERS = ("random", "wordwrap", "urlize", "pprint")
@@ -506,8 +506,8 @@ def _limited_filter(name, func):
     """``func`` with a deadline check, its check from _FILTER_CHECKS, its
     result measured; passed the context so that it is never run at compile
     time."""
-    from jinja2.utils import _PassArg
-    pass_arg = _PassArg.from_obj(func)
+    # what jinja passes first (set by its pass_context & co. decorators)
+    pass_arg = getattr(getattr(func, "jinja_pass_arg", None), "name", None)
     check = _FILTER_CHECKS.get(name)
     is_join = name == "join"
 
@@ -520,11 +520,11 @@ def _limited_filter(name, func):
         if is_join and args:
             sep = kwargs.get("d", args[1] if len(args) > 1 else "")
             args = (_check_join(b, sep, args[0]),) + args[1:]
-        if pass_arg is _PassArg.context:
+        if pass_arg == "context":
             out = func(context, *args, **kwargs)
-        elif pass_arg is _PassArg.eval_context:
+        elif pass_arg == "eval_context":
             out = func(context.eval_ctx, *args, **kwargs)
-        elif pass_arg is _PassArg.environment:
+        elif pass_arg == "environment":
             out = func(context.environment, *args, **kwargs)
         else:
             out = func(*args, **kwargs)
@@ -555,7 +555,6 @@ def raise_exception(message):
 
 
 def strftime_now(fmt):
-    import datetime
     if not isinstance(fmt, str) or len(fmt) > 256:
         raise ChatTemplateLimitError("strftime_now() takes a date format of at most 256 "
                                      "characters")
