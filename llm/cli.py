@@ -158,10 +158,24 @@ def _load(a, be, need: str = ""):
     if need == "chat" and not tok.chat_template and getattr(a, "template", None) is None:
         raise CliError(f"{a.model} has no chat template (tokenizer.chat_template): give "
                        "--chat-template FILE")
+    if need == "chat" and getattr(a, "template", None) is None:
+        _check_file_template(tok)
     if be.name == "emu":
         print(f"loading {a.model} and building its kernels for the emulator ...",
               file=sys.stderr, flush=True)
     return Model(f, be, capacity=a.capacity, tokenizer=tok)
+
+
+def _check_file_template(tok):
+    """Warn on stderr, before loading, when the file's chat template cannot be
+    used and the built-in ChatML one stands in."""
+    import warnings
+    from ptxgen.llm.text.chat_template import file_template
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        file_template(tok)
+    for w in caught:
+        print(f"warning: {w.message}", file=sys.stderr, flush=True)
 
 
 def _prompt_progress(be):
@@ -275,19 +289,25 @@ def chat_command(argv) -> int:
     p.add_argument("--system", default=None, help="a system message opening the conversation")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template to use instead of the file's")
+    p.add_argument("--parse-special", action="store_true",
+                   help="turn special-token texts typed in a message (<|im_end|>, ...) into "
+                        "control tokens; without it they stay text")
     _add_sampling_args(p)
     a = p.parse_args(argv)
 
     def body():
+        from ptxgen.llm.text.template_sandbox import compile_template
         settings = _sampling(a)
         a.template = None
         if a.chat_template is not None:
             with open(a.chat_template, encoding="utf-8") as f:
                 a.template = f.read()
+            compile_template(a.template)         # its errors before the model loads
         be = get_backend_for_cli(a.backend)
         model = _load(a, be, "chat")
         session = model.chat_session(
-            a.system, template=a.template, max_new_tokens=a.max_new_tokens, sampling=settings,
+            a.system, template=a.template, parse_special_in_content=a.parse_special,
+            max_new_tokens=a.max_new_tokens, sampling=settings,
             stop=a.stop, mode="eager" if a.eager else "graph", progress=_prompt_progress(be))
         interactive = _tty(sys.stdin)
         while True:

@@ -26,7 +26,8 @@ from __future__ import annotations
 import attrs
 
 from ptxgen.llm.text.chat_template import ChatTemplateError, encode_chat, incremental_chat_tokens
-from ptxgen.llm.generation import SamplingSettings
+from ptxgen.llm.text.tokenizer import TokenLimitError
+from ptxgen.llm.generation import ContextOverflowError, SamplingSettings
 
 __all__ = ["TextGeneration", "TextResult", "TextStream", "ChatSession", "STOP_EOG",
            "STOP_STRING", "STOP_LENGTH", "STOP_CAPACITY", "sampling_settings"]
@@ -246,11 +247,32 @@ def _tokenizer_of(model):
     return tok
 
 
-def _prompt_ids(tok, prompt, add_special, parse_special) -> list:
+def _room(model, keep_cache: bool):
+    """The most prompt tokens the model's KV cache can take (None: unknown),
+    so that a prompt too long is refused before it is all tokenized."""
+    capacity = getattr(model, "capacity", None)
+    if not isinstance(capacity, int):
+        return None
+    pos = getattr(model, "position", None) if keep_cache else None
+    return max(capacity - 1 if pos is None else capacity - pos - 2, 0)
+
+
+def _fitting(room, encode, *args, **kw) -> list:
+    """``encode(*args, max_tokens=room, **kw)``; too many tokens is a ContextOverflowError."""
+    try:
+        return encode(*args, max_tokens=room, **kw)
+    except TokenLimitError as e:
+        raise ContextOverflowError(f"the prompt does not fit the KV cache, which has room for "
+                                   f"{room} more tokens: {e}") from None
+
+
+def _prompt_ids(tok, prompt, add_special, parse_special, room=None) -> list:
     if isinstance(prompt, str):
-        ids = tok.encode(prompt, add_special=add_special, parse_special=parse_special)
+        ids = _fitting(room, tok.encode, prompt, add_special=add_special,
+                       parse_special=parse_special)
     else:
-        ids = [int(t) for t in prompt]
+        from ptxgen.llm.session import check_tokens
+        ids = check_tokens(prompt, tok.n_vocab)
     if not ids:
         raise ValueError("the prompt is empty: give some text (or add_special=True for a BOS)")
     return ids
@@ -294,7 +316,7 @@ class TextGeneration:
         TextStream
         """
         tok = _tokenizer_of(self)
-        ids = _prompt_ids(tok, prompt, add_special, parse_special)
+        ids = _prompt_ids(tok, prompt, add_special, parse_special, _room(self, keep_cache))
         return TextStream(self, ids, max_new_tokens=max_new_tokens,
                           sampling=sampling_settings(sampling, **sampling_kw), stop=stop,
                           keep_cache=keep_cache, mode=mode, progress=progress)
@@ -309,19 +331,24 @@ class TextGeneration:
         """
         return self.stream(prompt, **kw).run()
 
-    def chat(self, messages, *, template: str | None = None, **kw) -> TextResult:
+    def chat(self, messages, *, template: str | None = None,
+             parse_special_in_content: bool = False, **kw) -> TextResult:
         """Answer a conversation (``[{"role": ..., "content": ...}, ...]``)
-        rendered with the file's chat template (or ``template``); the other
-        arguments are :meth:`stream`'s."""
+        rendered with the file's chat template (or ``template``); special-token
+        texts inside the messages stay text unless ``parse_special_in_content``
+        (:func:`~.chat_template.encode_chat`); the other arguments are
+        :meth:`stream`'s."""
         tok = _tokenizer_of(self)
-        ids = encode_chat(tok, messages, add_generation_prompt=True, template=template)
+        ids = _fitting(_room(self, False), encode_chat, tok, messages, add_generation_prompt=True,
+                       template=template, parse_special_in_content=parse_special_in_content)
         return self.stream(ids, **kw).run()
 
     def chat_session(self, system: str | None = None, *, template: str | None = None,
-                     **defaults) -> "ChatSession":
+                     parse_special_in_content: bool = False, **defaults) -> "ChatSession":
         """A :class:`ChatSession` on this model; ``defaults`` are
         :meth:`stream` arguments for every turn."""
-        return ChatSession(self, system=system, template=template, **defaults)
+        return ChatSession(self, system=system, template=template,
+                           parse_special_in_content=parse_special_in_content, **defaults)
 
 
 class ChatSession:
@@ -344,16 +371,20 @@ class ChatSession:
         A system message opening the conversation.
     template : str, optional
         Overrides the file's chat template.
+    parse_special_in_content : bool
+        Let special-token texts in the messages become control tokens (for
+        trusted input; off, they stay text).
     **defaults
         :meth:`TextGeneration.stream` arguments for every turn.
     """
 
     def __init__(self, model, system: str | None = None, template: str | None = None,
-                 **defaults):
+                 parse_special_in_content: bool = False, **defaults):
         self.model = model
         self.session = model.session()
         self.tokenizer = _tokenizer_of(model)
         self.template = template
+        self.parse_special_in_content = parse_special_in_content
         self.defaults = defaults
         self.messages: list = []
         if system:
@@ -363,19 +394,20 @@ class ChatSession:
 
     def _ids(self, messages) -> tuple:
         """``(token ids to feed, keep_cache)`` for the conversation ``messages``."""
-        tok = self.tokenizer
+        tok, m = self.tokenizer, self.model
+        kw = dict(template=self.template, parse_special_in_content=self.parse_special_in_content)
         if self._fed and self.session.position is not None:
             try:
-                ids = incremental_chat_tokens(tok, self.messages, messages,
-                                              template=self.template)
+                ids = _fitting(_room(m, True), incremental_chat_tokens, tok, self.messages,
+                               messages, **kw)
             except ChatTemplateError:
                 pass
             else:
                 if self._close_turn and tok.eot_id is not None:
                     ids = [tok.eot_id] + ids
                 return ids, True
-        return encode_chat(tok, messages, add_generation_prompt=True,
-                           template=self.template), False
+        return _fitting(_room(m, False), encode_chat, tok, messages, add_generation_prompt=True,
+                        **kw), False
 
     def stream(self, text: str, **kw) -> TextStream:
         """Send a user message; returns the reply as a :class:`TextStream`.

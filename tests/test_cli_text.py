@@ -5,6 +5,7 @@ hits: one `error:` line and exit code 2 for bad input, defaults in every
 
 import io
 import os
+import time
 import types
 
 import pytest
@@ -137,6 +138,51 @@ def test_models_without_tokenizer_or_template_are_refused_before_loading(tmp_pat
                           vocab_limit=300, **SMALL)
     assert main(["chat", str(spm), "--backend", "emu"]) == 2
     assert "has no chat template" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("template,needle,loaded", [
+    ("{% if 1 %}" * 120 + "{% endif %}" * 120, "nests too deeply to compile", False),
+    ("{{ lipsum(n=10**7) }}", "lipsum() is not available", True),
+    ("{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}",
+     "ran for more than", True),
+    ("{{ 'a' * 10**9 }}", "would make a value of 1000000000 characters", True),
+])
+def test_chat_refuses_a_hostile_template_in_one_line(template, needle, loaded, model_path,
+                                                     tmp_path, capsys, monkeypatch):
+    """A --chat-template that breaks the sandbox's limits: one error line,
+    before the model loads when it does not even compile."""
+    f = tmp_path / "t.jinja"
+    f.write_text(template, encoding="utf-8")
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))
+    assert main(["chat", model_path, "--chat-template", str(f), "--backend", "emu",
+                 "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    assert needle in _one_error_line(err) and ("loading" in err) == loaded
+
+
+def test_run_refuses_a_10mb_prompt_file_quickly(model_path, tmp_path, capsys):
+    f = tmp_path / "big.txt"
+    f.write_text("All work and no play. " * 500_000, encoding="utf-8")
+    t0 = time.perf_counter()
+    assert main(["run", model_path, "--prompt-file", str(f), "--backend", "emu",
+                 "--capacity", "64", "-n", "1"]) == 2
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert "does not fit the KV cache, which has room for 63 more tokens" in line
+    assert time.perf_counter() - t0 < 10      # the model's loading included
+
+
+def test_chat_falls_back_to_chatml_when_the_file_template_cannot_be_used(tmp_path, capsys,
+                                                                        monkeypatch):
+    p = tmp_path / "broken.gguf"
+    write_synthetic_llama(p, seed=3, vocab_from=PHI3, vocab_limit=700, chat_template="{% for %}",
+                          **SMALL)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi\n"))
+    assert main(["chat", str(p), "--backend", "emu", "-n", "1", "--capacity", "48"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: the GGUF file's chat template cannot be used (chat template has a syntax " \
+           "error at line 1" in err and "built-in ChatML" in err
+    assert "generation: 1 tokens" in err and out.endswith("\n")
 
 
 @pytest.mark.parametrize("cmd", ["dump", "check", "run", "chat", "demo", "tune"])

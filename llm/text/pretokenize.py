@@ -27,7 +27,7 @@ import attrs
 import regex
 
 __all__ = ["PreTokenizer", "PRE_TOKENIZERS", "byte_encode", "byte_decode_table",
-           "split_words"]
+           "split_words", "iter_words"]
 
 # the Unicode White_Space property, as characters for a class
 _WS = "\\t\\n\\x0b\\x0c\\r \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
@@ -202,6 +202,22 @@ def split_words(text: str, patterns) -> list[str]:
             extend(filter(None, split(piece)))
         pieces = out
     return pieces
+
+
+def iter_words(text: str, patterns):
+    """The words of :func:`split_words`, one at a time (for text that may be
+    long and need not be cut whole)."""
+    if not patterns:
+        if text:
+            yield text
+        return
+    rest = patterns[1:]
+    for piece in _compile(patterns[0]).splititer(text):
+        if piece:
+            if rest:
+                yield from iter_words(piece, rest)
+            else:
+                yield piece
 
 
 def _byte_alphabet() -> list[str]:

@@ -33,7 +33,7 @@ import operator
 import numpy as np
 import regex
 
-from ptxgen.llm.text.vocab import ATTR, TokenizerError, Vocab
+from ptxgen.llm.text.vocab import ATTR, TokenizerError, TokenLimitError, Vocab
 
 __all__ = ["SpmEncoder"]
 
@@ -44,6 +44,9 @@ _SHORT = 24
 _NO_PAIR = float("-inf")
 # chunks up to this many characters are merged whole, longer ones cut first
 _PIECE_MIN = 8
+# chunks longer than this are not cached and, under a token limit, are first
+# bounded by their length
+_LONG = 1024
 
 
 class SpmEncoder:
@@ -71,31 +74,67 @@ class SpmEncoder:
         self._cut = regex.compile(f"(?<=[^{_SPACE}])(?={_SPACE})")
         self._bigrams = {t[i:i + 2] for t in vocab.token_to_id for i in range(len(t) - 1)}
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of one fragment whose spaces are already ``▁``."""
+    def encode(self, text: str, limit: int | None = None, long_words=None) -> list[int]:
+        """Token ids of one fragment whose spaces are already ``▁``.
+
+        With ``limit``, the chunks are taken one at a time and
+        :class:`TokenLimitError` is raised as soon as the ids are certain to
+        be more than ``limit`` (a long chunk is first bounded by its length:
+        no token is longer than the longest one made of its characters), so
+        that the work stops near the limit; ``long_words`` (a
+        :class:`~.vocab.LongWords`) counts the long chunks merged.
+        """
         cache = self._cache
+        if limit is not None:
+            out: list[int] = []
+            chunks = self._chunks(text) if self._crossing else self._cut.splititer(text)
+            for chunk in chunks:
+                ids = cache.get(chunk)
+                if ids is None:
+                    if len(chunk) > _LONG:
+                        self._check_long(chunk, limit - len(out))
+                        if long_words is not None:
+                            long_words.take(chunk)
+                    ids = self._chunk(chunk)
+                out += ids
+                if len(out) > limit:
+                    raise TokenLimitError("more tokens than the limit", limit, len(out))
+            return out
         chunks = self._chunks(text)
         found = list(map(cache.get, chunks))
         if None in found:
-            if len(cache) >= _CACHE_LIMIT:
-                cache.clear()
             for k, ids in enumerate(found):
                 if ids is None:
-                    chunk = chunks[k]
-                    ids = cache.get(chunk)
-                    if ids is None:
-                        if len(chunk) <= _PIECE_MIN:
-                            ids = self._merge(chunk)
-                        else:
-                            ids = []
-                            for piece in self._pieces(chunk):
-                                sub = cache.get(piece)
-                                if sub is None:
-                                    sub = cache[piece] = self._merge(piece)
-                                ids.extend(sub)
-                        cache[chunk] = ids
-                    found[k] = ids
+                    ids = cache.get(chunks[k])
+                    found[k] = self._chunk(chunks[k]) if ids is None else ids
         return list(itertools.chain.from_iterable(found))
+
+    def _chunk(self, chunk: str) -> list[int]:
+        """One chunk's ids, cached (with its pieces') unless it is long."""
+        cache = self._cache
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        if len(chunk) <= _PIECE_MIN:
+            ids = self._merge(chunk)
+        else:
+            ids = []
+            for piece in self._pieces(chunk):
+                sub = cache.get(piece)
+                if sub is None:
+                    sub = self._merge(piece)
+                    if len(piece) <= _LONG:
+                        cache[piece] = sub
+                ids.extend(sub)
+        if len(chunk) <= _LONG:
+            cache[chunk] = ids
+        return ids
+
+    def _check_long(self, chunk: str, room: int) -> None:
+        # a character missing from the vocabulary becomes byte tokens, one or
+        # more per character: the bound holds for those too
+        at_least = -(-len(chunk) // self._vocab.longest_token_within(set(chunk)))
+        if at_least > room:
+            raise TokenLimitError("more tokens than the limit", room, at_least)
 
     def _pieces(self, chunk: str) -> list[str]:
         # Cut between two characters that no token holds side by side: a
@@ -178,42 +217,63 @@ class SpmEncoder:
         return self._finish(syms)
 
     def _merge_long(self, text: str) -> list[int]:
+        # The heap holds one int per candidate pair: (rank << 48) | (left <<
+        # 16) | length, where rank orders the scores from the highest, so
+        # the smallest key is the best pair, the leftmost on ties.  A symbol
+        # starts where its first character is (merges absorb the right
+        # symbol), so a pair is (left, nxt[left]); it is stale when either
+        # symbol has changed, which makes their lengths no longer add up.
         n = len(text)
-        score = self._score
-        start = list(range(n))          # first character of each symbol
+        rank = self._ranks()
         length = [1] * n                # characters in each symbol (0: merged away)
         nxt = list(range(1, n)) + [-1]
         prv = list(range(-1, n - 1))
         heap = []
-
-        def push(left, right):
-            if left < 0 or right < 0:
-                return
-            piece = text[start[left]:start[right] + length[right]]
-            s = score.get(piece)
-            if s is not None:
-                heapq.heappush(heap, (-s, left, right, len(piece)))
-
-        for i in range(1, n):
-            push(i - 1, i)
+        for i in range(n - 1):
+            r = rank.get(text[i:i + 2])
+            if r is not None:
+                heap.append((r << 48) | (i << 16) | 2)
+        heapq.heapify(heap)
+        pop, push = heapq.heappop, heapq.heappush
         while heap:
-            _, left, right, size = heapq.heappop(heap)
-            if length[left] == 0 or length[right] == 0 or length[left] + length[right] != size:
+            key = pop(heap)
+            left = (key >> 16) & 0xFFFFFFFF
+            right = nxt[left]
+            if right < 0 or length[left] + length[right] != key & 0xFFFF or not length[left]:
                 continue
             length[left] += length[right]
             length[right] = 0
-            nxt[left] = nxt[right]
-            if nxt[right] >= 0:
-                prv[nxt[right]] = left
-            push(prv[left], left)
-            push(left, nxt[left])
-
+            after = nxt[right]
+            nxt[left] = after
+            if after >= 0:
+                prv[after] = left
+            before = prv[left]
+            if before >= 0:
+                size = length[before] + length[left]
+                r = rank.get(text[before:before + size])
+                if r is not None:
+                    push(heap, (r << 48) | (before << 16) | size)
+            if after >= 0:
+                size = length[left] + length[after]
+                r = rank.get(text[left:left + size])
+                if r is not None:
+                    push(heap, (r << 48) | (left << 16) | size)
         pieces = []
         i = 0
         while i != -1:
-            pieces.append(text[start[i]:start[i] + length[i]])
+            pieces.append(text[i:i + length[i]])
             i = nxt[i]
         return self._finish(pieces)
+
+    def _ranks(self) -> dict:
+        """Token text -> the rank of its score, 0 for the highest (a NaN
+        score ranks below all others); for the heap of _merge_long."""
+        ranks = self.__dict__.get("_rank")
+        if ranks is None:
+            order = sorted({s for s in self._score.values() if s == s}, reverse=True)
+            of = {s: i for i, s in enumerate(order)}
+            ranks = self._rank = {t: of.get(s, len(order)) for t, s in self._score.items()}
+        return ranks
 
 
 def spm_piece(vocab: Vocab, token: int) -> bytes:

@@ -32,13 +32,18 @@ from ptxgen.llm.text.bpe import BpeEncoder
 from ptxgen.llm.gguf.metadata import read_gguf_metadata
 from ptxgen.llm.text.pretokenize import PRE_TOKENIZERS, byte_decode_table
 from ptxgen.llm.text.spm import SpmEncoder, spm_piece
-from ptxgen.llm.text.vocab import ATTR, SUPPORTED_MODELS, TokenizerError, Vocab
+from ptxgen.llm.text.vocab import (ATTR, SUPPORTED_MODELS, LongWords, TokenizerError,
+                                   TokenLimitError, Vocab)
 
-__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "SUPPORTED_MODELS",
+__all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "TokenLimitError", "SUPPORTED_MODELS",
            "SUPPORTED_PRE_TOKENIZERS"]
 
 #: ``tokenizer.ggml.pre`` values accepted for byte-level BPE vocabularies
 SUPPORTED_PRE_TOKENIZERS = tuple(sorted(PRE_TOKENIZERS))
+
+# under a token limit: the characters of long words (longer than the second
+# number) one text may hold, for byte-level BPE and for SentencePiece
+_LONG_WORDS = {"gpt2": (1 << 20, 1024), "llama": (1 << 18, 1024)}
 
 # C isspace(): what a special token's strip attributes remove
 _C_SPACE = " \t\n\x0b\x0c\r"
@@ -207,7 +212,8 @@ class Tokenizer:
 
     # -- encoding ----------------------------------------------------------------
 
-    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False,
+               max_tokens: int | None = None) -> list[int]:
         """Token ids of ``text``.
 
         Parameters
@@ -218,54 +224,139 @@ class Tokenizer:
         parse_special : bool
             Turn the texts of CONTROL tokens (``<|eot_id|>``, ``<s>``, ...)
             into those tokens; without it they are tokenized as plain text.
+        max_tokens : int, optional
+            Refuse text that needs more tokens, before tokenizing it all (see
+            :meth:`encode_parts`).
 
         Returns
         -------
         list of int
+
+        Raises
+        ------
+        TokenLimitError
+            With ``max_tokens``, for text that needs more.
         """
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}")
-        if not text.isascii():
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise ValueError(f"text is not encodable as UTF-8 at index {e.start}: "
-                                 f"{text[e.start:e.end]!r}") from None
+        return self.encode_parts(self.split_special(text, parse_special) if text else [],
+                                 add_special=add_special, max_tokens=max_tokens)
+
+    def encode_parts(self, parts, add_special: bool = True,
+                     max_tokens: int | None = None) -> list[int]:
+        """Token ids of text already split around its special tokens.
+
+        Parameters
+        ----------
+        parts : list of (str or int)
+            Text, tokenized as plain text (no special token is cut out of
+            it: :meth:`split_special` does that), and token ids, kept; in
+            order.
+        add_special : bool
+            Add BOS/EOS as the vocabulary asks.
+        max_tokens : int, optional
+            The most ids allowed.  Text that needs more is refused before
+            it is all tokenized: first by a bound from its length (no token
+            stands for more bytes than the vocabulary's longest), then as
+            the count passes the limit (a long word bounded by its length
+            first), so the work done stays near what ``max_tokens`` tokens
+            of text cost.
+
+        Raises
+        ------
+        TokenLimitError
+            With ``max_tokens``, for text that needs more.
+        """
+        if max_tokens is not None and (isinstance(max_tokens, bool)
+                                       or not isinstance(max_tokens, int) or max_tokens < 0):
+            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
         v = self._vocab
+        parts = list(parts)
+        nbytes = 0
+        for p in parts:
+            if isinstance(p, str):
+                nbytes += _utf8_length(p)
+            elif isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+                raise TypeError(f"a part is a str or a token id, got {type(p).__name__}")
         out: list[int] = []
         if add_special and v.add_bos:
             if v.special["bos"] is None:
                 raise TokenizerError("the vocabulary asks for a BOS token but has none")
             out.append(v.special["bos"])
-        fragments = self._partition(text, parse_special) if text else []
+        add_eos = add_special and v.add_eos
+        if add_eos and v.special["eos"] is None:
+            raise TokenizerError("the vocabulary asks for an EOS token but has none")
+        limit = None
+        if max_tokens is not None:
+            limit = max_tokens - add_eos
+            longest = self._longest_piece()
+            if longest:
+                at_least = (len(out) + sum(not isinstance(p, str) for p in parts)
+                            + -(-nbytes // longest))
+                if at_least > limit:
+                    raise self._over(max_tokens, at_least + add_eos, "by its length")
         encode = self._encoder.encode
-        if v.model == "llama":
-            prev_special = True
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                    prev_special = True
-                    continue
+        spm = v.model == "llama"
+        long_words = None if limit is None else LongWords(*_LONG_WORDS[v.model])
+        prev_special = True
+        for part in parts:
+            if not isinstance(part, str):
+                out.append(int(part))
+                prev_special = True
+                continue
+            if spm:
                 if v.add_space_prefix and prev_special:
-                    frag = " " + frag
-                out.extend(encode(frag.replace(" ", "\u2581")))
-                prev_special = False
-        else:
-            for frag in fragments:
-                if isinstance(frag, int):
-                    out.append(frag)
-                else:
-                    out.extend(encode(frag))
-        if add_special and v.add_eos:
-            if v.special["eos"] is None:
-                raise TokenizerError("the vocabulary asks for an EOS token but has none")
+                    part = " " + part
+                part = part.replace(" ", "\u2581")
+            prev_special = False
+            if limit is None:
+                out.extend(encode(part))
+                continue
+            try:
+                out.extend(encode(part, limit - len(out), long_words))
+            except TokenLimitError as e:
+                raise self._over(max_tokens, len(out) + e.at_least + add_eos) from None
+        if limit is not None and len(out) > limit:
+            raise self._over(max_tokens, len(out) + add_eos)
+        if add_eos:
             out.append(v.special["eos"])
         return out
 
-    def _partition(self, text: str, parse_special: bool) -> list:
-        """Split text around special tokens: a list of str fragments and int ids."""
+    @staticmethod
+    def _over(max_tokens: int, at_least: int, how: str = "") -> TokenLimitError:
+        how = f" {how}" if how else ""
+        return TokenLimitError(f"the text needs at least {at_least} tokens{how}, more than the "
+                               f"limit of {max_tokens}", max_tokens, at_least)
+
+    def _longest_piece(self) -> int:
+        """The most bytes one token stands for (0: no length bound holds)."""
+        longest = self.__dict__.get("_longest")
+        if longest is None:
+            v = self._vocab
+            longest = max(len(self._piece(i)) for i in range(len(v)))
+            if v.model == "gpt2" and not all(c in v.token_to_id for c in _BYTE_OF):
+                longest = 0   # a byte without a token is dropped: no bound
+            self._longest = longest
+        return longest
+
+    def split_special(self, text: str, parse_special: bool = True) -> list:
+        """``text`` cut around its special tokens: str pieces and int ids.
+
+        USER_DEFINED tokens are always cut out; CONTROL and UNKNOWN tokens
+        only with ``parse_special``.  A token's LSTRIP/RSTRIP attribute drops
+        the whitespace before/after it.  :meth:`encode_parts` tokenizes the
+        result.
+        """
+        return [text[p[0]:p[1]] if isinstance(p, tuple) else p
+                for p in self.special_spans(text, parse_special)]
+
+    def special_spans(self, text: str, parse_special: bool = True) -> list:
+        """:meth:`split_special` as positions: ``(start, end)`` of each text
+        piece, and int ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"expected a str, got {type(text).__name__}")
         v = self._vocab
-        frags: list = [text]
+        frags: list = [(0, len(text))] if text else []
         present = set()
         for prefix, group in self._special_groups[bool(parse_special)]:
             if prefix in text:
@@ -279,12 +370,23 @@ class Tokenizer:
             tt = v.tokens[tid]
             out = []
             for f in frags:
-                if isinstance(f, int) or tt not in f:
+                if isinstance(f, int) or text.find(tt, f[0], f[1]) < 0:
                     out.append(f)
                 else:
-                    _split_at_token(f, tt, tid, attr, out)
+                    _split_at_token(text, f[0], f[1], tt, tid, attr, out)
             frags = out
         return frags
+
+    @property
+    def control_texts(self) -> tuple:
+        """Texts of the special tokens that only ``parse_special`` turns into
+        tokens (CONTROL and UNKNOWN), longest first."""
+        texts = self.__dict__.get("_control_texts")
+        if texts is None:
+            v = self._vocab
+            texts = self._control_texts = tuple(
+                v.tokens[t] for t in v.special_tokens if v.attrs[t] & (ATTR.CONTROL | ATTR.UNKNOWN))
+        return texts
 
     # -- decoding ----------------------------------------------------------------
 
@@ -371,14 +473,16 @@ class Tokenizer:
 
     def apply_chat_template(self, messages, add_generation_prompt: bool = True,
                             template: str | None = None, **extra) -> str:
-        """Render ``messages`` with the file's chat template (see :func:`.chat_template.render_chat`)."""
-        from ptxgen.llm.text.chat_template import render_chat
+        """Render ``messages`` with a chat template (see :func:`.chat_template.render_chat`):
+        ``template``, or the file's own (:func:`.chat_template.file_template`:
+        ChatML, with a warning, when the file's cannot be used)."""
+        from ptxgen.llm.text.chat_template import file_template, render_chat
 
         v = self._vocab
         bos = v.special["bos"]
         eos = v.special["eos"]
         return render_chat(
-            self.chat_template if template is None else template, messages,
+            file_template(self) if template is None else template, messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=v.tokens[bos] if bos is not None else "",
             eos_token=v.tokens[eos] if eos is not None else "", **extra)
@@ -416,27 +520,37 @@ def _field_value(field):
     return np.asarray(field.parts[field.data[0]]).ravel()[0].item()
 
 
-def _split_at_token(f: str, tt: str, tid: int, attr: int, out: list) -> None:
-    """Split fragment ``f`` at each occurrence of special token text ``tt``."""
-    base, end = 0, len(f)
+def _utf8_length(text: str) -> int:
+    if text.isascii():
+        return len(text)
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text is not encodable as UTF-8 at index {e.start}: "
+                         f"{text[e.start:e.end]!r}") from None
+
+
+def _split_at_token(text: str, base: int, end: int, tt: str, tid: int, attr: int,
+                    out: list) -> None:
+    """Split ``text[base:end]`` at each occurrence of special token text ``tt``."""
     while True:
-        m = f.find(tt, base, end)
+        m = text.find(tt, base, end)
         if m < 0:
             if base < end:
-                out.append(f[base:end])
+                out.append((base, end))
             return
         left_end = m
         if attr & ATTR.LSTRIP:
-            while left_end > base and f[left_end - 1] in _C_SPACE:
+            while left_end > base and text[left_end - 1] in _C_SPACE:
                 left_end -= 1
         if left_end > base:
-            out.append(f[base:left_end])
+            out.append((base, left_end))
         out.append(tid)
         base = m + len(tt)
         if base >= end:
             return
         if attr & ATTR.RSTRIP:
-            while base < end and f[base] in _C_SPACE:
+            while base < end and text[base] in _C_SPACE:
                 base += 1
 
 

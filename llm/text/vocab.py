@@ -25,11 +25,58 @@ import copy
 
 import numpy as np
 
-__all__ = ["Vocab", "TokenizerError", "ATTR", "TOKEN_TYPE"]
+__all__ = ["Vocab", "TokenizerError", "TokenLimitError", "ATTR", "TOKEN_TYPE", "LongWords"]
 
 
 class TokenizerError(ValueError):
     """A vocabulary or tokenizer setting that cannot be used, and why."""
+
+
+class TokenLimitError(TokenizerError):
+    """Text that needs more tokens than allowed.
+
+    Attributes
+    ----------
+    limit : int
+        The most tokens allowed.
+    at_least : int
+        How many tokens the text needs at least (found before tokenizing
+        all of it).
+    """
+
+    def __init__(self, message: str, limit: int, at_least: int):
+        super().__init__(message)
+        self.limit = limit
+        self.at_least = at_least
+
+
+class LongWords:
+    """How many characters of long words a tokenization under a token limit
+    may still merge.
+
+    Merging a word costs about a microsecond per character in ``tokenizers``
+    (byte-level BPE) and several in the SentencePiece merge here, however
+    few tokens it makes: ten megabytes of spaces are 78k tokens of a Llama 3
+    vocabulary and ten seconds of merging.  Under a token limit (untrusted
+    text, a KV cache's room) the long words of one text may hold at most
+    ``chars`` characters together; more is refused.
+    """
+
+    def __init__(self, chars: int, longer_than: int):
+        self.left = chars
+        self.chars = chars
+        self.longer_than = longer_than
+
+    def take(self, word: str) -> None:
+        """Count a word; refuse it when the long words are too many characters."""
+        if len(word) > self.longer_than:
+            self.left -= len(word)
+            if self.left < 0:
+                raise TokenizerError(
+                    f"the text's words of more than {self.longer_than} characters (one of "
+                    f"{len(word)}) add up to more than {self.chars} characters, more than a "
+                    "tokenization under a token limit merges (merging costs time per "
+                    "character however few tokens it makes); split such runs of characters")
 
 
 class TOKEN_TYPE:
@@ -348,6 +395,29 @@ class Vocab:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def longest_token_within(self, chars) -> int:
+        """The length of the longest token text made only of ``chars`` (a set
+        of characters); 1 if none is.
+
+        A text made of those characters is cut into tokens no longer than
+        this (or byte tokens, one per byte), which bounds its token count
+        from below.
+        """
+        key = frozenset(chars)
+        memo = self.__dict__.setdefault("_longest_within", {})
+        found = memo.get(key)
+        if found is None:
+            by_length = self.__dict__.get("_by_length")
+            if by_length is None:
+                by_length = self._by_length = sorted(self.tokens, key=len, reverse=True)
+            inside = key.__contains__
+            # longest first; a token fails at its first character outside
+            found = next((len(t) for t in by_length if all(map(inside, t))), 1)
+            if len(memo) > 4096:
+                memo.clear()
+            memo[key] = found
+        return found
 
     def byte_token(self, b: int) -> int:
         """The id of the token for one raw byte (SPM ``<0xXX>`` or the byte itself)."""

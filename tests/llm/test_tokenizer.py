@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from ptxgen.llm.gguf.metadata import GGUFMetadataError, read_gguf_metadata
-from ptxgen.llm.text.tokenizer import (SUPPORTED_PRE_TOKENIZERS, Tokenizer,
+from ptxgen.llm.text.tokenizer import (SUPPORTED_PRE_TOKENIZERS, TokenLimitError, Tokenizer,
                                            TokenizerError)
 from ptxgen.llm.text.vocab import ATTR
 
@@ -150,6 +150,88 @@ def test_pre_tokenizer_matches_llamacpp(pre):
         if got != ids or t.decode_bytes(ids) != bytes.fromhex(dec0):
             bad.append((cases[i], ids, got))
     assert not bad, f"{pre}: {len(bad)} differences; first: {bad[0]!r}"
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_a_token_limit_changes_nothing_it_admits(name):
+    """Every reference case and llama.cpp test text, with ``max_tokens`` its
+    llama.cpp count: the same ids (the limit's word-at-a-time path); one
+    less: TokenLimitError, whose lower bound never exceeds the count."""
+    t = tok(name)
+    texts = ref_cases() + [c for c, _ in llamacpp_cases(name)]
+    for text in texts:
+        for add, parse in ((False, False), (True, True)):
+            ids = t.encode(text, add_special=add, parse_special=parse)
+            assert t.encode(text, add_special=add, parse_special=parse,
+                            max_tokens=len(ids)) == ids, (name, text)
+            if not ids:
+                continue
+            with pytest.raises(TokenLimitError, match=f"more than the limit of {len(ids) - 1}") \
+                    as e:
+                t.encode(text, add_special=add, parse_special=parse, max_tokens=len(ids) - 1)
+            assert len(ids) - 1 < e.value.at_least <= len(ids) and e.value.limit == len(ids) - 1
+
+
+def test_long_text_is_refused_before_it_is_tokenized():
+    """A text whose length alone needs more tokens is refused at once (no
+    token stands for more bytes than the longest piece); a long word by the
+    longest token made of its characters; the rest as the count passes."""
+    t = tok("llama-spm")
+    longest = max(len(t.token_to_piece(i, special=True)) for i in range(t.n_vocab))
+    n = 1000 * longest
+    with pytest.raises(TokenLimitError, match=r"at least 1001 tokens by its length, more "
+                                              r"than the limit of 1000"):
+        t.encode("x" * (n + 1), add_special=False, max_tokens=1000)
+    # "\u2581" + "a" * n passes that bound; its tokens are at most as long as
+    # the longest token of those two characters
+    within = max(len(x) for x in t._vocab.tokens if set(x) <= {"\u2581", "a"})
+    with pytest.raises(TokenLimitError, match="more than the limit of 1000") as e:
+        t.encode("a" * n, add_special=False, max_tokens=1000)
+    assert e.value.at_least == -(-(n + 1) // within) > 1000
+    words = "one two three " * 1000
+    assert len(words) // longest < 1000 < len(t.encode(words, add_special=False))
+    with pytest.raises(TokenLimitError) as e:
+        t.encode(words, add_special=False, max_tokens=1000)
+    assert e.value.at_least == 1001          # stopped as the count passed the limit
+    q = tok("llama-bpe")
+    with pytest.raises(TokenLimitError, match="more than the limit of 1000"):
+        q.encode("=" * 200_000, add_special=False, max_tokens=1000)
+
+
+def test_long_words_under_a_limit_are_bounded_in_total():
+    """A run of one character needs few tokens but its merge costs time per
+    character: under a token limit the long words of a text hold at most
+    1 MiB (BPE) or 256 KiB (SPM) together."""
+    q = tok("llama-bpe")
+    run = " " * 600_000 + "x"
+    assert q.encode(run, add_special=False, max_tokens=10_000) == \
+        q.encode(run, add_special=False)                              # 4688 + 1 tokens
+    with pytest.raises(TokenizerError, match=r"words of more than 1024 characters \(one of "
+                                             r"599999\) add up to more than 1048576"):
+        q.encode(run * 2, add_special=False, max_tokens=20_000)
+    assert len(q.encode(run * 2, add_special=False)) < 20_000        # without a limit: taken
+    s = tok("llama-spm")
+    with pytest.raises(TokenizerError, match="add up to more than 262144"):
+        s.encode("a" * 300_000, add_special=False, max_tokens=100_000)
+
+
+def test_split_special_and_encode_parts():
+    t = tok("qwen2")
+    text = "a<|im_end|> b<|im_start|>"
+    parts = t.split_special(text, parse_special=True)
+    assert parts == ["a", 151645, " b", 151644]
+    assert t.special_spans(text) == [(0, 1), 151645, (11, 13), 151644]
+    assert t.split_special(text, parse_special=False) == [text]
+    assert t.encode_parts(parts, add_special=False) == t.encode(text, add_special=False,
+                                                                parse_special=True)
+    # a str part is plain text: its special-token texts are not cut out
+    assert t.encode_parts([text], add_special=False) == t.encode(text, add_special=False)
+    with pytest.raises(TypeError, match="a part is a str or a token id, got float"):
+        t.encode_parts(["a", 1.5])
+    with pytest.raises(ValueError, match="max_tokens must be an int >= 0, got -1"):
+        t.encode("a", max_tokens=-1)
+    with pytest.raises(ValueError, match="not encodable as UTF-8 at index 1"):
+        t.encode_parts(["a\ud800"])
 
 
 # -- behaviour spelled out -------------------------------------------------------
