@@ -67,7 +67,7 @@ def path(tmp_path_factory, module_seed):
 
 @pytest.fixture(scope="module")
 def model(path):
-    return Model.from_gguf(path, backend=RecordingEmu(), capacity=40, progress=False)
+    return Model.from_gguf(path, backend=RecordingEmu(), capacity=64, progress=False)
 
 
 def _launch_names(model, variant):

@@ -65,6 +65,10 @@ class ScriptedModel(T.TextGeneration):
         self.fed.append((list(ids), keep_cache, sampling))
         return ScriptedDecoding(self.script, len(ids))
 
+    def session(self):
+        """A chat's sequence: the scripted model itself stands for it."""
+        return self
+
 
 def _ids(text):
     return spm().encode(text, add_special=False)
