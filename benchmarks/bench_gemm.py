@@ -76,15 +76,15 @@ class _Gemm:
         be = ops_backend.get_backend("cuda")
         self.plan = G.default_plan(qtype, k, x_type=x_type,
                                    target=target or gemm_target(be.target), m=m, t=t, **knobs)
-        self.grid, self.block, self.shared = G.launch_geometry(self.plan, m, t)
-        self.fn = be.function(G.build, self.plan, dynamic_shared=self.shared)
+        self.geo = G.launch_geometry(self.plan, m, t)
+        self.fn = be.function(G.build, self.plan, dynamic_shared=self.geo.shared)
         self.m, self.t = m, t
 
     def __call__(self, torch, w, x, y):
         xm = G.x_map(self.plan, x.data_ptr(), x.shape[0])
         tail = () if xm is None else (ops_backend.get_backend("cuda").tensor_map(xm),)
-        launch(self.fn, self.grid, self.block, w, x, y, self.m, self.t, *tail,
-               shared=self.shared, stream=torch.cuda.current_stream())
+        launch(self.fn, self.geo.grid, self.geo.block, w, x, y, self.m, self.t, *tail,
+               shared=self.geo.shared, stream=torch.cuda.current_stream())
 
 
 def _check(torch, w, x, y, qtype="Q4_K", rows=8):

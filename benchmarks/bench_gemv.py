@@ -103,9 +103,9 @@ def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
     fn = ops_gemv._function(spec)
 
     def go(ptrs, y, m):
-        grid, block, shared, rpc = G.launch_geometry(spec, m)
-        launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
-                        stream=torch.cuda.current_stream(), pdl=spec.pdl)
+        geo = G.launch_geometry(spec, m)
+        launch(fn, geo.grid, geo.block, *ptrs, y, m, geo.args["rpc"], shared=geo.shared,
+               stream=torch.cuda.current_stream(), pdl=spec.pdl)
     return spec, go
 
 

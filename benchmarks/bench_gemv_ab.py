@@ -71,7 +71,7 @@ def run(config: dict, rounds: int = 3, out=print) -> list[dict]:
                 times[n].append(B._time_graph(
                     torch, lambda i, go=go: go([*wl[i % copies], x, *rr], ys[i % 4], m)))
         for n, (spec, go, err) in built.items():
-            grid = G.launch_geometry(spec, m)[0][0]
+            grid = G.launch_geometry(spec, m).grid[0]
             us = [t * 1e6 for t in times[n]]
             share = read / min(times[n]) / bw
             out(f"{qt} {m}x{k} {epi} {n:14s} grid {grid:5d} err {err:.1e}: "

@@ -36,6 +36,8 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from ptxgen.kernels.plan import LaunchGeometry
+
 __all__ = ["Buffer", "BufRef", "Launch", "Op", "ComputeGraph", "plan_activations", "Executor"]
 
 _ALIGN = 256
@@ -87,15 +89,17 @@ def _buffers_of(args):
 
 @attrs.frozen
 class Launch:
-    """One kernel launch of an op: ``family.build(spec)[kernel](*args)``."""
+    """One kernel launch of an op: kernel ``geometry.kernel`` of
+    ``family.build(spec)``, launched with ``geometry`` and ``args``."""
 
     family: str
     spec: Any
-    kernel: str
-    grid: tuple
-    block: tuple
+    geometry: LaunchGeometry
     args: tuple
-    shared: int = 0
+
+    @property
+    def kernel(self) -> str:
+        return self.geometry.kernel
 
 
 @attrs.define(eq=False)
@@ -300,12 +304,13 @@ class Executor:
         return self.backend.ptr(self.arrays[id(b)])
 
     def _resolve(self, L: Launch):
-        fn = self._modules[(L.family, L.spec)].function(L.kernel)
-        fn.require_dynamic_shared(L.shared)
+        geo = L.geometry
+        fn = self._modules[(L.family, L.spec)].function(geo.kernel)
+        fn.require_dynamic_shared(geo.shared)
         args = tuple(self.ptr(a) if isinstance(a, Buffer)
                      else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
                      else a for a in L.args)
-        return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
+        return fn, geo.grid, geo.block, args, geo.shared, bool(getattr(L.spec, "pdl", False))
 
     # ------------------------------------------------------------- running
     def launches(self, variant=None) -> list:

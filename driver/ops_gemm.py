@@ -139,10 +139,10 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
     args = [a["w"], xd]
     if residual is not None:
         args.append(a.array("residual", np.float32, None if ys else t * m))
-    grid, block, shared = _g.launch_geometry(plan, m, t)
-    fn = be.function(_g.build, plan, dynamic_shared=shared)
+    geo = _g.launch_geometry(plan, m, t)
+    fn = be.function(_g.build, plan, dynamic_shared=geo.shared)
     xm = _g.x_map(plan, int(xd.ptr), t)
     tail = () if xm is None else (be.tensor_map(xm),)
-    a.launch(fn, grid, block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t, *tail,
-             shared=shared, pdl=plan.pdl)
+    a.launch(fn, geo.grid, geo.block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t,
+             *tail, shared=geo.shared, pdl=plan.pdl)
     return a.result(y)

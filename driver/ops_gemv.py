@@ -88,9 +88,9 @@ def _vec(a, n, what):
 
 def _run(a, spec, m, ptrs):
     y = a.out("out", (m,))
-    grid, block, shared, rpc = _g.launch_geometry(spec, m)
-    a.launch(_function(spec, a.backend.name), grid, block, *ptrs, y, m, rpc, shared=shared,
-             pdl=spec.pdl)
+    geo = _g.launch_geometry(spec, m)
+    a.launch(_function(spec, a.backend.name), geo.grid, geo.block, *ptrs, y, m,
+             geo.args["rpc"], shared=geo.shared, pdl=spec.pdl)
     return a.result(y)
 
 

@@ -109,10 +109,10 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
                               **config)
     o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid, block, shared = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    geo = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
     maps = _fp.cache_maps(plan, int(kc.ptr), int(vc.ptr), n_kv, cap)
     tail = () if maps is None else tuple(be.tensor_map(mp) for mp in maps)
-    a.launch(be.function(_fp.build, plan, dynamic_shared=shared), grid, block, qa, kc, vc,
-             a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, cap, scale, q_stride, *tail,
-             shared=shared, pdl=plan.pdl)
+    a.launch(be.function(_fp.build, plan, dynamic_shared=geo.shared), geo.grid, geo.block, qa,
+             kc, vc, a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, cap, scale, q_stride,
+             *tail, shared=geo.shared, pdl=plan.pdl)
     return a.result(o)

@@ -36,6 +36,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u8, u16, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 #: format -> (weights per block, bytes per block)
@@ -214,11 +215,10 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: EmbeddingSpec, n: int, rows: int = 1):
-    """``(grid, block, shared_bytes)`` for ``rows`` rows (``spec.rows``;
-    else one) of ``n`` weights."""
+    """The launch for ``rows`` rows (``spec.rows``; else one) of ``n`` weights."""
     if rows != 1 and not spec.rows:
         raise ValueError(f"{rows} rows need EmbeddingSpec(rows=True)")
-    return ((n + spec.block - 1) // spec.block, rows, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, ((n + spec.block - 1) // spec.block, rows), spec.block)
 
 
 def reference(table_rows: np.ndarray, token: int) -> np.ndarray:
@@ -233,4 +233,5 @@ CANONICAL = {
     "embedding_q4_k_rows": EmbeddingSpec(rows=True),
 }
 
-registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -29,6 +29,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, u32
 
+from .plan import LaunchGeometry
 from .reduce import warp_sum
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
@@ -231,8 +232,8 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: RmsNormSpec, rows: int):
-    """``(grid, block, shared_bytes)``: one block per row."""
-    return (rows, 1, 1), (spec.block, 1, 1), 0
+    """One block per row."""
+    return LaunchGeometry(spec.kernel_name, rows, spec.block)
 
 
 def reference(x, w, eps, residual=None):
@@ -250,5 +251,6 @@ CANONICAL = {
     "add_rmsnorm": RmsNormSpec(residual=True),
 }
 
-registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)
 

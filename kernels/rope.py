@@ -51,6 +51,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 TWO_PI = 2.0 * math.pi
@@ -265,9 +266,9 @@ def build(spec: RopeSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int):
-    """``(grid, block, shared_bytes)``."""
+    """One thread per rotated pair of q and k."""
     total = (n_q_heads + n_kv_heads) * spec.head_dim // 2
-    return ((total + spec.block - 1) // spec.block, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, (total + spec.block - 1) // spec.block, spec.block)
 
 
 def reference(x, pos: int, spec: RopeSpec) -> np.ndarray:
@@ -301,4 +302,5 @@ CANONICAL = {
                                    append="f16"),
 }
 
-registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

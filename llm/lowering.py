@@ -67,13 +67,12 @@ def _norm_args(norm):
 def mul_mat(g, name, w, t, x, y, *, residual=None, norm=None, target="sm_80", tuning=Tuning()):
     spec, m = _spec(t, "residual" if residual is not None else "none", target, norm is not None,
                     tuning)
-    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    geo = gemv.launch_geometry(spec, m)
     args = ((w, x) + _norm_args(norm) + ((residual,) if residual is not None else ())
-            + (y, m, rpc))
+            + (y, m, geo.args["rpc"]))
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
         [residual] if residual is not None else [])
-    return g.add("MulMat", name, ins, [y],
-                 [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
+    return g.add("MulMat", name, ins, [y], [Launch("gemv", spec, geo, args)])
 
 
 def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80",
@@ -82,11 +81,11 @@ def mul_mat_swiglu(g, name, wg, tg, wu, tu, x, y, *, norm=None, target="sm_80",
         raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
                          "must have one type and shape to fuse")
     spec, m = _spec(tg, "swiglu", target, norm is not None, tuning)
-    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    geo = gemv.launch_geometry(spec, m)
     ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
     return g.add("MulMatSwiGLU", name, ins, [y],
-                 [Launch("gemv", spec, spec.kernel_name, grid, block,
-                         (wg, wu, x) + _norm_args(norm) + (y, m, rpc), shared)])
+                 [Launch("gemv", spec, geo,
+                         (wg, wu, x) + _norm_args(norm) + (y, m, geo.args["rpc"]))])
 
 
 def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_cache,
@@ -100,9 +99,9 @@ def mul_mat_rope(g, name, w, t, x, qkv, rope_heads, freqs, pos_ptr, k_cache, v_c
     if m != spec.rope_rows:
         raise ValueError(f"{name}: {t.name} has {m} rows; {rope_heads[1]} query and "
                          f"{rope_heads[2]} KV heads of {rope_heads[0]} need {spec.rope_rows}")
-    grid, block, shared, rpc = gemv.launch_geometry(spec, m)
+    geo = gemv.launch_geometry(spec, m)
     args = ((w, x) + _norm_args(norm) + (freqs, pos_ptr, k_cache, v_cache, capacity)
-            + (qkv, m, rpc))
+            + (qkv, m, geo.args["rpc"]))
     ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state]
     return g.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
-                 [Launch("gemv", spec, spec.kernel_name, grid, block, args, shared)])
+                 [Launch("gemv", spec, geo, args)])

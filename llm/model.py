@@ -211,10 +211,9 @@ class LlamaModel(TextGeneration):
         emb, et = self._weight("token_embd.weight")
         es = embedding.EmbeddingSpec(qtype=et.qtype.replace("F32", "f32").replace("F16", "f16"),
                                      target=tgt)
-        grid, block, sh = embedding.launch_geometry(es, H)
         g.add("Embedding", "embd", [emb, self.state], [x],
-              [Launch("embedding", es, es.kernel_name, grid, block,
-                      (emb, token_ptr, x, H, hp.vocab), sh)])
+              [Launch("embedding", es, embedding.launch_geometry(es, H),
+                      (emb, token_ptr, x, H, hp.vocab))])
 
         rs = rmsnorm.RmsNormSpec(residual=False, target=tgt)
         # RoPE on q and k, and this token's K/V rows appended to the f16 cache:
@@ -232,7 +231,7 @@ class LlamaModel(TextGeneration):
                                                kv_dtype="f16", early_kv=True, target=tgt)
         fds = flash_decode.with_overrides(fd_spec, self.flash_knobs, self.tuning.device)
         n_splits = flash_decode.choose_splits(fds, self.sm_count, hp.n_kv_heads, cap)
-        (sgrid, sblock), comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
+        split_geo, comb_geo = flash_decode.launch_geometry(fds, hp.n_kv_heads, n_splits)
         sm_scale = 1.0 / math.sqrt(D)
 
         h = g.buffer("h", (H,), np.float32)
@@ -256,11 +255,9 @@ class LlamaModel(TextGeneration):
             inp, norm = self._norm_or_fuse(g, rs, x, h, p + "attn_norm", qkv_ts)
             q_att, q_buf = qkv_mod.lower_qkv(self, g, p, inp, norm, qkv, freqs, pos_ptr,
                                              (kc, vc), ropes, qk_out=qk_out)
-            attn = [Launch("flash_decode", fds, fds.split_name, sgrid, sblock,
-                           (q_att, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale),
-                           fds.dynamic_shared),
-                    Launch("flash_decode", fds, fds.combine_name, *comb,
-                           (part_o, part_ml, att, n_splits))]
+            attn = [Launch("flash_decode", fds, split_geo,
+                           (q_att, kc, vc, kvlen_ptr, part_o, part_ml, cap, sm_scale)),
+                    Launch("flash_decode", fds, comb_geo, (part_o, part_ml, att, n_splits))]
             g.add("Attention", p + "attention", [q_buf, kc, vc, self.state], [att], attn)
             w, t = self._weight(p + "attn_output.weight")
             lowering.mul_mat(g, p + "attn_output", w, t, att, x, residual=x, target=tgt, tuning=self.tuning)
@@ -279,32 +276,31 @@ class LlamaModel(TextGeneration):
         g.default_variant = GREEDY
         next_ptr = self.state.at(4 * decode_state.ARGMAX)
         ams = argmax.ArgmaxSpec(target=tgt)
-        grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
-        scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
+        geo = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("argmax_scratch", (geo.grid[0],), np.uint64, "state")
         counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         g.add("Argmax", "argmax", [self.logits], [self.state],
-              [Launch("argmax", ams, ams.kernel_name, grid, block,
-                      (self.logits, hp.vocab, next_ptr, scratch, counter), sh)],
+              [Launch("argmax", ams, geo,
+                      (self.logits, hp.vocab, next_ptr, scratch, counter))],
               variant=GREEDY)
         self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
                                         "state", SamplingSettings().params(0))
         sps = sampler_spec(hp.vocab, tgt)
-        grid, block, sh = sampling.launch_geometry(sps, hp.vocab)
+        geo = sampling.launch_geometry(sps, hp.vocab)
         work = g.buffer("sample_work", (hp.vocab,), np.float32)
         sscratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),),
                             np.uint64)
         scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         g.add("Sample", "sample", [self.logits, self.history, self.state, self.sampling_params],
               [self.state],
-              [Launch("sampling", sps, sps.kernel_name, grid, block,
+              [Launch("sampling", sps, geo,
                       (self.logits, hp.vocab, self.history, pos_ptr, self.sampling_params,
-                       next_ptr, 1, work, 0, sscratch, scounter), sh)],
+                       next_ptr, 1, work, 0, sscratch, scounter))],
               variant=SAMPLE)
         ds = decode_state.DecodeStateSpec(target=tgt)
-        grid, block, sh = decode_state.launch_geometry(ds)
         g.add("StateAdvance", "advance", [self.state, self.prompt], [self.state, self.history],
-              [Launch("decode_state", ds, ds.kernel_name, grid, block,
-                      (self.state, self.prompt, self.history, cap), sh)])
+              [Launch("decode_state", ds, decode_state.launch_geometry(ds),
+                      (self.state, self.prompt, self.history, cap))])
 
     def _norm_or_fuse(self, g, rs, x, h, name, tensors):
         """The input of the GEMVs over ``tensors`` and their ``norm`` argument:
@@ -331,15 +327,14 @@ class LlamaModel(TextGeneration):
         lowering.mul_mat(g, p + "ffn_gate", wg, tg, h, gate, norm=norm, target=tgt, tuning=self.tuning)
         lowering.mul_mat(g, p + "ffn_up", wu, tu, h, up, norm=norm, target=tgt, tuning=self.tuning)
         ss = swiglu.SwiGluSpec(target=tgt)
-        grid, block, sh = swiglu.launch_geometry(ss, self.hp.ffn)
         g.add("SwiGLU", p + "swiglu", [gate, up], [act],
-              [Launch("swiglu", ss, ss.kernel_name, grid, block, (gate, up, act, self.hp.ffn), sh)])
+              [Launch("swiglu", ss, swiglu.launch_geometry(ss, self.hp.ffn),
+                      (gate, up, act, self.hp.ffn))])
 
     def _norm(self, g, spec, x, wname, out, n, eps, name):
         w, _ = self._weight(wname)
-        grid, block, sh = rmsnorm.launch_geometry(spec, 1)
         g.add("RmsNorm", name, [x, w], [out],
-              [Launch("rmsnorm", spec, spec.kernel_name, grid, block, (x, w, out, n, eps), sh)])
+              [Launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, 1), (x, w, out, n, eps))])
 
     # ----------------------------------------------------------- generation
     def reset(self, prompt):

@@ -213,9 +213,9 @@ class Prefill:
         D = hp.head_dim
         rs = self.rope_spec
         fn = get_backend(self.ops_backend).function(rope.build, rs)
-        grid, block, _ = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        geo = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
         get_backend(self.ops_backend).launch(
-            fn, (grid[0], B, 1), block, qkv, qkv.view(offset=4 * hp.q_dim), self.freqs,
+            fn, (geo.grid[0], B, 1), geo.block, qkv, qkv.view(offset=4 * hp.q_dim), self.freqs,
             self.info, hp.n_heads, hp.n_kv_heads, qkv.view(offset=4 * (hp.q_dim + hp.kv_dim)),
             kc, vc, m.capacity, self.qkv_dim, self._n(), stream=self.stream)
         ops.flash_prefill(qkv, kc, vc, self.info.view(shape=(1,)), self._n(),

@@ -94,12 +94,12 @@ def lower_qkv(model, g, p, x, norm, qkv, freqs, pos_ptr, caches, rope_spec, qk_o
         qr, kr, src = qk_out.at(0), qk_out.at(4 * hp.q_dim), qk_out
         _head_norm(model, g, p + "attn_q_norm", qkv, q, qk_out, qr, hp.n_heads)
         _head_norm(model, g, p + "attn_k_norm", qkv, k, qk_out, kr, hp.n_kv_heads)
-    grid, block, sh = rope.launch_geometry(rope_spec, hp.n_heads, hp.n_kv_heads)
+    geo = rope.launch_geometry(rope_spec, hp.n_heads, hp.n_kv_heads)
     ins = [src, freqs, model.state] + ([qkv] if src is not qkv else [])
     g.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
-          [Launch("rope", rope_spec, rope_spec.kernel_name, grid, block,
+          [Launch("rope", rope_spec, geo,
                   (qr, kr, freqs, pos_ptr, hp.n_heads, hp.n_kv_heads, v, kc, vc,
-                   model.capacity), sh)])
+                   model.capacity))])
     return qr, src
 
 
@@ -109,7 +109,6 @@ def _head_norm(model, g, name, src, x, dst, out, heads):
     hp = model.hp
     w, _ = model._weight(name + ".weight")
     spec = rmsnorm.RmsNormSpec(residual=False, target=model.target)
-    grid, block, sh = rmsnorm.launch_geometry(spec, heads)
     g.add("RmsNorm", name, [src, w], [dst],
-          [Launch("rmsnorm", spec, spec.kernel_name, grid, block,
-                  (x, w, out, hp.head_dim, hp.eps), sh)])
+          [Launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, heads),
+                  (x, w, out, hp.head_dim, hp.eps))])

@@ -45,8 +45,9 @@ def dump(path, out, kw):
             if key not in ptx:
                 text = L.FAMILIES[ln.family].build(ln.spec).to_ptx()
                 ptx[key] = hashlib.sha256(text.encode()).hexdigest()[:16]
-            rows.append([op.kind, op.name, ln.family, ln.kernel, list(ln.grid), list(ln.block),
-                         ln.shared, [arg(a) for a in ln.args], ptx[key]])
+            geo = ln.geometry
+            rows.append([op.kind, op.name, ln.family, geo.kernel, list(geo.grid), list(geo.block),
+                         geo.shared, [arg(a) for a in ln.args], ptx[key]])
     bufs = {b.name: [list(b.shape), str(b.dtype), b.kind] for b in m.graph.buffers}
     tables = {b.name: hashlib.sha256(np.ascontiguousarray(b.data).tobytes()).hexdigest()[:16]
               for b in m.graph.buffers if b.name == "rope_freqs"}

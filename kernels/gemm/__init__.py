@@ -18,9 +18,9 @@ warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
 
-Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
-``(w, x[, r], y, M, T | t_ptr)`` and, where :func:`x_map` gives one, the
-tensor map of X last.
+Launch: ``launch_geometry(plan, M, T_max)``; parameters ``w, x[, r], y, m,
+t | t_ptr`` and, where :func:`x_map` gives one, the tensor map of X,
+``xmap``.
 """
 
 from __future__ import annotations
@@ -121,4 +121,5 @@ CANONICAL = {
                                      warps_m=2, warps_n=4, stages=4),
 }
 
-registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -88,6 +88,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, f64, s32, u32, u64
 
+from ..plan import LaunchGeometry
 from ..spec_fields import block_field, pdl_field, pdl_prologue, target_field
 from .blockops import Block, SharedView, ord_key
 from .last_block import merge_and_draw
@@ -155,14 +156,14 @@ def blocks_for(spec: SamplingSpec, n: int) -> int:
 
 
 def launch_geometry(spec: SamplingSpec, n: int):
-    """``(grid, block, shared_bytes)`` for a vocabulary of ``n`` logits."""
+    """The launch for a vocabulary of ``n`` logits."""
     if n < 1:
         raise ValueError(f"the vocabulary must hold at least one logit, got {n}")
     g = blocks_for(spec, n)
     if g > spec.block:
         raise ValueError(f"{n} logits need {g} blocks of {spec.slice}; at most block = "
                          f"{spec.block} blocks: use a larger block")
-    return (g, 1, 1), (spec.block, 1, 1), 8 * max(g * spec.top, spec.slice)
+    return LaunchGeometry(spec.kernel_name, g, spec.block, 8 * max(g * spec.top, spec.slice))
 
 
 def scratch_words(spec: SamplingSpec, n: int) -> int:
@@ -321,4 +322,5 @@ def build(spec: SamplingSpec) -> ptxgen.Module:
 
 CANONICAL = {"sampling": SamplingSpec()}
 
-registry.register("sampling", SamplingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("sampling", SamplingSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

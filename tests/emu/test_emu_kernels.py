@@ -27,7 +27,8 @@ def test_vector_add(backend, cname, rng):
         b = rng.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
         out_host = np.full(n, 0xDEADBEEF, np.uint32)
     da, db, dc = backend.array(a), backend.array(b), backend.array(out_host)
-    grid, block, shared = vadd_k.launch_geometry(spec, n)
+    geo = vadd_k.launch_geometry(spec, n)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     backend.launch(fn, grid, block, da, db, dc, n, shared=shared)
     got = dc.to_numpy()
     # f32 addition of two f32 values is exactly the float32 rounding of the
@@ -47,7 +48,8 @@ def test_block_reduce(backend, cname, grid, rng):
     x = (rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
     dx = backend.array(x)
     out = backend.poisoned(grid, np.float32)
-    g, block, shared = reduce_k.launch_geometry(spec, n, grid)
+    geo = reduce_k.launch_geometry(spec, n, grid)
+    g, block, shared = geo.grid, geo.block, geo.shared
     backend.launch(fn, g, block, dx, out, n, shared=shared)
     got = out.to_numpy().astype(np.float64)
     want = reduce_k.reference(x, grid, spec.block)

@@ -47,7 +47,7 @@ def test_argmax_gpu(gpu_run, n, rng):
     x = rng.standard_normal(n).astype(np.float32)
     x[n // 3] = x[n - 7] = 9.0
     from ptxgen.driver import get_device
-    grid = A.launch_geometry(A.ArgmaxSpec(), n, get_device().sm_count)[0][0]
+    grid = A.launch_geometry(A.ArgmaxSpec(), n, get_device().sm_count).grid[0]
     assert _run(gpu_run, A.ArgmaxSpec(), x, grid) == n // 3
 
 

@@ -46,7 +46,8 @@ def test_decode_state_steps(run, rng):
     history = rng.integers(-1000, -1, capacity).astype(np.int32)
     spec = D.DecodeStateSpec()
     fn = run.function(D.build, spec)
-    grid, block, _ = D.launch_geometry(spec)
+    geo = D.launch_geometry(spec)
+    grid, block = geo.grid, geo.block
     d_state, d_prompt, d_hist = run.array(state), run.array(prompt), run.array(history)
     ref_state, ref_hist = state.tolist(), history.tolist()
     host_state, host_hist = state.copy(), history.copy()

@@ -29,7 +29,8 @@ def _table(qtype, n_vocab, n, rng):
 
 def _run(run, spec, table, token, n, n_vocab):
     f = run.function(E.build, spec)
-    grid, block, _ = E.launch_geometry(spec, n)
+    geo = E.launch_geometry(spec, n)
+    grid, block = geo.grid, geo.block
     dout = run.poisoned(n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
     run.launch(f, grid, block, run.array(raw), run.array(np.array([token], np.int32)), dout,
@@ -80,7 +81,8 @@ def test_embedding_refuses():
 
 def _run_rows(run, spec, table, tokens, n, n_vocab):
     f = run.function(E.build, spec)
-    grid, block, _ = E.launch_geometry(spec, n, len(tokens))
+    geo = E.launch_geometry(spec, n, len(tokens))
+    grid, block = geo.grid, geo.block
     dout = run.poisoned(len(tokens) * n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
     run.launch(f, grid, block, run.array(raw), run.array(np.asarray(tokens, np.int32)), dout,

@@ -81,7 +81,8 @@ def _check(got, ref, bnd, what):
 def _launch(backend, plan, w, x, y, m, t_arg, t_max, r=None):
     mod = backend.load(G.build(plan))
     fn = mod[plan.kernel_name]
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
+    geo = G.launch_geometry(plan, m, t_max)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     fn.require_dynamic_shared(shared)
     args = [backend.array(w), backend.array(x)] + ([backend.array(r)] if r is not None else [])
     backend.launch(fn, grid, block, *args, y, m, t_arg, shared=shared)
@@ -123,7 +124,8 @@ def test_gemm_residual_in_place(backend, rng):
     x = rng.standard_normal((t, k)).astype(np.float32)
     r = rng.standard_normal((t, m)).astype(np.float32)
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t)
+    geo = G.launch_geometry(plan, m, t)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     yr = backend.array(r)
     backend.launch(mod[plan.kernel_name], grid, block, backend.array(w), backend.array(x), yr,
                    yr, m, t, shared=shared)

@@ -178,7 +178,8 @@ def test_gemm_q6_k_t_device_in_place(backend, rng):
     x = rng.standard_normal((t_max, k)).astype(np.float32)
     r = rng.standard_normal((t_max, m)).astype(np.float32)
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
+    geo = G.launch_geometry(plan, m, t_max)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     yr = backend.array(r)
     backend.launch(mod[plan.kernel_name], grid, block, backend.array(w), backend.array(x), yr,
                    yr, m, backend.array(np.array([t], np.uint32)), shared=shared)
@@ -290,7 +291,8 @@ def test_wgmma_qtypes(backend, rng, qtype, t, m, k, fields):
     x = rng.standard_normal((t, k)).astype(np.float16)
     r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t)
+    geo = G.launch_geometry(plan, m, t)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     mod[plan.kernel_name].require_dynamic_shared(shared)
     xa = backend.array(x)
     y = backend.array(r) if r is not None else backend.poisoned((t, m), np.float32)

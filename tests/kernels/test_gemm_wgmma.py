@@ -29,7 +29,8 @@ def _run(backend, plan, w, x, y, m, t_arg, t_max, r=None):
     backend.require_sm(90)
     mod = backend.load(G.build(plan))
     fn = mod[plan.kernel_name]
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
+    geo = G.launch_geometry(plan, m, t_max)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     fn.require_dynamic_shared(shared)
     xa = backend.array(x)
     args = [backend.array(w), xa] + ([r] if r is not None else [])

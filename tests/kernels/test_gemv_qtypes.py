@@ -83,7 +83,8 @@ def _ref(epi, deq, x, r):
 def _run_gemv(run, plan, ws, x, r):
     m = ws[0].shape[0]
     fn = run.function(G.build, plan)
-    grid, block, shared, rpc = G.launch_geometry(plan, m)
+    geo = G.launch_geometry(plan, m)
+    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     args = [run.array(w) for w in ws] + [run.array(x)]
     if plan.epilogue == "residual":
         args.append(run.array(r))
@@ -211,7 +212,8 @@ def test_gemv_qtype_rope_epilogue(run, qtype, knobs, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(1, cap))
     fn = run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
+    geo = G.launch_geometry(spec, m)
+    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     kc, vc = (run.array(c) for c in caches)
     y = run.poisoned(m)
     run.launch(fn, grid, block, run.array(ws[0]), run.array(x), run.array(rope.freq_table(rs)),
@@ -376,7 +378,8 @@ def test_gemv_qtype_gpu_rope_model_shape(gpu_run, qtype, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(0, cap))
     fn = gpu_run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
+    geo = G.launch_geometry(spec, m)
+    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     kc, vc = (gpu_run.array(c) for c in caches)
     y = gpu_run.poisoned(m)
     gpu_run.launch(fn, grid, block, gpu_run.array(ws[0]), gpu_run.array(x),

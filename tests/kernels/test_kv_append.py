@@ -15,7 +15,8 @@ from ptxgen.kernels import kv_append as K
 def _run(run, spec, k, v, kc, vc, pos):
     n_kv = kc.shape[0]
     f = run.function(K.build, spec)
-    grid, block, _ = K.launch_geometry(spec, n_kv)
+    geo = K.launch_geometry(spec, n_kv)
+    grid, block = geo.grid, geo.block
     dkc, dvc = run.array(kc), run.array(vc)
     run.launch(f, grid, block, run.array(k), run.array(v), dkc, dvc,
                run.array(np.array([pos], np.int32)), n_kv, kc.shape[1])

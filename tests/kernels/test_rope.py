@@ -40,7 +40,8 @@ def rel_err(out, ref) -> float:
 def _run(run, spec, q, k, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    geo = R.launch_geometry(spec, n_q, n_kv)
+    grid, block = geo.grid, geo.block
     dq, dk = run.array(q), run.array(k)
     run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
                run.array(np.array([pos], np.int32)), n_q, n_kv)
@@ -182,7 +183,8 @@ def test_rope_refuses(bad):
 def _run_append(run, spec, q, k, v, kc, vc, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    geo = R.launch_geometry(spec, n_q, n_kv)
+    grid, block = geo.grid, geo.block
     dq, dk, dkc, dvc = run.array(q), run.array(k), run.array(kc), run.array(vc)
     run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
                run.array(np.array([pos], np.int32)), n_q, n_kv,
@@ -305,7 +307,8 @@ def test_rope_rows_append(run, layout, rng):
     kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     f = run.function(R.build, spec)
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
+    geo = R.launch_geometry(spec, n_q, n_kv)
+    grid, block = geo.grid, geo.block
     dqkv, dkc, dvc = run.array(qkv), run.array(kc), run.array(vc)
     # q, k, v at element offsets 0, n_q d, (n_q + n_kv) d of each row
     run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),

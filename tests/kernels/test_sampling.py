@@ -141,7 +141,8 @@ class Sampler:
         self.run, self.spec = run, spec
         self.fn = run.function(S.build, spec)
         self.v = logits.size
-        self.grid, self.block, self.shared = S.launch_geometry(spec, self.v)
+        geo = S.launch_geometry(spec, self.v)
+        self.grid, self.block, self.shared = geo.grid, geo.block, geo.shared
         self.logits = run.array(logits.astype(np.float32))
         self.scratch = run.poisoned(S.scratch_words(spec, self.v), np.uint64)
         self.counter = run.array(np.zeros(1, np.uint32))

@@ -29,7 +29,8 @@ def test_stream_read_xor(run, persistent, block, loads, grid, rng):
     # a tail past n16 that must not be read: it would change the XOR
     src = np.concatenate([words, rng.integers(1, 1 << 32, size=64, dtype=np.uint64)
                           .astype(np.uint32)])
-    g, b, _ = S.launch_geometry(spec, 16 * n16)
+    geo = S.launch_geometry(spec, 16 * n16)
+    g, b = geo.grid, geo.block
     if grid is not None:
         g = (grid, 1, 1)
     tgt = run.target()
