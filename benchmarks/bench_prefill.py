@@ -46,7 +46,7 @@ def _graph_time_ptxgen(call, reps, repeats=5):
     with driver.capture(s) as g:
         for _ in range(reps):
             for fn, grid, block, args, shared, pdl in seq:
-                be.launch(fn, grid, block, *args, shared=shared, stream=s, pdl=pdl)
+                be.launch_positional(fn, grid, block, *args, shared=shared, stream=s, pdl=pdl)
     ge = g.instantiate()
     ge.launch(s)
     s.synchronize()

@@ -2,9 +2,10 @@
 
 A :class:`ComputeGraph` is a list of tensor ops in topological order (each
 op's inputs exist before it).  Every op lowers to one or more kernel
-launches (:class:`Launch`): a kernel family spec, a grid, a block and an
-argument list whose entries are buffers or scalars.  Buffers are of three
-kinds:
+launches (:class:`Launch`): a kernel family spec, the family's
+:class:`~ptxgen.kernels.plan.LaunchGeometry` and the kernel's arguments by
+parameter name, each a buffer, a pointer into one or a scalar.  Buffers are
+of three kinds:
 
 ``weight``      uploaded once (model parameters),
 ``state``       persistent device memory (KV cache, position, token ids),
@@ -31,12 +32,15 @@ each replay issues only its own variant's launches.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import types
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from ptxgen.kernels.plan import LaunchGeometry
+
+from .launch import named_args
 
 __all__ = ["Buffer", "BufRef", "Launch", "Op", "ComputeGraph", "plan_activations", "Executor"]
 
@@ -90,16 +94,30 @@ def _buffers_of(args):
 @attrs.frozen
 class Launch:
     """One kernel launch of an op: kernel ``geometry.kernel`` of
-    ``family.build(spec)``, launched with ``geometry`` and ``args``."""
+    ``family``'s ``build(spec)`` (found through :mod:`ptxgen.registry`),
+    launched with ``geometry`` and ``args``: parameter name -> a
+    :class:`Buffer`, a :class:`BufRef` or a scalar (the geometry adds the
+    arguments it decides).
+
+    ``args`` may also be a tuple of every argument in declaration order:
+    TRANSITIONAL, for the runner's lowering in llm/ until it names its
+    arguments; this is the one place that form is read (:meth:`values`,
+    :meth:`Executor._resolve`).
+    """
 
     family: str
     spec: Any
     geometry: LaunchGeometry
-    args: tuple
+    args: Mapping | tuple = attrs.field(converter=lambda a: a if isinstance(a, tuple)
+                                        else types.MappingProxyType(dict(a)))
 
     @property
     def kernel(self) -> str:
         return self.geometry.kernel
+
+    def values(self) -> tuple:
+        """The arguments, without their names."""
+        return self.args if isinstance(self.args, tuple) else tuple(self.args.values())
 
 
 @attrs.define(eq=False)
@@ -146,7 +164,7 @@ class ComputeGraph:
             if id(b) not in known:
                 raise ValueError(f"op {name}: buffer {b.name!r} is not part of this graph")
         for L in launches:
-            for a in _buffers_of(L.args):
+            for a in _buffers_of(L.values()):
                 if id(a) not in known:
                     raise ValueError(f"op {name}: launch argument {a.name!r} is not part of this graph")
         if variant is not None and (not isinstance(variant, str) or not variant):
@@ -216,7 +234,7 @@ def plan_activations(graph: ComputeGraph) -> int:
     for t, op in enumerate(graph.ops):
         touched = list(op.inputs) + list(op.outputs)
         for L in op.launches:
-            touched += list(_buffers_of(L.args))
+            touched += list(_buffers_of(L.values()))
         for b in touched:
             if b.kind == "activation":
                 first.setdefault(id(b), t)
@@ -307,9 +325,17 @@ class Executor:
         geo = L.geometry
         fn = self._modules[(L.family, L.spec)].function(geo.kernel)
         fn.require_dynamic_shared(geo.shared)
-        args = tuple(self.ptr(a) if isinstance(a, Buffer)
-                     else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef)
-                     else a for a in L.args)
+
+        def value(a):
+            return (self.ptr(a) if isinstance(a, Buffer)
+                    else self.ptr(a.buffer) + a.offset if isinstance(a, BufRef) else a)
+
+        if isinstance(L.args, tuple):          # transitional: see Launch
+            args = tuple(map(value, L.args))
+        else:
+            args = named_args(fn, geo, {n: value(a) for n, a in L.args.items()})
+        # the arguments are checked now, not at the first run
+        fn.packer.values(args)
         return fn, geo.grid, geo.block, args, geo.shared, bool(getattr(L.spec, "pdl", False))
 
     # ------------------------------------------------------------- running

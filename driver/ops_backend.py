@@ -28,6 +28,8 @@ import numpy as np
 
 from ptxgen.target import TARGETS
 
+from .launch import named_args
+
 __all__ = ["Backend", "OpArgs", "op_args", "get_backend", "device_target", "recording",
            "BACKENDS", "ENV_VAR", "EMU_TARGET", "EMU_SM_COUNT"]
 
@@ -100,19 +102,21 @@ class Backend:
         from .device import get_device
         return get_device().sm_count
 
+    def load(self, module):
+        """``module`` (PTX text or a ``ptxgen.Module``) loaded on this backend."""
+        if self.name == "cuda":
+            from .module import Module
+            return Module.from_ptx(module)
+        from ptxgen import emu
+        return emu.Module.from_ptx(module)     # keeps the builder's file:line per instruction
+
     def module(self, build, spec):
         """``build(spec)`` loaded on this backend, once per (build, spec)."""
         key = ("module", build, spec)
         with self._lock:
             mod = self._cache.get(key)
         if mod is None:
-            m = build(spec)
-            if self.name == "cuda":
-                from .module import Module
-                mod = Module.from_ptx(m.to_ptx())
-            else:
-                from ptxgen import emu
-                mod = emu.Module.from_ptx(m)     # keeps the builder's file:line per instruction
+            mod = self.load(build(spec))
             with self._lock:
                 mod = self._cache.setdefault(key, mod)
         return mod
@@ -141,7 +145,19 @@ class Backend:
                 enc = self._cache.setdefault(key, enc)
         return enc
 
-    def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
+    def launch(self, fn, geometry, args, *, stream=None, pdl=False):
+        """Launch ``fn`` with ``geometry`` (a
+        :class:`~ptxgen.kernels.plan.LaunchGeometry`) and ``args``, a mapping
+        of parameter name to value (the geometry adds its own); its dynamic
+        shared memory limit is raised to the geometry's first."""
+        if geometry.shared:
+            fn.require_dynamic_shared(geometry.shared)
+        self.launch_positional(fn, geometry.grid, geometry.block, *named_args(fn, geometry, args),
+                               shared=geometry.shared, stream=stream, pdl=pdl)
+
+    def launch_positional(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
+        """Launch ``fn`` with ``args`` in declaration order (the form
+        :func:`recording` collects)."""
         rec = getattr(_recorder, "launches", None)
         if rec is not None:
             rec.append((fn, grid, block, args, shared, pdl))
@@ -345,8 +361,10 @@ class OpArgs:
             return self.backend.DeviceArray.from_numpy(np.array([v], dtype=np.int32))
         return self.array(name, np.int32)
 
-    def launch(self, fn, grid, block, *args, shared=0, pdl=False):
-        self.backend.launch(fn, grid, block, *args, shared=shared, stream=self._stream, pdl=pdl)
+    def launch(self, fn, geometry, args, pdl=False):
+        """``fn`` launched on the op's stream with ``geometry`` and ``args``
+        by parameter name."""
+        self.backend.launch(fn, geometry, args, stream=self._stream, pdl=pdl)
 
     def result(self, value):
         """What the op returns for ``value`` (a device array, a tuple of them,

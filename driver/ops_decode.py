@@ -89,12 +89,13 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
     f = a.backend.function(_rms.build, spec)
     out = a.out("out", xa.shape, odt)
     geo = _rms.launch_geometry(spec, rows)
+    args = dict(x=xa, w=wa, out=out, n=n, eps=float(eps))
     if residual is None:
-        a.launch(f, geo.grid, geo.block, xa, wa, out, n, float(eps), pdl=spec.pdl)
+        a.launch(f, geo, args, pdl=spec.pdl)
         return a.result(out)
-    ra = a.array("residual", np.float32)
     sum_out = a.out("sum_out", xa.shape)
-    a.launch(f, geo.grid, geo.block, xa, ra, sum_out, wa, out, n, float(eps), pdl=spec.pdl)
+    a.launch(f, geo, dict(args, res=a.array("residual", np.float32), sum_out=sum_out),
+             pdl=spec.pdl)
     return a.result((out, sum_out))
 
 
@@ -119,8 +120,9 @@ def rope(q, k, pos, *, head_dim=None, layout="neox", theta=10000.0, scaling=None
     f = a.backend.function(_rope.build, spec)
     table = a.backend.constant(("rope", spec), lambda: _rope.freq_table(spec))
     n_q, n_kv = qa.size // d, ka.size // d
-    geo = _rope.launch_geometry(spec, n_q, n_kv)
-    a.launch(f, geo.grid, geo.block, qa, ka, table, a.scalar_i32("pos"), n_q, n_kv)
+    a.launch(f, _rope.launch_geometry(spec, n_q, n_kv),
+             dict(q=qa, k=ka, freqs=table, pos_ptr=a.scalar_i32("pos"), n_q_heads=n_q,
+                  n_kv_heads=n_kv))
     a.result(None)
     return q, k
 
@@ -137,9 +139,8 @@ def swiglu(g, u, out=None, *, pdl=False, stream=None, backend=None):
     spec = _swiglu.SwiGluSpec(out_type="f16" if odt == np.float16 else "f32",
                               target=a.backend.target, pdl=bool(pdl))
     out = a.out("out", ga.shape, odt)
-    geo = _swiglu.launch_geometry(spec, ga.size)
-    a.launch(a.backend.function(_swiglu.build, spec), geo.grid, geo.block, ga, ua, out, ga.size,
-             pdl=spec.pdl)
+    a.launch(a.backend.function(_swiglu.build, spec), _swiglu.launch_geometry(spec, ga.size),
+             dict(g=ga, u=ua, out=out, n=ga.size), pdl=spec.pdl)
     return a.result(out)
 
 
@@ -201,11 +202,12 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     part_ml = be.workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
     out = a.out("out", (n_q, d))
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    sgeo, cgeo = _fd.launch_geometry(spec, n_kv, n_splits)
-    a.launch(split, sgeo.grid, sgeo.block, qa, kc, vc, a.scalar_i32("kv_len"),
-             part_o, part_ml, cap, scale, shared=sgeo.shared, pdl=spec.pdl)
-    a.launch(be.function(_fd.build, spec, cgeo.kernel), cgeo.grid, cgeo.block, part_o, part_ml,
-             out, cgeo.args["n_splits"], pdl=spec.pdl)
+    split_geo, combine_geo = _fd.launch_geometry(spec, n_kv, n_splits)
+    a.launch(split, split_geo,
+             dict(q=qa, k_cache=kc, v_cache=vc, kv_len_ptr=a.scalar_i32("kv_len"),
+                  part_o=part_o, part_ml=part_ml, capacity=cap, sm_scale=scale), pdl=spec.pdl)
+    a.launch(be.function(_fd.build, spec, combine_geo.kernel), combine_geo,
+             dict(part_o=part_o, part_ml=part_ml, out=out), pdl=spec.pdl)
     return a.result(out)
 
 
@@ -242,8 +244,8 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
     else:
         ids, r = a.scalar_i32("token_id"), 1
         out = a.out("out", (n,))
-    geo = _emb.launch_geometry(spec, n, r)
-    a.launch(a.backend.function(_emb.build, spec), geo.grid, geo.block, ta, ids, out, n, n_vocab)
+    a.launch(a.backend.function(_emb.build, spec), _emb.launch_geometry(spec, n, r),
+             dict(table=ta, token_ptr=ids, out=out, n=n, n_vocab=n_vocab))
     return a.result(out)
 
 
@@ -264,9 +266,9 @@ def kv_append(k, v, k_cache, v_cache, pos, *, stream=None, backend=None):
     if cdt is None:
         raise TypeError(f"the KV cache must be float16 or float32, got {kc.dtype}")
     spec = _kva.KvAppendSpec(head_dim=d, cache_dtype=cdt, target=a.backend.target)
-    geo = _kva.launch_geometry(spec, n_kv)
-    a.launch(a.backend.function(_kva.build, spec), geo.grid, geo.block, ka, va, kc, vc,
-             a.scalar_i32("pos"), n_kv, cap)
+    a.launch(a.backend.function(_kva.build, spec), _kva.launch_geometry(spec, n_kv),
+             dict(k=ka, v=va, k_cache=kc, v_cache=vc, pos_ptr=a.scalar_i32("pos"),
+                  n_kv_heads=n_kv, capacity=cap))
     a.result(None)
 
 
@@ -281,5 +283,6 @@ def argmax(x, out=None, *, stream=None, backend=None):
     out = a.out("out", (1,), np.int32)
     scratch = be.workspace(("argmax_scratch", geo.grid[0]), (geo.grid[0],), np.uint64)
     counter = be.workspace(("argmax_counter",), (1,), np.uint32, zero=True)
-    a.launch(be.function(_argmax.build, spec), geo.grid, geo.block, xa, xa.size, out, scratch, counter)
+    a.launch(be.function(_argmax.build, spec), geo,
+             dict(x=xa, n=xa.size, out=out, scratch=scratch, counter=counter))
     return a.result(out)

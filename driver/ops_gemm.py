@@ -136,13 +136,15 @@ def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, 
                              f"{span}")
     else:
         y = a.out("out", (t, m))
-    args = [a["w"], xd]
+    args = dict(w=a["w"], x=xd, y=y, m=m)
     if residual is not None:
-        args.append(a.array("residual", np.float32, None if ys else t * m))
-    geo = _g.launch_geometry(plan, m, t)
-    fn = be.function(_g.build, plan, dynamic_shared=geo.shared)
+        args["r"] = a.array("residual", np.float32, None if ys else t * m)
+    if t_dev:
+        args["t_ptr"] = a.scalar_i32("n_tokens")
+    else:
+        args["t"] = t
     xm = _g.x_map(plan, int(xd.ptr), t)
-    tail = () if xm is None else (be.tensor_map(xm),)
-    a.launch(fn, geo.grid, geo.block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t,
-             *tail, shared=geo.shared, pdl=plan.pdl)
+    if xm is not None:
+        args["xmap"] = be.tensor_map(xm)
+    a.launch(be.function(_g.build, plan), _g.launch_geometry(plan, m, t), args, pdl=plan.pdl)
     return a.result(y)

@@ -86,11 +86,10 @@ def _vec(a, n, what):
     return d
 
 
-def _run(a, spec, m, ptrs):
+def _run(a, spec, m, args):
     y = a.out("out", (m,))
-    geo = _g.launch_geometry(spec, m)
-    a.launch(_function(spec, a.backend.name), geo.grid, geo.block, *ptrs, y, m,
-             geo.args["rpc"], shared=geo.shared, pdl=spec.pdl)
+    a.launch(_function(spec, a.backend.name), _g.launch_geometry(spec, m), dict(args, y=y, m=m),
+             pdl=spec.pdl)
     return a.result(y)
 
 
@@ -143,9 +142,9 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
     be = a.backend.name
     if residual is None:
         spec = gemv_spec(qtype, k, "none", m=m, backend=be, **knobs)
-        return _run(a, spec, m, [wd, xd])
+        return _run(a, spec, m, dict(w=wd, x=xd))
     spec = gemv_spec(qtype, k, "residual", m=m, backend=be, **knobs)
-    return _run(a, spec, m, [wd, xd, a.array("residual", np.float32, m)])
+    return _run(a, spec, m, dict(w=wd, x=xd, r=a.array("residual", np.float32, m)))
 
 
 def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, backend=None, **knobs):
@@ -159,4 +158,4 @@ def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, backend=None, **knob
     if tuple(_weights(a, "wu").shape) != tuple(wg.shape):
         raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
     spec = gemv_spec(qtype, k, "swiglu", m=m, backend=a.backend.name, **knobs)
-    return _run(a, spec, m, [a["wg"], a["wu"], a.array("x", np.float32, k)])
+    return _run(a, spec, m, dict(w=a["wg"], wu=a["wu"], x=a.array("x", np.float32, k)))

@@ -109,10 +109,12 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
                               **config)
     o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    geo = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    args = dict(q=qa, k_cache=kc, v_cache=vc, start_ptr=a.scalar_i32("start"),
+                n_tokens_ptr=a.scalar_i32("n_tokens"), out=o, capacity=cap, sm_scale=scale,
+                q_stride=q_stride)
     maps = _fp.cache_maps(plan, int(kc.ptr), int(vc.ptr), n_kv, cap)
-    tail = () if maps is None else tuple(be.tensor_map(mp) for mp in maps)
-    a.launch(be.function(_fp.build, plan, dynamic_shared=geo.shared), geo.grid, geo.block, qa,
-             kc, vc, a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, cap, scale, q_stride,
-             *tail, shared=geo.shared, pdl=plan.pdl)
+    if maps is not None:
+        args["k_map"], args["v_map"] = (be.tensor_map(mp) for mp in maps)
+    a.launch(be.function(_fp.build, plan), _fp.launch_geometry(plan, n_q, max_tokens or t_max),
+             args, pdl=plan.pdl)
     return a.result(o)

@@ -76,7 +76,6 @@ def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, inf
     v = xa.size
     spec = sampling_spec(v, pdl=pdl, target=be.target)
     geo = _smp.launch_geometry(spec, v)
-    fn = be.function(_smp.build, spec, dynamic_shared=geo.shared)
     out = a.out("out", (n_draws,), np.int32)
     work = (be.workspace(("sample_work", v), (v,), np.float32) if work is None
             else a.out("work", (v,), np.float32))
@@ -84,6 +83,8 @@ def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, inf
     scratch = be.workspace(("sample_scratch", spec.block, v), (_smp.scratch_words(spec, v),),
                            np.uint64)
     counter = be.workspace(("sample_counter",), (1,), np.uint32, zero=True)
-    a.launch(fn, geo.grid, geo.block, xa, v, ha, a.scalar_i32("pos"), pa, out, n_draws, work,
-             info_arg, scratch, counter, shared=geo.shared, pdl=spec.pdl)
+    a.launch(be.function(_smp.build, spec), geo,
+             dict(logits=xa, n=v, history=ha, pos=a.scalar_i32("pos"), params=pa, out=out,
+                  n_draws=n_draws, work=work, info=info_arg, scratch=scratch, counter=counter),
+             pdl=spec.pdl)
     return a.result(out)

@@ -62,7 +62,7 @@ class LaunchGeometry:
         caller's.
     """
 
-    kernel: str
+    kernel: str = attrs.field(validator=attrs.validators.instance_of(str))
     grid: tuple = attrs.field(converter=_dims("grid"))
     block: tuple = attrs.field(converter=_dims("block"))
     shared: int = attrs.field(default=0, validator=_shared)

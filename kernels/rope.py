@@ -265,10 +265,14 @@ def build(spec: RopeSpec) -> ptxgen.Module:
     return m
 
 
-def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int):
-    """One thread per rotated pair of q and k."""
+def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int, rows: int = 1):
+    """One thread per rotated pair of q and k, for ``rows`` rows (``grid.y``;
+    ``spec.rows``, else one)."""
+    if rows != 1 and not spec.rows:
+        raise ValueError(f"{rows} rows need RopeSpec(rows=True)")
     total = (n_q_heads + n_kv_heads) * spec.head_dim // 2
-    return LaunchGeometry(spec.kernel_name, (total + spec.block - 1) // spec.block, spec.block)
+    return LaunchGeometry(spec.kernel_name, ((total + spec.block - 1) // spec.block, rows),
+                          spec.block)
 
 
 def reference(x, pos: int, spec: RopeSpec) -> np.ndarray:

@@ -214,7 +214,7 @@ class Prefill:
         rs = self.rope_spec
         fn = get_backend(self.ops_backend).function(rope.build, rs)
         geo = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
-        get_backend(self.ops_backend).launch(
+        get_backend(self.ops_backend).launch_positional(
             fn, (geo.grid[0], B, 1), geo.block, qkv, qkv.view(offset=4 * hp.q_dim), self.freqs,
             self.info, hp.n_heads, hp.n_kv_heads, qkv.view(offset=4 * (hp.q_dim + hp.kv_dim)),
             kc, vc, m.capacity, self.qkv_dim, self._n(), stream=self.stream)
@@ -256,7 +256,7 @@ class Prefill:
 
     # ------------------------------------------------------------ running
     def _issue(self, seq):
-        launch = get_backend(self.ops_backend).launch
+        launch = get_backend(self.ops_backend).launch_positional
         for fn, grid, block, args, shared, pdl in seq:
             launch(fn, grid, block, *args, shared=shared, stream=self.stream, pdl=pdl)
 

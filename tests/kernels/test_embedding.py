@@ -29,12 +29,11 @@ def _table(qtype, n_vocab, n, rng):
 
 def _run(run, spec, table, token, n, n_vocab):
     f = run.function(E.build, spec)
-    geo = E.launch_geometry(spec, n)
-    grid, block = geo.grid, geo.block
     dout = run.poisoned(n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
-    run.launch(f, grid, block, run.array(raw), run.array(np.array([token], np.int32)), dout,
-               n, n_vocab)
+    run.launch(f, E.launch_geometry(spec, n),
+               dict(table=run.array(raw), token_ptr=run.array(np.array([token], np.int32)),
+                    out=dout, n=n, n_vocab=n_vocab))
     return run.get(dout)
 
 
@@ -81,12 +80,11 @@ def test_embedding_refuses():
 
 def _run_rows(run, spec, table, tokens, n, n_vocab):
     f = run.function(E.build, spec)
-    geo = E.launch_geometry(spec, n, len(tokens))
-    grid, block = geo.grid, geo.block
     dout = run.poisoned(len(tokens) * n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
-    run.launch(f, grid, block, run.array(raw), run.array(np.asarray(tokens, np.int32)), dout,
-               n, n_vocab)
+    run.launch(f, E.launch_geometry(spec, n, len(tokens)),
+               dict(table=run.array(raw), token_ptr=run.array(np.asarray(tokens, np.int32)),
+                    out=dout, n=n, n_vocab=n_vocab))
     return run.get(dout).reshape(len(tokens), n)
 
 

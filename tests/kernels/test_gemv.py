@@ -16,6 +16,7 @@ import pytest
 
 from ptxgen.kernels import gemv as G
 from ptxgen.kernels import quants
+from ptxgen.kernels.plan import LaunchGeometry
 from ptxgen.ptxas import assemble
 
 BOUND = 1e-5
@@ -55,16 +56,13 @@ def _ref(spec, ws, x, r, norm):
 def _run_gemv(run, spec, ws, x, r, norm=None):
     m = ws[0].shape[0]
     fn = run.function(G.build, spec)
-    geo = G.launch_geometry(spec, m)
-    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
-    args = [run.array(w) for w in ws] + [run.array(x)]
+    args = dict(zip(("w", "wu"), map(run.array, ws)), x=run.array(x), y=run.poisoned(m), m=m)
     if spec.norm:
-        args += [run.array(norm[0]), norm[1]]
+        args.update(nw=run.array(norm[0]), eps=norm[1])
     if spec.epilogue == "residual":
-        args.append(run.array(r))
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y)
+        args["r"] = run.array(r)
+    run.launch(fn, G.launch_geometry(spec, m), args)
+    return run.get(args["y"])
 
 
 CASES = [
@@ -517,16 +515,14 @@ def _rope_case(rng, spec, capacity):
 def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):
     m = spec.rope_rows
     fn = run.function(G.build, spec)
-    geo = G.launch_geometry(spec, m)
-    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     kc, vc = (run.array(c) for c in caches)
-    args = [run.array(w), run.array(x)]
+    args = dict(w=run.array(w), x=run.array(x), freqs=run.array(freqs),
+                pos_ptr=run.array(np.array([pos], np.int32)), k_cache=kc, v_cache=vc,
+                capacity=caches[0].shape[1], y=run.poisoned(m), m=m)
     if spec.norm:
-        args += [run.array(norm[0]), norm[1]]
-    args += [run.array(freqs), run.array(np.array([pos], np.int32)), kc, vc, caches[0].shape[1]]
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y), run.get(kc), run.get(vc)
+        args.update(nw=run.array(norm[0]), eps=norm[1])
+    run.launch(fn, G.launch_geometry(spec, m), args)
+    return run.get(args["y"]), run.get(kc), run.get(vc)
 
 
 ROPE_CASES = [
@@ -662,7 +658,7 @@ def test_x_planes_hold_the_rounded_integer(run, rng):
     x[4:8] = np.float32(np.array([-0.5, 1.5, 65535.5, -65536.5]) / np.float64(inv))
     out = run.poisoned(n // 4 * 3, np.uint32)
     fn = run.function(_build_planes_probe, _PlanesProbe())
-    run.launch(fn, (n // 128, 1, 1), (32, 1, 1), run.array(x), inv, out)
+    run.launch(fn, LaunchGeometry(_PlanesProbe().kernel_name, n // 128, 32), dict(x=run.array(x), inv=inv, out=out))
     words = run.get(out).reshape(-1, 3)
     b = words.view(np.uint8).reshape(-1, 3, 4)       # [group, plane, value]
     t = (b[:, 0].astype(np.int8).astype(np.int64) * 65536 + b[:, 1].astype(np.int64) * 256

@@ -83,14 +83,11 @@ def _ref(epi, deq, x, r):
 def _run_gemv(run, plan, ws, x, r):
     m = ws[0].shape[0]
     fn = run.function(G.build, plan)
-    geo = G.launch_geometry(plan, m)
-    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
-    args = [run.array(w) for w in ws] + [run.array(x)]
+    args = dict(zip(("w", "wu"), map(run.array, ws)), x=run.array(x), y=run.poisoned(m), m=m)
     if plan.epilogue == "residual":
-        args.append(run.array(r))
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y)
+        args["r"] = run.array(r)
+    run.launch(fn, G.launch_geometry(plan, m), args)
+    return run.get(args["y"])
 
 
 def _cases():
@@ -212,12 +209,12 @@ def test_gemv_qtype_rope_epilogue(run, qtype, knobs, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(1, cap))
     fn = run.function(G.build, spec)
-    geo = G.launch_geometry(spec, m)
-    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     kc, vc = (run.array(c) for c in caches)
     y = run.poisoned(m)
-    run.launch(fn, grid, block, run.array(ws[0]), run.array(x), run.array(rope.freq_table(rs)),
-               run.array(np.array([pos], np.int32)), kc, vc, cap, y, m, rpc, shared=shared)
+    run.launch(fn, G.launch_geometry(spec, m),
+               dict(w=run.array(ws[0]), x=run.array(x), freqs=run.array(rope.freq_table(rs)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), k_cache=kc, v_cache=vc,
+                    capacity=cap, y=y, m=m))
     ref_caches = [c.astype(np.float64) for c in caches]
     ref = _rope_ref(deq[0] @ x.astype(np.float64), pos, spec, inv, ref_caches)
     assert rel_err(run.get(y), ref) <= BOUND
@@ -378,13 +375,13 @@ def test_gemv_qtype_gpu_rope_model_shape(gpu_run, qtype, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(0, cap))
     fn = gpu_run.function(G.build, spec)
-    geo = G.launch_geometry(spec, m)
-    grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
     kc, vc = (gpu_run.array(c) for c in caches)
     y = gpu_run.poisoned(m)
-    gpu_run.launch(fn, grid, block, gpu_run.array(ws[0]), gpu_run.array(x),
-                   gpu_run.array(rope.freq_table(rs)), gpu_run.array(np.array([pos], np.int32)),
-                   kc, vc, cap, y, m, rpc, shared=shared)
+    gpu_run.launch(fn, G.launch_geometry(spec, m),
+                   dict(w=gpu_run.array(ws[0]), x=gpu_run.array(x),
+                        freqs=gpu_run.array(rope.freq_table(rs)),
+                        pos_ptr=gpu_run.array(np.array([pos], np.int32)), k_cache=kc,
+                        v_cache=vc, capacity=cap, y=y, m=m))
     ref_caches = [c.astype(np.float64) for c in caches]
     ref = _rope_ref(deq[0] @ x.astype(np.float64), pos, spec, inv, ref_caches)
     assert rel_err(gpu_run.get(y), ref) <= BOUND

@@ -32,15 +32,14 @@ def _run(run, spec, x, w, eps, res=None):
     rows, n = x.shape
     f = run.function(R.build, spec)
     geo = R.launch_geometry(spec, rows)
-    grid, block = geo.grid, geo.block
     odt = np.float16 if spec.out_type == "f16" else np.float32
-    dx, dw, dout = run.array(x), run.array(w), run.poisoned(x.shape, odt)
+    args = dict(x=run.array(x), w=run.array(w), out=run.poisoned(x.shape, odt), n=n, eps=eps)
     if res is None:
-        run.launch(f, grid, block, dx, dw, dout, n, eps)
-        return run.get(dout), None
+        run.launch(f, geo, args)
+        return run.get(args["out"]), None
     dsum = run.poisoned(x.shape)
-    run.launch(f, grid, block, dx, run.array(res), dsum, dw, dout, n, eps)
-    return run.get(dout), run.get(dsum)
+    run.launch(f, geo, dict(args, res=run.array(res), sum_out=dsum))
+    return run.get(args["out"]), run.get(dsum)
 
 
 CASES = [(3, 37), (2, 516), (3, 259), (1, 1), (2, 1030), (2, 4), (3, 1024), (2, 2052)]

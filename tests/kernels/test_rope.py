@@ -40,11 +40,11 @@ def rel_err(out, ref) -> float:
 def _run(run, spec, q, k, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    geo = R.launch_geometry(spec, n_q, n_kv)
-    grid, block = geo.grid, geo.block
     dq, dk = run.array(q), run.array(k)
-    run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
-               run.array(np.array([pos], np.int32)), n_q, n_kv)
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv),
+               dict(q=dq, k=dk, freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv))
     return run.get(dq), run.get(dk)
 
 
@@ -183,12 +183,12 @@ def test_rope_refuses(bad):
 def _run_append(run, spec, q, k, v, kc, vc, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    geo = R.launch_geometry(spec, n_q, n_kv)
-    grid, block = geo.grid, geo.block
     dq, dk, dkc, dvc = run.array(q), run.array(k), run.array(kc), run.array(vc)
-    run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
-               run.array(np.array([pos], np.int32)), n_q, n_kv,
-               run.array(v), dkc, dvc, kc.shape[1])
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv),
+               dict(q=dq, k=dk, freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv, v=run.array(v), k_cache=dkc, v_cache=dvc,
+                    capacity=kc.shape[1]))
     return run.get(dq), run.get(dk), run.get(dkc), run.get(dvc)
 
 
@@ -307,15 +307,14 @@ def test_rope_rows_append(run, layout, rng):
     kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     f = run.function(R.build, spec)
-    geo = R.launch_geometry(spec, n_q, n_kv)
-    grid, block = geo.grid, geo.block
     dqkv, dkc, dvc = run.array(qkv), run.array(kc), run.array(vc)
     # q, k, v at element offsets 0, n_q d, (n_q + n_kv) d of each row
-    run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),
-               run.array(R.freq_table(spec)),
-               run.array(np.array([start], np.int32)), n_q, n_kv,
-               _offset(dqkv, (n_q + n_kv) * d), dkc, dvc, cap, stride,
-               run.array(np.array([T], np.int32)))
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv, t_max),
+               dict(q=dqkv, k=_offset(dqkv, n_q * d), freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([start], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv, v=_offset(dqkv, (n_q + n_kv) * d), k_cache=dkc,
+                    v_cache=dvc, capacity=cap, row_stride=stride,
+                    n_rows_ptr=run.array(np.array([T], np.int32))))
     out, gkc, gvc = run.get(dqkv), run.get(dkc), run.get(dvc)
     for y in range(t_max):
         q = qkv[y, :n_q * d].reshape(n_q, d)
