@@ -30,6 +30,7 @@ from ptxgen.driver import ops_backend
 from ptxgen.driver.launch import launch
 from ptxgen.driver.ops_gemm import gemm_target
 from ptxgen.kernels import gemm as G
+from ptxgen.kernels.quants import qtype_of
 
 from .bench_gemv import _random_weights, _time_graph, _torch
 
@@ -37,7 +38,7 @@ __all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"]
+QTYPES = list(G.GEMM_QTYPES)
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
 _MMA = dict(kernel="mma")
@@ -100,8 +101,7 @@ def _check(torch, w, x, y, qtype="Q4_K", rows=8):
 
 
 def _weights(torch, m, k, gen, qtype="Q4_K"):
-    bw, bb = G.QTYPES[qtype]
-    rb = k // bw * bb
+    rb = qtype_of(qtype).row_bytes(k)
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
     return [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
 

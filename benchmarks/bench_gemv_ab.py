@@ -44,7 +44,7 @@ def run(config: dict, rounds: int = 3, out=print) -> list[dict]:
         qt, m, k = shape.get("qtype", "Q4_K"), shape["m"], shape["k"]
         epi = shape.get("epi", "none")
         nm = 2 if epi == "swiglu" else 1
-        bw_, bb_ = G.QTYPE_INFO[qt]
+        bw_, bb_ = G.read_unit(qt)
         nbytes = nm * m * (k // bw_ * bb_)
         copies = max(1, math.ceil(B.L2_DEFEAT_BYTES / nbytes))
         wl = [[B._random_weights(torch, qt, m, k, gen) for _ in range(nm)]

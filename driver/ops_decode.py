@@ -29,6 +29,7 @@ from ptxgen.kernels import kv_append as _kva
 from ptxgen.kernels import rmsnorm as _rms
 from ptxgen.kernels import rope as _rope
 from ptxgen.kernels import swiglu as _swiglu
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .ops_backend import device_target, get_backend, op_args
@@ -215,11 +216,12 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
               backend=None):
     """Gather row ``token_id`` (device int32) of ``table`` as f32.
 
-    ``table`` holds ``[n_vocab, n]`` weights in ``qtype`` (one of
-    ``kernels.embedding.QTYPES``, any case: ``"f32"``, ``"f16"``, ``"bf16"``,
-    ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``, ``"Q4_K"``,
-    ``"Q5_K"``, ``"Q6_K"``); for raw quantized bytes give ``n`` (else the last
-    dimension of ``table`` is used; a bf16 table is 2-byte values).  With
+    ``table`` holds ``[n_vocab, n]`` weights in ``qtype``, a type the gather
+    reads (``kernels.quants.names_for("embedding")``: ``"F32"``, ``"F16"``,
+    ``"BF16"``, ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``,
+    ``"Q4_K"``, ``"Q5_K"``, ``"Q6_K"``; any case); for raw quantized bytes give
+    ``n`` (else the last dimension of ``table`` is used; a BF16 table is
+    2-byte values).  With
     ``rows``, ``token_id`` is a device int32 array of ``R`` ids and one
     launch writes ``out [R, n]``.
     """
@@ -227,9 +229,8 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
                 out=out)
     ta = a.array("table")
     spec = _emb.EmbeddingSpec(qtype=str(qtype), rows=bool(rows), target=a.backend.target)
-    qtype = spec.qtype
     if n is None:
-        if qtype in ("f32", "f16", "bf16"):
+        if qtype_of(spec.qtype).block_size == 1:       # a float type: one weight an element
             n = ta.shape[-1]
         else:
             raise ValueError("give n (weights per row) for a quantized table")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen.kernels import gemm as _g
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .ops_backend import get_backend, op_args
@@ -50,14 +51,12 @@ def _weights(a, name, qtype):
     w = a.array(name, np.uint8)
     if w.ndim != 2:
         raise ValueError(f"{name} must be 2-D [M, row_bytes] uint8, got shape {tuple(w.shape)}")
-    q = qtype.upper() if isinstance(qtype, str) else qtype
-    if q not in _g.QTYPES:
-        raise ValueError(f"gemm: unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPES)}")
-    bw, bb = _g.QTYPES[q]
+    q = qtype_of(qtype, "gemm")
     m, rb = w.shape
-    if rb % bb:
-        raise ValueError(f"{q}: a row of {rb} bytes is not a whole number of {bb}-byte blocks")
-    return q, m, rb // bb * bw
+    if rb % q.type_size:
+        raise ValueError(f"{q}: a row of {rb} bytes is not a whole number of {q.type_size}-byte "
+                         f"blocks")
+    return q.name, m, rb // q.type_size * q.block_size
 
 
 def gemm(w, x, qtype, out=None, residual=None, *, n_tokens=None, y_stride=None, stream=None,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .memory import DeviceArray, as_device_array
@@ -46,10 +47,8 @@ def _shape_of(w, qtype):
         raise ValueError(f"weights must be 2-D [M, row_bytes] uint8, got shape {shape}")
     if np.dtype(w.dtype) != np.uint8:
         raise TypeError(f"weights must be uint8 GGUF bytes, got {np.dtype(w.dtype).name}")
-    q = qtype.upper()
-    if q not in _g.QTYPE_INFO:
-        raise ValueError(f"unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPE_INFO)}")
-    bw, bb = _g.QTYPE_INFO[q]
+    q = qtype_of(qtype, "gemv").name
+    bw, bb = _g.read_unit(q)
     m, rb = shape
     if q in ("F16", "BF16"):
         if rb % 2:
@@ -109,8 +108,8 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
         GGUF weight bytes (device or numpy).
     x : float32 [K]
     qtype : str
-        One of ``kernels.gemv.QTYPE_INFO``: Q4_K, Q6_K, Q8_0, Q4_0, Q4_1,
-        Q5_0, Q5_1, Q5_K, F16, BF16 (any case).
+        A type the GEMV reads (``kernels.quants.names_for("gemv")``: Q4_K,
+        Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, F16, BF16), in any case.
     out : float32 [M], optional
         Written in place; allocated when None.
     residual : float32 [M], optional

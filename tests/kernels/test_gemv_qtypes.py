@@ -97,7 +97,7 @@ def _cases():
     aligned), in each epilogue."""
     out = []
     for q in NEW:
-        blk = G.QTYPE_INFO[q][0]
+        blk = G.read_unit(q)[0]
         kq = 768
         dots = ["fma", "dp4a"] if q in DP4A else ["fma"]
         for dot in dots:
@@ -257,7 +257,7 @@ def test_selected_configs_at_8b_shapes(qtype, target):
 def test_selected_configs_at_small_and_odd_shapes(qtype):
     """Small and unaligned K get a config that builds: through the ring
     where rows are 16-byte aligned, tile by tile (f32 dot) where not."""
-    blk, bb = G.QTYPE_INFO[qtype]
+    blk, bb = G.read_unit(qtype)
     built = set()           # many shapes select the same plan: build each once
     for k in (blk, 2 * blk, 3 * blk, 256, 512, 768, 896, 4864, 18944, 28672):
         if k % blk:
@@ -326,7 +326,7 @@ def test_ptxas_no_spills_at_8b_shapes(ptxas, qtype):
 @pytest.mark.parametrize("qtype", NEW)
 def test_ops_gemv_takes_the_new_types(qtype, rng):
     """``ops.gemv`` and ``ops.gemv_swiglu`` on the emulator (numpy in, numpy
-    out), the weight shape read through QTYPE_INFO."""
+    out), the weight shape read through read_unit."""
     from ptxgen.driver import ops
     m, k = 21, 512
     ws, deq, x, r = _data(rng, qtype, m, k, 2)
