@@ -26,7 +26,7 @@ import time
 import attrs
 import numpy as np
 
-from ptxgen.driver import ops_backend
+from ptxgen.driver.backend import get_backend
 from ptxgen.driver.launch import launch
 from ptxgen.driver.ops_gemm import gemm_target
 from ptxgen.kernels import gemm as G
@@ -74,7 +74,7 @@ class _Gemm:
     """One built GEMM plan and its launch on torch's current stream."""
 
     def __init__(self, k, m, t, x_type, qtype="Q4_K", target=None, **knobs):
-        be = ops_backend.get_backend("cuda")
+        be = get_backend("cuda")
         self.plan = G.default_plan(qtype, k, x_type=x_type,
                                    target=target or gemm_target(be.target), m=m, t=t, **knobs)
         self.geo = G.launch_geometry(self.plan, m, t)
@@ -83,7 +83,7 @@ class _Gemm:
 
     def __call__(self, torch, w, x, y):
         xm = G.x_map(self.plan, x.data_ptr(), x.shape[0])
-        tail = () if xm is None else (ops_backend.get_backend("cuda").tensor_map(xm),)
+        tail = () if xm is None else (get_backend("cuda").tensor_map(xm),)
         launch(self.fn, self.geo.grid, self.geo.block, w, x, y, self.m, self.t, *tail,
                shared=self.geo.shared, stream=torch.cuda.current_stream())
 
@@ -147,7 +147,7 @@ def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
     ws = ws or _weights(torch, m, k, gen, qtype)
     flop = 2.0 * t * m * k
     row = dict(qtype=qtype, m=m, k=k, t=t)
-    be = ops_backend.get_backend("cuda")
+    be = get_backend("cuda")
     x16 = torch.randn(t, k, device="cuda", generator=gen).half()
     runs = [("f16", torch.float16, {})]
     if qtype in G.MMA_QTYPES:                # f32 X runs on mma.sync, which decodes these only

@@ -39,7 +39,7 @@ def _graph_time_ptxgen(call, reps, repeats=5):
     as one CUDA graph (no host time per launch, as in the prefill graph);
     the median of ``repeats`` replays."""
     from ptxgen import driver
-    from ptxgen.driver.ops_backend import get_backend, recording
+    from ptxgen.driver.backend import get_backend, recording
     with recording() as seq:
         call()
     be, s = get_backend("cuda"), driver.Stream()

@@ -38,6 +38,7 @@ from typing import Any, Mapping, Sequence
 import attrs
 import numpy as np
 
+from ptxgen import registry
 from ptxgen.kernels.plan import LaunchGeometry
 
 from .launch import named_args
@@ -265,17 +266,17 @@ class Executor:
     Parameters
     ----------
     graph : ComputeGraph
-    backend : object
-        ``ptxgen.driver.backend.CudaBackend`` or ``EmuBackend``: module
-        loading, launches, arrays.
-    families : dict
-        Family name -> module with ``build(spec)`` (the kernels/ modules).
+    backend : ptxgen.driver.backend.Backend
+        Module loading, launches, arrays, graph capture.
+    progress : callable, optional
+        ``progress(done_bytes, total_bytes, buffer_name)`` as weights upload.
+
+    Each launch's family is found through :func:`ptxgen.registry.family`.
     """
 
-    def __init__(self, graph: ComputeGraph, backend, families: dict, progress=None):
+    def __init__(self, graph: ComputeGraph, backend, progress=None):
         self.graph = graph
         self.backend = backend
-        self.families = families
         self.arena_bytes = plan_activations(graph)
         self._modules: dict = {}
         self.arrays: dict[int, Any] = {}
@@ -311,8 +312,8 @@ class Executor:
             for L in op.launches:
                 key = (L.family, L.spec)
                 if key not in self._modules:
-                    fam = self.families[L.family]
-                    self._modules[key] = self.backend.load(fam.build(L.spec))
+                    build = registry.family(L.family).build
+                    self._modules[key] = self.backend.load(build(L.spec))
 
     def ptr(self, b: Buffer) -> int:
         if b.kind == "activation":
@@ -350,7 +351,7 @@ class Executor:
         launch; eager decoding leaves it off (the host, not the GPU, sets the
         pace there, and ``cuLaunchKernelEx`` costs more host time than
         ``cuLaunchKernel``)."""
-        launch = self.backend.launch
+        launch = self.backend.launch_positional
         for fn, grid, block, args, shared, fn_pdl in self.launches(variant):
             launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl and fn_pdl)
 

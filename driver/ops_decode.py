@@ -32,7 +32,8 @@ from ptxgen.kernels import swiglu as _swiglu
 from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .ops_backend import device_target, get_backend, op_args
+from .backend import device_target, get_backend
+from .ops_backend import op_args
 
 __all__ = ["rmsnorm", "rope", "swiglu", "flash_decode", "embedding", "kv_append", "argmax",
            "device_target"]

@@ -17,7 +17,8 @@ from ptxgen.kernels import gemm as _g
 from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .ops_backend import get_backend, op_args
+from .backend import get_backend
+from .ops_backend import op_args
 
 __all__ = ["gemm", "gemm_plan", "gemm_target"]
 

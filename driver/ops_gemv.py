@@ -21,7 +21,8 @@ from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .memory import DeviceArray, as_device_array
-from .ops_backend import get_backend, op_args
+from .backend import get_backend
+from .ops_backend import op_args
 
 __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 

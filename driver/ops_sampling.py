@@ -10,7 +10,8 @@ from ptxgen.kernels import sampling as _smp
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .memory import DeviceArray
-from .ops_backend import device_target, op_args
+from .backend import device_target
+from .ops_backend import op_args
 
 __all__ = ["sample", "sampling_params", "sampling_spec"]
 

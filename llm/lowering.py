@@ -18,9 +18,7 @@ from ptxgen.kernels import gemv
 
 from ptxgen.driver.executor import Launch
 
-__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "Tuning", "FAMILIES"]
-
-FAMILIES = {"gemv": gemv}
+__all__ = ["mul_mat", "mul_mat_swiglu", "mul_mat_rope", "can_fuse_norm", "Tuning"]
 
 
 def can_fuse_norm(*tensors) -> bool:

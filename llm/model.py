@@ -48,8 +48,8 @@ import time
 import attrs
 import numpy as np
 
-from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode,
-                            kv_append, rmsnorm, rope, sampling, swiglu)
+from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsnorm, rope,
+                            sampling, swiglu)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from ptxgen.driver.executor import ComputeGraph, Executor, Launch
@@ -61,14 +61,6 @@ from ptxgen.llm import qkv as qkv_mod
 from ptxgen.llm.textgen import TextGeneration
 
 __all__ = ["LlamaModel", "GenerateResult", "ContextOverflowError", "SamplingSettings"]
-
-FAMILIES = {
-    "embedding": embedding, "rmsnorm": rmsnorm, "rope": rope, "kv_append": kv_append,
-    "flash_decode": flash_decode, "argmax": argmax, "decode_state": decode_state,
-    "swiglu": swiglu, "sampling": sampling,
-    **lowering.FAMILIES,
-}
-
 
 @attrs.frozen
 class GenerateResult:
@@ -153,20 +145,20 @@ class LlamaModel(TextGeneration):
         self.capacity = int(capacity or min(self.hp.context_length, 4096))
         if self.capacity < 2:
             raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
-        self.target = target or _backend_target(backend)
-        self.sm_count = sm_count or _backend_sm_count(backend)
+        self.target = target or backend.target
+        self.sm_count = sm_count or backend.sm_count
         self.fuse_norm = _norm_kinds(fuse_norm)
         self.fuse_rope = bool(fuse_rope)
         self.flash_knobs = dict(flash_knobs or {})
         self.graph = ComputeGraph()
-        self.tuning = lowering.Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
+        self.tuning = lowering.Tuning(self.sm_count, gemv_knobs or {}, backend.device_name)
         self._build()
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         if self.pdl:
             enable_pdl(self.graph)
         bar = _ProgressBar(file.weight_bytes, enabled=progress)
-        self.executor = Executor(self.graph, backend, FAMILIES, progress=bar.update)
+        self.executor = Executor(self.graph, backend, progress=bar.update)
         bar.close()
         self._stream = backend.stream()
         self._prompt_host = np.zeros(self.capacity, np.int32)
@@ -592,26 +584,6 @@ def _check_attention_shape(file):
                         f"of size {hp.head_dim} (metadata keys '{a}.attention.key_length', "
                         f"'{a}.attention.head_count', '{a}.attention.head_count_kv') have no "
                         f"attention kernel: {e}") from None
-
-
-def _backend_target(backend) -> str:
-    if getattr(backend, "name", "") == "cuda":
-        return backend.device.target
-    return "sm_80"
-
-
-def _backend_device_name(backend) -> str | None:
-    """The GPU's name (the user tuning cache's key), None on the emulator."""
-    try:
-        return backend.device.name
-    except AttributeError:
-        return None
-
-
-def _backend_sm_count(backend) -> int:
-    if getattr(backend, "name", "") == "cuda":
-        return int(backend.device.sm_count)
-    return 4
 
 
 class _ProgressBar:

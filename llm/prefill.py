@@ -18,7 +18,7 @@ the int32 pair ``(L, T)`` live in device buffers the kernels read (the GEMMs
 with ``n_tokens``: tiles past ``T`` exit), so the launch sequence depends
 only on the *bucket*: the smallest of :attr:`Prefill.buckets` that holds
 ``T``, every launch sized for it.  The sequence of each bucket is recorded
-once (:func:`~ptxgen.driver.ops_backend.recording`) and, on the GPU,
+once (:func:`~ptxgen.driver.backend.recording`) and, on the GPU,
 captured into a CUDA graph replayed for every chunk of that bucket
 (programmatic dependent launch where the specs have it, as in the decode
 graph); ``mode="eager"`` (and the emulator) issues the recorded launches
@@ -34,7 +34,7 @@ import numpy as np
 from ptxgen.kernels import decode_state, gemm as _gemm, rope
 
 from ptxgen.driver import ops
-from ptxgen.driver.ops_backend import get_backend, recording
+from ptxgen.driver.backend import get_backend, recording
 from ptxgen.driver.ops_gemm import gemm_target
 
 __all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "refusal", "gemm_ready"]

@@ -19,6 +19,7 @@ import numpy as np
 
 
 def dump(path, out, kw):
+    from ptxgen import registry
     from ptxgen.driver.backend import get_backend
     from ptxgen.llm import model as L
     from ptxgen.llm.gguf.file import LlamaFile
@@ -43,7 +44,7 @@ def dump(path, out, kw):
         for ln in op.launches:
             key = repr(ln.spec)
             if key not in ptx:
-                text = L.FAMILIES[ln.family].build(ln.spec).to_ptx()
+                text = registry.family(ln.family).build(ln.spec).to_ptx()
                 ptx[key] = hashlib.sha256(text.encode()).hexdigest()[:16]
             geo = ln.geometry
             rows.append([op.kind, op.name, ln.family, geo.kernel, list(geo.grid), list(geo.block),

@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from ptxgen.abi import ArgPacker, LaunchArgumentError, parse_entries
-from ptxgen.driver.backend import EmuBackend
 from ptxgen.driver.errors import LaunchConfigError
 from ptxgen.driver.executor import ComputeGraph, Executor, Launch
-from ptxgen.driver.ops_backend import get_backend
+from ptxgen.driver.backend import get_backend
 from ptxgen.kernels import gemv, vector_add
 from ptxgen.kernels.plan import LaunchGeometry
 
@@ -81,7 +80,7 @@ def _graph(name="n"):
 
 def test_executor_resolves_names(rng):
     g, b, d = _graph()
-    ex = Executor(g, EmuBackend(), {"vector_add": vector_add})
+    ex = Executor(g, get_backend("emu"))
     x = rng.standard_normal(1000).astype(np.float32)
     ex.write(b, x)
     ex.run_eager()
@@ -92,4 +91,4 @@ def test_executor_resolves_names(rng):
 def test_executor_refuses_a_misspelled_name_when_built():
     g, _, _ = _graph("count")
     with pytest.raises(LaunchArgumentError, match="no parameter named 'count'"):
-        Executor(g, EmuBackend(), {"vector_add": vector_add})
+        Executor(g, get_backend("emu"))

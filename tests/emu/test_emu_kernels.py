@@ -29,7 +29,7 @@ def test_vector_add(backend, cname, rng):
     da, db, dc = backend.array(a), backend.array(b), backend.array(out_host)
     geo = vadd_k.launch_geometry(spec, n)
     grid, block, shared = geo.grid, geo.block, geo.shared
-    backend.launch(fn, grid, block, da, db, dc, n, shared=shared)
+    backend.launch_positional(fn, grid, block, da, db, dc, n, shared=shared)
     got = dc.to_numpy()
     # f32 addition of two f32 values is exactly the float32 rounding of the
     # float64 sum, so the comparison is exact for both dtypes
@@ -50,7 +50,7 @@ def test_block_reduce(backend, cname, grid, rng):
     out = backend.poisoned(grid, np.float32)
     geo = reduce_k.launch_geometry(spec, n, grid)
     g, block, shared = geo.grid, geo.block, geo.shared
-    backend.launch(fn, g, block, dx, out, n, shared=shared)
+    backend.launch_positional(fn, g, block, dx, out, n, shared=shared)
     got = out.to_numpy().astype(np.float64)
     want = reduce_k.reference(x, grid, spec.block)
     # f32 accumulation of |x| <= 1.5 terms: error below n * 2^-24 * sum|x|

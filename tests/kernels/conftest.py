@@ -15,27 +15,22 @@ import pytest
 
 class Runner:
     """Build, load and launch kernels of a spec on one backend ("emu" or
-    "cuda": :func:`ptxgen.driver.ops_backend.get_backend`)."""
+    "cuda": :func:`ptxgen.driver.backend.get_backend`), for the backend's
+    target."""
 
     def __init__(self, name):
-        from ptxgen.driver.ops_backend import get_backend
+        from ptxgen.driver.backend import get_backend
         self.backend = get_backend(name)
-        self.is_gpu = name == "cuda"
         self._mods = {}
 
-    def target(self, spec=None):
-        if self.is_gpu:
-            from ptxgen.driver.ops_decode import device_target
-            return device_target()
-        # the emulator runs sm_80 kernels, and sm_90 ones where the spec needs
-        # an sm_90 instruction (the bulk copy engine)
-        return "sm_90" if getattr(spec, "bulk", False) else "sm_80"
+    def target(self):
+        return self.backend.target
 
     def function(self, build, spec, name=None):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
-        tgt = self.target(spec)
-        # a spec built for PDL runs on a target without griddepcontrol (the
-        # emulator's sm_80, beside a GPU run) as the same kernel without it
+        tgt = self.target()
+        # a spec built for PDL runs on a target without griddepcontrol as the
+        # same kernel without it
         pdl = getattr(spec, "pdl", False) and has_griddepcontrol(tgt)
         change = dict(target=tgt, **({"pdl": pdl} if hasattr(spec, "pdl") else {}))
         # a plan (spec + config) changes its fields through its own evolve
@@ -74,8 +69,6 @@ class DualRunner:
     ulps apart may round to the neighbouring f16), and records how many
     elements were bit-identical.
     """
-
-    is_gpu = True
 
     def __init__(self):
         self.emu = Runner("emu")

@@ -203,12 +203,11 @@ def test_sm80_ring_of_cp_async(backend, rng, d, bn, stages, L, T):
     q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T + 5)
     out = backend.poisoned(q.shape, np.float32)
     fn = backend.load(FP.build(plan))[plan.kernel_name]
-    geo = FP.launch_geometry(plan, n_kv * G, T)
-    grid, block, shared = geo.grid, geo.block, geo.shared
-    fn.require_dynamic_shared(shared)
-    backend.launch(fn, grid, block, backend.array(q), backend.array(kc), backend.array(vc),
-                   backend.array(np.array([L], np.int32)), backend.array(np.array([T], np.int32)),
-                   out, L + T + 5, 1.0 / math.sqrt(d), n_kv * G * d, shared=shared)
+    backend.launch(fn, FP.launch_geometry(plan, n_kv * G, T),
+                   dict(q=backend.array(q), k_cache=backend.array(kc), v_cache=backend.array(vc),
+                        start_ptr=backend.array(np.array([L], np.int32)),
+                        n_tokens_ptr=backend.array(np.array([T], np.int32)), out=out,
+                        capacity=L + T + 5, sm_scale=1.0 / math.sqrt(d), q_stride=n_kv * G * d))
     assert rel_err(out.to_numpy(), attention64(q, kc, vc, L, T)) <= BOUND
 
 
