@@ -89,7 +89,7 @@ class _Reader:
         self.sms, self.out = sms, out
 
     def grid(self, nbytes):
-        g = S.launch_geometry(self.spec, nbytes)[0][0]
+        g = S.launch_geometry(self.spec, nbytes).grid[0]
         return min(g, self.resident * self.sms) if self.spec.persistent else g
 
     def __call__(self, ptr, nbytes, stream):

@@ -250,9 +250,9 @@ def _split_only(dq, dk, dv, dl, do, stream, **kw):
                          ops._resident(fn, 32 * spec.warps, spec.dynamic_shared))
     po = ops._workspace(("fd_o", n_q, S, d), (n_q, S, d), np.float32)
     pml = ops._workspace(("fd_ml", n_q, S), (n_q, S, 2), np.float32)
-    (g1, b1), _ = fd.launch_geometry(spec, n_kv, S)
-    return lambda s: launch(fn, g1, b1, dq, dk, dv, dl, po, pml, cap,
-                            1.0 / math.sqrt(d), shared=spec.dynamic_shared, stream=s)
+    split, _ = fd.launch_geometry(spec, n_kv, S)
+    return lambda s: launch(fn, split.grid, split.block, dq, dk, dv, dl, po, pml, cap,
+                            1.0 / math.sqrt(d), shared=split.shared, stream=s)
 
 
 def bench_flash(verbose: bool = True, extra: dict | None = None) -> dict:

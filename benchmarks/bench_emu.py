@@ -26,10 +26,10 @@ def _reduce_case(n, grid):
     fn = Module.from_ptx(rk.build(spec))[spec.kernel_name]
     x = np.random.default_rng().uniform(-1, 1, n).astype(np.float32)
     dx, out = DeviceArray.from_numpy(x), DeviceArray.from_numpy(np.full(grid, np.nan, np.float32))
-    g, b, sh = rk.launch_geometry(spec, n, grid)
+    geo = rk.launch_geometry(spec, n, grid)
 
     def run():
-        launch(fn, g, b, dx, out, n, shared=sh)
+        launch(fn, geo.grid, geo.block, dx, out, n, shared=geo.shared)
 
     def check():
         want = rk.reference(x, grid, spec.block)
@@ -47,10 +47,10 @@ def _vadd_case(n):
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     da, db = DeviceArray.from_numpy(a), DeviceArray.from_numpy(b)
     dc = DeviceArray.from_numpy(np.full(n, np.nan, np.float32))
-    g, bl, sh = vk.launch_geometry(spec, n)
+    geo = vk.launch_geometry(spec, n)
 
     def run():
-        launch(fn, g, bl, da, db, dc, n, shared=sh)
+        launch(fn, geo.grid, geo.block, da, db, dc, n, shared=geo.shared)
 
     def check():
         assert np.array_equal(dc.to_numpy(), a + b)

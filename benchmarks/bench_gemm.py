@@ -26,10 +26,11 @@ import time
 import attrs
 import numpy as np
 
-from ptxgen.driver import ops_backend
+from ptxgen.driver.backend import get_backend
 from ptxgen.driver.launch import launch
 from ptxgen.driver.ops_gemm import gemm_target
 from ptxgen.kernels import gemm as G
+from ptxgen.kernels.quants import qtype_of
 
 from .bench_gemv import _random_weights, _time_graph, _torch
 
@@ -37,7 +38,7 @@ __all__ = ["run_all", "sweep", "SHAPES", "TS", "SWEEP", "WGMMA_SWEEP", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]
 TS = [16, 64, 256, 512, 2048]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"]
+QTYPES = list(G.GEMM_QTYPES)
 L2_DEFEAT_BYTES = 256 << 20
 #: config variants ``--sweep`` times (GemmConfig fields)
 _MMA = dict(kernel="mma")
@@ -73,18 +74,18 @@ class _Gemm:
     """One built GEMM plan and its launch on torch's current stream."""
 
     def __init__(self, k, m, t, x_type, qtype="Q4_K", target=None, **knobs):
-        be = ops_backend.get_backend("cuda")
+        be = get_backend("cuda")
         self.plan = G.default_plan(qtype, k, x_type=x_type,
                                    target=target or gemm_target(be.target), m=m, t=t, **knobs)
-        self.grid, self.block, self.shared = G.launch_geometry(self.plan, m, t)
-        self.fn = be.function(G.build, self.plan, dynamic_shared=self.shared)
+        self.geo = G.launch_geometry(self.plan, m, t)
+        self.fn = be.function(G.build, self.plan, dynamic_shared=self.geo.shared)
         self.m, self.t = m, t
 
     def __call__(self, torch, w, x, y):
         xm = G.x_map(self.plan, x.data_ptr(), x.shape[0])
-        tail = () if xm is None else (ops_backend.get_backend("cuda").tensor_map(xm),)
-        launch(self.fn, self.grid, self.block, w, x, y, self.m, self.t, *tail,
-               shared=self.shared, stream=torch.cuda.current_stream())
+        tail = () if xm is None else (get_backend("cuda").tensor_map(xm),)
+        launch(self.fn, self.geo.grid, self.geo.block, w, x, y, self.m, self.t, *tail,
+               shared=self.geo.shared, stream=torch.cuda.current_stream())
 
 
 def _check(torch, w, x, y, qtype="Q4_K", rows=8):
@@ -100,8 +101,7 @@ def _check(torch, w, x, y, qtype="Q4_K", rows=8):
 
 
 def _weights(torch, m, k, gen, qtype="Q4_K"):
-    bw, bb = G.QTYPES[qtype]
-    rb = k // bw * bb
+    rb = qtype_of(qtype).row_bytes(k)
     copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
     return [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
 
@@ -147,7 +147,7 @@ def bench_shape(torch, m, k, t, gen, ws=None, qtype="Q4_K", cublas=None):
     ws = ws or _weights(torch, m, k, gen, qtype)
     flop = 2.0 * t * m * k
     row = dict(qtype=qtype, m=m, k=k, t=t)
-    be = ops_backend.get_backend("cuda")
+    be = get_backend("cuda")
     x16 = torch.randn(t, k, device="cuda", generator=gen).half()
     runs = [("f16", torch.float16, {})]
     if qtype in G.MMA_QTYPES:                # f32 X runs on mma.sync, which decodes these only

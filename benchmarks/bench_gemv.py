@@ -35,7 +35,7 @@ __all__ = ["run_all", "SHAPES", "QTYPES"]
 
 SHAPES = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
           (1024, 4096)]
-QTYPES = ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "F16", "BF16"]
+QTYPES = list(G.GEMV_QTYPES)
 #: share of copy bandwidth asked of each type on the large 8B shapes (issues 5 and 42)
 GOALS = {"Q4_K": 0.90, "F16": 0.90, "BF16": 0.90}
 GOAL_DEFAULT = 0.85
@@ -57,7 +57,7 @@ def _random_weights(torch, qtype, m, k, gen):
         dt = torch.float16 if qtype == "F16" else torch.bfloat16
         w = torch.randn((m, k), device="cuda", generator=gen, dtype=torch.float32) * 0.02
         return w.to(dt).view(torch.uint8).view(m, 2 * k)
-    bw, bb = G.QTYPE_INFO[qtype]
+    bw, bb = G.read_unit(qtype)
     nb = k // bw
     w = torch.randint(0, 256, (m, nb, bb), dtype=torch.uint8, device="cuda", generator=gen)
     scale = (torch.rand((m, nb, 2), device="cuda", generator=gen) * 0.02 + 0.001).half()
@@ -103,9 +103,9 @@ def _launcher(torch, qtype, k, epilogue="none", m=None, **knobs):
     fn = ops_gemv._function(spec)
 
     def go(ptrs, y, m):
-        grid, block, shared, rpc = G.launch_geometry(spec, m)
-        launch(fn, grid, block, *ptrs, y, m, rpc, shared=shared,
-                        stream=torch.cuda.current_stream(), pdl=spec.pdl)
+        geo = G.launch_geometry(spec, m)
+        launch(fn, geo.grid, geo.block, *ptrs, y, m, geo.args["rpc"], shared=geo.shared,
+               stream=torch.cuda.current_stream(), pdl=spec.pdl)
     return spec, go
 
 
@@ -232,7 +232,7 @@ def sweep(variants, qtype="Q4_K", verbose=True) -> dict:
     if verbose:
         print(f"{out['device']}: copy {bw / 1e9:.0f} GB/s (r+w)", flush=True)
     for (m, k), knob_list in variants.items():
-        rb = G.QTYPE_INFO[qtype][1] * k // G.QTYPE_INFO[qtype][0]
+        rb = G.read_unit(qtype)[1] * k // G.read_unit(qtype)[0]
         copies = max(1, math.ceil(L2_DEFEAT_BYTES / (m * rb)))
         ws = [_random_weights(torch, qtype, m, k, gen) for _ in range(copies)]
         x = torch.randn(k, device="cuda", generator=gen)
@@ -279,9 +279,10 @@ def main(argv=None):
     if "--qtypes" in argv:
         i = argv.index("--qtypes")
         qtypes = [q.strip().upper() for q in argv[i + 1].split(",")]
-        bad = [q for q in qtypes if q not in G.QTYPE_INFO]
+        bad = [q for q in qtypes if q not in G.GEMV_QTYPES]
         if bad:
-            raise SystemExit(f"unknown qtype(s) {', '.join(bad)}; known: {', '.join(G.QTYPE_INFO)}")
+            raise SystemExit(f"unknown qtype(s) {', '.join(bad)}; known: "
+                             f"{', '.join(G.GEMV_QTYPES)}")
         del argv[i:i + 2]
     if "--no-swiglu" in argv:
         argv.remove("--no-swiglu")

@@ -44,7 +44,7 @@ def run(config: dict, rounds: int = 3, out=print) -> list[dict]:
         qt, m, k = shape.get("qtype", "Q4_K"), shape["m"], shape["k"]
         epi = shape.get("epi", "none")
         nm = 2 if epi == "swiglu" else 1
-        bw_, bb_ = G.QTYPE_INFO[qt]
+        bw_, bb_ = G.read_unit(qt)
         nbytes = nm * m * (k // bw_ * bb_)
         copies = max(1, math.ceil(B.L2_DEFEAT_BYTES / nbytes))
         wl = [[B._random_weights(torch, qt, m, k, gen) for _ in range(nm)]
@@ -71,7 +71,7 @@ def run(config: dict, rounds: int = 3, out=print) -> list[dict]:
                 times[n].append(B._time_graph(
                     torch, lambda i, go=go: go([*wl[i % copies], x, *rr], ys[i % 4], m)))
         for n, (spec, go, err) in built.items():
-            grid = G.launch_geometry(spec, m)[0][0]
+            grid = G.launch_geometry(spec, m).grid[0]
             us = [t * 1e6 for t in times[n]]
             share = read / min(times[n]) / bw
             out(f"{qt} {m}x{k} {epi} {n:14s} grid {grid:5d} err {err:.1e}: "

@@ -56,8 +56,8 @@ def main(argv=None, variants=None):
     def occ(m, k, ep, knobs):
         spec = ops_gemv.gemv_spec("Q4_K", k, ep, m=m, **knobs)
         fn = ops_gemv._function(spec)
-        grid, block, shared, _ = G.launch_geometry(spec, m)
-        return _resident(fn, block[0], shared) or 1, grid[0], fn.num_regs
+        geo = G.launch_geometry(spec, m)
+        return _resident(fn, geo.block[0], geo.shared) or 1, geo.grid[0], fn.num_regs
 
     def layer_us(knobs):
         L = {n: BG._launcher(torch, "Q4_K", k, ep, m=m, **knobs.get(n, {}))[1]

@@ -39,14 +39,14 @@ def _graph_time_ptxgen(call, reps, repeats=5):
     as one CUDA graph (no host time per launch, as in the prefill graph);
     the median of ``repeats`` replays."""
     from ptxgen import driver
-    from ptxgen.driver.ops_backend import get_backend, recording
+    from ptxgen.driver.backend import get_backend, recording
     with recording() as seq:
         call()
     be, s = get_backend("cuda"), driver.Stream()
     with driver.capture(s) as g:
         for _ in range(reps):
             for fn, grid, block, args, shared, pdl in seq:
-                be.launch(fn, grid, block, *args, shared=shared, stream=s, pdl=pdl)
+                be.launch_positional(fn, grid, block, *args, shared=shared, stream=s, pdl=pdl)
     ge = g.instantiate()
     ge.launch(s)
     s.synchronize()

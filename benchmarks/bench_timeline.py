@@ -48,7 +48,7 @@ def _launches(model):
     for op in model.graph.ops:
         for L in op.launches:
             mod = ex._modules[(L.family, L.spec)]
-            ctas = int(np.prod(L.grid))
+            ctas = int(np.prod(L.geometry.grid))
             out.append((op.kind, op.name, mod, mod.names.index(L.kernel), ctas, L))
     return out
 

@@ -201,7 +201,7 @@ def profile_chain(chain, v=128256, spec=None):
     prof.wrap()
     orig, hooked = prof.barrier_hook()
     x, hist, pos = bench_inputs(v, chain)
-    grid, blk, shared = S.launch_geometry(spec, v)
+    geo = S.launch_geometry(spec, v)
     out = DeviceArray.from_numpy(np.full(1, -7, np.int32))
     info = DeviceArray.from_numpy(np.full(S.INFO_WORDS, -7, np.int32))
     args = [DeviceArray.from_numpy(x), v, DeviceArray.from_numpy(hist),
@@ -212,7 +212,7 @@ def profile_chain(chain, v=128256, spec=None):
             DeviceArray.from_numpy(np.zeros(1, np.uint32))]
     executor._barrier = hooked
     try:
-        launch(fn, grid, blk, *args, shared=shared)
+        launch(fn, geo.grid, geo.block, *args, shared=geo.shared)
     finally:
         executor._barrier = orig
     return prof.summary(), info.to_numpy()

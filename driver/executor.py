@@ -2,9 +2,10 @@
 
 A :class:`ComputeGraph` is a list of tensor ops in topological order (each
 op's inputs exist before it).  Every op lowers to one or more kernel
-launches (:class:`Launch`): a kernel family spec, a grid, a block and an
-argument list whose entries are buffers or scalars.  Buffers are of three
-kinds:
+launches (:class:`Launch`): a kernel family spec, the family's
+:class:`~ptxgen.kernels.plan.LaunchGeometry` and the kernel's arguments by
+parameter name, each a buffer, a pointer into one or a scalar.  Buffers are
+of three kinds:
 
 ``weight``      uploaded once (model parameters),
 ``state``       persistent device memory (KV cache, position, token ids),
@@ -44,10 +45,16 @@ name, naming the kernel.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import types
+from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
+
+from ptxgen import registry
+from ptxgen.kernels.plan import LaunchGeometry
+
+from .launch import named_args
 
 __all__ = ["Buffer", "BufRef", "TensorMapOf", "Launch", "Op", "Store", "ComputeGraph",
            "plan_activations", "DeviceMemory", "Arena", "Executor"]
@@ -115,17 +122,24 @@ class TensorMapOf:
 
 @attrs.frozen
 class Launch:
-    """One kernel launch of an op: ``family.build(spec)[kernel](**args)``;
-    ``args`` maps the kernel's parameter names to buffers, buffer
-    references or scalars."""
+    """One kernel launch of an op: kernel ``geometry.kernel`` of
+    ``family``'s ``build(spec)`` (found through :mod:`ptxgen.registry`),
+    launched with ``geometry`` and ``args``: parameter name -> a
+    :class:`Buffer`, a :class:`BufRef`, a :class:`TensorMapOf` or a scalar
+    (the geometry adds the arguments it decides)."""
 
     family: str
     spec: Any
-    kernel: str
-    grid: tuple
-    block: tuple
-    args: tuple
-    shared: int = 0
+    geometry: LaunchGeometry
+    args: Mapping = attrs.field(converter=lambda a: types.MappingProxyType(dict(a)))
+
+    @property
+    def kernel(self) -> str:
+        return self.geometry.kernel
+
+    def values(self) -> tuple:
+        """The arguments, without their names."""
+        return tuple(self.args.values())
 
 
 @attrs.define(eq=False)
@@ -212,7 +226,7 @@ class ComputeGraph:
             if id(b) not in known:
                 raise ValueError(f"op {name}: buffer {b.name!r} is not part of this graph")
         for L in launches:
-            for a in _buffers_of(L.args):
+            for a in _buffers_of(L.values()):
                 if id(a) not in known:
                     raise ValueError(f"op {name}: launch argument {a.name!r} is not part of this graph")
         if variant is not None and (not isinstance(variant, str) or not variant):
@@ -282,7 +296,7 @@ def plan_activations(graph: ComputeGraph) -> int:
     for t, op in enumerate(graph.ops):
         touched = list(op.inputs) + list(op.outputs)
         for L in op.launches:
-            touched += list(_buffers_of(L.args))
+            touched += list(_buffers_of(L.values()))
         for b in touched:
             if b.kind == "activation":
                 first.setdefault(id(b), t)
@@ -367,12 +381,10 @@ class Executor:
     Parameters
     ----------
     graph : ComputeGraph
-    backend : object
-        ``ptxgen.driver.backend.CudaBackend`` or ``EmuBackend``: module
-        loading, launches, arrays.
-    families : dict, optional
-        Family name -> module with ``build(spec)``; default: the kernel
-        families of :mod:`ptxgen.registry`.
+    backend : ptxgen.driver.backend.Backend
+        Module loading, launches, arrays, graph capture.
+    progress : callable, optional
+        ``progress(done_bytes, total_bytes, buffer_name)`` as weights upload.
     memory : DeviceMemory, optional
         Shared with other executors of the same model (its persistent
         buffers); default: this executor's own.
@@ -380,13 +392,14 @@ class Executor:
         Shared with executors of graphs that never run at the same time,
         each graph's size reserved before the first runs; default: this
         executor's own.
+
+    Each launch's family is found through :func:`ptxgen.registry.family`.
     """
 
-    def __init__(self, graph: ComputeGraph, backend, families: dict | None = None,
-                 progress=None, memory: DeviceMemory | None = None, arena: Arena | None = None):
+    def __init__(self, graph: ComputeGraph, backend, progress=None,
+                 memory: DeviceMemory | None = None, arena: Arena | None = None):
         self.graph = graph
         self.backend = backend
-        self.families = families
         self.arena_bytes = plan_activations(graph)
         self.memory = memory if memory is not None else DeviceMemory(backend)
         self._arena = arena if arena is not None else Arena(backend)
@@ -407,18 +420,13 @@ class Executor:
         self.arena = self._arena.array
         self.arrays = self.memory.arrays
 
-    def _build(self, family: str):
-        if self.families is not None:
-            return self.families[family].build
-        from ptxgen import registry
-        return registry.family(family).build
-
     def _compile(self):
         for op in self.graph.ops:
             for L in op.launches:
                 key = (L.family, L.spec)
                 if key not in self._modules:
-                    self._modules[key] = self.backend.load(self._build(L.family)(L.spec))
+                    build = registry.family(L.family).build
+                    self._modules[key] = self.backend.load(build(L.spec))
 
     def ptr(self, b: Buffer) -> int:
         if b.kind == "activation":
@@ -428,13 +436,13 @@ class Executor:
         return self.backend.ptr(self.arrays[id(b)])
 
     def _resolve(self, L: Launch):
-        fn = self._modules[(L.family, L.spec)].function(L.kernel)
-        fn.require_dynamic_shared(L.shared)
-        given = L.args
-        if isinstance(given, dict):
-            given = _by_signature(fn, given)
-        args = tuple(self._value(a) for a in given)
-        return fn, L.grid, L.block, args, L.shared, bool(getattr(L.spec, "pdl", False))
+        geo = L.geometry
+        fn = self._modules[(L.family, L.spec)].function(geo.kernel)
+        fn.require_dynamic_shared(geo.shared)
+        args = named_args(fn, geo, {n: self._value(a) for n, a in L.args.items()})
+        # the arguments are checked now, not at the first run
+        fn.packer.values(args)
+        return fn, geo.grid, geo.block, args, geo.shared, bool(getattr(L.spec, "pdl", False))
 
     def _value(self, a):
         if isinstance(a, Buffer):
@@ -457,7 +465,7 @@ class Executor:
         launch; eager decoding leaves it off (the host, not the GPU, sets the
         pace there, and ``cuLaunchKernelEx`` costs more host time than
         ``cuLaunchKernel``)."""
-        launch = self.backend.launch
+        launch = self.backend.launch_positional
         for fn, grid, block, args, shared, fn_pdl in self.launches(variant):
             launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl and fn_pdl)
 
@@ -499,17 +507,3 @@ class Executor:
         if data.nbytes != b.nbytes:
             raise ValueError(f"{b.name}: {data.nbytes} bytes given, buffer holds {b.nbytes}")
         self.backend.copy_from_host(self.arrays[id(b)], data, stream=stream)
-
-
-def _by_signature(fn, named: dict) -> tuple:
-    """``named`` arguments in the order of ``fn``'s declared parameters; a
-    missing or unknown name is refused, naming the kernel."""
-    names = [p.name for p in fn.params]
-    missing = [n for n in names if n not in named]
-    extra = [n for n in named if n not in names]
-    if missing or extra:
-        what = (f"missing {', '.join(missing)}" if missing else "") + \
-               ("; " if missing and extra else "") + \
-               (f"unknown {', '.join(extra)}" if extra else "")
-        raise ValueError(f"kernel {fn.name}({', '.join(names)}): {what}")
-    return tuple(named[n] for n in names)

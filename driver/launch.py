@@ -5,16 +5,23 @@ geometry against the kernel's own limits and packs ``args`` by the kernel's
 declared parameter types before calling ``cuLaunchKernel``; anything wrong is
 refused with :class:`LaunchConfigError` or
 :class:`ptxgen.abi.LaunchArgumentError` and the driver is never called.
+
+That is the positional form, arguments in declaration order.  Ops, the
+graph executor and the model give arguments by parameter name with a
+family's :class:`~ptxgen.kernels.plan.LaunchGeometry` instead (a backend's
+``launch``, :mod:`.backend`); :func:`named_args` puts them in order.
 """
 
 from __future__ import annotations
 
 from threading import get_ident
 
+from ptxgen.abi import LaunchArgumentError
+
 from .errors import CUDAError, LaunchConfigError, cuda, error_from_result
 from .stream import Stream, stream_handle
 
-__all__ = ["launch", "normalize_dims"]
+__all__ = ["launch", "named_args", "normalize_dims"]
 
 _driver = None
 
@@ -53,6 +60,35 @@ def normalize_dims(dims, what: str) -> tuple[int, int, int]:
     while len(out) < 3:
         out.append(1)
     return out[0], out[1], out[2]
+
+
+def named_args(function, geometry, args) -> tuple:
+    """The arguments of ``function`` launched with ``geometry`` (a
+    :class:`~ptxgen.kernels.plan.LaunchGeometry`) in declaration order:
+    ``args`` (a mapping of parameter name to value) and those the geometry
+    decides.
+
+    Raises
+    ------
+    LaunchConfigError
+        ``geometry`` is another kernel's.
+    ptxgen.abi.LaunchArgumentError
+        A parameter without an argument, a name that is no parameter, or
+        an argument the geometry decides given again.
+    """
+    if geometry.kernel != function.name:
+        raise LaunchConfigError(f"{function.name}: launched with the geometry of kernel "
+                                f"{geometry.kernel!r}")
+    if geometry.args:
+        given = [n for n in geometry.args if n in args]
+        if given:
+            raise LaunchArgumentError(
+                f"{function.name}(): {', '.join(map(repr, given))} "
+                f"{'is' if len(given) == 1 else 'are'} decided by the launch geometry "
+                f"({', '.join(f'{n}={geometry.args[n]}' for n in given)}); do not pass "
+                f"{'it' if len(given) == 1 else 'them'}")
+        args = {**args, **geometry.args}
+    return function.packer.order(args)
 
 
 def check_geometry(function, g, b, shared) -> None:

@@ -1,7 +1,8 @@
 """Where an op runs, and what its arguments become there.
 
 Every op of :mod:`ptxgen.driver.ops` hands its array arguments to
-:func:`op_args`, which picks the backend and converts them:
+:func:`op_args`, which picks the backend (a :class:`~.backend.Backend`)
+and converts them:
 
 * a ``ptxgen.driver.DeviceArray`` or any object with
   ``__cuda_array_interface__`` (torch, cupy) runs the op on the GPU, zero copy;
@@ -18,217 +19,18 @@ result when the op returns.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import os
-import threading
 
 import numpy as np
 
-from ptxgen.target import TARGETS
+from .backend import BACKENDS, get_backend
 
-__all__ = ["Backend", "OpArgs", "op_args", "get_backend", "device_target", "recording",
-           "BACKENDS", "ENV_VAR", "EMU_TARGET", "EMU_SM_COUNT"]
+__all__ = ["OpArgs", "op_args", "ENV_VAR"]
 
-#: names a backend can be chosen by
-BACKENDS = ("cuda", "emu")
 #: environment variable naming the backend of calls whose arrays are all numpy
 ENV_VAR = "PTXGEN_OPS_BACKEND"
-#: the device the emulator stands for when an op sizes its launch (an H100:
-#: the kernels and split counts an H100 would get)
-EMU_TARGET = "sm_90"
-EMU_SM_COUNT = 132
-
-
-def device_target(device=None) -> str:
-    """The newest ptxgen target the GPU can run (``"sm_90"`` on H100/H200)."""
-    from .device import get_device
-    major, minor = get_device(device).compute_capability
-    sm = major * 10 + minor
-    ok = [t for t in TARGETS if t.startswith("sm_") and t[3:].isdigit() and int(t[3:]) <= sm]
-    if not ok:
-        raise RuntimeError(f"ptxgen has no target for compute capability {major}.{minor}")
-    return max(ok, key=lambda t: int(t[3:]))
-
-
-class Backend:
-    """What an op needs of one backend: arrays, modules, launches, the
-    device's target and size, and cached workspaces.
-
-    Attributes
-    ----------
-    name : {"cuda", "emu"}
-    DeviceArray : type
-    """
-
-    def __init__(self, name: str):
-        self.name = name
-        if name == "cuda":
-            from .launch import launch
-            from .memory import DeviceArray
-            self.DeviceArray = DeviceArray
-            self._launch = launch
-        else:
-            from ptxgen import emu
-            self.DeviceArray = emu.DeviceArray
-            self._launch = emu.launch
-        self._lock = threading.Lock()
-        self._cache: dict = {}
-
-    def __repr__(self):
-        return f"<ops backend {self.name}>"
-
-    @functools.cached_property
-    def target(self) -> str:
-        """The ptxgen target kernels are built for."""
-        return device_target() if self.name == "cuda" else EMU_TARGET
-
-    @functools.cached_property
-    def device_name(self) -> str | None:
-        """The GPU's name (the key of configs ``python -m ptxgen tune``
-        stored), None on the emulator."""
-        if self.name == "emu":
-            return None
-        from .device import get_device
-        return get_device().name
-
-    @functools.cached_property
-    def sm_count(self) -> int:
-        if self.name == "emu":
-            return EMU_SM_COUNT
-        from .device import get_device
-        return get_device().sm_count
-
-    def module(self, build, spec):
-        """``build(spec)`` loaded on this backend, once per (build, spec)."""
-        key = ("module", build, spec)
-        with self._lock:
-            mod = self._cache.get(key)
-        if mod is None:
-            m = build(spec)
-            if self.name == "cuda":
-                from .module import Module
-                mod = Module.from_ptx(m.to_ptx())
-            else:
-                from ptxgen import emu
-                mod = emu.Module.from_ptx(m)     # keeps the builder's file:line per instruction
-            with self._lock:
-                mod = self._cache.setdefault(key, mod)
-        return mod
-
-    def function(self, build, spec, name=None, dynamic_shared=0):
-        """Kernel ``name`` (default ``spec.kernel_name``) of :meth:`module`,
-        allowed ``dynamic_shared`` bytes of dynamic shared memory."""
-        fn = self.module(build, spec).function(name or spec.kernel_name)
-        if dynamic_shared:
-            fn.require_dynamic_shared(dynamic_shared)
-        return fn
-
-    def tensor_map(self, desc):
-        """The launch argument for the :class:`ptxgen.tensor_map.TensorMap`
-        ``desc``: on the GPU its ``CUtensorMap``, encoded once per
-        description; on the emulator the description itself."""
-        if self.name != "cuda":
-            return desc
-        key = ("tmap", desc)
-        with self._lock:
-            enc = self._cache.get(key)
-        if enc is None:
-            from .tensor_map import encode_tiled
-            enc = encode_tiled(desc)
-            with self._lock:
-                enc = self._cache.setdefault(key, enc)
-        return enc
-
-    def launch(self, fn, grid, block, *args, shared=0, stream=None, pdl=False):
-        rec = getattr(_recorder, "launches", None)
-        if rec is not None:
-            rec.append((fn, grid, block, args, shared, pdl))
-            return
-        self._launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl)
-
-    def resident(self, fn, block, shared=0):
-        """Blocks of ``fn`` one SM holds at once (the driver's occupancy), or
-        None where it is not known (the emulator, an old driver binding):
-        the caller then uses its spec's estimate."""
-        if self.name == "emu":
-            return None
-        if shared:
-            fn.require_dynamic_shared(shared)
-        try:
-            return max(1, _occupancy(fn.handle, block, shared))
-        except Exception:
-            return None
-
-    def workspace(self, key, shape, dtype, zero=False):
-        """An array cached per ``key``, made on the first call (``zero``:
-        filled with zero bytes; on the GPU the device is synchronized once,
-        since the memset runs on the legacy stream and the array's first user
-        may be on another, so the first call for a key must come before a
-        graph capture)."""
-        with self._lock:
-            ws = self._cache.get(("ws", key))
-            if ws is None:
-                ws = (self.DeviceArray.zeros if zero else self.DeviceArray.empty)(shape, dtype)
-                if zero and self.name == "cuda":
-                    from .device import get_device
-                    get_device().synchronize()
-                self._cache[("ws", key)] = ws
-            return ws
-
-    def constant(self, key, make):
-        """A device copy of the host array ``make()``, uploaded once per key."""
-        with self._lock:
-            a = self._cache.get(("const", key))
-            if a is None:
-                a = self._cache[("const", key)] = self.DeviceArray.from_numpy(make())
-            return a
-
-    def to_numpy(self, a, stream=None):
-        """``a`` copied to the host once the work queued on ``stream`` is done."""
-        if self.name == "cuda":
-            return a.to_numpy(stream=stream)
-        return a.to_numpy()
-
-
-_recorder = threading.local()
-
-
-@contextlib.contextmanager
-def recording():
-    """Collect the launches of the ops called inside instead of running them
-    (in this thread).  Yields a list that receives ``(fn, grid, block, args,
-    shared, pdl)`` per launch, in order; replaying them (e.g. into a CUDA
-    graph) runs the ops.  Device arrays an op allocates stay alive through
-    ``args``; an op that copies results to the host must not be recorded."""
-    outer = getattr(_recorder, "launches", None)
-    _recorder.launches = launches = []
-    try:
-        yield launches
-    finally:
-        _recorder.launches = outer
-
-
-@functools.lru_cache(maxsize=None)
-def _occupancy(handle, block, shared):
-    from .errors import check, cuda
-    return int(check(cuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(handle, block, shared),
-                     "cuOccupancyMaxActiveBlocksPerMultiprocessor"))
-
-
-_backends: dict = {}
 _auto = None
-
-
-def get_backend(name: str) -> Backend:
-    """The :class:`Backend` named ``name`` ("cuda" or "emu")."""
-    if name not in BACKENDS:
-        raise ValueError(f"unknown ops backend {name!r}; choose one of {', '.join(BACKENDS)}")
-    b = _backends.get(name)
-    if b is None:
-        b = _backends.setdefault(name, Backend(name))
-    return b
 
 
 def _default_name() -> str:
@@ -345,8 +147,10 @@ class OpArgs:
             return self.backend.DeviceArray.from_numpy(np.array([v], dtype=np.int32))
         return self.array(name, np.int32)
 
-    def launch(self, fn, grid, block, *args, shared=0, pdl=False):
-        self.backend.launch(fn, grid, block, *args, shared=shared, stream=self._stream, pdl=pdl)
+    def launch(self, fn, geometry, args, pdl=False):
+        """``fn`` launched on the op's stream with ``geometry`` and ``args``
+        by parameter name."""
+        self.backend.launch(fn, geometry, args, stream=self._stream, pdl=pdl)
 
     def result(self, value):
         """What the op returns for ``value`` (a device array, a tuple of them,

@@ -29,9 +29,11 @@ from ptxgen.kernels import kv_append as _kva
 from ptxgen.kernels import rmsnorm as _rms
 from ptxgen.kernels import rope as _rope
 from ptxgen.kernels import swiglu as _swiglu
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .ops_backend import device_target, get_backend, op_args
+from .backend import device_target, get_backend
+from .ops_backend import op_args
 
 __all__ = ["rmsnorm", "rope", "swiglu", "flash_decode", "embedding", "kv_append", "argmax",
            "device_target"]
@@ -88,13 +90,14 @@ def rmsnorm(x, w, eps: float, out=None, residual=None, sum_out=None, *, precise=
                             target=tgt, pdl=has_griddepcontrol(tgt) if pdl is None else bool(pdl))
     f = a.backend.function(_rms.build, spec)
     out = a.out("out", xa.shape, odt)
-    grid, blk, _ = _rms.launch_geometry(spec, rows)
+    geo = _rms.launch_geometry(spec, rows)
+    args = dict(x=xa, w=wa, out=out, n=n, eps=float(eps))
     if residual is None:
-        a.launch(f, grid, blk, xa, wa, out, n, float(eps), pdl=spec.pdl)
+        a.launch(f, geo, args, pdl=spec.pdl)
         return a.result(out)
-    ra = a.array("residual", np.float32)
     sum_out = a.out("sum_out", xa.shape)
-    a.launch(f, grid, blk, xa, ra, sum_out, wa, out, n, float(eps), pdl=spec.pdl)
+    a.launch(f, geo, dict(args, res=a.array("residual", np.float32), sum_out=sum_out),
+             pdl=spec.pdl)
     return a.result((out, sum_out))
 
 
@@ -119,8 +122,9 @@ def rope(q, k, pos, *, head_dim=None, layout="neox", theta=10000.0, scaling=None
     f = a.backend.function(_rope.build, spec)
     table = a.backend.constant(("rope", spec), lambda: _rope.freq_table(spec))
     n_q, n_kv = qa.size // d, ka.size // d
-    grid, blk, _ = _rope.launch_geometry(spec, n_q, n_kv)
-    a.launch(f, grid, blk, qa, ka, table, a.scalar_i32("pos"), n_q, n_kv)
+    a.launch(f, _rope.launch_geometry(spec, n_q, n_kv),
+             dict(q=qa, k=ka, freqs=table, pos_ptr=a.scalar_i32("pos"), n_q_heads=n_q,
+                  n_kv_heads=n_kv))
     a.result(None)
     return q, k
 
@@ -137,9 +141,8 @@ def swiglu(g, u, out=None, *, pdl=False, stream=None, backend=None):
     spec = _swiglu.SwiGluSpec(out_type="f16" if odt == np.float16 else "f32",
                               target=a.backend.target, pdl=bool(pdl))
     out = a.out("out", ga.shape, odt)
-    grid, blk, _ = _swiglu.launch_geometry(spec, ga.size)
-    a.launch(a.backend.function(_swiglu.build, spec), grid, blk, ga, ua, out, ga.size,
-             pdl=spec.pdl)
+    a.launch(a.backend.function(_swiglu.build, spec), _swiglu.launch_geometry(spec, ga.size),
+             dict(g=ga, u=ua, out=out, n=ga.size), pdl=spec.pdl)
     return a.result(out)
 
 
@@ -201,11 +204,12 @@ def flash_decode(q, k_cache, v_cache, kv_len, out=None, *, sm_scale=None, n_spli
     part_ml = be.workspace(("fd_ml", n_q, n_splits), (n_q, n_splits, 2), np.float32)
     out = a.out("out", (n_q, d))
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    (g1, b1), comb = _fd.launch_geometry(spec, n_kv, n_splits)
-    a.launch(split, g1, b1, qa, kc, vc, a.scalar_i32("kv_len"),
-             part_o, part_ml, cap, scale, shared=spec.dynamic_shared, pdl=spec.pdl)
-    a.launch(be.function(_fd.build, spec, spec.combine_name), *comb, part_o, part_ml, out,
-             n_splits, pdl=spec.pdl)
+    split_geo, combine_geo = _fd.launch_geometry(spec, n_kv, n_splits)
+    a.launch(split, split_geo,
+             dict(q=qa, k_cache=kc, v_cache=vc, kv_len_ptr=a.scalar_i32("kv_len"),
+                  part_o=part_o, part_ml=part_ml, capacity=cap, sm_scale=scale), pdl=spec.pdl)
+    a.launch(be.function(_fd.build, spec, combine_geo.kernel), combine_geo,
+             dict(part_o=part_o, part_ml=part_ml, out=out), pdl=spec.pdl)
     return a.result(out)
 
 
@@ -213,11 +217,12 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
               backend=None):
     """Gather row ``token_id`` (device int32) of ``table`` as f32.
 
-    ``table`` holds ``[n_vocab, n]`` weights in ``qtype`` (one of
-    ``kernels.embedding.QTYPES``, any case: ``"f32"``, ``"f16"``, ``"bf16"``,
-    ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``, ``"Q4_K"``,
-    ``"Q5_K"``, ``"Q6_K"``); for raw quantized bytes give ``n`` (else the last
-    dimension of ``table`` is used; a bf16 table is 2-byte values).  With
+    ``table`` holds ``[n_vocab, n]`` weights in ``qtype``, a type the gather
+    reads (``kernels.quants.names_for("embedding")``: ``"F32"``, ``"F16"``,
+    ``"BF16"``, ``"Q8_0"``, ``"Q4_0"``, ``"Q4_1"``, ``"Q5_0"``, ``"Q5_1"``,
+    ``"Q4_K"``, ``"Q5_K"``, ``"Q6_K"``; any case); for raw quantized bytes give
+    ``n`` (else the last dimension of ``table`` is used; a BF16 table is
+    2-byte values).  With
     ``rows``, ``token_id`` is a device int32 array of ``R`` ids and one
     launch writes ``out [R, n]``.
     """
@@ -225,9 +230,8 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
                 out=out)
     ta = a.array("table")
     spec = _emb.EmbeddingSpec(qtype=str(qtype), rows=bool(rows), target=a.backend.target)
-    qtype = spec.qtype
     if n is None:
-        if qtype in ("f32", "f16", "bf16"):
+        if qtype_of(spec.qtype).block_size == 1:       # a float type: one weight an element
             n = ta.shape[-1]
         else:
             raise ValueError("give n (weights per row) for a quantized table")
@@ -242,8 +246,8 @@ def embedding(table, qtype: str, token_id, out=None, *, n=None, rows=False, stre
     else:
         ids, r = a.scalar_i32("token_id"), 1
         out = a.out("out", (n,))
-    grid, blk, _ = _emb.launch_geometry(spec, n, r)
-    a.launch(a.backend.function(_emb.build, spec), grid, blk, ta, ids, out, n, n_vocab)
+    a.launch(a.backend.function(_emb.build, spec), _emb.launch_geometry(spec, n, r),
+             dict(table=ta, token_ptr=ids, out=out, n=n, n_vocab=n_vocab))
     return a.result(out)
 
 
@@ -264,9 +268,9 @@ def kv_append(k, v, k_cache, v_cache, pos, *, stream=None, backend=None):
     if cdt is None:
         raise TypeError(f"the KV cache must be float16 or float32, got {kc.dtype}")
     spec = _kva.KvAppendSpec(head_dim=d, cache_dtype=cdt, target=a.backend.target)
-    grid, blk, _ = _kva.launch_geometry(spec, n_kv)
-    a.launch(a.backend.function(_kva.build, spec), grid, blk, ka, va, kc, vc,
-             a.scalar_i32("pos"), n_kv, cap)
+    a.launch(a.backend.function(_kva.build, spec), _kva.launch_geometry(spec, n_kv),
+             dict(k=ka, v=va, k_cache=kc, v_cache=vc, pos_ptr=a.scalar_i32("pos"),
+                  n_kv_heads=n_kv, capacity=cap))
     a.result(None)
 
 
@@ -277,9 +281,10 @@ def argmax(x, out=None, *, stream=None, backend=None):
     xa = a.array("x", np.float32)
     be = a.backend
     spec = _argmax.ArgmaxSpec(target=be.target)
-    grid, blk, _ = _argmax.launch_geometry(spec, xa.size, be.sm_count)
+    geo = _argmax.launch_geometry(spec, xa.size, be.sm_count)
     out = a.out("out", (1,), np.int32)
-    scratch = be.workspace(("argmax_scratch", grid[0]), (grid[0],), np.uint64)
+    scratch = be.workspace(("argmax_scratch", geo.grid[0]), (geo.grid[0],), np.uint64)
     counter = be.workspace(("argmax_counter",), (1,), np.uint32, zero=True)
-    a.launch(be.function(_argmax.build, spec), grid, blk, xa, xa.size, out, scratch, counter)
+    a.launch(be.function(_argmax.build, spec), geo,
+             dict(x=xa, n=xa.size, out=out, scratch=scratch, counter=counter))
     return a.result(out)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen.kernels import gemm as _g
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .ops_backend import get_backend, op_args
+from .backend import get_backend
+from .ops_backend import op_args
 
 __all__ = ["gemm", "gemm_plan", "gemm_target"]
 
@@ -50,14 +52,12 @@ def _weights(a, name, qtype):
     w = a.array(name, np.uint8)
     if w.ndim != 2:
         raise ValueError(f"{name} must be 2-D [M, row_bytes] uint8, got shape {tuple(w.shape)}")
-    q = qtype.upper() if isinstance(qtype, str) else qtype
-    if q not in _g.QTYPES:
-        raise ValueError(f"gemm: unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPES)}")
-    bw, bb = _g.QTYPES[q]
+    q = qtype_of(qtype, "gemm")
     m, rb = w.shape
-    if rb % bb:
-        raise ValueError(f"{q}: a row of {rb} bytes is not a whole number of {bb}-byte blocks")
-    return q, m, rb // bb * bw
+    if rb % q.type_size:
+        raise ValueError(f"{q}: a row of {rb} bytes is not a whole number of {q.type_size}-byte "
+                         f"blocks")
+    return q.name, m, rb // q.type_size * q.block_size
 
 
 def gemm(w, x, qtype, out=None, residual=None, *, bias=None, n_tokens=None, y_stride=None,
@@ -141,15 +141,17 @@ def gemm(w, x, qtype, out=None, residual=None, *, bias=None, n_tokens=None, y_st
                              f"{span}")
     else:
         y = a.out("out", (t, m))
-    args = [a["w"], xd]
+    args = dict(w=a["w"], x=xd, y=y, m=m)
     if residual is not None:
-        args.append(a.array("residual", np.float32, None if ys else t * m))
+        args["r"] = a.array("residual", np.float32, None if ys else t * m)
     if bias is not None:
-        args.append(a.array("bias", np.float32, m))
-    grid, block, shared = _g.launch_geometry(plan, m, t)
-    fn = be.function(_g.build, plan, dynamic_shared=shared)
+        args["r"] = a.array("bias", np.float32, m)
+    if t_dev:
+        args["t_ptr"] = a.scalar_i32("n_tokens")
+    else:
+        args["t"] = t
     xm = _g.x_map(plan, int(xd.ptr), t)
-    tail = () if xm is None else (be.tensor_map(xm),)
-    a.launch(fn, grid, block, *args, y, m, a.scalar_i32("n_tokens") if t_dev else t, *tail,
-             shared=shared, pdl=plan.pdl)
+    if xm is not None:
+        args["xmap"] = be.tensor_map(xm)
+    a.launch(be.function(_g.build, plan), _g.launch_geometry(plan, m, t), args, pdl=plan.pdl)
     return a.result(y)

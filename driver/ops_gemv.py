@@ -17,10 +17,12 @@ from __future__ import annotations
 import numpy as np
 
 from ptxgen.kernels import gemv as _g
+from ptxgen.kernels.quants import qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .memory import DeviceArray, as_device_array
-from .ops_backend import get_backend, op_args
+from .backend import get_backend
+from .ops_backend import op_args
 
 __all__ = ["gemv", "gemv_swiglu", "gemv_spec"]
 
@@ -46,10 +48,8 @@ def _shape_of(w, qtype):
         raise ValueError(f"weights must be 2-D [M, row_bytes] uint8, got shape {shape}")
     if np.dtype(w.dtype) != np.uint8:
         raise TypeError(f"weights must be uint8 GGUF bytes, got {np.dtype(w.dtype).name}")
-    q = qtype.upper()
-    if q not in _g.QTYPE_INFO:
-        raise ValueError(f"unsupported qtype {qtype!r}; supported: {', '.join(_g.QTYPE_INFO)}")
-    bw, bb = _g.QTYPE_INFO[q]
+    q = qtype_of(qtype, "gemv").name
+    bw, bb = _g.read_unit(q)
     m, rb = shape
     if q in ("F16", "BF16"):
         if rb % 2:
@@ -86,10 +86,9 @@ def _vec(a, n, what):
     return d
 
 
-def _run(a, spec, m, ptrs):
+def _run(a, spec, m, args):
     y = a.out("out", (m,))
-    grid, block, shared, rpc = _g.launch_geometry(spec, m)
-    a.launch(_function(spec, a.backend.name), grid, block, *ptrs, y, m, rpc, shared=shared,
+    a.launch(_function(spec, a.backend.name), _g.launch_geometry(spec, m), dict(args, y=y, m=m),
              pdl=spec.pdl)
     return a.result(y)
 
@@ -110,8 +109,8 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
         GGUF weight bytes (device or numpy).
     x : float32 [K]
     qtype : str
-        One of ``kernels.gemv.QTYPE_INFO``: Q4_K, Q6_K, Q8_0, Q4_0, Q4_1,
-        Q5_0, Q5_1, Q5_K, F16, BF16 (any case).
+        A type the GEMV reads (``kernels.quants.names_for("gemv")``: Q4_K,
+        Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, F16, BF16), in any case.
     out : float32 [M], optional
         Written in place; allocated when None.
     residual : float32 [M], optional
@@ -143,9 +142,9 @@ def gemv(w, x, qtype, out=None, residual=None, *, stream=None, backend=None, **k
     be = a.backend.name
     if residual is None:
         spec = gemv_spec(qtype, k, "none", m=m, backend=be, **knobs)
-        return _run(a, spec, m, [wd, xd])
+        return _run(a, spec, m, dict(w=wd, x=xd))
     spec = gemv_spec(qtype, k, "residual", m=m, backend=be, **knobs)
-    return _run(a, spec, m, [wd, xd, a.array("residual", np.float32, m)])
+    return _run(a, spec, m, dict(w=wd, x=xd, r=a.array("residual", np.float32, m)))
 
 
 def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, backend=None, **knobs):
@@ -159,4 +158,4 @@ def gemv_swiglu(wg, wu, x, qtype, out=None, *, stream=None, backend=None, **knob
     if tuple(_weights(a, "wu").shape) != tuple(wg.shape):
         raise ValueError(f"gate {tuple(wg.shape)} and up {tuple(wu.shape)} weights differ in shape")
     spec = gemv_spec(qtype, k, "swiglu", m=m, backend=a.backend.name, **knobs)
-    return _run(a, spec, m, [a["wg"], a["wu"], a.array("x", np.float32, k)])
+    return _run(a, spec, m, dict(w=a["wg"], wu=a["wu"], x=a.array("x", np.float32, k)))

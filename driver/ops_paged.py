@@ -101,7 +101,8 @@ def paged_attention(q, k_pool, v_pool, block_table, seq_lens, out=None, *, sm_sc
         n_splits = _pa.choose_splits(plan, be.sm_count, B, n_kv, max_blocks * bs,
                                      blocks_per_sm)
     out = a.out("out", (B, n_q_heads, d))
-    (g1, b1), comb = _pa.launch_geometry(plan, B, n_kv, n_splits)
+    geos = _pa.launch_geometry(plan, B, n_kv, n_splits)
+    comb = len(geos) > 1
     if comb:
         part_o = be.workspace(("pa_o", B, n_q_heads, n_splits, d), (B, n_q_heads, n_splits, d),
                               np.float32)
@@ -110,9 +111,11 @@ def paged_attention(q, k_pool, v_pool, block_table, seq_lens, out=None, *, sm_sc
     else:
         part_o = part_ml = out           # not written: the split stores out itself
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    a.launch(split, g1, b1, qa, kp, vp, tab, lens, part_o, part_ml, out, q_stride, max_blocks,
-             nb, scale, pdl=plan.pdl)
+    a.launch(split, geos[0], dict(q=qa, k_pool=kp, v_pool=vp, block_table=tab, seq_lens=lens,
+                                  part_o=part_o, part_ml=part_ml, out=out, q_stride=q_stride,
+                                  max_blocks=max_blocks, num_blocks=nb, sm_scale=scale),
+             pdl=plan.pdl)
     if comb:
-        a.launch(be.function(_pa.build, plan, plan.combine_name), *comb, part_o, part_ml, out,
-                 n_splits, pdl=plan.pdl)
+        a.launch(be.function(_pa.build, plan, plan.combine_name), geos[1],
+                 dict(part_o=part_o, part_ml=part_ml, out=out), pdl=plan.pdl)
     return a.result(out)

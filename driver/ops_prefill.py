@@ -95,12 +95,14 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
                               **config)
     o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid, block, shared = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    args = dict(q=qa, k_cache=kc, v_cache=vc, start_ptr=a.scalar_i32("start"),
+                n_tokens_ptr=a.scalar_i32("n_tokens"), out=o, capacity=cap, sm_scale=scale,
+                q_stride=q_stride)
     maps = _fp.cache_maps(plan, int(kc.ptr), int(vc.ptr), n_kv, cap)
-    tail = () if maps is None else tuple(be.tensor_map(mp) for mp in maps)
-    a.launch(be.function(_fp.build, plan, dynamic_shared=shared), grid, block, qa, kc, vc,
-             a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, cap, scale, q_stride, *tail,
-             shared=shared, pdl=plan.pdl)
+    if maps is not None:
+        args["k_map"], args["v_map"] = (be.tensor_map(mp) for mp in maps)
+    a.launch(be.function(_fp.build, plan), _fp.launch_geometry(plan, n_q, max_tokens or t_max),
+             args, pdl=plan.pdl)
     return a.result(o)
 
 
@@ -185,10 +187,12 @@ def flash_prefill_paged(q, k_pool, v_pool, block_table, start, n_tokens, out=Non
                               paged=bs, **config)
     o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    grid, block, shared = _fp.launch_geometry(plan, n_q, max_tokens or t_max)
+    args = dict(q=qa, k_pool=kp, v_pool=vp, block_table=tab, start_ptr=a.scalar_i32("start"),
+                n_tokens_ptr=a.scalar_i32("n_tokens"), out=o, max_blocks=int(tab.shape[0]),
+                sm_scale=scale, q_stride=q_stride, num_blocks=num_blocks)
     maps = _fp.pool_maps(plan, int(kp.ptr), int(vp.ptr), n_kv, num_blocks)
-    tail = () if maps is None else tuple(be.tensor_map(mp) for mp in maps)
-    a.launch(be.function(_fp.build, plan, dynamic_shared=shared), grid, block, qa, kp, vp, tab,
-             a.scalar_i32("start"), a.scalar_i32("n_tokens"), o, int(tab.shape[0]), scale,
-             q_stride, num_blocks, *tail, shared=shared, pdl=plan.pdl)
+    if maps is not None:
+        args["k_map"], args["v_map"] = (be.tensor_map(mp) for mp in maps)
+    a.launch(be.function(_fp.build, plan), _fp.launch_geometry(plan, n_q, max_tokens or t_max),
+             args, pdl=plan.pdl)
     return a.result(o)

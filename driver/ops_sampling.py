@@ -11,7 +11,8 @@ from ptxgen.kernels import sampling as _smp
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .memory import DeviceArray
-from .ops_backend import device_target, op_args
+from .backend import device_target
+from .ops_backend import op_args
 
 __all__ = ["sample", "sample_rows", "sampling_params", "sampling_spec"]
 
@@ -77,8 +78,7 @@ def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, inf
                          f"(sampling_params()), got {pa.size} of {pa.dtype}")
     v = xa.size
     spec = sampling_spec(v, pdl=pdl, target=be.target)
-    grid, blk, shared = _smp.launch_geometry(spec, v)
-    fn = be.function(_smp.build, spec, dynamic_shared=shared)
+    geo = _smp.launch_geometry(spec, v)
     out = a.out("out", (n_draws,), np.int32)
     work = (be.workspace(("sample_work", v), (v,), np.float32) if work is None
             else a.out("work", (v,), np.float32))
@@ -86,8 +86,10 @@ def sample(logits, history, pos, params=None, *, out=None, n_draws: int = 1, inf
     scratch = be.workspace(("sample_scratch", spec.block, v), (_smp.scratch_words(spec, v),),
                            np.uint64)
     counter = be.workspace(("sample_counter",), (1,), np.uint32, zero=True)
-    a.launch(fn, grid, blk, xa, v, ha, a.scalar_i32("pos"), pa, out, n_draws, work, info_arg,
-             scratch, counter, shared=shared, pdl=spec.pdl)
+    a.launch(be.function(_smp.build, spec), geo,
+             dict(logits=xa, n=v, history=ha, pos=a.scalar_i32("pos"), params=pa, out=out,
+                  n_draws=n_draws, work=work, info=info_arg, scratch=scratch, counter=counter),
+             pdl=spec.pdl)
     return a.result(out)
 
 
@@ -153,8 +155,8 @@ def sample_rows(logits, history, history_len, pos, params, *, out=None, n_draws:
         raise ValueError(f"params must be [{B}, {_smp.PARAM_WORDS}] 32-bit words "
                          f"(pack_params per row), got {pa.size} of {pa.dtype}")
     spec = sampling_spec(v, pdl=pdl, target=be.target, rows=True, logprobs=logprobs)
-    grid, blk, shared = _smp.launch_geometry(spec, v, B)
-    fn = be.function(_smp.build, spec, dynamic_shared=shared)
+    geo = _smp.launch_geometry(spec, v, B)
+    fn = be.function(_smp.build, spec)
     out = a.out("out", (B, n_draws), np.int32)
     work = (be.workspace(("sample_rows_work", B, v), (B, v), np.float32) if work is None
             else a.out("work", (B, v), np.float32))
@@ -164,10 +166,13 @@ def sample_rows(logits, history, history_len, pos, params, *, out=None, n_draws:
                            np.uint64)
     counter = be.workspace(("sample_rows_counter", B), (B,), np.uint32, zero=True)
     lp = ()
+    args = dict(logits=xa, n=v, history=ha, window=int(ha.shape[1]), history_len=hl, pos=ps,
+                params=pa, out=out, n_draws=n_draws, work=work, info=info_arg, scratch=scratch,
+                counter=counter)
     if logprobs:
         lp = (a.out("logprob", (B, n_draws), np.float32),
               a.out("top_ids", (B, logprobs), np.int32),
               a.out("top_logprobs", (B, logprobs), np.float32))
-    a.launch(fn, grid, blk, xa, v, ha, int(ha.shape[1]), hl, ps, pa, out, n_draws, work,
-             info_arg, scratch, counter, *lp, shared=shared, pdl=spec.pdl)
+        args.update(logprob=lp[0], top_ids=lp[1], top_logprobs=lp[2])
+    a.launch(fn, geo, args, pdl=spec.pdl)
     return a.result((out, *lp) if logprobs else out)

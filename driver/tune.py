@@ -161,11 +161,11 @@ def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout, search: bo
             if cfg not in built:
                 plan = gemv.GemvPlan(spec, cfg)
                 fn = Module.from_ptx(gemv.build(plan).to_ptx()).function(plan.kernel_name)
-                grid, block, shared, rpc = gemv.launch_geometry(plan, m)
-                if shared:
-                    fn.require_dynamic_shared(shared)
+                geo = gemv.launch_geometry(plan, m)
+                if geo.shared:
+                    fn.require_dynamic_shared(geo.shared)
 
-                def go(i, fn=fn, g=grid, b=block, s=shared, rpc=rpc):
+                def go(i, fn=fn, g=geo.grid, b=geo.block, s=geo.shared, rpc=geo.args["rpc"]):
                     launch(fn, g, b, *ws[i % copies], x, *extra, y, m, rpc, shared=s,
                            stream=stream, pdl=spec.pdl)
                 built[cfg] = _graph_timer(go, stream, reps)

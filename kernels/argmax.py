@@ -26,6 +26,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, s32, u32, u64
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 
@@ -131,11 +132,10 @@ def build(spec: ArgmaxSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: ArgmaxSpec, n: int, sm_count: int = 1):
-    """``(grid, block, shared_bytes)``: up to one block per SM, at least
-    8192 elements per block."""
+    """Up to one block per SM, at least 8192 elements per block."""
     per = 8 * spec.block
     grid = max(1, min(sm_count, (n + per - 1) // per))
-    return (grid, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, grid, spec.block)
 
 
 def reference(x) -> int:
@@ -145,4 +145,5 @@ def reference(x) -> int:
 
 CANONICAL = {"argmax": ArgmaxSpec()}
 
-registry.register("argmax", ArgmaxSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("argmax", ArgmaxSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

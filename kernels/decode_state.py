@@ -27,6 +27,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import s32
 
+from .plan import LaunchGeometry
 from .spec_fields import pdl_field, pdl_prologue, target_field
 
 TOKEN, POS, KV_LEN, PROMPT_LEN, OVERFLOW, ARGMAX = range(6)
@@ -70,7 +71,7 @@ def build(spec: DecodeStateSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: DecodeStateSpec):
-    return (1, 1, 1), (32, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, 1, 32)
 
 
 def initial_state(prompt_first: int, prompt_len: int) -> np.ndarray:
@@ -97,4 +98,5 @@ def reference(state: np.ndarray, prompt: np.ndarray, history: np.ndarray, capaci
 
 CANONICAL = {"decode_state": DecodeStateSpec()}
 
-registry.register("decode_state", DecodeStateSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("decode_state", DecodeStateSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

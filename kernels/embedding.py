@@ -2,16 +2,17 @@
 
 The token id is read from device memory (an int32), so a replayed CUDA
 graph gathers the current token.  An id outside ``[0, n_vocab)`` writes
-nothing.  The table is a row-major ``[n_vocab, n]`` tensor in one of:
+nothing.  The table is a row-major ``[n_vocab, n]`` tensor in one of the
+types the registry says the gather reads (kernels/quants/qtypes.py):
 
-- ``f32`` / ``f16``: plain values (``cvt.f32.f16``);
+- ``F32`` / ``F16``: plain values (``cvt.f32.f16``);
 - ``Q8_0`` (34-byte blocks of 32): ``d:f16 | q:s8[32]``; ``w = d * q``;
 - ``Q4_K`` (144-byte blocks of 256): ``d:f16 | dmin:f16 | scales:u8[12] |
   qs:u8[128]``; ``w = (d * sc) * q - (dmin * m)`` with GGML's 6-bit
   ``get_scale_min_k4`` packing;
 - ``Q6_K`` (210-byte blocks of 256): ``ql:u8[128] | qh:u8[64] |
   scales:s8[16] | d:f16``; ``w = (d * sc) * (q - 32)``;
-- ``bf16``: the top half of an f32;
+- ``BF16``: the top half of an f32;
 - ``Q4_0``, ``Q5_0`` (blocks of 32: ``d:f16 [| qh:u32] | qs:u8[16]``):
   ``w = d * (q - 8)``, ``d * (q - 16)``; ``Q4_1``, ``Q5_1`` (``d:f16 |
   m:f16 [| qh:u32] | qs:u8[16]``): ``w = d * q + m``;
@@ -36,22 +37,24 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u8, u16, u32
 
+from .plan import LaunchGeometry
+from .quants.qtypes import names_for, qtype_of
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
-#: format -> (weights per block, bytes per block)
-QTYPES = {"f32": (1, 4), "f16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210),
-          "bf16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22),
-          "Q5_1": (32, 24), "Q5_K": (256, 176)}
+#: the weight types the gather reads (the registry's)
+EMBEDDING_QTYPES = names_for("embedding")
+#: TRANSITIONAL, derived from the registry: the same names, for
+#: llm/gguf/file.py's kernel_types() until it calls
+#: ``kernels.quants.qtypes.names_for("embedding")``; remove then
+QTYPES = EMBEDDING_QTYPES
 #: the 32-weight formats: (offset of m or None, of qh or None, of qs, q's offset)
 _LEGACY = {"Q4_0": (None, None, 2, 8), "Q4_1": (2, None, 4, 0), "Q5_0": (None, 2, 6, 16),
            "Q5_1": (2, 4, 8, 0)}
 
 
 def _canon_qtype(v):
-    """GGUF's names in any case: the float types lower case, the others upper."""
-    if not isinstance(v, str):
-        return v
-    return v.lower() if v.lower() in ("f32", "f16", "bf16") else v.upper()
+    """GGML's names, given in any case."""
+    return v.upper() if isinstance(v, str) else v
 
 
 @attrs.frozen
@@ -60,8 +63,10 @@ class EmbeddingSpec:
 
     Parameters
     ----------
-    qtype : {"f32", "f16", "bf16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
-        Any case (GGUF's "F16", "BF16" are taken).
+    qtype : str
+        One of :data:`EMBEDDING_QTYPES` (GGML's names: "F32", "F16", "BF16",
+        "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"), in
+        any case.
     rows : bool
         Gather one row per ``ctaid.y`` (token ``token_ptr[ctaid.y]`` into
         ``out + ctaid.y * n``) instead of the one row of ``token_ptr[0]``.
@@ -70,7 +75,7 @@ class EmbeddingSpec:
     """
 
     qtype: str = attrs.field(default="Q4_K", converter=_canon_qtype,
-                             validator=attrs.validators.in_(tuple(QTYPES)))
+                             validator=attrs.validators.in_(EMBEDDING_QTYPES))
     rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     block: int = block_field(256)
     target: str = target_field()
@@ -82,7 +87,8 @@ class EmbeddingSpec:
 
     def row_bytes(self, n: int) -> int:
         """Bytes per table row of ``n`` weights (refuses a bad ``n``)."""
-        bs, ts = QTYPES[self.qtype]
+        q = qtype_of(self.qtype)
+        bs, ts = q.block_size, q.type_size
         if n <= 0 or n % bs:
             raise ValueError(f"{self.qtype}: row length {n} is not a positive multiple of {bs}")
         return n // bs * ts
@@ -138,7 +144,7 @@ def _legacy(name):
     """The 32-weight formats: ``d (q - zero)``, or ``d q + m`` (``mul.rn``
     then ``add.rn``, as gguf computes them)."""
     m_off, qh_off, qs_off, zero = _LEGACY[name]
-    bb = QTYPES[name][1]
+    bb = qtype_of(name).type_size
 
     def value(k, row, i):
         blk = k.ptr_add(row, k.mul_wide(i >> 5, k.mov(bb, u32)))
@@ -176,7 +182,8 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
     ``table: u8*, token_ptr: s32*, out: f32*, n: u32, n_vocab: u32``."""
     m = ptxgen.Module(spec.target)
-    bs, ts = QTYPES[spec.qtype]
+    q = qtype_of(spec.qtype)
+    bs, ts = q.block_size, q.type_size
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
         pdl_prologue(k, spec)
         table = k.param_ptr("table", u8, align=4)
@@ -196,11 +203,11 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
         with k.if_(ok):
             row_bytes = (n // bs) * ts if bs > 1 else n * ts
             row = k.ptr_add(table, k.mul_wide(tok.bitcast(u32), row_bytes))
-            if spec.qtype == "f32":
+            if spec.qtype == "F32":
                 val = k.ld(row[i << 2], ty=f32, nc=True)
-            elif spec.qtype == "f16":
+            elif spec.qtype == "F16":
                 val = _f16_at(k, row[i << 1])
-            elif spec.qtype == "bf16":
+            elif spec.qtype == "BF16":
                 # the top half of an f32
                 val = (k.ld(row[i << 1], ty=u16, nc=True).to(u32) << 16).bitcast(f32)
             elif spec.qtype in _LEGACY:
@@ -214,11 +221,10 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: EmbeddingSpec, n: int, rows: int = 1):
-    """``(grid, block, shared_bytes)`` for ``rows`` rows (``spec.rows``;
-    else one) of ``n`` weights."""
+    """The launch for ``rows`` rows (``spec.rows``; else one) of ``n`` weights."""
     if rows != 1 and not spec.rows:
         raise ValueError(f"{rows} rows need EmbeddingSpec(rows=True)")
-    return ((n + spec.block - 1) // spec.block, rows, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, ((n + spec.block - 1) // spec.block, rows), spec.block)
 
 
 def reference(table_rows: np.ndarray, token: int) -> np.ndarray:
@@ -229,8 +235,9 @@ def reference(table_rows: np.ndarray, token: int) -> np.ndarray:
 CANONICAL = {
     "embedding_q4_k": EmbeddingSpec(),
     "embedding_q6_k": EmbeddingSpec(qtype="Q6_K"),
-    "embedding_f16": EmbeddingSpec(qtype="f16"),
+    "embedding_f16": EmbeddingSpec(qtype="F16"),
     "embedding_q4_k_rows": EmbeddingSpec(rows=True),
 }
 
-registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

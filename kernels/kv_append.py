@@ -23,6 +23,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 
@@ -92,10 +93,9 @@ def build(spec: KvAppendSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: KvAppendSpec, n_kv_heads: int):
-    """``(grid, block, shared_bytes)``."""
     per = 4 * spec.block
     total = n_kv_heads * spec.head_dim
-    return ((total + per - 1) // per, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, (total + per - 1) // per, spec.block)
 
 
 def reference(k, v, k_cache, v_cache, pos):
@@ -112,4 +112,5 @@ CANONICAL = {
     "kv_append_d64_f32": KvAppendSpec(head_dim=64, cache_dtype="f32"),
 }
 
-registry.register("kv_append", KvAppendSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("kv_append", KvAppendSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -1,15 +1,82 @@
-"""What every family's plan shares: a spec (what a kernel computes) and a
-config (how it runs) held together, read field by field as one object
-(``plan.k``, ``plan.rows``), changed through ``evolve`` or ``attrs.evolve``,
-and checked together by the family's ``_check``."""
+"""What every family shares: how one of its kernels is launched
+(:class:`LaunchGeometry`), and for the families with a tuned config a plan, a
+spec (what a kernel computes) and a config (how it runs) held together, read
+field by field as one object (``plan.k``, ``plan.rows``), changed through
+``evolve`` or ``attrs.evolve``, and checked together by the family's
+``_check``."""
 
 from __future__ import annotations
 
 import functools
+import types
 
 import attrs
 
-__all__ = ["PlanBase"]
+__all__ = ["LaunchGeometry", "PlanBase"]
+
+
+def _dims(what):
+    """The converter of ``grid``/``block``: an int or 1-3 positive ints as ``(x, y, z)``."""
+    def convert(v) -> tuple:
+        t = (v,) if hasattr(v, "__index__") else tuple(v) if hasattr(v, "__iter__") else None
+        if (t is None or not 1 <= len(t) <= 3
+                or not all(hasattr(d, "__index__") and not isinstance(d, bool) and d > 0
+                           for d in t)):
+            raise ValueError(f"{what} must be an int or 1 to 3 positive ints, got {v!r}")
+        return tuple(int(d) for d in t) + (1,) * (3 - len(t))
+    return convert
+
+
+def _shared(inst, attr, v):
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise ValueError(f"shared must be a non-negative int of bytes, got {v!r}")
+
+
+def _frozen_args(v) -> types.MappingProxyType:
+    d = dict(v)
+    for name, value in d.items():
+        if not isinstance(name, str) or isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"geometry arguments are parameter names with int or float "
+                             f"values, got {name!r}: {value!r}")
+    return types.MappingProxyType(d)
+
+
+@attrs.frozen
+class LaunchGeometry:
+    """How one kernel of a family is launched: what every family's
+    ``launch_geometry`` returns (one per kernel; a family of several kernels
+    returns a tuple of them in launch order).
+
+    Attributes
+    ----------
+    kernel : str
+        The PTX entry it launches.
+    grid, block : tuple of 3 ints
+        Blocks per grid and threads per block (an int or 1 to 3 ints are
+        taken and padded with ones).
+    shared : int
+        Bytes of dynamic shared memory each block asks for.
+    args : mapping of str to int or float
+        Kernel arguments the geometry decides, by parameter name (the GEMV's
+        ``rpc``, flash decode's ``n_splits``); the launch adds them to the
+        caller's.
+    """
+
+    kernel: str = attrs.field(validator=attrs.validators.instance_of(str))
+    grid: tuple = attrs.field(converter=_dims("grid"))
+    block: tuple = attrs.field(converter=_dims("block"))
+    shared: int = attrs.field(default=0, validator=_shared)
+    args: types.MappingProxyType = attrs.field(factory=dict, converter=_frozen_args,
+                                               hash=False)
+
+    @property
+    def threads(self) -> int:
+        """Threads per block."""
+        return self.block[0] * self.block[1] * self.block[2]
+
+    def evolve(self, **changes) -> "LaunchGeometry":
+        """This geometry with some fields changed (e.g. ``grid``)."""
+        return attrs.evolve(self, **changes)
 
 
 @functools.lru_cache(maxsize=None)

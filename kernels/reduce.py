@@ -18,6 +18,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, target_field
 
 
@@ -71,7 +72,7 @@ def build(spec: BlockReduceSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: BlockReduceSpec, n: int, grid: int = 1):
-    return (grid, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, grid, spec.block)
 
 
 def reference(x: np.ndarray, grid: int = 1, block: int = 256) -> np.ndarray:
@@ -87,4 +88,5 @@ CANONICAL = {
     "block_reduce_1024": BlockReduceSpec(block=1024),
 }
 
-registry.register("block_reduce", BlockReduceSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("block_reduce", BlockReduceSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -32,6 +32,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, u32
 
+from .plan import LaunchGeometry
 from .reduce import warp_sum
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
@@ -249,11 +250,11 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: RmsNormSpec, rows: int, groups: int = 1):
-    """``(grid, block, shared_bytes)``: one block per row (``rows`` per group
-    of a grouped kernel)."""
+    """One block per row (``rows`` per group of a grouped kernel: ``grid.y``
+    counts the groups)."""
     if groups != 1 and not spec.grouped:
         raise ValueError("groups of rows need a grouped RMSNorm spec")
-    return (rows, groups, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, (rows, groups, 1), spec.block)
 
 
 def reference(x, w, eps, residual=None):
@@ -272,5 +273,6 @@ CANONICAL = {
     "rmsnorm_grouped": RmsNormSpec(grouped=True, pdl=True, target="sm_90"),
 }
 
-registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)
 

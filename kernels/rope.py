@@ -68,6 +68,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, s32, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 TWO_PI = 2.0 * math.pi
@@ -310,10 +311,14 @@ def build(spec: RopeSpec) -> ptxgen.Module:
     return m
 
 
-def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int):
-    """``(grid, block, shared_bytes)``."""
+def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int, rows: int = 1):
+    """One thread per rotated pair of q and k, for ``rows`` rows (``grid.y``;
+    ``spec.rows``, else one)."""
+    if rows != 1 and not spec.rows:
+        raise ValueError(f"{rows} rows need RopeSpec(rows=True)")
     total = (n_q_heads + n_kv_heads) * spec.head_dim // 2
-    return ((total + spec.block - 1) // spec.block, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, ((total + spec.block - 1) // spec.block, rows),
+                          spec.block)
 
 
 def reference(x, pos: int, spec: RopeSpec) -> np.ndarray:
@@ -349,4 +354,5 @@ CANONICAL = {
                                   append="f16", rows=True, paged=16),
 }
 
-registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -33,6 +33,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, pdl_wait, target_field
 
 
@@ -116,12 +117,13 @@ def build(spec: StreamReadSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: StreamReadSpec, nbytes: int):
-    """``(grid, block, shared)`` reading ``nbytes`` (a multiple of 16) with
-    one step per block; a persistent launch takes any smaller grid."""
+    """The launch reading ``nbytes`` (a multiple of 16) with one step per
+    block; a persistent launch takes any smaller grid."""
     if nbytes <= 0 or nbytes % 16:
         raise ValueError(f"stream_read reads whole 16-byte units; nbytes = {nbytes}")
     n16 = nbytes // 16
-    return ((n16 + spec.step_units - 1) // spec.step_units, 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, (n16 + spec.step_units - 1) // spec.step_units,
+                          spec.block)
 
 
 def reference(words: np.ndarray, spec: StreamReadSpec, grid: int) -> np.ndarray:
@@ -146,4 +148,5 @@ CANONICAL = {
     "stream_read_persistent": StreamReadSpec(block=512, loads=4, persistent=True),
 }
 
-registry.register("stream_read", StreamReadSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("stream_read", StreamReadSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

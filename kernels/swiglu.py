@@ -22,6 +22,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f16, f32, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 LOG2E = 1.0 / math.log(2.0)
@@ -91,9 +92,9 @@ def build(spec: SwiGluSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: SwiGluSpec, n: int):
-    """``(grid, block, shared_bytes)`` for ``n`` elements."""
+    """The launch for ``n`` elements."""
     per = 4 * spec.block
-    return (max(1, (n + per - 1) // per), 1, 1), (spec.block, 1, 1), 0
+    return LaunchGeometry(spec.kernel_name, max(1, (n + per - 1) // per), spec.block)
 
 
 def reference(g, u):
@@ -104,4 +105,5 @@ def reference(g, u):
 
 CANONICAL = {"swiglu": SwiGluSpec()}
 
-registry.register("swiglu", SwiGluSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("swiglu", SwiGluSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

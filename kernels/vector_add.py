@@ -13,6 +13,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import type_by_name, u32
 
+from .plan import LaunchGeometry
 from .spec_fields import block_field, target_field
 
 _DTYPES = ("f32", "f64", "u32", "s32")
@@ -45,8 +46,8 @@ def build(spec: VectorAddSpec) -> ptxgen.Module:
 
 
 def launch_geometry(spec: VectorAddSpec, n: int):
-    """``(grid, block, shared_bytes)`` for ``n`` elements."""
-    return ((n + spec.block - 1) // spec.block, 1, 1), (spec.block, 1, 1), 0
+    """The launch for ``n`` elements."""
+    return LaunchGeometry(spec.kernel_name, (n + spec.block - 1) // spec.block, spec.block)
 
 
 def reference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -58,4 +59,5 @@ CANONICAL = {
     "vector_add_u32": VectorAddSpec(dtype="u32", block=128),
 }
 
-registry.register("vector_add", VectorAddSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("vector_add", VectorAddSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

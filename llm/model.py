@@ -79,10 +79,10 @@ class Model(TextGeneration):
         self.capacity = int(capacity or min(self.hp.context_length, 4096))
         if self.capacity < 2:
             raise ValueError(f"capacity must be at least 2 tokens, got {self.capacity}")
-        self.target = target or _backend_target(backend)
-        self.sm_count = sm_count or _backend_sm_count(backend)
+        self.target = target or backend.target
+        self.sm_count = sm_count or backend.sm_count
         self.fuse_norm = norm_kinds(fuse_norm)
-        self.tuning = Tuning(self.sm_count, gemv_knobs or {}, _backend_device_name(backend))
+        self.tuning = Tuning(self.sm_count, gemv_knobs or {}, backend.device_name)
         self.store = Store()
         self.step_graph = DecodeLowering(
             file, self.store, target=self.target, sm_count=self.sm_count,
@@ -229,28 +229,6 @@ def _check_attention_shape(file):
                         f"of size {hp.head_dim} (metadata keys '{a}.attention.key_length', "
                         f"'{a}.attention.head_count', '{a}.attention.head_count_kv') have no "
                         f"attention kernel: {e}") from None
-
-
-def _backend_target(backend) -> str:
-    if getattr(backend, "name", "") == "cuda":
-        return backend.device.target
-    from ptxgen.driver.ops_backend import EMU_TARGET
-    return EMU_TARGET
-
-
-def _backend_device_name(backend) -> str | None:
-    """The GPU's name (the user tuning cache's key), None on the emulator."""
-    try:
-        return backend.device.name
-    except AttributeError:
-        return None
-
-
-def _backend_sm_count(backend) -> int:
-    if getattr(backend, "name", "") == "cuda":
-        return int(backend.device.sm_count)
-    from ptxgen.driver.ops_backend import EMU_SM_COUNT
-    return EMU_SM_COUNT
 
 
 class _ProgressBar:

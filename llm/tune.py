@@ -39,7 +39,7 @@ def gemv_calls(model: str | None) -> list:
         out.append((t.qtype, m, t.shape[1], epi))
     t = f.tensor("output.weight" if f.has("output.weight") else "token_embd.weight")
     out.append((t.qtype, t.shape[0], t.shape[1], "none"))
-    return sorted(set(c for c in out if c[0] in gemv.QTYPE_INFO), key=out.index)
+    return sorted(set(c for c in out if c[0] in gemv.GEMV_QTYPES), key=out.index)
 
 
 def flash_calls(model: str | None) -> list:

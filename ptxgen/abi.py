@@ -6,6 +6,7 @@ the CPU emulator. The flow is::
     params = parse_entries(ptx_text)["vadd"]      # list[ParamInfo]
     packer = ArgPacker("vadd", params)            # checks + struct layout
     blob = packer.pack((a, b, c, n))              # little-endian param buffer
+    args = packer.order({"n": n, "a": a, "b": b, "c": c})   # by name -> (a, b, c, n)
 
 Pointer-sized integer parameters (``.u64``/``.s64``/``.b64``, and any
 ``.ptr`` parameter) accept an ``int`` address, any object exposing
@@ -13,7 +14,8 @@ Pointer-sized integer parameters (``.u64``/``.s64``/``.b64``, and any
 integer ``.ptr`` attribute (driver ``DeviceArray``, emulator buffers). An
 object whose ``freed`` attribute is true is refused. Every refusal is a
 :class:`LaunchArgumentError` naming the kernel, the parameter, its position,
-what was expected and what was given.
+what was expected and what was given; arguments given by name that miss a
+parameter or name one the kernel lacks are refused the same way.
 """
 
 from __future__ import annotations
@@ -523,7 +525,7 @@ class ArgPacker:
     """
 
     __slots__ = ("kernel_name", "params", "offsets", "size", "source", "values", "_pack_into",
-                 "_struct", "_convs", "_n")
+                 "_struct", "_convs", "_n", "_names")
 
     def __init__(self, kernel_name: str, params):
         self.kernel_name = kernel_name
@@ -541,6 +543,7 @@ class ArgPacker:
         self._struct = struct.Struct("".join(fmt))
         self._convs = tuple(_make_conv(p) for p in self.params)
         self._n = len(self.params)
+        self._names = tuple(p.name for p in self.params)
         self.source = self._generate()
         namespace = {"getters": _POINTER_GETTERS, "slow": self._slow, "count_error": self._count_error,
                      "struct_pack_into": self._struct.pack_into}
@@ -612,6 +615,43 @@ class ArgPacker:
                 f"{self.kernel_name}(): parameter '{p.name}' (position {i} of {self._n}, "
                 f"{p.describe()}) expected {r.expected}, got {r.given}"
             ) from None
+
+    def order(self, named) -> tuple:
+        """The arguments given by parameter name (a mapping), as a tuple in
+        declaration order (their values are checked when packed).
+
+        Raises
+        ------
+        LaunchArgumentError
+            A parameter without an argument, or an argument whose name is
+            no parameter of the kernel.
+        """
+        if len(named) == self._n:
+            try:
+                return tuple([named[n] for n in self._names])
+            except KeyError:
+                pass
+        self._order_error(named)
+
+    def _order_error(self, named):
+        names = set(self._names)
+        extra = [n for n in named if n not in names]
+        missing = [p for p in self.params if p.name not in named]
+        if extra:
+            near = [n for n in self._names if n not in named]
+            raise LaunchArgumentError(
+                f"{self.kernel_name}(): no parameter named {extra[0]!r}"
+                + (f" (of {len(extra)} unknown names: {', '.join(map(repr, extra))})"
+                   if len(extra) > 1 else "")
+                + f"; its parameters are {self.signature()}"
+                + (f", and {', '.join(map(repr, near))} {'has' if len(near) == 1 else 'have'} "
+                   f"no argument" if near else ""))
+        p = missing[0]
+        raise LaunchArgumentError(
+            f"{self.kernel_name}(): parameter '{p.name}' (position {p.index} of {self._n}, "
+            f"{p.describe()}) has no argument"
+            + (f", nor do {', '.join(repr(q.name) for q in missing[1:])}" if len(missing) > 1
+               else ""))
 
     def pack_into(self, buffer, args, offset: int = 0) -> None:
         """Check ``args`` and write the packed parameter buffer into ``buffer``."""

@@ -1,7 +1,9 @@
 """The kernel registry: kernel families and their canonical specs.
 
 A family module registers itself with :func:`register`; the CLI and the
-golden/ptxas tests iterate :func:`canonical_specs`.  Families are discovered
+golden/ptxas tests iterate :func:`canonical_specs`, and the graph executor
+and the model find a family's ``build`` and ``launch_geometry`` by name
+(:func:`family`).  Families are discovered
 through the ``ptxgen.kernels`` entry-point group (the built-in ones from
 ``ptxgen.kernels``), so ptxgen itself never imports a kernel module by name
 and other packages can add families the same way.
@@ -25,10 +27,13 @@ _loaded = False
 
 @attrs.frozen
 class Family:
-    """A kernel family: its spec class, builder and canonical specs.
+    """A kernel family: its spec class, builder, launch geometry and
+    canonical specs.
 
     ``canonical`` maps a short name (the one ``python -m ptxgen dump`` takes
-    and the golden file is named after) to a spec instance.
+    and the golden file is named after) to a spec instance;
+    ``launch_geometry(spec, ...)`` gives a ``LaunchGeometry`` per kernel
+    (its arguments are the family's own; None for a family without one).
     """
 
     name: str
@@ -36,11 +41,13 @@ class Family:
     build: Callable
     canonical: dict = attrs.field(factory=dict, eq=False)
     doc: str = ""
+    launch_geometry: Callable | None = attrs.field(default=None, eq=False)
 
 
-def register(name: str, spec_cls: type, build: Callable, canonical: dict, doc: str = "") -> Family:
+def register(name: str, spec_cls: type, build: Callable, canonical: dict, doc: str = "",
+             launch_geometry: Callable | None = None) -> Family:
     """Add a family; names of families and canonical specs must be unique."""
-    fam = Family(name, spec_cls, build, dict(canonical), doc)
+    fam = Family(name, spec_cls, build, dict(canonical), doc, launch_geometry)
     with _lock:
         if name in _families and _families[name].build is not build:
             raise ValueError(f"kernel family {name!r} is registered twice")
@@ -68,6 +75,7 @@ def families() -> dict[str, Family]:
 
 
 def family(name: str) -> Family:
+    """The family registered as ``name`` (KeyError naming the known ones)."""
     fams = families()
     try:
         return fams[name]

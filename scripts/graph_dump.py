@@ -48,11 +48,11 @@ def dump(path, out, kw):
                 text = registry.family(ln.family).build(ln.spec).to_ptx()
                 ptx[key] = (hashlib.sha256(text.encode()).hexdigest()[:16],
                             {k: [p.name for p in v] for k, v in parse_entries(text).items()})
-            args = ln.args
-            if isinstance(args, dict):          # by name: in the kernel's parameter order
-                args = [args[n] for n in ptx[key][1][ln.kernel]]
-            rows.append([op.kind, op.name, ln.family, ln.kernel, list(ln.grid), list(ln.block),
-                         ln.shared, [arg(a) for a in args], ptx[key][0]])
+            geo = ln.geometry
+            named = {**dict(ln.args), **dict(geo.args)}       # in the kernel's parameter order
+            args = [named[n] for n in ptx[key][1][geo.kernel]]
+            rows.append([op.kind, op.name, ln.family, geo.kernel, list(geo.grid), list(geo.block),
+                         geo.shared, [arg(a) for a in args], ptx[key][0]])
     bufs = {b.name: [list(b.shape), str(b.dtype), b.kind] for b in m.graph.buffers}
     tables = {b.name: hashlib.sha256(np.ascontiguousarray(b.data).tobytes()).hexdigest()[:16]
               for b in m.graph.buffers if b.name == "rope_freqs"}

@@ -1,10 +1,12 @@
 """Shared helpers for tests that run kernels on a backend ("emu" or "cuda").
 
-``Backend(name)`` wraps the module/launch/array API that ``ptxgen.emu`` and
-``ptxgen.driver`` share; ``map_kernel``/``run_map`` build and run a
-one-thread-per-element kernel from a small body function, which is how the
-numerics tests exercise single instructions.  ``line_of`` finds a marked
-line in a test file (for asserting the file:line a builder error names).
+``Backend(name)`` is the library's backend of that name
+(:func:`ptxgen.driver.backend.get_backend`) with the tests' helpers
+beside it (``array``, ``poisoned``, ``require_sm``); ``map_kernel``/``run_map``
+build and run a one-thread-per-element kernel from a small body function,
+which is how the numerics tests exercise single instructions.  ``line_of``
+finds a marked line in a test file (for asserting the file:line a builder
+error names).
 """
 
 from __future__ import annotations
@@ -37,45 +39,27 @@ def cuda_available() -> bool:
 
 
 class Backend:
-    """The shared launch API of one backend."""
+    """The backend ``name`` (:class:`ptxgen.driver.backend.Backend`: its
+    attributes and methods, ``load``, ``launch``, ``launch_positional``,
+    ``tensor_map``, ``target`` ...) with the tests' helpers."""
 
     def __init__(self, name: str):
-        self.name = name
-        if name == "emu":
-            from ptxgen import emu as impl
-        elif name == "cuda":
-            from ptxgen import driver as impl
-        else:
-            raise ValueError(name)
-        self.impl = impl
-        self.DeviceArray = impl.DeviceArray
+        from ptxgen.driver.backend import get_backend
+        self.backend = get_backend(name)
 
-    def load(self, module):
-        return self.impl.Module.from_ptx(module)
-
-    def launch(self, function, grid, block, *args, shared=0):
-        self.impl.launch(function, grid, block, *args, shared=shared)
+    def __getattr__(self, attr):
+        return getattr(self.backend, attr)
 
     def array(self, host):
-        return self.DeviceArray.from_numpy(np.ascontiguousarray(host))
-
-    def tensor_map(self, desc):
-        """The launch argument for a :class:`ptxgen.tensor_map.TensorMap`:
-        the description itself on the emulator, the driver's encoded
-        ``CUtensorMap`` on a GPU."""
-        if self.name == "emu":
-            return desc
-        from ptxgen.driver.tensor_map import encode_tiled
-        return encode_tiled(desc)
+        return self.backend.from_numpy(np.ascontiguousarray(host))
 
     def require_sm(self, sm):
-        """Skip unless the backend's device is at least ``sm`` (e.g. 90)."""
-        if self.name == "cuda":
+        """Skip unless the backend's target is at least ``sm`` (e.g. 90)."""
+        from ptxgen.target import TARGETS
+        have = TARGETS[self.backend.target].sm
+        if have < sm:
             import pytest
-            from ptxgen.driver import get_device
-            major, minor = get_device().compute_capability
-            if major * 10 + minor < sm:
-                pytest.skip(f"needs sm_{sm}, the GPU is sm_{major}{minor}")
+            pytest.skip(f"needs sm_{sm}, the {self.backend.name} backend is {self.backend.target}")
 
     def poisoned(self, shape, dtype):
         """A device array filled with NaN (floats) or 0xA5 bytes (others)."""
@@ -134,5 +118,5 @@ def run_map(backend, body, inputs, in_types, out_type, *, outs_per_item=1, block
     n = len(inputs[0])
     args = [backend.array(np.asarray(x, dtype=np_dtype(t))) for x, t in zip(inputs, in_types)]
     out = backend.poisoned(n * outs_per_item, np_dtype(out_type))
-    backend.launch(mod["map"], (n + block - 1) // block, block, *args, out, n)
+    backend.launch_positional(mod["map"], (n + block - 1) // block, block, *args, out, n)
     return out.to_numpy()

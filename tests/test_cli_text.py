@@ -107,7 +107,7 @@ def test_chat_holds_three_turns_feeding_only_new_tokens(model_path, capsys, monk
     (["dump", "rope", "--set", "layout=foo"],
      "layout must be one of neox, interleaved, got 'foo'"),
     (["dump", "embedding", "--set", "qtype=Q3_K"],
-     "qtype must be one of f32, f16, Q8_0, Q4_K, Q6_K, bf16, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, "
+     "qtype must be one of Q4_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, F32, F16, BF16, "
      "got 'Q3_K'"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(argv, needle, model_path, tmp_path, capsys):

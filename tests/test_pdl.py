@@ -95,7 +95,8 @@ def test_emulator_checks_pdl_launches(rng):
     plain = swiglu.SwiGluSpec(target="sm_90")
     for spec, ok in ((plain, False), (attrs.evolve(plain, pdl=True), True)):
         fn = emu.Module.from_ptx(swiglu.build(spec))[spec.kernel_name]
-        grid, block, _ = swiglu.launch_geometry(spec, n)
+        geo = swiglu.launch_geometry(spec, n)
+        grid, block = geo.grid, geo.block
         dg, du = emu.DeviceArray.from_numpy(g), emu.DeviceArray.from_numpy(u)
         out = emu.DeviceArray.from_numpy(np.full(n, np.nan, np.float32))
         if not ok:
@@ -150,7 +151,8 @@ def test_gpu_pdl_chain_eager_and_captured(rng):
     # silu(g) ~ g for g >= 20, so the chain stays in [20, 40] over 64 steps
     u = (1.0 + 0.01 * rng.random(n)).astype(np.float32)
     g0 = (20.0 + rng.random(n)).astype(np.float32)
-    grid, block, _ = swiglu.launch_geometry(spec, n)
+    geo = swiglu.launch_geometry(spec, n)
+    grid, block = geo.grid, geo.block
     steps = 64
     bufs = [DeviceArray.from_numpy(g0)] + [
         DeviceArray.from_numpy(np.full(n, np.nan, np.float32)) for _ in range(steps)]

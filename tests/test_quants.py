@@ -76,7 +76,7 @@ def test_bits_per_weight():
 
 
 def test_unknown_qtype_refused():
-    with pytest.raises(ValueError, match=r"unsupported quantization type 'IQ2_XXS'.*Q8_0, Q4_K, Q6_K, Q4_0"):
+    with pytest.raises(ValueError, match=r"unsupported quantization type 'IQ2_XXS'.*Q4_K, Q6_K, Q8_0, Q4_0"):
         Q.qtype_of("IQ2_XXS")
     with pytest.raises(ValueError, match=r"unsupported quantization type Q8_1 \(GGML id 9\)"):
         Q.quantize(np.zeros((1, 256), np.float32), gtype("Q8_1"))
@@ -422,3 +422,30 @@ def test_k_more_search_is_not_worse(name, rng):
     e0 = rel_rms(Q.dequantize(fn(x, nstep=0), name, x.shape), x)
     e_full = rel_rms(Q.dequantize(fn(x), name, x.shape), x)
     assert e_full < e0
+
+
+def test_registry_says_which_kernels_read_a_type():
+    """One registry: the specs take exactly the types it lists for them, by
+    GGML's names, and a loader can ask it by name or GGML id."""
+    from ptxgen.kernels import embedding, gemm, gemv
+    assert Q.names_for("gemv") == gemv.GEMV_QTYPES
+    assert Q.names_for("gemm") == gemm.GEMM_QTYPES
+    assert Q.names_for("embedding") == embedding.EMBEDDING_QTYPES
+    for q in Q.QTYPES.values():
+        assert q.name == q.name.upper()
+        assert Q.qtype_of(q.ggml_type) is q and Q.qtype_of(q.name.lower()) is q
+        for kernel, make in (("gemv", lambda: gemv.GemvSpec(q.name, 256)),
+                             ("gemm", lambda: gemm.GemmSpec(q.name, 256)),
+                             ("embedding", lambda: embedding.EmbeddingSpec(qtype=q.name))):
+            if q.read_by(kernel):
+                assert make().qtype == q.name
+                assert Q.qtype_of(q.name, kernel) is q
+            else:
+                with pytest.raises(ValueError):
+                    make()
+                with pytest.raises(ValueError, match=f"no {kernel} kernel reads {q.name}"):
+                    Q.qtype_of(q.name, kernel)
+    assert not Q.Q2_K.kernels and Q.F32.kernels == {"embedding"}
+    assert Q.Q4_K.row_bytes(512) == 288
+    with pytest.raises(ValueError, match="unknown reader 'gemmm'"):
+        Q.Q4_K.read_by("gemmm")

@@ -64,6 +64,7 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
+from ..plan import LaunchGeometry
 from .combine import build_combine
 from .reference import reference
 from .spec import (COMBINE_WARPS, MAX_SPLITS, NEG, FlashDecodeConfig, FlashDecodePlan,
@@ -101,12 +102,15 @@ def build(spec, config: FlashDecodeConfig | None = None) -> ptxgen.Module:
 
 
 def launch_geometry(plan: FlashDecodePlan, n_kv_heads: int, n_splits: int):
-    """``((split grid, block), (combine grid, block))``; the split asks for
-    ``plan.dynamic_shared`` bytes of dynamic shared memory."""
+    """``(split, combine)``: the two launches, in order; the split asks for
+    ``plan.dynamic_shared`` bytes of dynamic shared memory, the combine
+    takes ``n_splits`` as an argument."""
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
-    return (((n_splits, n_kv_heads, 1), (32 * plan.warps, 1, 1)),
-            ((n_kv_heads * plan.group, 1, 1), (32 * plan.combine_warps, 1, 1)))
+    return (LaunchGeometry(plan.split_name, (n_splits, n_kv_heads), 32 * plan.warps,
+                           plan.dynamic_shared),
+            LaunchGeometry(plan.combine_name, n_kv_heads * plan.group, 32 * plan.combine_warps,
+                           args={"n_splits": n_splits}))
 
 
 def _canon(**fields):
@@ -120,4 +124,5 @@ CANONICAL = {
 }
 
 registry.register("flash_decode", FlashDecodePlan, build, CANONICAL,
-                  doc=__doc__.splitlines()[0])
+                  doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

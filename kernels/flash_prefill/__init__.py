@@ -49,6 +49,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.tensor_map import TensorMap
 
+from ..plan import LaunchGeometry
 from ..spec_fields import has_bulk_copy
 from .kernel import build_prefill
 from .reference import reference
@@ -117,14 +118,15 @@ def pool_maps(plan: FlashPrefillPlan, k_address: int, v_address: int, n_kv_heads
 
 
 def launch_geometry(plan: FlashPrefillPlan, n_q_heads: int, max_tokens: int):
-    """``(grid, block, shared_bytes)`` for chunks of up to ``max_tokens`` rows
-    of ``n_q_heads`` query heads."""
+    """The launch for chunks of up to ``max_tokens`` rows of ``n_q_heads``
+    query heads."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
     if n_q_heads % plan.group:
         raise ValueError(f"{n_q_heads} query heads are not a multiple of the group {plan.group}")
-    return ((-(-max_tokens // plan.block_rows), n_q_heads // plan.heads, 1),
-            (32 * plan.warps, 1, 1), plan.dynamic_shared)
+    return LaunchGeometry(plan.kernel_name, (-(-max_tokens // plan.block_rows),
+                                             n_q_heads // plan.heads),
+                          32 * plan.warps, plan.dynamic_shared)
 
 
 CANONICAL = {
@@ -144,4 +146,5 @@ CANONICAL = {
 }
 
 registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,
-                  doc=__doc__.splitlines()[0])
+                  doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -18,9 +18,9 @@ warpgroups running ``wgmma.m64nNk16`` with the decoded weights as A in
 registers and X brought by TMA into swizzled shared memory.  Design, counts and accuracy:
 docs/notes/gemm.md.
 
-Launch: ``grid, block, shared = launch_geometry(plan, M, T_max)``; arguments
-``(w, x[, r], y, M, T | t_ptr)`` and, where :func:`x_map` gives one, the
-tensor map of X last.
+Launch: ``launch_geometry(plan, M, T_max)``; parameters ``w, x[, r], y, m,
+t | t_ptr`` and, where :func:`x_map` gives one, the tensor map of X,
+``xmap``.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
+from ..quants.qtypes import QTYPES
 from . import q4k, q6k, q8_0
 from .kernel import build_gemm, launch_geometry
 from .reference import reference
-from .spec import (EPILOGUES, KERNELS, MAX_SHARED, MMA_QTYPES, QTYPES, WGMMA_QTYPES, X_TYPES,
-                   GemmConfig, GemmPlan, GemmSpec)
+from .spec import (EPILOGUES, GEMM_QTYPES, KERNELS, MAX_SHARED, MMA_QTYPES, WGMMA_QTYPES,
+                   X_TYPES, GemmConfig, GemmPlan, GemmSpec)
 from .tuning import select_config
 from .wgmma_q4k import Q4KFormat, Q5KFormat, build_wgmma, x_tensor_map
 from .wgmma_q6k import Q6KFormat
@@ -40,7 +41,7 @@ from .wgmma_blocks32 import Q40Format, Q50Format, Q80Format
 from .wgmma_f16 import BF16Format, F16Format
 
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
-           "select_config", "launch_geometry", "reference", "QTYPES", "X_TYPES", "EPILOGUES",
+           "select_config", "launch_geometry", "reference", "GEMM_QTYPES", "X_TYPES", "EPILOGUES",
            "MAX_SHARED", "KERNELS", "WGMMA_QTYPES", "MMA_QTYPES", "CANONICAL", "FORMATS", "x_map",
            "supported"]
 
@@ -96,7 +97,7 @@ def supported(qtype: str, k: int, target: str) -> bool:
     built for ``target`` (the family's own target, e.g. sm_90a on an H100:
     ``ops_gemm.gemm_target``): the mma.sync types anywhere, the others
     only on the sm_90a warpgroup kernel, with K whole super-blocks of 256."""
-    if qtype not in QTYPES or k % QTYPES[qtype][0]:
+    if qtype not in GEMM_QTYPES or k % QTYPES[qtype].block_size:
         return False
     return qtype in MMA_QTYPES or (target == "sm_90a" and k % 256 == 0)
 
@@ -121,4 +122,5 @@ CANONICAL = {
                                      warps_m=2, warps_n=4, stages=4),
 }
 
-registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("gemm", GemmPlan, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -54,20 +54,20 @@ import ptxgen
 from ptxgen.types import b32, f16, f32, u8, u16, u32
 from ptxgen.values import Address
 
+from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 
 __all__ = ["build_gemm", "launch_geometry", "kernel_directives", "kernel_interface", "Lane", "WindowCopies", "sh", "nullctx"]
 
 
 def launch_geometry(plan, m: int, t_max: int):
-    """``(grid, block, shared_bytes)`` for ``m`` weight rows and at most
-    ``t_max`` tokens."""
+    """The launch for ``m`` weight rows and at most ``t_max`` tokens."""
     for what, v in (("M", m), ("T", t_max)):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what} must be a positive int, got {v!r}")
     c = plan.config
-    return ((math.ceil(t_max / c.bn), math.ceil(m / c.bm), 1), (plan.threads, 1, 1),
-            plan.dynamic_shared)
+    return LaunchGeometry(plan.kernel_name, (math.ceil(t_max / c.bn), math.ceil(m / c.bm)),
+                          plan.threads, plan.dynamic_shared)
 
 
 def sh(addr, ty=b32):

@@ -11,14 +11,15 @@ from __future__ import annotations
 import attrs
 
 from ..plan import PlanBase
+from ..quants.qtypes import QTYPES, names_for
 from ..spec_fields import pdl_field, target_field
 
-__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "QTYPES", "MMA_QTYPES", "X_TYPES", "EPILOGUES",
-           "MAX_SHARED", "KERNELS"]
+__all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "GEMM_QTYPES", "MMA_QTYPES", "WGMMA_QTYPES",
+           "X_TYPES", "EPILOGUES", "MAX_SHARED", "KERNELS"]
 
-#: weight formats the GEMM builds: (weights, bytes) of a GGUF block
-QTYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "Q4_0": (32, 18),
-          "Q5_0": (32, 22), "Q5_K": (256, 176), "F16": (1, 2), "BF16": (1, 2)}
+#: the weight types the GEMM reads (the registry's, kernels/quants/qtypes.py),
+#: in GGUF's blocks
+GEMM_QTYPES = names_for("gemm")
 #: the stage depths (K per stage) each format takes: a Q6_K stage holds whole
 #: 128-weight halves of its super-blocks (their low and high nibbles and bits
 #: are interleaved over the half)
@@ -34,8 +35,8 @@ KERNELS = ("mma", "wgmma")
 #: shared bytes a ``wgmma`` stage holds per token (64 halves, 128-byte
 #: swizzled); a weight row takes :attr:`GemmPlan.w_pitch` (``bk = 64``)
 WG_X_ROW = 128
-#: the weight types the ``wgmma`` kernel decodes
-WGMMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16")
+#: the weight types the ``wgmma`` kernel decodes: all of them
+WGMMA_QTYPES = GEMM_QTYPES
 #: the weight types the ``mma`` kernel decodes (the others run on sm_90a only)
 MMA_QTYPES = ("Q4_K", "Q6_K", "Q8_0")
 
@@ -75,9 +76,9 @@ class GemmSpec:
 
     Parameters
     ----------
-    qtype : {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0", "Q5_K", "F16", "BF16"}
-        Weight format (:data:`QTYPES`); the ``mma`` kernel decodes
-        :data:`MMA_QTYPES`, the sm_90a ``wgmma`` kernel :data:`WGMMA_QTYPES`.
+    qtype : str
+        Weight format, one of :data:`GEMM_QTYPES` (the ``mma`` kernel decodes
+        :data:`MMA_QTYPES`, the ``wgmma`` kernel all of them).
     k : int
         Row length, a multiple of the format's block (256 for the K-quants,
         32 for Q8_0, Q4_0 and Q5_0; the config's ``bk`` must divide it too); a build-time
@@ -104,7 +105,7 @@ class GemmSpec:
         Built for programmatic dependent launch (:func:`spec_fields.pdl_field`).
     """
 
-    qtype: str = attrs.field(validator=_in("qtype", tuple(QTYPES)))
+    qtype: str = attrs.field(validator=_in("qtype", GEMM_QTYPES))
     k: int = attrs.field()
     x_type: str = attrs.field(default="f32", validator=_in("x_type", X_TYPES))
     epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
@@ -115,18 +116,18 @@ class GemmSpec:
 
     @k.validator
     def _check_k(self, attr, v):
-        bw = QTYPES[self.qtype][0]
+        bw = QTYPES[self.qtype].block_size
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0 or v % bw:
             raise ValueError(f"{self.qtype} GEMM: K={v!r} is not a positive multiple of the "
                              f"{self.qtype} super-block ({bw} weights)")
 
     @property
     def block_weights(self) -> int:
-        return QTYPES[self.qtype][0]
+        return QTYPES[self.qtype].block_size
 
     @property
     def block_bytes(self) -> int:
-        return QTYPES[self.qtype][1]
+        return QTYPES[self.qtype].type_size
 
     @property
     def row_bytes(self) -> int:

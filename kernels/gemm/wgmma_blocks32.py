@@ -34,8 +34,9 @@ from __future__ import annotations
 from ptxgen.types import b32, f16, f16x2, u16, u32
 from ptxgen.values import Address
 
+from ..quants.qtypes import QTYPES
 from .kernel import WindowCopies, row_shift
-from .spec import QTYPES, WG_X_ROW
+from .spec import WG_X_ROW
 
 __all__ = ["Q80Format", "Q40Format", "Q50Format"]
 
@@ -54,7 +55,7 @@ class _Blocks32:
 
     def __init__(self, k, plan, tid, w, m0, mrows, rho, tq):
         self.k, self.plan = k, plan
-        self.bb = QTYPES[self.QTYPE][1]
+        self.bb = QTYPES[self.QTYPE].type_size
         self.xoff = plan.config.bn * WG_X_ROW
         self.win = WindowCopies(k, plan, tid, w, m0, mrows, [(plan.w_chunks, 0)])
         self.sb = k.var(u32, 0)                  # the super-block being computed

@@ -17,9 +17,9 @@ formats' piece decoders: :mod:`.staged` (Q6_K, Q8_0), :mod:`.legacy` (Q4_0,
 Q4_1, Q5_0, Q5_1), :mod:`.q5k` (Q5_K), :mod:`.floats` (F16, BF16).
 Measurements: docs/notes/gemv.md.
 
-Launch: ``grid, block, shared, rpc = launch_geometry(plan, M)``; arguments
-``(w[, wu], x[, nw, eps][, r | freqs, pos_ptr, k_cache, v_cache, capacity],
-y, M, rpc)``.
+Launch: ``launch_geometry(plan, M)`` (a :class:`~ptxgen.kernels.plan.LaunchGeometry`
+that brings the argument ``rpc``); parameters ``w[, wu], x[, nw, eps][, r |
+freqs, pos_ptr, k_cache, v_cache, capacity], y, m, rpc``.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring
-from .spec import EPILOGUES, MAX_RING_BYTES, QTYPE_INFO, GemvConfig, GemvPlan, GemvSpec, check_k
+from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, QTYPE_INFO, GemvConfig, GemvPlan,
+                   GemvSpec, check_k, read_unit)
 from .staged import build_staged
 from .tuning import balanced, candidate_configs, select_config
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
-           "rope_reference", "check_k", "threads", "QTYPE_INFO", "EPILOGUES", "MAX_RING_BYTES",
-           "CANONICAL"]
+           "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES", "QTYPE_INFO",
+           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL"]
 
 
 def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = None,
@@ -111,4 +112,5 @@ CANONICAL = {
     "gemv_bf16_rope": _canon("BF16", 256, "rope", rope=(32, 2, 1), rows=4, stages=3, tile=256),
 }
 
-registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

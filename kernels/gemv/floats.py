@@ -1,7 +1,7 @@
 """F16 and BF16 pieces for the staged and ring GEMV kernels.
 
 Rows are plain 2-byte values; the GEMV reads them 8 weights (16 bytes) at a
-time, its block (:data:`.spec.QTYPE_INFO`), so K is a multiple of 8 and every
+time, its block (:func:`.spec.read_unit`), so K is a multiple of 8 and every
 row is 16-byte aligned: through the ring always.  A piece is one such
 block: one ``ld.shared.v4`` a row, its 8 x values in registers, and one
 conversion and one ``fma`` a weight (``cvt.f32.f16``; a BF16 value is the top

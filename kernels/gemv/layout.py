@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 
+from ..plan import LaunchGeometry
+
 __all__ = ["threads", "warp_threads", "groups_per_cta", "launch_geometry", "q4k_layout",
            "staged_layout", "pieces_per_row", "PIECES_PER_BLOCK"]
 
@@ -30,11 +32,10 @@ def groups_per_cta(m: int, unit: int, max_ctas: int) -> int:
 
 
 def launch_geometry(spec, m: int):
-    """``(grid, block, shared_bytes, rows_per_cta)`` for ``m`` rows
-    (``shared_bytes``: :attr:`.GemvPlan.dynamic_shared`, the ``stages`` ring
-    and any ``per_sm`` cap).
+    """The launch for ``m`` rows (``shared``: :attr:`.GemvPlan.dynamic_shared`,
+    the ``stages`` ring and any ``per_sm`` cap).
 
-    ``rows_per_cta`` is the kernel's last argument: the smallest multiple of
+    Its argument ``rpc`` (rows per CTA) is the smallest multiple of
     ``spec.rows`` that keeps the grid within ``spec.max_ctas``.
     """
     if not isinstance(m, int) or m < 1:
@@ -42,7 +43,8 @@ def launch_geometry(spec, m: int):
     unit = spec.rows
     rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)
-    return (grid, 1, 1), (threads(spec), 1, 1), spec.dynamic_shared, rpc
+    return LaunchGeometry(spec.kernel_name, grid, threads(spec), spec.dynamic_shared,
+                          {"rpc": rpc})
 
 
 def q4k_layout(spec) -> tuple[int, int, int]:

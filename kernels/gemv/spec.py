@@ -15,18 +15,32 @@ import attrs
 from ptxgen.target import SHARED_LINE, TARGETS
 
 from ..plan import PlanBase
+from ..quants.qtypes import QTYPES, names_for
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 from .layout import staged_layout, threads
 
-__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "QTYPE_INFO", "DP4A_RING", "EPILOGUES",
-           "check_k", "MAX_RING_BYTES"]
+__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "GEMV_QTYPES", "QTYPE_INFO", "DP4A_RING",
+           "EPILOGUES", "FLOAT_UNIT", "check_k", "read_unit", "MAX_RING_BYTES"]
 
-#: qtype -> (weights per block, bytes per block) as the GEMV reads them: GGUF's
-#: blocks, except that F16 and BF16 rows (GGUF blocks of one weight) are read
-#: in units of 8 weights (16 bytes), so their K is a multiple of 8
-QTYPE_INFO = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34),
-              "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24),
-              "Q5_K": (256, 176), "F16": (8, 16), "BF16": (8, 16)}
+#: the weight types the GEMV reads (the registry's, kernels/quants/qtypes.py)
+GEMV_QTYPES = names_for("gemv")
+#: weights the GEMV reads of a float type (F16, BF16: GGUF blocks of one
+#: weight) as one unit: 16 bytes, so their K is a multiple of 8
+FLOAT_UNIT = 8
+
+
+def read_unit(qtype: str) -> tuple:
+    """``(weights, bytes)`` the GEMV reads of ``qtype`` as one block: the
+    GGUF block, or :data:`FLOAT_UNIT` values of a float type."""
+    q = QTYPES[qtype]
+    n = FLOAT_UNIT if q.block_size == 1 else q.block_size
+    return n, n // q.block_size * q.type_size
+
+
+#: TRANSITIONAL, derived from the registry: qtype -> :func:`read_unit`, for
+#: llm/gguf/file.py's kernel_types() until it calls
+#: ``kernels.quants.qtypes.names_for("gemv")``; remove then
+QTYPE_INFO = {q: read_unit(q) for q in GEMV_QTYPES}
 #: the formats whose pieces have a ``dot="dp4a"`` form through the ring
 #: (Q4_K has one in both of its kernels)
 DP4A_RING = ("Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
@@ -38,9 +52,9 @@ MAX_RING_BYTES = 227 * 1024
 
 def check_k(qtype: str, k: int) -> None:
     """Raise ValueError unless ``k`` is a positive multiple of ``qtype``'s block."""
-    if qtype not in QTYPE_INFO:
-        raise ValueError(f"qtype must be one of {', '.join(QTYPE_INFO)}, got {qtype!r}")
-    bs = QTYPE_INFO[qtype][0]
+    if qtype not in GEMV_QTYPES:
+        raise ValueError(f"qtype must be one of {', '.join(GEMV_QTYPES)}, got {qtype!r}")
+    bs = read_unit(qtype)[0]
     if not isinstance(k, int) or isinstance(k, bool) or k <= 0 or k % bs:
         what = (f"of 8 (the GEMV reads {qtype} rows 16 bytes at a time)" if qtype in ("F16", "BF16")
                 else f"of the {qtype} block size ({bs} weights)")
@@ -78,7 +92,8 @@ class GemvSpec:
     Parameters
     ----------
     qtype : {"Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "F16", "BF16"}
-        Weight format (GGUF's bytes; :data:`QTYPE_INFO`).
+        Weight format (GGUF's bytes; the types the registry says the GEMV
+        reads, :data:`GEMV_QTYPES`).
     k : int
         Row length (a multiple of the block: 256 for the K-quants, 32 for
         Q4_0 ... Q8_0, 8 for F16 and BF16); a build-time constant so loops
@@ -101,7 +116,7 @@ class GemvSpec:
         Built for programmatic dependent launch (:func:`spec_fields.pdl_field`).
     """
 
-    qtype: str = attrs.field(validator=_in("qtype", tuple(QTYPE_INFO)))
+    qtype: str = attrs.field(validator=_in("qtype", GEMV_QTYPES))
     k: int = attrs.field()
     epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
     norm: bool = attrs.field(default=False, validator=_bool)
@@ -131,11 +146,11 @@ class GemvSpec:
 
     @property
     def block_weights(self) -> int:
-        return QTYPE_INFO[self.qtype][0]
+        return read_unit(self.qtype)[0]
 
     @property
     def block_bytes(self) -> int:
-        return QTYPE_INFO[self.qtype][1]
+        return read_unit(self.qtype)[1]
 
     @property
     def row_bytes(self) -> int:

@@ -98,7 +98,7 @@ def balanced(spec: GemvSpec, config: GemvConfig, m: int | None,
     if not sm_count or m is None or not config.stages or config.per_sm:
         return config
     plan = GemvPlan(spec, config)
-    n = -(-launch_geometry(plan, m)[0][0] // sm_count)
+    n = -(-launch_geometry(plan, m).grid[0] // sm_count)
     try:
         capped = GemvPlan(spec, attrs.evolve(config, per_sm=n))
     except ValueError:           # n CTAs do not fit: the ring allows fewer already

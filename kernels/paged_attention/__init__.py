@@ -58,6 +58,8 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
+from ..plan import LaunchGeometry
+
 from ..flash_decode.combine import build_combine
 from .reference import gather, reference
 from .spec import (BLOCK_SIZES, MAX_SPLITS, PagedAttentionConfig, PagedAttentionPlan,
@@ -94,16 +96,17 @@ def build(spec, config: PagedAttentionConfig | None = None) -> ptxgen.Module:
 
 
 def launch_geometry(plan: PagedAttentionPlan, batch: int, n_kv_heads: int, n_splits: int):
-    """``((split grid, block), (combine grid, block) or None)``: no combine
-    for one split per sequence."""
+    """``(split,)`` or ``(split, combine)``: no combine for one split per
+    sequence (the combine's ``n_splits`` is a geometry argument)."""
     if not 1 <= n_splits <= MAX_SPLITS:
         raise ValueError(f"n_splits must be in 1..{MAX_SPLITS}, got {n_splits}")
     if batch < 1 or n_kv_heads < 1:
         raise ValueError(f"batch and n_kv_heads must be positive, got {batch}, {n_kv_heads}")
-    split = ((n_splits, n_kv_heads, batch), (32 * plan.warps, 1, 1))
+    split = LaunchGeometry(plan.split_name, (n_splits, n_kv_heads, batch), 32 * plan.warps)
     if n_splits == 1:
-        return split, None
-    return split, ((batch * n_kv_heads * plan.group, 1, 1), (32 * plan.combine_warps, 1, 1))
+        return (split,)
+    return split, LaunchGeometry(plan.combine_name, batch * n_kv_heads * plan.group,
+                                 32 * plan.combine_warps, args={"n_splits": n_splits})
 
 
 CANONICAL = {
@@ -115,4 +118,4 @@ CANONICAL = {
 }
 
 registry.register("paged_attention", PagedAttentionPlan, build, CANONICAL,
-                  doc=__doc__.splitlines()[0])
+                  doc=__doc__.splitlines()[0], launch_geometry=launch_geometry)

@@ -39,10 +39,12 @@ from .legacy import (dequantize_q4_0, dequantize_q4_1, dequantize_q5_0, dequanti
                      dequantize_q8_0, quantize_q4_0, quantize_q4_1, quantize_q5_0,
                      quantize_q5_1, quantize_q8_0)
 from .qtypes import (BF16, F16, F32, Q2_K, Q3_K, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K,
-                     Q8_0, QTYPES, QType, QTypeLike, qtype_of, row_bytes)
+                     Q8_0, QTYPES, READERS, QType, QTypeLike, names_for, qtype_of, qtypes_for,
+                     row_bytes)
 
 __all__ = [
-    "QType", "QTypeLike", "QTYPES", "QUANTIZABLE", "qtype_of", "row_bytes",
+    "QType", "QTypeLike", "QTYPES", "QUANTIZABLE", "READERS", "qtype_of", "qtypes_for",
+    "names_for", "row_bytes",
     "quantize", "dequantize",
     "F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",

@@ -1,8 +1,17 @@
-"""The GGML weight types this package reads and writes, and helpers the block codecs share.
+"""The GGML weight types: the one registry every part of ptxgen reads them from,
+and helpers the block codecs share.
 
-A :class:`QType` names one GGML tensor type: how many weights one block holds
-and how many bytes it takes. The float types (F32, F16, BF16) are blocks of
-one weight.
+A :class:`QType` names one GGML tensor type by GGML's own name (``"Q4_K"``,
+``"F16"``, ``"BF16"``): how many weights one block holds, how many bytes it
+takes, its GGML type id, and which kernel families read it (:data:`READERS`:
+the GEMV, the GEMM, the embedding gather). The float types (F32, F16, BF16)
+are blocks of one weight. The kernel specs, the ops, the quantizers and the
+GGUF loader all ask here::
+
+    q = qtype_of("q4_k")               # by name in any case, or by GGML id (12)
+    q.block_size, q.type_size, q.ggml_type, q.row_bytes(4096)
+    q.read_by("gemm")                  # is there a GEMM kernel for it?
+    qtypes_for("embedding")            # the types the embedding gather reads
 """
 from __future__ import annotations
 
@@ -14,12 +23,23 @@ import attrs
 import numpy as np
 
 __all__ = [
-    "QType", "QTypeLike", "QTYPES",
+    "QType", "QTypeLike", "QTYPES", "READERS", "qtypes_for", "names_for",
     "F32", "F16", "BF16",
     "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
     "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
     "qtype_of", "row_bytes",
 ]
+
+
+#: the kernel families that read weights in a GGML type (:attr:`QType.kernels`)
+READERS = ("gemv", "gemm", "embedding")
+
+
+def _readers(inst, attr, v):
+    bad = sorted(set(v) - set(READERS))
+    if bad:
+        raise ValueError(f"{inst.name}: unknown reader(s) {', '.join(bad)}; "
+                         f"readers: {', '.join(READERS)}")
 
 
 @attrs.frozen
@@ -29,47 +49,75 @@ class QType:
     Attributes
     ----------
     name : str
-        GGML's name ("Q4_K").
+        GGML's name ("Q4_K", "F16"), upper case.
     block_size : int
         Weights per block (1 for the float types).
     type_size : int
         Bytes per block.
     ggml_type : int
         The GGML type id (equals ``gguf.GGMLQuantizationType[name]``).
+    kernels : frozenset of str
+        The kernel families (:data:`READERS`) that read weights of this type.
     """
 
     name: str
     block_size: int
     type_size: int
     ggml_type: int
+    kernels: frozenset = attrs.field(default=frozenset(), converter=frozenset,
+                                     validator=_readers)
 
     @property
     def bits_per_weight(self) -> float:
         return 8.0 * self.type_size / self.block_size
 
+    def read_by(self, kernel: str) -> bool:
+        """Whether the kernel family ``kernel`` (one of :data:`READERS`)
+        reads weights of this type."""
+        if kernel not in READERS:
+            raise ValueError(f"unknown reader {kernel!r}; readers: {', '.join(READERS)}")
+        return kernel in self.kernels
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of one row of ``k`` weights (ValueError unless ``k`` is a
+        positive multiple of the block)."""
+        return row_bytes(self, k)
+
     def __str__(self) -> str:
         return self.name
 
 
-F32 = QType("F32", 1, 4, 0)
-F16 = QType("F16", 1, 2, 1)
-BF16 = QType("BF16", 1, 2, 30)
-Q4_0 = QType("Q4_0", 32, 18, 2)
-Q4_1 = QType("Q4_1", 32, 20, 3)
-Q5_0 = QType("Q5_0", 32, 22, 6)
-Q5_1 = QType("Q5_1", 32, 24, 7)
-Q8_0 = QType("Q8_0", 32, 34, 8)
+F32 = QType("F32", 1, 4, 0, ("embedding",))
+F16 = QType("F16", 1, 2, 1, READERS)
+BF16 = QType("BF16", 1, 2, 30, READERS)
+Q4_0 = QType("Q4_0", 32, 18, 2, READERS)
+Q4_1 = QType("Q4_1", 32, 20, 3, ("gemv", "embedding"))
+Q5_0 = QType("Q5_0", 32, 22, 6, READERS)
+Q5_1 = QType("Q5_1", 32, 24, 7, ("gemv", "embedding"))
+Q8_0 = QType("Q8_0", 32, 34, 8, READERS)
 Q2_K = QType("Q2_K", 256, 84, 10)
 Q3_K = QType("Q3_K", 256, 110, 11)
-Q4_K = QType("Q4_K", 256, 144, 12)
-Q5_K = QType("Q5_K", 256, 176, 13)
-Q6_K = QType("Q6_K", 256, 210, 14)
+Q4_K = QType("Q4_K", 256, 144, 12, READERS)
+Q5_K = QType("Q5_K", 256, 176, 13, READERS)
+Q6_K = QType("Q6_K", 256, 210, 14, READERS)
 
+#: every type by name: the weight-type registry
 QTYPES: dict[str, QType] = {q.name: q for q in (
-    Q8_0, Q4_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, F32, F16, BF16)}
+    Q4_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q5_K, Q2_K, Q3_K, F32, F16, BF16)}
 _BY_ID = {q.ggml_type: q for q in QTYPES.values()}
 
 QTypeLike = Union[QType, str, int]
+
+
+def qtypes_for(kernel: str) -> tuple[QType, ...]:
+    """The types the kernel family ``kernel`` (one of :data:`READERS`)
+    reads, in :data:`QTYPES` order."""
+    return tuple(q for q in QTYPES.values() if q.read_by(kernel))
+
+
+def names_for(kernel: str) -> tuple[str, ...]:
+    """The names of :func:`qtypes_for` ``(kernel)``."""
+    return tuple(q.name for q in qtypes_for(kernel))
 
 F16_MAX = 65504.0
 # Weights per chunk handed to one worker: small enough for the temporaries of
@@ -78,16 +126,26 @@ _CHUNK_WEIGHTS = 1 << 16
 _PARALLEL_MIN_WEIGHTS = 1 << 20
 
 
-def qtype_of(qtype: QTypeLike) -> QType:
-    """Resolve a QType, a name ("q4_k" too) or a GGML type id to a QType.
+def qtype_of(qtype: QTypeLike, kernel: str | None = None) -> QType:
+    """Resolve a QType, a name ("q4_k" too) or a GGML type id to a QType;
+    with ``kernel`` (one of :data:`READERS`), one that kernel family reads.
 
     Raises
     ------
     ValueError
-        For a type this package does not implement.
+        For a type this package does not implement, or one ``kernel`` does
+        not read (naming the ones it does).
     TypeError
         For anything that is not a QType, a str or an int.
     """
+    q = _resolve(qtype)
+    if kernel is not None and not q.read_by(kernel):
+        raise ValueError(f"no {kernel} kernel reads {q.name} weights; the {kernel} kernels "
+                         f"read {', '.join(names_for(kernel))}")
+    return q
+
+
+def _resolve(qtype: QTypeLike) -> QType:
     if isinstance(qtype, QType):
         return qtype
     if isinstance(qtype, str):

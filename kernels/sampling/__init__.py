@@ -97,6 +97,7 @@ import ptxgen
 from ptxgen import registry
 from ptxgen.types import f32, f64, s32, u32, u64
 
+from ..plan import LaunchGeometry
 from ..spec_fields import block_field, pdl_field, pdl_prologue, target_field
 from .blockops import Block, SharedView, ord_key
 from .last_block import merge_and_draw
@@ -187,8 +188,8 @@ def blocks_for(spec: SamplingSpec, n: int) -> int:
 
 
 def launch_geometry(spec: SamplingSpec, n: int, batch: int | None = None):
-    """``(grid, block, shared_bytes)`` for a vocabulary of ``n`` logits (and
-    with ``rows``, ``batch`` rows of them: ``grid.y``)."""
+    """The launch for a vocabulary of ``n`` logits (and with ``rows``,
+    ``batch`` rows of them: ``grid.y``)."""
     if n < 1:
         raise ValueError(f"the vocabulary must hold at least one logit, got {n}")
     g = blocks_for(spec, n)
@@ -201,7 +202,8 @@ def launch_geometry(spec: SamplingSpec, n: int, batch: int | None = None):
     elif batch not in (None, 1):
         raise ValueError(f"{spec.kernel_name} samples one row; batch={batch!r} needs "
                          "SamplingSpec(rows=True)")
-    return (g, batch or 1, 1), (spec.block, 1, 1), 8 * max(g * spec.top, spec.slice)
+    return LaunchGeometry(spec.kernel_name, (g, batch or 1, 1), spec.block,
+                          8 * max(g * spec.top, spec.slice))
 
 
 def scratch_words(spec: SamplingSpec, n: int) -> int:
@@ -402,4 +404,5 @@ CANONICAL = {"sampling": SamplingSpec(),
              # the batched engine's: rows, with the top 20 log-probabilities
              "sampling_rows": SamplingSpec(rows=True, logprobs=MAX_LOGPROBS)}
 
-registry.register("sampling", SamplingSpec, build, CANONICAL, doc=__doc__.splitlines()[0])
+registry.register("sampling", SamplingSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)

@@ -112,7 +112,6 @@ class BatchRunner:
                  max_batch: int = 64, chunk: int = 512, n_ctx: int = 4096, target=None,
                  sm_count=None, device=None, pdl=None, gemv_rows: int = 1):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
-        from ptxgen.llm.model import _backend_device_name, _backend_sm_count, _backend_target
         self.file, self.hp = file, file.hparams
         self.arch = architecture_of(file)
         self.backend = backend
@@ -122,9 +121,9 @@ class BatchRunner:
         self.n_vocab = self.hp.vocab
         if self.num_blocks < 1:
             raise ValueError("the KV pool needs at least one block")
-        self.target = target or _backend_target(backend)
-        self.sm_count = sm_count or _backend_sm_count(backend)
-        self.device = device if device is not None else _backend_device_name(backend)
+        self.target = target or backend.target
+        self.sm_count = sm_count or backend.sm_count
+        self.device = device if device is not None else backend.device_name
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
         self.io = BatchIO(max(self.max_batch, self.chunk), self.max_blocks_per_seq)
         self.store, self.memory, self.arena = Store(), DeviceMemory(backend), Arena(backend)

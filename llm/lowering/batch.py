@@ -39,7 +39,6 @@ import numpy as np
 from ptxgen.kernels import paged_attention, rope, sampling
 from ptxgen.llm.generation import sampler_spec
 
-from . import matmul
 from .chunk import ChunkLowering
 from .common import QKV
 
@@ -146,10 +145,10 @@ class BatchLowering(ChunkLowering):
         hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
                            append="f16", rows=True, paged=self.block_size, target=self.target)
-        grid, block, sh = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads, self.rows)
         ins = [src, freqs, self.io] + ([qkv] if src is not qkv else [])
         self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
-                 [self.launch("rope", rs, rs.kernel_name, ((grid[0], self.rows, 1), block, sh),
+                 [self.launch("rope", rs, geom,
                               q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
                               positions=self.positions, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads, v=qkv.at(4 * (hp.q_dim + hp.kv_dim)),
@@ -166,22 +165,19 @@ class BatchLowering(ChunkLowering):
         plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
         splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
                                                self.max_blocks * self.block_size)
-        (sgrid, sblock), comb = paged_attention.launch_geometry(plan, self.rows, hp.n_kv_heads,
-                                                                splits)
+        geos = paged_attention.launch_geometry(plan, self.rows, hp.n_kv_heads, splits)
         out = self.att
         part_o = self._scratch_buf("pa_part_o", (self.rows, hp.n_heads, splits, D))
         part_ml = self._scratch_buf("pa_part_ml", (self.rows, hp.n_heads, splits, 2))
         q_buf = q.buffer if hasattr(q, "buffer") else q
-        launches = [self.launch("paged_attention", plan, plan.split_name,
-                                (sgrid, sblock), q=q, k_pool=kc, v_pool=vc,
+        launches = [self.launch("paged_attention", plan, geos[0], q=q, k_pool=kc, v_pool=vc,
                                 block_table=self.tables, seq_lens=self.lens, part_o=part_o,
                                 part_ml=part_ml, out=out, q_stride=self.qkv_dim,
                                 max_blocks=self.max_blocks, num_blocks=self.num_blocks,
                                 sm_scale=1.0 / math.sqrt(D))]
-        if comb is not None:
-            launches.append(self.launch("paged_attention", plan, plan.combine_name, comb,
-                                        part_o=part_o, part_ml=part_ml, out=out,
-                                        n_splits=splits))
+        if len(geos) > 1:
+            launches.append(self.launch("paged_attention", plan, geos[1], part_o=part_o,
+                                        part_ml=part_ml, out=out))
         self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.io], [out],
                  launches)
         return out
@@ -207,7 +203,7 @@ class BatchLowering(ChunkLowering):
         scratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),), np.uint64)
         counter = g.buffer("batch_sample_counter", (1,), np.uint32, "state",
                            np.zeros(1, np.uint32))
-        launches = [self.launch("sampling", sps, sps.kernel_name, geom,
+        launches = [self.launch("sampling", sps, geom,
                                 logits=self.logits.at(4 * r * hp.vocab), n=hp.vocab,
                                 history=self.history.at(4 * r * self.n_ctx),
                                 pos=_plus(self.positions, 4 * r),

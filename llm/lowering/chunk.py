@@ -40,7 +40,7 @@ from ptxgen.kernels import embedding, flash_prefill, rmsnorm, rope, swiglu
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from . import matmul
-from .common import QKV, Lowering, Normed, kernel_qtype
+from .common import QKV, Lowering, Normed
 
 __all__ = ["ChunkLowering", "gemm_ready"]
 
@@ -133,10 +133,10 @@ class ChunkLowering(Lowering):
     def embed(self, weight):
         emb, et = self.weight(weight)
         hp = self.hp
-        es = embedding.EmbeddingSpec(qtype=kernel_qtype(et.qtype), rows=True, target=self.target)
+        es = embedding.EmbeddingSpec(qtype=et.qtype, rows=True, target=self.target)
         geom = embedding.launch_geometry(es, hp.hidden, self.rows)
         self.add("Embedding", "embd", [emb, self.tokens], [self.x],
-                 [self.launch("embedding", es, es.kernel_name, geom, table=emb,
+                 [self.launch("embedding", es, geom, table=emb,
                               token_ptr=self.tokens, out=self.x, n=hp.hidden,
                               n_vocab=hp.vocab)])
         return self.x
@@ -150,9 +150,8 @@ class ChunkLowering(Lowering):
                                    out_type="f16" if out.dtype == np.float16 else "f32",
                                    target=self.target, pdl=self.pdl)
         self.add("RmsNorm", name, [x, w], [out],
-                 [self.launch("rmsnorm", spec, spec.kernel_name,
-                              rmsnorm.launch_geometry(spec, self.rows), x=x, w=w, out=out,
-                              n=self.hp.hidden, eps=self.hp.eps)])
+                 [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, self.rows), x=x,
+                              w=w, out=out, n=self.hp.hidden, eps=self.hp.eps)])
 
     def _input(self, h):
         if not isinstance(h, Normed):
@@ -192,10 +191,10 @@ class ChunkLowering(Lowering):
         hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
                            append="f16", rows=True, target=self.target)
-        grid, block, sh = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
+        geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads, self.rows)
         ins = [src, freqs, self.info] + ([qkv] if src is not qkv else [])
         self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
-                 [self.launch("rope", rs, rs.kernel_name, ((grid[0], self.rows, 1), block, sh),
+                 [self.launch("rope", rs, geom,
                               q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
                               pos_ptr=self.start_ptr, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads,
@@ -210,8 +209,8 @@ class ChunkLowering(Lowering):
         spec = rmsnorm.RmsNormSpec(residual=False, grouped=True, target=self.target,
                                    pdl=self.pdl)
         self.add("RmsNorm", weight.removesuffix(".weight"), [src, w], [dst],
-                 [self.launch("rmsnorm", spec, spec.kernel_name,
-                              rmsnorm.launch_geometry(spec, heads, self.rows), x=x, w=w, out=out,
+                 [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, heads, self.rows),
+                              x=x, w=w, out=out,
                               n=self.hp.head_dim, eps=self.hp.eps, stride=self.qkv_dim)])
 
     def attention(self, layer, q):
@@ -234,7 +233,7 @@ class ChunkLowering(Lowering):
                     plan, a, a, n_kv, cap)[i])
         q_buf = q.buffer if hasattr(q, "buffer") else q
         self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.info], [self.att],
-                 [self.launch("flash_prefill", plan, plan.kernel_name, geom, **args)])
+                 [self.launch("flash_prefill", plan, geom, **args)])
         return self.att
 
     def linear(self, a, weight, residual=None):
@@ -255,8 +254,8 @@ class ChunkLowering(Lowering):
                                target=self.target, pdl=self.pdl)
         n = self.rows * hp.ffn
         self.add("SwiGLU", p + "swiglu", [g_out, u_out], [self.act],
-                 [self.launch("swiglu", ss, ss.kernel_name, swiglu.launch_geometry(ss, n),
-                              g=g_out, u=u_out, out=self.act, n=n)])
+                 [self.launch("swiglu", ss, swiglu.launch_geometry(ss, n), g=g_out, u=u_out,
+                              out=self.act, n=n)])
         return self.linear(self.act, down, residual=residual)
 
     def output(self, h, weight):

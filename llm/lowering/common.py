@@ -20,14 +20,9 @@ import numpy as np
 from ptxgen.driver.executor import ComputeGraph, Launch
 from ptxgen.kernels import rope
 
-__all__ = ["Tuning", "Normed", "QKV", "TensorInfo", "Lowering", "kernel_qtype"]
+__all__ = ["Tuning", "Normed", "QKV", "TensorInfo", "Lowering"]
 
 _QKV = ("attn_q", "attn_k", "attn_v")
-
-
-def kernel_qtype(qtype: str) -> str:
-    """A GGML type name as the embedding kernel spells it."""
-    return qtype.replace("F32", "f32").replace("F16", "f16")
 
 
 @attrs.frozen
@@ -159,9 +154,7 @@ class Lowering:
         return self.g.add(kind, name, ins, outs, launches, variant=variant)
 
     @staticmethod
-    def launch(family, spec, kernel, geometry, **args) -> Launch:
-        """One launch: ``geometry`` is ``(grid, block[, shared])``, ``args``
-        the kernel's parameters by name."""
-        grid, block, *rest = geometry
-        return Launch(family, spec, kernel, tuple(grid), tuple(block), dict(args),
-                      int(rest[0]) if rest else 0)
+    def launch(family, spec, geometry, **args) -> Launch:
+        """One launch: the family's ``LaunchGeometry`` and the kernel's
+        parameters by name (besides those the geometry decides)."""
+        return Launch(family, spec, geometry, args)

@@ -40,7 +40,7 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsno
 from ptxgen.llm.generation import GREEDY, SAMPLE, SamplingSettings, sampler_spec
 
 from . import matmul
-from .common import QKV, Lowering, Normed, Tuning, kernel_qtype
+from .common import QKV, Lowering, Normed, Tuning
 
 __all__ = ["DecodeLowering", "NORM_KINDS", "norm_kinds"]
 
@@ -121,10 +121,9 @@ class DecodeLowering(Lowering):
         hp = self.hp
         emb, et = self.weight(weight)
         self._embedding = (emb, et)
-        es = embedding.EmbeddingSpec(qtype=kernel_qtype(et.qtype), target=self.target)
-        geom = embedding.launch_geometry(es, hp.hidden)
+        es = embedding.EmbeddingSpec(qtype=et.qtype, target=self.target)
         self.add("Embedding", "embd", [emb, self.state], [self.x],
-                 [self.launch("embedding", es, es.kernel_name, geom, table=emb,
+                 [self.launch("embedding", es, embedding.launch_geometry(es, hp.hidden), table=emb,
                               token_ptr=self.state.at(4 * decode_state.TOKEN), out=self.x,
                               n=hp.hidden, n_vocab=hp.vocab)])
         return self.x
@@ -148,10 +147,9 @@ class DecodeLowering(Lowering):
     def _rmsnorm(self, x, weight, out, n, rows, name, src=None, dst=None):
         w, _ = self.weight(weight)
         spec = self._rms
-        geom = rmsnorm.launch_geometry(spec, rows)
         self.add("RmsNorm", name, [src or x, w], [dst or out],
-                 [self.launch("rmsnorm", spec, spec.kernel_name, geom, x=x, w=w, out=out, n=n,
-                              eps=self.hp.eps)])
+                 [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, rows), x=x, w=w,
+                              out=out, n=n, eps=self.hp.eps)])
 
     def qkv(self, h, w: QKV):
         hp, f, p = self.hp, self.file, w.prefix
@@ -189,7 +187,7 @@ class DecodeLowering(Lowering):
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
         ins = [src, freqs, self.state] + ([qkv] if src is not qkv else [])
         self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
-                 [self.launch("rope", rs, rs.kernel_name, geom, q=qr, k=kr, freqs=freqs,
+                 [self.launch("rope", rs, geom, q=qr, k=kr, freqs=freqs,
                               pos_ptr=self.pos_ptr, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads, v=v, k_cache=kc, v_cache=vc,
                               capacity=self.capacity)])
@@ -214,12 +212,11 @@ class DecodeLowering(Lowering):
         split, comb = flash_decode.launch_geometry(fds, hp.n_kv_heads, ns)
         q_buf = q.buffer if hasattr(q, "buffer") else q
         self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.state], [att],
-                 [self.launch("flash_decode", fds, fds.split_name, split + (fds.dynamic_shared,),
-                              q=q, k_cache=kc, v_cache=vc, kv_len_ptr=self.kvlen_ptr,
-                              part_o=part_o, part_ml=part_ml, capacity=self.capacity,
-                              sm_scale=1.0 / math.sqrt(D)),
-                  self.launch("flash_decode", fds, fds.combine_name, comb, part_o=part_o,
-                              part_ml=part_ml, out=att, n_splits=ns)])
+                 [self.launch("flash_decode", fds, split, q=q, k_cache=kc, v_cache=vc,
+                              kv_len_ptr=self.kvlen_ptr, part_o=part_o, part_ml=part_ml,
+                              capacity=self.capacity, sm_scale=1.0 / math.sqrt(D)),
+                  self.launch("flash_decode", fds, comb, part_o=part_o, part_ml=part_ml,
+                              out=att)])
         return att
 
     def linear(self, a, weight, residual=None):
@@ -246,9 +243,8 @@ class DecodeLowering(Lowering):
             matmul.gemv(self, p + "ffn_up", wu, tu, x, u_out, norm=norm, tuning=self.tuning)
             ss = swiglu.SwiGluSpec(target=self.target)
             self.add("SwiGLU", p + "swiglu", [g_out, u_out], [act],
-                     [self.launch("swiglu", ss, ss.kernel_name,
-                                  swiglu.launch_geometry(ss, hp.ffn), g=g_out, u=u_out, out=act,
-                                  n=hp.ffn)])
+                     [self.launch("swiglu", ss, swiglu.launch_geometry(ss, hp.ffn), g=g_out,
+                                  u=u_out, out=act, n=hp.ffn)])
         return self.linear(act, down, residual=residual)
 
     def output(self, h, weight):
@@ -268,11 +264,11 @@ class DecodeLowering(Lowering):
         g.default_variant = GREEDY
         next_ptr = self.state.at(4 * decode_state.ARGMAX)
         ams = argmax.ArgmaxSpec(target=tgt)
-        grid, block, sh = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
-        scratch = g.buffer("argmax_scratch", (grid[0],), np.uint64, "state")
+        geom = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("argmax_scratch", (geom.grid[0],), np.uint64, "state")
         counter = g.buffer("argmax_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         self.add("Argmax", "argmax", [self.logits], [self.state],
-                 [self.launch("argmax", ams, ams.kernel_name, (grid, block, sh), x=self.logits,
+                 [self.launch("argmax", ams, geom, x=self.logits,
                               n=hp.vocab, out=next_ptr, scratch=scratch, counter=counter)],
                  variant=GREEDY)
         self.sampling_params = g.buffer("sampling_params", (sampling.PARAM_WORDS,), np.uint32,
@@ -285,7 +281,7 @@ class DecodeLowering(Lowering):
         scounter = g.buffer("sample_counter", (1,), np.uint32, "state", np.zeros(1, np.uint32))
         self.add("Sample", "sample", [self.logits, self.history, self.state,
                                       self.sampling_params], [self.state],
-                 [self.launch("sampling", sps, sps.kernel_name, geom, logits=self.logits,
+                 [self.launch("sampling", sps, geom, logits=self.logits,
                               n=hp.vocab, history=self.history, pos=self.pos_ptr,
                               params=self.sampling_params, out=next_ptr, n_draws=1, work=work,
                               info=0, scratch=sscratch, counter=scounter)],
@@ -295,6 +291,6 @@ class DecodeLowering(Lowering):
         ds = decode_state.DecodeStateSpec(target=self.target)
         self.add("StateAdvance", "advance", [self.state, self.prompt],
                  [self.state, self.history],
-                 [self.launch("decode_state", ds, ds.kernel_name, decode_state.launch_geometry(ds),
+                 [self.launch("decode_state", ds, decode_state.launch_geometry(ds),
                               state=self.state, prompt=self.prompt, history=self.history,
                               capacity=self.capacity)])

@@ -24,6 +24,7 @@ import numpy as np
 from ptxgen.driver.executor import TensorMapOf
 from ptxgen.kernels import gemm as _gemm
 from ptxgen.kernels import gemv as _gemv
+from ptxgen.kernels.quants.qtypes import names_for, qtype_of
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .common import Lowering, Tuning
@@ -38,9 +39,9 @@ def can_fuse_norm(*tensors) -> bool:
 
 
 def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=()):
-    if t.qtype not in _gemv.QTYPE_INFO:
+    if not qtype_of(t.qtype).read_by("gemv"):
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
-                         f"{', '.join(_gemv.QTYPE_INFO)}")
+                         f"{', '.join(names_for('gemv'))}")
     m, k = t.shape
     ov = tuning.overrides
     knobs = ov(m, k, epilogue) if callable(ov) else ov
@@ -56,12 +57,10 @@ def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=()):
 
 
 def _gemv_launch(plan, m, **args):
-    grid, block, shared, rpc = _gemv.launch_geometry(plan, m)
     norm = args.pop("norm", None)
     if norm is not None:
         args.update(nw=norm[0], eps=float(norm[1]))
-    return Lowering.launch("gemv", plan, plan.kernel_name, (grid, block, shared), m=m, rpc=rpc,
-                           **args)
+    return Lowering.launch("gemv", plan, _gemv.launch_geometry(plan, m), m=m, **args)
 
 
 def gemv(lw: Lowering, name, w, t, x, y, *, residual=None, norm=None, tuning=Tuning(), **extra):
@@ -138,7 +137,6 @@ def gemm(lw: Lowering, name, w, t, x, y, n_tokens, *, rows_max: int, residual=No
     plan = _gemm.default_plan(t.qtype.upper(), k, x_type=x_type, epilogue=epi, t_device=True,
                               target=tgt, pdl=pdl and has_griddepcontrol(tgt), y_stride=ys,
                               m=m, t=rows_max, device=device)
-    grid, block, shared = _gemm.launch_geometry(plan, m, rows_max)
     args = dict(w=w, x=x, y=y, m=m, t_ptr=n_tokens)
     if residual is not None:
         args["r"] = residual
@@ -148,4 +146,4 @@ def gemm(lw: Lowering, name, w, t, x, y, n_tokens, *, rows_max: int, residual=No
         args["xmap"] = TensorMapOf(x, lambda addr: _gemm.x_map(plan, addr, rows_max))
     ins = [w, x] + [a for a in (residual, bias) if a is not None]
     return lw.add("MulMat", name, ins, [y],
-                  [lw.launch("gemm", plan, plan.kernel_name, (grid, block, shared), **args)])
+                  [lw.launch("gemm", plan, _gemm.launch_geometry(plan, m, rows_max), **args)])

@@ -23,7 +23,8 @@ def test_vector_add_numpy_and_torch(rng):
     n = int(rng.integers(10_000, 50_000))
     a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
     f, spec = _fn(vector_add, vector_add.VectorAddSpec())
-    grid, block, _ = vector_add.launch_geometry(spec, n)
+    geo = vector_add.launch_geometry(spec, n)
+    grid, block = geo.grid, geo.block
     da, db = DeviceArray.from_numpy(a), DeviceArray.from_numpy(b)
     dc = DeviceArray.from_numpy(np.full(n, np.nan, np.float32))
     launch(f, grid, block, da, db, dc, n)
@@ -43,7 +44,8 @@ def test_block_reduce_numpy_and_torch(rng):
     x = rng.standard_normal(n).astype(np.float32)
     grid = 7
     f, spec = _fn(reduce, reduce.BlockReduceSpec())
-    g, b, _ = reduce.launch_geometry(spec, n, grid)
+    geo = reduce.launch_geometry(spec, n, grid)
+    g, b = geo.grid, geo.block
     want = reduce.reference(x, grid, spec.block)
     # f32 partial sums: bound relative to the sum of |x| each block visits
     scale = reduce.reference(np.abs(x), grid, spec.block)

@@ -198,14 +198,14 @@ def test_flash_decode(where, rng, seed, kv_dtype, d, group):
     assert rel_err(got, ref_attention(q, kc, vc, kv_len)) <= ATTN_BOUND, f"seed={seed} L={kv_len}"
 
 
-@pytest.mark.parametrize("qtype", ["f32", "f16", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "Q8_0", "Q4_K", "Q6_K"])
 def test_embedding(where, rng, seed, qtype):
     n_vocab, n = 5, 512
     rows = f32(rng, n_vocab, n)
     tok = int(rng.integers(0, n_vocab))
-    if qtype == "f32":
+    if qtype == "F32":
         table, ref, kw = rows, rows[tok].astype(np.float64), {}
-    elif qtype == "f16":
+    elif qtype == "F16":
         table = rows.astype(np.float16)
         ref, kw = table[tok].astype(np.float64), {}
     else:

@@ -131,7 +131,7 @@ def test_bulk_prefetch_emits_ptx_8_and_changes_nothing(backend, rng):
     x = rng.standard_normal(64).astype(np.float32)
     dw = backend.array(x)
     dy = backend.array(np.full(64, np.nan, np.float32))
-    backend.launch(backend.load(text)["pf"], 1, 64, dw, 0, 256, dy)
+    backend.launch_positional(backend.load(text)["pf"], 1, 64, dw, 0, 256, dy)
     np.testing.assert_array_equal(dy.to_numpy(), x * 2)
     np.testing.assert_array_equal(dw.to_numpy(), x)
 

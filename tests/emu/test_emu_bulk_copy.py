@@ -50,7 +50,7 @@ def _run(rng, backend, mod, rounds=2):
     x = rng.standard_normal(rounds * N).astype(np.float32)
     dx = backend.array(x)
     dy = backend.array(np.full(rounds * N, np.nan, np.float32))
-    backend.launch(backend.load(mod.to_ptx())["bulk"], 1, 64, dx, dy)
+    backend.launch_positional(backend.load(mod.to_ptx())["bulk"], 1, 64, dx, dy)
     want = np.roll(x.reshape(rounds, 64, 4), -1, axis=1).reshape(-1)
     return dy.to_numpy(), want
 

@@ -57,7 +57,7 @@ def test_peers_exchange_through_shared_memory(backend, n, rng):
     x = rng.standard_normal(grid * T).astype(np.float32)
     dx = backend.array(x)
     dy = backend.poisoned(grid * T, np.float32)
-    backend.launch(backend.load(_exchange(n).to_ptx())["exchange"], grid, T, dx, dy)
+    backend.launch_positional(backend.load(_exchange(n).to_ptx())["exchange"], grid, T, dx, dy)
     want = np.roll(x.reshape(3, n, T), 1, axis=1).reshape(-1)
     np.testing.assert_array_equal(dy.to_numpy(), want)
 
@@ -69,7 +69,7 @@ def test_grid_must_be_whole_clusters(backend):
     dx, dy = backend.array(np.ones(5 * T, np.float32)), backend.poisoned(5 * T, np.float32)
     with pytest.raises(ValueError, match=r"grid \(5, 1, 1\) is not a whole number of "
                                          r"clusters of \(2, 1, 1\)"):
-        backend.launch(f, 5, T, dx, dy)
+        backend.launch_positional(f, 5, T, dx, dy)
     assert f.cluster == (2, 1, 1)
 
 
@@ -119,7 +119,7 @@ def test_missing_barrier_after_the_remote_store_is_a_race(emu_backend):
     dx = emu_backend.array(np.ones(2 * T, np.float32))
     dy = emu_backend.poisoned(2 * T, np.float32)
     with pytest.raises(emu.RaceError, match="shared-memory race"):
-        emu_backend.launch(f, 2, T, dx, dy)
+        emu_backend.launch_positional(f, 2, T, dx, dy)
 
 
 def _kernel(body, n=2):

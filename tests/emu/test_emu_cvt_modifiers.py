@@ -239,7 +239,7 @@ def test_cvt_from(backend, src, rng):
     xbits = np.array([_bits_of(x, src) for x in xs], _udtype(src))
     mod = backend.load(_cvt_kernel(src, combos))
     outs = [backend.poisoned(N, _udtype(c[2].split(".")[0])) for c in combos]
-    backend.launch(mod["cvts"], (N + 63) // 64, 64, backend.array(xbits), *outs, N)
+    backend.launch_positional(mod["cvts"], (N + 63) // 64, 64, backend.array(xbits), *outs, N)
     bad = []
     for (op, m, ty), out in zip(combos, outs):
         d = ty.split(".")[0]
@@ -282,7 +282,7 @@ def test_mov_every_type(backend, rng):
     xs = rng.integers(0, 2 ** 63, 64, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
     xs[:4] = [0, 1 << 63, 0xFFFF_FFFF, 0xFFFF_0000_0000_0000]
     out = backend.poisoned(64 * len(MOVS), np.uint64)
-    backend.launch(backend.load(m)["movs"], 1, 64, backend.array(xs), out)
+    backend.launch_positional(backend.load(m)["movs"], 1, 64, backend.array(xs), out)
     got = out.to_numpy().reshape(64, len(MOVS))
     for j, (_, _, ty) in enumerate(MOVS):
         bits = _ubits(ty)

@@ -27,8 +27,9 @@ def test_vector_add(backend, cname, rng):
         b = rng.integers(1, 2 ** 32, n, dtype=np.uint64).astype(np.uint32)
         out_host = np.full(n, 0xDEADBEEF, np.uint32)
     da, db, dc = backend.array(a), backend.array(b), backend.array(out_host)
-    grid, block, shared = vadd_k.launch_geometry(spec, n)
-    backend.launch(fn, grid, block, da, db, dc, n, shared=shared)
+    geo = vadd_k.launch_geometry(spec, n)
+    grid, block, shared = geo.grid, geo.block, geo.shared
+    backend.launch_positional(fn, grid, block, da, db, dc, n, shared=shared)
     got = dc.to_numpy()
     # f32 addition of two f32 values is exactly the float32 rounding of the
     # float64 sum, so the comparison is exact for both dtypes
@@ -47,8 +48,9 @@ def test_block_reduce(backend, cname, grid, rng):
     x = (rng.uniform(0.5, 1.5, n) * rng.choice([-1.0, 1.0], n)).astype(np.float32)
     dx = backend.array(x)
     out = backend.poisoned(grid, np.float32)
-    g, block, shared = reduce_k.launch_geometry(spec, n, grid)
-    backend.launch(fn, g, block, dx, out, n, shared=shared)
+    geo = reduce_k.launch_geometry(spec, n, grid)
+    g, block, shared = geo.grid, geo.block, geo.shared
+    backend.launch_positional(fn, g, block, dx, out, n, shared=shared)
     got = out.to_numpy().astype(np.float64)
     want = reduce_k.reference(x, grid, spec.block)
     # f32 accumulation of |x| <= 1.5 terms: error below n * 2^-24 * sum|x|

@@ -140,7 +140,7 @@ def test_ld_forms(backend, ty, rng):
     generic = [backend.array(mem) for c in combos if _space(IC.mem_mods("ld", c[1], ty)) == "generic"]
     args = [backend.array(mem), *outs, parg]
     # the generic-address parameters were declared after pv, one per generic form
-    backend.launch(mod["lds"], 1, NT, *args, *generic)
+    backend.launch_positional(mod["lds"], 1, NT, *args, *generic)
     want_mem = _loaded(mem, ty)
     pwant = _loaded(np.array([pv]), ty)[0]
     bad = []
@@ -193,7 +193,7 @@ def test_st_forms(backend, ty, rng):
     outs = [backend.poisoned(4 * NT, dt) for _ in combos]
     generic = {n: outs[n] for n, c in enumerate(combos)
                if _space(IC.mem_mods("st", c[1], ty)) == "generic"}
-    backend.launch(mod["sts"], 1, NT, backend.array(mem), *outs, *generic.values())
+    backend.launch_positional(mod["sts"], 1, NT, backend.array(mem), *outs, *generic.values())
     bad = []
     for c, out in zip(combos, outs):
         mods = IC.mem_mods("st", c[1], ty)
@@ -332,8 +332,8 @@ def test_atomic_forms(backend, op, ty, rng):
     olds = backend.poisoned(n, dt)
     mod = backend.load(_atom_kernel(op, ty, combos))
     generic = [mem for cc in combos if _space(IC.mem_mods(op, cc[1], ty)) == "generic"]
-    backend.launch(mod["atoms"], 1, NT, mem, olds, backend.array(np.array(b, dt)),
-                   backend.array(np.array(c, dt)), *generic)
+    backend.launch_positional(mod["atoms"], 1, NT, mem, olds, backend.array(np.array(b, dt)),
+                              backend.array(np.array(c, dt)), *generic)
     got_mem, got_old = mem.to_numpy().tolist(), olds.to_numpy().tolist()
     bad = []
     for n_, (cc, kind) in enumerate(zip(combos, kinds)):

@@ -116,8 +116,8 @@ def _run_mma(backend, shape, ab, A, B, C, abits, bbits, satfinite=False):
     ra, rb = _pack(fa, per), _pack(fb, per)
     mod = backend.load(_mma_kernel(shape, ab, ra.shape[-1], rb.shape[-1], satfinite))
     out = backend.poisoned(tiles * 32 * 4, C.dtype)
-    backend.launch(mod["mma"], tiles, 32, backend.array(ra), backend.array(rb),
-                   backend.array(fc), out)
+    backend.launch_positional(mod["mma"], tiles, 32, backend.array(ra), backend.array(rb),
+                              backend.array(fc), out)
     got = out.to_numpy().reshape(tiles, 32, 4)
     D = np.zeros((tiles, 16, 8), np.float64 if C.dtype == np.float32 else np.int64)
     for tt in range(tiles):
@@ -243,8 +243,8 @@ def test_ldmatrix(backend, request, num, trans):
             k.st(out[t * num + i], k.bitcast(T.u32, r))
     mod = backend.load(m)
     out = backend.poisoned(32 * num, np.uint32)
-    backend.launch(mod["ld"], 1, 32, backend.array(smem.view(np.uint32).reshape(-1)),
-                   backend.array(slots), out)
+    backend.launch_positional(mod["ld"], 1, 32, backend.array(smem.view(np.uint32).reshape(-1)),
+                              backend.array(slots), out)
     mats = np.stack([smem[slots[8 * i:8 * i + 8]] for i in range(num)])
     want = np.array([_matrix_regs(mats, lane, trans) for lane in range(32)], np.uint32)
     np.testing.assert_array_equal(out.to_numpy().reshape(32, num), want, err_msg=f"seed={seed}")
@@ -274,7 +274,7 @@ def test_stmatrix(backend, request, num, trans):
             k.st(out[t * 8 + j], k.ld(sh[t * 8 + j]))
     mod = backend.load(m)
     out = backend.poisoned(256, np.uint32)
-    backend.launch(mod["stm"], 1, 32, backend.array(regs), backend.array(slots), out)
+    backend.launch_positional(mod["stm"], 1, 32, backend.array(regs), backend.array(slots), out)
     got = out.to_numpy().view(np.uint16).reshape(64, 8)
     mats = np.zeros((num, 8, 8), np.uint16)
     for lane in range(32):

@@ -36,7 +36,7 @@ def test_dsl_descriptor_and_swizzle(backend, request, mode):
         k.st(sout[t], k.swizzle(a + t, mode))
     mod = backend.load(m)
     d, s = backend.poisoned(128, np.uint64), backend.poisoned(128, np.uint32)
-    backend.launch(mod["d"], 1, 128, backend.array(offs), d, s)
+    backend.launch_positional(mod["d"], 1, 128, backend.array(offs), d, s)
     want = [(int(o) >> 4) | (lbo >> 4) << 16 | (sbo >> 4) << 32 | CODE[mode] << 62 for o in offs]
     assert [int(v) for v in d.to_numpy()] == want, f"seed={seed}"
     t = np.arange(128, dtype=np.uint32)

@@ -87,7 +87,7 @@ def test_barrier_fence_and_control_forms(backend, rng):
     rows = len(FORMS) + 3
     out = backend.poisoned(rows * NT, np.uint32)
     mod = backend.load(_sync_kernel())
-    backend.launch(mod["forms"], 1, NT, backend.array(x), out)
+    backend.launch_positional(mod["forms"], 1, NT, backend.array(x), out)
     got = out.to_numpy().reshape(rows, NT)
     t = np.arange(NT)
     for j, (op, mods) in enumerate(FORMS):
@@ -138,7 +138,7 @@ def test_cvta_forms_round_trip(backend, rng):
     x = rng.integers(0, 1 << 31, NT, dtype=np.uint32)
     xs = backend.array(x)
     out = backend.poisoned(5 * NT, np.uint64)
-    backend.launch(backend.load(_cvta_kernel())["cv"], 1, NT, np.uint64(xs.ptr), out)
+    backend.launch_positional(backend.load(_cvta_kernel())["cv"], 1, NT, np.uint64(xs.ptr), out)
     got = out.to_numpy().reshape(5, NT)
     want = [np.zeros(NT), x, np.zeros(NT), x + 1, np.zeros(NT)]
     for r, w in enumerate(want):
@@ -169,7 +169,7 @@ def _cp_async_kernel():
 def test_cp_async_forms(backend, rng):
     x = rng.integers(0, 1 << 32, 4 * NT, dtype=np.uint32)
     out = backend.poisoned(4 * NT * len(CP_FORMS), np.uint32)
-    backend.launch(backend.load(_cp_async_kernel())["cp"], 1, NT, backend.array(x), out)
+    backend.launch_positional(backend.load(_cp_async_kernel())["cp"], 1, NT, backend.array(x), out)
     got = out.to_numpy().reshape(len(CP_FORMS), 4 * NT)
     for j, mods in enumerate(CP_FORMS):
         np.testing.assert_array_equal(got[j], x, err_msg=f"cp.async.{'.'.join(mods)}")

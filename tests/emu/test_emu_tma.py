@@ -94,8 +94,8 @@ def test_tma_box_matches_numpy(backend, request, case):
     pad = -nbytes % 256
     mod = backend.load(_kernel(len(shape), nbytes, nbytes + pad))
     out = backend.poisoned((nbytes + pad) // 4, np.uint32)
-    backend.launch(mod["tma"], 1, 64, out, backend.array(np.array(coords, np.int32)),
-                   backend.tensor_map(tm))
+    backend.launch_positional(mod["tma"], 1, 64, out, backend.array(np.array(coords, np.int32)),
+                              backend.tensor_map(tm))
     got = out.to_numpy().view(np.uint8)[:nbytes]
     fill_bytes = (np.zeros(g.itemsize, np.uint8) if fill == "zero"
                   else np.full(g.itemsize, 0xFF, np.uint8))
@@ -119,8 +119,8 @@ def test_tma_strided_rows_and_columns_past_the_map(backend, request):
     tm = TensorMap("f16", dg.ptr, (72, 40), (160,), (64, 8), "128B")
     mod = backend.load(_kernel(2, tm.box_bytes))
     out = backend.poisoned(tm.box_bytes // 4, np.uint32)
-    backend.launch(mod["tma"], 1, 64, out, backend.array(np.array([32, 35], np.int32)),
-                   backend.tensor_map(tm))
+    backend.launch_positional(mod["tma"], 1, 64, out, backend.array(np.array([32, 35], np.int32)),
+                              backend.tensor_map(tm))
     want = _oracle(np.ascontiguousarray(g[:, :72]), (32, 35), (64, 8), np.zeros(2, np.uint8),
                    "128B")
     np.testing.assert_array_equal(out.to_numpy().view(np.uint8), want, err_msg=f"seed={seed}")

@@ -81,7 +81,7 @@ def test_vote_with_partial_membermask(emu_backend, rng):
     host = rng.integers(0, 2, 32).astype(np.uint32)
     out = emu_backend.poisoned(32, np.uint32)
     mod = emu_backend.load(m)
-    emu_backend.launch(mod["half"], 1, 32, emu_backend.array(host), out)
+    emu_backend.launch_positional(mod["half"], 1, 32, emu_backend.array(host), out)
     want = sum(int(b) << i for i, b in enumerate(host[:16]))
     assert (out.to_numpy()[:16] == want).all()
 
@@ -141,8 +141,8 @@ def test_mma_m16n8k16_fragments(backend, ab, rng):
             k.st(po[i * 4 + j], d[j])
     mod = backend.load(m)
     out = backend.poisoned(tiles * 32 * 4, np.float32)
-    backend.launch(mod["mma"], tiles, 32, backend.array(fa), backend.array(fb),
-                   backend.array(fc), out)
+    backend.launch_positional(mod["mma"], tiles, 32, backend.array(fa), backend.array(fb),
+                              backend.array(fc), out)
     got = out.to_numpy().reshape(tiles, 32, 4)
     for tt in range(tiles):
         D = np.zeros((16, 8))
@@ -167,7 +167,7 @@ def test_atomic_histogram_returns_serial_old_values(backend, rng):
     mod = backend.load(m)
     hist = backend.array(np.zeros(bins, np.uint32))
     old = backend.poisoned(n, np.uint32)
-    backend.launch(mod["hist"], (n + 127) // 128, 128, backend.array(keys), hist, old, n)
+    backend.launch_positional(mod["hist"], (n + 127) // 128, 128, backend.array(keys), hist, old, n)
     counts = np.bincount(keys, minlength=bins)
     np.testing.assert_array_equal(hist.to_numpy(), counts)
     olds = old.to_numpy()
@@ -198,7 +198,7 @@ def test_atomic_ops_per_thread(backend, op, rng):
             k.st(op_[i], r)
     mod = backend.load(m)
     dm, old = backend.array(mem), backend.poisoned(n, np.uint32)
-    backend.launch(mod["at"], 2, 128, dm, backend.array(val), backend.array(cmpv), old, n)
+    backend.launch_positional(mod["at"], 2, 128, dm, backend.array(val), backend.array(cmpv), old, n)
     f = {"min": np.minimum, "max": np.maximum, "exch": lambda o, v: v,
          "inc": lambda o, v: np.where(o >= v, 0, o + 1),
          "dec": lambda o, v: np.where((o == 0) | (o > v), v, o - 1),
@@ -229,7 +229,7 @@ def test_float_atomic_add_and_shared_red(backend, rng):
     mod = backend.load(m)
     s = backend.array(np.zeros(1, np.float32))
     c = backend.array(np.zeros(1, np.uint32))
-    backend.launch(mod["fsum"], 4, 128, backend.array(x), s, c)
+    backend.launch_positional(mod["fsum"], 4, 128, backend.array(x), s, c)
     assert c.to_numpy()[0] == n
     assert abs(float(s.to_numpy()[0]) - x.astype(np.float64).sum()) <= 1e-6 * n * 1.5
 
@@ -260,7 +260,7 @@ def test_vector_loads_and_byte_stores(backend, rng):
     mod = backend.load(m)
     y = backend.poisoned(2 * n, np.float32)
     bb = backend.poisoned(n, np.uint8)
-    backend.launch(mod["vec"], 1, 64, backend.array(x), y, bb, n)
+    backend.launch_positional(mod["vec"], 1, 64, backend.array(x), y, bb, n)
     np.testing.assert_array_equal(y.to_numpy(), (x[0::2] + x[1::2]))
     np.testing.assert_array_equal(bb.to_numpy(), (x[0::4].view(np.uint32) & 0xFF).astype(np.uint8))
 
@@ -295,7 +295,7 @@ def test_generic_addresses_of_shared_memory(emu_backend):
 """
     mod = emu_backend.load(text)
     out = emu_backend.poisoned(32, np.uint32)
-    emu_backend.launch(mod["g"], 1, 32, out)
+    emu_backend.launch_positional(mod["g"], 1, 32, out)
     np.testing.assert_array_equal(out.to_numpy(), np.arange(32) * 3)
 
 

@@ -120,8 +120,8 @@ def _run(backend, seed, n, ab, a, b, **kw):
             areg[tid] = [el[2 * j] | el[2 * j + 1] << 16 for j in range(4)]
     mod = backend.load(_kernel(n, ab, a, b, **kw))
     out = backend.poisoned((128, n // 2), cdt)
-    backend.launch(mod["wg"], 1, 128, backend.array(image.view(np.uint32)), out,
-                   backend.array(cin), backend.array(areg))
+    backend.launch_positional(mod["wg"], 1, 128, backend.array(image.view(np.uint32)), out,
+                              backend.array(cin), backend.array(areg))
     got = out.to_numpy()
     D = np.zeros((64, n), np.float64 if not integer else np.int64)
     for tid in range(128):
@@ -262,7 +262,7 @@ def test_reading_an_accumulator_before_the_wait_is_an_error(emu_backend):
         k.wgmma_wait(0)
     mod = emu_backend.load(m)
     with pytest.raises(WarpSyncError, match="still in flight"):
-        emu_backend.launch(mod["early"], 1, 128, emu_backend.poisoned(128, np.float32))
+        emu_backend.launch_positional(mod["early"], 1, 128, emu_backend.poisoned(128, np.float32))
 
 
 def test_wgmma_needs_whole_warpgroups(emu_backend):
@@ -275,7 +275,7 @@ def test_wgmma_needs_whole_warpgroups(emu_backend):
         k.wgmma(acc, d, d, scale_d=False)
     mod = emu_backend.load(m)
     with pytest.raises(WarpSyncError, match="whole warpgroups"):
-        emu_backend.launch(mod["half"], 1, 64)
+        emu_backend.launch_positional(mod["half"], 1, 64)
 
 
 # ------------------------------------------------ every shape of the table
@@ -346,7 +346,7 @@ def test_wgmma_every_shape(backend, rng, ab):
     cdt = np.int32 if integer else np.float32
     out = backend.poisoned(total, cdt)
     mod = backend.load(_all_shapes_kernel(ab, a, b, ns, sat_n))
-    backend.launch(mod["wgs"], 1, 128, backend.array(image.view(np.uint32)), out)
+    backend.launch_positional(mod["wgs"], 1, 128, backend.array(image.view(np.uint32)), out)
     got = out.to_numpy()
     off = 0
     for n in runs:

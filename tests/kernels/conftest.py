@@ -1,5 +1,7 @@
-"""Helpers for the decode-kernel tests: run a family's PTX on the ``backend``
-fixture (``"emu"`` or ``"cuda"``, from tests/conftest.py) or on a GPU."""
+"""Helpers for the decode-kernel tests: run a family's PTX on the emulator,
+on a GPU, or on both compared (the ``run`` fixture), launched as the ops
+launch them: a :class:`~ptxgen.kernels.plan.LaunchGeometry` and the
+arguments by parameter name."""
 
 from __future__ import annotations
 
@@ -11,56 +13,39 @@ import numpy as np
 import pytest
 
 
-def _api(backend):
-    """The module with ``Module``, ``launch`` and ``DeviceArray`` for ``backend``."""
-    if all(hasattr(backend, a) for a in ("Module", "launch", "DeviceArray")):
-        return backend
-    name = getattr(backend, "name", backend)
-    if name == "emu":
-        import ptxgen.emu as api
-    elif name in ("cuda", "gpu"):
-        import ptxgen.driver as api
-    else:
-        raise ValueError(f"unknown backend {backend!r}")
-    return api
-
-
 class Runner:
-    """Build, load and launch kernels of a spec on one backend."""
+    """Build, load and launch kernels of a spec on one backend ("emu" or
+    "cuda": :func:`ptxgen.driver.backend.get_backend`), for the backend's
+    target."""
 
-    def __init__(self, backend):
-        self.api = _api(backend)
-        self.is_gpu = self.api.__name__.endswith("driver")
+    def __init__(self, name):
+        from ptxgen.driver.backend import get_backend
+        self.backend = get_backend(name)
         self._mods = {}
 
-    def target(self, spec=None):
-        if self.is_gpu:
-            from ptxgen.driver.ops_decode import device_target
-            return device_target()
-        # the emulator runs sm_80 kernels, and sm_90 ones where the spec needs
-        # an sm_90 instruction (the bulk copy engine)
-        return "sm_90" if getattr(spec, "bulk", False) else "sm_80"
+    def target(self):
+        return self.backend.target
 
     def function(self, build, spec, name=None):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
-        tgt = self.target(spec)
-        # a spec built for PDL runs on a target without griddepcontrol (the
-        # emulator's sm_80, beside a GPU run) as the same kernel without it
+        tgt = self.target()
+        # a spec built for PDL runs on a target without griddepcontrol as the
+        # same kernel without it
         pdl = getattr(spec, "pdl", False) and has_griddepcontrol(tgt)
         change = dict(target=tgt, **({"pdl": pdl} if hasattr(spec, "pdl") else {}))
         # a plan (spec + config) changes its fields through its own evolve
         spec = spec.evolve(**change) if hasattr(spec, "evolve") else attrs.evolve(spec, **change)
         key = (build, spec)
         if key not in self._mods:
-            self._mods[key] = self.api.Module.from_ptx(build(spec).to_ptx())
+            self._mods[key] = self.backend.load(build(spec))
         return self._mods[key].function(name or spec.kernel_name)
 
-    def launch(self, fn, grid, block, *args, shared=0):
-        fn.require_dynamic_shared(shared)
-        self.api.launch(fn, grid, block, *args, shared=shared)
+    def launch(self, fn, geometry, args):
+        """``fn`` launched with ``geometry`` and ``args`` by parameter name."""
+        self.backend.launch(fn, geometry, args)
 
     def array(self, host):
-        return self.api.DeviceArray.from_numpy(np.ascontiguousarray(host))
+        return self.backend.DeviceArray.from_numpy(np.ascontiguousarray(host))
 
     def poisoned(self, shape, dtype=np.float32):
         """A device array filled with NaN (or 0x7F bytes for integers)."""
@@ -86,8 +71,6 @@ class DualRunner:
     elements were bit-identical.
     """
 
-    is_gpu = True
-
     def __init__(self):
         self.emu = Runner("emu")
         self.gpu = Runner("cuda")
@@ -98,11 +81,11 @@ class DualRunner:
     def function(self, build, spec, name=None):
         return (self.emu.function(build, spec, name), self.gpu.function(build, spec, name))
 
-    def launch(self, fn, grid, block, *args, shared=0):
-        self.emu.launch(fn[0], grid, block, *[a.emu if isinstance(a, _Pair) else a for a in args],
-                        shared=shared)
-        self.gpu.launch(fn[1], grid, block, *[a.gpu if isinstance(a, _Pair) else a for a in args],
-                        shared=shared)
+    def launch(self, fn, geometry, args):
+        self.emu.launch(fn[0], geometry,
+                        {n: a.emu if isinstance(a, _Pair) else a for n, a in args.items()})
+        self.gpu.launch(fn[1], geometry,
+                        {n: a.gpu if isinstance(a, _Pair) else a for n, a in args.items()})
 
     def array(self, host):
         return _Pair(self.emu.array(host), self.gpu.array(host))

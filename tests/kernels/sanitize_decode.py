@@ -54,7 +54,7 @@ def main(argv=None):
     for qt in ("Q4_K", "Q6_K", "Q8_0"):
         raw = quants.quantize(f(3, 512), qt)
         ops.embedding(D(raw.reshape(-1)), qt, i32(2), n=512)
-    ops.embedding(D(f(3, 100).astype(np.float16)), "f16", i32(1))
+    ops.embedding(D(f(3, 100).astype(np.float16)), "F16", i32(1))
     ops.argmax(D(f(128256)))
     from ptxgen.driver import ops_gemv
     q4 = lambda *s: D(quants.quantize(f(*s), "Q4_K"))             # noqa: E731

@@ -55,8 +55,8 @@ def _case(api, rng, B, bs, max_blocks):
     slots = np.where(lens > 0, table[np.arange(B), pos // bs] * bs + pos % bs, -1).astype(np.int32)
     dqkv, dkp, dvp = D_(qkv), D_(kp), D_(vp)
     mod = api.Module.from_ptx(R.build(spec).to_ptx())
-    grid, block, _ = R.launch_geometry(spec, N_Q, N_KV)
-    api.launch(mod.function(spec.kernel_name), (grid[0], B, 1), block, dqkv,
+    geo = R.launch_geometry(spec, N_Q, N_KV, B)
+    api.launch(mod.function(spec.kernel_name), geo.grid, geo.block, dqkv,
                   dqkv.view(offset=4 * N_Q * D), D_(R.freq_table(spec)), D_(pos), N_Q, N_KV,
                   dqkv.view(offset=4 * (N_Q + N_KV) * D), dkp, dvp, kp.shape[0] * bs, row,
                   D_(np.array([B], np.int32)), D_(slots))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ptxgen.kernels import argmax as A
+from ptxgen.kernels.plan import LaunchGeometry
 
 
 def _run(run, spec, x, grid):
@@ -16,7 +17,8 @@ def _run(run, spec, x, grid):
     scratch = run.poisoned(grid, np.uint64)
     counter = run.array(np.zeros(1, np.uint32))
     for _ in range(2):                       # a replay must find the counter reset
-        run.launch(f, grid, spec.block, run.array(x), x.size, dout, scratch, counter)
+        run.launch(f, LaunchGeometry(spec.kernel_name, grid, spec.block),
+                   dict(x=run.array(x), n=x.size, out=dout, scratch=scratch, counter=counter))
         got = int(run.get(dout)[0])
         assert int(run.get(counter)[0]) == 0
     return got
@@ -47,7 +49,7 @@ def test_argmax_gpu(gpu_run, n, rng):
     x = rng.standard_normal(n).astype(np.float32)
     x[n // 3] = x[n - 7] = 9.0
     from ptxgen.driver import get_device
-    grid = A.launch_geometry(A.ArgmaxSpec(), n, get_device().sm_count)[0][0]
+    grid = A.launch_geometry(A.ArgmaxSpec(), n, get_device().sm_count).grid[0]
     assert _run(gpu_run, A.ArgmaxSpec(), x, grid) == n // 3
 
 

@@ -46,7 +46,7 @@ def test_decode_state_steps(run, rng):
     history = rng.integers(-1000, -1, capacity).astype(np.int32)
     spec = D.DecodeStateSpec()
     fn = run.function(D.build, spec)
-    grid, block, _ = D.launch_geometry(spec)
+    geo = D.launch_geometry(spec)
     d_state, d_prompt, d_hist = run.array(state), run.array(prompt), run.array(history)
     ref_state, ref_hist = state.tolist(), history.tolist()
     host_state, host_hist = state.copy(), history.copy()
@@ -56,7 +56,8 @@ def test_decode_state_steps(run, rng):
         s[ARGMAX] = argmax
         d_state = run.array(s)
         ref_state[ARGMAX] = host_state[ARGMAX] = argmax
-        run.launch(fn, grid, block, d_state, d_prompt, d_hist, capacity)
+        run.launch(fn, geo, dict(state=d_state, prompt=d_prompt, history=d_hist,
+                                 capacity=capacity))
         step(ref_state, prompt.tolist(), ref_hist, capacity)
         D.reference(host_state, prompt, host_hist, capacity)
         assert run.get(d_state).tolist() == ref_state

@@ -1,4 +1,4 @@
-"""Embedding row gather from f32/f16/bf16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K
+"""Embedding row gather from F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K
 tables (token id on device).
 
 The oracle of a quantized table is gguf's own decoder
@@ -15,9 +15,9 @@ from ptxgen.kernels import quants
 
 def _table(qtype, n_vocab, n, rng):
     w = rng.standard_normal((n_vocab, n)).astype(np.float32)
-    if qtype == "f32":
+    if qtype == "F32":
         return w, w
-    if qtype == "f16":
+    if qtype == "F16":
         h = w.astype(np.float16)
         return h, h.astype(np.float32)
     raw = quants.quantize(w, qtype)
@@ -29,16 +29,16 @@ def _table(qtype, n_vocab, n, rng):
 
 def _run(run, spec, table, token, n, n_vocab):
     f = run.function(E.build, spec)
-    grid, block, _ = E.launch_geometry(spec, n)
     dout = run.poisoned(n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
-    run.launch(f, grid, block, run.array(raw), run.array(np.array([token], np.int32)), dout,
-               n, n_vocab)
+    run.launch(f, E.launch_geometry(spec, n),
+               dict(table=run.array(raw), token_ptr=run.array(np.array([token], np.int32)),
+                    out=dout, n=n, n_vocab=n_vocab))
     return run.get(dout)
 
 
-@pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 512),
-                                     ("Q6_K", 256), ("bf16", 70), ("Q4_0", 96), ("Q4_1", 64),
+@pytest.mark.parametrize("qtype,n", [("F32", 37), ("F16", 70), ("Q8_0", 96), ("Q4_K", 512),
+                                     ("Q6_K", 256), ("BF16", 70), ("Q4_0", 96), ("Q4_1", 64),
                                      ("Q5_0", 96), ("Q5_1", 160), ("Q5_K", 512)])
 def test_embedding(run, qtype, n, rng):
     n_vocab = 5
@@ -57,7 +57,7 @@ def test_embedding_bad_token_writes_nothing(run, rng):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16", "bf16", "Q4_0", "Q4_1",
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16", "BF16", "Q4_0", "Q4_1",
                                    "Q5_0", "Q5_1", "Q5_K"])
 def test_embedding_gpu(gpu_run, qtype, rng):
     n_vocab, n = 300, 4096
@@ -71,8 +71,8 @@ def test_embedding_refuses():
         E.EmbeddingSpec(qtype="Q3_K")
     with pytest.raises(ValueError):
         E.EmbeddingSpec(qtype="Q5_K").row_bytes(128)
-    # GGUF's type names are taken in any case
-    assert E.EmbeddingSpec(qtype="BF16").qtype == "bf16"
+    # GGML's type names, taken in any case
+    assert E.EmbeddingSpec(qtype="bf16").qtype == "BF16"
     assert E.EmbeddingSpec(qtype="q5_0").qtype == "Q5_0"
     with pytest.raises(ValueError):
         E.EmbeddingSpec(qtype="Q4_K").row_bytes(100)
@@ -80,15 +80,15 @@ def test_embedding_refuses():
 
 def _run_rows(run, spec, table, tokens, n, n_vocab):
     f = run.function(E.build, spec)
-    grid, block, _ = E.launch_geometry(spec, n, len(tokens))
     dout = run.poisoned(len(tokens) * n)
     raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
-    run.launch(f, grid, block, run.array(raw), run.array(np.asarray(tokens, np.int32)), dout,
-               n, n_vocab)
+    run.launch(f, E.launch_geometry(spec, n, len(tokens)),
+               dict(table=run.array(raw), token_ptr=run.array(np.asarray(tokens, np.int32)),
+                    out=dout, n=n, n_vocab=n_vocab))
     return run.get(dout).reshape(len(tokens), n)
 
 
-@pytest.mark.parametrize("qtype,n", [("f32", 37), ("f16", 70), ("Q8_0", 96), ("Q4_K", 256),
+@pytest.mark.parametrize("qtype,n", [("F32", 37), ("F16", 70), ("Q8_0", 96), ("Q4_K", 256),
                                      ("Q6_K", 256)])
 def test_embedding_rows(run, qtype, n, rng):
     """One launch gathers a row per token; an id out of range leaves its
@@ -111,7 +111,7 @@ def test_embedding_rows_needs_spec():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "f16"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16"])
 def test_embedding_rows_gpu(gpu_run, qtype, rng):
     n_vocab, n = 300, 4096
     table, deq = _table(qtype, n_vocab, n, rng)

@@ -29,7 +29,7 @@ def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
     n_kv, cap, d = kc.shape
     n_q = q.shape[0]
     split = run.function(F.build, spec, spec.split_name)
-    (g1, b1), comb_geo = F.launch_geometry(spec, n_kv, n_splits)
+    split_geo, comb_geo = F.launch_geometry(spec, n_kv, n_splits)
     comb = run.function(F.build, spec, spec.combine_name)
     part_o = run.poisoned((n_q, n_splits, d))
     part_ml = run.poisoned((n_q, n_splits, 2))
@@ -38,9 +38,10 @@ def _run(run, spec, q, kc, vc, L, n_splits, kv_len_dev=None):
     results = []
     for length in ([L] if np.isscalar(L) else L):      # one "graph": same args, new length
         lens = run.array(np.array([length], np.int32))
-        run.launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap,
-                   1 / math.sqrt(d), shared=spec.dynamic_shared)
-        run.launch(comb, *comb_geo, part_o, part_ml, out, n_splits)
+        run.launch(split, split_geo,
+                   dict(q=dq, k_cache=dk, v_cache=dv, kv_len_ptr=lens, part_o=part_o,
+                        part_ml=part_ml, capacity=cap, sm_scale=1 / math.sqrt(d)))
+        run.launch(comb, comb_geo, dict(part_o=part_o, part_ml=part_ml, out=out))
         results.append(run.get(out))
     return results
 
@@ -129,11 +130,13 @@ def test_splits_take_the_keys_they_are_dealt(run, interleave, rng):
     n_kv, cap, L, n = 2, 100, 100, 3
     q, kc, vc = _data(rng, n_kv, 3, cap, 64, np.float16)
     split = run.function(F.build, spec, spec.split_name)
-    (g1, b1), _ = F.launch_geometry(spec, n_kv, n)
+    split_geo, _ = F.launch_geometry(spec, n_kv, n)
     part_ml = run.poisoned((n_kv * 3, n, 2))
-    run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
-               run.array(np.array([L], np.int32)), run.poisoned((n_kv * 3, n, 64)), part_ml,
-               cap, 1 / math.sqrt(64))
+    run.launch(split, split_geo,
+               dict(q=run.array(q), k_cache=run.array(kc), v_cache=run.array(vc),
+                    kv_len_ptr=run.array(np.array([L], np.int32)),
+                    part_o=run.poisoned((n_kv * 3, n, 64)), part_ml=part_ml, capacity=cap,
+                    sm_scale=1 / math.sqrt(64)))
     got = run.get(part_ml).astype(np.float64)
     trips = [range(t * 16, min(L, t * 16 + 16)) for t in range(-(-L // 16))]
     if interleave == 1:
@@ -305,10 +308,12 @@ def test_splits_share_keys_evenly(run, rng):
     kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     split = run.function(F.build, spec, spec.split_name)
-    (g1, b1), _ = F.launch_geometry(spec, n_kv, S)
+    split_geo, _ = F.launch_geometry(spec, n_kv, S)
     part_o, part_ml = run.poisoned((1, S, d)), run.poisoned((1, S, 2))
-    run.launch(split, g1, b1, run.array(q), run.array(kc), run.array(vc),
-               run.array(np.array([100], np.int32)), part_o, part_ml, cap, 0.125)
+    run.launch(split, split_geo,
+               dict(q=run.array(q), k_cache=run.array(kc), v_cache=run.array(vc),
+                    kv_len_ptr=run.array(np.array([100], np.int32)), part_o=part_o,
+                    part_ml=part_ml, capacity=cap, sm_scale=0.125))
     keys = run.get(part_ml)[0, :, 1]
     assert keys.sum() == 100 and np.all((keys >= 8) & (keys <= 16)), keys
 
@@ -397,7 +402,8 @@ def test_early_kv_sees_the_row_the_grid_before_appends(mma, rng):
     kc[:, L0:] = np.nan
     vc[:, L0:] = np.nan
     S = F.choose_splits(spec, dev.sm_count, n_kv, cap)
-    (g1, b1), cgeo = F.launch_geometry(spec, n_kv, S)
+    sgeo, cgeo = F.launch_geometry(spec, n_kv, S)
+    g1, b1 = sgeo.grid, sgeo.block
     dq, dk, dv = (DeviceArray.from_numpy(a) for a in (q, kc, vc))
     knew = DeviceArray.from_numpy(np.zeros((n_kv, d), np.float32))
     vnew = DeviceArray.from_numpy(np.zeros((n_kv, d), np.float32))
@@ -406,13 +412,14 @@ def test_early_kv_sees_the_row_the_grid_before_appends(mma, rng):
     part_o = DeviceArray.from_numpy(np.full((n_kv * G, S, d), np.nan, np.float32))
     part_ml = DeviceArray.from_numpy(np.full((n_kv * G, S, 2), np.nan, np.float32))
     out = DeviceArray.from_numpy(np.full((n_kv * G, d), np.nan, np.float32))
-    ag, ab, _ = KA.launch_geometry(aspec, n_kv)
+    geo = KA.launch_geometry(aspec, n_kv)
+    ag, ab = geo.grid, geo.block
     s = Stream()
     with capture(s) as cg:
         launch(app, ag, ab, knew, vnew, dk, dv, pos, n_kv, cap, stream=s, pdl=True)
         launch(split, g1, b1, dq, dk, dv, lens, part_o, part_ml, cap,
                1 / math.sqrt(d), stream=s, pdl=True)
-        launch(comb, *cgeo, part_o, part_ml, out, S, stream=s, pdl=True)
+        launch(comb, cgeo.grid, cgeo.block, part_o, part_ml, out, S, stream=s, pdl=True)
     ge = cg.instantiate()
     for step in range(steps):
         L = L0 + step + 1

@@ -203,11 +203,11 @@ def test_sm80_ring_of_cp_async(backend, rng, d, bn, stages, L, T):
     q, kc, vc = _data(rng, n_kv, G, d, L, T, T, cap=L + T + 5)
     out = backend.poisoned(q.shape, np.float32)
     fn = backend.load(FP.build(plan))[plan.kernel_name]
-    grid, block, shared = FP.launch_geometry(plan, n_kv * G, T)
-    fn.require_dynamic_shared(shared)
-    backend.launch(fn, grid, block, backend.array(q), backend.array(kc), backend.array(vc),
-                   backend.array(np.array([L], np.int32)), backend.array(np.array([T], np.int32)),
-                   out, L + T + 5, 1.0 / math.sqrt(d), n_kv * G * d, shared=shared)
+    backend.launch(fn, FP.launch_geometry(plan, n_kv * G, T),
+                   dict(q=backend.array(q), k_cache=backend.array(kc), v_cache=backend.array(vc),
+                        start_ptr=backend.array(np.array([L], np.int32)),
+                        n_tokens_ptr=backend.array(np.array([T], np.int32)), out=out,
+                        capacity=L + T + 5, sm_scale=1.0 / math.sqrt(d), q_stride=n_kv * G * d))
     assert rel_err(out.to_numpy(), attention64(q, kc, vc, L, T)) <= BOUND
 
 
@@ -245,14 +245,15 @@ def test_reference_module_agrees(rng):
 def test_launch_geometry():
     p = FP.FlashPrefillPlan.make(head_dim=128, group=4, warps=8, heads=4, block_keys=64,
                                  stages=2)
-    grid, block, shared = FP.launch_geometry(p, 32, 512)
+    geo = FP.launch_geometry(p, 32, 512)
+    grid, block, shared = geo.grid, geo.block, geo.shared
     assert (grid, block) == ((16, 8, 1), (256, 1, 1))
     # 2 stages of a K and a V tile of 64 unpadded rows of 128 halves (sm_80)
     assert shared == 2 * 2 * 64 * 128 * 2
     # sm_90 adds one 8-byte mbarrier a stage (whole tiles come by TMA)
     p90 = FP.FlashPrefillPlan.make(head_dim=128, group=4, warps=8, heads=4, block_keys=64,
                                    stages=3, target="sm_90")
-    assert FP.launch_geometry(p90, 32, 512)[2] == 3 * 2 * 64 * 128 * 2 + 3 * 8
+    assert FP.launch_geometry(p90, 32, 512).shared == 3 * 2 * 64 * 128 * 2 + 3 * 8
 
 
 def test_bad_input_is_refused():

@@ -149,12 +149,13 @@ def test_sm80_ring_of_cp_async(backend, rng, bs, bn, stages, L, T):
     assert FP.pool_maps(plan, 0, 0, n_kv, c.kp.shape[0]) is None
     out = backend.poisoned(c.q.shape, np.float32)
     fn = backend.load(FP.build(plan))[plan.kernel_name]
-    grid, block, shared = FP.launch_geometry(plan, n_kv * G, T)
-    fn.require_dynamic_shared(shared)
-    backend.launch(fn, grid, block, backend.array(c.q), backend.array(c.kp), backend.array(c.vp),
-                   backend.array(c.table), backend.array(np.array([L], np.int32)),
-                   backend.array(np.array([T], np.int32)), out, c.max_blocks, 1.0 / math.sqrt(d),
-                   n_kv * G * d, c.kp.shape[0], shared=shared)
+    backend.launch(fn, FP.launch_geometry(plan, n_kv * G, T),
+                   dict(q=backend.array(c.q), k_pool=backend.array(c.kp),
+                        v_pool=backend.array(c.vp), block_table=backend.array(c.table),
+                        start_ptr=backend.array(np.array([L], np.int32)),
+                        n_tokens_ptr=backend.array(np.array([T], np.int32)), out=out,
+                        max_blocks=c.max_blocks, sm_scale=1.0 / math.sqrt(d),
+                        q_stride=n_kv * G * d, num_blocks=c.kp.shape[0]))
     assert rel_err(out.to_numpy(), c.reference()) <= BOUND
 
 

@@ -79,12 +79,12 @@ def _check(got, ref, bnd, what):
 
 
 def _launch(backend, plan, w, x, y, m, t_arg, t_max, r=None):
-    mod = backend.load(G.build(plan))
-    fn = mod[plan.kernel_name]
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
-    fn.require_dynamic_shared(shared)
-    args = [backend.array(w), backend.array(x)] + ([backend.array(r)] if r is not None else [])
-    backend.launch(fn, grid, block, *args, y, m, t_arg, shared=shared)
+    fn = backend.load(G.build(plan))[plan.kernel_name]
+    args = dict(w=backend.array(w), x=backend.array(x), y=y, m=m,
+                **{"t_ptr" if plan.t_device else "t": t_arg})
+    if r is not None:
+        args["r"] = backend.array(r)
+    backend.launch(fn, G.launch_geometry(plan, m, t_max), args)
 
 
 # (T, M, K, config and spec fields): small tiles keep the emulator fast; M and
@@ -132,10 +132,9 @@ def test_gemm_residual_in_place(backend, rng):
     x = rng.standard_normal((t, k)).astype(np.float32)
     r = rng.standard_normal((t, m)).astype(np.float32)
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t)
     yr = backend.array(r)
-    backend.launch(mod[plan.kernel_name], grid, block, backend.array(w), backend.array(x), yr,
-                   yr, m, t, shared=shared)
+    backend.launch(mod[plan.kernel_name], G.launch_geometry(plan, m, t),
+                   dict(w=backend.array(w), x=backend.array(x), r=yr, y=yr, m=m, t=t))
     ref = G.reference("Q4_K", w, x, r)
     _check(yr.to_numpy(), ref, bound(x, a_abs, ref, r), "in place")
 
@@ -179,7 +178,7 @@ def test_ops_gemm_refuses_bad_input(rng):
     from ptxgen.driver import ops
     w = quants.quantize(rng.standard_normal((16, 256)).astype(np.float32), "Q4_K")
     x = rng.standard_normal((3, 256)).astype(np.float32)
-    with pytest.raises(ValueError, match="unsupported qtype"):
+    with pytest.raises(ValueError, match="no gemm kernel reads Q4_1 weights; the gemm kernels read Q4_K, "):
         ops.gemm(w, x, "Q4_1", backend="emu")
     with pytest.raises(ValueError, match=r"x must be \[T, K=256\]"):
         ops.gemm(w, x[:, :128], "Q4_K", backend="emu")

@@ -178,10 +178,10 @@ def test_gemm_q6_k_t_device_in_place(backend, rng):
     x = rng.standard_normal((t_max, k)).astype(np.float32)
     r = rng.standard_normal((t_max, m)).astype(np.float32)
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
     yr = backend.array(r)
-    backend.launch(mod[plan.kernel_name], grid, block, backend.array(w), backend.array(x), yr,
-                   yr, m, backend.array(np.array([t], np.uint32)), shared=shared)
+    backend.launch(mod[plan.kernel_name], G.launch_geometry(plan, m, t_max),
+                   dict(w=backend.array(w), x=backend.array(x), r=yr, y=yr, m=m,
+                        t_ptr=backend.array(np.array([t], np.uint32))))
     got = yr.to_numpy()
     assert np.array_equal(got[t:], r[t:]), "rows past the device T were changed"
     ref, wa = oracle("Q6_K", w, x[:t], r[:t])
@@ -290,14 +290,17 @@ def test_wgmma_qtypes(backend, rng, qtype, t, m, k, fields):
     x = rng.standard_normal((t, k)).astype(np.float16)
     r = rng.standard_normal((t, m)).astype(np.float32) if plan.epilogue == "residual" else None
     mod = backend.load(G.build(plan))
-    grid, block, shared = G.launch_geometry(plan, m, t)
-    mod[plan.kernel_name].require_dynamic_shared(shared)
     xa = backend.array(x)
     y = backend.array(r) if r is not None else backend.poisoned((t, m), np.float32)
-    args = [backend.array(w), xa] + ([y] if r is not None else [])
-    t_arg = backend.array(np.array([t], np.uint32)) if plan.t_device else t
-    backend.launch(mod[plan.kernel_name], grid, block, *args, y, m, t_arg,
-                   backend.tensor_map(G.x_map(plan, int(xa.ptr), t)), shared=shared)
+    args = dict(w=backend.array(w), x=xa, y=y, m=m,
+                xmap=backend.tensor_map(G.x_map(plan, int(xa.ptr), t)))
+    if r is not None:
+        args["r"] = y
+    if plan.t_device:
+        args["t_ptr"] = backend.array(np.array([t], np.uint32))
+    else:
+        args["t"] = t
+    backend.launch(mod[plan.kernel_name], G.launch_geometry(plan, m, t), args)
     ref, wa = oracle(qtype, w, x, r)
     if qtype == "Q5_K":                       # d sc q and dmin m rounded apart: no cancellation
         wa = q5k_abs_parts(w, m, k)

@@ -27,14 +27,14 @@ def _plan(k, **fields):
 
 def _run(backend, plan, w, x, y, m, t_arg, t_max, r=None):
     backend.require_sm(90)
-    mod = backend.load(G.build(plan))
-    fn = mod[plan.kernel_name]
-    grid, block, shared = G.launch_geometry(plan, m, t_max)
-    fn.require_dynamic_shared(shared)
+    fn = backend.load(G.build(plan))[plan.kernel_name]
     xa = backend.array(x)
-    args = [backend.array(w), xa] + ([r] if r is not None else [])
-    xmap = backend.tensor_map(G.x_map(plan, int(xa.ptr), x.shape[0]))
-    backend.launch(fn, grid, block, *args, y, m, t_arg, xmap, shared=shared)
+    args = dict(w=backend.array(w), x=xa, y=y, m=m,
+                xmap=backend.tensor_map(G.x_map(plan, int(xa.ptr), x.shape[0])),
+                **{"t_ptr" if plan.t_device else "t": t_arg})
+    if r is not None:
+        args["r"] = r
+    backend.launch(fn, G.launch_geometry(plan, m, t_max), args)
 
 
 # (T, M, K, config and spec fields): M and T both cut tiles short (M not a

@@ -16,6 +16,7 @@ import pytest
 
 from ptxgen.kernels import gemv as G
 from ptxgen.kernels import quants
+from ptxgen.kernels.plan import LaunchGeometry
 from ptxgen.ptxas import assemble
 
 BOUND = 1e-5
@@ -55,15 +56,13 @@ def _ref(spec, ws, x, r, norm):
 def _run_gemv(run, spec, ws, x, r, norm=None):
     m = ws[0].shape[0]
     fn = run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
-    args = [run.array(w) for w in ws] + [run.array(x)]
+    args = dict(zip(("w", "wu"), map(run.array, ws)), x=run.array(x), y=run.poisoned(m), m=m)
     if spec.norm:
-        args += [run.array(norm[0]), norm[1]]
+        args.update(nw=run.array(norm[0]), eps=norm[1])
     if spec.epilogue == "residual":
-        args.append(run.array(r))
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y)
+        args["r"] = run.array(r)
+    run.launch(fn, G.launch_geometry(spec, m), args)
+    return run.get(args["y"])
 
 
 CASES = [
@@ -277,17 +276,17 @@ def test_default_plan_streams_q4k_with_dp4a():
         == (3, 4, 264, "dp4a")
     # alone, where the deal would fill 256 of the 264 slots with 3 row groups
     # each: one group more per CTA, so the next launch finds free slots
-    assert [G.launch_geometry(spec(m, k=k), m)[0][0] for m, k in
+    assert [G.launch_geometry(spec(m, k=k), m).grid[0] for m, k in
             ((3072, 14336), (3072, 12288))] == [192, 192]
     # not where slots are free already, nor at 2 or 4+ groups, nor with three
     # CTAs an SM (K = 8192), nor with the residual
-    assert [G.launch_geometry(spec(m, epi, k=k), m)[0][0] for m, epi, k in
+    assert [G.launch_geometry(spec(m, epi, k=k), m).grid[0] for m, epi, k in
             ((3584, "none", 14336), (4608, "none", 14336), (2048, "none", 14336),
              (4096, "none", 14336), (4096, "none", 11008), (5120, "none", 14336),
              (8192, "none", 14336), (4096, "none", 8192), (4096, "residual", 14336))
             ] == [224, 231, 256, 256, 256, 256, 256, 256, 256]
     # nor with one CTA an SM (K = 28672: 132 slots), where it was not measured
-    assert [G.launch_geometry(spec(m, k=28672), m)[0][0] for m in (1536, 2048)] == [128, 128]
+    assert [G.launch_geometry(spec(m, k=28672), m).grid[0] for m in (1536, 2048)] == [128, 128]
     assert spec(4096, k=14336).bulk and spec(4096, "residual", k=14336).bulk
     old = G.default_plan("Q4_K", 14336, "residual", m=4096, target="sm_80")
     assert not old.bulk and old.stages == 2
@@ -328,7 +327,7 @@ def test_default_plan_streams_q4k_with_dp4a():
         == (3, 4)
     # the ring's shared memory is what launch_geometry asks for
     s = spec(128256)
-    assert G.launch_geometry(s, 128256)[2] == 3 * 16 * s.row_bytes
+    assert G.launch_geometry(s, 128256).shared == 3 * 16 * s.row_bytes
 
 
 def test_default_ring_sends_part_of_a_short_prologue_after_x():
@@ -428,7 +427,7 @@ def test_per_sm_caps_resident_rings_by_shared_memory(target, shared_kb):
     per = shared_kb * 1024
     for n in range(1, per // (ring + 1024) + 1):
         s = base.evolve(per_sm=n)
-        sh = G.launch_geometry(s, 14336)[2]
+        sh = G.launch_geometry(s, 14336).shared
         assert sh == s.dynamic_shared >= ring and sh % 16 == 0
         assert per // (sh + 1024) == n, (n, sh)
         assert G.build(s).to_ptx() == G.build(base).to_ptx()
@@ -469,7 +468,8 @@ def test_norm_is_q4k_register_only():
 def test_launch_geometry_covers_rows():
     spec = G.GemvPlan.make("Q4_K", 4096, rows=4, max_ctas=100)
     for m in (1, 3, 4, 5, 399, 401, 128256):
-        grid, block, shared, rpc = G.launch_geometry(spec, m)
+        geo = G.launch_geometry(spec, m)
+        grid, block, shared, rpc = geo.grid, geo.block, geo.shared, geo.args["rpc"]
         assert rpc % spec.rows == 0 and grid[0] <= 100 and grid[0] * rpc >= m
         assert (grid[0] - 1) * rpc < m and block == (128, 1, 1) and shared == 0
     with pytest.raises(ValueError):
@@ -515,15 +515,14 @@ def _rope_case(rng, spec, capacity):
 def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):
     m = spec.rope_rows
     fn = run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
     kc, vc = (run.array(c) for c in caches)
-    args = [run.array(w), run.array(x)]
+    args = dict(w=run.array(w), x=run.array(x), freqs=run.array(freqs),
+                pos_ptr=run.array(np.array([pos], np.int32)), k_cache=kc, v_cache=vc,
+                capacity=caches[0].shape[1], y=run.poisoned(m), m=m)
     if spec.norm:
-        args += [run.array(norm[0]), norm[1]]
-    args += [run.array(freqs), run.array(np.array([pos], np.int32)), kc, vc, caches[0].shape[1]]
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y), run.get(kc), run.get(vc)
+        args.update(nw=run.array(norm[0]), eps=norm[1])
+    run.launch(fn, G.launch_geometry(spec, m), args)
+    return run.get(args["y"]), run.get(kc), run.get(vc)
 
 
 ROPE_CASES = [
@@ -659,7 +658,7 @@ def test_x_planes_hold_the_rounded_integer(run, rng):
     x[4:8] = np.float32(np.array([-0.5, 1.5, 65535.5, -65536.5]) / np.float64(inv))
     out = run.poisoned(n // 4 * 3, np.uint32)
     fn = run.function(_build_planes_probe, _PlanesProbe())
-    run.launch(fn, (n // 128, 1, 1), (32, 1, 1), run.array(x), inv, out)
+    run.launch(fn, LaunchGeometry(_PlanesProbe().kernel_name, n // 128, 32), dict(x=run.array(x), inv=inv, out=out))
     words = run.get(out).reshape(-1, 3)
     b = words.view(np.uint8).reshape(-1, 3, 4)       # [group, plane, value]
     t = (b[:, 0].astype(np.int8).astype(np.int64) * 65536 + b[:, 1].astype(np.int64) * 256

@@ -83,13 +83,11 @@ def _ref(epi, deq, x, r):
 def _run_gemv(run, plan, ws, x, r):
     m = ws[0].shape[0]
     fn = run.function(G.build, plan)
-    grid, block, shared, rpc = G.launch_geometry(plan, m)
-    args = [run.array(w) for w in ws] + [run.array(x)]
+    args = dict(zip(("w", "wu"), map(run.array, ws)), x=run.array(x), y=run.poisoned(m), m=m)
     if plan.epilogue == "residual":
-        args.append(run.array(r))
-    y = run.poisoned(m)
-    run.launch(fn, grid, block, *args, y, m, rpc, shared=shared)
-    return run.get(y)
+        args["r"] = run.array(r)
+    run.launch(fn, G.launch_geometry(plan, m), args)
+    return run.get(args["y"])
 
 
 def _cases():
@@ -99,7 +97,7 @@ def _cases():
     aligned), in each epilogue."""
     out = []
     for q in NEW:
-        blk = G.QTYPE_INFO[q][0]
+        blk = G.read_unit(q)[0]
         kq = 768
         dots = ["fma", "dp4a"] if q in DP4A else ["fma"]
         for dot in dots:
@@ -211,11 +209,12 @@ def test_gemv_qtype_rope_epilogue(run, qtype, knobs, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(1, cap))
     fn = run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
     kc, vc = (run.array(c) for c in caches)
     y = run.poisoned(m)
-    run.launch(fn, grid, block, run.array(ws[0]), run.array(x), run.array(rope.freq_table(rs)),
-               run.array(np.array([pos], np.int32)), kc, vc, cap, y, m, rpc, shared=shared)
+    run.launch(fn, G.launch_geometry(spec, m),
+               dict(w=run.array(ws[0]), x=run.array(x), freqs=run.array(rope.freq_table(rs)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), k_cache=kc, v_cache=vc,
+                    capacity=cap, y=y, m=m))
     ref_caches = [c.astype(np.float64) for c in caches]
     ref = _rope_ref(deq[0] @ x.astype(np.float64), pos, spec, inv, ref_caches)
     assert rel_err(run.get(y), ref) <= BOUND
@@ -258,7 +257,7 @@ def test_selected_configs_at_8b_shapes(qtype, target):
 def test_selected_configs_at_small_and_odd_shapes(qtype):
     """Small and unaligned K get a config that builds: through the ring
     where rows are 16-byte aligned, tile by tile (f32 dot) where not."""
-    blk, bb = G.QTYPE_INFO[qtype]
+    blk, bb = G.read_unit(qtype)
     built = set()           # many shapes select the same plan: build each once
     for k in (blk, 2 * blk, 3 * blk, 256, 512, 768, 896, 4864, 18944, 28672):
         if k % blk:
@@ -327,7 +326,7 @@ def test_ptxas_no_spills_at_8b_shapes(ptxas, qtype):
 @pytest.mark.parametrize("qtype", NEW)
 def test_ops_gemv_takes_the_new_types(qtype, rng):
     """``ops.gemv`` and ``ops.gemv_swiglu`` on the emulator (numpy in, numpy
-    out), the weight shape read through QTYPE_INFO."""
+    out), the weight shape read through read_unit."""
     from ptxgen.driver import ops
     m, k = 21, 512
     ws, deq, x, r = _data(rng, qtype, m, k, 2)
@@ -376,12 +375,13 @@ def test_gemv_qtype_gpu_rope_model_shape(gpu_run, qtype, rng):
     caches = [rng.standard_normal((nkv, cap, d)).astype(np.float16) for _ in range(2)]
     pos = int(rng.integers(0, cap))
     fn = gpu_run.function(G.build, spec)
-    grid, block, shared, rpc = G.launch_geometry(spec, m)
     kc, vc = (gpu_run.array(c) for c in caches)
     y = gpu_run.poisoned(m)
-    gpu_run.launch(fn, grid, block, gpu_run.array(ws[0]), gpu_run.array(x),
-                   gpu_run.array(rope.freq_table(rs)), gpu_run.array(np.array([pos], np.int32)),
-                   kc, vc, cap, y, m, rpc, shared=shared)
+    gpu_run.launch(fn, G.launch_geometry(spec, m),
+                   dict(w=gpu_run.array(ws[0]), x=gpu_run.array(x),
+                        freqs=gpu_run.array(rope.freq_table(rs)),
+                        pos_ptr=gpu_run.array(np.array([pos], np.int32)), k_cache=kc,
+                        v_cache=vc, capacity=cap, y=y, m=m))
     ref_caches = [c.astype(np.float64) for c in caches]
     ref = _rope_ref(deq[0] @ x.astype(np.float64), pos, spec, inv, ref_caches)
     assert rel_err(gpu_run.get(y), ref) <= BOUND

@@ -15,10 +15,11 @@ from ptxgen.kernels import kv_append as K
 def _run(run, spec, k, v, kc, vc, pos):
     n_kv = kc.shape[0]
     f = run.function(K.build, spec)
-    grid, block, _ = K.launch_geometry(spec, n_kv)
     dkc, dvc = run.array(kc), run.array(vc)
-    run.launch(f, grid, block, run.array(k), run.array(v), dkc, dvc,
-               run.array(np.array([pos], np.int32)), n_kv, kc.shape[1])
+    run.launch(f, K.launch_geometry(spec, n_kv),
+               dict(k=run.array(k), v=run.array(v), k_cache=dkc, v_cache=dvc,
+                    pos_ptr=run.array(np.array([pos], np.int32)), n_kv_heads=n_kv,
+                    capacity=kc.shape[1]))
     return run.get(dkc), run.get(dvc)
 
 

@@ -68,7 +68,8 @@ def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
     """The outputs ``[B, n_q, d]`` for each lengths array of ``lens_list``,
     launched with the same pools, table, q and workspace."""
     split = run.function(P.build, plan, plan.split_name)
-    (g1, b1), comb = P.launch_geometry(plan, pc.B, pc.n_kv, n_splits)
+    geos = P.launch_geometry(plan, pc.B, pc.n_kv, n_splits)
+    comb = len(geos) > 1
     combine = run.function(P.build, plan, plan.combine_name) if comb else None
     part_o = run.poisoned((pc.B, pc.n_q, n_splits, pc.d))
     part_ml = run.poisoned((pc.B, pc.n_q, n_splits, 2))
@@ -78,10 +79,12 @@ def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
     results = []
     for lens in lens_list:
         dl = run.array(np.asarray(lens, np.int32))
-        run.launch(split, g1, b1, dq, dk, dv, dt, dl, part_o, part_ml, out, pc.q_stride,
-                   tab.shape[1], pc.kp.shape[0], 1 / math.sqrt(pc.d))
+        run.launch(split, geos[0], dict(q=dq, k_pool=dk, v_pool=dv, block_table=dt, seq_lens=dl,
+                                        part_o=part_o, part_ml=part_ml, out=out,
+                                        q_stride=pc.q_stride, max_blocks=tab.shape[1],
+                                        num_blocks=pc.kp.shape[0], sm_scale=1 / math.sqrt(pc.d)))
         if comb:
-            run.launch(combine, *comb, part_o, part_ml, out, n_splits)
+            run.launch(combine, geos[1], dict(part_o=part_o, part_ml=part_ml, out=out))
         results.append(run.get(out))
     return results
 
@@ -209,11 +212,14 @@ def test_short_sequences_use_fewer_splits(run, rng):
     pc = Paged(rng, lens, 1, 1, 64, 16, max_blocks=8)
     pc.qbuf[:] = 0.0
     split = run.function(P.build, plan, plan.split_name)
-    (g1, b1), _ = P.launch_geometry(plan, 3, 1, 4)
+    geo = P.launch_geometry(plan, 3, 1, 4)[0]
     part_ml = run.poisoned((3, 1, 4, 2))
-    run.launch(split, g1, b1, run.array(pc.qbuf), run.array(pc.kp), run.array(pc.vp),
-               run.array(pc.table), run.array(lens), run.poisoned((3, 1, 4, 64)), part_ml,
-               run.poisoned((3, 1, 64)), pc.q_stride, 8, pc.kp.shape[0], 0.125)
+    run.launch(split, geo, dict(q=run.array(pc.qbuf), k_pool=run.array(pc.kp),
+                                v_pool=run.array(pc.vp), block_table=run.array(pc.table),
+                                seq_lens=run.array(lens), part_o=run.poisoned((3, 1, 4, 64)),
+                                part_ml=part_ml, out=run.poisoned((3, 1, 64)),
+                                q_stride=pc.q_stride, max_blocks=8, num_blocks=pc.kp.shape[0],
+                                sm_scale=0.125))
     got = run.get(part_ml)[:, 0]
     want_l = [[20, 0, 0, 0], [16, 32, 22, 0], [32, 32, 32, 32]]
     assert np.array_equal(got[..., 1], np.array(want_l, np.float32)), got[..., 1]
@@ -223,9 +229,12 @@ def test_short_sequences_use_fewer_splits(run, rng):
 
 def test_launch_geometry_and_splits():
     plan = P.PagedAttentionPlan.make()
-    assert P.launch_geometry(plan, 64, 8, 1) == (((1, 8, 64), (256, 1, 1)), None)
-    assert P.launch_geometry(plan, 2, 8, 16) == (((16, 8, 2), (256, 1, 1)),
-                                                  ((64, 1, 1), (64, 1, 1)))
+    (one,) = P.launch_geometry(plan, 64, 8, 1)             # no combine
+    assert (one.kernel, one.grid, one.block) == (plan.split_name, (1, 8, 64), (256, 1, 1))
+    split, comb = P.launch_geometry(plan, 2, 8, 16)
+    assert (split.grid, split.block) == ((16, 8, 2), (256, 1, 1))
+    assert (comb.kernel, comb.grid, comb.block) == (plan.combine_name, (64, 1, 1), (64, 1, 1))
+    assert dict(comb.args) == {"n_splits": 16}
     for bad in (0, P.MAX_SPLITS + 1):
         with pytest.raises(ValueError, match="n_splits"):
             P.launch_geometry(plan, 1, 8, bad)

@@ -31,15 +31,15 @@ def rel_err(out, ref) -> float:
 def _run(run, spec, x, w, eps, res=None):
     rows, n = x.shape
     f = run.function(R.build, spec)
-    grid, block, _ = R.launch_geometry(spec, rows)
+    geo = R.launch_geometry(spec, rows)
     odt = np.float16 if spec.out_type == "f16" else np.float32
-    dx, dw, dout = run.array(x), run.array(w), run.poisoned(x.shape, odt)
+    args = dict(x=run.array(x), w=run.array(w), out=run.poisoned(x.shape, odt), n=n, eps=eps)
     if res is None:
-        run.launch(f, grid, block, dx, dw, dout, n, eps)
-        return run.get(dout), None
+        run.launch(f, geo, args)
+        return run.get(args["out"]), None
     dsum = run.poisoned(x.shape)
-    run.launch(f, grid, block, dx, run.array(res), dsum, dw, dout, n, eps)
-    return run.get(dout), run.get(dsum)
+    run.launch(f, geo, dict(args, res=run.array(res), sum_out=dsum))
+    return run.get(args["out"]), run.get(dsum)
 
 
 CASES = [(3, 37), (2, 516), (3, 259), (1, 1), (2, 1030), (2, 4), (3, 1024), (2, 2052)]
@@ -97,10 +97,11 @@ def test_rmsnorm_grouped(run, heads, groups, n, stride, rng):
     rows = buf[:, :heads * n].reshape(groups, heads, n)
     ref = want(rows.reshape(-1, n), w, 1e-6).reshape(groups, heads, n)
     f = run.function(R.build, spec)
-    grid, block, _ = R.launch_geometry(spec, heads, groups)
-    assert grid == (heads, groups, 1)
+    geo = R.launch_geometry(spec, heads, groups)
+    assert geo.grid == (heads, groups, 1)
     dout = run.poisoned(buf.shape)
-    run.launch(f, grid, block, run.array(buf), run.array(w), dout, n, 1e-6, stride)
+    run.launch(f, geo, dict(x=run.array(buf), w=run.array(w), out=dout, n=n, eps=1e-6,
+                            stride=stride))
     got = run.get(dout)
     normed = got[:, :heads * n].reshape(groups, heads, n)
     assert rel_err(normed, ref) <= 1e-5, rel_err(normed, ref)

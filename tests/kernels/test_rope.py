@@ -40,10 +40,11 @@ def rel_err(out, ref) -> float:
 def _run(run, spec, q, k, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
     dq, dk = run.array(q), run.array(k)
-    run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
-               run.array(np.array([pos], np.int32)), n_q, n_kv)
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv),
+               dict(q=dq, k=dk, freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv))
     return run.get(dq), run.get(dk)
 
 
@@ -182,11 +183,12 @@ def test_rope_refuses(bad):
 def _run_append(run, spec, q, k, v, kc, vc, pos):
     f = run.function(R.build, spec)
     n_q, n_kv = q.shape[0], k.shape[0]
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
     dq, dk, dkc, dvc = run.array(q), run.array(k), run.array(kc), run.array(vc)
-    run.launch(f, grid, block, dq, dk, run.array(R.freq_table(spec)),
-               run.array(np.array([pos], np.int32)), n_q, n_kv,
-               run.array(v), dkc, dvc, kc.shape[1])
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv),
+               dict(q=dq, k=dk, freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([pos], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv, v=run.array(v), k_cache=dkc, v_cache=dvc,
+                    capacity=kc.shape[1]))
     return run.get(dq), run.get(dk), run.get(dkc), run.get(dvc)
 
 
@@ -305,14 +307,14 @@ def test_rope_rows_append(run, layout, rng):
     kc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     vc = rng.standard_normal((n_kv, cap, d)).astype(np.float16)
     f = run.function(R.build, spec)
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
     dqkv, dkc, dvc = run.array(qkv), run.array(kc), run.array(vc)
     # q, k, v at element offsets 0, n_q d, (n_q + n_kv) d of each row
-    run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),
-               run.array(R.freq_table(spec)),
-               run.array(np.array([start], np.int32)), n_q, n_kv,
-               _offset(dqkv, (n_q + n_kv) * d), dkc, dvc, cap, stride,
-               run.array(np.array([T], np.int32)))
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv, t_max),
+               dict(q=dqkv, k=_offset(dqkv, n_q * d), freqs=run.array(R.freq_table(spec)),
+                    pos_ptr=run.array(np.array([start], np.int32)), n_q_heads=n_q,
+                    n_kv_heads=n_kv, v=_offset(dqkv, (n_q + n_kv) * d), k_cache=dkc,
+                    v_cache=dvc, capacity=cap, row_stride=stride,
+                    n_rows_ptr=run.array(np.array([T], np.int32))))
     out, gkc, gvc = run.get(dqkv), run.get(dkc), run.get(dvc)
     for y in range(t_max):
         q = qkv[y, :n_q * d].reshape(n_q, d)
@@ -362,12 +364,13 @@ def test_rope_paged_append(run, layout, app, bs, rng):
     skip = rng.choice(T, 2, replace=False)
     slots[skip[0]], slots[skip[1]] = -1, n_slots
     f = run.function(R.build, spec)
-    grid, block, _ = R.launch_geometry(spec, n_q, n_kv)
     dqkv, dkp, dvp = run.array(qkv), run.array(kp), run.array(vp)
-    run.launch(f, (grid[0], t_max, 1), block, dqkv, _offset(dqkv, n_q * d),
-               run.array(R.freq_table(spec)), run.array(positions), n_q, n_kv,
-               _offset(dqkv, (n_q + n_kv) * d), dkp, dvp, n_slots, stride,
-               run.array(np.array([T], np.int32)), run.array(slots))
+    run.launch(f, R.launch_geometry(spec, n_q, n_kv, t_max),
+               dict(q=dqkv, k=_offset(dqkv, n_q * d), freqs=run.array(R.freq_table(spec)),
+                    positions=run.array(positions), n_q_heads=n_q, n_kv_heads=n_kv,
+                    v=_offset(dqkv, (n_q + n_kv) * d), k_pool=dkp, v_pool=dvp, n_slots=n_slots,
+                    row_stride=stride, n_rows_ptr=run.array(np.array([T], np.int32)),
+                    slots=run.array(slots)))
     out, gkp, gvp = run.get(dqkv), run.get(dkp), run.get(dvp)
     want_kp, want_vp = kp.copy(), vp.copy()
     vend = (n_q + 2 * n_kv) * d

@@ -11,6 +11,7 @@ import pytest
 
 import ptxgen
 from ptxgen.kernels import sampling as S
+from ptxgen.kernels.plan import LaunchGeometry
 from ptxgen.types import u32
 
 # Random123 (D. E. Shaw Research), tests/kat_vectors, the three "philox4x32 10"
@@ -141,7 +142,7 @@ class Sampler:
         self.run, self.spec = run, spec
         self.fn = run.function(S.build, spec)
         self.v = logits.size
-        self.grid, self.block, self.shared = S.launch_geometry(spec, self.v)
+        self.geometry = S.launch_geometry(spec, self.v)
         self.logits = run.array(logits.astype(np.float32))
         self.scratch = run.poisoned(S.scratch_words(spec, self.v), np.uint64)
         self.counter = run.array(np.zeros(1, np.uint32))
@@ -151,10 +152,11 @@ class Sampler:
         out = run.poisoned(n_draws, np.int32)
         info = run.poisoned(S.INFO_WORDS, np.int32)
         work = run.poisoned(self.v, np.float32)
-        run.launch(self.fn, self.grid, self.block, self.logits, self.v,
-                   run.array(history.astype(np.int32)), run.array(np.array([pos], np.int32)),
-                   run.array(params), out, n_draws, work, info, self.scratch, self.counter,
-                   shared=self.shared)
+        run.launch(self.fn, self.geometry,
+                   dict(logits=self.logits, n=self.v, history=run.array(history.astype(np.int32)),
+                        pos=run.array(np.array([pos], np.int32)), params=run.array(params),
+                        out=out, n_draws=n_draws, work=work, info=info, scratch=self.scratch,
+                        counter=self.counter))
         assert int(run.get(self.counter)[0]) == 0, "the last block must reset the counter"
         return run.get(out), run.get(info), run.get(work)
 
@@ -188,7 +190,7 @@ def test_philox_known_answers(run):
     fn = run.function(_build_kat, _KatSpec())
     src = np.array([w for c, key, _ in PHILOX_KAT for w in (*c, *key)], np.uint32)
     out = run.poisoned(4 * len(PHILOX_KAT), np.uint32)
-    run.launch(fn, 1, 32, run.array(src), out)
+    run.launch(fn, LaunchGeometry(_KatSpec().kernel_name, 1, 32), dict(src=run.array(src), out=out))
     got = run.get(out).reshape(-1, 4)
     for (ctr, key, want), g in zip(PHILOX_KAT, got):
         assert tuple(int(x) for x in g) == want

@@ -32,7 +32,7 @@ class Rows:
         self.run, self.spec = run, spec
         self.B, self.v = logits.shape
         self.fn = run.function(S.build, spec)
-        self.grid, self.block, self.shared = S.launch_geometry(spec, self.v, self.B)
+        self.geo = S.launch_geometry(spec, self.v, self.B)
         self.logits = run.array(logits.astype(np.float32))
         self.scratch = run.poisoned((self.B, S.scratch_words(spec, self.v)), np.uint64)
         self.counter = run.array(np.zeros(self.B, np.uint32))
@@ -48,12 +48,13 @@ class Rows:
             got.update(logprob=run.poisoned((B, n_draws), np.float32),
                        top_ids=run.poisoned((B, N), np.int32),
                        top_logprobs=run.poisoned((B, N), np.float32))
-        lp = [got[k] for k in ("logprob", "top_ids", "top_logprobs") if k in got]
-        run.launch(self.fn, self.grid, self.block, self.logits, self.v,
-                   run.array(history.astype(np.int32)), history.shape[1],
-                   run.array(np.asarray(hist_len, np.int32)), run.array(np.asarray(pos, np.int32)),
-                   run.array(params), got["out"], n_draws, got["work"], got.get("info", 0),
-                   self.scratch, self.counter, *lp, shared=self.shared)
+        args = dict(logits=self.logits, n=self.v, history=run.array(history.astype(np.int32)),
+                    window=history.shape[1], history_len=run.array(np.asarray(hist_len, np.int32)),
+                    pos=run.array(np.asarray(pos, np.int32)), params=run.array(params),
+                    out=got["out"], n_draws=n_draws, work=got["work"], info=got.get("info", 0),
+                    scratch=self.scratch, counter=self.counter)
+        args.update({k: got[k] for k in ("logprob", "top_ids", "top_logprobs") if k in got})
+        run.launch(self.fn, self.geo, args)
         assert not run.get(self.counter).any(), "each row's last block must reset its counter"
         return {k: run.get(v) for k, v in got.items()}
 

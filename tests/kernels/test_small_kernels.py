@@ -21,8 +21,8 @@ def test_vector_add(run, rng):
     spec = vector_add.VectorAddSpec()
     fn = run.function(vector_add.build, spec)
     c = run.poisoned((n,))
-    grid, block, _ = vector_add.launch_geometry(spec, n)
-    run.launch(fn, grid, block, run.array(a), run.array(b), c, n)
+    run.launch(fn, vector_add.launch_geometry(spec, n),
+               dict(a=run.array(a), b=run.array(b), c=c, n=n))
     # one f32 add per element: exactly the float32 sum
     np.testing.assert_array_equal(run.get(c), a + b)
 
@@ -34,8 +34,7 @@ def test_block_reduce(run, rng):
     grid = 3
     fn = run.function(reduce.build, spec)
     out = run.poisoned((grid,))
-    g, b, _ = reduce.launch_geometry(spec, n, grid)
-    run.launch(fn, g, b, run.array(x), out, n)
+    run.launch(fn, reduce.launch_geometry(spec, n, grid), dict(x=run.array(x), out=out, n=n))
     want = np.array([math.fsum(float(x[i]) for i in range(n)
                                if (i // spec.block) % grid == b) for b in range(grid)])
     assert np.max(np.abs(reduce.reference(x, grid, spec.block) - want)) <= 1e-9 * np.sum(np.abs(x))

@@ -29,24 +29,24 @@ def test_stream_read_xor(run, persistent, block, loads, grid, rng):
     # a tail past n16 that must not be read: it would change the XOR
     src = np.concatenate([words, rng.integers(1, 1 << 32, size=64, dtype=np.uint64)
                           .astype(np.uint32)])
-    g, b, _ = S.launch_geometry(spec, 16 * n16)
-    if grid is not None:
-        g = (grid, 1, 1)
     tgt = run.target()
     pdl = has_griddepcontrol(tgt)
     spec = S.StreamReadSpec(block=block, loads=loads, persistent=persistent, pdl=pdl,
                             target=tgt)
+    geo = S.launch_geometry(spec, 16 * n16)
+    if grid is not None:
+        geo = geo.evolve(grid=grid)
     fn = run.function(S.build, spec)
-    out = run.poisoned((g[0],), np.uint32)
-    run.launch(fn, g, b, run.array(src), out, n16)
+    out = run.poisoned((geo.grid[0],), np.uint32)
+    run.launch(fn, geo, dict(src=run.array(src), out=out, n16=n16))
     got = run.get(out)
-    want = np.zeros(g[0], np.uint32)
+    want = np.zeros(geo.grid[0], np.uint32)
     for u in range(n16):
         s = u // spec.step_units
-        if persistent or s < g[0]:
+        if persistent or s < geo.grid[0]:
             for w in words[4 * u:4 * u + 4]:
-                want[s % g[0]] ^= w
-    np.testing.assert_array_equal(S.reference(words, spec, g[0]), want)
+                want[s % geo.grid[0]] ^= w
+    np.testing.assert_array_equal(S.reference(words, spec, geo.grid[0]), want)
     np.testing.assert_array_equal(got, want)
     # and the fold covers every word once
     assert np.bitwise_xor.reduce(got) == np.bitwise_xor.reduce(words)

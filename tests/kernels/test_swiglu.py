@@ -24,11 +24,10 @@ def rel_err(out, ref) -> float:
 def _run(run, spec, g, u, offset=0):
     n = g.size
     f = run.function(S.build, spec)
-    grid, block, _ = S.launch_geometry(spec, n)
     dg, du = run.array(np.concatenate([np.ones(offset, np.float32), g])), run.array(u)
     dout = run.poisoned(n, np.float16 if spec.out_type == "f16" else np.float32)
     gv = dg.view(offset=4 * offset, shape=(n,)) if offset else dg
-    run.launch(f, grid, block, gv, du, dout, n)
+    run.launch(f, S.launch_geometry(spec, n), dict(g=gv, u=du, out=dout, n=n))
     return run.get(dout)
 
 

@@ -35,8 +35,8 @@ def test_mma_gemm(backend, request):
     seed, x, w = _inputs(request, M, N, K)
     mod = backend.load(mma_gemm(M, N, K))
     y = backend.poisoned((M, N), np.float32)
-    backend.launch(mod["mma_gemm"], (N // 64, M // 64), 128, backend.array(x),
-                   backend.array(w), y)
+    backend.launch_positional(mod["mma_gemm"], (N // 64, M // 64), 128, backend.array(x),
+                              backend.array(w), y)
     _check(y.to_numpy(), x, w, seed)
 
 
@@ -48,8 +48,8 @@ def test_wgmma_gemm(backend, request):
     dx, dw = backend.array(x), backend.array(w)
     xm, wm = tensor_maps(dx, dw)
     y = backend.poisoned((M, N), np.float32)
-    backend.launch(mod["wgmma_gemm"], (N // 64, M // 64), 128, backend.tensor_map(xm),
-                   backend.tensor_map(wm), y)
+    backend.launch_positional(mod["wgmma_gemm"], (N // 64, M // 64), 128,
+                              backend.tensor_map(xm), backend.tensor_map(wm), y)
     _check(y.to_numpy(), x, w, seed)
 
 

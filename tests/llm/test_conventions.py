@@ -145,7 +145,7 @@ def test_qwen3_qk_norms(tmp_path, rng, seed):
     assert ops[:4] == [("MulMat", "blk.0.attn_qkv"), ("RmsNorm", "blk.0.attn_q_norm"),
                        ("RmsNorm", "blk.0.attn_k_norm"), ("RopeKvAppend", "blk.0.rope_kv_append")]
     qn = next(op for op in m.graph.ops if op.name == "blk.0.attn_q_norm")
-    assert qn.launches[0].grid[0] == 4            # one row per query head
+    assert qn.launches[0].geometry.grid[0] == 4            # one row per query head
 
 
 def test_quant_mix_follows_llama_cpp_layers():

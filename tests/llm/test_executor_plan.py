@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from ptxgen.driver.executor import ComputeGraph, Launch, plan_activations
+from ptxgen.kernels.plan import LaunchGeometry
 
 
 def _chain(sizes):
@@ -11,7 +12,7 @@ def _chain(sizes):
     g = ComputeGraph()
     bufs = [g.buffer(f"a{i}", (n,), np.float32) for i, n in enumerate(sizes)]
     for i in range(len(bufs) - 1):
-        L = Launch("f", None, "k", (1, 1, 1), (32, 1, 1), (bufs[i], bufs[i + 1]))
+        L = Launch("f", None, LaunchGeometry("k", 1, 32), dict(a=bufs[i], b=bufs[i + 1]))
         g.add("Op", f"op{i}", [bufs[i]], [bufs[i + 1]], [L])
     return g, bufs
 
@@ -38,7 +39,8 @@ def test_live_buffers_never_overlap_random_graphs(rng):
             ins = list(rng.choice(len(acts), size=min(len(acts), int(rng.integers(1, 4))),
                                   replace=False))
             out = g.buffer(f"t{i}", (int(rng.integers(1, 5000)),), np.float32)
-            L = Launch("f", None, "k", (1, 1, 1), (32, 1, 1), tuple(acts[j] for j in ins) + (out,))
+            L = Launch("f", None, LaunchGeometry("k", 1, 32),
+                       {**{f"in{n}": acts[j] for n, j in enumerate(ins)}, "out": out})
             g.add("Op", f"op{i}", [acts[j] for j in ins], [out], [L])
             acts.append(out)
         size = plan_activations(g)
@@ -69,7 +71,7 @@ def test_graph_rejects_foreign_buffers_and_reports_summary():
         g.buffer("a", (4,), np.float32)
     with pytest.raises(ValueError, match="outside buffer 'w'"):
         w.at(16)
-    L = Launch("f", None, "k", (1, 1, 1), (32, 1, 1), (w.at(4), a))
+    L = Launch("f", None, LaunchGeometry("k", 1, 32), dict(w=w.at(4), a=a))
     g.add("MulMat", "mm", [w], [a], [L, L])
     text = g.summary()
     assert "MulMat" in text and "total" in text and "weight buffers: 1" in text

@@ -44,18 +44,18 @@ class RecordingEmu(EmuBackend):
 
     def capture(self, stream, issue):
         rec = []
-        real = self.launch
-        self.launch = lambda fn, grid, block, *args, **kw: rec.append((fn, grid, block, args, kw))
+        self.launch_positional = lambda fn, grid, block, *args, **kw: rec.append(
+            (fn, grid, block, args, kw))
         try:
             issue()
         finally:
-            del self.launch
+            del self.launch_positional
         self.captures.append(rec)
         return rec
 
     def replay(self, graph_exec, stream):
         for fn, grid, block, args, kw in graph_exec:
-            self.launch(fn, grid, block, *args, **kw)
+            self.launch_positional(fn, grid, block, *args, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,11 @@ from ptxgen.llm.gguf.synth import write_synthetic_llama
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
 VOCAB = os.path.join(os.path.dirname(__file__), "..", "data", "vocab")
-#: GGML type -> (weights per block, bytes per block), from ggml's type table
-BLOCKS = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q4_K": (256, 144),
-          "Q6_K": (256, 210)}
 
 
 def _bytes(qt, shape):
-    bs, ts = BLOCKS[qt]
+    # (weights, bytes) per block from the gguf package's table, not ours
+    bs, ts = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qt]]
     return int(np.prod(shape)) // bs * ts
 
 

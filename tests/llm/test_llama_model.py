@@ -62,18 +62,18 @@ def test_ring_gemvs_spread_evenly_over_the_sms(tiny):
     assert rings
     capped = 0
     for L in rings:
-        want = -(-L.grid[0] // 60)
+        want = -(-L.geometry.grid[0] // 60)
         if L.spec.per_sm:
             capped += 1
-            assert L.spec.per_sm == want and L.shared == L.spec.dynamic_shared > L.spec.ring_bytes
+            assert L.spec.per_sm == want and L.geometry.shared == L.spec.dynamic_shared > L.spec.ring_bytes
         else:
-            assert L.shared == L.spec.ring_bytes
+            assert L.geometry.shared == L.spec.ring_bytes
     assert capped
     split = next(L for op in m.graph.ops for L in op.launches if L.kernel.endswith("_split"))
     want = dict(mma=True, warps=8, unroll=1, per_sm=2, interleave=2, l2_prefetch=True,
                 l1_bypass=True, bypass_from=0, early_kv=True)
     assert {k: getattr(split.spec, k) for k in want} == want
-    assert split.shared == split.spec.dynamic_shared > 0
+    assert split.geometry.shared == split.spec.dynamic_shared > 0
 
 
 def test_fused_norm_and_gemv_knobs_shape_the_graph(tiny):
