@@ -30,7 +30,11 @@ import collections
 import hashlib
 
 __all__ = ["BlockManager", "NoFreeBlocks", "block_hash", "chain_hashes", "kv_bytes_per_token",
-           "kv_pool_blocks"]
+           "kv_pool_blocks", "DEFAULT_BLOCK_SIZE"]
+
+#: tokens per KV block unless the runner is told otherwise (the paged
+#: attention kernel takes multiples of 16)
+DEFAULT_BLOCK_SIZE = 16
 
 
 class NoFreeBlocks(RuntimeError):
