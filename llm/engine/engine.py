@@ -130,6 +130,11 @@ class Engine:
         return self._core.sched.n_ctx
 
     @property
+    def max_seqs(self) -> int:
+        """The most sequences running at once (the decode step's batch)."""
+        return self._core.sched.max_batch
+
+    @property
     def block_size(self) -> int:
         return self._core.sched.block_size
 
@@ -172,7 +177,12 @@ class Engine:
         RuntimeError
             The engine is closed.
         """
-        ids = self._check_request(prompt, settings)
+        entry = self._entry(self._check_request(prompt, settings), settings, request_id)
+        if self._core.submit([entry], self.max_queue) == 0:
+            raise self._core.overloaded(self.max_queue)
+        return entry.req
+
+    def _entry(self, ids, settings, request_id=None) -> "_Entry":
         rid = str(request_id) if request_id is not None else uuid.uuid4().hex
         tok = self.tokenizer
         stop_ids = set(settings.stop_token_ids)
@@ -181,8 +191,7 @@ class Engine:
         seq = Sequence(rid, ids, settings, settings.sampling.resolved_seed(), stop_ids)
         core = self._core
         req = Request(rid, len(ids), lambda: core.cancel(rid))
-        core.submit(_Entry(req, seq, TextState(tok, settings.stop)), self.max_queue)
-        return req
+        return _Entry(req, seq, TextState(tok, settings.stop))
 
     def _check_request(self, prompt, settings) -> list:
         from ptxgen.llm.session import check_tokens
@@ -234,23 +243,24 @@ class Engine:
         per = list(settings) if isinstance(settings, (list, tuple)) else [settings] * len(prompts)
         if len(per) != len(prompts):
             raise ValueError(f"{len(per)} settings for {len(prompts)} prompts")
-        ids = [self._check_request(self._encode(p), s) for p, s in zip(prompts, per)]
-        reqs: list = []
+        entries = [self._entry(self._check_request(self._encode(p), s), s)
+                   for p, s in zip(prompts, per)]
+        reqs = [e.req for e in entries]
+        done = 0
         try:
-            for p, s in zip(ids, per):
-                while True:
-                    try:
-                        reqs.append(self.add_request(p, s))
-                        break
-                    except EngineOverloaded:
-                        busy = next((r for r in reqs if not r.finished), None)
-                        if busy is not None:
-                            busy.wait(0.05)
-                        else:
-                            time.sleep(0.01)
+            # as many as the queue takes at once (they start together), the rest as room frees
+            while done < len(entries):
+                n = self._core.submit(entries[done:], self.max_queue)
+                done += n
+                if n == 0:
+                    busy = next((r for r in reqs[:done] if not r.finished), None)
+                    if busy is not None:
+                        busy.wait(0.05)
+                    else:
+                        time.sleep(0.01)
             return [r.result() for r in reqs]
         except BaseException:
-            for r in reqs:
+            for r in reqs[:done]:
                 if not r.finished:
                     r.cancel()
             raise
@@ -281,7 +291,7 @@ class Engine:
 
     def __repr__(self) -> str:
         return (f"Engine({self.model_name!r}, {self.num_blocks} blocks of {self.block_size} "
-                f"tokens, n_ctx={self.n_ctx}, max_seqs={self._core.sched.max_batch})")
+                f"tokens, n_ctx={self.n_ctx}, max_seqs={self.max_seqs})")
 
 
 def _runner_class():
@@ -326,20 +336,28 @@ class _Loop:
                                   block_size=sched.block_size)
 
     # ------------------------------------------------------------ callers' side
-    def submit(self, entry: _Entry, max_queue: int) -> None:
+    def submit(self, entries, max_queue: int) -> int:
+        """Queue the first of ``entries`` that the queue has room for, in
+        one go; returns how many."""
         with self.cv:
             if self.closing:
                 raise RuntimeError("the engine is closed")
-            rid = entry.req.id
-            if rid in self.live:
-                raise ValueError(f"request id {rid!r} is in use by a request not yet finished")
-            queued = len(self.inbox) + len(self.sched.waiting)
-            if queued >= max_queue:
-                raise EngineOverloaded(f"{queued} requests are waiting to start (max_queue "
-                                       f"{max_queue}); try again later")
-            self.live[rid] = entry
-            self.inbox.append(entry)
+            room = max_queue - len(self.inbox) - len(self.sched.waiting)
+            entries = entries[:max(0, room)]
+            for e in entries:
+                if e.req.id in self.live:
+                    raise ValueError(f"request id {e.req.id!r} is in use by a request not yet "
+                                     "finished")
+            for e in entries:
+                self.live[e.req.id] = e
+                self.inbox.append(e)
             self.cv.notify()
+            return len(entries)
+
+    def overloaded(self, max_queue: int) -> EngineOverloaded:
+        queued = len(self.inbox) + len(self.sched.waiting)
+        return EngineOverloaded(f"{queued} requests are waiting to start (max_queue "
+                                f"{max_queue}); try again later")
 
     def cancel(self, rid: str) -> bool:
         with self.cv:
