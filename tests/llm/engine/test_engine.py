@@ -104,6 +104,21 @@ def test_generate_beyond_max_queue_waits_for_room(rng, engine_and_runner):
     assert [len(o.token_ids) for o in outs] == [4] * 20
 
 
+def test_a_generate_batch_starts_together(rng, engine_and_runner):
+    gated = GatedRunner(FakeRunner(num_blocks=64, block_size=4, max_batch=8, chunk=8))
+    eng, _ = engine_and_runner(gated)
+    got = []
+    t = threading.Thread(target=lambda: got.append(eng.generate(
+        [prompt_of(rng, 3) for _ in range(8)], RequestSettings(max_tokens=2))))
+    t.start()
+    while eng.stats().running == 0:
+        threading.Event().wait(0.01)
+    assert eng.stats().running == 8
+    gated.release(1000)
+    t.join(10)
+    assert [o.finish_reason for o in got[0]] == ["length"] * 8
+
+
 def test_events_add_up_to_the_output(rng, engine_and_runner):
     eng, runner = engine_and_runner()
     p = prompt_of(rng, 7)
