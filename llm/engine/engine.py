@@ -74,7 +74,7 @@ class Engine:
         self.model_name = model_name
         self.max_queue = max_queue
         sched = Scheduler(runner, prefill_budget=prefill_budget, prefix_caching=prefix_caching)
-        self._core = _Loop(sched, tokenizer)
+        self._core = _Loop(sched)
         self._thread = threading.Thread(target=self._core.run, name="ptxgen-engine", daemon=True)
         self._thread.start()
         # stops the loop when the engine is dropped without close()
@@ -323,9 +323,8 @@ class _Entry:
 class _Loop:
     """The engine's loop thread and the state it shares with callers."""
 
-    def __init__(self, sched: Scheduler, tokenizer):
+    def __init__(self, sched: Scheduler):
         self.sched = sched
-        self.tokenizer = tokenizer
         self.cv = threading.Condition()
         self.inbox: list = []
         self.cancels: set = set()
@@ -380,43 +379,47 @@ class _Loop:
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
-        sched = self.sched
         while True:
             with self.cv:
-                while not (self.closing or self.inbox or self.cancels or sched.has_work):
+                while not (self.closing or self.inbox or self.cancels or self.sched.has_work):
                     self.cv.wait()
                 if self.closing:
                     break
                 inbox, self.inbox = self.inbox, []
                 cancels, self.cancels = self.cancels, set()
-            touched: dict = {}
-            for e in inbox:
-                try:
-                    sched.add(e.seq)
-                except Exception as ex:
-                    e.seq.status, e.seq.finish_reason = FINISHED, FINISH_ERROR
-                    e.seq.error = f"{type(ex).__name__}: {ex}"
-                    touched[e.req.id] = e
-            for rid in cancels:
-                e = self.live.get(rid)
-                if e is not None and e.seq.status != FINISHED:
-                    sched.abort(e.seq, FINISH_CANCELLED)
-                    touched[rid] = e
-            if touched:                        # cancellations are told before the step
+            try:
+                self._iteration(inbox, cancels)
+            except Exception as ex:            # a fault of the engine itself
+                touched: dict = {}
+                self._fail_all(f"the engine's step failed: {type(ex).__name__}: {ex}", touched)
                 self._deliver(touched)
-                touched = {}
-            if sched.has_work:
-                try:
-                    sched.admit()
-                    with self.cv:
-                        self._stats = self._make_stats()
-                    out = sched.step()
-                except Exception as ex:        # a fault of the scheduler itself
-                    self._fail_all(f"the engine's step failed: {type(ex).__name__}: {ex}", touched)
-                else:
-                    self._take(out, touched)
-            self._deliver(touched)
         self._close_all()
+
+    def _iteration(self, inbox: list, cancels: set) -> None:
+        """Take the new requests and the cancellations, then one step."""
+        sched = self.sched
+        touched: dict = {}
+        for e in inbox:
+            try:
+                sched.add(e.seq)
+            except Exception as ex:
+                e.seq.status, e.seq.finish_reason = FINISHED, FINISH_ERROR
+                e.seq.error = f"{type(ex).__name__}: {ex}"
+                touched[e.req.id] = e
+        for rid in cancels:
+            e = self.live.get(rid)
+            if e is not None and e.seq.status != FINISHED:
+                sched.abort(e.seq, FINISH_CANCELLED)
+                touched[rid] = e
+        if touched:                            # cancellations are told before the step
+            self._deliver(touched)
+            touched = {}
+        if sched.has_work:
+            sched.admit()
+            with self.cv:
+                self._stats = self._make_stats()
+            self._take(sched.step(), touched)
+        self._deliver(touched)
 
     def _take(self, out, touched: dict) -> None:
         """The step's tokens into their requests' next events (text, stop strings)."""
@@ -451,7 +454,12 @@ class _Loop:
         e.seq.finish_reason, e.seq.error = FINISH_ERROR, error
 
     def _fail_all(self, error: str, touched: dict) -> None:
-        for rid, e in self.live.items():
+        """End every request the scheduler holds with ``error`` (those
+        still in the inbox start later as if nothing happened)."""
+        with self.cv:
+            queued = {id(e) for e in self.inbox}
+            entries = [(rid, e) for rid, e in self.live.items() if id(e) not in queued]
+        for rid, e in entries:
             if e.seq.status != FINISHED:
                 try:
                     self.sched.abort(e.seq, FINISH_ERROR, error)
