@@ -19,6 +19,7 @@ thread; only the loop thread touches the scheduler and the runner.
 
 from __future__ import annotations
 
+import numbers
 import os
 import threading
 import time
@@ -235,7 +236,7 @@ class Engine:
         if isinstance(prompts, str):
             prompts = [prompts]
         prompts = list(prompts)
-        if prompts and all(isinstance(p, int) for p in prompts):
+        if prompts and all(isinstance(p, numbers.Integral) for p in prompts):
             raise TypeError("generate takes a list of prompts; put a prompt of token ids "
                             "in a list of its own")
         if settings is None:

@@ -37,6 +37,12 @@ def _strings(v) -> tuple:
     return tuple(v)
 
 
+def _ints(v) -> tuple:
+    if isinstance(v, numbers.Integral):
+        return (v,)
+    return tuple(v)
+
+
 def _check_stop(inst, attr, v):
     for s in v:
         if not isinstance(s, str):
@@ -88,7 +94,7 @@ class RequestSettings:
     sampling: SamplingSettings = attrs.field(factory=SamplingSettings,
                                              validator=_check_sampling)
     stop: tuple = attrs.field(default=(), converter=_strings, validator=_check_stop)
-    stop_token_ids: tuple = attrs.field(default=(), converter=tuple,
+    stop_token_ids: tuple = attrs.field(default=(), converter=_ints,
                                         validator=_check_stop_ids)
     ignore_eos: bool = attrs.field(default=False, converter=bool)
     logprobs: int = attrs.field(default=0, validator=_check_logprobs)

@@ -6,7 +6,6 @@ import importlib.util
 import re
 import time
 
-import numpy as np
 import pytest
 
 pytest.importorskip("gguf")

@@ -345,8 +345,9 @@ def test_request_settings_are_validated(kw, msg):
         RequestSettings(**kw)
 
 
-def test_a_single_stop_string_is_a_tuple_of_one():
+def test_a_single_stop_string_or_id_is_a_tuple_of_one():
     assert RequestSettings(max_tokens=1, stop="\n\n").stop == ("\n\n",)
+    assert RequestSettings(max_tokens=1, stop_token_ids=7).stop_token_ids == (7,)
 
 
 def test_a_request_id_in_use_is_refused(rng, engine_and_runner):
