@@ -481,3 +481,45 @@ def test_from_gguf_reads_the_tokenizer_and_name(tmp_path, tok):
         assert eng.tokenizer is not None and eng.tokenizer.n_vocab >= 700
         assert eng.model_name == "synthetic-llama (Phi3 vocabulary)"
         assert "blocks of 4 tokens" in repr(eng)
+
+
+def test_random_requests_and_cancels_from_threads_leave_the_pool_empty(rng, engine_and_runner):
+    """300 requests from three threads, a third of them cancelled at random
+    moments from another: each output is its reference (or a prefix of it,
+    when cancelled), and the pool ends as it started."""
+    runner = FakeRunner(num_blocks=40, block_size=4, max_batch=12, chunk=8,
+                        max_blocks_per_seq=10)
+    eng, _ = engine_and_runner(runner, max_queue=1000)
+    jobs = [(prompt_of(rng, int(rng.integers(1, 30))),
+             RequestSettings(max_tokens=int(rng.integers(1, 20)),
+                             sampling=SamplingSettings(temperature=float(rng.integers(0, 2)),
+                                                       seed=i)))
+            for i in range(300)]
+    reqs = [None] * len(jobs)
+
+    def submit(part):
+        for i in part:
+            reqs[i] = eng.add_request(*jobs[i])
+
+    threads = [threading.Thread(target=submit, args=(range(k, 300, 3),)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for i in rng.permutation(300)[:100]:
+        while reqs[i] is None:
+            threading.Event().wait(0.001)
+        eng.cancel(reqs[i].id)
+    for t in threads:
+        t.join()
+    n_cancelled = 0
+    for (p, s), r in zip(jobs, reqs):
+        out = r.result(timeout=30)
+        want = reference(runner, eng, p, s, s.sampling.seed)
+        if out.finish_reason == "cancelled":
+            n_cancelled += 1
+            assert list(out.token_ids) == want[:len(out.token_ids)]
+        else:
+            assert out.finish_reason == "length" and list(out.token_ids) == want
+    assert n_cancelled > 0
+    st = eng.stats()
+    assert st.blocks_used == 0 and st.running == st.waiting == 0 and st.finished == 300
+    eng._core.sched.check()
