@@ -15,6 +15,12 @@ Fit: against the present GPU's free memory (or ``--gpu-memory``); when the
 weights and cache do not fit, the weight types with decode kernels are
 listed with the size of the weights re-quantized to each (every matrix in
 that type, or llama.cpp's Q4_K_M mix; vectors kept), and which would fit.
+
+The batched engine's KV pool: how many tokens (and ``--ctx``-token
+sequences) fit in ``--gpu-memory-utilization`` (default 0.9) of the
+memory left after the weights, in blocks of
+:data:`~ptxgen.llm.engine.blocks.DEFAULT_BLOCK_SIZE` tokens
+(:func:`~ptxgen.llm.engine.blocks.kv_pool_blocks`).
 """
 
 from __future__ import annotations
@@ -154,9 +160,11 @@ def _gib(n) -> str:
     return f"{n:,} bytes ({n / GIB:.2f} GiB)"
 
 
-def format_info(info: ModelInfo, available: int | None = None, gpu: str | None = None) -> str:
+def format_info(info: ModelInfo, available: int | None = None, gpu: str | None = None,
+                utilization: float = 0.9) -> str:
     """The report :func:`info_command` prints; ``available``: the GPU bytes
-    to fit in (None: no GPU), ``gpu``: how to name it."""
+    to fit in (None: no GPU), ``gpu``: how to name it, ``utilization``: the
+    share of what the weights leave that the batched engine's KV pool takes."""
     lines = [f"file: {info.path}",
              f"architecture: {info.arch}",
              f"parameters: {info.n_params:,} ({info.n_params / 1e9:.2f} B)",
@@ -185,6 +193,7 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
     fits = need <= available
     lines.append(f"GPU: {gpu or 'given'} with {_gib(available)} free: "
                  + ("fits" if fits else "does not fit"))
+    lines.append(_pool_line(info, available, utilization))
     if not fits:
         lines.append("weight types with decode kernels (weights + KV cache):")
         for name, nb in weight_estimates(info):
@@ -192,6 +201,19 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
             lines.append(f"  {name:<7} {_gib(nb + info.kv_bytes)}: "
                          + ("fits" if ok else "does not fit"))
     return "\n".join(lines)
+
+
+def _pool_line(info: ModelInfo, available: int, utilization: float) -> str:
+    """How many tokens the batched engine's KV pool holds on ``available`` bytes."""
+    from ptxgen.llm.engine.blocks import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_pool_blocks
+    hp = info.hparams
+    left = max(0, available - info.weight_bytes)
+    per = kv_bytes_per_token(hp.n_layers, hp.n_kv_heads, hp.head_dim)
+    blocks = kv_pool_blocks(left, utilization, per, DEFAULT_BLOCK_SIZE)
+    tokens = blocks * DEFAULT_BLOCK_SIZE
+    return (f"batched engine KV pool: {tokens:,} tokens ({blocks:,} blocks of "
+            f"{DEFAULT_BLOCK_SIZE}, {tokens // info.ctx:,} sequences of {info.ctx:,} tokens) in "
+            f"{utilization:.0%} of the {_gib(left)} left after the weights")
 
 
 def _present_gpu():
@@ -208,7 +230,8 @@ def _present_gpu():
 
 
 def info_command(argv) -> int:
-    """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``."""
+    """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]
+    [--gpu-memory-utilization F]``."""
     p = argparse.ArgumentParser(prog="python -m ptxgen info",
                                 description="what a GGUF file holds and whether it fits a GPU")
     p.add_argument("model", help="a .gguf file")
@@ -216,10 +239,17 @@ def info_command(argv) -> int:
                    help="KV-cache length in tokens (default: min(context length, 4096))")
     p.add_argument("--gpu-memory", type=float, default=None, metavar="GIB",
                    help="fit against this many GiB instead of the present GPU's free memory")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="FRACTION",
+                   help="the share of the memory left after the weights that the batched "
+                        "engine's KV pool takes (default: 0.9)")
     a = p.parse_args(argv)
     from ptxgen.llm.gguf.file import GGUFError
     if a.ctx is not None and a.ctx < 1:
         print(f"error: --ctx must be a positive number of tokens, got {a.ctx}", file=sys.stderr)
+        return 2
+    if not 0.0 < a.gpu_memory_utilization <= 1.0:
+        print(f"error: --gpu-memory-utilization must be in (0, 1], got "
+              f"{a.gpu_memory_utilization}", file=sys.stderr)
         return 2
     try:
         info = read_info(a.model, a.ctx)
@@ -230,5 +260,5 @@ def info_command(argv) -> int:
         available, gpu = int(a.gpu_memory * GIB), "assumed"
     else:
         available, gpu = _present_gpu()
-    print(format_info(info, available, gpu))
+    print(format_info(info, available, gpu, a.gpu_memory_utilization))
     return 0

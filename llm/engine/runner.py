@@ -18,65 +18,21 @@ The block manager (which blocks a sequence owns) is the scheduler's
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 
 from ptxgen.driver.executor import Arena, DeviceMemory, Executor, Store, plan_activations
-from ptxgen.llm.generation import SamplingSettings
+from ptxgen.kernels.sampling.params import LOGPROBS
 from ptxgen.llm.lowering.batch import BatchIO, BatchLowering
 from ptxgen.llm.models import architecture_of
 
-__all__ = ["BatchRunner", "DecodeRow", "PrefillChunk", "RowOutput", "kv_bytes_per_token",
-           "pool_blocks"]
+from .blocks import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_pool_blocks
+from .rows import DecodeRow, PrefillChunk, RowOutput
 
+__all__ = ["BatchRunner", "DecodeRow", "PrefillChunk", "RowOutput"]
 
-@attrs.frozen
-class DecodeRow:
-    """One sequence's token to feed in a decode step."""
-
-    token: int
-    position: int
-    block_table: tuple
-    sampling: SamplingSettings = SamplingSettings()
-    seed: int = 0
-    #: the sequence's tokens through ``token`` (penalties read the last ones)
-    history: tuple = ()
-    #: top-N log-probabilities wanted (0: none)
-    logprobs: int = 0
-
-
-@attrs.frozen
-class PrefillChunk:
-    """Prompt tokens of one sequence at positions ``start ..``."""
-
-    tokens: tuple
-    start: int
-    block_table: tuple
-    last: bool = False
-
-
-@attrs.frozen
-class RowOutput:
-    token: int
-    #: the chosen token's log-probability (log-softmax of the raw logits;
-    #: NaN unless ``logprobs`` was asked for)
-    logprob: float = float("nan")
-    top: tuple = ()
-
-
-def kv_bytes_per_token(hp) -> int:
-    """Bytes of f16 K and V one token holds over every layer."""
-    return hp.n_layers * 2 * hp.n_kv_heads * hp.head_dim * 2
-
-
-def pool_blocks(free_bytes: int, utilization: float, hp, block_size: int,
-                reserve_bytes: int = 0) -> int:
-    """Blocks of ``block_size`` tokens that fit in ``utilization`` of
-    ``free_bytes`` after ``reserve_bytes`` (activations, graphs)."""
-    if not 0 < utilization <= 1:
-        raise ValueError(f"utilization must be in (0, 1], got {utilization}")
-    usable = int(free_bytes * utilization) - reserve_bytes
-    return max(0, usable // (kv_bytes_per_token(hp) * block_size))
+#: device memory kept free beside the pool (the CUDA context's and the
+#: driver's own use, graphs), besides the weights and the activations
+RESERVE_BYTES = 1 << 30
 
 
 def _buckets(largest: int) -> tuple:
@@ -94,33 +50,46 @@ class BatchRunner:
     ----------
     file : LlamaFile
     backend : the executor backend (``ptxgen.driver.backend``)
-    num_blocks, block_size : int
-        The pool: ``num_blocks`` blocks of ``block_size`` tokens per layer.
     max_batch : int
         The most sequences of a decode step.
+    ctx_size : int, optional
+        The most tokens one sequence holds (default: the model's context
+        length, at most 4096).
     chunk : int
         The most tokens of a prefill chunk.
-    n_ctx : int
-        The most tokens one sequence holds.
+    num_blocks : int, optional
+        The pool's blocks (per layer); default: what fits in
+        ``gpu_memory_utilization`` of the device memory left once the
+        weights, the step's activations and a reserve are counted; on the
+        emulator, room for two sequences at full context.
+    block_size : int, optional
+        Tokens per block (default :data:`~.blocks.DEFAULT_BLOCK_SIZE`).
     target, sm_count, device : the GPU's (defaults from the backend)
     pdl : bool
     gemv_rows : int
         Decode steps of at most this many rows run their weights as GEMVs.
     """
 
-    def __init__(self, file, backend, *, num_blocks: int, block_size: int = 16,
-                 max_batch: int = 64, chunk: int = 512, n_ctx: int = 4096, target=None,
+    def __init__(self, file, backend, *, max_batch: int = 64, ctx_size: int | None = None,
+                 chunk: int = 512, num_blocks: int | None = None, block_size: int | None = None,
+                 gpu_memory_utilization: float = 0.9, progress: bool = False, target=None,
                  sm_count=None, device=None, pdl=None, gemv_rows: int = 1):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
         self.file, self.hp = file, file.hparams
         self.arch = architecture_of(file)
         self.backend = backend
-        self.block_size, self.num_blocks = int(block_size), int(num_blocks)
-        self.max_batch, self.chunk, self.n_ctx = int(max_batch), int(chunk), int(n_ctx)
+        self.block_size = int(block_size or DEFAULT_BLOCK_SIZE)
+        self.max_batch, self.chunk = int(max_batch), int(chunk)
+        self.n_ctx = int(ctx_size or min(self.hp.context_length, 4096))
         self.max_blocks_per_seq = -(-self.n_ctx // self.block_size)
         self.n_vocab = self.hp.vocab
+        if num_blocks is None:
+            num_blocks = self._pool_blocks(gpu_memory_utilization)
+        self.num_blocks = int(num_blocks)
         if self.num_blocks < 1:
-            raise ValueError("the KV pool needs at least one block")
+            raise ValueError("the KV pool needs at least one block: no device memory is left "
+                             "for it (lower ctx_size or max_batch, or raise "
+                             "gpu_memory_utilization)")
         self.target = target or backend.target
         self.sm_count = sm_count or backend.sm_count
         self.device = device if device is not None else backend.device_name
@@ -142,7 +111,18 @@ class BatchRunner:
         self._executors: dict = {}
         self.stream = backend.stream()
         self._host = np.zeros(self.io.words, np.int32)
-        self._history = np.zeros((self.io.rows, self.n_ctx), np.int32)
+        self._history = np.zeros((self.io.rows, min(self.n_ctx, 1024)), np.int32)
+
+    def _pool_blocks(self, utilization: float) -> int:
+        hp, bs = self.hp, self.block_size
+        per_token = kv_bytes_per_token(hp.n_layers, hp.n_kv_heads, hp.head_dim)
+        mem = getattr(getattr(self.backend, "device", None), "mem_info", None)
+        if mem is None:                  # the emulator: two sequences at full context
+            return 2 * self.max_blocks_per_seq
+        free, _ = mem()
+        acts = (self.max_batch + self.chunk) * (4 * hp.ffn + 2 * hp.vocab) * 4
+        left = free - self.file.weight_bytes - acts - RESERVE_BYTES
+        return kv_pool_blocks(max(left, 0), utilization, per_token, bs)
 
     # ------------------------------------------------------------ graphs
     def buckets(self, kind: str) -> tuple:
@@ -215,43 +195,53 @@ class BatchRunner:
         penalties = False
         for i, r in enumerate(rows):
             params[i] = r.sampling.params(r.seed)
+            params[i, LOGPROBS] = 1 if r.logprobs > 0 else 0
             penalties |= r.sampling.penalties_on
         b = self._bucket("decode", n)
         lw = self._graphs["decode", b]
         ex = self._executor("decode", b)
         if penalties:
+            # each row's recent tokens in its ring: token p at p % window
+            W = lw.window
             self._history[:] = 0
             for i, r in enumerate(rows):
-                hist = r.history[-self.n_ctx:]
-                end = r.position + 1
-                self._history[i, max(0, end - len(hist)):end] = hist[-end:]
-            ex.write(lw.history, self._history, stream=self.stream)
+                hist = r.history[-W:]
+                first = r.position + 1 - len(hist)
+                self._history[i, [(first + k) % W for k in range(len(hist))]] = hist
+            ex.write(lw.history, self._history[:, :W], stream=self.stream)
         ex, lw = self._run("decode", n, mode)
         self.backend.synchronize(self.stream)
         toks = ex.read(lw.next_tokens)[:n]
+        if not any(r.logprobs > 0 for r in rows):
+            return [RowOutput(int(t), float("nan")) for t in toks]
+        lp, ids, lps = (ex.read(b)[:n] for b in (lw.logprob, lw.top_ids, lw.top_logprobs))
         out = []
-        want = [i for i, r in enumerate(rows) if r.logprobs > 0]
-        logits = ex.read(lw.logits) if want else None
         for i, r in enumerate(rows):
-            t = int(toks[i])
-            if logits is None or r.logprobs <= 0:
-                out.append(RowOutput(t))
+            if r.logprobs <= 0:
+                out.append(RowOutput(int(toks[i]), float("nan")))
                 continue
-            lp = _log_softmax(logits[i])
-            top = np.argsort(-lp, kind="stable")[:r.logprobs]
-            out.append(RowOutput(t, float(lp[t]), tuple((int(j), float(lp[j])) for j in top)))
+            k = min(r.logprobs, ids.shape[1])
+            out.append(RowOutput(int(toks[i]), float(lp[i]),
+                                 tuple((int(ids[i, j]), float(lps[i, j])) for j in range(k))))
         return out
 
     def prefill(self, chunk: PrefillChunk, mode: str = "graph"):
-        """Write a prompt chunk's K and V rows to the pool (no token is chosen:
-        a decode step feeds the prompt's last token)."""
+        """Write a prompt chunk's K and V rows to the pool; for the prompt's
+        last chunk also choose the next token: its last token runs as a
+        one-row decode step (the prefill graphs compute no logits)."""
         n = len(chunk.tokens)
         if not 1 <= n <= self.chunk:
             raise ValueError(f"a prefill chunk takes 1..{self.chunk} tokens, got {n}")
-        self._fill([(t, chunk.start + i, chunk.block_table) for i, t in enumerate(chunk.tokens)])
-        self._run("prefill", n, mode)
-        self.backend.synchronize(self.stream)
-        return None
+        body = chunk.tokens[:-1] if chunk.last else chunk.tokens
+        if body:
+            self._fill([(t, chunk.start + i, chunk.block_table) for i, t in enumerate(body)])
+            self._run("prefill", len(body), mode)
+        if not chunk.last:
+            self.backend.synchronize(self.stream)
+            return None
+        row = DecodeRow(chunk.tokens[-1], chunk.start + n - 1, chunk.block_table,
+                        chunk.sampling, chunk.seed, chunk.history, chunk.logprobs)
+        return self.decode([row], mode)[0]
 
     # ------------------------------------------------------------ reading
     def read_kv(self, layer: int):
@@ -260,9 +250,3 @@ class BatchRunner:
         p = f"blk.{layer}."
         b = self.store.buffers
         return ex.read(b[p + "k_pool"]), ex.read(b[p + "v_pool"])
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, np.float64)
-    m = np.max(x)
-    return x - m - np.log(np.sum(np.exp(x - m)))

@@ -22,8 +22,11 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
 - ``attention`` is the paged decode attention of every row over its own
   sequence (:mod:`ptxgen.kernels.paged_attention`);
 - ``output`` computes every row's logits, then each row's next token with
-  its own sampling settings (one sampler launch per row, greedy rows
-  included: a temperature of 0 is the argmax, ties to the lowest id).
+  its own sampling settings in one launch of the rows sampler (greedy rows
+  included: a temperature of 0 is the argmax, ties to the lowest id), with
+  the chosen token's log-probability and the top ``TOP_LOGPROBS`` for the
+  rows that ask.  Each row's recent tokens (the penalties' window) are a
+  ring of ``history_window`` tokens, token ``p`` at ``p % window``.
 
 The KV pools are ``[num_blocks, n_kv_heads, block_size, head_dim]`` f16
 per layer (``blk.i.k_pool``, ``blk.i.v_pool``).
@@ -42,7 +45,10 @@ from ptxgen.llm.generation import sampler_spec
 from .chunk import ChunkLowering
 from .common import QKV
 
-__all__ = ["BatchLowering", "BatchIO"]
+__all__ = ["BatchLowering", "BatchIO", "TOP_LOGPROBS"]
+
+#: the most top log-probabilities a row can ask for (OpenAI's limit)
+TOP_LOGPROBS = 20
 
 
 @attrs.frozen
@@ -120,8 +126,13 @@ class BatchLowering(ChunkLowering):
         self.tables = self.io.at(4 * f["tables"][0])
         self.lens = self.io.at(4 * f["lens"][0])
         self.params = self.io.at(4 * f["params"][0])
-        self.history = g.buffer("batch_history", (io.rows, n_ctx), np.int32, "state")
+        self.window = min(n_ctx, 1024)
+        self.history = g.buffer("batch_history", (io.rows, self.window), np.int32, "state")
         self.next_tokens = g.buffer("batch_next", (io.rows,), np.int32, "state")
+        self.logprob = g.buffer("batch_logprob", (io.rows,), np.float32, "state")
+        self.top_ids = g.buffer("batch_top_ids", (io.rows, TOP_LOGPROBS), np.int32, "state")
+        self.top_logprobs = g.buffer("batch_top_logprobs", (io.rows, TOP_LOGPROBS), np.float32,
+                                     "state")
 
     def _inputs(self, capacity, chunk):
         """The token ids and the ``(start, n_rows)`` pair: fields of ``batch_io``."""
@@ -197,22 +208,22 @@ class BatchLowering(ChunkLowering):
         x = self._input(h)
         self.logits = g.buffer("batch_logits", (self.rows, hp.vocab), np.float32)
         self._matmul(weight, x, self.logits)
-        sps = sampler_spec(hp.vocab, self.target)
-        geom = sampling.launch_geometry(sps, hp.vocab)
-        work = g.buffer("sample_work", (hp.vocab,), np.float32)
-        scratch = g.buffer("sample_scratch", (sampling.scratch_words(sps, hp.vocab),), np.uint64)
-        counter = g.buffer("batch_sample_counter", (1,), np.uint32, "state",
-                           np.zeros(1, np.uint32))
-        launches = [self.launch("sampling", sps, geom,
-                                logits=self.logits.at(4 * r * hp.vocab), n=hp.vocab,
-                                history=self.history.at(4 * r * self.n_ctx),
-                                pos=_plus(self.positions, 4 * r),
-                                params=_plus(self.params, 4 * r * sampling.PARAM_WORDS),
-                                out=self.next_tokens.at(4 * r), n_draws=1, work=work, info=0,
-                                scratch=scratch, counter=counter)
-                    for r in range(self.rows)]
-        self.add("Sample", "sample", [self.logits, self.history, self.io], [self.next_tokens],
-                 launches)
+        sps = attrs.evolve(sampler_spec(hp.vocab, self.target), rows=True,
+                           logprobs=TOP_LOGPROBS)
+        B = self.rows
+        work = g.buffer("sample_work", (B, hp.vocab), np.float32)
+        scratch = g.buffer("sample_scratch", (B, sampling.scratch_words(sps, hp.vocab)),
+                           np.uint64)
+        counter = g.buffer(f"batch_sample_counter{B}", (B,), np.uint32, "state",
+                           np.zeros(B, np.uint32))
+        self.add("Sample", "sample", [self.logits, self.history, self.io],
+                 [self.next_tokens, self.logprob, self.top_ids, self.top_logprobs],
+                 [self.launch("sampling", sps, sampling.launch_geometry(sps, hp.vocab, B),
+                              logits=self.logits, n=hp.vocab, history=self.history,
+                              window=self.window, history_len=self.lens, pos=self.positions,
+                              params=self.params, out=self.next_tokens, n_draws=1, work=work,
+                              info=0, scratch=scratch, counter=counter, logprob=self.logprob,
+                              top_ids=self.top_ids, top_logprobs=self.top_logprobs)])
 
 
 def _plus(ref, nbytes: int):

@@ -11,14 +11,15 @@ pytest.importorskip("gguf")
 
 from ptxgen.driver.backend import get_backend
 from ptxgen.llm import Model
-from ptxgen.llm.engine.runner import (BatchRunner, DecodeRow, PrefillChunk, kv_bytes_per_token,
-                                      pool_blocks)
+from ptxgen.llm.engine.runner import BatchRunner, DecodeRow, PrefillChunk
+from ptxgen.llm.generation import SamplingSettings
 from ptxgen.llm.gguf.file import LlamaFile
 from ptxgen.llm.gguf.synth import write_synthetic_llama
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
 BS = 16
+GREEDY = SamplingSettings()
 
 
 def _file(tmp_path_factory, seed, arch):
@@ -49,8 +50,8 @@ def _run(runner, prompts, tables, n_new, chunk):
         last.append((p[-1], len(p) - 1))
     out = [[] for _ in prompts]
     for _ in range(n_new):
-        res = runner.decode([DecodeRow(t, pos, tab) for (t, pos), tab in zip(last, tables)],
-                            mode="eager")
+        res = runner.decode([DecodeRow(t, pos, tab, GREEDY, 0)
+                             for (t, pos), tab in zip(last, tables)], mode="eager")
         for i, r in enumerate(res):
             out[i].append(r.token)
             last[i] = (r.token, last[i][1] + 1)
@@ -64,7 +65,7 @@ def test_batch_equals_each_sequence_alone(arch_files, rng):
     (Llama, Qwen2's biases, Qwen3's q/k norms)."""
     files = arch_files
     runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=12, block_size=BS,
-                         max_batch=4, chunk=8, n_ctx=48)
+                         max_batch=4, chunk=8, ctx_size=48)
     model = Model.from_gguf(files, backend="emu", capacity=48, progress=False)
     prompts = [[int(t) for t in rng.integers(0, TINY["vocab"], n)] for n in (4, 9, 18)]
     blocks = [int(b) for b in rng.permutation(12)]
@@ -83,7 +84,7 @@ def test_rows_past_the_batch_do_not_matter(files, rng):
     """Two sequences in the bucket of 2 and, with a third beside them, in the
     bucket of 4: the first two get the same tokens either way."""
     runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=8, block_size=BS,
-                         max_batch=4, chunk=8, n_ctx=32)
+                         max_batch=4, chunk=8, ctx_size=32)
     prompts = [[int(t) for t in rng.integers(0, TINY["vocab"], n)] for n in (3, 6, 5)]
     a = _run(runner, prompts[:2], [(0,), (1,)], 2, 8)
     b = _run(runner, prompts, [(2,), (3,), (4,)], 2, 8)
@@ -92,23 +93,12 @@ def test_rows_past_the_batch_do_not_matter(files, rng):
 
 def test_bad_inputs_are_refused(files):
     runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=4, block_size=BS,
-                         max_batch=2, chunk=4, n_ctx=32)
+                         max_batch=2, chunk=4, ctx_size=32)
     with pytest.raises(ValueError, match="past the block table"):
-        runner.decode([DecodeRow(1, 16, (0,))])
+        runner.decode([DecodeRow(1, 16, (0,), GREEDY, 0)])
     with pytest.raises(ValueError, match="outside the pool"):
-        runner.decode([DecodeRow(1, 0, (9,))])
+        runner.decode([DecodeRow(1, 0, (9,), GREEDY, 0)])
     with pytest.raises(ValueError, match="1..2 rows"):
-        runner.decode([DecodeRow(1, 0, (0,))] * 3)
+        runner.decode([DecodeRow(1, 0, (0,), GREEDY, 0)] * 3)
     with pytest.raises(ValueError, match="1..4 tokens"):
         runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,)))
-
-
-def test_pool_sizing():
-    from types import SimpleNamespace
-    hp = SimpleNamespace(n_layers=32, n_kv_heads=8, head_dim=128)
-    assert kv_bytes_per_token(hp) == 32 * 2 * 8 * 128 * 2
-    # 40 GiB free, 90%: 36 GiB of 128 KiB tokens in blocks of 16
-    n = pool_blocks(40 << 30, 0.9, hp, 16)
-    assert n == int((40 << 30) * 0.9) // (131072 * 16)
-    with pytest.raises(ValueError):
-        pool_blocks(1 << 30, 1.5, hp, 16)

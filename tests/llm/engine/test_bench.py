@@ -1,0 +1,127 @@
+"""``python -m ptxgen bench``: the pp/tg table on the emulator, the batched
+table's arithmetic and timing on the fake runner, both tables from the
+command once the batched runner is there, and bad flags."""
+
+import importlib.util
+import re
+import time
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from engine_fakes import FakeRunner
+from ptxgen.cli import main
+from ptxgen.llm.bench import BatchedResult, batched_bench, format_batched
+from ptxgen.llm.engine import Engine
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+
+SMALL = dict(n_layers=1, hidden=128, ffn=256, n_heads=2, n_kv_heads=1, qtype="Q8_0",
+             output_qtype="Q8_0", context_length=64, vocab=256)
+HEAD = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
+        "      T s |    S t/s |")
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory, module_seed):
+    p = tmp_path_factory.mktemp("bench") / "tiny.gguf"
+    write_synthetic_llama(p, seed=module_seed, **SMALL)
+    return str(p)
+
+
+class TimedRunner(FakeRunner):
+    """The fake runner, each prefill call taking 2 ms and each decode step 1 ms at least."""
+
+    def prefill(self, chunk):
+        time.sleep(0.002)
+        return super().prefill(chunk)
+
+    def decode(self, rows):
+        time.sleep(0.001)
+        return super().decode(rows)
+
+
+def test_the_batched_table_counts_and_times_the_engines_work(rng):
+    runner = TimedRunner(num_blocks=256, block_size=4, max_batch=8, chunk=16)
+    with Engine(runner) as eng:
+        rows = batched_bench(eng, (8, 20), (3,), (1, 2, 8), warmup=False, rng=rng)
+        assert len(runner.calls) > 0
+    assert [(r.pp, r.tg, r.b) for r in rows] == [(8, 3, 1), (8, 3, 2), (8, 3, 8),
+                                                 (20, 3, 1), (20, 3, 2), (20, 3, 8)]
+    # replay the calls each row made: prompt tokens in prefill calls, rows in decode steps
+    calls = list(runner.calls)
+    for r in rows:
+        n_pre = n_dec = pre_tok = dec_rows = 0
+        while pre_tok + dec_rows < r.b * r.pp + r.b * r.tg:
+            c = calls.pop(0)
+            if c[0] == "prefill":
+                n_pre, pre_tok = n_pre + 1, pre_tok + c[1]
+            else:
+                n_dec, dec_rows = n_dec + 1, dec_rows + c[1]
+        assert pre_tok + dec_rows == r.b * (r.pp + r.tg)
+        assert r.n_kv == r.b * (r.pp + r.tg)
+        assert r.t_pp >= 0.002 * n_pre and r.t_tg >= 0.001 * n_dec
+        assert r.t >= r.t_pp + r.t_tg
+        assert r.s_pp == pytest.approx(r.b * r.pp / r.t_pp)
+        assert r.s_tg == pytest.approx(r.b * r.tg / r.t_tg)
+        assert r.s == pytest.approx(r.n_kv / r.t)
+    assert not calls
+
+
+def test_format_batched_has_llama_batched_benchs_columns():
+    r = BatchedResult(pp=128, tg=64, b=4, t_pp=0.5, t_tg=2.0, t=2.75)
+    text = format_batched([r], "engine: n_kv_max = 4096")
+    lines = text.splitlines()
+    assert lines[0] == "engine: n_kv_max = 4096" and lines[2] == HEAD
+    assert set(lines[3]) == {"|", "-"} and len(lines[3]) == len(HEAD)
+    assert lines[4] == ("|   128 |     64 |    4 |    768 |    0.500 |  1024.00 |    2.000 |"
+                        "   128.00 |    2.750 |   279.27 |")
+
+
+def test_bench_prints_the_pp_tg_table_on_the_emulator(model_path, capsys):
+    assert main(["bench", model_path, "--backend", "emu", "-p", "3", "-n", "2", "-r", "2",
+                 "-npl", "0", "--no-warmup", "--seed", "1"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].startswith("| model") and lines[0].rstrip().endswith("t/s |")
+    rows = [ln for ln in lines if re.search(r"\| +(pp3|tg2) \|", ln)]
+    assert len(rows) == 2 and all(" emu " in ln for ln in rows)
+    for ln in rows:
+        mean, std = re.search(r"\| +([0-9.]+) ± ([0-9.]+) \|$", ln).groups()
+        assert float(mean) > 0
+    assert "PP" not in out                  # -npl 0: no batched table
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ptxgen.llm.engine.runner") is None,
+                    reason="the batched runner (ptxgen/llm/engine/runner.py) is not there yet")
+def test_bench_prints_both_tables_on_the_emulator(model_path, capsys):
+    assert main(["bench", model_path, "--backend", "emu", "-p", "3", "-n", "2", "-r", "1",
+                 "-npp", "3", "-ntg", "2", "-npl", "1,2", "--seed", "1"]) == 0
+    out, _ = capsys.readouterr()
+    assert re.search(r"\| +pp3 \|", out) and re.search(r"\| +tg2 \|", out)
+    assert HEAD in out
+    rows = [ln for ln in out.splitlines() if re.match(r"\|\s+3 \|\s+2 \|", ln)]
+    assert [int(ln.split("|")[3]) for ln in rows] == [1, 2]
+    assert [int(ln.split("|")[4]) for ln in rows] == [5, 10]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["-p", "x"], "expected comma-separated integers, got 'x'"),
+    (["-npl", "-1"], "expected comma-separated integers >= 0"),
+    (["--gpu-memory-utilization", "1.5"], r"--gpu-memory-utilization must be in \(0, 1\]"),
+    (["-npp", "0"], "-npp needs at least one prompt length above 0"),
+])
+def test_bad_flags_are_one_error_line(model_path, capsys, args, msg):
+    try:
+        rc = main(["bench", model_path, "--backend", "emu", "-p", "0", "-n", "0"] + args)
+    except SystemExit as e:                 # argparse's own errors
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert re.search(msg, err) and "Traceback" not in err
+
+
+def test_a_missing_file_is_one_error_line(tmp_path, capsys):
+    assert main(["bench", str(tmp_path / "nope.gguf"), "-npl", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "nope.gguf" in err

@@ -1,0 +1,78 @@
+"""The engine on the real runner (``ptxgen.llm.engine.runner.BatchRunner``):
+each sequence of a batch gets, greedily, the tokens the single-sequence
+path (``Model.generate``) gives it alone, on the emulator (tiny model, few
+tokens) and on a GPU (a larger batch, a prefix shared, more tokens).
+
+Skipped until runner.py exists."""
+
+import gc
+
+import pytest
+
+pytest.importorskip("gguf")
+pytest.importorskip("ptxgen.llm.engine.runner",
+                    reason="the batched runner (ptxgen/llm/engine/runner.py) is not there yet")
+
+from backends import cuda_available
+from ptxgen.llm import Model
+from ptxgen.llm.engine import Engine, RequestSettings
+from ptxgen.llm.gguf.synth import write_synthetic_llama
+
+# one Q8_0 layer of width 128: about a second a step on the emulator
+SMALL = dict(n_layers=1, hidden=128, ffn=256, n_heads=2, n_kv_heads=1, qtype="Q8_0",
+             output_qtype="Q8_0", context_length=256, vocab=256)
+
+
+@pytest.fixture(scope="module")
+def small_path(tmp_path_factory, module_seed):
+    p = tmp_path_factory.mktemp("engine_model") / "small.gguf"
+    write_synthetic_llama(p, seed=module_seed, **SMALL)
+    return str(p)
+
+
+def _alone(path, backend, prompts, n):
+    model = Model.from_gguf(path, backend=backend, capacity=128, progress=False,
+                            tokenizer=False)
+    out = [model.generate(p, n).tokens for p in prompts]
+    del model
+    gc.collect()
+    return out
+
+
+def test_each_sequence_of_a_batch_gets_the_tokens_it_gets_alone(small_path, rng):
+    """Three prompts of different lengths (one past a 16-token block) in one
+    engine batch, 3 greedy tokens each."""
+    prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (2, 7, 19)]
+    alone = _alone(small_path, "emu", prompts, 3)
+    with Engine.from_gguf(small_path, backend="emu", max_seqs=4, ctx_size=64, chunk=16,
+                          progress=False) as eng:
+        outs = eng.generate(prompts, RequestSettings(max_tokens=3, ignore_eos=True))
+        assert eng.stats().blocks_used == 0
+    for p, a, o in zip(prompts, alone, outs):
+        assert o.finish_reason == "length"
+        assert list(o.token_ids) == a, f"prompt of {len(p)} tokens"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver available")
+def test_gpu_batch_equals_alone_with_shared_prefixes(tmp_path, seed, rng):
+    """16 requests, half sharing a 100-token prefix, 32 greedy tokens each,
+    joining at different times: each gets its tokens alone."""
+    path = str(tmp_path / "gpu.gguf")
+    write_synthetic_llama(path, n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
+                          context_length=1024, seed=seed, vocab=2048)
+    shared = [int(t) for t in rng.integers(0, 2048, 100)]
+    prompts = [(shared if i % 2 else []) + [int(t) for t in rng.integers(0, 2048, 5 + 9 * i)]
+               for i in range(16)]
+    alone = _alone(path, "cuda", prompts, 32)
+    with Engine.from_gguf(path, backend="cuda", max_seqs=8, ctx_size=512, chunk=64,
+                          progress=False) as eng:
+        s = RequestSettings(max_tokens=32, ignore_eos=True)
+        first = [eng.add_request(p, s) for p in prompts[:8]]
+        first[0].wait(30)
+        later = [eng.add_request(p, s) for p in prompts[8:]]
+        outs = [r.result(timeout=120) for r in first + later]
+        st = eng.stats()
+    assert st.cached_tokens >= 96 and st.blocks_used == 0
+    for i, (a, o) in enumerate(zip(alone, outs)):
+        assert list(o.token_ids) == a, f"request {i}"
