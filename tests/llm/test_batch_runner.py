@@ -46,7 +46,8 @@ def _run(runner, prompts, tables, n_new, chunk):
     for p, tab in zip(prompts, tables):
         body = p[:-1]
         for s in range(0, len(body), chunk):
-            runner.prefill(PrefillChunk(tuple(body[s:s + chunk]), s, tab), mode="eager")
+            runner.prefill(PrefillChunk(tuple(body[s:s + chunk]), s, tab, False, GREEDY, 0),
+                           mode="eager")
         last.append((p[-1], len(p) - 1))
     out = [[] for _ in prompts]
     for _ in range(n_new):
@@ -101,4 +102,4 @@ def test_bad_inputs_are_refused(files):
     with pytest.raises(ValueError, match="1..2 rows"):
         runner.decode([DecodeRow(1, 0, (0,), GREEDY, 0)] * 3)
     with pytest.raises(ValueError, match="1..4 tokens"):
-        runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,)))
+        runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,), False, GREEDY, 0))
