@@ -19,7 +19,6 @@ that type, or llama.cpp's Q4_K_M mix; vectors kept), and which would fit.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import attrs
@@ -208,9 +207,13 @@ def _present_gpu():
 
 
 def info_command(argv) -> int:
-    """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``."""
-    p = argparse.ArgumentParser(prog="python -m ptxgen info",
-                                description="what a GGUF file holds and whether it fits a GPU")
+    """Describe a GGUF file (architecture, sizes, tokenizer) and whether it fits the GPU.
+
+    ``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]``.
+    """
+    from ptxgen.cli import ArgumentParser, HelpFormatter
+    p = ArgumentParser(prog="python -m ptxgen info", formatter_class=HelpFormatter,
+                       description="what a GGUF file holds and whether it fits a GPU")
     p.add_argument("model", help="a .gguf file")
     p.add_argument("--ctx", type=int, default=None,
                    help="KV-cache length in tokens (default: min(context length, 4096))")
