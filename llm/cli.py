@@ -39,7 +39,8 @@ import sys
 import threading
 
 __all__ = ["run_command", "chat_command", "positive", "get_backend_for_cli", "run_guarded",
-           "add_model_args", "model_path", "note_ignored", "chat_template_arg", "Status"]
+           "add_model_args", "model_path", "note_ignored", "chat_template_arg", "template_of",
+           "Status", "CliError"]
 
 from ptxgen.cli import ArgumentParser
 from ptxgen.cli import HelpFormatter as _HELP
@@ -114,7 +115,7 @@ def chat_template_arg(p):
                    help="a Jinja chat template file instead of the file's")
 
 
-def _template(a) -> str | None:
+def template_of(a) -> str | None:
     """The chat template the arguments name (None: the model file's)."""
     from ptxgen.llm.named_templates import resolve_chat_template
     if a.chat_template is not None and a.chat_template_file is not None:
@@ -401,7 +402,7 @@ def run_command(argv) -> int:
         note_ignored(a)
         settings = _sampling(a)
         prompt = _read_prompt(a)
-        template = _template(a)
+        template = template_of(a)
         chat = prompt is not None and (a.system is not None or template is not None)
         model, be = _load(a, "" if prompt is None else ("chat" if chat else "tokenizer"),
                           template)
@@ -520,7 +521,7 @@ def chat_command(argv) -> int:
     def body():
         note_ignored(a)
         settings = _sampling(a)
-        template = _template(a)
+        template = template_of(a)
         model, be = _load(a, "chat", template)
         mode = "eager" if a.eager else "graph"
         n = model.capacity if a.max_new_tokens == -1 else a.max_new_tokens
