@@ -353,6 +353,7 @@ class _Choice:
         self.prompt_index = prompt_index
         self.request = request
         self.text: list = []
+        self.chars = 0
         self.tokens = 0
         self.logprobs: list = []
         self.finish: str | None = None
@@ -441,7 +442,7 @@ class _Job:
         self.arrived = arrived
         self.created = int(time.time())
         self.model = req.model
-        self.first_token_seen = False
+        self._template = None
 
     # ---------------------------------------------------------- engine events
     def cancel_unfinished(self):
@@ -449,31 +450,30 @@ class _Job:
             if c.finish is None:
                 self.engine.cancel(c.request.id)
 
-    async def events(self):
-        """``(choice, event)`` of every choice as they come."""
-        if len(self.choices) == 1:
-            c = self.choices[0]
-            async for ev in _guarded(c.request):
-                yield c, ev
-            return
+    async def batches(self):
+        """Lists of ``(choice, event)``: each one what has come since the
+        last (a stream that falls behind the engine sends several tokens in
+        one write instead of lagging further)."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(c):
             try:
                 async for ev in _guarded(c.request):
-                    await queue.put((c, ev))
+                    queue.put_nowait((c, ev))
             finally:
-                await queue.put((c, None))
+                queue.put_nowait((c, None))
 
         tasks = [asyncio.create_task(pump(c)) for c in self.choices]
         try:
             left = len(tasks)
             while left:
-                c, ev = await queue.get()
-                if ev is None:
-                    left -= 1
-                else:
-                    yield c, ev
+                items = [await queue.get()]
+                while not queue.empty():
+                    items.append(queue.get_nowait())
+                left -= sum(ev is None for _, ev in items)
+                batch = [(c, ev) for c, ev in items if ev is not None]
+                if batch:
+                    yield batch
         finally:
             for t in tasks:
                 t.cancel()
@@ -495,6 +495,7 @@ class _Job:
             m.generation_tokens.inc(n)
         if ev.text:
             c.text.append(ev.text)
+            c.chars += len(ev.text)
         if self.want_lp is not None:
             c.logprobs.extend(ev.logprobs)
         if ev.finish_reason is not None:
@@ -512,8 +513,9 @@ class _Job:
         self.state.metrics.in_flight.inc()
         watch = asyncio.create_task(_wait_disconnect(request, self.cancel_unfinished))
         try:
-            async for c, ev in self.events():
-                self.take(c, ev)
+            async for batch in self.batches():
+                for c, ev in batch:
+                    self.take(c, ev)
         finally:
             watch.cancel()
             self.cancel_unfinished()
@@ -556,17 +558,19 @@ class _Job:
                 first = self.first_chunk(c)
                 if first is not None:
                     yield _sse(self.chunk([first], usage))
-            async for c, ev in self.events():
-                self.take(c, ev)
-                if c.finish == "error":
-                    self.cancel_unfinished()
-                    err = APIError(500, f"generation failed: {c.error or 'engine error'}",
-                                   type="server_error")
-                    yield _sse(err.body())
-                    return
-                body = self.delta(c, ev)
-                if body is not None:
-                    yield _sse(self.chunk([body], usage))
+            async for batch in self.batches():
+                out = []
+                for c, ev in batch:
+                    self.take(c, ev)
+                    if c.finish == "error":
+                        self.cancel_unfinished()
+                        err = APIError(500, f"generation failed: {c.error or 'engine error'}",
+                                       type="server_error")
+                        yield b"".join(out) + _sse(err.body())
+                        return
+                    out.append(self.delta_event(c, ev, usage))
+                if any(out):
+                    yield b"".join(out)
             if usage:
                 yield _sse({**self.chunk([], False), "usage": self.usage()})
             yield b"data: [DONE]\n\n"
@@ -592,20 +596,34 @@ class _Job:
                     "finish_reason": None}
         return None
 
-    def delta(self, c: _Choice, ev):
+    def delta_event(self, c: _Choice, ev, usage: bool) -> bytes:
+        """The server-sent event of ``ev`` (b"" when it has nothing to send).
+        The common event, text alone, is written from a template."""
         finish = None if ev.finish_reason is None else _FINISH.get(ev.finish_reason,
                                                                   ev.finish_reason)
         lps = list(ev.logprobs) if self.want_lp is not None else []
         if not ev.text and not lps and finish is None:
-            return None
+            return b""
+        if finish is None and not lps:
+            if self._template is None:
+                head = json.dumps(self.chunk([], usage), separators=(",", ":"),
+                                  ensure_ascii=False).replace("%", "%%")
+                at = head.index('"choices":[') + len('"choices":[')
+                field = '"delta":{"content":' if self.chat else '"text":'
+                close = "}" if self.chat else ""
+                self._template = (head[:at] + '{"index":%d,' + field + "%s" + close +
+                                  ',"logprobs":null,"finish_reason":null}' + head[at:])
+            text = json.dumps(ev.text, ensure_ascii=False)
+            return b"data: " + (self._template % (c.index, text)).encode() + b"\n\n"
         if self.chat:
-            lp = {"content": self.chat_logprobs(lps)} if self.want_lp is not None and lps \
-                else None
+            lp = {"content": self.chat_logprobs(lps)} if lps else None
             delta = {"content": ev.text} if ev.text or lps else {}
-            return {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        offset = sum(len(t) for t in c.text) - len(ev.text)
-        lp = self.completion_logprobs(lps, offset) if self.want_lp is not None and lps else None
-        return {"index": c.index, "text": ev.text, "logprobs": lp, "finish_reason": finish}
+            body = {"index": c.index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        else:
+            offset = c.chars - len(ev.text)
+            lp = self.completion_logprobs(lps, offset) if lps else None
+            body = {"index": c.index, "text": ev.text, "logprobs": lp, "finish_reason": finish}
+        return _sse(self.chunk([body], usage))
 
     # ---------------------------------------------------------- log-probabilities
     def token_text(self, token: int) -> tuple:

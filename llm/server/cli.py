@@ -133,7 +133,10 @@ def run_server(load, *, host: str, port: int, model_name=None, aliases=(), api_k
     where = f"http://{host}:{port}" if sockets is None else "the given sockets"
     print(f"loading {what}; listening on {where} (GET /health says when it is ready)",
           file=sys.stderr, flush=True)
-    server.run(sockets=sockets)
+    try:
+        server.run(sockets=sockets)
+    except KeyboardInterrupt:       # uvicorn raises the signal again once it has stopped
+        pass
     if failed:
         e = failed[0]
         print(f"error: loading {what} failed: {e}", file=sys.stderr)

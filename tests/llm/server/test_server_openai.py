@@ -250,3 +250,14 @@ def test_chat_history_prompts_extend_the_previous_ones(client, engine, tok):
     first, second = engine.prompts[before:before + 2]
     assert second[:len(first)] == first
     assert len(second) > len(first) + 6
+
+
+def test_streamed_chunks_with_an_odd_model_name(tok):
+    """The chunk template survives a name with quotes and % signs."""
+    name = 'my "model" 100%s'
+    with serve(FakeEngine(tok, n_ctx=64, eog_logit=-30), model_name=name) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="x", max_retries=0)
+        chunks = list(client.completions.create(model=name, prompt="Hi", max_tokens=4,
+                                                stream=True))
+    assert {ch.model for ch in chunks} == {name} and len(chunks) >= 1
+    assert sum(len(ch.choices[0].text) > 0 for ch in chunks) >= 1
