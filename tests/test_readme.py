@@ -11,10 +11,7 @@ and the demo check; the server's blocks run once the engine exists."""
 
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
 
 import pytest
 

@@ -323,6 +323,8 @@ def _encode_prompts(tok, prompts) -> list:
 
 
 def _vocab_size(state: ServerState) -> int:
+    """The vocabulary's size (the engine's ``n_vocab`` or its tokenizer's;
+    without either, ids are left to the engine to check)."""
     tok = state.engine.tokenizer
     n = getattr(state.engine, "n_vocab", None) or (tok.n_vocab if tok is not None else None)
     return int(n) if n else 1 << 31
@@ -390,9 +392,8 @@ async def _generate(request, state: ServerState, req, prompts, *, chat: bool):
     except BaseException as e:
         for c in choices:
             engine.cancel(c.request.id)
-        if isinstance(e, ValueError):
-            raise APIError(400, str(e), param="messages" if chat else "prompt",
-                           code="context_length_exceeded") from None
+        if isinstance(e, ValueError):       # the engine refused the prompt
+            raise APIError(400, str(e), param="messages" if chat else "prompt") from None
         if _is_overloaded(e, api):
             raise APIError(503, f"the server is overloaded: {e}; try again shortly",
                            type="server_error", code="overloaded",
