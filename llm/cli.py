@@ -138,8 +138,10 @@ def _add_generation_args(p, n_default):
 
 def _add_sampling_args(p):
     g = p.add_argument_group("sampling (llama.cpp's flags)")
-    g.add_argument("--temp", metavar="T", type=float, default=0.0, help="temperature; 0 decodes greedily")
-    g.add_argument("--top-k", metavar="K", type=int, default=40, help="keep the k most likely tokens; 0: all")
+    g.add_argument("--temp", metavar="T", type=float, default=0.0,
+                   help="temperature; 0 decodes greedily")
+    g.add_argument("--top-k", metavar="K", type=int, default=40,
+                   help="keep the k most likely tokens; 0: all")
     g.add_argument("--top-p", metavar="P", type=float, default=0.95,
                    help="keep the most likely tokens up to this probability mass; 1: all")
     g.add_argument("--min-p", metavar="P", type=float, default=0.05,
