@@ -431,7 +431,7 @@ def run_command(argv) -> int:
         sys.stdout.flush()
         res = stream.result or _partial_result(stream, text)
         print(_stats_line(res, stream.mode, be), file=sys.stderr)
-        return 130 if stop.requested else 0
+        return 0 if stream.result is not None else 130
 
     return run_guarded(body)
 
