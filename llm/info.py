@@ -25,7 +25,6 @@ memory left after the weights, in blocks of
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import attrs
@@ -230,10 +229,14 @@ def _present_gpu():
 
 
 def info_command(argv) -> int:
-    """``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]
-    [--gpu-memory-utilization F]``."""
-    p = argparse.ArgumentParser(prog="python -m ptxgen info",
-                                description="what a GGUF file holds and whether it fits a GPU")
+    """Describe a GGUF file (architecture, sizes, tokenizer) and whether it fits the GPU.
+
+    ``python -m ptxgen info MODEL.gguf [--ctx N] [--gpu-memory GIB]
+    [--gpu-memory-utilization F]``.
+    """
+    from ptxgen.cli import ArgumentParser, HelpFormatter
+    p = ArgumentParser(prog="python -m ptxgen info", formatter_class=HelpFormatter,
+                       description="what a GGUF file holds and whether it fits a GPU")
     p.add_argument("model", help="a .gguf file")
     p.add_argument("--ctx", type=int, default=None,
                    help="KV-cache length in tokens (default: min(context length, 4096))")

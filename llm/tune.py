@@ -8,8 +8,9 @@ the timing is :mod:`ptxgen.driver.tune`.
 
 from __future__ import annotations
 
-import argparse
 import sys
+
+from ptxgen.cli import ArgumentParser, HelpFormatter
 
 from ptxgen.driver.tune import LLAMA_8B, qtype_calls, tune_flash, tune_gemv
 from ptxgen.kernels import gemv, tuning
@@ -52,9 +53,9 @@ def flash_calls(model: str | None) -> list:
 
 
 def tune_command(argv) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ptxgen tune",
-                                 description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    """Time kernel configs on this GPU and keep the fastest for a model's shapes."""
+    ap = ArgumentParser(prog="python -m ptxgen tune", description=__doc__.split("\n\n")[0],
+                        formatter_class=HelpFormatter)
     ap.add_argument("family", nargs="?", default="gemv", choices=["gemv", "flash_decode"],
                     help="kernel family to tune")
     ap.add_argument("--model", default=None, help="a GGUF file whose shapes to tune for")

@@ -1,6 +1,6 @@
-"""``python -m ptxgen``: list, dump and check kernels.
+"""``python -m ptxgen``: the command line.
 
-Commands:
+Commands of this package (the DSL):
 
 ``list``
     kernel families and their canonical specs.
@@ -9,10 +9,12 @@ Commands:
 ``check KERNEL|FILE.ptx [--target sm_90]``
     assemble with ptxas and print registers, spills, shared and local bytes.
 
-Other commands (``run``, ``demo`` ...) are plugins registered under the
-``ptxgen.commands`` entry-point group by the packages that provide them.
-Exit codes: 0 success, 1 a failed check, 2 bad usage (unknown kernel, key or
-value).
+Other commands (``run``, ``chat``, ``serve``, ``info``, ``demo`` ...) are
+plugins registered under the ``ptxgen.commands`` entry-point group by the
+packages that provide them; the top-level help describes each with the first
+line of its function's docstring.  Exit codes: 0 success, 1 a failed check,
+2 bad usage (unknown kernel, key or value); an argument error is one
+``error:`` line naming the command's ``--help``.
 """
 
 from __future__ import annotations
@@ -25,11 +27,19 @@ from importlib.metadata import entry_points
 from . import registry
 from .target import TARGETS
 
-__all__ = ["main", "HelpFormatter"]
+__all__ = ["main", "HelpFormatter", "ArgumentParser"]
 
 
 class UsageError(Exception):
     pass
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line: ``error: MESSAGE (see
+    PROG --help)`` and exit code 2, instead of the whole usage first."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -158,48 +168,102 @@ def _plugins() -> dict:
                                          key=lambda e: e.name)}
 
 
-def build_parser(plugins=None) -> argparse.ArgumentParser:
+#: the order commands are listed in the help (others follow, alphabetically)
+_ORDER = ("run", "chat", "serve", "info", "tune", "demo", "list", "dump", "check")
+
+_EPILOG = """\
+examples:
+  python -m ptxgen run model.gguf -p "Once upon a time" -n 64
+  echo "Why is the sky blue?" | python -m ptxgen run model.gguf
+  python -m ptxgen chat model.gguf -sys "Answer briefly."
+  python -m ptxgen serve model.gguf --port 8080
+  python -m ptxgen info model.gguf
+  python -m ptxgen dump vector_add
+
+Each command has its own help: python -m ptxgen COMMAND --help"""
+
+
+class _TopHelp(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    pass
+
+
+def _summary(ep) -> str:
+    """The first line of a plugin command's docstring (loads its module)."""
+    try:
+        doc = ep.load().__doc__ or ""
+    except Exception as e:  # a broken plugin still gets a line in the help
+        return f"(unavailable: {type(e).__name__}: {e})"
+    return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else ""
+
+
+def build_parser(plugins=None, describe: bool = False) -> argparse.ArgumentParser:
+    """The top-level parser; ``describe`` loads each plugin command to
+    show its summary (only the help needs it)."""
+    from .version import __version__
     fmt = HelpFormatter
-    p = argparse.ArgumentParser(prog="python -m ptxgen", formatter_class=fmt,
-                                description="ptxgen: build, inspect and check PTX kernels")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    p = ArgumentParser(prog="python -m ptxgen", formatter_class=_TopHelp, epilog=_EPILOG,
+                       description="ptxgen: a pure-Python PTX JIT for LLM inference kernels,\n"
+                                   "and a local runner for GGUF models built on it.")
+    p.add_argument("--version", action="version", version=f"ptxgen {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     sub.required = True
-    sub.add_parser("list", help="kernel families and canonical specs", formatter_class=fmt)
+    plugins = plugins or {}
+    names = [n for n in _ORDER if n in plugins or n in ("list", "dump", "check")]
+    names += sorted(n for n in plugins if n not in names)
+    for name in names:
+        if name in plugins:
+            sp = sub.add_parser(name, add_help=False,
+                                help=_summary(plugins[name]) if describe else None)
+            sp.add_argument("rest", nargs=argparse.REMAINDER)
+        elif name == "list":
+            sub.add_parser("list", help="list kernel families and their canonical specs",
+                           formatter_class=fmt)
+        elif name == "dump":
+            _add_dump(sub, fmt)
+        else:
+            _add_check(sub, fmt)
+    return p
 
-    def kernel_args(sp):
-        sp.add_argument("kernel", help="canonical spec or family name (see `list`)")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a spec field (repeatable)")
-        sp.add_argument("--target", choices=list(TARGETS), default=None,
-                        help="the PTX target (default: the spec's own)")
 
+def _kernel_args(sp):
+    sp.add_argument("kernel", help="canonical spec or family name (see `list`)")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a spec field (repeatable)")
+    sp.add_argument("--target", choices=list(TARGETS), default=None,
+                    help="the PTX target (default: the spec's own)")
+
+
+def _add_dump(sub, fmt):
     d = sub.add_parser("dump", help="print a kernel's PTX", formatter_class=fmt)
-    kernel_args(d)
+    _kernel_args(d)
     d.add_argument("--annotate", action="store_true",
                    help="end each instruction with the Python file:line that built it")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="syntax colours (auto: on a terminal, with pygments)")
     d.add_argument("-o", "--output", metavar="FILE", default=None,
                    help="write the PTX to FILE instead of stdout")
-    c = sub.add_parser("check", help="assemble with ptxas and report resources",
+
+
+def _add_check(sub, fmt):
+    c = sub.add_parser("check", help="assemble a kernel with ptxas and report its resources",
                        formatter_class=fmt)
     c.add_argument("kernel", help="canonical spec or family name (see `list`), or a .ptx file")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec field (repeatable)")
     c.add_argument("--target", choices=list(TARGETS), default=None,
                    help="the PTX target (default: the spec's own, or the file's .target)")
-    for name, ep in (plugins or {}).items():
-        sp = sub.add_parser(name, help=f"(from {ep.value.split(':')[0]})", add_help=False)
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
-    return p
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plugins = _plugins()
-    parser = build_parser(plugins)
     if argv and argv[0] in plugins:
         return int(plugins[argv[0]].load()(argv[1:]) or 0)
+    describe = not argv or argv[0] in ("-h", "--help")
+    parser = build_parser(plugins, describe=describe)
+    if not argv:
+        parser.print_help()
+        return 2
     args = parser.parse_args(argv)
     handler = {"list": _cmd_list, "dump": _cmd_dump, "check": _cmd_check}[args.command]
     try:
@@ -208,4 +272,15 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
+        _quiet_stdout()
         return 0
+
+
+def _quiet_stdout():
+    """After the reader of stdout went away: point stdout at /dev/null so
+    that the interpreter's last flush at exit does not complain."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

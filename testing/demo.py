@@ -15,14 +15,13 @@ step takes about a second.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 
 import numpy as np
 
-from ptxgen.cli import HelpFormatter
+from ptxgen.cli import ArgumentParser, HelpFormatter
 from ptxgen.llm.cli import get_backend_for_cli, positive as _positive, run_guarded
 
 __all__ = ["demo", "default_vocab", "demo_command"]
@@ -129,7 +128,8 @@ def _text(a, be, d) -> None:
 
 
 def demo_command(argv) -> int:
-    p = argparse.ArgumentParser(prog="python -m ptxgen demo", formatter_class=HelpFormatter,
+    """Build the kernels, check a tiny model against a float64 reference, generate text."""
+    p = ArgumentParser(prog="python -m ptxgen demo", formatter_class=HelpFormatter,
                                 description="decode a tiny synthetic Llama, check it against a "
                                             "float64 reference, then generate text with a real "
                                             "vocabulary")

@@ -47,8 +47,10 @@ def test_run_streams_text_and_prints_speeds(model_path, tmp_path, capsys):
     assert main(["run", model_path, "-p", "Hi", "--backend", "auto"] + args) == 0
     out, err = capsys.readouterr()
     assert out.startswith("Hi") and out.endswith("\n")
-    assert "generation: 2 tokens" in err and "tokens/s" in err and "seed 3" in err
-    assert "stop: max_new_tokens" in err
+    assert "tokens/s" in err and "seed 3" in err
+    # two tokens, or fewer when the random model chose an end-of-generation token
+    assert ("generation: 2 tokens" in err and "stop: max_new_tokens" in err) or \
+        "stop: eog" in err
     if not cuda_available():
         assert "using the CPU emulator" in err
     f = tmp_path / "prompt.txt"
