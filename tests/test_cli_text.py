@@ -184,7 +184,7 @@ def test_chat_falls_back_to_chatml_when_the_file_template_cannot_be_used(tmp_pat
     out, err = capsys.readouterr()
     assert "warning: the GGUF file's chat template cannot be used (chat template has a syntax " \
            "error at line 1" in err and "built-in ChatML" in err
-    assert "generation: 1 tokens" in err and out.endswith("\n")
+    assert "generation: 1 token;" in err and out.endswith("\n")
 
 
 @pytest.mark.parametrize("cmd", ["dump", "check", "run", "chat", "demo", "tune"])
