@@ -43,10 +43,6 @@ from .spec_fields import block_field, pdl_field, pdl_prologue, target_field
 
 #: the weight types the gather reads (the registry's)
 EMBEDDING_QTYPES = names_for("embedding")
-#: TRANSITIONAL, derived from the registry: the same names, for
-#: llm/gguf/file.py's kernel_types() until it calls
-#: ``kernels.quants.qtypes.names_for("embedding")``; remove then
-QTYPES = EMBEDDING_QTYPES
 #: the 32-weight formats: (offset of m or None, of qh or None, of qs, q's offset)
 _LEGACY = {"Q4_0": (None, None, 2, 8), "Q4_1": (2, None, 4, 0), "Q5_0": (None, 2, 6, 16),
            "Q5_1": (2, 4, 8, 0)}

@@ -32,11 +32,10 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from ptxgen.llm.gguf.file import SUPPORTED_TYPES, LlamaFile, LlamaHParams
+from ptxgen.llm.gguf.file import LlamaFile, LlamaHParams
 
 __all__ = ["LlamaHParams", "RefConventions", "LlamaReference", "load_llama_gguf",
-           "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu",
-           "SUPPORTED_TYPES"]
+           "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu"]
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:

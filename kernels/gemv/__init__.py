@@ -31,14 +31,14 @@ from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring
-from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, QTYPE_INFO, GemvConfig, GemvPlan,
+from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, GemvConfig, GemvPlan,
                    GemvSpec, check_k, read_unit)
 from .staged import build_staged
 from .tuning import balanced, candidate_configs, select_config
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
-           "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES", "QTYPE_INFO",
+           "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES",
            "EPILOGUES", "MAX_RING_BYTES", "CANONICAL"]
 
 

@@ -19,7 +19,7 @@ from ..quants.qtypes import QTYPES, names_for
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 from .layout import staged_layout, threads
 
-__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "GEMV_QTYPES", "QTYPE_INFO", "DP4A_RING",
+__all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "GEMV_QTYPES", "DP4A_RING",
            "EPILOGUES", "FLOAT_UNIT", "check_k", "read_unit", "MAX_RING_BYTES"]
 
 #: the weight types the GEMV reads (the registry's, kernels/quants/qtypes.py)
@@ -38,9 +38,6 @@ def read_unit(qtype: str) -> tuple:
 
 
 #: TRANSITIONAL, derived from the registry: qtype -> :func:`read_unit`, for
-#: llm/gguf/file.py's kernel_types() until it calls
-#: ``kernels.quants.qtypes.names_for("gemv")``; remove then
-QTYPE_INFO = {q: read_unit(q) for q in GEMV_QTYPES}
 #: the formats whose pieces have a ``dot="dp4a"`` form through the ring
 #: (Q4_K has one in both of its kernels)
 DP4A_RING = ("Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")

@@ -87,7 +87,7 @@ from ptxgen.llm.gguf.metadata import shown
 from ptxgen.llm.gguf.reader import GGUFContents, read_gguf
 
 __all__ = ["GGUFError", "GGUFMetadataError", "LlamaHParams", "LlamaFile", "SUPPORTED_ARCHS",
-           "SUPPORTED_TYPES", "ROPE_LAYOUT", "layer_tensor_names", "kernel_types",
+           "ROPE_LAYOUT", "layer_tensor_names", "kernel_types",
            "tensor_role", "MAX_LAYERS", "MAX_WIDTH", "MAX_HEADS", "MAX_VOCAB", "MIN_CONTEXT",
            "MAX_CONTEXT"]
 
@@ -96,10 +96,6 @@ SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
 #: RoPE pairing per architecture (llama.cpp's ``llama_model_rope_type``)
 ROPE_LAYOUT = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "neox",
                "qwen3": "neox"}
-#: GGML type name -> (weights per block, bytes per block): the types some
-#: kernel of the decode step reads (see :func:`kernel_types` for the roles)
-SUPPORTED_TYPES = {"F32": (1, 4), "F16": (1, 2), "Q8_0": (32, 34), "Q4_K": (256, 144),
-                   "Q6_K": (256, 210)}
 #: GGML types that never hold these models' weights
 _NOT_WEIGHTS = ("I8", "I16", "I32", "I64", "F64")
 #: GGML types read as NumPy float arrays
@@ -137,9 +133,8 @@ def kernel_types() -> dict:
     """Role -> the GGML types the decode step has kernels for: ``matrix``
     (a GEMV's weights), ``embedding`` (the row gather) and ``vector``
     (norm weights, biases, RoPE factors: f32)."""
-    from ptxgen.kernels import embedding, gemv
-    return {"matrix": tuple(gemv.QTYPE_INFO),
-            "embedding": tuple(q.upper() for q in embedding.QTYPES),
+    from ptxgen.kernels.quants.qtypes import names_for
+    return {"matrix": tuple(names_for("gemv")), "embedding": tuple(names_for("embedding")),
             "vector": ("F32",)}
 
 
