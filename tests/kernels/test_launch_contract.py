@@ -31,7 +31,7 @@ SIZES = {
 
 def _geometries(fam, spec):
     rows = SIZES[fam.name]
-    if fam.name == "embedding" and spec.rows:
+    if fam.name in ("embedding", "sampling") and spec.rows:
         rows += (4,)
     if fam.name == "gemv" and spec.epilogue == "rope":
         rows = (spec.rope_rows,)

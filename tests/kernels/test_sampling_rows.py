@@ -251,7 +251,7 @@ def test_refuses_bad_input():
         S.launch_geometry(ROWS, 1000, 0)
     with pytest.raises(ValueError, match="rows=True"):
         S.launch_geometry(ONE, 1000, 4)
-    assert S.launch_geometry(ROWS, 1000, 5)[0] == (8, 5, 1)
+    assert S.launch_geometry(ROWS, 1000, 5).grid == (8, 5, 1)
     with pytest.raises(ValueError, match="logprobs must be an int in 0..20"):
         S.SamplingSpec(logprobs=21)
     with pytest.raises(ValueError, match="rows must be a bool"):
