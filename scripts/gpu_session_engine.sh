@@ -30,6 +30,10 @@ timeout 240 python3 -m ptxgen bench /tmp/llama8b.gguf --backend cuda -p 512 -n 1
 tail -14 "$OUT/bench.log"
 
 bash scripts/gpu_synth_files.sh wait llama8bv || exit 1
+step "server tests on the GPU: the openai client against ptxgen serve, 8B file"
+PTXGEN_SERVE_MODEL=/tmp/llama8bv.gguf timeout 150 python3 -m pytest -q -p no:cacheprovider \
+  -o addopts="-rfE" -m gpu tests/llm/server/test_server_engine.py > "$OUT/serve_tests.log" 2>&1
+echo "pytest rc=$?"; tail -3 "$OUT/serve_tests.log"
 step "server: 64 streaming clients, then 256 requests with 30% abandoned"
 python3 -m ptxgen serve /tmp/llama8bv.gguf --port 8080 --parallel 64 -c 1024 --max-queue 1024 \
   --log-level warning > "$OUT/serve.log" 2>&1 &
