@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Time GEMM configs at the batched engine's decode row counts and keep the
+fastest per call in the user tuning cache (what ``python -m ptxgen tune``
+does for the GEMV), so the engine's graphs, built after, use them.
+
+    python3 scripts/tune_gemm_batch.py [--t 8,32,64,128] [--json OUT.json]
+
+The calls are an 8B Llama's weight shapes with the engine's X types and
+epilogues; the candidates vary the tile (``bm``, ``bn``) and the warps
+around the table's config.  Each is timed as a CUDA graph of 20 calls
+(median of 5 replays); the weight bytes over the time is printed beside.
+Buckets that are not measured take the nearest measured row count's choice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import attrs
+import numpy as np
+
+#: (qtype, m, k, x_type, epilogue) of an 8B Llama's batch step
+CALLS = [("Q4_K", 6144, 4096, "f16", "none"), ("Q4_K", 4096, 4096, "f32", "residual"),
+         ("Q4_K", 14336, 4096, "f16", "none"), ("Q4_K", 4096, 14336, "f16", "residual"),
+         ("Q6_K", 128256, 4096, "f16", "none")]
+BUCKETS = (2, 4, 8, 16, 32, 64, 128)
+
+
+def candidates(base, t):
+    """The table's config and small tiles (more CTAs at few rows)."""
+    out = [base]
+    bn = min(max(16, t), 64)
+    for bm in (16, 32, 64):
+        for wm, wn in ((1, 1), (2, 1)):
+            c = attrs.evolve(base, bm=bm, bn=bn, warps_m=wm, warps_n=wn, stages=4,
+                             kernel="mma", min_ctas=0)
+            if c not in out:
+                out.append(c)
+    return out
+
+
+def graph_us(fn, stream, reps=20, repeats=5):
+    from ptxgen.driver import Event, capture
+    fn()
+    stream.synchronize()
+    with capture(stream) as g:
+        for _ in range(reps):
+            fn()
+    exe = g.instantiate()
+    exe.launch(stream)
+    stream.synchronize()
+    ts = []
+    for _ in range(repeats):
+        a, b = Event(), Event()
+        a.record(stream)
+        exe.launch(stream)
+        b.record(stream)
+        b.synchronize()
+        ts.append(a.elapsed_ms(b) * 1000.0 / reps)
+    return statistics.median(ts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--t", default="8,64")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--max-candidates", type=int, default=40)
+    a = ap.parse_args(argv)
+    from ptxgen import driver
+    from ptxgen.driver import DeviceArray, Stream, get_device, ops
+    from ptxgen.driver.ops_gemm import gemm_plan
+    from ptxgen.kernels import gemm as G, tuning
+    from ptxgen.kernels.gemm.tuning import call_of
+    from ptxgen.kernels.quants.qtypes import qtype_of
+    dev = get_device()
+    s = Stream()
+    rng = np.random.default_rng(0)
+    ts = [int(x) for x in a.t.split(",")]
+    rows, best = [], {}
+    for q, m, k, xt, epi in CALLS:
+        qt = qtype_of(q)
+        row_bytes = qt.row_bytes(k)
+        w = DeviceArray.from_numpy(rng.integers(0, 256, (m, row_bytes), dtype=np.uint8))
+        for t in ts:
+            x = DeviceArray.from_numpy(rng.standard_normal((t, k)).astype(
+                np.float16 if xt == "f16" else np.float32))
+            y = DeviceArray.from_numpy(rng.standard_normal((t, m)).astype(np.float32))
+            base = gemm_plan(q, k, m, t, x_type=xt, epilogue=epi, backend="cuda").config
+            found = []
+            for c in candidates(base, t)[:a.max_candidates]:
+                kw = attrs.asdict(c)
+                try:
+                    G.GemmPlan(gemm_plan(q, k, m, t, x_type=xt, epilogue=epi,
+                                         backend="cuda").spec, c)
+                    us = graph_us(lambda kw=kw: ops.gemm(w, x, q, out=y, residual=y if epi ==
+                                                         "residual" else None, stream=s,
+                                                         **{n: v for n, v in kw.items()}), s)
+                except (ValueError, driver.CUDAError):
+                    continue
+                found.append((us, c))
+            found.sort(key=lambda f: f[0])
+            us0 = next(u for u, c in found if c == base) if any(c == base for _, c in found) \
+                else float("nan")
+            us1, c1 = found[0]
+            gbs = m * row_bytes / us1 / 1e3
+            print(f"{q} {m}x{k} {xt} {epi:8s} T={t:4d}: table {us0:8.1f} us, best {us1:8.1f} us "
+                  f"({gbs:6.0f} GB/s weights) {attrs.asdict(c1)}", flush=True)
+            rows.append(dict(qtype=q, m=m, k=k, x_type=xt, epilogue=epi, t=t, table_us=us0,
+                             best_us=us1, best=attrs.asdict(c1), candidates=len(found)))
+            best[(q, m, k, xt, epi, t)] = (c1, us1, us0)
+            if a.json:
+                with open(a.json, "w") as f:
+                    json.dump({"device": dev.name, "rows": rows}, f, indent=1)
+    for q, m, k, xt, epi in CALLS:
+        for bucket in BUCKETS:
+            t = min(ts, key=lambda v: (abs(v - bucket), v))
+            c1, us1, us0 = best[(q, m, k, xt, epi, t)]
+            spec = gemm_plan(q, k, m, bucket, x_type=xt, epilogue=epi, backend="cuda").spec
+            tuning.store_user_config("gemm", dev.name, call_of(spec, m, bucket), attrs.asdict(c1),
+                                     {"us": round(us1, 2), "table_us": round(us0, 2),
+                                      "measured_t": t, "date": time.strftime("%Y-%m-%d")})
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"device": dev.name, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
