@@ -20,6 +20,7 @@ import numpy as np
 
 from ptxgen import driver, emu
 from ptxgen.driver import ops
+from ptxgen.driver.backend import device_target
 from ptxgen.kernels import paged_attention as P
 from ptxgen.kernels import rope as R
 
@@ -77,7 +78,7 @@ def _case(api, rng, B, bs, max_blocks):
 
 
 def _target(api):
-    return "sm_80" if api.__name__ == "ptxgen.emu" else ops.device_target()
+    return "sm_80" if api.__name__ == "ptxgen.emu" else device_target()
 
 
 def main(argv=None):

@@ -31,7 +31,7 @@ def small_path(tmp_path_factory, module_seed):
 
 
 def _alone(path, backend, prompts, n):
-    model = Model.from_gguf(path, backend=backend, capacity=128, progress=False,
+    model = Model.from_gguf(path, backend=backend, capacity=256, progress=False,
                             tokenizer=False)
     out = [model.generate(p, n).tokens for p in prompts]
     del model
