@@ -47,6 +47,8 @@ AREAS = {
     "decode": "Decoding: the 8B-shaped decode step",
     "prompt": "Prompts: chunked prefill of 8B-shaped files",
     "llama.cpp": "Beside llama.cpp on the same GPU",
+    "engine": "The batched engine: many sequences at once",
+    "server": "The OpenAI-compatible server",
     "gemv": "GEMV: share of a device copy's bandwidth",
     "gemm": "GEMM (prompt chunks): T = 512 tokens",
     "attention": "Attention kernels",
