@@ -13,8 +13,10 @@ set -u
 source "$(dirname "$0")/gpu_setup.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 M=${MODEL_8B:-/tmp/llama3-8b-q4k-vocab.gguf}
+python3 -c "from ptxgen.llm.named_templates import resolve_chat_template as r
+open('/tmp/llama3.jinja', 'w').write(r('llama3'))"
 [ -f "$M" ] || python3 -m ptxgen.llm.gguf.synth "$M" --preset llama3-8b --qtype Q4_K --quiet \
-  --vocab tests/data/vocab/ggml-vocab-llama-bpe.gguf
+  --vocab tests/data/vocab/ggml-vocab-llama-bpe.gguf --chat-template /tmp/llama3.jinja
 echo "== serve tests on the GPU (openai client against python -m ptxgen serve)"
 PTXGEN_SERVE_MODEL="$M" timeout 600 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" \
   -m gpu tests/llm/server/test_server_engine.py > "$OUT/serve_tests.log" 2>&1; echo "pytest rc=$?"

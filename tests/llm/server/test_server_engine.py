@@ -152,9 +152,9 @@ def test_serve_on_the_gpu_with_an_8b_file():
         pytest.skip("no NVIDIA GPU / driver available")
     model = os.environ.get("PTXGEN_SERVE_MODEL")
     if not model or not os.path.exists(model):
-        pytest.skip("set PTXGEN_SERVE_MODEL to an 8B GGUF file (e.g. a synthetic "
-                    "llama3-8b from python -m ptxgen.llm.gguf.synth --preset llama3-8b "
-                    "--vocab tests/data/vocab/ggml-vocab-llama-bpe.gguf)")
+        pytest.skip("set PTXGEN_SERVE_MODEL to an 8B GGUF file with a chat template (e.g. "
+                    "python -m ptxgen.llm.gguf.synth --preset llama3-8b --vocab "
+                    "tests/data/vocab/ggml-vocab-llama-bpe.gguf --chat-template FILE)")
     with _serve(model, "--backend", "cuda", "-c", "4096", "--parallel", "64") as url:
         _exercise(url, Tokenizer.from_gguf(model), max_tokens=32)
         assert re.match(r"\S+", openai.OpenAI(base_url=url + "/v1", api_key="x")
