@@ -98,7 +98,8 @@ def test_a_row_may_carry_its_own_commit_and_date(tmp_path):
 
 
 def test_values_keep_their_written_decimals(rng):
-    lo = round(float(rng.uniform(1, 9)), 3)
+    # three written decimals, the last not 0 (a range shows what its ends were written with)
+    lo = int(rng.integers(100, 900)) / 100 + int(rng.integers(1, 10)) / 1000
     assert rt.fmt_value([lo, 2.0 + lo]) == f"{lo:.3f}–{2.0 + lo:.3f}"
     assert rt.fmt_value(1.92, 3) == "1.920"
     assert rt.fmt_value(29962) == "29,962"
