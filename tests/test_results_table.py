@@ -99,8 +99,9 @@ def test_a_row_may_carry_its_own_commit_and_date(tmp_path):
 
 def test_values_keep_their_written_decimals(rng):
     # three written decimals, the last not 0 (a range shows what its ends were written with)
-    lo = int(rng.integers(100, 900)) / 100 + int(rng.integers(1, 10)) / 1000
-    assert rt.fmt_value([lo, 2.0 + lo]) == f"{lo:.3f}–{2.0 + lo:.3f}"
+    lo = round(int(rng.integers(100, 900)) / 100 + int(rng.integers(1, 10)) / 1000, 3)
+    hi = round(lo + 2.0, 3)
+    assert rt.fmt_value([lo, hi]) == f"{lo:.3f}–{hi:.3f}"
     assert rt.fmt_value(1.92, 3) == "1.920"
     assert rt.fmt_value(29962) == "29,962"
     assert rt.fmt_value(104.0) == "104.0"
