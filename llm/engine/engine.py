@@ -85,12 +85,13 @@ class Engine:
     def from_gguf(cls, path, *, backend="auto", max_seqs: int = 64, ctx_size: int | None = None,
                   chunk: int = 512, gpu_memory_utilization: float = 0.9,
                   block_size: int | None = None, max_queue: int = 256, progress: bool = True,
-                  runner=None, **kw) -> "Engine":
+                  runner=None, tokenizer=None, **kw) -> "Engine":
         """An engine on the model in a GGUF file.
 
         Parameters
         ----------
-        path : str
+        path : str or LlamaFile
+            The file, or the file already opened (and so checked).
         backend : {"auto", "cuda", "emu"} or a backend
         max_seqs : int
             The most sequences running at once (the decode step's batch).
@@ -109,19 +110,24 @@ class Engine:
             A progress bar while the weights load.
         runner : optional
             A runner to use instead of loading the weights (tests).
+        tokenizer : optional
+            The file's tokenizer when the caller has built it already.
         **kw
             :class:`Engine` keywords (``prefill_budget``, ``prefix_caching``).
         """
         from ptxgen.llm.gguf.file import LlamaFile
-        f = LlamaFile(path)
+        f = path if isinstance(path, LlamaFile) else LlamaFile(path)
+        if tokenizer is None:
+            tokenizer = f.tokenizer()
         if runner is None:
             from ptxgen.driver.backend import get_backend
             be = get_backend(backend) if isinstance(backend, str) else backend
             runner = _runner_class()(f, be, max_batch=max_seqs, ctx_size=ctx_size, chunk=chunk,
                                  gpu_memory_utilization=gpu_memory_utilization,
                                  block_size=block_size, progress=progress)
-        name = f.metadata.get("general.name") or os.path.splitext(os.path.basename(str(path)))[0]
-        return cls(runner, tokenizer=f.tokenizer(), model_name=str(name), max_queue=max_queue,
+        name = (f.metadata.get("general.name")
+                or os.path.splitext(os.path.basename(str(f.path)))[0])
+        return cls(runner, tokenizer=tokenizer, model_name=str(name), max_queue=max_queue,
                    **kw)
 
     # ------------------------------------------------------------ properties

@@ -4,8 +4,11 @@ The flags follow llama.cpp's ``llama-server`` where the meaning is the
 same (``-m``, ``-c/--ctx-size``, ``--host``, ``--port``, ``-np/--parallel``,
 ``--api-key``, ``--chat-template``, ``-a/--alias``; ``-ngl`` is accepted and
 ignored).  The server listens at once; ``/health`` answers 503 until the
-model is loaded (in a thread), then 200.  A model that fails to load stops
-the server with one ``error:`` line and exit code 1.  Ctrl-C (or SIGTERM)
+model is loaded (in a thread), then 200.  The file's structure and
+vocabulary are checked first: a file that cannot be served is refused with
+one ``error:`` line and exit code 2 before the server listens.  A model
+that fails to load after that (the weights, the device) stops the server
+with one ``error:`` line and exit code 1.  Ctrl-C (or SIGTERM)
 stops it, cancelling the requests in flight.
 """
 
@@ -84,10 +87,18 @@ def serve_command(argv) -> int:
         if os.path.isdir(path):
             raise CliError(f"{path}: is a directory, not a GGUF file")
         template = template_of(a)
+        # the file's structure and vocabulary are checked before the server
+        # listens: a file that cannot be served is one error line, exit 2
+        from ptxgen.llm.gguf.file import LlamaFile
+        f = LlamaFile(path)
+        tok = f.tokenizer()
+        if tok is None:
+            raise CliError(f"{path} has no tokenizer (tokenizer.ggml.*): the server takes "
+                           "and returns text")
 
         def load():
             from ptxgen.llm.engine import Engine
-            return Engine.from_gguf(path, backend=a.backend, max_seqs=a.parallel,
+            return Engine.from_gguf(f, tokenizer=tok, backend=a.backend, max_seqs=a.parallel,
                                     ctx_size=a.capacity, chunk=a.prefill_chunk,
                                     gpu_memory_utilization=a.gpu_memory_utilization,
                                     max_queue=a.max_queue, progress=True)

@@ -140,13 +140,15 @@ def _one_error_line(err: str) -> list:
     return [line for line in err.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("command", ["info", "run", "chat"])
+@pytest.mark.parametrize("command", ["info", "run", "chat", "serve"])
 def test_corpus_through_the_cli(pool, hostile, command):
-    """``python -m ptxgen info|run|chat FILE`` (in the child): one ``error:``
-    line naming the file and the problem, exit code 2, no traceback; info
-    describes a file whose structure is sound and says why it cannot run."""
+    """``python -m ptxgen info|run|chat|serve FILE`` (in the child): one
+    ``error:`` line naming the file and the problem, exit code 2, no
+    traceback (``serve`` refuses the file before it listens); info describes
+    a file whose structure is sound and says why it cannot run."""
     argv = {"info": ["info"], "run": ["run", "-p", "hi", "-n", "1", "--backend", "emu"],
-            "chat": ["chat", "-n", "1", "--backend", "emu"]}[command]
+            "chat": ["chat", "-n", "1", "--backend", "emu"],
+            "serve": ["serve", "--backend", "emu", "--port", "0"]}[command]
     bad = []
     for name, (data, stage, message) in hostile.items():
         out = pool.run(gguf_probe.cli, data, argv, timeout=10)

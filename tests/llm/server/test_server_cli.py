@@ -39,11 +39,18 @@ def test_help_names_the_endpoints_and_flags():
     (["m.gguf", "--parallel", "0"], "must be at least 1"),
     (["m.gguf", "--gpu-memory-utilization", "1.5"], "must be in (0, 1]"),
     (["{model}", "--chat-template", "nope"], "neither a built-in template"),
+    (["{model}"], "m.gguf: "),                                  # 4 bytes: not a GGUF file
+    (["{novocab}"], "has no tokenizer (tokenizer.ggml.*): the server takes"),
 ])
 def test_bad_arguments_are_one_error_line(args, needle, tmp_path):
+    """Refused before the server listens: one error line, exit code 2."""
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
     model = tmp_path / "m.gguf"
     model.write_bytes(b"GGUF")
-    p = _serve(*[a.format(tmp=tmp_path, model=model) for a in args])
+    novocab = tmp_path / "novocab.gguf"
+    write_synthetic_llama(novocab, seed=0, n_layers=1, hidden=256, ffn=256, n_heads=2,
+                          n_kv_heads=1, vocab=64, qtype="Q8_0", output_qtype="Q8_0")
+    p = _serve(*[a.format(tmp=tmp_path, model=model, novocab=novocab) for a in args])
     assert p.returncode == 2, p.stderr
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
