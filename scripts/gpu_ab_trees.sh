@@ -3,7 +3,8 @@
 # gpu_setup.sh) and an older one carried as .carry/old.tar (its packages,
 # e.g. `git archive REV ptxgen kernels driver pyproject.toml README.md`),
 # installed apart in /tmp/oldsite and put first on PYTHONPATH.  Runs
-# scripts/ab_model_step.py on MODEL for each in alternating rounds.
+# scripts/ab_model_step.py on MODEL for each in alternating rounds (OLD_API=driver
+# for a tree from before llm/ existed).
 #   scripts/gpu_ab_trees.sh MODEL.gguf ROUNDS [ab_model_step args...]
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
@@ -17,5 +18,5 @@ HERE=$(pwd)
 for r in $(seq 1 "$R"); do
   python3 scripts/ab_model_step.py "$M" --label new --json "$OUT/ab_trees.jsonl" "$@" > /dev/null
   (cd /tmp && PYTHONPATH=/tmp/oldsite${PYTHONPATH:+:$PYTHONPATH} python3 "$HERE/scripts/ab_model_step.py" \
-     "$M" --label old --api driver --json "$OUT/ab_trees.jsonl" "$@" > /dev/null)
+     "$M" --label old --api "${OLD_API:-llm}" --json "$OUT/ab_trees.jsonl" "$@" > /dev/null)
 done
