@@ -8,13 +8,15 @@ does for the GEMV), so the engine's graphs, built after, use them.
 The calls are an 8B Llama's weight shapes with the engine's X types and
 epilogues; the candidates vary the tile (``bm``, ``bn``) and the warps
 around the table's config.  Each is timed as a CUDA graph of 20 calls
-(median of 5 replays); the weight bytes over the time is printed beside.
+through copies of the weights that together exceed the L2 (median of 5
+replays); the weight bytes over the time is printed beside.
 Buckets that are not measured take the nearest measured row count's choice.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -24,13 +26,17 @@ import numpy as np
 
 #: (qtype, m, k, x_type, epilogue) of an 8B Llama's batch step
 CALLS = [("Q4_K", 6144, 4096, "f16", "none"), ("Q4_K", 4096, 4096, "f32", "residual"),
-         ("Q4_K", 14336, 4096, "f16", "none"), ("Q4_K", 4096, 14336, "f16", "residual"),
-         ("Q6_K", 128256, 4096, "f16", "none")]
+         ("Q4_K", 4096, 4096, "f16", "residual"), ("Q4_K", 14336, 4096, "f16", "none"),
+         ("Q4_K", 4096, 14336, "f16", "residual"), ("Q6_K", 128256, 4096, "f16", "none")]
 BUCKETS = (2, 4, 8, 16, 32, 64, 128)
+#: weight bytes a timed call cycles through (copies of its matrix), over the L2
+COLD_BYTES = 256 << 20
 
 
-def candidates(base, t):
-    """The table's config and small tiles (more CTAs at few rows)."""
+def candidates(base, t, x_type):
+    """The table's config, small mma.sync tiles (more CTAs at few rows)
+    and, for f16 X, the warpgroup kernel's tiles of 64 and 128 weight rows
+    by one token tile covering T (sm_90a)."""
     out = [base]
     bn = min(max(16, t), 64)
     for bm in (16, 32, 64):
@@ -39,6 +45,14 @@ def candidates(base, t):
                              kernel="mma", min_ctas=0)
             if c not in out:
                 out.append(c)
+    if x_type == "f16":
+        wbn = min(max(8, -(-t // 8) * 8), 128)
+        for bm in (64, 128):
+            for stages in (4, 6):
+                c = attrs.evolve(base, kernel="wgmma", bm=bm, bn=wbn, bk=64, stages=stages,
+                                 warps_m=2, warps_n=2, min_ctas=0)
+                if c not in out:
+                    out.append(c)
     return out
 
 
@@ -68,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--t", default="8,64")
     ap.add_argument("--json", default=None)
     ap.add_argument("--max-candidates", type=int, default=40)
+    ap.add_argument("--no-store", action="store_true",
+                    help="print and write JSON only; leave the user tuning cache alone")
     a = ap.parse_args(argv)
     from ptxgen import driver
     from ptxgen.driver import DeviceArray, Stream, get_device, ops
@@ -83,19 +99,24 @@ def main(argv=None):
     for q, m, k, xt, epi in CALLS:
         qt = qtype_of(q)
         row_bytes = qt.row_bytes(k)
-        w = DeviceArray.from_numpy(rng.integers(0, 256, (m, row_bytes), dtype=np.uint8))
+        # copies enough to leave the L2 cold: consecutive calls read different weights,
+        # as a decode step's layers do
+        copies = max(1, -(-COLD_BYTES // (m * row_bytes)))
+        wbytes = rng.integers(0, 256, (m, row_bytes), dtype=np.uint8)
+        ws = [DeviceArray.from_numpy(wbytes) for _ in range(copies)]
         for t in ts:
             x = DeviceArray.from_numpy(rng.standard_normal((t, k)).astype(
                 np.float16 if xt == "f16" else np.float32))
             y = DeviceArray.from_numpy(rng.standard_normal((t, m)).astype(np.float32))
             base = gemm_plan(q, k, m, t, x_type=xt, epilogue=epi, backend="cuda").config
             found = []
-            for c in candidates(base, t)[:a.max_candidates]:
+            for c in candidates(base, t, xt)[:a.max_candidates]:
                 kw = attrs.asdict(c)
                 try:
                     G.GemmPlan(gemm_plan(q, k, m, t, x_type=xt, epilogue=epi,
                                          backend="cuda").spec, c)
-                    us = graph_us(lambda kw=kw: ops.gemm(w, x, q, out=y, residual=y if epi ==
+                    turn = itertools.cycle(ws)
+                    us = graph_us(lambda kw=kw, turn=turn: ops.gemm(next(turn), x, q, out=y, residual=y if epi ==
                                                          "residual" else None, stream=s,
                                                          **{n: v for n, v in kw.items()}), s)
                 except (ValueError, driver.CUDAError):
@@ -114,7 +135,7 @@ def main(argv=None):
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump({"device": dev.name, "rows": rows}, f, indent=1)
-    for q, m, k, xt, epi in CALLS:
+    for q, m, k, xt, epi in ([] if a.no_store else CALLS):
         for bucket in BUCKETS:
             t = min(ts, key=lambda v: (abs(v - bucket), v))
             c1, us1, us0 = best[(q, m, k, xt, epi, t)]
