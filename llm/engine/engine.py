@@ -280,6 +280,16 @@ class Engine:
             return self.tokenizer.encode(prompt, add_special=True, parse_special=True)
         return prompt
 
+    def warm_up(self) -> int:
+        """Capture the runner's step graphs now, before the first request,
+        so that no request waits for one (a server does it while loading);
+        returns how many were captured (0 on the emulator)."""
+        st = self._core.snapshot()
+        if st.running or st.waiting:
+            raise RuntimeError("warm_up() is for an idle engine, before its first request")
+        fn = getattr(self.runner, "warm_up", None)
+        return fn() if fn is not None else 0
+
     # ------------------------------------------------------------ state
     def stats(self) -> EngineStats:
         """Counts of running and waiting requests, KV blocks, tokens and

@@ -1,6 +1,6 @@
 """What the scheduler hands the runner and what it hands back: one decode
-row per sequence of a decode step, one prompt chunk per prefill call, one
-output per chosen token.
+row per sequence of a decode step, one prompt chunk per sequence of a
+prefill step, one output per chosen token.
 
 These are the runner's interface (``docs/engine.md``): the scheduler builds
 them without importing the runner, and ``BatchRunner`` (``runner.py``, the
@@ -53,7 +53,9 @@ class DecodeRow:
 
 @attrs.frozen
 class PrefillChunk:
-    """Consecutive prompt tokens of one sequence.
+    """Consecutive prompt tokens of one sequence, whose K and V rows a
+    prefill step writes to the cache (it chooses no token: a prompt's last
+    token is fed by a decode step, beside the other sequences').
 
     Attributes
     ----------
@@ -63,25 +65,16 @@ class PrefillChunk:
         The position of ``tokens[0]``; positions before it are in the cache.
     block_table : tuple of int
         The sequence's blocks, covering ``start + len(tokens) - 1``.
-    last : bool
-        The prompt's last chunk: also choose the next token (with
-        ``sampling``, ``seed``, ``history`` and ``logprobs`` as in
-        :class:`DecodeRow`, ``history`` ending with the chunk's last token).
     """
 
     tokens: tuple
     start: int
     block_table: tuple
-    last: bool
-    sampling: SamplingSettings
-    seed: int
-    history: tuple = ()
-    logprobs: int = 0
 
 
 @attrs.frozen
 class RowOutput:
-    """The token a row (or a last chunk) chose.
+    """The token a decode row chose.
 
     Attributes
     ----------

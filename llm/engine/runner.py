@@ -4,9 +4,9 @@ and the step graphs of its definition lowered for batches
 
 A step is either a **decode step** (one token of each of up to
 ``max_batch`` sequences; each row's next token chosen with its own
-sampling settings) or a **prefill chunk** (up to ``chunk`` prompt tokens of
-one sequence, their K and V rows written to the pool; no logits: the
-prompt's last token is fed by a decode step).  Each kind has a graph per
+sampling settings) or a **prefill step** (up to ``chunk`` prompt tokens,
+chunks of one or more sequences, their K and V rows written to the pool;
+no logits: a prompt's last token is fed by a decode step).  Each kind has a graph per
 bucket (the row counts ``1, 2, 4, ...`` up to its largest), captured on
 first use on the GPU and replayed; a step runs the smallest bucket that
 holds it.  The inputs of a step (token ids, positions, KV slots, block
@@ -225,23 +225,36 @@ class BatchRunner:
                                  tuple((int(ids[i, j]), float(lps[i, j])) for j in range(k))))
         return out
 
-    def prefill(self, chunk: PrefillChunk, mode: str = "graph"):
-        """Write a prompt chunk's K and V rows to the pool; for the prompt's
-        last chunk also choose the next token: its last token runs as a
-        one-row decode step (the prefill graphs compute no logits)."""
-        n = len(chunk.tokens)
-        if not 1 <= n <= self.chunk:
-            raise ValueError(f"a prefill chunk takes 1..{self.chunk} tokens, got {n}")
-        body = chunk.tokens[:-1] if chunk.last else chunk.tokens
-        if body:
-            self._fill([(t, chunk.start + i, chunk.block_table) for i, t in enumerate(body)])
-            self._run("prefill", len(body), mode)
-        if not chunk.last:
-            self.backend.synchronize(self.stream)
-            return None
-        row = DecodeRow(chunk.tokens[-1], chunk.start + n - 1, chunk.block_table,
-                        chunk.sampling, chunk.seed, chunk.history, chunk.logprobs)
-        return self.decode([row], mode)[0]
+    def prefill(self, chunks, mode: str = "graph") -> None:
+        """One prefill step: write the K and V rows of ``chunks`` (a
+        :class:`PrefillChunk` or a sequence of them, at most ``chunk``
+        tokens together, each of its own sequence) to the pool.  Each row
+        attends over its own sequence through its own table, so chunks of
+        several sequences share the step's weight pass."""
+        if isinstance(chunks, PrefillChunk):
+            chunks = (chunks,)
+        rows = [(t, c.start + i, c.block_table) for c in chunks for i, t in enumerate(c.tokens)]
+        if not 1 <= len(rows) <= self.chunk:
+            raise ValueError(f"a prefill step takes 1..{self.chunk} tokens, got {len(rows)}")
+        self._fill(rows)
+        self._run("prefill", len(rows), mode)
+        self.backend.synchronize(self.stream)
+
+    def warm_up(self) -> int:
+        """Capture every bucket's graph now (on the GPU; a no-op on the
+        emulator), so no request waits for a capture; returns how many
+        were captured.  Capturing records the launches without running
+        them: the pool is untouched."""
+        if not self.backend.can_capture:
+            return 0
+        n = 0
+        for kind, b in self._graphs:
+            ex = self._executor(kind, b)
+            if not ex.is_captured():
+                ex.capture(self.stream)
+                n += 1
+        self.backend.synchronize(self.stream)
+        return n
 
     # ------------------------------------------------------------ reading
     def read_kv(self, layer: int):

@@ -1,8 +1,9 @@
 """Continuous batching: which sequences run, and what the runner does next.
 
-Every :meth:`Scheduler.step` is one runner call: a **prefill chunk** (up
-to ``runner.chunk`` consecutive prompt tokens of one sequence) or a
-**decode step** (one token of every sequence whose prompt is done).
+Every :meth:`Scheduler.step` is one runner call: a **prefill step** (up
+to ``runner.chunk`` prompt tokens: a chunk of consecutive tokens from each
+of one or more prefilling sequences) or a **decode step** (one token of
+every sequence whose prompt is in the cache but for its last token).
 
 The policy
 ----------
@@ -13,19 +14,23 @@ The policy
   needed when nothing runs).  A sequence that cannot start holds back the
   ones behind it.
 * **Prefill or decode.**  A sequence with two or more tokens not yet in the
-  cache is prefilling; with exactly one (its last chosen token), decoding.
-  A prefill chunk of the oldest prefilling sequence runs when no sequence
-  is decoding, or when the prompt tokens run since the last decode step
-  plus this chunk stay within ``prefill_budget`` (default ``runner.chunk``),
-  or when none has run since the last decode step; otherwise a decode step
-  runs.  So a decode step waits for at most one chunk of a long prompt, or
-  for several short prompts adding up to the budget.  A chunk that reaches
-  the end of a sequence's tokens also chooses its next token
-  (``PrefillChunk.last``).
+  cache is prefilling; with exactly one (its last prompt token or its last
+  chosen token), decoding.  A prefill step runs when some sequence is
+  prefilling and either none is decoding or fewer than ``prefill_budget``
+  (default ``runner.chunk``) prompt tokens have run since the last decode
+  step; otherwise a decode step runs.  A prefill step takes, oldest first,
+  a chunk of each prefilling sequence (all its pending tokens but the last)
+  until it holds ``runner.chunk`` tokens, or what is left of the budget
+  while others decode; so many short prompts share one step's weight pass,
+  and a decode step waits for at most a budget of prompt tokens.  A
+  prompt's last token is fed by the next decode step, beside the other
+  sequences, which chooses its first token.
 * **Prefix cache.**  A starting sequence takes the cached blocks that
   match its first full blocks (:mod:`.blocks`); before each of its chunks
   that starts on a block boundary it looks again, so requests that arrive
-  together with a common prefix share the blocks the first one computed.
+  together with a common prefix share the blocks the first one computed
+  (a sequence whose next block an earlier chunk of the same step is
+  computing waits for the next step).
   At least its last token is always computed (it chooses the next one).
   Every block a prefill chunk or decode step fills is registered.
 * **Preemption by recompute.**  When a decoding sequence needs a new block
@@ -225,14 +230,17 @@ class Scheduler:
 
     # ------------------------------------------------------------ one step
     def step(self) -> StepOutput:
-        """Admit what fits, then run one prefill chunk or one decode step."""
+        """Admit what fits, then run one prefill step or one decode step."""
         self.admit()
-        pre = next((s for s in self.running if s.pending > 1), None)
+        pre = any(s.pending > 1 for s in self.running)
         dec = any(s.pending == 1 for s in self.running)
-        if pre is not None:
-            n = min(pre.pending, self.chunk)
-            if not dec or self._since_decode == 0 or self._since_decode + n <= self.prefill_budget:
-                return self._prefill(pre)
+        if pre and (not dec or self._since_decode < self.prefill_budget):
+            room = self.chunk if not dec else min(self.chunk,
+                                                  self.prefill_budget - self._since_decode)
+            out = self._prefill(room)
+            if out.kind is not None:
+                return out
+            dec = any(s.pending == 1 for s in self.running)
         if dec:
             return self._decode()
         return StepOutput()
@@ -294,40 +302,69 @@ class Scheduler:
         seq.registered = n
 
     # ------------------------------------------------------------ prefill
-    def _prefill(self, seq: Sequence) -> StepOutput:
-        self._reuse_cached(seq)
-        if seq.pending == 1:
-            return self._decode()          # the prefix cache held all but its last token
+    def _prefill(self, room: int) -> StepOutput:
+        """One prefill step of at most ``room`` tokens (StepOutput() when
+        the prefix cache left no prefilling sequence anything to compute)."""
+        bs = self.block_size
+        work, coming = [], set()          # (sequence, chunk); hashes of blocks being computed
+        for seq in self.running:
+            if room == 0:
+                break
+            if seq.pending <= 1:
+                continue
+            self._reuse_cached(seq)
+            if seq.pending <= 1:
+                continue                  # the cache held all but its last token
+            start = seq.computed
+            if start % bs == 0 and start // bs < len(seq.hashes) \
+                    and seq.hashes[start // bs] in coming:
+                continue                  # an earlier chunk of this step computes its next block
+            n = min(seq.pending - 1, room)
+            end = start + n
+            work.append((seq, PrefillChunk(tokens=tuple(seq.tokens[start:end]), start=start,
+                                           block_table=tuple(
+                                               seq.blocks[:(end - 1) // bs + 1]))))
+            coming.update(seq.hashes[start // bs:end // bs])
+            room -= n
+        if not work:
+            return StepOutput()
         out = StepOutput(kind="prefill")
-        start = seq.computed
-        n = min(seq.pending, self.chunk)
-        end = start + n
-        last = end == len(seq.tokens)
-        chunk = PrefillChunk(tokens=tuple(seq.tokens[start:end]), start=start,
-                             block_table=tuple(seq.blocks[:(end - 1) // self.block_size + 1]),
-                             last=last, sampling=seq.settings.sampling, seed=seq.seed,
-                             history=seq.history(end), logprobs=seq.settings.logprobs)
         t0 = time.perf_counter()
-        try:
-            res = self.runner.prefill(chunk)
-            if last:
-                res = self._check_output(res)
-        except Exception as e:
-            out.seconds = time.perf_counter() - t0
-            self._finish(seq, FINISH_ERROR, _describe(e))
-            out.finished.append(seq)
-            return out
+        for seq, err in self._run_chunks(work):
+            if err is not None:
+                self._finish(seq, FINISH_ERROR, _describe(err))
+                out.finished.append(seq)
         out.seconds = time.perf_counter() - t0
+        n = sum(len(c.tokens) for _, c in work)
         out.rows = n
         self._since_decode += n
         self.counters["prefill_steps"] += 1
         self.counters["prompt_tokens"] += n
         self.counters["prefill_seconds"] += out.seconds
-        seq.computed = end
-        self._register_full(seq)
-        if last:
-            self._append(seq, res, out)
+        for seq, c in work:
+            if seq.status == RUNNING:
+                seq.computed = c.start + len(c.tokens)
+                self._register_full(seq)
         return out
+
+    def _run_chunks(self, work) -> list:
+        """``(sequence, exception or None)`` for ``work``: the chunks in one
+        runner call; where it fails, each chunk alone, so only the sequences
+        whose chunk fails by itself get the error."""
+        try:
+            self.runner.prefill([c for _, c in work])
+            return [(seq, None) for seq, _ in work]
+        except Exception as e:
+            if len(work) == 1:
+                return [(work[0][0], e)]
+            out = []
+            for seq, c in work:
+                try:
+                    self.runner.prefill([c])
+                    out.append((seq, None))
+                except Exception as e1:
+                    out.append((seq, e1))
+            return out
 
     # ------------------------------------------------------------ decode
     def _decode(self) -> StepOutput:

@@ -8,9 +8,10 @@ sampling parameters, all in one int32 device buffer (``batch_io``, laid
 out by :class:`BatchIO`) the host rewrites with one copy before each step,
 whose ``info`` pair holds the number of rows in use; so one captured CUDA
 graph per *bucket* (the row count it is sized for) serves every batch up to
-that size.  A step of kind ``"prefill"`` is the same for the rows of a
-prompt chunk of one sequence (each row attends to its own position), and
-computes no logits: the prompt's last token is fed by a decode step.
+that size.  A step of kind ``"prefill"`` is the same for the rows of the
+prompt chunks of one or more sequences (each row attends over its own
+sequence up to its own position), and computes no logits: a prompt's
+last token is fed by a decode step.
 
 The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
 

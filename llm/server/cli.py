@@ -98,10 +98,17 @@ def serve_command(argv) -> int:
 
         def load():
             from ptxgen.llm.engine import Engine
-            return Engine.from_gguf(f, tokenizer=tok, backend=a.backend, max_seqs=a.parallel,
-                                    ctx_size=a.capacity, chunk=a.prefill_chunk,
-                                    gpu_memory_utilization=a.gpu_memory_utilization,
-                                    max_queue=a.max_queue, progress=True)
+            engine = Engine.from_gguf(f, tokenizer=tok, backend=a.backend,
+                                      max_seqs=a.parallel, ctx_size=a.capacity,
+                                      chunk=a.prefill_chunk,
+                                      gpu_memory_utilization=a.gpu_memory_utilization,
+                                      max_queue=a.max_queue, progress=True)
+            try:
+                engine.warm_up()      # every step graph captured before /health says ready
+            except BaseException:
+                engine.close()
+                raise
+            return engine
 
         names = (os.path.basename(path), os.path.splitext(os.path.basename(path))[0])
         return run_server(load, host=a.host, port=a.port, model_name=a.alias, aliases=names,

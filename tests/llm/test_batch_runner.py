@@ -40,15 +40,22 @@ def arch_files(request, tmp_path_factory, module_seed):
 
 
 def _run(runner, prompts, tables, n_new, chunk):
-    """Prefill every prompt but its last token in chunks, then decode all of
-    them together ``n_new`` steps; returns each sequence's new tokens."""
-    last = []
-    for p, tab in zip(prompts, tables):
-        body = p[:-1]
-        for s in range(0, len(body), chunk):
-            runner.prefill(PrefillChunk(tuple(body[s:s + chunk]), s, tab, False, GREEDY, 0),
-                           mode="eager")
-        last.append((p[-1], len(p) - 1))
+    """Prefill every prompt but its last token in packed steps (each takes a
+    chunk of every sequence still prefilling, oldest first, until it holds
+    ``chunk`` tokens), then decode all of them together ``n_new`` steps
+    (the first feeds the prompts' last tokens); returns each sequence's new
+    tokens."""
+    done = [0] * len(prompts)
+    while any(d < len(p) - 1 for d, p in zip(done, prompts)):
+        room, step = chunk, []
+        for i, (p, tab) in enumerate(zip(prompts, tables)):
+            n = min(len(p) - 1 - done[i], room)
+            if n > 0:
+                step.append(PrefillChunk(tuple(p[done[i]:done[i] + n]), done[i], tab))
+                done[i] += n
+                room -= n
+        runner.prefill(step, mode="eager")
+    last = [(p[-1], len(p) - 1) for p in prompts]
     out = [[] for _ in prompts]
     for _ in range(n_new):
         res = runner.decode([DecodeRow(t, pos, tab, GREEDY, 0)
@@ -60,10 +67,11 @@ def _run(runner, prompts, tables, n_new, chunk):
 
 
 def test_batch_equals_each_sequence_alone(arch_files, rng):
-    """Three sequences (4, 9 and 18 prompt tokens: one, two and three
-    chunks, the last crossing a block boundary) in shuffled, interleaved
-    blocks: each gets the tokens the single-sequence model gives it
-    (Llama, Qwen2's biases, Qwen3's q/k norms)."""
+    """Three sequences (4, 9 and 18 prompt tokens, prefilled in steps of 8
+    tokens that hold chunks of two sequences, the last crossing a block
+    boundary) in shuffled, interleaved blocks: each gets the tokens the
+    single-sequence model gives it (Llama, Qwen2's biases, Qwen3's q/k
+    norms)."""
     files = arch_files
     runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=12, block_size=BS,
                          max_batch=4, chunk=8, ctx_size=48)
@@ -102,4 +110,6 @@ def test_bad_inputs_are_refused(files):
     with pytest.raises(ValueError, match="1..2 rows"):
         runner.decode([DecodeRow(1, 0, (0,), GREEDY, 0)] * 3)
     with pytest.raises(ValueError, match="1..4 tokens"):
-        runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,), False, GREEDY, 0))
+        runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,)))
+    with pytest.raises(ValueError, match="1..4 tokens"):
+        runner.prefill([PrefillChunk((1, 2, 3), 0, (0,)), PrefillChunk((1, 2), 0, (1,))])

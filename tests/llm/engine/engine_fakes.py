@@ -41,7 +41,7 @@ class FakeRunner:
         self.n_vocab = n_vocab
         self.next_token = next_token
         self.pool = np.full((num_blocks, block_size), -1, np.int64)
-        self.calls: list = []           # ("prefill", n_tokens, start) or ("decode", n_rows)
+        self.calls: list = []           # ("prefill", n_tokens, first start, n_chunks) or ("decode", n_rows)
         self.blocks = None              # a BlockManager to check writes against
         self.fail_on = None             # a predicate(tokens of a row or chunk) -> raise
 
@@ -97,19 +97,21 @@ class FakeRunner:
             self._write(r.block_table, r.position, r.token, written)
         return [self._choose(self._read(r.block_table, r.position + 1), r) for r in rows]
 
-    def prefill(self, chunk):
-        n = len(chunk.tokens)
+    def prefill(self, chunks):
+        if not isinstance(chunks, (list, tuple)):
+            chunks = [chunks]
+        n = sum(len(c.tokens) for c in chunks)
         assert 1 <= n <= self.chunk, n
-        self.calls.append(("prefill", n, chunk.start))
-        if self.fail_on is not None and self.fail_on(chunk):
+        assert all(c.tokens for c in chunks), "an empty chunk"
+        self.calls.append(("prefill", n, chunks[0].start, len(chunks)))
+        if self.fail_on is not None and any(self.fail_on(c) for c in chunks):
             raise RuntimeError("fake prefill failure")
         written = set()
-        for i, t in enumerate(chunk.tokens):
-            self._write(chunk.block_table, chunk.start + i, t, written)
-        assert len(chunk.block_table) == (chunk.start + n - 1) // self.block_size + 1
-        if not chunk.last:
-            return None
-        return self._choose(self._read(chunk.block_table, chunk.start + n), chunk)
+        for c in chunks:
+            for i, t in enumerate(c.tokens):
+                self._write(c.block_table, c.start + i, t, written)
+            assert len(c.block_table) == (c.start + len(c.tokens) - 1) // self.block_size + 1
+        return None
 
     # ---------------------------------------------------------------- the oracle
     def reference(self, prompt, n, sampling, seed, stop_ids=(), n_ctx=None):

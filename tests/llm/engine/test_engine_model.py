@@ -46,6 +46,7 @@ def test_each_sequence_of_a_batch_gets_the_tokens_it_gets_alone(small_path, rng)
     alone = _alone(small_path, "emu", prompts, 3)
     with Engine.from_gguf(small_path, backend="emu", max_seqs=4, ctx_size=64, chunk=16,
                           progress=False) as eng:
+        assert eng.warm_up() == 0          # nothing to capture on the emulator
         outs = eng.generate(prompts, RequestSettings(max_tokens=3, ignore_eos=True))
         assert eng.stats().blocks_used == 0
     for p, a, o in zip(prompts, alone, outs):
@@ -67,6 +68,9 @@ def test_gpu_batch_equals_alone_with_shared_prefixes(tmp_path, seed, rng):
     alone = _alone(path, "cuda", prompts, 32)
     with Engine.from_gguf(path, backend="cuda", max_seqs=8, ctx_size=512, chunk=64,
                           progress=False) as eng:
+        # the server's warm-up: every bucket's graph captured once, before any request
+        buckets = len(eng.runner.buckets("decode")) + len(eng.runner.buckets("prefill"))
+        assert eng.warm_up() == buckets and eng.warm_up() == 0
         s = RequestSettings(max_tokens=32, ignore_eos=True)
         first = [eng.add_request(p, s) for p in prompts[:8]]
         first[0].wait(30)

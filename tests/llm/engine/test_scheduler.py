@@ -265,27 +265,38 @@ def test_a_long_prompt_does_not_stall_the_decoding_ones(rng):
             assert run <= 16
         else:
             run = 0
-    assert sum(c[1] for c in calls if c[0] == "prefill") == 200
-    assert sum(c[0] == "decode" for c in calls) >= 200 // 16 - 1
+    # all the prompt but its last token, which the next decode step feeds
+    assert sum(c[1] for c in calls if c[0] == "prefill") == 199
+    assert sum(c[0] == "decode" for c in calls) >= 199 // 16 - 1
     run_all(sched)
     for s in short + [long]:
         assert s.output == expected(runner, sched, s)
 
 
 def test_short_prompts_share_the_budget_between_decode_steps(rng):
+    """Prompts that arrive together share prefill steps (chunks of several
+    sequences in one runner call, up to ``chunk`` tokens), and between two
+    decode steps run at most ``prefill_budget`` prompt tokens."""
     runner, sched = make(num_blocks=128, block_size=4, max_batch=16, chunk=8,
                          prefill_budget=12)
     first = new_seq(rng, 0, n_prompt=3, max_tokens=40)
     sched.add(first)
     sched.step()
     sched.step()
-    for i in range(8):
-        sched.add(new_seq(rng, 1 + i, n_prompt=3, max_tokens=2))
+    late = [new_seq(rng, 1 + i, n_prompt=3, max_tokens=2) for i in range(8)]
+    for s in late:
+        sched.add(s)
     start = len(runner.calls)
     run_all(sched)
-    kinds = "".join("p" if c[0] == "prefill" else "d" for c in runner.calls[start:])
-    # four 3-token prompts fit a budget of 12 between decode steps
-    assert "pppp" in kinds and "ppppp" not in kinds
+    calls = runner.calls[start:]
+    pre = [c for c in calls if c[0] == "prefill"]
+    # each 3-token prompt computes 2 tokens in prefill steps: 8 then 4 before the first
+    # decode step (the budget of 12), then the last 4
+    assert [(c[1], c[3]) for c in pre] == [(8, 4), (4, 2), (4, 2)]
+    kinds = "".join("p" if c[0] == "prefill" else "d" for c in calls)
+    assert kinds.startswith("ppdp")
+    for s in [first] + late:
+        assert s.output == expected(runner, sched, s)
 
 
 def test_nothing_waits_for_prefill_when_nothing_decodes(rng):
@@ -293,7 +304,8 @@ def test_nothing_waits_for_prefill_when_nothing_decodes(rng):
     s = new_seq(rng, 0, n_prompt=20, max_tokens=2)
     sched.add(s)
     run_all(sched)
-    assert [c[0] for c in runner.calls] == ["prefill"] * 5 + ["decode"]
+    # 19 prompt tokens in chunks of 4, then the last one feeds the first decode step
+    assert [c[0] for c in runner.calls] == ["prefill"] * 5 + ["decode"] * 2
     assert [c[2] for c in runner.calls[:5]] == [0, 4, 8, 12, 16]
 
 
