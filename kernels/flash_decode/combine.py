@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ptxgen.types import f32, u32
+from ptxgen.types import f16, f32, u32
 
 from ..spec_fields import pdl_prologue
 from .common import merge_parts
@@ -12,7 +12,10 @@ __all__ = ["build_combine"]
 
 
 def build_combine(m, spec):
+    """The combine kernel of ``spec`` (its ``out`` f16 where the spec has
+    ``out_type="f16"``, rounded to nearest; f32 otherwise)."""
     d = spec.head_dim
+    half = getattr(spec, "out_type", "f32") == "f16"
     NWC = spec.combine_warps
     E = d // 32                     # columns per lane
     R = max(6, 16 // NWC)           # splits per warp per round of loads
@@ -22,7 +25,7 @@ def build_combine(m, spec):
         pdl_prologue(k, spec)
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
-        out = k.param_ptr("out", f32, align=16)
+        out = k.param_ptr("out", f16 if half else f32, align=16)
         nsplit = k.param("n_splits", u32)
         if NWC > 1:
             sm_m = k.shared_array("sm_m", f32, NWC, align=16)
@@ -82,6 +85,8 @@ def build_combine(m, spec):
             lpos = l_run > 0.0
             lden = k.max(l_run, 1e-30)
             res = [k.select(lpos, k.div(o, lden), zero) for o in o_run]
+            if half:
+                res = [k.cvt(f16, v, rnd="rn") for v in res]
             store_cols(out, qh * d + lane * E, res)
             return
         with k.if_(lane.eq(0)):
@@ -94,4 +99,4 @@ def build_combine(m, spec):
             _, total, o = merge_parts(k, [(sm_m[w], sm_l[w], sm_o[w * d + col])
                                            for w in range(NWC)])
             res = k.select(total > 0.0, k.div(o, k.max(total, 1e-30)), zero)
-            k.st(out[qh * d + col], res)
+            k.st(out[qh * d + col], k.cvt(f16, res, rnd="rn") if half else res)

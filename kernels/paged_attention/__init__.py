@@ -112,6 +112,8 @@ def launch_geometry(plan: PagedAttentionPlan, batch: int, n_kv_heads: int, n_spl
 CANONICAL = {
     # the 8B Llama shape (32 query / 8 KV heads of 128) in 16-token blocks
     "paged_attention": PagedAttentionPlan.make(),
+    # the batched engine's: f16 out for the f16-X GEMM of the output projection
+    "paged_attention_out_f16": PagedAttentionPlan.make(out_type="f16"),
     "paged_attention_d64_b64": PagedAttentionPlan.make(
         head_dim=64, group=3, block_size=64, warps=4, unroll=2, l2_prefetch=False,
         l1_bypass=False, combine_warps=1),

@@ -55,6 +55,9 @@ class PagedAttentionSpec:
         Query heads per KV head (GQA), 1..8.
     block_size : {16, 32, 64, 128, 256}
         Tokens per pool block.
+    out_type : {"f32", "f16"}
+        ``out``'s element type (f16: rounded to nearest from the f32 result,
+        for a GEMM that takes f16 X).
     target : str
     pdl : bool
     """
@@ -62,6 +65,7 @@ class PagedAttentionSpec:
     head_dim: int = attrs.field(default=128, validator=_one_of((64, 128)))
     group: int = attrs.field(default=4, validator=_int_in(1, 8))
     block_size: int = attrs.field(default=16, validator=_one_of(BLOCK_SIZES))
+    out_type: str = attrs.field(default="f32", validator=_one_of(("f32", "f16")))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -128,7 +132,8 @@ class PagedAttentionPlan(PlanBase):
         return (f"paged_attention_d{self.head_dim}_g{self.group}_b{self.block_size}"
                 f"_w{self.warps}u{self.unroll}"
                 + (f"k{self.min_keys}" if self.min_keys != 16 else "")
-                + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else ""))
+                + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
+                + ("_out_f16" if self.out_type == "f16" else ""))
 
     @property
     def split_name(self) -> str:

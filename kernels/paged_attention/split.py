@@ -57,7 +57,7 @@ def build_split(m, plan):
         lens = k.param_ptr("seq_lens", s32)
         part_o = k.param_ptr("part_o", f32, align=16)
         part_ml = k.param_ptr("part_ml", f32, align=8)
-        out = k.param_ptr("out", f32, align=16)
+        out = k.param_ptr("out", f16 if plan.out_type == "f16" else f32, align=16)
         q_stride = k.param("q_stride", u32)
         max_blocks = k.param("max_blocks", u32)
         num_blocks = k.param("num_blocks", u32)
@@ -232,11 +232,12 @@ def _write_empty(k, plan, part_o, part_ml, out, hh, split, nsplit, tid, direct):
     d, G = plan.head_dim, plan.group
     nthreads = 32 * plan.warps
     z = k.mov(0.0, f32)
+    zo = k.cvt(f16, z, rnd="rn") if plan.out_type == "f16" else z
     with k.if_else(direct, uniform=True) as (one, many):
         with one:
-            for col in k.strided(tid, d // 4, nthreads):       # 16-byte stores per row
+            for col in k.strided(tid, d // 4, nthreads):       # 16- (f16: 8-) byte stores
                 for gi in range(G):
-                    k.st(out[(hh * G + gi) * d + 4 * col], (z, z, z, z))
+                    k.st(out[(hh * G + gi) * d + 4 * col], (zo, zo, zo, zo))
         with many:
             with k.if_(tid < G):
                 pidx = (hh * G + tid) * nsplit + split
@@ -264,7 +265,9 @@ def _merge_warps(k, plan, shared, part_o, part_ml, out, hh, split, nsplit, tid, 
         row = hh * G + gi
         with k.if_else(direct, uniform=True) as (one, many):
             with one:
-                k.st(out[row * d + j], k.div(o, lsum))
+                dst = out[row * d + j]
+                res = k.div(o, lsum)
+                k.st(dst, k.cvt(f16, res, rnd="rn") if plan.out_type == "f16" else res)
             with many:
                 pidx = row * nsplit + split
                 k.st(part_o[pidx * d + j], o)

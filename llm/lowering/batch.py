@@ -21,7 +21,8 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   to the paged pools at each row's slot (:mod:`ptxgen.kernels.rope`,
   ``paged``);
 - ``attention`` is the paged decode attention of every row over its own
-  sequence (:mod:`ptxgen.kernels.paged_attention`);
+  sequence (:mod:`ptxgen.kernels.paged_attention`), written in f16 where
+  the output projection's GEMM takes f16 X (as the chunk's attention);
 - ``output`` computes every row's logits, then each row's next token with
   its own sampling settings in one launch of the rows sampler (greedy rows
   included: a temperature of 0 is the argmax, ties to the lowest id), with
@@ -142,10 +143,6 @@ class BatchLowering(ChunkLowering):
         f = io.fields
         return self.io.at(4 * f["tokens"][0]), self.io.at(4 * f["info"][0])
 
-    def _attention_out(self, dtype):
-        """The paged attention writes f32."""
-        return np.float32
-
     def kv_cache(self, i: int):
         """Layer ``i``'s paged K and V pools."""
         hp, p = self.hp, f"blk.{i}."
@@ -173,7 +170,8 @@ class BatchLowering(ChunkLowering):
         kc, vc = self.kv_cache(layer)
         spec = paged_attention.PagedAttentionSpec(
             head_dim=D, group=hp.n_heads // hp.n_kv_heads, block_size=self.block_size,
-            target=self.target, pdl=self.pdl)
+            out_type="f16" if self.att.dtype == np.float16 else "f32", target=self.target,
+            pdl=self.pdl)
         plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
         splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
                                                self.max_blocks * self.block_size)

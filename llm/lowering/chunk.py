@@ -94,12 +94,8 @@ class ChunkLowering(Lowering):
         self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v", "ffn_gate",
                                               "ffn_up"))
         self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
-        self.att = g.buffer("att", (B, hp.q_dim), self._attention_out(x_type("attn_output")))
+        self.att = g.buffer("att", (B, hp.q_dim), x_type("attn_output"))
         self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
-
-    def _attention_out(self, dtype):
-        """The attention output's type: f16 where the GEMM reading it takes it."""
-        return dtype
 
     def _inputs(self, capacity, chunk) -> tuple:
         """The token ids and the int32 pair ``(start, n_rows)``."""

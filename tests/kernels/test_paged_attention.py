@@ -65,15 +65,17 @@ class Paged:
 
 
 def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
-    """The outputs ``[B, n_q, d]`` for each lengths array of ``lens_list``,
-    launched with the same pools, table, q and workspace."""
+    """The outputs ``[B, n_q, d]`` (the plan's ``out_type``) for each
+    lengths array of ``lens_list``, launched with the same pools, table, q
+    and workspace."""
     split = run.function(P.build, plan, plan.split_name)
     geos = P.launch_geometry(plan, pc.B, pc.n_kv, n_splits)
     comb = len(geos) > 1
     combine = run.function(P.build, plan, plan.combine_name) if comb else None
     part_o = run.poisoned((pc.B, pc.n_q, n_splits, pc.d))
     part_ml = run.poisoned((pc.B, pc.n_q, n_splits, 2))
-    out = run.poisoned((pc.B, pc.n_q, pc.d))
+    out = run.poisoned((pc.B, pc.n_q, pc.d),
+                       np.float16 if plan.out_type == "f16" else np.float32)
     tab = pc.table if table is None else table
     dq, dk, dv, dt = (run.array(a) for a in (pc.qbuf, pc.kp, pc.vp, tab))
     results = []
@@ -89,14 +91,14 @@ def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
     return results
 
 
-def _check(outs, refs, lens_list):
+def _check(outs, refs, lens_list, bound=BOUND):
     for lens, out, ref in zip(lens_list, outs, refs):
         for b, L in enumerate(lens):
             if L <= 0:
                 assert np.all(out[b] == 0), (b, L)
                 continue
             err = rel_err(out[b], ref[b])
-            assert err <= BOUND, (b, int(L), err)
+            assert err <= bound, (b, int(L), err)
 
 
 def _lengths(rng, B, bs, cap):
@@ -166,6 +168,30 @@ def test_reference_matches_a_contiguous_cache(rng):
         want = FD.reference(pc.q[b], kc, vc, int(L))
         assert np.max(np.abs(ref[b] - want)) <= 1e-12 * np.max(np.abs(want))
     assert np.all(pc.reference(np.zeros(3, np.int32)) == 0)
+
+
+@pytest.mark.parametrize("n_splits", [1, 3])
+@pytest.mark.parametrize("plan", [
+    P.PagedAttentionPlan.make(head_dim=128, group=4, block_size=16, warps=2, unroll=1,
+                              out_type="f16"),
+    P.PagedAttentionPlan.make(head_dim=64, group=3, block_size=32, warps=1, unroll=2,
+                              combine_warps=1, out_type="f16"),
+], ids=lambda p: p.kernel_name)
+def test_f16_output(run, plan, n_splits, rng):
+    """``out_type="f16"`` (the batched engine's, for the f16-X GEMM after
+    it): the f32 result rounded to nearest, so within the f32 bound plus
+    half an f16 ulp (2^-11 relative) of each element; the split kernel's
+    own store (one split), the combine's (several) and an empty sequence's
+    zeros."""
+    bs = plan.block_size
+    max_blocks = 80 // bs + 1
+    cap = max_blocks * bs
+    B = int(rng.integers(2, 7))
+    lens = [_lengths(rng, B, bs, cap), np.array([0] + [cap] * (B - 1), np.int32)]
+    pc = Paged(rng, np.maximum(*lens), 2, plan.group, plan.head_dim, bs, max_blocks)
+    outs = _run(run, plan, pc, lens, n_splits)
+    assert all(o.dtype == np.float16 for o in outs)
+    _check(outs, [pc.reference(x) for x in lens], lens, bound=BOUND + 2.0 ** -11)
 
 
 @pytest.mark.parametrize("n_splits", [1, 4])
