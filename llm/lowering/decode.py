@@ -13,13 +13,15 @@ The blocks lower to:
 - ``embed``: one row-gather launch of the state's token;
 - ``norm``: an RMSNorm launch, or nothing where the Q4_K GEMVs that read
   it take it in their prologue (``fuse_norm``: ``"attn"`` by default);
-- ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also rotates q
-  and k and appends this token's K/V rows to the f16 caches (interleaved
-  RoPE, one weight type, no biases or q/k norms, ``fuse_rope``); otherwise
-  the projections (stacked when the types agree), each bias added by the
-  GEMV's residual epilogue (before RoPE, as llama.cpp adds it), one
-  RMSNorm launch over the q heads and one over the k heads where the file
-  has q/k norms, then one RoPE + KV-append launch in the file's layout;
+- ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also adds the
+  biases (before RoPE, as llama.cpp adds them), rotates q and k and
+  appends this token's K/V rows to the f16 caches (one weight type, no q/k
+  norms, ``fuse_rope``; for NeoX RoPE the GEMV reads a copy of the stacked
+  weight with each q and k head's rows in rotation-pair order); otherwise
+  the projections (stacked when the types agree), the biases added by the
+  GEMV's residual epilogue, then one launch for RoPE + KV append, which
+  also applies the q/k RMSNorms where the file has them (``qk_norm``; as
+  three launches for a head size that kernel does not take);
 - ``attention``: the split-KV flash decode and its combine;
 - ``linear``: a GEMV (its residual epilogue adds the stream);
 - ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsnorm, rope,
@@ -154,30 +157,35 @@ class DecodeLowering(Lowering):
     def qkv(self, h, w: QKV):
         hp, f, p = self.hp, self.file, w.prefix
         qkv = self._act("qkv", (hp.q_dim + 2 * hp.kv_dim,))
-        qk_out = self._act("qk_normed", (hp.q_dim + hp.kv_dim,)) if w.q_norm else None
         q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
         kc, vc = self.kv_cache(w.layer)
         freqs = self.rope_table()
         tun = dict(tuning=self.tuning)
         infos = [f.tensor(n) for n in (w.q, w.k, w.v)]
         x, norm = self._input(h, infos)
+        if self._fuses_rope(w, infos):
+            neox = self.rope_layout == "neox"
+            wb, t = self.stacked_qkv(w, pair_order=neox)
+            matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.pos_ptr, kc,
+                             vc, state=self.state, norm=norm, bias=self.qkv_bias(w),
+                             rope_layout=self.rope_layout, **tun)
+            return q
+        bias = self.qkv_bias(w)
         if len({t.qtype for t in infos}) == 1:
             wb, t = self.stacked_qkv(w)
-            if self._fuses_rope(w, infos):
-                matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.pos_ptr, kc,
-                                 vc, state=self.state, norm=norm, **tun)
-                return q
-            bias = self.qkv_bias(w)
             matmul.gemv(self, p + "attn_qkv", wb, t, x, qkv, residual=bias, norm=norm, **tun)
         else:
-            bias = self.qkv_bias(w)
             offsets = (0, 4 * hp.q_dim, 4 * (hp.q_dim + hp.kv_dim))
             for name, out, off in zip((w.q, w.k, w.v), (q, k, v), offsets):
                 wb, t = self.weight(name)
                 matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
                             residual=None if bias is None else bias.at(off), **tun)
+        if w.q_norm and self._qk_norm_fits():
+            self._qk_norm_rope(w, qkv, q, k, v, kc, vc, freqs)
+            return q
         qr, kr, src = q, k, qkv
         if w.q_norm:
+            qk_out = self._act("qk_normed", (hp.q_dim + hp.kv_dim,))
             qr, kr, src = qk_out.at(0), qk_out.at(4 * hp.q_dim), qk_out
             self._rmsnorm(q, w.q_norm, qr, hp.head_dim, hp.n_heads,
                           w.q_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
@@ -193,9 +201,29 @@ class DecodeLowering(Lowering):
                               capacity=self.capacity)])
         return qr
 
+    def _qk_norm_rope(self, w: QKV, qkv, q, k, v, kc, vc, freqs):
+        """The q and k heads' RMSNorms, RoPE and the KV append in one launch
+        (``RopeSpec.qk_norm``), q and k normed and rotated in place."""
+        hp = self.hp
+        rs = attrs.evolve(self._rope_spec(), qk_norm=True)
+        qn, _ = self.weight(w.q_norm)
+        kn, _ = self.weight(w.k_norm)
+        self.add("RopeKvAppend", w.prefix + "qk_norm_rope_kv_append",
+                 [qkv, qn, kn, freqs, self.state], [qkv, kc, vc],
+                 [self.launch("rope", rs, rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads),
+                              q=q, k=k, freqs=freqs, pos_ptr=self.pos_ptr,
+                              n_q_heads=hp.n_heads, n_kv_heads=hp.n_kv_heads, v=v,
+                              k_cache=kc, v_cache=vc, capacity=self.capacity, q_norm=qn,
+                              k_norm=kn, eps=self.hp.eps)])
+
+    def _qk_norm_fits(self) -> bool:
+        """Whether the fused q/k-norm RoPE kernel takes this head size (a
+        thread owns at most ``rope.MAX_PAIRS_PER_THREAD`` pairs)."""
+        half = self.hp.head_dim // 2
+        return half // math.gcd(half, 32) <= rope.MAX_PAIRS_PER_THREAD
+
     def _fuses_rope(self, w: QKV, infos) -> bool:
-        return (self.fuse_rope and self.rope_layout == "interleaved" and w.q_norm is None
-                and not w.has_bias and len({t.qtype for t in infos}) == 1)
+        return (self.fuse_rope and w.q_norm is None and len({t.qtype for t in infos}) == 1)
 
     def _rope_spec(self):
         hp = self.hp
