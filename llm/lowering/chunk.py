@@ -16,9 +16,10 @@ The blocks lower to:
   that reads it takes f16 X);
 - ``qkv``: one GEMM over the stacked ``[Wq; Wk; Wv]`` (or one per weight
   writing its column block, where their types differ) with the biases
-  added in its epilogue, the per-head q/k RMSNorms over every token's heads
-  (two launches of a grouped RMSNorm), then RoPE + the K/V append over the
-  rows;
+  added in its epilogue, then RoPE + the K/V append over the rows, which
+  also applies the per-head q/k RMSNorms where the file has them
+  (``RopeSpec.qk_norm``; two grouped-RMSNorm launches in front for a head
+  size that mode does not take);
 - ``attention``: causal chunk attention reading q from the QKV rows;
 - ``linear``: a GEMM with the residual added in its epilogue;
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
@@ -174,6 +175,11 @@ class ChunkLowering(Lowering):
                 self._matmul(n, x, qkv.at(4 * off), rows=rows, stride=self.qkv_dim,
                              bias=None if bias is None else bias.at(4 * off))
                 off += rows
+        kc, vc = self.kv_cache(w.layer)
+        if w.q_norm and self.fuses_qk_norm:
+            # the norms in the RoPE launch, q and k normed and rotated in place
+            self._rope_launch(w, qkv, qkv, kc, vc, self.rope_table(), qk_norm=True)
+            return qkv
         src = qkv
         if w.q_norm:
             # the normed q and k in a buffer of the QKV rows' layout (v unused)
@@ -181,18 +187,19 @@ class ChunkLowering(Lowering):
             self._head_norm(w.q_norm, qkv.at(0), src.at(0), hp.n_heads, qkv, src)
             self._head_norm(w.k_norm, qkv.at(4 * hp.q_dim), src.at(4 * hp.q_dim),
                             hp.n_kv_heads, qkv, src)
-        kc, vc = self.kv_cache(w.layer)
         self._rope_launch(w, src, qkv, kc, vc, self.rope_table())
         return src
 
-    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs):
+    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs, qk_norm=False):
         """RoPE over the rows at positions ``start ..`` and their K/V rows
-        appended to the caches."""
+        appended to the caches; with ``qk_norm`` the q and k heads'
+        RMSNorms first, in the same launch (``RopeSpec.qk_norm``)."""
         hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
-                           append="f16", rows=True, target=self.target)
+                           append="f16", rows=True, qk_norm=qk_norm, target=self.target)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads, self.rows)
-        ins = [src, freqs, self.info] + ([qkv] if src is not qkv else [])
+        norms, nargs = self._qk_norm_args(w, qk_norm)
+        ins = [src, freqs, self.info] + ([qkv] if src is not qkv else []) + norms
         self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
                  [self.launch("rope", rs, geom,
                               q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
@@ -200,7 +207,16 @@ class ChunkLowering(Lowering):
                               n_kv_heads=hp.n_kv_heads,
                               v=qkv.at(4 * (hp.q_dim + hp.kv_dim)), k_cache=kc, v_cache=vc,
                               capacity=self.capacity, row_stride=self.qkv_dim,
-                              n_rows_ptr=self.n_ptr)])
+                              n_rows_ptr=self.n_ptr, **nargs)])
+
+    def _qk_norm_args(self, w: QKV, qk_norm: bool):
+        """The q/k norm weights a ``qk_norm`` RoPE launch reads, and its
+        extra arguments (none without ``qk_norm``)."""
+        if not qk_norm:
+            return [], {}
+        qn, _ = self.weight(w.q_norm)
+        kn, _ = self.weight(w.k_norm)
+        return [qn, kn], dict(q_norm=qn, k_norm=kn, eps=self.hp.eps)
 
     def _head_norm(self, weight, x, out, heads, src, dst):
         """The RMSNorm of every head (rows of ``head_dim``) of every token,
@@ -280,3 +296,4 @@ def _row(a, r: int, row_bytes: int):
     if hasattr(a, "buffer"):
         return a.buffer.at(a.offset + r * row_bytes)
     return a.at(r * row_bytes)
+

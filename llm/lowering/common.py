@@ -15,6 +15,8 @@ weights and KV cache.
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import numpy as np
 
@@ -143,6 +145,14 @@ class Lowering:
                  for n, rows in zip(w.biases, (hp.q_dim, hp.kv_dim, hp.kv_dim))]
         data = np.concatenate(parts)
         return self.g.buffer(w.prefix + "attn_qkv.bias", data.shape, np.float32, "weight", data)
+
+    @property
+    def fuses_qk_norm(self) -> bool:
+        """Whether the RoPE kernel's ``qk_norm`` mode takes this head size
+        (a thread owns at most ``rope.MAX_PAIRS_PER_THREAD`` pairs), so the
+        q/k RMSNorms join the RoPE launch."""
+        half = self.hp.head_dim // 2
+        return half // math.gcd(half, 32) <= rope.MAX_PAIRS_PER_THREAD
 
     def rope_table(self):
         """The RoPE frequencies as the kernels take them: the file's

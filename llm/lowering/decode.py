@@ -180,7 +180,7 @@ class DecodeLowering(Lowering):
                 wb, t = self.weight(name)
                 matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
                             residual=None if bias is None else bias.at(off), **tun)
-        if w.q_norm and self._qk_norm_fits():
+        if w.q_norm and self.fuses_qk_norm:
             self._qk_norm_rope(w, qkv, q, k, v, kc, vc, freqs)
             return q
         qr, kr, src = q, k, qkv
@@ -215,12 +215,6 @@ class DecodeLowering(Lowering):
                               n_q_heads=hp.n_heads, n_kv_heads=hp.n_kv_heads, v=v,
                               k_cache=kc, v_cache=vc, capacity=self.capacity, q_norm=qn,
                               k_norm=kn, eps=self.hp.eps)])
-
-    def _qk_norm_fits(self) -> bool:
-        """Whether the fused q/k-norm RoPE kernel takes this head size (a
-        thread owns at most ``rope.MAX_PAIRS_PER_THREAD`` pairs)."""
-        half = self.hp.head_dim // 2
-        return half // math.gcd(half, 32) <= rope.MAX_PAIRS_PER_THREAD
 
     def _fuses_rope(self, w: QKV, infos) -> bool:
         return (self.fuse_rope and w.q_norm is None and len({t.qtype for t in infos}) == 1)
