@@ -15,8 +15,6 @@ weights and KV cache.
 
 from __future__ import annotations
 
-import math
-
 import attrs
 import numpy as np
 
@@ -146,13 +144,15 @@ class Lowering:
         data = np.concatenate(parts)
         return self.g.buffer(w.prefix + "attn_qkv.bias", data.shape, np.float32, "weight", data)
 
-    @property
-    def fuses_qk_norm(self) -> bool:
-        """Whether the RoPE kernel's ``qk_norm`` mode takes this head size
-        (a thread owns at most ``rope.MAX_PAIRS_PER_THREAD`` pairs), so the
-        q/k RMSNorms join the RoPE launch."""
-        half = self.hp.head_dim // 2
-        return half // math.gcd(half, 32) <= rope.MAX_PAIRS_PER_THREAD
+    def qk_norm_args(self, w: QKV):
+        """The q/k norm weight buffers a layer's RoPE launch reads and its
+        arguments ``q_norm, k_norm, eps`` (``RopeSpec.qk_norm``); none where
+        the layer has no q/k norms."""
+        if w.q_norm is None:
+            return [], {}
+        qn, _ = self.weight(w.q_norm)
+        kn, _ = self.weight(w.k_norm)
+        return [qn, kn], dict(q_norm=qn, k_norm=kn, eps=self.hp.eps)
 
     def rope_table(self):
         """The RoPE frequencies as the kernels take them: the file's

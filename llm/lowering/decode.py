@@ -20,8 +20,7 @@ The blocks lower to:
   weight with each q and k head's rows in rotation-pair order); otherwise
   the projections (stacked when the types agree), the biases added by the
   GEMV's residual epilogue, then one launch for RoPE + KV append, which
-  also applies the q/k RMSNorms where the file has them (``qk_norm``; as
-  three launches for a head size that kernel does not take);
+  also applies the q/k RMSNorms where the file has them (``qk_norm``);
 - ``attention``: the split-KV flash decode and its combine;
 - ``linear``: a GEMV (its residual epilogue adds the stream);
 - ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
@@ -35,7 +34,6 @@ from __future__ import annotations
 
 import math
 
-import attrs
 import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsnorm, rope,
@@ -147,10 +145,10 @@ class DecodeLowering(Lowering):
         self._rmsnorm(h.x, h.weight, out, self.hp.hidden, 1, h.weight.removesuffix(".weight"))
         return out, None
 
-    def _rmsnorm(self, x, weight, out, n, rows, name, src=None, dst=None):
+    def _rmsnorm(self, x, weight, out, n, rows, name):
         w, _ = self.weight(weight)
         spec = self._rms
-        self.add("RmsNorm", name, [src or x, w], [dst or out],
+        self.add("RmsNorm", name, [x, w], [out],
                  [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, rows), x=x, w=w,
                               out=out, n=n, eps=self.hp.eps)])
 
@@ -180,49 +178,26 @@ class DecodeLowering(Lowering):
                 wb, t = self.weight(name)
                 matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
                             residual=None if bias is None else bias.at(off), **tun)
-        if w.q_norm and self.fuses_qk_norm:
-            self._qk_norm_rope(w, qkv, q, k, v, kc, vc, freqs)
-            return q
-        qr, kr, src = q, k, qkv
-        if w.q_norm:
-            qk_out = self._act("qk_normed", (hp.q_dim + hp.kv_dim,))
-            qr, kr, src = qk_out.at(0), qk_out.at(4 * hp.q_dim), qk_out
-            self._rmsnorm(q, w.q_norm, qr, hp.head_dim, hp.n_heads,
-                          w.q_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
-            self._rmsnorm(k, w.k_norm, kr, hp.head_dim, hp.n_kv_heads,
-                          w.k_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
-        rs = self._rope_spec()
+        # RoPE and the KV append, after the q and k heads' RMSNorms where
+        # the layer has them (RopeSpec.qk_norm), in place
+        rs = self._rope_spec(qk_norm=w.q_norm is not None)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
-        ins = [src, freqs, self.state] + ([qkv] if src is not qkv else [])
-        self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
-                 [self.launch("rope", rs, geom, q=qr, k=kr, freqs=freqs,
+        norms, nargs = self.qk_norm_args(w)
+        self.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state] + norms,
+                 [qkv, kc, vc],
+                 [self.launch("rope", rs, geom, q=q, k=k, freqs=freqs,
                               pos_ptr=self.pos_ptr, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads, v=v, k_cache=kc, v_cache=vc,
-                              capacity=self.capacity)])
-        return qr
-
-    def _qk_norm_rope(self, w: QKV, qkv, q, k, v, kc, vc, freqs):
-        """The q and k heads' RMSNorms, RoPE and the KV append in one launch
-        (``RopeSpec.qk_norm``), q and k normed and rotated in place."""
-        hp = self.hp
-        rs = attrs.evolve(self._rope_spec(), qk_norm=True)
-        qn, _ = self.weight(w.q_norm)
-        kn, _ = self.weight(w.k_norm)
-        self.add("RopeKvAppend", w.prefix + "qk_norm_rope_kv_append",
-                 [qkv, qn, kn, freqs, self.state], [qkv, kc, vc],
-                 [self.launch("rope", rs, rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads),
-                              q=q, k=k, freqs=freqs, pos_ptr=self.pos_ptr,
-                              n_q_heads=hp.n_heads, n_kv_heads=hp.n_kv_heads, v=v,
-                              k_cache=kc, v_cache=vc, capacity=self.capacity, q_norm=qn,
-                              k_norm=kn, eps=self.hp.eps)])
+                              capacity=self.capacity, **nargs)])
+        return q
 
     def _fuses_rope(self, w: QKV, infos) -> bool:
         return (self.fuse_rope and w.q_norm is None and len({t.qtype for t in infos}) == 1)
 
-    def _rope_spec(self):
+    def _rope_spec(self, qk_norm=False):
         hp = self.hp
         return rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
-                             append="f16", target=self.target)
+                             append="f16", qk_norm=qk_norm, target=self.target)
 
     def attention(self, layer, q):
         hp, fds, ns = self.hp, self.fds, self.n_splits

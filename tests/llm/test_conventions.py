@@ -149,9 +149,9 @@ def test_qwen3_qk_norms(tmp_path, rng, seed):
     assert m.hp.qk_norm and m.hp.q_dim == 512 and _qkv_epilogue(m, path) == "none"
     ops = [(op.kind, op.name) for op in m.graph.ops if op.name.startswith("blk.0.")]
     assert ops[:3] == [("MulMat", "blk.0.attn_qkv"),
-                       ("RopeKvAppend", "blk.0.qk_norm_rope_kv_append"),
+                       ("RopeKvAppend", "blk.0.rope_kv_append"),
                        ("Attention", "blk.0.attention")]
-    rope = next(op for op in m.graph.ops if op.name == "blk.0.qk_norm_rope_kv_append")
+    rope = next(op for op in m.graph.ops if op.name == "blk.0.rope_kv_append")
     (L,) = rope.launches
     assert (L.spec.qk_norm, L.spec.layout) == (True, "neox")
     assert (L.args["q_norm"].name, L.args["k_norm"].name) == ("blk.0.attn_q_norm.weight",
