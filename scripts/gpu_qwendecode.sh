@@ -2,7 +2,8 @@
 # Qwen decode with the fused QKV launches (issue 52's decode item), one GPU call:
 #  1. the gpu tests of the changed kernels (the GEMV rope epilogue with biases
 #     and NeoX pairs, the rope kernel's qk_norm mode) and of Qwen decode,
-#     prefill and the batched runner against the float64 reference;
+#     prefill, the batched runner and conformance against the float64
+#     reference;
 #  2. decode of Qwen2-7B- and Qwen3-8B-shaped Q4_K files (random weights) at
 #     contexts 128 and 4096: tokens/s and the share of the read floor
 #     (scripts/ab_model_step.py), alternating with the tree in .carry/old.tar
@@ -28,7 +29,7 @@ timeout 240 python3 -m pytest -q -p no:randomly -m gpu tests/kernels/test_rope_n
   > "$OUT/qwendecode_tests_qwen.log" 2>&1 || TESTS=FAILED
 tail -3 "$OUT/qwendecode_tests_qwen.log"
 timeout 180 python3 -m pytest -q -p no:randomly -m gpu tests/llm/test_prefill.py \
-  tests/llm/test_batch_runner.py -k qwen > "$OUT/qwendecode_tests_prefill.log" 2>&1 || TESTS=FAILED
+  tests/llm/test_batch_runner.py tests/test_conformance.py -k qwen > "$OUT/qwendecode_tests_prefill.log" 2>&1 || TESTS=FAILED
 tail -3 "$OUT/qwendecode_tests_prefill.log"
 
 OLD=""
