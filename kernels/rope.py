@@ -24,7 +24,9 @@ head_dim / 2`` threads, ``grid = ceil(that / block)``.
 Parameters: ``q, k: f32*, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32,
 n_kv_heads: u32``; with ``append`` set (the fused decode-step form) also
 ``v: f32*, k_cache, v_cache: f16* or f32*, capacity: u32``; with ``rows``
-also ``row_stride: u32, n_rows_ptr: s32*``.
+also ``row_stride: u32, n_rows_ptr: s32*``; with ``qk_norm`` (the per-head
+RMSNorm of q and k in front of the rotation) then
+``q_norm: f32*, k_norm: f32*, eps: f32``.
 
 Rows (``rows=True``): ``grid.y`` rows of a ``[T_max, ...]`` buffer, row
 ``y`` (its q, k and v each ``y * row_stride`` elements on) at position
@@ -55,6 +57,31 @@ A position outside ``[0, capacity)`` leaves the caches untouched (Q and K
 are still rotated).  ``v`` and the caches must be 8-byte aligned; cache
 offsets are 32-bit (``n_kv_heads * capacity * head_dim < 2**32``, as in
 ``kv_append``).
+
+Per-head q/k RMSNorm (``qk_norm``, Qwen3's attention input): one launch
+where a GEMV's output would otherwise take an RMSNorm of the q heads, one
+of the k heads and a RoPE launch.  Each q head ``x`` (each k head, with
+the k weight) becomes ``x / sqrt(mean(x^2) + eps) * w``, rotated as above
+and written back in place; with ``append`` the rotated k rows and the v
+rows go to the cache as above.  ``w`` is the head's norm weight
+(``q_norm`` or ``k_norm``, f32 ``[head_dim]``), element for element in the
+layout of the head's values.
+
+Thread mapping: a head's ``head_dim / 2`` rotation pairs are split over
+``G = gcd(head_dim / 2, 32)`` threads (a power of two, so a head's threads
+sit in one warp at a multiple of ``G``), each owning ``P = head_dim / (2G)``
+pairs ``lane, lane + G, ...`` (coalesced: the group reads ``G`` adjacent
+pairs at a time).  A thread adds up the squares of its pairs, ``log2 G``
+butterfly shuffles give every thread of the head the sum, and each then
+normalises (``div.rn``, ``sqrt.rn``: the RMSNorm kernel's ``precise``
+rounding), weights, rotates and stores its pairs.  Every lane of a warp
+takes part in the shuffles; lanes past the last head read the last head's
+values, and they and the lanes of a row past the device count store
+nothing.
+
+Launch: ``(n_q_heads + n_kv_heads) * G`` threads a row, ``grid = (ceil(that
+/ block), rows)``.  Accuracy: within 2e-5 of float64 relative to each
+head's largest element.
 """
 
 from __future__ import annotations
@@ -81,6 +108,8 @@ _C3 = float(np.float32(TWO_PI - _C1 - _C2))
 
 #: ``RopeSpec.paged`` values: 0 (a contiguous cache) or a paged cache's block size
 PAGED_BLOCKS = (0, 16, 32, 64, 128, 256)
+#: ``qk_norm``: the most rotation pairs one thread owns
+MAX_PAIRS_PER_THREAD = 8
 
 
 def _positive(_, attr, v):
@@ -113,6 +142,11 @@ class RopeSpec:
     paged : {0, 16, 32, 64, 128, 256}
         0: a contiguous cache; else the block size of a paged cache, each
         row at its own position and slot (needs ``rows`` and ``append``).
+    qk_norm : bool
+        The RMSNorm of every q and k head (a weight per head element for
+        q, one for k, and eps: extra parameters ``q_norm, k_norm, eps``)
+        before the rotation, as Qwen3 has it (a small group of threads
+        per head; see the module docstring).
     block : int
     target : str
     """
@@ -130,6 +164,7 @@ class RopeSpec:
                               validator=attrs.validators.in_(("none", "f16", "f32")))
     rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     paged: int = attrs.field(default=0)
+    qk_norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     block: int = block_field(128)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -148,12 +183,31 @@ class RopeSpec:
                              f"{', '.join(map(str, PAGED_BLOCKS[1:]))}, got {self.paged!r}")
         if self.paged and not (self.rows and self.append != "none"):
             raise ValueError("paged (a paged KV cache) needs rows=True and append set")
+        if self.qk_norm and self.pairs_per_thread > MAX_PAIRS_PER_THREAD:
+            half = self.head_dim // 2
+            raise ValueError(f"qk_norm: head_dim {self.head_dim} splits its {half} pairs over "
+                             f"{half // self.pairs_per_thread} threads, {self.pairs_per_thread} "
+                             f"a thread (at most {MAX_PAIRS_PER_THREAD}); give a head_dim "
+                             "whose half has a larger power-of-two factor")
+
+    @property
+    def head_threads(self) -> int:
+        """Threads per head: one per pair; with ``qk_norm`` ``gcd(head_dim /
+        2, 32)``, a power of two within a warp, each owning
+        :attr:`pairs_per_thread` pairs."""
+        half = self.head_dim // 2
+        return math.gcd(half, 32) if self.qk_norm else half
+
+    @property
+    def pairs_per_thread(self) -> int:
+        return self.head_dim // 2 // self.head_threads
 
     @property
     def kernel_name(self) -> str:
         app = "" if self.append == "none" else f"_app{self.append[1:]}"
         return (f"rope_{self.layout}_d{self.head_dim}{app}" + ("_rows" if self.rows else "")
-                + (f"_paged{self.paged}" if self.paged else ""))
+                + (f"_paged{self.paged}" if self.paged else "")
+                + ("_qknorm" if self.qk_norm else ""))
 
 
 def inv_freq(spec: RopeSpec) -> np.ndarray:
@@ -208,35 +262,66 @@ def rotate_pair(k, a, b, s, c):
     return k.fma(a, c, k.mul(-b, s, rnd="rn")), k.fma(a, s, k.mul(b, c, rnd="rn"))
 
 
+@attrs.frozen
+class RopeParams:
+    """A RoPE kernel's parameters as registers (None where the spec has none)."""
+    q: object
+    k: object
+    freqs: object
+    pos_ptr: object
+    n_q: object
+    n_kv: object
+    v: object = None
+    k_cache: object = None
+    v_cache: object = None
+    cap: object = None
+    row_stride: object = None
+    n_rows_ptr: object = None
+    slots: object = None
+
+
+def declare_params(k, spec: RopeSpec) -> RopeParams:
+    """Declare the parameters of the module's docstring, in order (with
+    ``rows`` and ``paged``, the names given there)."""
+    paged = spec.paged
+    cty = f16 if spec.append == "f16" else f32
+    out = dict(q=k.param_ptr("q", f32, align=8), k=k.param_ptr("k", f32, align=8),
+               freqs=k.param_ptr("freqs", f32, align=8),
+               pos_ptr=k.param_ptr("positions" if paged else "pos_ptr", s32),
+               n_q=k.param("n_q_heads", u32), n_kv=k.param("n_kv_heads", u32))
+    if spec.append != "none":
+        out.update(v=k.param_ptr("v", f32, align=8),
+                   k_cache=k.param_ptr("k_pool" if paged else "k_cache", cty, align=8),
+                   v_cache=k.param_ptr("v_pool" if paged else "v_cache", cty, align=8),
+                   cap=k.param("n_slots" if paged else "capacity", u32))
+    if spec.rows:
+        out.update(row_stride=k.param("row_stride", u32),
+                   n_rows_ptr=k.param_ptr("n_rows_ptr", s32))
+        if paged:
+            out.update(slots=k.param_ptr("slots", s32))
+    return RopeParams(**out)
+
+
 def build(spec: RopeSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
     ``q, k, freqs: f32[d/2, 2], pos_ptr: s32*, n_q_heads: u32, n_kv_heads: u32``
     and, with ``spec.append`` set, ``v: f32*, k_cache, v_cache, capacity: u32``
     (with ``rows`` and ``paged``, the names of the module's docstring)."""
+    if spec.qk_norm:
+        return _build_qk_norm(spec)
     d = spec.head_dim
     half = d // 2
     app = spec.append != "none"
     paged = spec.paged
-    cty = f16 if spec.append == "f16" else f32
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
         pdl_prologue(k, spec)
-        q = k.param_ptr("q", f32, align=8)
-        kk = k.param_ptr("k", f32, align=8)
-        freqs = k.param_ptr("freqs", f32, align=8)
-        pos_ptr = k.param_ptr("positions" if paged else "pos_ptr", s32)
-        n_q = k.param("n_q_heads", u32)
-        n_kv = k.param("n_kv_heads", u32)
+        P = declare_params(k, spec)
+        q, kk, freqs, pos_ptr, n_q, n_kv = P.q, P.k, P.freqs, P.pos_ptr, P.n_q, P.n_kv
         if app:
-            vin = k.param_ptr("v", f32, align=8)
-            kc = k.param_ptr("k_pool" if paged else "k_cache", cty, align=8)
-            vc = k.param_ptr("v_pool" if paged else "v_cache", cty, align=8)
-            cap = k.param("n_slots" if paged else "capacity", u32)
+            vin, kc, vc, cap = P.v, P.k_cache, P.v_cache, P.cap
         if spec.rows:
-            rstride = k.param("row_stride", u32)
-            nrows_ptr = k.param_ptr("n_rows_ptr", s32)
-            if paged:
-                slots = k.param_ptr("slots", s32)
+            rstride, nrows_ptr, slots = P.row_stride, P.n_rows_ptr, P.slots
             yrow = k.ctaid.y
             live = yrow < k.max(k.ld(nrows_ptr[0]), 0).bitcast(u32)
             roff = yrow * rstride
@@ -291,32 +376,146 @@ def build(spec: RopeSpec) -> ptxgen.Module:
                 k.st(a_addr, (a2, b2))
             if app:
                 with k.if_(ok):
-                    if paged:                       # [slot // bs, h, slot % bs, j]
-                        blk = pos_u >> (paged.bit_length() - 1)
-                        off = pos_u & (paged - 1)
-                        dst = k.mad(k.mad(k.mad(blk, n_kv, row), paged, off), d, j)
-                    else:
-                        dst = k.mad(k.mad(row, cap, pos_u), d, j)   # [h, pos, j]
-                    for cache, (x0, x1) in ((kc, (a2, b2)), (vc, (va, vb))):
-                        c_addr = cache[dst]
-                        if cty is f16:
-                            x0, x1 = k.cvt(f16, x0, rnd="rn"), k.cvt(f16, x1, rnd="rn")
-                        if spec.layout == "neox":
-                            k.st(c_addr, x0)
-                            k.st(c_addr + half * cty.bytes, x1)
-                        elif cty is f16:
-                            k.st(c_addr, k.pack(u32, x0, x1), ty=u32)
-                        else:
-                            k.st(c_addr, (x0, x1))
+                    store_kv_pair(k, spec, kc, vc, pos_u, row, n_kv, cap, j, (a2, b2),
+                                  (va, vb))
+    return m
+
+
+def store_kv_pair(k, spec: RopeSpec, kc, vc, at, row, n_kv, cap, j, kpair, vpair):
+    """Store a rotated K pair ``kpair`` and its V pair ``vpair`` (f32) into
+    the caches (converted to their type): head ``row``, element ``j`` of the
+    pair's first value, at cache row ``at`` (``[h, at, j]``), or with
+    ``spec.paged`` at slot ``at`` of the pools (``[at // bs, h, at % bs,
+    j]``).  The pair's second value is at ``j + 1`` (interleaved) or ``j +
+    head_dim / 2`` (neox)."""
+    d, paged = spec.head_dim, spec.paged
+    cty = f16 if spec.append == "f16" else f32
+    if paged:                       # [slot // bs, h, slot % bs, j]
+        blk = at >> (paged.bit_length() - 1)
+        off = at & (paged - 1)
+        dst = k.mad(k.mad(k.mad(blk, n_kv, row), paged, off), d, j)
+    else:
+        dst = k.mad(k.mad(row, cap, at), d, j)   # [h, pos, j]
+    for cache, (x0, x1) in ((kc, kpair), (vc, vpair)):
+        c_addr = cache[dst]
+        if cty is f16:
+            x0, x1 = k.cvt(f16, x0, rnd="rn"), k.cvt(f16, x1, rnd="rn")
+        if spec.layout == "neox":
+            k.st(c_addr, x0)
+            k.st(c_addr + d // 2 * cty.bytes, x1)
+        elif cty is f16:
+            k.st(c_addr, k.pack(u32, x0, x1), ty=u32)
+        else:
+            k.st(c_addr, (x0, x1))
+
+
+def _build_qk_norm(spec: RopeSpec) -> ptxgen.Module:
+    """PTX for a ``qk_norm`` spec (the module docstring's "Per-head q/k RMSNorm")."""
+    d = spec.head_dim
+    half = d // 2
+    G, P = spec.head_threads, spec.pairs_per_thread
+    app = spec.append != "none"
+    paged = spec.paged
+    m = ptxgen.Module(spec.target)
+    with m.kernel(spec.kernel_name, maxntid=spec.block) as k:
+        pdl_prologue(k, spec)
+        a = declare_params(k, spec)
+        qn = k.param_ptr("q_norm", f32, align=8)
+        kn = k.param_ptr("k_norm", f32, align=8)
+        eps = k.param("eps", f32)
+        t = k.global_id()
+        total = (a.n_q + a.n_kv) * G
+        if spec.rows:
+            yrow = k.ctaid.y
+            live = yrow < k.max(k.ld(a.n_rows_ptr[0]), 0).bitcast(u32)
+            inside = k.setp("lt", t, total, combine=("and", live))
+            roff = yrow * a.row_stride
+        else:
+            inside = k.setp("lt", t, total)
+        # lanes past the last head read the last head (and store nothing)
+        head = k.min(t >> (G.bit_length() - 1), a.n_q + a.n_kv - 1)
+        lane = t & (G - 1)
+        is_q = head < a.n_q
+        row = k.select(is_q, head, head - a.n_q)
+        rd = row * d
+        base = rd + roff if spec.rows else rd
+        xp = k.ptr_reg(f32)
+        k.select(is_q, a.q, a.k, out=xp)
+        xp = k.ptr_add(xp, base)
+        wp = k.ptr_reg(f32)
+        k.select(is_q, qn, kn, out=wp)
+        pos = k.ld(a.pos_ptr[yrow]) if paged else k.ld(a.pos_ptr[0])
+        if spec.rows and not paged:
+            pos = pos + yrow.bitcast(s32)
+        if app:
+            # K threads of a position (or slot) inside the cache
+            at = k.ld(a.slots[yrow]) if paged else pos
+            at_u = at.bitcast(u32)
+            ok = k.setp("ge", at, 0, combine=("and", ~is_q))
+            ok = k.setp("lt", at_u, a.cap, combine=("and", ok))
+            ok = ok & inside
+        pos_f = pos.to(f32)
+        pairs = []
+        ss = None
+        for p in range(P):
+            i = lane + p * G
+            hi, lo = k.ld(a.freqs[i << 1], vec=2, nc=True)
+            if spec.layout == "neox":
+                j = i
+                x_addr = xp[i]
+                x0 = k.ld(x_addr)
+                x1 = k.ld(x_addr + half * f32.bytes)
+                w0 = k.ld(wp[i], nc=True)
+                w1 = k.ld(wp[i + half], nc=True)
+            else:
+                j = i << 1
+                x_addr = xp[j]
+                x0, x1 = k.ld(x_addr, vec=2)
+                w0, w1 = k.ld(wp[j], vec=2, nc=True)
+            vv = None
+            if app:
+                v_addr = a.v[base + j]
+                if spec.layout == "neox":
+                    vv = (k.ld(v_addr, nc=True, guard=ok),
+                          k.ld(v_addr + half * f32.bytes, nc=True, guard=ok))
+                else:
+                    vv = k.ld(v_addr, vec=2, nc=True, guard=ok)
+            part = k.fma(x1, x1, k.mul(x0, x0, rnd="rn"))
+            ss = part if ss is None else ss + part
+            pairs.append((j, x_addr, x0, x1, w0, w1, hi, lo, vv))
+        # the head's sum of squares: a butterfly over its G lanes (every lane
+        # of the warp takes part)
+        off = G // 2
+        while off:
+            ss = ss + k.shfl_xor(ss, off)
+            off //= 2
+        mean = k.div(ss, k.mov(float(d), f32))
+        scale = k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
+        with k.if_(inside):
+            for j, x_addr, x0, x1, w0, w1, hi, lo, vv in pairs:
+                s, c = angle_sincos(k, pos_f, hi, lo)
+                n0 = k.mul(k.mul(x0, scale, rnd="rn"), w0, rnd="rn")
+                n1 = k.mul(k.mul(x1, scale, rnd="rn"), w1, rnd="rn")
+                r0, r1 = rotate_pair(k, n0, n1, s, c)
+                if spec.layout == "neox":
+                    k.st(x_addr, r0)
+                    k.st(x_addr + half * f32.bytes, r1)
+                else:
+                    k.st(x_addr, (r0, r1))
+                if app:
+                    with k.if_(ok):
+                        store_kv_pair(k, spec, a.k_cache, a.v_cache, at_u, row, a.n_kv, a.cap,
+                                      j, (r0, r1), vv)
     return m
 
 
 def launch_geometry(spec: RopeSpec, n_q_heads: int, n_kv_heads: int, rows: int = 1):
-    """One thread per rotated pair of q and k, for ``rows`` rows (``grid.y``;
+    """One thread per rotated pair of q and k (with ``qk_norm``,
+    :attr:`RopeSpec.head_threads` a head), for ``rows`` rows (``grid.y``;
     ``spec.rows``, else one)."""
     if rows != 1 and not spec.rows:
         raise ValueError(f"{rows} rows need RopeSpec(rows=True)")
-    total = (n_q_heads + n_kv_heads) * spec.head_dim // 2
+    total = (n_q_heads + n_kv_heads) * spec.head_threads
     return LaunchGeometry(spec.kernel_name, ((total + spec.block - 1) // spec.block, rows),
                           spec.block)
 
@@ -345,6 +544,15 @@ def rotate(x, pos: int, freqs, layout: str) -> np.ndarray:
     return out
 
 
+def qk_norm_reference(x, w, eps: float, pos: int, spec: RopeSpec) -> np.ndarray:
+    """float64: each head of ``x[..., head_dim]`` RMS-normalised with weight
+    ``w[head_dim]``, then rotated at ``pos`` (:func:`reference`)."""
+    x = np.asarray(x, dtype=np.float64)
+    normed = (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+              * np.asarray(w, dtype=np.float64))
+    return reference(normed, pos, spec)
+
+
 CANONICAL = {
     "rope_neox": RopeSpec(),
     "rope_llama3": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3"),
@@ -352,6 +560,9 @@ CANONICAL = {
                                    append="f16"),
     "rope_llama3_paged": RopeSpec(layout="interleaved", theta=500000.0, scaling="llama3",
                                   append="f16", rows=True, paged=16),
+    # Qwen3's decode step: q/k heads in paired order, normalised, rotated, appended
+    "rope_qk_norm": RopeSpec(layout="interleaved", theta=1000000.0, append="f16",
+                             qk_norm=True, target="sm_90", pdl=True),
 }
 
 registry.register("rope", RopeSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

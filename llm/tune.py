@@ -28,11 +28,10 @@ def gemv_calls(model: str | None) -> list:
     hp = f.hparams
     out = []
     # the stacked Q/K/V GEMV's epilogue as the decode step picks it
-    # (llm/qkv.py): RoPE for Llama, the bias add for Qwen2, none
-    # for Qwen3's norms
+    # (llm/lowering/decode.py): RoPE (with the biases, in either layout),
+    # but the plain product (or the bias add) ahead of Qwen3's q/k norms
     biased = any(f.has(f"blk.0.{n}.bias") for n in ("attn_q", "attn_k", "attn_v"))
-    qkv_epi = ("residual" if biased else
-               "rope" if hp.rope_layout == "interleaved" and not hp.qk_norm else "none")
+    qkv_epi = ("rope" if not hp.qk_norm else "residual" if biased else "none")
     for name, epi in (("attn_q", qkv_epi), ("attn_output", "residual"), ("ffn_gate", "swiglu"),
                       ("ffn_down", "residual")):
         t = f.tensor(f"blk.0.{name}.weight")

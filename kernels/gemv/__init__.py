@@ -4,8 +4,9 @@
 blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
 ``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
 matrices) and ``rope`` (the decode step's stacked Q/K/V projection with
-RoPE on q and k and the K/V-cache append).  K is a spec field; M is a
-launch argument and arbitrary.
+RoPE on q and k and the K/V-cache append, optionally after a bias add, in
+the interleaved or the NeoX layout).  K is a spec field; M is a launch
+argument and arbitrary.
 
 What is computed is a :class:`GemvSpec`; how it runs is a :class:`GemvConfig`
 chosen by :func:`select_config` from the per-device tuning table
@@ -19,7 +20,7 @@ Measurements: docs/notes/gemv.md.
 
 Launch: ``launch_geometry(plan, M)`` (a :class:`~ptxgen.kernels.plan.LaunchGeometry`
 that brings the argument ``rpc``); parameters ``w[, wu], x[, nw, eps][, r |
-freqs, pos_ptr, k_cache, v_cache, capacity], y, m, rpc``.
+[bias,] freqs, pos_ptr, k_cache, v_cache, capacity], y, m, rpc``.
 """
 
 from __future__ import annotations
@@ -32,14 +33,14 @@ from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring
 from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, GemvConfig, GemvPlan,
-                   GemvSpec, check_k, read_unit)
+                   GemvSpec, check_k, neox_pair_rows, read_unit)
 from .staged import build_staged
 from .tuning import balanced, candidate_configs, select_config
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
            "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES",
-           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL"]
+           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "neox_pair_rows"]
 
 
 def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = None,
@@ -53,13 +54,14 @@ def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = No
 
 def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "sm_80",
                  m: int | None = None, sm_count: int | None = None, norm: bool = False,
-                 rope: tuple = (), pdl: bool = False, device: str | None = None,
-                 **config) -> GemvPlan:
+                 rope: tuple = (), bias: bool = False, rope_layout: str = "interleaved",
+                 pdl: bool = False, device: str | None = None, **config) -> GemvPlan:
     """The plan of the tuned config for a call; ``config`` fields given here
     replace the table's (a combination the kernels do not build is refused)."""
     import attrs
     spec = GemvSpec(qtype.upper() if isinstance(qtype, str) else qtype, k, epilogue=epilogue,
-                    norm=norm, rope=rope, target=target, pdl=pdl)
+                    norm=norm, rope=rope, bias=bias, rope_layout=rope_layout, target=target,
+                    pdl=pdl)
     if not config:
         return GemvPlan(spec, select_config(spec, m, sm_count, device))
     cfg = select_config(spec, m)
@@ -87,9 +89,10 @@ def build(spec, config: GemvConfig | None = None) -> ptxgen.Module:
     return build_staged(p)
 
 
-def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", **config):
-    return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, target=target),
-                    GemvConfig(**config))
+def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", bias=False,
+           rope_layout="interleaved", **config):
+    return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, bias=bias,
+                             rope_layout=rope_layout, target=target), GemvConfig(**config))
 
 
 CANONICAL = {
@@ -110,6 +113,9 @@ CANONICAL = {
     "gemv_q5_k_dp4a": _canon("Q5_K", 512, "residual", rows=2, stages=3, tile=512, dot="dp4a"),
     "gemv_f16_swiglu": _canon("F16", 512, "swiglu", rows=2, stages=3, tile=512, pieces=2),
     "gemv_bf16_rope": _canon("BF16", 256, "rope", rope=(32, 2, 1), rows=4, stages=3, tile=256),
+    # Qwen2's decode step: the q/k/v biases added before the NeoX rotation
+    "gemv_q4_k_rope_bias": _canon("Q4_K", 512, "rope", rope=(64, 4, 2), bias=True,
+                                  rope_layout="neox", rows=8, stages=3, dot="dp4a", ahead=1),
 }
 
 registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0],

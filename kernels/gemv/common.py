@@ -39,10 +39,11 @@ LOG2E = 1.4426950408889634
 
 def declare_params(k, spec, warps):
     """The GEMV kernel signature, shared by every weight format:
-    ``w, [wu], x, [nw, eps], [r | freqs, pos_ptr, k_cache, v_cache,
+    ``w, [wu], x, [nw, eps], [r | [bias], freqs, pos_ptr, k_cache, v_cache,
     capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
-    with ``norm``, ``r`` with the residual epilogue, the RoPE table, the
-    device position and the f16 caches with the rope epilogue; the decode
+    with ``norm``, ``r`` with the residual epilogue, the bias (``spec.bias``),
+    the RoPE table, the device position and the f16 caches with the rope
+    epilogue; the decode
     graph and ops pass arguments in this order), plus the ``red`` shared
     array :func:`write_outputs` reduces in.
 
@@ -59,9 +60,10 @@ def declare_params(k, spec, warps):
     if spec.epilogue == "residual":
         r = k.param_ptr("r", f32)
     elif spec.epilogue == "rope":
+        bias = k.param_ptr("bias", f32) if spec.bias else None
         r = RopeArgs(k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32),
                      k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
-                     k.param("capacity", u32))
+                     k.param("capacity", u32), bias)
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
@@ -74,12 +76,14 @@ class RopeArgs:
     """The rope epilogue's kernel parameters: the ``[head_dim / 2, 2]`` (hi,
     lo) inverse-frequency table of :func:`kernels.rope.freq_table`, the
     device int32 position, the f16 caches ``[n_kv_heads, capacity,
-    head_dim]`` and their capacity."""
+    head_dim]``, their capacity, and the f32 ``[M]`` bias (``spec.bias``,
+    else None)."""
     freqs: object
     pos_ptr: object
     k_cache: object
     v_cache: object
     capacity: object
+    bias: object = None
 
 
 #: ``dot="dp4a"``: x is held as the integer ``T = round(x / s)``, ``|T| <=
@@ -174,7 +178,7 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
 
     if spec.epilogue == "rope":
         # the angle's inputs first, so their latency overlaps the reduction
-        ropein = _rope_inputs(k, spec, r, row0 + tid, tid)
+        ropein = _rope_inputs(k, spec, r, row0 + tid, tid, row_end)
     with k.if_(lane.eq(0)):
         base = warp * (nm * R)
         for mi in range(nm):
@@ -244,17 +248,31 @@ def norm_scale(k, spec, red, warps, norm, tid):
     return k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
 
 
-def _rope_inputs(k, spec, ra, row, tid):
+def _rope_inputs(k, spec, ra, row, tid, row_end):
     """Per storing thread (``tid < rows``): the head-row index ``j = row mod
-    head_dim`` and the (hi, lo) inverse frequency of its pair ``j / 2``, and
-    the position (loads only; every thread of warp 0 issues them)."""
-    d = spec.rope[0]
+    head_dim``, the (hi, lo) inverse frequency of its pair ``j / 2``, the
+    position, where the row is stored (its natural row, None for ``row``
+    itself in the interleaved layout, and head-row index; in the NeoX
+    layout a q or k row ``2i + e`` of a head is its row ``i + e * head_dim /
+    2``), and with ``spec.bias`` the natural row's bias (0 past
+    ``row_end``) (loads only; every thread of warp 0 issues them)."""
+    d, nq, nkv = spec.rope
     j = k.rem(row, d)
     ok = k.setp("lt", tid, spec.rows)
     hi, lo = k.ld(ra.freqs[(j >> 1) << 1], vec=2, nc=True, guard=ok)
     # plain ld: the position is advanced by the previous decode step's last grid
     pos = k.ld(ra.pos_ptr[0], guard=ok)
-    return j, hi, lo, pos
+    nrow, nj = None, j
+    if spec.rope_layout == "neox":
+        qk = k.setp("lt", row, (nq + nkv) * d)
+        nj = k.select(qk, (j >> 1) + (j & 1) * (d // 2), j)
+        nrow = row - j + nj
+    b = None
+    if spec.bias:
+        b = k.var(f32, 0.0)
+        inside = k.setp("lt", row, row_end, combine=("and", ok))
+        k.ld(ra.bias[row if nrow is None else nrow], nc=True, out=b, guard=inside)
+    return j, hi, lo, pos, b, nrow, nj
 
 
 def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
@@ -267,15 +285,19 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
     one shuffle.  Query and key rows are rotated by ``pos * inv_freq[i]``
     (:func:`kernels.rope.angle_sincos`) and stored to ``y``; value rows are
     stored as they are; key and value rows are also written (``cvt.rn`` to
-    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.
+    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.  With
+    ``spec.bias`` each row's bias is added to its sum first.  In the NeoX
+    layout W's q and k rows come in pair order (:func:`.spec.neox_pair_rows`)
+    and each row is stored at its natural place (:func:`_rope_inputs`).
     """
     from ..rope import angle_sincos, rotate_pair
     d, nq, nkv = spec.rope
-    j, hi, lo, pos = ropein
+    j, hi, lo, pos, bias, nrow, nj = ropein
     with k.if_(tid < 32):
         t = k.var(f32, 0.0)
         with k.if_(ok):
-            t.set(_row_totals(k, spec, slot, warps, tid, norm)[0])
+            tot = _row_totals(k, spec, slot, warps, tid, norm)[0]
+            t.set(tot if bias is None else tot + bias)
         other = k.shfl_xor(t, 1)
         with k.if_(ok):
             odd = k.setp("ne", tid & 1, 0)
@@ -286,7 +308,7 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
             rot = k.select(odd, b2, a2)
             qk_rows = (nq + nkv) * d
             out = k.select(k.setp("lt", row, qk_rows), rot, t)
-            k.st(y[row], out)
+            k.st(y[row if nrow is None else nrow], out)
             # K and V rows of a position inside the cache: f16 into [h, pos, j]
             kv = row - nq * d
             pos_u = pos.bitcast(u32)
@@ -298,5 +320,5 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
                 head = kvr // d
                 cache = k.ptr_reg(f16)
                 k.select(is_v, ra.v_cache, ra.k_cache, out=cache)
-                dst = k.mad(k.mad(head, ra.capacity, pos_u), d, j)
+                dst = k.mad(k.mad(head, ra.capacity, pos_u), d, nj)
                 k.st(cache[dst], k.cvt(f16, out, rnd="rn"))

@@ -9,19 +9,22 @@ import numpy as np
 __all__ = ["reference", "rope_reference"]
 
 
-def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None):
+def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None, bias=None):
     """float64 model of the rope epilogue applied to the plain product
-    ``y`` (float64, ``spec.rope_rows``): returns the stored ``y`` (q and k
-    heads rotated in the interleaved layout by ``pos * inv_freq``, v as it
-    is) and, when ``0 <= pos < capacity``, writes this token's k and v rows
-    into the f16 caches ``[n_kv_heads, capacity, head_dim]`` in place."""
+    ``y`` (float64, ``spec.rope_rows``, natural row order): returns the
+    stored ``y`` (``bias`` added where given, then q and k heads rotated in
+    ``spec.rope_layout`` by ``pos * inv_freq``, v as it is) and, when ``0 <=
+    pos < capacity``, writes this token's k and v rows into the f16 caches
+    ``[n_kv_heads, capacity, head_dim]`` in place."""
     from ..rope import rotate
     d, nq, nkv = spec.rope
     y = np.array(y, dtype=np.float64)
     if y.shape != (spec.rope_rows,):
         raise ValueError(f"y has shape {y.shape}, the rope epilogue writes {spec.rope_rows} rows")
+    if bias is not None:
+        y = y + np.asarray(bias, dtype=np.float64)
     qk = (nq + nkv) * d
-    y[:qk] = rotate(y[:qk].reshape(nq + nkv, d), pos, inv_freq, "interleaved").reshape(-1)
+    y[:qk] = rotate(y[:qk].reshape(nq + nkv, d), pos, inv_freq, spec.rope_layout).reshape(-1)
     if k_cache is not None and 0 <= pos < k_cache.shape[1]:
         k_cache[:, pos, :] = y[nq * d:(nq + nkv) * d].reshape(nkv, d)
         v_cache[:, pos, :] = y[(nq + nkv) * d:].reshape(nkv, d)

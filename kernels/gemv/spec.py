@@ -11,6 +11,7 @@ per-device tuning table.
 from __future__ import annotations
 
 import attrs
+import numpy as np
 
 from ptxgen.target import SHARED_LINE, TARGETS
 
@@ -20,7 +21,8 @@ from ..spec_fields import has_bulk_copy, pdl_field, target_field
 from .layout import staged_layout, threads
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "GEMV_QTYPES", "DP4A_RING",
-           "EPILOGUES", "FLOAT_UNIT", "check_k", "read_unit", "MAX_RING_BYTES"]
+           "EPILOGUES", "FLOAT_UNIT", "check_k", "read_unit", "MAX_RING_BYTES",
+           "neox_pair_rows"]
 
 #: the weight types the GEMV reads (the registry's, kernels/quants/qtypes.py)
 GEMV_QTYPES = names_for("gemv")
@@ -81,6 +83,18 @@ def _bool(inst, attr, v):
         raise ValueError(f"{attr.name} must be a bool, got {v!r}")
 
 
+def neox_pair_rows(head_dim: int, n_q_heads: int, n_kv_heads: int) -> np.ndarray:
+    """The row order of the stacked ``[Wq; Wk; Wv]`` that the rope epilogue
+    with ``rope_layout="neox"`` reads: ``W_kernel = W[order]``.  In each q
+    and k head, rows ``2i`` and ``2i + 1`` are the natural rows ``i`` and
+    ``i + head_dim / 2`` (a NeoX rotation pair); v rows keep their order."""
+    d = head_dim
+    j = np.arange(d)
+    within = (j >> 1) + (j & 1) * (d // 2)
+    qk = (np.arange(n_q_heads + n_kv_heads)[:, None] * d + within).reshape(-1)
+    return np.concatenate([qk, np.arange(qk.size, qk.size + n_kv_heads * d)])
+
+
 @attrs.frozen
 class GemvSpec:
     """A quantized GEMV ``y = W x`` (``W`` ``[M, K]`` in GGUF rows of blocks,
@@ -107,6 +121,16 @@ class GemvSpec:
         ``(head_dim, n_q_heads, n_kv_heads)`` with ``epilogue="rope"`` (else
         empty): y holds the query heads, then the key heads, then as many
         value heads, ``head_dim`` rows each.
+    bias : bool
+        With ``epilogue="rope"``: ``b[row]`` (f32 ``[M]``, the parameter
+        ``bias`` before ``freqs``) is added to each row's sum before the
+        rotation and the append (Qwen2's q/k/v biases).
+    rope_layout : {"interleaved", "neox"}
+        With ``epilogue="rope"``: the pairs rotated together.  ``"neox"``
+        pairs ``(i, i + head_dim / 2)`` of a head, which the kernel finds
+        adjacent because W's q and k rows come in pair order
+        (:func:`neox_pair_rows`); y, the bias and the caches are in the
+        natural order.
     target : str
         ``sm_80`` ... ``sm_90a``.
     pdl : bool
@@ -118,6 +142,9 @@ class GemvSpec:
     epilogue: str = attrs.field(default="none", validator=_in("epilogue", EPILOGUES))
     norm: bool = attrs.field(default=False, validator=_bool)
     rope: tuple = attrs.field(default=(), converter=tuple)
+    bias: bool = attrs.field(default=False, validator=_bool)
+    rope_layout: str = attrs.field(default="interleaved",
+                                   validator=_in("rope_layout", ("interleaved", "neox")))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -140,6 +167,17 @@ class GemvSpec:
                                    for n in v) or v[0] % 2 or v[0] > 512):
             raise ValueError("epilogue='rope' needs rope=(head_dim, n_q_heads, n_kv_heads): "
                              f"positive ints, head_dim even and at most 512; got {v!r}")
+
+    @bias.validator
+    def _check_bias(self, attr, v):
+        if v and self.epilogue != "rope":
+            raise ValueError(f"bias=True is built for epilogue='rope' (use the residual "
+                             f"epilogue for a bias elsewhere), not {self.epilogue!r}")
+
+    @rope_layout.validator
+    def _check_rope_layout(self, attr, v):
+        if v != "interleaved" and self.epilogue != "rope":
+            raise ValueError(f"rope_layout={v!r} is for epilogue='rope', not {self.epilogue!r}")
 
     @property
     def block_weights(self) -> int:
@@ -324,7 +362,8 @@ class GemvPlan(PlanBase):
         out: the executor sets ``pdl`` for the device after naming launches."""
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
         if self.rope:
-            epi += "{}h{}x{}".format(*self.rope)
+            epi += "{}h{}x{}".format(*self.rope) + ("_bias" if self.bias else "")
+            epi += "_neox" if self.rope_layout == "neox" else ""
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
         dp += "_il" if self.interleave else ""

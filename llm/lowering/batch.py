@@ -150,19 +150,22 @@ class BatchLowering(ChunkLowering):
         return (self.g.buffer(p + "k_pool", shape, np.float16, "state"),
                 self.g.buffer(p + "v_pool", shape, np.float16, "state"))
 
-    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs):
+    def _rope_launch(self, w: QKV, qkv, kc, vc, freqs):
         hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
-                           append="f16", rows=True, paged=self.block_size, target=self.target)
+                           append="f16", rows=True, paged=self.block_size,
+                           qk_norm=w.q_norm is not None, target=self.target)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads, self.rows)
-        ins = [src, freqs, self.io] + ([qkv] if src is not qkv else [])
-        self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
+        norms, nargs = self.qk_norm_args(w)
+        self.add("RopeKvAppend", w.prefix + "rope_kv_append", [qkv, freqs, self.io] + norms,
+                 [qkv, kc, vc],
                  [self.launch("rope", rs, geom,
-                              q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
+                              q=qkv.at(0), k=qkv.at(4 * hp.q_dim), freqs=freqs,
                               positions=self.positions, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads, v=qkv.at(4 * (hp.q_dim + hp.kv_dim)),
                               k_pool=kc, v_pool=vc, n_slots=self.num_blocks * self.block_size,
-                              row_stride=self.qkv_dim, n_rows_ptr=self.n_ptr, slots=self.slots)])
+                              row_stride=self.qkv_dim, n_rows_ptr=self.n_ptr, slots=self.slots,
+                              **nargs)])
 
     def attention(self, layer, q):
         hp = self.hp

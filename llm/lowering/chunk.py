@@ -16,9 +16,9 @@ The blocks lower to:
   that reads it takes f16 X);
 - ``qkv``: one GEMM over the stacked ``[Wq; Wk; Wv]`` (or one per weight
   writing its column block, where their types differ) with the biases
-  added in its epilogue, the per-head q/k RMSNorms over every token's heads
-  (two launches of a grouped RMSNorm), then RoPE + the K/V append over the
-  rows;
+  added in its epilogue, then RoPE + the K/V append over the rows, which
+  also applies the per-head q/k RMSNorms where the file has them
+  (``RopeSpec.qk_norm``);
 - ``attention``: causal chunk attention reading q from the QKV rows;
 - ``linear``: a GEMM with the residual added in its epilogue;
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
@@ -170,44 +170,29 @@ class ChunkLowering(Lowering):
                 self._matmul(n, x, qkv.at(4 * off), rows=rows, stride=self.qkv_dim,
                              bias=None if bias is None else bias.at(4 * off))
                 off += rows
-        src = qkv
-        if w.q_norm:
-            # the normed q and k in a buffer of the QKV rows' layout (v unused)
-            src = self.g.buffer(p + "qk_normed", (self.rows, self.qkv_dim), np.float32)
-            self._head_norm(w.q_norm, qkv.at(0), src.at(0), hp.n_heads, qkv, src)
-            self._head_norm(w.k_norm, qkv.at(4 * hp.q_dim), src.at(4 * hp.q_dim),
-                            hp.n_kv_heads, qkv, src)
         kc, vc = self.kv_cache(w.layer)
-        self._rope_launch(w, src, qkv, kc, vc, self.rope_table())
-        return src
+        self._rope_launch(w, qkv, kc, vc, self.rope_table())
+        return qkv
 
-    def _rope_launch(self, w: QKV, src, qkv, kc, vc, freqs):
-        """RoPE over the rows at positions ``start ..`` and their K/V rows
-        appended to the caches."""
+    def _rope_launch(self, w: QKV, qkv, kc, vc, freqs):
+        """RoPE in place over the rows at positions ``start ..`` and their K/V
+        rows appended to the caches; where the layer has q/k norms, the q
+        and k heads' RMSNorms first, in the same launch (``RopeSpec.qk_norm``)."""
         hp = self.hp
         rs = rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
-                           append="f16", rows=True, target=self.target)
+                           append="f16", rows=True, qk_norm=w.q_norm is not None,
+                           target=self.target)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads, self.rows)
-        ins = [src, freqs, self.info] + ([qkv] if src is not qkv else [])
-        self.add("RopeKvAppend", w.prefix + "rope_kv_append", ins, [src, kc, vc],
+        norms, nargs = self.qk_norm_args(w)
+        self.add("RopeKvAppend", w.prefix + "rope_kv_append", [qkv, freqs, self.info] + norms,
+                 [qkv, kc, vc],
                  [self.launch("rope", rs, geom,
-                              q=src.at(0), k=src.at(4 * hp.q_dim), freqs=freqs,
+                              q=qkv.at(0), k=qkv.at(4 * hp.q_dim), freqs=freqs,
                               pos_ptr=self.start_ptr, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads,
                               v=qkv.at(4 * (hp.q_dim + hp.kv_dim)), k_cache=kc, v_cache=vc,
                               capacity=self.capacity, row_stride=self.qkv_dim,
-                              n_rows_ptr=self.n_ptr)])
-
-    def _head_norm(self, weight, x, out, heads, src, dst):
-        """The RMSNorm of every head (rows of ``head_dim``) of every token,
-        each token's heads ``qkv_dim`` elements after the last's."""
-        w, _ = self.weight(weight)
-        spec = rmsnorm.RmsNormSpec(residual=False, grouped=True, target=self.target,
-                                   pdl=self.pdl)
-        self.add("RmsNorm", weight.removesuffix(".weight"), [src, w], [dst],
-                 [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, heads, self.rows),
-                              x=x, w=w, out=out,
-                              n=self.hp.head_dim, eps=self.hp.eps, stride=self.qkv_dim)])
+                              n_rows_ptr=self.n_ptr, **nargs)])
 
     def attention(self, layer, q):
         hp = self.hp
@@ -276,3 +261,4 @@ def _row(a, r: int, row_bytes: int):
     if hasattr(a, "buffer"):
         return a.buffer.at(a.offset + r * row_bytes)
     return a.at(r * row_bytes)
+

@@ -1,5 +1,6 @@
 """What every lowering shares: the model's persistent buffers (weights as
-stored in the file, the stacked Q/K/V weight, the bias vector, the RoPE
+stored in the file, the stacked Q/K/V weight (and its NeoX pair-ordered
+copy for the decode step), the bias vector, the RoPE
 table, the KV cache) and the way an op and its launches join a graph.
 
 A lowering is the object a model definition's blocks are called on
@@ -18,7 +19,7 @@ import attrs
 import numpy as np
 
 from ptxgen.driver.executor import ComputeGraph, Launch
-from ptxgen.kernels import rope
+from ptxgen.kernels import gemv, rope
 
 __all__ = ["Tuning", "Normed", "QKV", "TensorInfo", "Lowering"]
 
@@ -110,17 +111,25 @@ class Lowering:
         t = self.file.tensor(name)
         return self.g.buffer(name, t.data.shape, t.data.dtype, "weight", t.data), t
 
-    def stacked_qkv(self, w: QKV):
+    def stacked_qkv(self, w: QKV, pair_order: bool = False):
         """``[Wq; Wk; Wv]`` as one weight (the three share a type), and its
-        :class:`TensorInfo`."""
-        f = self.file
+        :class:`TensorInfo`.  ``pair_order``: a buffer of its own with each q
+        and k head's rows in NeoX rotation-pair order, as the GEMV's rope
+        epilogue reads them (:func:`ptxgen.kernels.gemv.neox_pair_rows`)."""
+        f, hp = self.file, self.hp
         names = (w.q, w.k, w.v)
         rows = sum(f.shape(n)[0] for n in names)
         info = TensorInfo(w.prefix + "attn_qkv.weight", f.qtype(w.q), (rows, f.shape(w.q)[1]))
         first = f.tensor(w.q).data
         shape = (rows,) + first.shape[1:]
-        buf = self.g.buffer(info.name, shape, first.dtype, "weight",
-                            lambda: np.concatenate([f.tensor(n).data for n in names]))
+
+        def data():
+            out = np.concatenate([f.tensor(n).data for n in names])
+            if pair_order:
+                out = out[gemv.neox_pair_rows(hp.head_dim, hp.n_heads, hp.n_kv_heads)]
+            return out
+        name = w.prefix + "attn_qkv.neox_pairs.weight" if pair_order else info.name
+        buf = self.g.buffer(name, shape, first.dtype, "weight", data)
         return buf, info
 
     def qkv_bias(self, w: QKV):
@@ -134,6 +143,16 @@ class Lowering:
                  for n, rows in zip(w.biases, (hp.q_dim, hp.kv_dim, hp.kv_dim))]
         data = np.concatenate(parts)
         return self.g.buffer(w.prefix + "attn_qkv.bias", data.shape, np.float32, "weight", data)
+
+    def qk_norm_args(self, w: QKV):
+        """The q/k norm weight buffers a layer's RoPE launch reads and its
+        arguments ``q_norm, k_norm, eps`` (``RopeSpec.qk_norm``); none where
+        the layer has no q/k norms."""
+        if w.q_norm is None:
+            return [], {}
+        qn, _ = self.weight(w.q_norm)
+        kn, _ = self.weight(w.k_norm)
+        return [qn, kn], dict(q_norm=qn, k_norm=kn, eps=self.hp.eps)
 
     def rope_table(self):
         """The RoPE frequencies as the kernels take them: the file's

@@ -13,13 +13,14 @@ The blocks lower to:
 - ``embed``: one row-gather launch of the state's token;
 - ``norm``: an RMSNorm launch, or nothing where the Q4_K GEMVs that read
   it take it in their prologue (``fuse_norm``: ``"attn"`` by default);
-- ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also rotates q
-  and k and appends this token's K/V rows to the f16 caches (interleaved
-  RoPE, one weight type, no biases or q/k norms, ``fuse_rope``); otherwise
-  the projections (stacked when the types agree), each bias added by the
-  GEMV's residual epilogue (before RoPE, as llama.cpp adds it), one
-  RMSNorm launch over the q heads and one over the k heads where the file
-  has q/k norms, then one RoPE + KV-append launch in the file's layout;
+- ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also adds the
+  biases (before RoPE, as llama.cpp adds them), rotates q and k and
+  appends this token's K/V rows to the f16 caches (one weight type, no q/k
+  norms, ``fuse_rope``; for NeoX RoPE the GEMV reads a copy of the stacked
+  weight with each q and k head's rows in rotation-pair order); otherwise
+  the projections (stacked when the types agree), the biases added by the
+  GEMV's residual epilogue, then one launch for RoPE + KV append, which
+  also applies the q/k RMSNorms where the file has them (``qk_norm``);
 - ``attention``: the split-KV flash decode and its combine;
 - ``linear``: a GEMV (its residual epilogue adds the stream);
 - ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
@@ -144,63 +145,59 @@ class DecodeLowering(Lowering):
         self._rmsnorm(h.x, h.weight, out, self.hp.hidden, 1, h.weight.removesuffix(".weight"))
         return out, None
 
-    def _rmsnorm(self, x, weight, out, n, rows, name, src=None, dst=None):
+    def _rmsnorm(self, x, weight, out, n, rows, name):
         w, _ = self.weight(weight)
         spec = self._rms
-        self.add("RmsNorm", name, [src or x, w], [dst or out],
+        self.add("RmsNorm", name, [x, w], [out],
                  [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, rows), x=x, w=w,
                               out=out, n=n, eps=self.hp.eps)])
 
     def qkv(self, h, w: QKV):
         hp, f, p = self.hp, self.file, w.prefix
         qkv = self._act("qkv", (hp.q_dim + 2 * hp.kv_dim,))
-        qk_out = self._act("qk_normed", (hp.q_dim + hp.kv_dim,)) if w.q_norm else None
         q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
         kc, vc = self.kv_cache(w.layer)
         freqs = self.rope_table()
         tun = dict(tuning=self.tuning)
         infos = [f.tensor(n) for n in (w.q, w.k, w.v)]
         x, norm = self._input(h, infos)
+        if self._fuses_rope(w, infos):
+            neox = self.rope_layout == "neox"
+            wb, t = self.stacked_qkv(w, pair_order=neox)
+            matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.pos_ptr, kc,
+                             vc, state=self.state, norm=norm, bias=self.qkv_bias(w),
+                             rope_layout=self.rope_layout, **tun)
+            return q
+        bias = self.qkv_bias(w)
         if len({t.qtype for t in infos}) == 1:
             wb, t = self.stacked_qkv(w)
-            if self._fuses_rope(w, infos):
-                matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.pos_ptr, kc,
-                                 vc, state=self.state, norm=norm, **tun)
-                return q
-            bias = self.qkv_bias(w)
             matmul.gemv(self, p + "attn_qkv", wb, t, x, qkv, residual=bias, norm=norm, **tun)
         else:
-            bias = self.qkv_bias(w)
             offsets = (0, 4 * hp.q_dim, 4 * (hp.q_dim + hp.kv_dim))
             for name, out, off in zip((w.q, w.k, w.v), (q, k, v), offsets):
                 wb, t = self.weight(name)
                 matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
                             residual=None if bias is None else bias.at(off), **tun)
-        qr, kr, src = q, k, qkv
-        if w.q_norm:
-            qr, kr, src = qk_out.at(0), qk_out.at(4 * hp.q_dim), qk_out
-            self._rmsnorm(q, w.q_norm, qr, hp.head_dim, hp.n_heads,
-                          w.q_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
-            self._rmsnorm(k, w.k_norm, kr, hp.head_dim, hp.n_kv_heads,
-                          w.k_norm.removesuffix(".weight"), src=qkv, dst=qk_out)
-        rs = self._rope_spec()
+        # RoPE and the KV append, after the q and k heads' RMSNorms where
+        # the layer has them (RopeSpec.qk_norm), in place
+        rs = self._rope_spec(qk_norm=w.q_norm is not None)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
-        ins = [src, freqs, self.state] + ([qkv] if src is not qkv else [])
-        self.add("RopeKvAppend", p + "rope_kv_append", ins, [src, kc, vc],
-                 [self.launch("rope", rs, geom, q=qr, k=kr, freqs=freqs,
+        norms, nargs = self.qk_norm_args(w)
+        self.add("RopeKvAppend", p + "rope_kv_append", [qkv, freqs, self.state] + norms,
+                 [qkv, kc, vc],
+                 [self.launch("rope", rs, geom, q=q, k=k, freqs=freqs,
                               pos_ptr=self.pos_ptr, n_q_heads=hp.n_heads,
                               n_kv_heads=hp.n_kv_heads, v=v, k_cache=kc, v_cache=vc,
-                              capacity=self.capacity)])
-        return qr
+                              capacity=self.capacity, **nargs)])
+        return q
 
     def _fuses_rope(self, w: QKV, infos) -> bool:
-        return (self.fuse_rope and self.rope_layout == "interleaved" and w.q_norm is None
-                and not w.has_bias and len({t.qtype for t in infos}) == 1)
+        return (self.fuse_rope and w.q_norm is None and len({t.qtype for t in infos}) == 1)
 
-    def _rope_spec(self):
+    def _rope_spec(self, qk_norm=False):
         hp = self.hp
         return rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
-                             append="f16", target=self.target)
+                             append="f16", qk_norm=qk_norm, target=self.target)
 
     def attention(self, layer, q):
         hp, fds, ns = self.hp, self.fds, self.n_splits

@@ -4,7 +4,7 @@ rows of a chunk.
 For one token (:func:`gemv`): ``y = W x`` (or ``y = W x + r`` with
 ``residual``; ``y`` may be ``r`` itself), :func:`gemv_swiglu` the fused
 ``silu(Wg x) * (Wu x)`` and :func:`gemv_rope` the stacked Q/K/V projection
-with RoPE and the KV-cache append in its epilogue.  With ``norm=(nw, eps)``
+with its biases, RoPE and the KV-cache append in its epilogue.  With ``norm=(nw, eps)``
 the RMSNorm of ``x`` is folded in front (``W (x / rms(x) * nw)``; Q4_K
 only, see :func:`can_fuse_norm`).
 
@@ -38,7 +38,7 @@ def can_fuse_norm(*tensors) -> bool:
     return all(t.qtype == "Q4_K" for t in tensors)
 
 
-def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=()):
+def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=(), **rope_fields):
     if not qtype_of(t.qtype).read_by("gemv"):
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(names_for('gemv'))}")
@@ -47,11 +47,11 @@ def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=()):
     knobs = ov(m, k, epilogue) if callable(ov) else ov
     if t.qtype != "Q4_K" or not knobs:
         return _gemv.plan(_gemv.GemvSpec(t.qtype, k, epilogue=epilogue, norm=norm, rope=rope,
-                                         target=target), m=m, sm_count=tuning.sm_count,
-                          device=tuning.device), m
+                                         target=target, **rope_fields),
+                          m=m, sm_count=tuning.sm_count, device=tuning.device), m
     try:
         return _gemv.default_plan(t.qtype, k, epilogue, target=target, m=m, norm=norm,
-                                  rope=rope, **knobs), m
+                                  rope=rope, **rope_fields, **knobs), m
     except ValueError as e:
         raise ValueError(f"gemv_knobs {knobs!r} for {t.name} ({m}x{k}, {epilogue}): {e}") from None
 
@@ -88,22 +88,28 @@ def gemv_swiglu(lw: Lowering, name, wg, tg, wu, tu, x, y, *, norm=None, tuning=T
 
 
 def gemv_rope(lw: Lowering, name, w, t, x, qkv, freqs, pos_ptr, k_cache, v_cache, *, state,
-              norm=None, tuning=Tuning()):
-    """``qkv = [Wq; Wk; Wv] x`` with q and k rotated (interleaved RoPE at the
-    device position ``pos_ptr``, table ``freqs``) and this token's k and v
-    rows written to the f16 caches: one GEMV launch (``GemvSpec.rope``).
-    ``state`` is the buffer ``pos_ptr`` points into."""
+              norm=None, bias=None, rope_layout="interleaved", tuning=Tuning()):
+    """``qkv = [Wq; Wk; Wv] x (+ bias)`` with q and k rotated (RoPE in
+    ``rope_layout`` at the device position ``pos_ptr``, table ``freqs``) and
+    this token's k and v rows written to the f16 caches: one GEMV launch
+    (``GemvSpec.rope``).  For ``"neox"``, ``w`` holds the q and k rows in
+    pair order (:func:`ptxgen.kernels.gemv.neox_pair_rows`); ``qkv``,
+    ``bias`` and the caches are in the natural order.  ``state`` is the
+    buffer ``pos_ptr`` points into."""
     hp = lw.hp
     plan, m = _gemv_plan(t, "rope", lw.target, norm is not None, tuning,
-                         rope=(hp.head_dim, hp.n_heads, hp.n_kv_heads))
+                         rope=(hp.head_dim, hp.n_heads, hp.n_kv_heads), bias=bias is not None,
+                         rope_layout=rope_layout)
     if m != plan.rope_rows:
         raise ValueError(f"{name}: {t.name} has {m} rows; {hp.n_heads} query and "
                          f"{hp.n_kv_heads} KV heads of {hp.head_dim} need {plan.rope_rows}")
-    ins = [w, x] + ([norm[0]] if norm is not None else []) + [freqs, state]
+    extra = {} if bias is None else dict(bias=bias)
+    ins = [w, x] + ([norm[0]] if norm is not None else []) + (
+        [bias] if bias is not None else []) + [freqs, state]
     return lw.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
                   [_gemv_launch(plan, m, w=w, x=x, norm=norm, freqs=freqs, pos_ptr=pos_ptr,
                                 k_cache=k_cache, v_cache=v_cache, capacity=lw.capacity,
-                                y=qkv)])
+                                y=qkv, **extra)])
 
 
 # ------------------------------------------------------------------ chunks

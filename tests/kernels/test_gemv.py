@@ -512,15 +512,20 @@ def _rope_case(rng, spec, capacity):
     return ws[0], x, rope.freq_table(rs), inv, caches
 
 
-def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None):
+def _run_rope(run, spec, w, x, freqs, caches, pos, norm=None, bias=None):
+    """The kernel on the natural-order ``w`` (put in pair order for NeoX)."""
     m = spec.rope_rows
     fn = run.function(G.build, spec)
     kc, vc = (run.array(c) for c in caches)
+    if spec.rope_layout == "neox":
+        w = w[G.neox_pair_rows(*spec.rope)]
     args = dict(w=run.array(w), x=run.array(x), freqs=run.array(freqs),
                 pos_ptr=run.array(np.array([pos], np.int32)), k_cache=kc, v_cache=vc,
                 capacity=caches[0].shape[1], y=run.poisoned(m), m=m)
     if spec.norm:
         args.update(nw=run.array(norm[0]), eps=norm[1])
+    if spec.bias:
+        args["bias"] = run.array(bias)
     run.launch(fn, G.launch_geometry(spec, m), args)
     return run.get(args["y"]), run.get(kc), run.get(vc)
 
@@ -535,6 +540,14 @@ ROPE_CASES = [
     ("Q4_K", 512, (32, 4, 2), {"rows": 2}),
     ("Q6_K", 512, (32, 3, 1), {"rows": 2}),
     ("Q8_0", 256, (8, 6, 3), {"rows": 4, "stages": 3, "tile": 256}),
+    # Qwen2's: biases, NeoX pairs (W in pair order), the decode step's knobs
+    ("Q4_K", 512, (32, 4, 2), {"rows": 8, "norm": True, "stages": 3, "dot": "dp4a",
+                               "ahead": 1, "bias": True, "rope_layout": "neox"}),
+    ("Q4_K", 256, (16, 5, 2), {"rows": 2, "bias": True}),
+    ("Q4_K", 512, (64, 2, 1), {"rows": 4, "rope_layout": "neox"}),
+    ("Q6_K", 512, (32, 3, 1), {"rows": 2, "bias": True, "rope_layout": "neox"}),
+    ("Q8_0", 256, (8, 6, 3), {"rows": 4, "stages": 3, "tile": 256, "bias": True,
+                              "rope_layout": "neox"}),
 ]
 
 
@@ -544,17 +557,20 @@ def test_gemv_rope_epilogue(run, qtype, k, rope, knobs, rng):
     (rotated q/k, plain v; bound BOUND), the caches' row ``pos`` against
     f16(y) and every other cache row unchanged; at a position past the
     capacity y is still rotated and the caches are untouched.  M is not a
-    multiple of a CTA's rows (small max_ctas)."""
+    multiple of a CTA's rows (small max_ctas).  With ``bias`` a random f32
+    bias is added before the rotation; with NeoX pairs the kernel reads W
+    in pair order and y and the caches are compared in the natural order."""
     spec = G.GemvPlan.make(qtype, k, epilogue="rope", rope=rope, max_ctas=3, **knobs)
     cap = 11
     w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
     norm = _norm_data(rng, k) if spec.norm else None
+    bias = rng.standard_normal(spec.rope_rows).astype(np.float32) if spec.bias else None
     plain = G.reference(spec, w, x, epilogue="none", norm_w=norm[0] if norm else None,
                         eps=norm[1] if norm else None)
     for pos in (int(rng.integers(1, cap)), cap):
         ref_caches = [c.astype(np.float64) for c in caches]
-        ref = G.rope_reference(plain, pos, spec, inv, *ref_caches)
-        y, kc, vc = _run_rope(run, spec, w, x, freqs, caches, pos, norm)
+        ref = G.rope_reference(plain, pos, spec, inv, *ref_caches, bias=bias)
+        y, kc, vc = _run_rope(run, spec, w, x, freqs, caches, pos, norm, bias)
         assert rel_err(y, ref) <= BOUND, pos
         for got, want, before in zip((kc, vc), ref_caches, caches):
             keep = np.ones(cap, bool)
@@ -573,6 +589,12 @@ def test_rope_epilogue_refused_where_not_built():
             G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=bad, rows=2)
     with pytest.raises(ValueError, match="is for epilogue='rope'"):
         G.GemvPlan.make("Q4_K", 512, rope=(64, 4, 2))
+    with pytest.raises(ValueError, match="bias=True is built for epilogue='rope'"):
+        G.GemvPlan.make("Q4_K", 512, "residual", bias=True)
+    with pytest.raises(ValueError, match="rope_layout='neox' is for epilogue='rope'"):
+        G.GemvPlan.make("Q4_K", 512, rope_layout="neox")
+    with pytest.raises(ValueError, match="rope_layout must be one of"):
+        G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rope_layout="gptj")
     # default_plan keeps rows even for the pairs
     s = G.default_plan("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
     assert s.rows % 2 == 0 and s.epilogue == "rope"
@@ -597,6 +619,41 @@ def test_gemv_rope_epilogue_gpu_model_shape(gpu_run, qtype, rng):
     for got, want in zip((kc, vc), ref_caches):
         assert rel_err(got[:, pos], want[:, pos]) <= 1e-3
         assert np.array_equal(np.delete(got, pos, axis=1), np.delete(want, pos, axis=1))
+
+
+@pytest.mark.gpu
+def test_gemv_rope_bias_neox_gpu_qwen2_shape(gpu_run, rng):
+    """Qwen2-7B's QKV (28 query / 4 KV heads of 128, K = 3584) with its
+    biases, NeoX pairs and the fused RMSNorm, default knobs, on the GPU."""
+    spec = G.default_plan("Q4_K", 3584, "rope", m=4608, rope=(128, 28, 4), norm=True,
+                          bias=True, rope_layout="neox")
+    cap = 300
+    w, x, freqs, inv, caches = _rope_case(rng, spec, cap)
+    norm = _norm_data(rng, spec.k)
+    bias = rng.standard_normal(spec.rope_rows).astype(np.float32)
+    plain = G.reference(spec, w, x, epilogue="none", norm_w=norm[0], eps=norm[1])
+    pos = int(rng.integers(0, cap))
+    ref_caches = [c.astype(np.float64) for c in caches]
+    ref = G.rope_reference(plain, pos, spec, inv, *ref_caches, bias=bias)
+    y, kc, vc = _run_rope(gpu_run, spec, w, x, freqs, caches, pos, norm, bias)
+    assert rel_err(y, ref) <= BOUND
+    for got, want in zip((kc, vc), ref_caches):
+        assert rel_err(got[:, pos], want[:, pos]) <= 1e-3
+        assert np.array_equal(np.delete(got, pos, axis=1), np.delete(want, pos, axis=1))
+
+
+def test_neox_pair_rows(rng):
+    """A permutation that puts each q/k head's NeoX pairs (i, i + d/2) on
+    adjacent rows (2i, 2i + 1) and leaves the v rows in place."""
+    d, nq, nkv = 2 * int(rng.integers(1, 9)), int(rng.integers(1, 5)), int(rng.integers(1, 3))
+    order = G.neox_pair_rows(d, nq, nkv)
+    assert sorted(order) == list(range((nq + 2 * nkv) * d))
+    for h in range(nq + nkv):
+        for i in range(d // 2):
+            assert (order[h * d + 2 * i], order[h * d + 2 * i + 1]) == (h * d + i,
+                                                                       h * d + i + d // 2)
+    v0 = (nq + nkv) * d
+    assert list(order[v0:]) == list(range(v0, v0 + nkv * d))
 
 
 def test_ab_configs_name_valid_specs(ptxas):

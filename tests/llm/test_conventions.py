@@ -108,23 +108,28 @@ def test_mistral_nemo_head_size_and_linear_rope_scaling(tmp_path, rng, seed):
 
 
 def test_qwen25_biases_tied_output(tmp_path, rng, seed):
-    """Qwen2.5: f32 q/k/v biases added before RoPE (the GEMV's residual
-    epilogue), neox RoPE, tied output.  Layer 1's attn_v in Q8_0 takes the
-    three-GEMV path, each with its slice of the bias."""
+    """Qwen2.5: f32 q/k/v biases added before neox RoPE (layer 0: in the
+    QKV GEMV's rope epilogue, reading the weight in rotation-pair order),
+    tied output.  Layer 1's attn_v in Q8_0 takes the three-GEMV path, each
+    adding its slice of the bias by the residual epilogue, then a RoPE
+    launch."""
     path = str(tmp_path / "qwen25.gguf")
     write_synthetic_llama(path, seed=seed, arch="qwen2", tie_embeddings=True, **TINY,
                           type_overrides={"blk.1.attn_v.weight": "Q8_0"})
     m = _decode(path, rng)
     hp = m.hp
     assert hp.qkv_bias and hp.tied and hp.rope_layout == "neox"
-    assert _kinds(m, 0)[:2] == ["MulMat", "RopeKvAppend"]
+    assert _kinds(m, 0)[:2] == ["MulMatRopeKv", "Attention"]
     # (the Q8_0 weight cannot take the folded RMSNorm: it launches)
     assert _kinds(m, 1)[:5] == ["RmsNorm"] + ["MulMat"] * 3 + ["RopeKvAppend"]
     rope_specs = {L.spec.layout for op in m.graph.ops for L in op.launches if L.family == "rope"}
     assert rope_specs == {"neox"}
     qkv = [L.spec for op in m.graph.ops if op.name.startswith("blk.0.attn_qkv")
            for L in op.launches]
-    assert qkv[0].epilogue == "residual" and _qkv_epilogue(m, path) == "residual"
+    assert (qkv[0].epilogue, qkv[0].bias, qkv[0].rope_layout) == ("rope", True, "neox")
+    assert _qkv_epilogue(m, path) == "rope"
+    assert [L.spec.epilogue for op in m.graph.ops if op.name.startswith("blk.1.attn_")
+            and op.kind == "MulMat" for L in op.launches][:3] == ["residual"] * 3
     # the biases are large enough that leaving them out would show
     ref = LlamaReference(path)
     with_b = ref.step(7)
@@ -136,16 +141,22 @@ def test_qwen25_biases_tied_output(tmp_path, rng, seed):
 
 def test_qwen3_qk_norms(tmp_path, rng, seed):
     """Qwen3: 4 heads of 128 on 256, q and k each RMS-normalised per head
-    (their own weights, the model's eps) before neox RoPE."""
+    (their own weights, the model's eps) before neox RoPE: the QKV GEMV,
+    then one launch for both norms, RoPE and the KV append."""
     path = str(tmp_path / "qwen3.gguf")
     write_synthetic_llama(path, seed=seed, arch="qwen3", head_dim=128, **TINY)
     m = _decode(path, rng)
     assert m.hp.qk_norm and m.hp.q_dim == 512 and _qkv_epilogue(m, path) == "none"
     ops = [(op.kind, op.name) for op in m.graph.ops if op.name.startswith("blk.0.")]
-    assert ops[:4] == [("MulMat", "blk.0.attn_qkv"), ("RmsNorm", "blk.0.attn_q_norm"),
-                       ("RmsNorm", "blk.0.attn_k_norm"), ("RopeKvAppend", "blk.0.rope_kv_append")]
-    qn = next(op for op in m.graph.ops if op.name == "blk.0.attn_q_norm")
-    assert qn.launches[0].geometry.grid[0] == 4            # one row per query head
+    assert ops[:3] == [("MulMat", "blk.0.attn_qkv"),
+                       ("RopeKvAppend", "blk.0.rope_kv_append"),
+                       ("Attention", "blk.0.attention")]
+    rope = next(op for op in m.graph.ops if op.name == "blk.0.rope_kv_append")
+    (L,) = rope.launches
+    assert (L.spec.qk_norm, L.spec.layout) == (True, "neox")
+    assert (L.args["q_norm"].name, L.args["k_norm"].name) == ("blk.0.attn_q_norm.weight",
+                                                              "blk.0.attn_k_norm.weight")
+    assert L.args["eps"] == m.hp.eps
 
 
 def test_quant_mix_follows_llama_cpp_layers():
