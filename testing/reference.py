@@ -139,8 +139,11 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
-    """GELU, tanh approximation: ``x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``."""
-    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
+    """GELU, tanh approximation: ``x/2 (1 + tanh(z))``, ``z = sqrt(2/pi) (x +
+    0.044715 x^3)``, written as the equal ``x / (1 + exp(-2 z))`` (no
+    cancellation for negative x)."""
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 # ---------------------------------------------------------------------------
