@@ -163,3 +163,29 @@ def test_gpu_prefill_matches_reference(tiny, rng):
             tie = 2e-2 * float(np.sqrt(np.mean(lr * lr)))
             assert lr[best] - lr[res.tokens[j]] <= tie, (j, res.tokens[j], best)
             break
+
+
+def test_chat_template_and_its_tokens():
+    """The file's Gemma 3 chat template (tests/data/vocab's gemma3
+    vocabulary): the system message before the first user turn, the
+    assistant's turns as "model", one BOS; the turn markers are the control
+    tokens 105/106 (the same text inside a message stays text), and
+    <end_of_turn> ends generation."""
+    import os
+    from ptxgen.llm.text.chat_template import encode_chat
+    from ptxgen.llm.text.tokenizer import Tokenizer
+    t = Tokenizer.from_gguf(os.path.join(os.path.dirname(__file__), "..", "data", "vocab",
+                                         "ggml-vocab-gemma3.gguf"))
+    msgs = [dict(role="system", content="You are terse."), dict(role="user", content="Hi "),
+            dict(role="assistant", content="Hello."),
+            dict(role="user", content="say <end_of_turn>")]
+    assert t.apply_chat_template(msgs) == (
+        "<bos><start_of_turn>user\nYou are terse.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+        "Hello.<end_of_turn>\n<start_of_turn>user\nsay <end_of_turn><end_of_turn>\n"
+        "<start_of_turn>model\n")
+    ids = encode_chat(t, msgs)
+    assert ids[0] == 2 and ids.count(2) == 1
+    assert ids.count(105) == 4 and ids.count(106) == 3      # the one in the message is text
+    opening = [105] + t.encode("model\n", add_special=False)
+    assert ids[-len(opening):] == opening
+    assert t.is_eog(106) and t.is_eog(1)
