@@ -18,14 +18,14 @@ __all__ = ["flash_prefill", "flash_prefill_paged", "flash_prefill_plan"]
 
 
 def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, out_type="f32",
-                       paged=0, **config):
+                       paged=0, window=0, **config):
     """The plan (spec and tuned config, ``config`` fields replacing its own)
     for ``target``; ``pdl`` defaults to on for sm_90 and newer.  On an sm_90
     device the family is built for sm_90a (as the GEMM's, :func:`.gemm_target`),
     so the tuning table can choose the warpgroup kernel there."""
     target = gemm_target(target)
     spec = _fp.FlashPrefillSpec(head_dim=head_dim, group=group, target=target, out_type=out_type,
-                                paged=paged,
+                                paged=paged, window=window,
                                 pdl=has_griddepcontrol(target) if pdl is None else bool(pdl))
     tuned = _fp.plan(spec, device=device)
     if not config:
@@ -42,7 +42,7 @@ def flash_prefill_plan(head_dim, group, *, target, device=None, pdl=None, out_ty
 
 def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=None,
                   n_q_heads=None, max_tokens=None, pdl=None, stream=None, backend=None,
-                  **config):
+                  window=0, **config):
     """Causal attention of a chunk of ``T`` query rows at positions ``start
     .. start + T - 1`` against the first ``start + T`` cache rows.
 
@@ -64,6 +64,9 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
         Default ``1 / sqrt(head_dim)``.
     max_tokens : int, optional
         The most rows a launch covers (the grid); default ``T_max``.
+    window : int
+        A sliding window: row ``i`` sees the keys ``start + i - window + 1
+        .. start + i`` (0: all of ``0 .. start + i``).
     **config
         FlashPrefillConfig fields (``warps``, ``heads``,
         ``block_keys``, ``stages``, ``kernel``); where they rule out the
@@ -76,7 +79,7 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     Raises
     ------
     ValueError
-        Mismatched shapes, a head_dim other than 64/128.
+        Mismatched shapes, a head_dim other than 64/128/256.
     TypeError
         A cache not float16, q not float32, out neither float32 nor float16.
     """
@@ -92,7 +95,7 @@ def flash_prefill(q, k_cache, v_cache, start, n_tokens, out=None, *, sm_scale=No
     be = a.backend
     plan = flash_prefill_plan(d, n_q // n_kv, target=be.target, device=be.device_name,
                               pdl=pdl, out_type="f16" if odt == np.float16 else "f32",
-                              **config)
+                              window=window, **config)
     o = a.out("out", (t_max, n_q, d), odt)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     args = dict(q=qa, k_cache=kc, v_cache=vc, start_ptr=a.scalar_i32("start"),
@@ -124,8 +127,8 @@ def _queries(a, kc, vc, n_kv, d, n_q_heads):
                          f"got shape {tuple(qa.shape)}")
     if n_q % n_kv:
         raise ValueError(f"{n_q} query heads are not a multiple of {n_kv} KV heads")
-    if d not in (64, 128):
-        raise ValueError(f"flash_prefill takes head_dim 64 or 128, got {d}")
+    if d not in (64, 128, 256):
+        raise ValueError(f"flash_prefill takes head_dim 64, 128 or 256, got {d}")
     return qa, t_max, n_q, q_stride
 
 
@@ -160,7 +163,7 @@ def flash_prefill_paged(q, k_pool, v_pool, block_table, start, n_tokens, out=Non
     Raises
     ------
     ValueError
-        Mismatched shapes, a head_dim other than 64/128, a block size the
+        Mismatched shapes, a head_dim other than 64/128/256, a block size the
         kernel is not built for.
     TypeError
         Pools not float16, a table not int32, q not float32, out neither

@@ -26,6 +26,9 @@ Launch: one thread per output element, ``grid = ceil(n / block)``; ``n``
 With ``rows``, one launch gathers ``R`` rows: ``out[r, :] =
 dequantize(table[token_ptr[r], :])`` for ``r = ctaid.y`` in ``[0, R)``,
 ``grid = (ceil(n / block), R)`` (the prefill's chunk of tokens).
+
+With ``scaled``, every value is multiplied (``mul.rn``) by an f32 parameter
+``scale`` after the row is decoded (Gemma's ``sqrt(d_model)``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,8 @@ class EmbeddingSpec:
         ``out + ctaid.y * n``) instead of the one row of ``token_ptr[0]``.
     block : int
     target : str
+    scaled : bool
+        Multiply the row by the parameter ``scale`` (after ``n_vocab``).
     """
 
     qtype: str = attrs.field(default="Q4_K", converter=_canon_qtype,
@@ -76,10 +81,12 @@ class EmbeddingSpec:
     block: int = block_field(256)
     target: str = target_field()
     pdl: bool = pdl_field()
+    scaled: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def kernel_name(self) -> str:
-        return f"embedding_{self.qtype.lower()}" + ("_rows" if self.rows else "")
+        return (f"embedding_{self.qtype.lower()}" + ("_rows" if self.rows else "")
+                + ("_scaled" if self.scaled else ""))
 
     def row_bytes(self, n: int) -> int:
         """Bytes per table row of ``n`` weights (refuses a bad ``n``)."""
@@ -176,7 +183,7 @@ def _q6_k(k, row, i):
 
 def build(spec: EmbeddingSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters
-    ``table: u8*, token_ptr: s32*, out: f32*, n: u32, n_vocab: u32``."""
+    ``table: u8*, token_ptr: s32*, out: f32*, n: u32, n_vocab: u32[, scale: f32]``."""
     m = ptxgen.Module(spec.target)
     q = qtype_of(spec.qtype)
     bs, ts = q.block_size, q.type_size
@@ -187,6 +194,7 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
         out = k.param_ptr("out", f32, align=4)
         n = k.param("n", u32)
         n_vocab = k.param("n_vocab", u32)
+        scale = k.param("scale", f32) if spec.scaled else None
         if spec.rows:
             r = k.ctaid.y
             tok = k.ld(token_ptr[r])
@@ -212,6 +220,8 @@ def build(spec: EmbeddingSpec) -> ptxgen.Module:
                 val = _q4_k(k, row, i, q5=True)
             else:
                 val = {"Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}[spec.qtype](k, row, i)
+            if scale is not None:
+                val = _mul(k, val, scale)
             k.st(out[i], val)
     return m
 
@@ -233,6 +243,7 @@ CANONICAL = {
     "embedding_q6_k": EmbeddingSpec(qtype="Q6_K"),
     "embedding_f16": EmbeddingSpec(qtype="F16"),
     "embedding_q4_k_rows": EmbeddingSpec(rows=True),
+    "embedding_q6_k_scaled": EmbeddingSpec(qtype="Q6_K", scaled=True),
 }
 
 registry.register("embedding", EmbeddingSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

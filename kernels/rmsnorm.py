@@ -2,7 +2,9 @@
 
 ``out[r] = x[r] / sqrt(mean(x[r]**2) + eps) * w`` for every row ``r``; the
 fused form first adds a residual row, ``s = x + res``, writes ``s`` to
-``sum_out`` and normalises ``s``.
+``sum_out`` and normalises ``s``.  With ``accumulate`` the normed row is
+added to ``out`` in place, ``out[r] += x[r] / sqrt(...) * w`` (Gemma's
+post-norms: an attention or FFN output normed into the residual stream).
 
 Layout: ``x``, ``res``, ``sum_out``, ``out`` are row-major ``[rows, n]`` f32
 (``out`` f16 with ``out_type="f16"``), ``w`` is ``[n]`` f32; ``n`` (any positive length) and ``eps`` are launch
@@ -59,6 +61,9 @@ class RmsNormSpec:
         Rows in groups ``stride`` elements apart (see the module docstring);
         not with ``residual``.
     target : str
+    accumulate : bool
+        ``out += `` the normed row (f32 ``out``, read with a plain ``ld``);
+        not with ``residual`` or ``grouped``.
     """
 
     residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
@@ -69,6 +74,7 @@ class RmsNormSpec:
     grouped: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = target_field()
     pdl: bool = pdl_field()
+    accumulate: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @property
     def kernel_name(self) -> str:
@@ -76,11 +82,14 @@ class RmsNormSpec:
         return (name + ("" if self.precise else "_approx") + f"_b{self.block}"
                 + (f"_c{self.cache_vec}" if self.cache_vec != 4 else "")
                 + ("_out_f16" if self.out_type == "f16" else "")
-                + ("_grouped" if self.grouped else ""))
+                + ("_grouped" if self.grouped else "") + ("_acc" if self.accumulate else ""))
 
     def __attrs_post_init__(self):
         if self.grouped and self.residual:
             raise ValueError("a grouped RMSNorm has no residual form")
+        if self.accumulate and (self.residual or self.grouped or self.out_type != "f32"):
+            raise ValueError("accumulate adds into an f32 out, row by row: not with residual, "
+                             "grouped or an f16 out")
 
     @property
     def tolerance(self) -> float:
@@ -176,7 +185,11 @@ def build(spec: RmsNormSpec) -> ptxgen.Module:
             return v if vec > 1 else (v,)
 
         def put(dst, vals, guard=None):
-            """Store f32 ``vals`` (one or four) at ``dst`` (in ``out``)."""
+            """Store f32 ``vals`` (one or four) at ``dst`` (in ``out``; with
+            ``accumulate`` added to what it holds)."""
+            if spec.accumulate:
+                old = k.ld(dst, vec=len(vals)) if len(vals) > 1 else (k.ld(dst),)
+                vals = tuple(k.add(a, b, rnd="rn") for a, b in zip(old, vals))
             if half:
                 vals = tuple(k.cvt(f16, v, rnd="rn") for v in vals)
             k.st(dst, vals if len(vals) > 1 else vals[0], guard=guard)
@@ -271,6 +284,7 @@ CANONICAL = {
     "rmsnorm": RmsNormSpec(),
     "add_rmsnorm": RmsNormSpec(residual=True),
     "rmsnorm_grouped": RmsNormSpec(grouped=True, pdl=True, target="sm_90"),
+    "rmsnorm_acc": RmsNormSpec(accumulate=True),
 }
 
 registry.register("rmsnorm", RmsNormSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

@@ -178,6 +178,8 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
     lines.append("vocabulary: " + (f"{info.vocab:,}" if info.vocab is not None else "unknown"))
     lines.append("context length: " + (f"{info.context_length:,}" if info.context_length
                                        is not None else "unknown"))
+    if info.hparams is not None:
+        lines.extend(_attention_lines(info.hparams))
     lines.append("ptxgen decode: " + ("yes" if info.not_runnable is None
                                       else f"no: {info.not_runnable}"))
     lines.append(f"weights: {_gib(info.weight_bytes)}")
@@ -192,7 +194,9 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
     fits = need <= available
     lines.append(f"GPU: {gpu or 'given'} with {_gib(available)} free: "
                  + ("fits" if fits else "does not fit"))
-    lines.append(_pool_line(info, available, utilization))
+    refusal = _batch_refusal(info.hparams)
+    lines.append(_pool_line(info, available, utilization) if refusal is None
+                 else f"batched engine: no: {refusal}")
     if not fits:
         lines.append("weight types with decode kernels (weights + KV cache):")
         for name, nb in weight_estimates(info):
@@ -200,6 +204,28 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
             lines.append(f"  {name:<7} {_gib(nb + info.kv_bytes)}: "
                          + ("fits" if ok else "does not fit"))
     return "\n".join(lines)
+
+
+def _attention_lines(hp) -> list:
+    """The sliding-window layers and the score scale, where the file has
+    them (gemma3); nothing for a file whose every layer sees the whole
+    sequence at ``1 / sqrt(head_dim)``."""
+    out = []
+    if hp.sliding_window:
+        n_local = sum(hp.swa_layers)
+        out.append(f"sliding-window layers: {n_local} of {hp.n_layers} (the last "
+                   f"{hp.sliding_window:,} keys, RoPE base {hp.rope_theta_swa:,.0f}); "
+                   f"{hp.n_layers - n_local} global (RoPE base {hp.rope_theta:,.0f})")
+    if hp.attn_scale is not None:
+        out.append(f"attention score scale: {hp.attn_scale:.6g}")
+    return out
+
+
+def _batch_refusal(hp):
+    """Why the batched engine refuses the file's family (None: it runs it)."""
+    from ptxgen.llm.models import ARCHITECTURES
+    cls = ARCHITECTURES.get(hp.arch) if hp is not None else None
+    return None if cls is None else cls.batch_refusal
 
 
 def _pool_line(info: ModelInfo, available: int, utilization: float) -> str:

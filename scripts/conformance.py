@@ -146,12 +146,13 @@ class _RoundedInput:
         return self.w @ self.rounding(np.asarray(x)).astype(np.float64)
 
 
-def _attention_as_llamacpp(q, k, v):
+def _attention_as_llamacpp(q, k, v, scale=None):
     """Decode attention as llama.cpp's CPU graph without flash attention rounds it.
 
     K and V come from the f16 cache; the scores are a matmul against f16 K, so q is
     converted to f16 first, and the probabilities multiply f16 V, so they are
-    converted to f16 too. Same shapes and GQA mapping as the reference's attention.
+    converted to f16 too. Same shapes, GQA mapping and ``scale`` as the reference's
+    attention.
     """
     f16 = np.float16
     n_heads, d = q.shape
@@ -159,11 +160,24 @@ def _attention_as_llamacpp(q, k, v):
     kk = np.repeat(k, group, axis=0)
     vv = np.repeat(v, group, axis=0)
     q16 = np.asarray(q).astype(f16).astype(np.float64)
-    s = np.einsum("hd,hld->hl", q16, kk) / np.sqrt(d)
+    s = np.einsum("hd,hld->hl", q16, kk) * (1.0 / np.sqrt(d) if scale is None else scale)
     s -= s.max(axis=1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(axis=1, keepdims=True)
     return np.einsum("hl,hld->hd", p.astype(f16).astype(np.float64), vv)
+
+
+def _gelu_as_llamacpp(x):
+    """GELU (tanh) as llama.cpp's CPU GEGLU computes it (``GGML_GELU_FP16``,
+    ggml-cpu vec.h): x rounded to f16 and looked up in a table of f16 values of
+    the f32 formula; 0 at or below -10, x at or above 10."""
+    x32 = np.asarray(x, np.float32)
+    h = x32.astype(np.float16).astype(np.float32)
+    c = np.float32(0.79788456080286535587989211986876)
+    g = np.float32(0.5) * h * (np.float32(1) + np.tanh(c * h * (np.float32(1)
+                                                               + np.float32(0.044715) * h * h)))
+    g = g.astype(np.float16).astype(np.float64)
+    return np.where(x32 <= -10, 0.0, np.where(x32 >= 10, x32.astype(np.float64), g))
 
 
 def tensor_types(model) -> dict[str, str]:
@@ -186,7 +200,8 @@ def reference_logits(model, tokens, *, emulate_llamacpp=False) -> np.ndarray:
             continue
         t = out_type if name == "output.weight" else types[name]
         ref.weights[name] = _RoundedInput(w, activation_rounding(ACTIVATION_TYPE[t]))
-    with mock.patch.object(llama_ref, "attention", _attention_as_llamacpp):
+    with mock.patch.object(llama_ref, "attention", _attention_as_llamacpp), \
+            mock.patch.object(llama_ref, "gelu_tanh", _gelu_as_llamacpp):
         return np.stack([ref.step(t) for t in tokens])
 
 

@@ -5,7 +5,7 @@ runs one token at a time with a KV cache, in float64.  It is the oracle the
 decode step is checked against, so it reads the file's conventions itself
 (:func:`read_conventions`, written apart from :mod:`.gguf_loader`, which only
 validates the file first) and follows llama.cpp's graphs for ``llama``
-(and ``mistral``), ``qwen2`` and ``qwen3``:
+(and ``mistral``), ``qwen2``, ``qwen3`` and ``gemma3``:
 
 - RMSNorm: ``x / sqrt(mean(x^2) + eps) * w`` with the file's eps;
 - q, k, v projections plus their biases where the file has them; for
@@ -19,7 +19,19 @@ validates the file first) and follows llama.cpp's graphs for ``llama``
 - the KV cache rounded to ``kv_dtype`` (float16 by default, as the GPU keeps
   it) and upcast to float64 for the attention arithmetic;
 - SwiGLU FFN ``down(silu(gate(x)) * up(x))``; output norm; output projection
-  (token_embd when output.weight is absent).
+  (token_embd when output.weight is absent);
+- gemma3 (llama.cpp's ``llama_model_gemma3`` graph): the embedding scaled by
+  ``sqrt(embedding_length)``; q/k head norms; NeoX RoPE at the file's base
+  and scaling on global layers, at ``rope.freq_base_swa`` (default 10000)
+  unscaled on sliding-window layers (``il % n < n - 1`` for the pattern's
+  period ``n``, default 6, or the file's per-layer bools; none without
+  ``attention.sliding_window``), whose query at position p sees the keys
+  ``p - window + 1 .. p``; q multiplied by the attention scale (``1 /
+  sqrt(key_length)``, for 62 layers ``1 / sqrt(embedding_length /
+  head_count)``) and the scores left unscaled; the attention and FFN
+  outputs each RMS-normed (``post_attention_norm``, ``post_ffw_norm``)
+  before the residual add; the GELU-tanh gated FFN ``down(gelu(gate(x)) *
+  up(x))``.
 
 All weights live in memory as float64, so this is for small models (the tiny
 synthetic ones: a few MB); a Llama-3-8B-shaped file would need 64 GB.
@@ -35,7 +47,8 @@ import numpy as np
 from ptxgen.llm.gguf.file import LlamaFile, LlamaHParams
 
 __all__ = ["LlamaHParams", "RefConventions", "LlamaReference", "load_llama_gguf",
-           "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu"]
+           "read_conventions", "rms_norm", "rope_norm", "rope_neox", "attention", "silu",
+           "gelu_tanh"]
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -94,24 +107,26 @@ def rope_neox(x: np.ndarray, pos: int, theta: float, n_rot: int, *, freq_scale: 
     return x
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale=None) -> np.ndarray:
     """Causal decode attention for one query position with GQA.
 
     Parameters
     ----------
     q : (n_heads, d)
-    k, v : (n_kv_heads, L, d) — the cache up to and including this position.
+    k, v : (n_kv_heads, L, d) — the cache rows this position sees.
+    scale : float, optional
+        The scores' factor (default ``1 / sqrt(d)``).
 
     Returns
     -------
-    (n_heads, d) : ``softmax(q·K^T / sqrt(d)) · V`` per head, query head h
+    (n_heads, d) : ``softmax(q·K^T · scale) · V`` per head, query head h
     reading KV head ``h // (n_heads // n_kv_heads)``.
     """
     n_heads, d = q.shape
     group = n_heads // k.shape[0]
     kk = np.repeat(k, group, axis=0)                 # (n_heads, L, d)
     vv = np.repeat(v, group, axis=0)
-    s = np.einsum("hd,hld->hl", q, kk) / np.sqrt(d)
+    s = np.einsum("hd,hld->hl", q, kk) * (1.0 / np.sqrt(d) if scale is None else scale)
     s -= s.max(axis=1, keepdims=True)
     p = np.exp(s)
     p /= p.sum(axis=1, keepdims=True)
@@ -121,6 +136,14 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
 def silu(x: np.ndarray) -> np.ndarray:
     """``x * sigmoid(x)``."""
     return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation: ``x/2 (1 + tanh(z))``, ``z = sqrt(2/pi) (x +
+    0.044715 x^3)``, written as the equal ``x / (1 + exp(-2 z))`` (no
+    cancellation for negative x)."""
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-2.0 * np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
 # ---------------------------------------------------------------------------
@@ -143,6 +166,18 @@ class RefConventions:
     rope_dim: int
     neox: bool
     freq_scale: float
+    #: per layer: the sliding window (0: the whole sequence)
+    windows: tuple = ()
+    #: the local layers' RoPE base (unscaled)
+    rope_theta_swa: float = 10000.0
+    #: q's factor before unscaled scores (None: scores scaled by 1 / sqrt(d))
+    attn_scale: float | None = None
+    #: the embedding's factor (None: none)
+    embed_scale: float | None = None
+    #: attention and FFN outputs RMS-normed before the residual add
+    post_norms: bool = False
+    #: the gated FFN's activation: "silu" or "gelu_tanh"
+    act: str = "silu"
 
 
 def read_conventions(reader) -> RefConventions:
@@ -165,6 +200,7 @@ def read_conventions(reader) -> RefConventions:
     arch = get("general.architecture")
     hidden = int(get(f"{arch}.embedding_length"))
     n_heads = int(get(f"{arch}.attention.head_count"))
+    n_layers = int(get(f"{arch}.block_count"))
     head_dim = int(get(f"{arch}.attention.key_length", hidden // n_heads))
     factor = float(get(f"{arch}.rope.scaling.factor", get(f"{arch}.rope.scale_linear", 0.0)))
     kind = get(f"{arch}.rope.scaling.type", "linear")
@@ -173,15 +209,30 @@ def read_conventions(reader) -> RefConventions:
         vocab = len(fields["tokenizer.ggml.tokens"].data)
     else:
         vocab = int(get(f"{arch}.vocab_size", int(emb.shape[1])))
+    gemma = {}
+    if arch == "gemma3":
+        window = int(get(f"{arch}.attention.sliding_window", -1))
+        local = [False] * n_layers
+        if window > 0:
+            f = fields.get(f"{arch}.attention.sliding_window_pattern")
+            pat = 6 if f is None else f.contents()
+            if isinstance(pat, list):
+                local = [bool(b) for b in pat]
+            else:
+                local = [pat == 0 or il % pat < pat - 1 for il in range(n_layers)]
+        gemma = dict(windows=tuple(window if lo else 0 for lo in local),
+                     rope_theta_swa=float(get(f"{arch}.rope.freq_base_swa", 10000.0)),
+                     attn_scale=1.0 / np.sqrt(hidden // n_heads if n_layers == 62 else head_dim),
+                     embed_scale=np.sqrt(hidden), post_norms=True, act="gelu_tanh")
     return RefConventions(
-        arch=arch, n_layers=int(get(f"{arch}.block_count")), hidden=hidden, n_heads=n_heads,
+        arch=arch, n_layers=n_layers, hidden=hidden, n_heads=n_heads,
         n_kv_heads=int(get(f"{arch}.attention.head_count_kv", n_heads)), head_dim=head_dim,
         vocab=vocab, context_length=int(get(f"{arch}.context_length")),
         eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
         rope_dim=int(get(f"{arch}.rope.dimension_count", head_dim)),
-        neox=arch in ("qwen2", "qwen3"),
-        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor)
+        neox=arch in ("qwen2", "qwen3", "gemma3"),
+        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor, **gemma)
 
 
 def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
@@ -212,7 +263,7 @@ def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
 
 class LlamaReference:
     """Token-at-a-time float64 decode with a KV cache (llama, mistral,
-    qwen2, qwen3).
+    qwen2, qwen3, gemma3).
 
     Parameters
     ----------
@@ -269,6 +320,9 @@ class LlamaReference:
         if p >= self.max_context:
             raise ValueError(f"context is full: {self.max_context} positions used")
         x = W["token_embd.weight"][tok].copy()
+        if hp.embed_scale is not None:
+            x = x * hp.embed_scale
+        act = gelu_tanh if hp.act == "gelu_tanh" else silu
         self.last_kv = []
         for i in range(hp.n_layers):
             b = f"blk.{i}."
@@ -280,7 +334,7 @@ class LlamaReference:
             if b + "attn_q_norm.weight" in W:
                 q = rms_norm(q, W[b + "attn_q_norm.weight"], hp.eps)
                 k = rms_norm(k, W[b + "attn_k_norm.weight"], hp.eps)
-            q, k = self._rope(q, p), self._rope(k, p)
+            q, k = self._rope(q, p, i), self._rope(k, p, i)
             self.last_kv.append((k, v))
             if kv is None:
                 self._k[i, :, p] = self._cache(k)
@@ -288,11 +342,23 @@ class LlamaReference:
             else:
                 self._k[i, :, p], self._v[i, :, p] = (np.asarray(a, dtype=np.float64)
                                                       for a in kv[i])
-            a = attention(q, self._k[i, :, :p + 1], self._v[i, :, :p + 1])
-            x = x + W[b + "attn_output.weight"] @ a.reshape(-1)
+            win = hp.windows[i] if hp.windows else 0
+            lo = max(0, p + 1 - win) if win else 0
+            kk, vv = self._k[i, :, lo:p + 1], self._v[i, :, lo:p + 1]
+            if hp.attn_scale is None:
+                a = attention(q, kk, vv)
+            else:
+                a = attention(q * hp.attn_scale, kk, vv, scale=1.0)
+            o = W[b + "attn_output.weight"] @ a.reshape(-1)
+            if hp.post_norms:
+                o = rms_norm(o, W[b + "post_attention_norm.weight"], hp.eps)
+            x = x + o
             h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)
-            g = silu(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
-            x = x + W[b + "ffn_down.weight"] @ g
+            g = act(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
+            f = W[b + "ffn_down.weight"] @ g
+            if hp.post_norms:
+                f = rms_norm(f, W[b + "post_ffw_norm.weight"], hp.eps)
+            x = x + f
         self.pos = p + 1
         h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
@@ -302,10 +368,13 @@ class LlamaReference:
         bias = self.weights.get(name + ".bias")
         return y if bias is None else y + bias
 
-    def _rope(self, x, pos):
+    def _rope(self, x, pos, layer):
         hp = self.hparams
         rot = rope_neox if hp.neox else rope_norm
         ff = None if hp.neox else self.weights.get("rope_freqs.weight")
+        if hp.windows and hp.windows[layer]:
+            # a sliding-window layer: its own base, unscaled
+            return rot(x, pos, hp.rope_theta_swa, hp.rope_dim)
         return rot(x, pos, hp.rope_theta, hp.rope_dim, freq_scale=hp.freq_scale,
                    freq_factors=ff)
 

@@ -172,6 +172,15 @@ CONVENTIONS = {
     "mistral_nemo": dict(arch="mistral", head_dim=128),
     "qwen25_tied": dict(arch="qwen2", tie_embeddings=True, mix="Q4_K_M"),
     "qwen3": dict(arch="qwen3", head_dim=128, tokenizer="llama"),
+    # Gemma 3: a window of 4 keys on layer 0 (pattern 2), so the 8 positions
+    # reach past it; its SentencePiece vocabulary and tied output, in the
+    # Q4_K_M mix (Q4_K, Q6_K) and in Q8_0
+    "gemma3_q4km": dict(arch="gemma3", head_dim=128, vocab=1024, sliding_window=4,
+                        swa_pattern=2, rope_theta=1e6, tie_embeddings=True, tokenizer="gemma3",
+                        mix="Q4_K_M"),
+    "gemma3_q8_0": dict(arch="gemma3", head_dim=64, vocab=1024, sliding_window=4,
+                        swa_pattern=2, rope_theta=1e6, tie_embeddings=True, tokenizer="gemma3",
+                        qtype="Q8_0", output_qtype="Q8_0"),
 }
 
 
@@ -188,7 +197,7 @@ def test_conventions_match_llamacpp(name, side, tmp_path, seed):
         pytest.skip("no llama.cpp build (make llamacpp)")
     model = tmp_path / f"{name}.gguf"
     from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
-    write_synthetic_llama(model, **PRESETS["tiny"], **CONVENTIONS[name], seed=seed % 2**32)
+    write_synthetic_llama(model, **{**PRESETS["tiny"], **CONVENTIONS[name]}, seed=seed % 2**32)
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "conformance.py"), str(model),
                           "--oracle", str(oracle), "--seed", str(seed % 2**32), "--n-tokens", "8",
                           "--side", side],

@@ -1,8 +1,9 @@
 """Flash decode: one query token against a KV cache, split-KV with online softmax.
 
 ``out[qh] = softmax(q[qh] . K[h]^T * sm_scale) @ V[h]`` over the first
-``kv_len`` cache rows, for every query head ``qh`` and its KV head
-``h = qh // group`` (GQA: ``n_q_heads = group * n_kv_heads``).
+``kv_len`` cache rows (the last ``window`` of them with a sliding window),
+for every query head ``qh`` and its KV head ``h = qh // group`` (GQA:
+``n_q_heads = group * n_kv_heads``).
 
 Layout
     ``q``, ``out``: f32 ``[n_q_heads, head_dim]``.  ``k_cache``, ``v_cache``:
@@ -121,6 +122,9 @@ CANONICAL = {
     "flash_decode": _canon(),
     "flash_decode_d64_f32": _canon(head_dim=64, group=3, kv_dtype="f32", warps=2, unroll=2),
     "flash_decode_mma": _canon(mma=True, warps=8, unroll=1, early_kv=True),
+    "flash_decode_d256_window": _canon(head_dim=256, group=2, early_kv=True, window=1024),
+    "flash_decode_mma_window": _canon(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
+                                      window=1024),
 }
 
 registry.register("flash_decode", FlashDecodePlan, build, CANONICAL,

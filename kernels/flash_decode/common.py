@@ -20,20 +20,29 @@ def deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, unit):
     """The current length ``L``, clamped to ``[0, capacity]`` (read with
     ``ld.global.cg`` under ``early_kv``: before the wait it must come from
     L2, not a line an earlier grid left in L1), and this split's keys.  The
-    first ``ceil(L / min_keys)`` splits (at most all) work; the length's
-    groups of ``unit`` keys are dealt out evenly among them: split ``s``
-    takes groups ``[s g / n, (s + 1) g / n)``, the others see ``start >= L``.
-    Returns ``(L, start, split_end)``; ``split_end()`` emits one past the
+    keys are ``[lo, L)``: ``lo = max(L - window, 0)`` with a sliding window,
+    else 0.  The first ``ceil((L - lo) / min_keys)`` splits (at most all)
+    work; the keys' groups of ``unit`` are dealt out evenly among them:
+    split ``s`` takes groups ``[s g / n, (s + 1) g / n)`` from ``lo``, the
+    others see ``start >= L``.  Returns ``(L, start, split_end, lo)``
+    (``lo`` None without a window); ``split_end()`` emits one past the
     split's last key, where the caller wants it."""
     raw = k.ld(kv_len_ptr[0], cache="cg") if spec.early_kv else k.ld(kv_len_ptr[0])
     L = k.min(k.max(raw, 0).bitcast(u32), cap)
-    ng = (L + (unit - 1)) // unit
-    nact = k.max(k.min(nsplit, (L + (spec.min_keys - 1)) // spec.min_keys), 1)
+    lo, n = None, L
+    if spec.window:
+        lo = k.select(L > spec.window, L - spec.window, k.mov(0, u32))
+        n = L - lo
+    ng = (n + (unit - 1)) // unit
+    nact = k.max(k.min(nsplit, (n + (spec.min_keys - 1)) // spec.min_keys), 1)
     start = (split * ng) // nact * unit
+    if lo is not None:
+        start = start + lo
 
     def split_end():
-        return k.min(((split + 1) * ng) // nact * unit, L)
-    return L, start, split_end
+        end = ((split + 1) * ng) // nact * unit
+        return k.min(end if lo is None else end + lo, L)
+    return L, start, split_end, lo
 
 
 def split_params(k, spec, cty):

@@ -67,6 +67,10 @@ class FlashDecodeSpec:
     group : int
         Query heads per KV head (GQA), 1..16.
     kv_dtype : {"f16", "f32"}
+    window : int
+        A sliding window: the query sees only the last ``window`` keys
+        ``[kv_len - window, kv_len)`` (0: all ``kv_len``; Gemma's local
+        layers).  The splits deal out the window's keys.
     early_kv : bool
         The split reads the length and issues its first K/V loads
         (``ld.global.cg``) before ``griddepcontrol.wait``, so under PDL they
@@ -85,6 +89,7 @@ class FlashDecodeSpec:
     early_kv: bool = attrs.field(default=False, validator=_bool)
     target: str = target_field()
     pdl: bool = pdl_field()
+    window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
 
     @property
     def elems_per_lane(self) -> int:
@@ -243,7 +248,8 @@ class FlashDecodePlan(PlanBase):
                 + ("e" if self.early_kv else "")
                 + (f"i{self.interleave}" if self.interleave else "")
                 + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
-                + (str(self.bypass_from) if self.bypass_from else ""))
+                + (str(self.bypass_from) if self.bypass_from else "")
+                + (f"_sw{self.window}" if self.window else ""))
 
     @property
     def split_name(self) -> str:

@@ -54,7 +54,7 @@ def build_split(m, spec):
         # comes from the grid before and is loaded after the wait
         qs = [] if early else load_q()
 
-        L, start, split_end = deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, RG)
+        L, start, split_end, _ = deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, RG)
 
         if early:
             end = split_end()

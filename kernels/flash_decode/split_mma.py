@@ -108,17 +108,21 @@ def build_split_mma(m, spec):
         l1 = "L1::no_allocate" if spec.l1_bypass else None
         qa = None if early else load_q()
         # this split's keys, dealt in chunks of 16
-        L, start, split_end = deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
+        L, start, split_end, lo = deal_keys(k, spec, kv_len_ptr, cap, split, nsplit, CH)
         first_key = start                        # the split's first key (empty: >= L)
         end, stride = split_end(), CH * U * NW
         if spec.interleave:
             # long enough: warp trips of CH * U keys dealt round robin, split s
-            # taking trips s, s + n, ... of [0, L), its warps in turn (warp w:
+            # taking trips s, s + n, ... of [lo, L), its warps in turn (warp w:
             # s + w n, then NW n further each time); only the last is partial
             rnd = nsplit * (CH * U * NW)         # keys of one round
-            il = L >= rnd * spec.interleave
-            first_key = k.select(il, split * (CH * U), start)
-            start = k.select(il, (warp * nsplit + split) * (CH * U), start)
+            il = (L if lo is None else L - lo) >= rnd * spec.interleave
+            first = split * (CH * U)
+            wfirst = (warp * nsplit + split) * (CH * U)
+            if lo is not None:
+                first, wfirst = first + lo, wfirst + lo
+            first_key = k.select(il, first, start)
+            start = k.select(il, wfirst, start)
             end = k.select(il, L, end)
             stride = k.select(il, rnd, k.mov(stride, u32))
         lastc = k.max(end, 1) - 1                # rows clamped to a valid one (0 when empty)

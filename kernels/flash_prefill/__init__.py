@@ -1,8 +1,9 @@
 """Flash prefill: causal attention of a chunk of new query rows on tensor cores.
 
 ``out[i, qh] = softmax_j(q[i, qh] . K[h, j] * sm_scale) @ V[h, j]`` over the
-keys ``j <= L + i`` for chunk row ``i`` in ``[0, T)`` at position ``L + i``,
-every query head ``qh`` and its KV head ``h = qh // group`` (GQA).
+keys ``j <= L + i`` (with a sliding window ``W``, also ``j > L + i - W``)
+for chunk row ``i`` in ``[0, T)`` at position ``L + i``, every query head
+``qh`` and its KV head ``h = qh // group`` (GQA).
 
 Layout
     ``q``: f32 ``[T_max, n_q_heads, head_dim]``; ``out`` the same shape in
@@ -143,6 +144,11 @@ CANONICAL = {
     "flash_prefill_wg_paged": FlashPrefillPlan.make(out_type="f16", target="sm_90a", pdl=True,
                                                     kernel="wgmma", stages=3, paged=64),
     "flash_prefill_paged16": FlashPrefillPlan.make(paged=16),
+    # Gemma 3 4B's local layers on an H100: head_dim 256, group 2, a window
+    # of 1024 keys, the table's config for head_dim 256
+    "flash_prefill_d256_window": FlashPrefillPlan.make(
+        head_dim=256, group=2, out_type="f16", target="sm_90a", pdl=True, window=1024, heads=2,
+        block_keys=16, stages=3),
 }
 
 registry.register("flash_prefill", FlashPrefillPlan, build, CANONICAL,

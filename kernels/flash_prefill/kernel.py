@@ -80,7 +80,13 @@ def build_prefill(m, plan):
     where some row's max moved (a warp-uniform branch: the factor is
     exactly 1 otherwise); P is rounded
     to f16 and O accumulated in f32.  At the end ``O / l`` is
-    stored (f32, or rounded to f16) for rows below ``T``."""
+    stored (f32, or rounded to f16) for rows below ``T``.
+
+    **A sliding window** (``plan.window``, ``W``): row ``i`` sees the keys
+    ``L + i - W + 1 .. L + i``.  The walk starts at the tile of the
+    block's first row's first key; a warp computes the tiles that reach
+    into some row's window, and masks both ends where a tile is not wholly
+    inside every row's."""
     d, G, NW, BN = plan.head_dim, plan.group, plan.warps, plan.block_keys
     H, S = plan.heads, plan.stages
     R = plan.block_rows
@@ -183,15 +189,33 @@ def build_prefill(m, plan):
         nkeys = k.min(L + 16 * gmax + 16, L + Tn)    # keys the block's rows see
         lastk = nkeys - 1
         ntiles = (nkeys + (BN - 1)) // BN
+        W = plan.window
+        if W:
+            # the tile of the block's first row's first key (the first
+            # group: gw of a one-group block, the front pair's p0)
+            g0 = gw if RG == 1 else p0
+            t0 = k.max(L + 16 * g0, W - 1) - (W - 1)
+            t0 = t0 // BN
+        else:
+            t0 = None
         wrow = 16 * gw                           # the warp's first row
         wpos_first = L + wrow                    # its first row's position
         wpos_last = wpos_first + 15              # its last row's position
         rows = [wrow + g, wrow + g + 8]
 
         def sees(key):
-            """Whether the warp's rows see ``key`` (and it has rows at all)."""
+            """Whether the warp's rows see the tile at ``key`` (and it has rows
+            at all): its first key is at most the last row's position and,
+            with a window, its last reaches the first row's window."""
             seen = key <= wpos_last
+            if W:
+                seen = k.pand(seen, key + (BN + W - 1) > wpos_first)
             return seen if wlive is None else k.pand(seen, wlive)
+
+        def unmasked(kb):
+            """Whether every row of the warp sees every key of the tile at ``kb``."""
+            whole = kb + (BN - 1) <= wpos_first
+            return whole if not W else k.pand(whole, kb + (W - 1) >= wpos_last)
         pos = [(L + r).bitcast(s32) for r in rows]
 
         m_run = [k.var(f32, NEG), k.var(f32, NEG)]
@@ -296,8 +320,9 @@ def build_prefill(m, plan):
                 copy_rows(buf, kb)
 
         for s_ in range(lead):
-            with k.if_(ntiles > s_):
-                issue(base + s_ * SB, s_, k.mov(s_ * BN, u32),
+            tile = s_ if t0 is None else t0 + s_
+            with k.if_(ntiles > tile):
+                issue(base + s_ * SB, s_, k.mov(s_ * BN, u32) if t0 is None else tile * BN,
                       ents=first[s_] if BS and tma else None)
             if not tma:
                 k.cp_async_commit()              # an empty group where there is no tile
@@ -322,7 +347,7 @@ def build_prefill(m, plan):
             pb = k.var(u32, 0)               # the stage of the tile before
             # P of the tile before (f16 pairs in the A layout), for its P V
             p_prev = [tuple(k.var(b32, 0) for _ in range(4)) for _ in range(NT // 2)]
-        with k.for_range(0, ntiles) as it:
+        with k.for_range(0 if t0 is None else t0, ntiles) as it:
             # cp.async tiles: before sm_90 the ring's groups (one a tile); on
             # sm_90 only a block's last tile, whose group is waited for here
             k.cp_async_wait(0 if tma else S - 2)
@@ -360,14 +385,15 @@ def build_prefill(m, plan):
                         k.wgmma_commit()
                         k.wgmma_wait(1)                         # S is in; P V may run on
                         s_ = wgm.score_tiles()
-                        with k.if_else(kb + (BN - 1) <= wpos_first, uniform=True) as (whole, part):
+                        with k.if_else(unmasked(kb), uniform=True) as (whole, part):
                             for br, ps in ((whole, None), (part, pos)):
                                 with br:
                                     _softmax_deferred(k, plan, kb, list(s_), ps, m_run, l_run,
                                                       o_acc, p_prev, ninf)
                     with off:
                         # the tile before was the warpgroup's last: its P V
-                        with k.if_(k.pand(it > 0, sees(kb - BN)), uniform=True):
+                        with k.if_(k.pand(it > (0 if t0 is None else t0), sees(kb - BN)),
+                                   uniform=True):
                             _WarpgroupMma(k, plan, desc_of(pb), s_acc, o_acc).last_pv(p_prev)
                 k.assign(pb, cb)
             else:
@@ -376,7 +402,7 @@ def build_prefill(m, plan):
                     mma = _SyncMma(k, plan, [a + cur for a in k_addr],
                                    [a + cur for a in v_addr], zero)
                     # a tile whose last key the warp's first row sees needs no mask
-                    with k.if_else(kb + (BN - 1) <= wpos_first) as (whole, part):
+                    with k.if_else(unmasked(kb)) as (whole, part):
                         with whole:
                             _tile(k, plan, kb, qa, None, m_run, l_run, o_acc, mma, ninf)
                         with part:
@@ -567,9 +593,11 @@ def _softmax(k, plan, kb, t, s, pos, m_run, l_run, o_acc, ninf, wait=None):
     ``s`` with the probabilities in place of the scores.  With ``wait``
     (the wgmma walk, O still being written) the probabilities and their
     sums come first, then ``wait()``, then the rescale."""
-    NT = plan.block_keys // 8
+    NT, W = plan.block_keys // 8, plan.window
     # key kb + 8 j + 2 t + e is seen by row r when 8 j + e <= pos_r - kb - 2 t
-    # (pos None: every key of the tile is seen by every row)
+    # (pos None: every key of the tile is seen by every row); with a window
+    # also when pos_r - kb - 2 t - (8 j + e) < W, so the difference, as
+    # unsigned, is below W
     lim = None if pos is None else [(pr - (kb + 2 * t).bitcast(s32)) for pr in pos]
     vals, m_new = [], []
     for r in range(2):
@@ -577,7 +605,11 @@ def _softmax(k, plan, kb, t, s, pos, m_run, l_run, o_acc, ninf, wait=None):
         for j in range(NT):
             for e in range(2):
                 x = s[j][2 * r + e]
-                v.append(x if lim is None else k.select(lim[r] >= 8 * j + e, x, ninf))
+                if lim is not None:
+                    ok = (lim[r] >= 8 * j + e if not W
+                          else (lim[r] - (8 * j + e)).bitcast(u32) < W)
+                    x = k.select(ok, x, ninf)
+                v.append(x)
         mx = v[0]
         for x in v[1:]:
             mx = k.max(mx, x)

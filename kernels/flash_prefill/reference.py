@@ -7,9 +7,10 @@ import numpy as np
 __all__ = ["reference"]
 
 
-def reference(q, k_cache, v_cache, start, n_tokens, sm_scale=None):
+def reference(q, k_cache, v_cache, start, n_tokens, sm_scale=None, window=0):
     """``out[i, qh] = softmax_j(q[i, qh] . K[h, j] * sm_scale) V[h, j]`` over
-    keys ``j <= start + i`` (``h = qh // group``), float64, ``[T, n_q, d]``."""
+    keys ``j <= start + i`` (with a ``window``, also ``j > start + i -
+    window``; ``h = qh // group``), float64, ``[T, n_q, d]``."""
     q = np.asarray(q, np.float64)[:n_tokens]
     kc, vc = np.asarray(k_cache, np.float64), np.asarray(v_cache, np.float64)
     n_kv, _, d = kc.shape
@@ -19,7 +20,10 @@ def reference(q, k_cache, v_cache, start, n_tokens, sm_scale=None):
     for qh in range(nq):
         h = qh // (nq // n_kv)
         s = q[:, qh] @ kc[h, :start + n_tokens].T * scale
-        s[np.arange(s.shape[1])[None, :] > start + np.arange(n_tokens)[:, None]] = -np.inf
+        j, p = np.arange(s.shape[1])[None, :], start + np.arange(n_tokens)[:, None]
+        s[j > p] = -np.inf
+        if window:
+            s[j <= p - window] = -np.inf
         p = np.exp(s - s.max(axis=1, keepdims=True))
         out[:, qh] = (p / p.sum(axis=1, keepdims=True)) @ vc[h, :start + n_tokens]
     return out

@@ -38,7 +38,7 @@ class FlashPrefillSpec:
 
     Parameters
     ----------
-    head_dim : {64, 128}
+    head_dim : {64, 128, 256}
     group : int
         Query heads per KV head (GQA), 1..16.
     out_type : {"f32", "f16"}
@@ -52,14 +52,25 @@ class FlashPrefillSpec:
         :mod:`~ptxgen.kernels.paged_attention`).
     target : str
     pdl : bool
+    window : int
+        A sliding window: row ``i`` (position ``p = start + i``) sees only
+        the keys ``p - window + 1 .. p`` (0: all keys ``0 .. p``; Gemma's
+        local layers).  The walk starts at the tile of the block's first
+        row's first key.  Not with ``paged``.
     """
 
-    head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128)))
+    head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128, 256)))
     group: int = attrs.field(default=4, validator=_int_in(1, 16))
     out_type: str = attrs.field(default="f32", validator=_one_of("out_type", ("f32", "f16")))
     paged: int = attrs.field(default=0, validator=_one_of("paged", (0,) + PAGED_SIZES))
     target: str = target_field()
     pdl: bool = pdl_field()
+    window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
+
+    def __attrs_post_init__(self):
+        if self.window and self.paged:
+            raise ValueError("a sliding window is built for a contiguous cache, not a paged one "
+                             f"(window={self.window}, paged={self.paged})")
 
 
 @attrs.frozen
@@ -160,4 +171,4 @@ class FlashPrefillPlan(PlanBase):
         return (f"flash_prefill_d{self.head_dim}_g{self.group}_w{c.warps}_h{c.heads}"
                 f"_bn{c.block_keys}_s{c.stages}" + ("_o16" if self.out_type == "f16" else "")
                 + ("_wg" if c.kernel == "wgmma" else "") + (f"_p{self.paged}" if self.paged else "")
-                + ("_pdl" if self.pdl else ""))
+                + ("_pdl" if self.pdl else "") + (f"_sw{self.window}" if self.window else ""))

@@ -3,10 +3,10 @@
 ``W`` is ``[M, K]`` in GGUF byte layout (``uint8 [M, row_bytes]``, rows of
 blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
 ``swiglu`` (``y = silu(Wg x) * (Wu x)``, one kernel reading both
-matrices) and ``rope`` (the decode step's stacked Q/K/V projection with
-RoPE on q and k and the K/V-cache append, optionally after a bias add, in
-the interleaved or the NeoX layout).  K is a spec field; M is a launch
-argument and arbitrary.
+matrices), ``geglu`` (the same with GELU's tanh form) and ``rope`` (the
+decode step's stacked Q/K/V projection with RoPE on q and k and the K/V-cache
+append, optionally after a bias add, in the interleaved or the NeoX
+layout).  K is a spec field; M is a launch argument and arbitrary.
 
 What is computed is a :class:`GemvSpec`; how it runs is a :class:`GemvConfig`
 chosen by :func:`select_config` from the per-device tuning table
@@ -108,6 +108,7 @@ CANONICAL = {
                              dot="dp4a"),
     "gemv_q4_0_dp4a": _canon("Q4_0", 512, rows=2, stages=3, tile=512, pieces=2, dot="dp4a"),
     "gemv_q4_1_swiglu": _canon("Q4_1", 256, "swiglu", rows=2),
+    "gemv_q4_k_geglu": _canon("Q4_K", 512, "geglu", rows=2, stages=2, dot="dp4a"),
     "gemv_q5_0_residual": _canon("Q5_0", 96, "residual", rows=2),
     "gemv_q5_1_ring": _canon("Q5_1", 512, rows=2, stages=2, tile=512),
     "gemv_q5_k_dp4a": _canon("Q5_K", 512, "residual", rows=2, stages=3, tile=512, dot="dp4a"),

@@ -9,8 +9,8 @@ and :mod:`.ring` (every format through a ``cp.async`` ring).
 
 Kernel parameters, in order::
 
-    w      u8*   weights (gate weights for swiglu)
-    wu     u8*   up weights                      (swiglu only)
+    w      u8*   weights (gate weights for swiglu, geglu)
+    wu     u8*   up weights                      (swiglu, geglu only)
     x      f32*  activations, K values
     r      f32*  residual, M values              (residual only)
     y      f32*  output, M values
@@ -30,8 +30,10 @@ import attrs
 from ptxgen.types import f16, f32, s32, u8, u16, u32
 
 from ..reduce import warp_sum
+from ..swiglu import gelu_exp
 
-__all__ = ["declare_params", "RopeArgs", "warp_sum", "silu_times", "write_outputs", "norm_scale", "XFULL",
+__all__ = ["declare_params", "RopeArgs", "warp_sum", "silu_times", "gelu_times", "write_outputs",
+           "norm_scale", "XFULL",
            "PLANE_W", "PLANE_SIGNED", "plane_inverse", "x_planes", "u32_at", "plane_sums"]
 
 LOG2E = 1.4426950408889634
@@ -152,6 +154,12 @@ def silu_times(k, g, u):
     return (g * u) / (e + 1.0)
 
 
+def gelu_times(k, g, u):
+    """``gelu(g) * u = g * u / (1 + exp(-2 z))``, GELU's tanh form
+    (:func:`~ptxgen.kernels.swiglu.gelu_exp`; ex2.approx, div.rn)."""
+    return (g * u) / (gelu_exp(k, g) + 1.0)
+
+
 def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
                   trailing_barrier=True):
     """Reduce per-thread partials ``acc[mat][row]`` over the CTA and store.
@@ -196,6 +204,8 @@ def write_outputs(k, spec, acc, red, warps, row0, row_end, y, r, tid, norm=None,
         tot = _row_totals(k, spec, slot, warps, tid, norm)
         if spec.epilogue == "swiglu":
             out = silu_times(k, tot[0], tot[1])
+        elif spec.epilogue == "geglu":
+            out = gelu_times(k, tot[0], tot[1])
         elif spec.epilogue == "residual":
             # plain ld, not .nc: y may alias r (x += W.a) within this launch
             out = tot[0] + k.ld(r[row])

@@ -39,11 +39,11 @@ def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,
     ----------
     spec_or_qtype : GemvSpec, GemvPlan or str
     w_raw : uint8 [M, row_bytes]
-        Weights (gate weights for swiglu).
+        Weights (gate weights for swiglu and geglu).
     x : float [K]
     residual : float [M], optional
     w_up : uint8 [M, row_bytes], optional
-        Up weights for swiglu.
+        Up weights for swiglu and geglu.
     epilogue : str, optional
         Defaults to the spec's (or "none" for a bare qtype).
     norm_w, eps : optional
@@ -63,9 +63,9 @@ def reference(spec_or_qtype, w_raw, x, residual=None, w_up=None, epilogue=None,
     y = w @ x
     if epi == "residual":
         y = y + np.asarray(residual, dtype=np.float64)
-    elif epi == "swiglu":
+    elif epi in ("swiglu", "geglu"):
+        from ..swiglu import reference as gated
         wu = dequantize(np.ascontiguousarray(w_up), qtype, (m, x.size)).astype(np.float64)
-        u = wu @ x
-        y = y / (1.0 + np.exp(-y)) * u
+        y = gated(y, wu @ x, "silu" if epi == "swiglu" else "gelu_tanh")
     return y
 

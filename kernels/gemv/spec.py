@@ -43,7 +43,9 @@ def read_unit(qtype: str) -> tuple:
 #: the formats whose pieces have a ``dot="dp4a"`` form through the ring
 #: (Q4_K has one in both of its kernels)
 DP4A_RING = ("Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
-EPILOGUES = ("none", "residual", "swiglu", "rope")
+EPILOGUES = ("none", "residual", "swiglu", "geglu", "rope")
+#: the epilogues of a gated FFN: two matrices, ``act(Wg x) * (Wu x)``
+GATED = ("swiglu", "geglu")
 
 #: dynamic shared memory a CTA may ask for on sm_80/sm_90 (the ring's limit)
 MAX_RING_BYTES = 227 * 1024
@@ -109,8 +111,9 @@ class GemvSpec:
         Row length (a multiple of the block: 256 for the K-quants, 32 for
         Q4_0 ... Q8_0, 8 for F16 and BF16); a build-time constant so loops
         over K unroll.  M is a launch argument.
-    epilogue : {"none", "residual", "swiglu", "rope"}
-        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; or the
+    epilogue : {"none", "residual", "swiglu", "geglu", "rope"}
+        ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; ``y =
+        gelu(Wg x) * (Wu x)`` (GELU's tanh form, Gemma's FFN); or the
         stacked ``[Wq; Wk; Wv]`` projection of a decode step with RoPE on its
         q and k rows and this token's k and v rows appended to an f16 KV
         cache (needs ``rope``).
@@ -193,7 +196,7 @@ class GemvSpec:
 
     @property
     def n_mats(self) -> int:
-        return 2 if self.epilogue == "swiglu" else 1
+        return 2 if self.epilogue in GATED else 1
 
     @property
     def rope_rows(self) -> int:

@@ -18,8 +18,10 @@ __all__ = ["select_config", "call_of", "candidate_configs", "balanced"]
 
 
 def call_of(spec: GemvSpec, m: int | None) -> dict:
-    """The keys a tuning rule may test for ``spec`` at ``m`` rows."""
-    return {"qtype": spec.qtype, "epilogue": spec.epilogue, "k": spec.k, "m": m,
+    """The keys a tuning rule may test for ``spec`` at ``m`` rows (a geglu
+    GEMV reads and costs as a swiglu one: it takes swiglu's rules)."""
+    epi = "swiglu" if spec.epilogue == "geglu" else spec.epilogue
+    return {"qtype": spec.qtype, "epilogue": epi, "k": spec.k, "m": m,
             "sm": TARGETS[spec.target].sm, "target": spec.target}
 
 

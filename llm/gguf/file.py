@@ -3,9 +3,10 @@ conventions and raw tensors.
 
 Architectures: ``llama`` (Llama 2/3/3.1/3.2/3.3, and the Mistral 7B / Nemo
 files llama.cpp's converter writes under that name), ``mistral`` (an alias
-of ``llama``; llama.cpp has no such name), ``qwen2`` (Qwen2 / Qwen2.5) and
-``qwen3`` (dense Qwen3).  What llama.cpp's ``load_hparams`` and each
-architecture's tensor loader and graph do, and so what this module reads:
+of ``llama``; llama.cpp has no such name), ``qwen2`` (Qwen2 / Qwen2.5),
+``qwen3`` (dense Qwen3) and ``gemma3`` (Gemma 3 text).  What llama.cpp's
+``load_hparams`` and each architecture's tensor loader and graph do, and so
+what this module reads:
 
 - ``{arch}.attention.key_length`` / ``value_length``: the head size
   (default ``embedding_length / head_count``); q has ``head_count *
@@ -42,6 +43,14 @@ architecture's tensor loader and graph do, and so what this module reads:
   non-causal attention is refused.
 - ``general.alignment``: a power of two (default 32); every tensor's data
   offset must be a multiple of it.
+- ``gemma3`` (Gemma 3): NeoX RoPE, per-head q/k RMSNorms, an RMSNorm of
+  the attention and of the FFN output (``post_attention_norm``,
+  ``post_ffw_norm``) before each residual add, the norm weights used as
+  stored (the converter has added Gemma's +1); interleaved sliding-window
+  (local) and global layers (:meth:`LlamaFile._gemma3_hparams`: window,
+  pattern, the local layers' RoPE base, the attention scale); a
+  ``final_logit_softcapping`` other than 0 is refused, as are sliding-window
+  layers of another head size (``key_length_swa``...).
 - Any tensor llama.cpp's loader would not expect for the architecture
   (llama.cpp refuses a file with tensors left over), and those it would
   use but the decode step does not (``attn_output.bias``, FFN biases,
@@ -92,10 +101,10 @@ __all__ = ["GGUFError", "GGUFMetadataError", "LlamaHParams", "LlamaFile", "SUPPO
            "MAX_CONTEXT"]
 
 #: architectures this module reads (``mistral`` is read as ``llama``)
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 #: RoPE pairing per architecture (llama.cpp's ``llama_model_rope_type``)
 ROPE_LAYOUT = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "neox",
-               "qwen3": "neox"}
+               "qwen3": "neox", "gemma3": "neox"}
 #: GGML types that never hold these models' weights
 _NOT_WEIGHTS = ("I8", "I16", "I32", "I64", "F64")
 #: GGML types read as NumPy float arrays
@@ -122,6 +131,11 @@ _LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 _BIASES = ("attn_q", "attn_k", "attn_v")
 _QK_NORMS = ("attn_q_norm", "attn_k_norm")
+#: gemma3's RMSNorms of the attention and FFN outputs, before the residual add
+_POST_NORMS = ("post_attention_norm", "post_ffw_norm")
+#: gemma3: the layers of one period of the sliding-window pattern when the
+#: file gives none (llama.cpp's ``load_swa_pattern(ml, 6)``)
+GEMMA3_SWA_PERIOD = 6
 
 
 def layer_tensor_names(i: int) -> list[str]:
@@ -179,6 +193,24 @@ class LlamaHParams:
     qkv_bias: bool = False
     #: no output.weight: the logits read token_embd.weight
     tied: bool = False
+    #: gemma3: keys a sliding-window layer's query sees, its own included
+    #: (0: every layer attends to the whole sequence)
+    sliding_window: int = 0
+    #: gemma3: per layer, whether it is a sliding-window (local) layer
+    swa_layers: tuple = ()
+    #: gemma3: the RoPE base of the local layers (they take no frequency scaling)
+    rope_theta_swa: float = 10000.0
+    #: the scale of q.k before the softmax (None: 1 / sqrt(head_dim))
+    attn_scale: float | None = None
+
+    @property
+    def sm_scale(self) -> float:
+        """The attention's score scale."""
+        return 1.0 / math.sqrt(self.head_dim) if self.attn_scale is None else self.attn_scale
+
+    def window(self, layer: int) -> int:
+        """Layer ``layer``'s sliding window (0: none)."""
+        return self.sliding_window if self.swa_layers and self.swa_layers[layer] else 0
 
     @property
     def q_dim(self) -> int:
@@ -364,15 +396,57 @@ class LlamaFile:
         freq_scale = self._rope_freq_scale(a)
         vocab = self._vocab(a)
         has = self._tensors.__contains__
+        extra = self._gemma3_hparams(n_layers, hidden, n_heads, head_k) if arch == "gemma3" else {}
         return LlamaHParams(
             arch=arch, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
             n_kv_heads=n_kv, head_dim=head_k, vocab=vocab, context_length=context, eps=eps,
             rope_theta=theta, rope_dim=rope_dim, rope_layout=ROPE_LAYOUT[arch],
             rope_freq_scale=freq_scale,
             rope_freqs=arch in ("llama", "mistral") and has("rope_freqs.weight"),
-            qk_norm=arch == "qwen3",
+            qk_norm=arch in ("qwen3", "gemma3"),
             qkv_bias=any(has(f"blk.{i}.{b}.bias") for i in range(n_layers) for b in _BIASES),
-            tied=not has("output.weight"))
+            tied=not has("output.weight"), **extra)
+
+    def _gemma3_hparams(self, n_layers, hidden, n_heads, head_dim) -> dict:
+        """gemma3's own keys, as llama.cpp's ``llama_model_gemma3`` reads them:
+        the sliding window (``attention.sliding_window``; absent or 0: every
+        layer global), which layers are local (``sliding_window_pattern``: a
+        period ``n``, local where ``il % n < n - 1``, default 6; or one bool
+        per layer), their RoPE base (``rope.freq_base_swa``, default 10000,
+        unscaled) and the attention scale (``1 / sqrt(key_length)``; for
+        62 layers, Gemma 3 27B, ``1 / sqrt(embedding_length / head_count)``)."""
+        a = "gemma3"
+        soft = float(self._field(f"{a}.final_logit_softcapping", default=0.0, required=False))
+        if soft != 0.0:
+            raise self._error(f"metadata key '{a}.final_logit_softcapping' is {soft}: "
+                              "soft-capped logits are not supported")
+        for key, full in ((f"{a}.attention.key_length_swa", head_dim),
+                          (f"{a}.attention.value_length_swa", head_dim),
+                          (f"{a}.rope.dimension_count_swa", head_dim)):
+            v = self._field(key, required=False)
+            if v is not None and int(v) != full:
+                raise self._error(f"metadata key {key!r} is {int(v)}, not the head size "
+                                  f"{full}: sliding-window layers of another head size are "
+                                  "not supported")
+        window = self._int(f"{a}.attention.sliding_window", 0, MAX_CONTEXT, default=0)
+        scale = 1.0 / math.sqrt(hidden // n_heads if n_layers == 62 else head_dim)
+        if window == 0:
+            return dict(attn_scale=scale)
+        key = f"{a}.attention.sliding_window_pattern"
+        pat = self._field(key, default=GEMMA3_SWA_PERIOD, required=False)
+        if isinstance(pat, np.ndarray):
+            if pat.size != n_layers or pat.dtype.kind not in "bui":
+                raise self._error(f"metadata key {key!r} holds {pat.size} values of type "
+                                  f"{pat.dtype}; it needs one bool per layer ({n_layers})")
+            local = tuple(bool(b) for b in pat)
+        else:
+            n = int(pat)
+            if not 0 <= n <= MAX_LAYERS:
+                raise self._error(f"metadata key {key!r} is {n}; it must be 0 to {MAX_LAYERS} "
+                                  "(a period of layers)")
+            local = tuple(n == 0 or il % n < n - 1 for il in range(n_layers))
+        return dict(sliding_window=window, swa_layers=local, attn_scale=scale,
+                    rope_theta_swa=self._float(f"{a}.rope.freq_base_swa", default=10000.0))
 
     def _rope_freq_scale(self, a) -> float:
         kind = self._field(f"{a}.rope.scaling.type", default="linear", required=False)
@@ -446,6 +520,9 @@ class LlamaFile:
             if hp.qk_norm:
                 for short in _QK_NORMS:
                     out[p + short + ".weight"] = (hp.head_dim,)
+            if hp.arch == "gemma3":
+                for short in _POST_NORMS:
+                    out[p + short + ".weight"] = (H,)
         return out
 
     def _check_tensors(self):
@@ -564,12 +641,16 @@ class LlamaFile:
                               f"{t.qtype}") from None
         return np.asarray(out, dtype=np.float32).reshape(t.shape)
 
-    def rope_inv_freq(self) -> np.ndarray:
+    def rope_inv_freq(self, local: bool = False) -> np.ndarray:
         """float64 ``[head_dim / 2]``: the angle per position of each
         frequency, ``freq_scale * base^(-2i/d) / factor_i`` (factors from
-        ``rope_freqs.weight`` where the architecture applies them)."""
+        ``rope_freqs.weight`` where the architecture applies them); with
+        ``local``, a sliding-window layer's: ``rope_theta_swa^(-2i/d)``,
+        unscaled (gemma3)."""
         hp = self.hparams
         d = hp.rope_dim
+        if local:
+            return 1.0 / hp.rope_theta_swa ** (np.arange(0, d, 2, dtype=np.float64) / d)
         f = 1.0 / hp.rope_theta ** (np.arange(0, d, 2, dtype=np.float64) / d)
         if hp.rope_freqs:
             fac = self.tensor("rope_freqs.weight").data.astype(np.float64)
@@ -595,5 +676,7 @@ def _why_extra(name: str, arch: str) -> str:
     if short == "attn_qkv":
         return " (fused Q/K/V weights are not; separate attn_q, attn_k, attn_v are)"
     if short in _QK_NORMS:
-        return " (per-head q/k norms belong to qwen3)"
+        return " (per-head q/k norms belong to qwen3 and gemma3)"
+    if short in _POST_NORMS:
+        return " (post-attention and post-FFN norms belong to gemma3)"
     return ""

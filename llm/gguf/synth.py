@@ -3,8 +3,10 @@
 The file has the metadata, tensor names and conventions llama.cpp's
 converter writes for ``llama`` (Llama 2/3; Llama 3.1+ with
 ``rope_freqs.weight``; Mistral 7B / Nemo, which are written as ``llama``
-with an explicit head size), ``qwen2`` (Qwen2.5: q/k/v biases) and
-``qwen3`` (per-head q/k norms, explicit head size), optionally with
+with an explicit head size), ``qwen2`` (Qwen2.5: q/k/v biases),
+``qwen3`` (per-head q/k norms, explicit head size) and ``gemma3`` (q/k
+norms, post-attention and post-FFN norms, sliding-window layers, a
+Gemma-3-style SentencePiece vocabulary: :func:`gemma3_vocab`), optionally with
 llama.cpp's Q4_K_M / Q5_K_M quant mix (:func:`quant_mix`); weights are
 Gaussian (std 1/sqrt(fan_in)),
 norm weights near 1, quantized with :mod:`ptxgen.kernels.quants` and stored in
@@ -29,9 +31,10 @@ vocabulary take seconds per step.
 
 CLI::
 
-    python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny|llama3-8b|... [--arch qwen2]
+    python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny|llama3-8b|gemma3-4b|... [--arch qwen2]
         [--qtype Q4_K] [--mix Q4_K_M] [--rope-freqs] [--head-dim N] [--tied] [--vocab-size N]
-        [--vocab VOCAB.gguf [--vocab-limit N]] [--seed N]
+        [--vocab VOCAB.gguf [--vocab-limit N]] [--tokenizer gemma3 [--vocab-pieces SPM.gguf]]
+        [--sliding-window N] [--seed N]
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ import numpy as np
 from ptxgen.kernels import quants
 
 __all__ = ["PRESETS", "ARCHS", "MIXES", "SynthInfo", "write_synthetic_llama", "quant_mix",
-           "llama31_rope_factors", "vocab_metadata", "main"]
+           "llama31_rope_factors", "vocab_metadata", "gemma3_vocab", "GEMMA3_CHAT_TEMPLATE",
+           "main"]
 
 #: model shapes (the 8B-class ones as their Hugging Face configs give them)
 PRESETS: dict[str, dict] = {
@@ -68,11 +72,20 @@ PRESETS: dict[str, dict] = {
     "qwen3-8b": dict(arch="qwen3", n_layers=36, hidden=4096, ffn=12288, n_heads=32,
                      n_kv_heads=8, head_dim=128, vocab=151936, context_length=40960,
                      rope_theta=1000000.0, rms_eps=1e-6),
+    "gemma3-1b": dict(arch="gemma3", n_layers=26, hidden=1152, ffn=6912, n_heads=4,
+                      n_kv_heads=1, head_dim=256, vocab=262144, context_length=32768,
+                      rope_theta=1000000.0, rms_eps=1e-6, sliding_window=512,
+                      tie_embeddings=True, tokenizer="gemma3"),
+    "gemma3-4b": dict(arch="gemma3", n_layers=34, hidden=2560, ffn=10240, n_heads=8,
+                      n_kv_heads=4, head_dim=256, vocab=262144, context_length=131072,
+                      rope_theta=1000000.0, rms_eps=1e-6, sliding_window=1024,
+                      rope_scale_linear=8.0, tie_embeddings=True, tokenizer="gemma3"),
 }
 
 #: --arch -> general.architecture written (llama.cpp's converter writes
 #: Mistral 7B and Mistral-Nemo as llama)
-ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+         "gemma3": "gemma3"}
 #: quant mixes -> (base type, llama.cpp's LLAMA_FTYPE_MOSTLY_* value)
 MIXES = {"Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17)}
 
@@ -171,6 +184,123 @@ def vocab_metadata(path, limit: Optional[int] = None) -> dict:
     return out
 
 
+#: Gemma 3's chat template (its ``tokenizer_config.json``, as its GGUF files carry it)
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}\n"
+    "    {%- endif -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n"
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate "
+    "user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    "        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- elif message['content'] is iterable -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<start_of_image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- else -%}\n"
+    "        {{ raise_exception(\"Invalid content type\") }}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n")
+
+#: llama.cpp's token types
+_NORMAL, _UNKNOWN, _CONTROL, _USER, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+
+
+def gemma3_vocab(n_vocab: int, pieces_from=None) -> dict:
+    """The ``tokenizer.*`` metadata of a Gemma-3-style SentencePiece
+    vocabulary of ``n_vocab`` tokens (at least 640), as Gemma 3's GGUF files
+    lay it out: ``<pad> <eos> <bos> <unk>`` at ids 0..3 (control, control,
+    control, unknown), user-defined ``<mask>``, ``[@BOS@]`` and
+    ``<unused0>``..``<unused98>``, the control turn markers
+    ``<start_of_turn>`` (105) and ``<end_of_turn>`` (106), ``"\n"`` (107),
+    user-defined runs of 2..31 newlines and of 2..31 ``▁``, runs of tabs,
+    the 256 byte tokens ``<0xXX>``; then the normal pieces with their
+    scores, highest first: those of ``pieces_from`` (a SentencePiece GGUF
+    vocabulary, e.g. llama.cpp's ``ggml-vocab-llama-spm.gguf``) or, without
+    one, ``▁`` and every printable ASCII character with and without a
+    leading ``▁``; the rest ``<unusedN>`` placeholders (unused).  No space
+    prefix, BOS added, Gemma 3's chat template."""
+    from ptxgen.llm.gguf.metadata import read_gguf_metadata
+    if n_vocab < 640:
+        raise ValueError(f"a Gemma 3 vocabulary needs at least 640 tokens, got {n_vocab}")
+    toks = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[@BOS@]"]
+    types = [_CONTROL, _CONTROL, _CONTROL, _UNKNOWN, _USER, _USER]
+    toks += [f"<unused{i}>" for i in range(99)]
+    types += [_USER] * 99
+    toks += ["<start_of_turn>", "<end_of_turn>", "\n"]
+    types += [_CONTROL, _CONTROL, _NORMAL]
+    for run in (["\n" * n for n in range(2, 32)], ["\u2581" * n for n in range(2, 32)],
+                ["\t" * n for n in range(1, 32)]):
+        toks += run
+        types += [_USER] * len(run)
+    toks += [f"<0x{b:02X}>" for b in range(256)]
+    types += [_BYTE] * 256
+    scores = [0.0] * len(toks)
+    have = set(toks)
+    if pieces_from is not None:
+        meta = read_gguf_metadata(pieces_from)
+        if meta.get("tokenizer.ggml.model") != "llama":
+            raise ValueError(f"{os.fspath(pieces_from)}: not a SentencePiece (llama) vocabulary")
+        src = list(zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
+                       meta["tokenizer.ggml.token_type"]))
+        pieces = [(t, float(sc)) for t, sc, ty in src if int(ty) == _NORMAL]
+    else:
+        chars = ["\u2581"] + [chr(c) for c in range(33, 127)]
+        pieces = [(t, -float(i)) for i, t in
+                  enumerate(chars + ["\u2581" + c for c in chars[1:]])]
+    for t, sc in pieces:
+        if len(toks) >= n_vocab:
+            break
+        if t not in have:
+            have.add(t)
+            toks.append(t)
+            types.append(_NORMAL)
+            scores.append(sc)
+    low = min(scores) - 1.0
+    n = 99
+    while len(toks) < n_vocab:
+        toks.append(f"<unused{n}>")
+        types.append(_UNUSED)
+        scores.append(low)
+        n += 1
+    return {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default",
+            "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.scores": np.asarray(scores, np.float32),
+            "tokenizer.ggml.token_type": np.asarray(types, np.int32),
+            "tokenizer.ggml.bos_token_id": 2, "tokenizer.ggml.eos_token_id": 1,
+            "tokenizer.ggml.unknown_token_id": 3, "tokenizer.ggml.padding_token_id": 0,
+            "tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": False,
+            "tokenizer.ggml.add_space_prefix": False,
+            "tokenizer.chat_template": GEMMA3_CHAT_TEMPLATE,
+            "general.name": "gemma3-style"}
+
+
 def _write_vocab(w, meta: dict) -> None:
     """Add the ``tokenizer.*`` keys of :func:`vocab_metadata` to a GGUFWriter."""
     import gguf
@@ -217,7 +347,7 @@ def _tensor_plan(*, arch, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, hea
             plan.append((b + name + ".weight", qtype, (rows, hidden), "w"))
             if arch == "qwen2":
                 plan.append((b + name + ".bias", "F32", (rows,), "bias"))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             plan += [(b + "attn_k_norm.weight", "F32", (head_dim,), "norm"),
                      (b + "attn_q_norm.weight", "F32", (head_dim,), "norm")]
         plan += [
@@ -227,6 +357,9 @@ def _tensor_plan(*, arch, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, hea
             (b + "ffn_up.weight", qtype, (ffn, hidden), "w"),
             (b + "ffn_down.weight", qtype, (hidden, ffn), "w"),
         ]
+        if arch == "gemma3":
+            plan += [(b + "post_attention_norm.weight", "F32", (hidden,), "norm"),
+                     (b + "post_ffw_norm.weight", "F32", (hidden,), "norm")]
     plan.append(("output_norm.weight", "F32", (hidden,), "norm"))
     if not tie_embeddings:
         plan.append(("output.weight", output_qtype, (vocab, hidden), "w"))
@@ -353,6 +486,8 @@ def write_synthetic_llama(
     head_dim: Optional[int] = None, rope_freqs=None, mix: Optional[str] = None,
     tokenizer: str = "none", alignment: Optional[int] = None,
     vocab_from=None, vocab_limit: Optional[int] = None, chat_template: Optional[str] = None,
+    sliding_window: Optional[int] = None, swa_pattern=None, rope_theta_swa: Optional[float] = None,
+    rope_scale_linear: Optional[float] = None, vocab_pieces=None,
 ) -> SynthInfo:
     """Write a random decoder GGUF to ``path``.
 
@@ -381,10 +516,12 @@ def write_synthetic_llama(
         Tensor name -> type for tensors that differ from ``qtype`` (applied
         after ``mix``; real Q4_K_M files keep some attn_v / ffn_down weights
         in Q6_K).
-    arch : {"llama", "mistral", "qwen2", "qwen3"}
+    arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3"}
         The conventions (:data:`ARCHS`): qwen2 adds f32 attn_q/k/v biases,
         qwen3 per-head attn_q_norm/attn_k_norm weights and always writes
-        the head size; mistral is written as llama.
+        the head size; gemma3 those and ``post_attention_norm`` /
+        ``post_ffw_norm`` (norm weights near 1: the converter stores
+        Gemma's ``1 + w``); mistral is written as llama.
     head_dim : int, optional
         Head size, written as attention.key_length/value_length (default
         ``hidden / n_heads``; q has ``n_heads * head_dim`` rows).
@@ -394,10 +531,12 @@ def write_synthetic_llama(
     mix : {"Q4_K_M", "Q5_K_M"}, optional
         llama.cpp's quant mix (:func:`quant_mix`); replaces ``qtype``,
         ``output_qtype`` and ``embd_qtype``.
-    tokenizer : {"none", "llama"}
+    tokenizer : {"none", "llama", "gemma3"}
         tokenizer.ggml.model; "llama" also writes a token list of ``vocab``
         entries (<unk>, <s>, </s>, the 256 byte tokens, then placeholders),
-        their scores and types.
+        their scores and types; "gemma3" a Gemma-3-style SentencePiece
+        vocabulary of ``vocab`` tokens and Gemma 3's chat template
+        (:func:`gemma3_vocab`, its pieces from ``vocab_pieces``).
     alignment : int, optional
         general.alignment (a power of two; GGUF's default is 32).
     vocab_from : str or os.PathLike or dict, optional
@@ -407,6 +546,19 @@ def write_synthetic_llama(
         Cut the copied vocabulary down (see :func:`vocab_metadata`).
     chat_template : str, optional
         Written as ``tokenizer.chat_template`` (over a copied one).
+    sliding_window : int, optional
+        gemma3: ``attention.sliding_window`` (local layers' keys; absent:
+        every layer global).
+    swa_pattern : int or sequence of bool, optional
+        gemma3: ``attention.sliding_window_pattern`` (absent: llama.cpp's
+        period of 6).
+    rope_theta_swa : float, optional
+        gemma3: ``rope.freq_base_swa``, the local layers' RoPE base.
+    rope_scale_linear : float, optional
+        ``rope.scaling.type`` linear with this ``rope.scaling.factor``.
+    vocab_pieces : str or os.PathLike, optional
+        With ``tokenizer="gemma3"``: the SentencePiece vocabulary whose
+        pieces it takes (:func:`gemma3_vocab`).
 
     Returns
     -------
@@ -428,6 +580,8 @@ def write_synthetic_llama(
         name = f"{name} ({vmeta.get('general.name') or 'copied'} vocabulary)"
     elif vocab is None:
         raise ValueError("give vocab (the vocabulary size) or vocab_from")
+    elif tokenizer == "gemma3":
+        vmeta = gemma3_vocab(int(vocab), vocab_pieces)
     if chat_template is not None:
         vmeta = dict(vmeta or {})
         vmeta["tokenizer.chat_template"] = chat_template
@@ -447,8 +601,13 @@ def write_synthetic_llama(
         raise ValueError(f"qwen2 needs n_heads * head_dim == hidden, got {n_heads} x {head_dim}")
     if rope_freqs is not None and rope_freqs is not False and arch not in ("llama", "mistral"):
         raise ValueError(f"rope_freqs is a llama convention; {arch} applies no frequency factors")
-    if tokenizer not in ("none", "llama"):
-        raise ValueError(f"tokenizer must be 'none' or 'llama', got {tokenizer!r}")
+    if tokenizer not in ("none", "llama", "gemma3"):
+        raise ValueError(f"tokenizer must be 'none', 'llama' or 'gemma3', got {tokenizer!r}")
+    gemma_keys = dict(sliding_window=sliding_window, swa_pattern=swa_pattern,
+                      rope_theta_swa=rope_theta_swa)
+    given = [k for k, v in gemma_keys.items() if v is not None]
+    if given and arch != "gemma3":
+        raise ValueError(f"{given[0]} is a gemma3 convention, not {arch}'s")
     if tokenizer == "llama" and vocab < 259:
         raise ValueError(f"a llama token list needs at least 259 tokens, vocab={vocab}")
     factors = None
@@ -504,11 +663,21 @@ def write_synthetic_llama(
     w.add_rope_dimension_count(head_dim)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
-    if arch == "qwen3" or head_dim != hidden // n_heads or hidden % n_heads:
+    if arch in ("qwen3", "gemma3") or head_dim != hidden // n_heads or hidden % n_heads:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(rms_eps)
     w.add_rope_freq_base(rope_theta)
+    if rope_scale_linear is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(rope_scale_linear))
+    if sliding_window is not None:
+        w.add_sliding_window(int(sliding_window))
+    if swa_pattern is not None:
+        w.add_sliding_window_pattern(swa_pattern if isinstance(swa_pattern, int)
+                                     else [bool(b) for b in swa_pattern])
+    if rope_theta_swa is not None:
+        w.add_rope_freq_base_swa(float(rope_theta_swa))
     if vmeta:
         _write_vocab(w, vmeta)
     else:
@@ -570,7 +739,13 @@ def main(argv=None) -> int:
     ap.add_argument("--head-dim", type=int, default=None, help="head size (key_length)")
     ap.add_argument("--tied", action="store_true", help="no output.weight (tied embeddings)")
     ap.add_argument("--vocab-size", type=int, default=None, help="embedding rows")
-    ap.add_argument("--tokenizer", choices=("none", "llama"), default="none")
+    ap.add_argument("--tokenizer", choices=("none", "llama", "gemma3"), default=None,
+                    help="vocabulary written (default: the preset's, else none)")
+    ap.add_argument("--vocab-pieces", metavar="SPM.gguf", default=None,
+                    help="with --tokenizer gemma3: take the normal pieces of this "
+                         "SentencePiece vocabulary")
+    ap.add_argument("--sliding-window", type=int, default=None,
+                    help="gemma3: the local layers' window (default: the preset's)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
     ap.add_argument("--vocab", metavar="VOCAB.gguf", default=None,
@@ -584,7 +759,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     kw = dict(PRESETS[a.preset])
     for key, val in (("n_layers", a.layers), ("arch", a.arch), ("head_dim", a.head_dim),
-                     ("vocab", a.vocab_size), ("mix", a.mix)):
+                     ("vocab", a.vocab_size), ("mix", a.mix), ("tokenizer", a.tokenizer),
+                     ("sliding_window", a.sliding_window), ("vocab_pieces", a.vocab_pieces)):
         if val is not None:
             kw[key] = val
     if a.rope_freqs:
@@ -610,7 +786,7 @@ def main(argv=None) -> int:
 
     try:
         info = write_synthetic_llama(a.out, qtype=a.qtype, output_qtype=a.output_qtype,
-                                     tokenizer=a.tokenizer, seed=a.seed, progress=report, **kw)
+                                     seed=a.seed, progress=report, **kw)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

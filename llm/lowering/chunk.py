@@ -11,7 +11,7 @@ step) before the chunk's attention reads them.
 
 The blocks lower to:
 
-- ``embed``: one row-gather launch over the chunk's tokens;
+- ``embed``: one row-gather launch over the chunk's tokens (scaled in it);
 - ``norm``: an RMSNorm launch over the rows (f16 out where every GEMM
   that reads it takes f16 X);
 - ``qkv``: one GEMM over the stacked ``[Wq; Wk; Wv]`` (or one per weight
@@ -19,9 +19,12 @@ The blocks lower to:
   added in its epilogue, then RoPE + the K/V append over the rows, which
   also applies the per-head q/k RMSNorms where the file has them
   (``RopeSpec.qk_norm``);
-- ``attention``: causal chunk attention reading q from the QKV rows;
+- ``attention``: causal chunk attention reading q from the QKV rows (a
+  sliding window: the kernel of that window);
 - ``linear``: a GEMM with the residual added in its epilogue;
-- ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
+- ``gated_ffn``: the gate and up GEMMs, a SwiGLU (GeGLU) launch, the down
+  GEMM;
+- ``add_normed``: an RMSNorm launch over the rows adding into the stream;
 - ``output``: nothing: the last prompt token is the decode step's, which
   computes its logits and chooses the first new token.
 
@@ -30,8 +33,6 @@ A weight type with no GEMM on the device runs a GEMV per row instead
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -84,6 +85,8 @@ class ChunkLowering(Lowering):
         self.start_ptr, self.n_ptr = _plus(self.info, 0), _plus(self.info, 4)
         self.qkv_dim = hp.q_dim + 2 * hp.kv_dim
         self._extra = {}
+        #: the rows of a linear block's output, by width
+        self._outs = {}
         B, H = self.rows, hp.hidden
 
         def x_type(*names):
@@ -126,26 +129,28 @@ class ChunkLowering(Lowering):
             matmul.gemv(self, f"{name.removesuffix('.weight')}.row{r}", w, t, _row(x, r, 4 * K),
                         _row(out, r, 4 * stride), residual=extra)
 
-    def embed(self, weight):
+    def embed(self, weight, scale=None):
         emb, et = self.weight(weight)
         hp = self.hp
-        es = embedding.EmbeddingSpec(qtype=et.qtype, rows=True, target=self.target)
+        es = embedding.EmbeddingSpec(qtype=et.qtype, rows=True, target=self.target,
+                                     scaled=scale is not None)
         geom = embedding.launch_geometry(es, hp.hidden, self.rows)
+        extra = {} if scale is None else dict(scale=float(scale))
         self.add("Embedding", "embd", [emb, self.tokens], [self.x],
                  [self.launch("embedding", es, geom, table=emb,
                               token_ptr=self.tokens, out=self.x, n=hp.hidden,
-                              n_vocab=hp.vocab)])
+                              n_vocab=hp.vocab, **extra)])
         return self.x
 
     def norm(self, x, weight, kind):
         return Normed(x, weight, kind)
 
-    def _rmsnorm(self, x, weight, out, name):
+    def _rmsnorm(self, x, weight, out, name, accumulate=False):
         w, _ = self.weight(weight)
         spec = rmsnorm.RmsNormSpec(residual=False, block=_norm_block(self.hp.hidden),
                                    out_type="f16" if out.dtype == np.float16 else "f32",
-                                   target=self.target, pdl=self.pdl)
-        self.add("RmsNorm", name, [x, w], [out],
+                                   target=self.target, pdl=self.pdl, accumulate=accumulate)
+        self.add("RmsNorm", name, [x, w] + ([out] if accumulate else []), [out],
                  [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, self.rows), x=x,
                               w=w, out=out, n=self.hp.hidden, eps=self.hp.eps)])
 
@@ -171,7 +176,7 @@ class ChunkLowering(Lowering):
                              bias=None if bias is None else bias.at(4 * off))
                 off += rows
         kc, vc = self.kv_cache(w.layer)
-        self._rope_launch(w, qkv, kc, vc, self.rope_table())
+        self._rope_launch(w, qkv, kc, vc, self.rope_table(w.local))
         return qkv
 
     def _rope_launch(self, w: QKV, qkv, kc, vc, freqs):
@@ -194,19 +199,20 @@ class ChunkLowering(Lowering):
                               capacity=self.capacity, row_stride=self.qkv_dim,
                               n_rows_ptr=self.n_ptr, **nargs)])
 
-    def attention(self, layer, q):
+    def attention(self, layer, q, window=0):
         hp = self.hp
         D = hp.head_dim
         kc, vc = self.kv_cache(layer)
         target = matmul.gemm_target(self.target)
         spec = flash_prefill.FlashPrefillSpec(
             head_dim=D, group=hp.n_heads // hp.n_kv_heads, target=target,
-            out_type="f16" if self.att.dtype == np.float16 else "f32", pdl=self.pdl)
+            out_type="f16" if self.att.dtype == np.float16 else "f32", pdl=self.pdl,
+            window=int(window))
         plan = flash_prefill.plan(spec, device=self.device)
         geom = flash_prefill.launch_geometry(plan, hp.n_heads, self.rows)
         args = dict(q=q, k_cache=kc, v_cache=vc, start_ptr=self.start_ptr,
                     n_tokens_ptr=self.n_ptr, out=self.att, capacity=self.capacity,
-                    sm_scale=1.0 / math.sqrt(D), q_stride=self.qkv_dim)
+                    sm_scale=hp.sm_scale, q_stride=self.qkv_dim)
         n_kv, cap = hp.n_kv_heads, self.capacity
         if flash_prefill.cache_maps(plan, 0, 0, n_kv, cap) is not None:
             for name, cache, i in (("k_map", kc, 0), ("v_map", vc, 1)):
@@ -219,11 +225,21 @@ class ChunkLowering(Lowering):
 
     def linear(self, a, weight, residual=None):
         if residual is None:
-            raise ValueError("a chunk's linear block adds to the residual stream")
+            rows = self.file.shape(weight)[0]
+            y = self._outs.get(rows)
+            if y is None:
+                y = self._outs[rows] = self.g.buffer(f"out{rows}", (self.rows, rows),
+                                                      np.float32)
+            self._matmul(weight, a, y)
+            return y
         self._matmul(weight, a, residual, residual=residual)
         return residual
 
-    def gated_ffn(self, h, gate, up, down, residual):
+    def add_normed(self, x, y, weight):
+        self._rmsnorm(y, weight, x, weight.removesuffix(".weight"), accumulate=True)
+        return x
+
+    def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
         hp = self.hp
         x = self._input(h)
         p = gate.removesuffix("ffn_gate.weight")
@@ -232,9 +248,10 @@ class ChunkLowering(Lowering):
         self._matmul(gate, x, g_out)
         self._matmul(up, x, u_out)
         ss = swiglu.SwiGluSpec(out_type="f16" if self.act.dtype == np.float16 else "f32",
-                               target=self.target, pdl=self.pdl)
+                               target=self.target, pdl=self.pdl, act=act)
         n = self.rows * hp.ffn
-        self.add("SwiGLU", p + "swiglu", [g_out, u_out], [self.act],
+        self.add("SwiGLU", p + ("geglu" if act == "gelu_tanh" else "swiglu"), [g_out, u_out],
+                 [self.act],
                  [self.launch("swiglu", ss, swiglu.launch_geometry(ss, n), g=g_out, u=u_out,
                               out=self.act, n=n)])
         return self.linear(self.act, down, residual=residual)

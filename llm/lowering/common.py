@@ -64,7 +64,8 @@ class Normed:
 class QKV:
     """The tensors of a layer's attention input: the projections, their
     optional biases (None where the file has none) and the optional
-    per-head RMSNorm weights of q and k (qwen3)."""
+    per-head RMSNorm weights of q and k (qwen3, gemma3); ``local``: RoPE at
+    the sliding-window layers' base, unscaled (gemma3's local layers)."""
 
     layer: int
     q: str
@@ -73,14 +74,15 @@ class QKV:
     biases: tuple = (None, None, None)
     q_norm: str | None = None
     k_norm: str | None = None
+    local: bool = False
 
     @classmethod
-    def of_layer(cls, file, i: int, qk_norm: bool) -> "QKV":
+    def of_layer(cls, file, i: int, qk_norm: bool, local: bool = False) -> "QKV":
         p = f"blk.{i}."
         biases = tuple(p + n + ".bias" if file.has(p + n + ".bias") else None for n in _QKV)
         return cls(i, *(p + n + ".weight" for n in _QKV), biases=biases,
                    q_norm=p + "attn_q_norm.weight" if qk_norm else None,
-                   k_norm=p + "attn_k_norm.weight" if qk_norm else None)
+                   k_norm=p + "attn_k_norm.weight" if qk_norm else None, local=local)
 
     @property
     def prefix(self) -> str:
@@ -154,12 +156,13 @@ class Lowering:
         kn, _ = self.weight(w.k_norm)
         return [qn, kn], dict(q_norm=qn, k_norm=kn, eps=self.hp.eps)
 
-    def rope_table(self):
+    def rope_table(self, local: bool = False):
         """The RoPE frequencies as the kernels take them: the file's
-        convention (rope_freqs factors and linear scaling included)."""
+        convention (rope_freqs factors and linear scaling included); with
+        ``local``, the sliding-window layers' (their own base, unscaled)."""
         D = self.hp.head_dim
-        return self.g.buffer("rope_freqs", (D // 2, 2), np.float32, "weight",
-                             lambda: rope.table_of(self.file.rope_inv_freq()))
+        return self.g.buffer("rope_freqs_swa" if local else "rope_freqs", (D // 2, 2), np.float32,
+                             "weight", lambda: rope.table_of(self.file.rope_inv_freq(local)))
 
     def kv_cache(self, i: int):
         """Layer ``i``'s f16 K and V caches, ``[n_kv_heads, capacity, head_dim]``."""

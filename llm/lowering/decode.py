@@ -10,7 +10,7 @@ whole sequence (the sampler's penalty window).
 
 The blocks lower to:
 
-- ``embed``: one row-gather launch of the state's token;
+- ``embed``: one row-gather launch of the state's token (scaled in it);
 - ``norm``: an RMSNorm launch, or nothing where the Q4_K GEMVs that read
   it take it in their prologue (``fuse_norm``: ``"attn"`` by default);
 - ``qkv``: one GEMV over the stacked ``[Wq; Wk; Wv]`` that also adds the
@@ -21,18 +21,19 @@ The blocks lower to:
   the projections (stacked when the types agree), the biases added by the
   GEMV's residual epilogue, then one launch for RoPE + KV append, which
   also applies the q/k RMSNorms where the file has them (``qk_norm``);
-- ``attention``: the split-KV flash decode and its combine;
+- ``attention``: the split-KV flash decode and its combine (a sliding
+  window: the kernel of that window);
 - ``linear``: a GEMV (its residual epilogue adds the stream);
-- ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
-  up share a type (else two GEMVs and a SwiGLU launch), then the down GEMV;
+- ``gated_ffn``: one GEMV computing ``act(Wg h) * (Wu h)`` where gate and
+  up share a type (else two GEMVs and a SwiGLU/GeGLU launch), then the
+  down GEMV;
+- ``add_normed``: one RMSNorm launch adding its output into the stream;
 - ``output``: the logits GEMV, then the next token's choice in two
   variants of the step, ``"greedy"`` (argmax) and ``"sample"`` (the
   sampler chain reading ``sampling_params``), and the state advance.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 
@@ -118,15 +119,17 @@ class DecodeLowering(Lowering):
         return b
 
     # ------------------------------------------------------------- blocks
-    def embed(self, weight):
+    def embed(self, weight, scale=None):
         hp = self.hp
         emb, et = self.weight(weight)
         self._embedding = (emb, et)
-        es = embedding.EmbeddingSpec(qtype=et.qtype, target=self.target)
+        es = embedding.EmbeddingSpec(qtype=et.qtype, target=self.target,
+                                     scaled=scale is not None)
+        extra = {} if scale is None else dict(scale=float(scale))
         self.add("Embedding", "embd", [emb, self.state], [self.x],
                  [self.launch("embedding", es, embedding.launch_geometry(es, hp.hidden), table=emb,
                               token_ptr=self.state.at(4 * decode_state.TOKEN), out=self.x,
-                              n=hp.hidden, n_vocab=hp.vocab)])
+                              n=hp.hidden, n_vocab=hp.vocab, **extra)])
         return self.x
 
     def norm(self, x, weight, kind):
@@ -145,10 +148,12 @@ class DecodeLowering(Lowering):
         self._rmsnorm(h.x, h.weight, out, self.hp.hidden, 1, h.weight.removesuffix(".weight"))
         return out, None
 
-    def _rmsnorm(self, x, weight, out, n, rows, name):
+    def _rmsnorm(self, x, weight, out, n, rows, name, accumulate=False):
         w, _ = self.weight(weight)
-        spec = self._rms
-        self.add("RmsNorm", name, [x, w], [out],
+        spec = self._rms if not accumulate else rmsnorm.RmsNormSpec(accumulate=True,
+                                                                    target=self.target)
+        ins = [x, w] + ([out] if accumulate else [])
+        self.add("RmsNorm", name, ins, [out],
                  [self.launch("rmsnorm", spec, rmsnorm.launch_geometry(spec, rows), x=x, w=w,
                               out=out, n=n, eps=self.hp.eps)])
 
@@ -157,7 +162,7 @@ class DecodeLowering(Lowering):
         qkv = self._act("qkv", (hp.q_dim + 2 * hp.kv_dim,))
         q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
         kc, vc = self.kv_cache(w.layer)
-        freqs = self.rope_table()
+        freqs = self.rope_table(w.local)
         tun = dict(tuning=self.tuning)
         infos = [f.tensor(n) for n in (w.q, w.k, w.v)]
         x, norm = self._input(h, infos)
@@ -199,8 +204,10 @@ class DecodeLowering(Lowering):
         return rope.RopeSpec(head_dim=hp.head_dim, layout=self.rope_layout, theta=hp.rope_theta,
                              append="f16", qk_norm=qk_norm, target=self.target)
 
-    def attention(self, layer, q):
+    def attention(self, layer, q, window=0):
         hp, fds, ns = self.hp, self.fds, self.n_splits
+        if window:
+            fds = fds.evolve(window=int(window))
         D = hp.head_dim
         kc, vc = self.kv_cache(layer)
         att = self._act("att", (hp.q_dim,))
@@ -211,38 +218,44 @@ class DecodeLowering(Lowering):
         self.add("Attention", f"blk.{layer}.attention", [q_buf, kc, vc, self.state], [att],
                  [self.launch("flash_decode", fds, split, q=q, k_cache=kc, v_cache=vc,
                               kv_len_ptr=self.kvlen_ptr, part_o=part_o, part_ml=part_ml,
-                              capacity=self.capacity, sm_scale=1.0 / math.sqrt(D)),
+                              capacity=self.capacity, sm_scale=hp.sm_scale),
                   self.launch("flash_decode", fds, comb, part_o=part_o, part_ml=part_ml,
                               out=att)])
         return att
 
     def linear(self, a, weight, residual=None):
         w, t = self.weight(weight)
-        y = residual if residual is not None else self._act(weight + ".out", (t.shape[0],))
+        y = residual if residual is not None else self._act(f"out{t.shape[0]}", (t.shape[0],))
         matmul.gemv(self, weight.removesuffix(".weight"), w, t, a, y, residual=residual,
                     tuning=self.tuning)
         return y
 
-    def gated_ffn(self, h, gate, up, down, residual):
+    def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
         hp = self.hp
-        act = self._act("ffn_act", (hp.ffn,))
+        out = self._act("ffn_act", (hp.ffn,))
         wg, tg = self.weight(gate)
         wu, tu = self.weight(up)
         x, norm = self._input(h, [tg, tu])
         p = gate.removesuffix("ffn_gate.weight")
         if tg.qtype == tu.qtype:
-            matmul.gemv_swiglu(self, p + "ffn_gate_up", wg, tg, wu, tu, x, act, norm=norm,
-                               tuning=self.tuning)
+            matmul.gemv_swiglu(self, p + "ffn_gate_up", wg, tg, wu, tu, x, out, norm=norm,
+                               tuning=self.tuning, act=act)
         else:
             g_out = self.g.buffer(p + "ffn_gate_out", (hp.ffn,), np.float32)
             u_out = self.g.buffer(p + "ffn_up_out", (hp.ffn,), np.float32)
             matmul.gemv(self, p + "ffn_gate", wg, tg, x, g_out, norm=norm, tuning=self.tuning)
             matmul.gemv(self, p + "ffn_up", wu, tu, x, u_out, norm=norm, tuning=self.tuning)
-            ss = swiglu.SwiGluSpec(target=self.target)
-            self.add("SwiGLU", p + "swiglu", [g_out, u_out], [act],
+            ss = swiglu.SwiGluSpec(target=self.target, act=act)
+            name = p + ("geglu" if act == "gelu_tanh" else "swiglu")
+            self.add("SwiGLU", name, [g_out, u_out], [out],
                      [self.launch("swiglu", ss, swiglu.launch_geometry(ss, hp.ffn), g=g_out,
-                                  u=u_out, out=act, n=hp.ffn)])
-        return self.linear(act, down, residual=residual)
+                                  u=u_out, out=out, n=hp.ffn)])
+        return self.linear(out, down, residual=residual)
+
+    def add_normed(self, x, y, weight):
+        self._rmsnorm(y, weight, x, self.hp.hidden, 1, weight.removesuffix(".weight"),
+                      accumulate=True)
+        return x
 
     def output(self, h, weight):
         g, hp = self.g, self.hp

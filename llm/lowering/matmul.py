@@ -3,8 +3,9 @@ rows of a chunk.
 
 For one token (:func:`gemv`): ``y = W x`` (or ``y = W x + r`` with
 ``residual``; ``y`` may be ``r`` itself), :func:`gemv_swiglu` the fused
-``silu(Wg x) * (Wu x)`` and :func:`gemv_rope` the stacked Q/K/V projection
-with its biases, RoPE and the KV-cache append in its epilogue.  With ``norm=(nw, eps)``
+``silu(Wg x) * (Wu x)`` (or GeGLU's ``gelu``) and :func:`gemv_rope` the
+stacked Q/K/V projection with its biases, RoPE and the KV-cache append in
+its epilogue.  With ``norm=(nw, eps)``
 the RMSNorm of ``x`` is folded in front (``W (x / rms(x) * nw)``; Q4_K
 only, see :func:`can_fuse_norm`).
 
@@ -76,12 +77,21 @@ def gemv(lw: Lowering, name, w, t, x, y, *, residual=None, norm=None, tuning=Tun
     return lw.add("MulMat", name, ins, [y], [_gemv_launch(plan, m, **args)], **extra)
 
 
-def gemv_swiglu(lw: Lowering, name, wg, tg, wu, tu, x, y, *, norm=None, tuning=Tuning()):
-    """``y = silu(Wg x) * (Wu x)``: one GEMV launch over both weights."""
+#: the gated GEMV epilogue of each activation
+_GATED = {"silu": "swiglu", "gelu_tanh": "geglu"}
+
+
+def gemv_swiglu(lw: Lowering, name, wg, tg, wu, tu, x, y, *, norm=None, tuning=Tuning(),
+                act: str = "silu"):
+    """``y = silu(Wg x) * (Wu x)`` (``act="gelu_tanh"``: ``gelu(Wg x) * (Wu
+    x)``, GeGLU): one GEMV launch over both weights."""
     if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
         raise ValueError(f"{name}: gate {tg.qtype}{tg.shape} and up {tu.qtype}{tu.shape} "
                          "must have one type and shape to fuse")
-    plan, m = _gemv_plan(tg, "swiglu", lw.target, norm is not None, tuning)
+    if act not in _GATED:
+        raise ValueError(f"{name}: unknown gated activation {act!r}; "
+                         f"give one of {', '.join(map(repr, _GATED))}")
+    plan, m = _gemv_plan(tg, _GATED[act], lw.target, norm is not None, tuning)
     ins = [wg, wu, x] + ([norm[0]] if norm is not None else [])
     return lw.add("MulMatSwiGLU", name, ins, [y],
                   [_gemv_launch(plan, m, w=wg, wu=wu, x=x, y=y, norm=norm)])

@@ -11,6 +11,7 @@ against the float64 reference.
 from __future__ import annotations
 
 from .base import Architecture
+from .gemma3 import Gemma3
 from .llama import Llama
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
@@ -18,7 +19,8 @@ from .qwen3 import Qwen3
 __all__ = ["Architecture", "ARCHITECTURES", "architecture_of"]
 
 #: ``general.architecture`` -> definition
-ARCHITECTURES: dict[str, type] = {n: cls for cls in (Llama, Qwen2, Qwen3) for n in cls.gguf_names}
+ARCHITECTURES: dict[str, type] = {n: cls for cls in (Llama, Qwen2, Qwen3, Gemma3)
+                                  for n in cls.gguf_names}
 
 
 def architecture_of(file) -> Architecture:

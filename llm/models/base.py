@@ -9,21 +9,27 @@ positions and the KV cache live are the lowering's.
 
 The blocks:
 
-``s.embed(weight) -> x``
-    the token embeddings of the step's tokens;
+``s.embed(weight, scale=None) -> x``
+    the token embeddings of the step's tokens (times ``scale``);
 ``s.norm(x, weight, kind) -> h``
     RMSNorm with the file's eps (``kind``: ``"attn"``, ``"ffn"``,
     ``"output"``, for lowerings that fold norms into what reads them);
 ``s.qkv(h, w: QKV) -> q``
     the layer's Q/K/V projections with their optional biases, optional
     per-head q/k RMSNorms, RoPE in the architecture's layout, and K/V
-    stored to the layer's cache at the tokens' positions; returns q;
-``s.attention(layer, q) -> a``
-    causal attention of q over the layer's cache (GQA);
+    stored to the layer's cache at the tokens' positions (``w.local``: at
+    the sliding-window layers' RoPE base); returns q;
+``s.attention(layer, q, window=0) -> a``
+    causal attention of q over the layer's cache (GQA), scores scaled by
+    the file's attention scale; with a ``window``, each query sees only the
+    last ``window`` keys, its own included;
 ``s.linear(a, weight, residual=None) -> y``
     ``a W^T`` (``+ residual``);
-``s.gated_ffn(h, gate, up, down, residual) -> y``
-    ``down(silu(gate h) * up h) + residual``;
+``s.gated_ffn(h, gate, up, down, residual=None, act="silu") -> y``
+    ``down(act(gate h) * up h)`` (``+ residual``); ``act``: ``"silu"``
+    (SwiGLU) or ``"gelu_tanh"`` (GeGLU);
+``s.add_normed(x, y, weight) -> x``
+    ``x + RMSNorm(y) weight``, into the residual stream ``x``;
 ``s.output(h, weight)``
     the logits (and, where the lowering has one, the next token's choice).
 """
@@ -48,6 +54,9 @@ class Architecture:
     rope_layout: str = "interleaved"
     #: per-head RMSNorm of q and k before RoPE (``attn_q_norm``, ``attn_k_norm``)
     qk_norm: bool = False
+    #: why the batched engine (:mod:`ptxgen.llm.engine`) refuses the family,
+    #: or None where it runs it
+    batch_refusal: str | None = None
 
     def __init__(self, file):
         self.file = file

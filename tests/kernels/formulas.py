@@ -87,3 +87,18 @@ def swiglu(g, u):
         sig = e / (1.0 + e) if a < 0 else 1.0 / (1.0 + e)
         out.append(a * sig * b)
     return np.array(out).reshape(np.shape(g))
+
+
+def geglu(g, u):
+    """``gelu(g) * u`` with GELU's tanh form, ``g/2 (1 + tanh(z))``, ``z =
+    sqrt(2/pi) (g + 0.044715 g^3)``, element by element as ``g sigmoid(2 z)``
+    (the same number, ``(1 + tanh z) / 2 = sigmoid(2 z)``), the sigmoid split
+    by the sign of z as in :func:`swiglu` (no cancellation)."""
+    c = math.sqrt(2.0 / math.pi)
+    out = []
+    for a, b in zip(np.ravel(np.asarray(g, np.float64)), np.ravel(np.asarray(u, np.float64))):
+        z2 = 2.0 * c * (a + 0.044715 * a ** 3)
+        e = math.exp(-abs(z2))
+        sig = e / (1.0 + e) if z2 < 0 else 1.0 / (1.0 + e)
+        out.append(a * sig * b)
+    return np.array(out).reshape(np.shape(g))

@@ -105,6 +105,27 @@ def test_embedding_rows(run, qtype, n, rng):
             assert np.all(np.isnan(out[r])), r
 
 
+@pytest.mark.parametrize("qtype,n,rows", [("Q6_K", 256, False), ("Q4_K", 512, True),
+                                          ("F16", 70, True)])
+def test_embedding_scaled(run, qtype, n, rows, rng):
+    """``scaled``: the decoded row times ``scale`` (one f32 multiply: exact
+    against the decoded row times the f32 scale, rounded once)."""
+    n_vocab = 6
+    table, deq = _table(qtype, n_vocab, n, rng)
+    scale = float(np.float32(np.sqrt(rng.integers(256, 8192))))
+    tokens = [int(t) for t in rng.integers(0, n_vocab, 3)]
+    spec = E.EmbeddingSpec(qtype=qtype, rows=rows, block=64, scaled=True)
+    f = run.function(E.build, spec)
+    raw = np.ascontiguousarray(table).view(np.uint8).reshape(-1)
+    dout = run.poisoned(len(tokens) * n)
+    run.launch(f, E.launch_geometry(spec, n, len(tokens) if rows else 1),
+               dict(table=run.array(raw), token_ptr=run.array(np.asarray(tokens, np.int32)),
+                    out=dout, n=n, n_vocab=n_vocab, scale=scale))
+    out = run.get(dout).reshape(len(tokens), n)
+    for r, t in enumerate(tokens[:len(tokens) if rows else 1]):
+        np.testing.assert_array_equal(out[r], (deq[t] * np.float32(scale)).astype(np.float32))
+
+
 def test_embedding_rows_needs_spec():
     with pytest.raises(ValueError, match="rows=True"):
         E.launch_geometry(E.EmbeddingSpec(), 64, 3)

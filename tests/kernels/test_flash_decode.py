@@ -102,6 +102,35 @@ def test_flash_decode(run, spec, rng):
         assert err <= 1e-4, (L, err)
 
 
+WINDOW_SPECS = [
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=2, window=20),
+    F.FlashDecodePlan.make(head_dim=256, group=2, warps=2, unroll=1, window=37, early_kv=True),
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True, window=20),
+    F.FlashDecodePlan.make(head_dim=128, group=5, warps=1, unroll=2, mma=True, early_kv=True,
+                           window=37),
+    # the round-robin deal over a window's keys: 96-key rounds from L - 20
+    F.FlashDecodePlan.make(head_dim=64, group=3, warps=2, unroll=1, mma=True, interleave=1,
+                           window=97),
+]
+
+
+@pytest.mark.parametrize("spec", WINDOW_SPECS, ids=lambda s: s.kernel_name)
+def test_flash_decode_window(run, spec, rng):
+    """A sliding window: only the last ``window`` keys; lengths shorter and
+    longer than it, the keys dealt over 3 splits (and a window longer than
+    the round of an interleaved deal)."""
+    n_kv, cap = 2, 130
+    q, kc, vc = _data(rng, n_kv, spec.group, cap, spec.head_dim, np.float16)
+    lengths = [1, 7, spec.window, spec.window + 1, 100, 130]
+    outs = _run(run, spec, q, kc, vc, lengths, n_splits=3)
+    for L, out in zip(lengths, outs):
+        ref = F.reference(q, kc, vc, L, window=spec.window)
+        err = rel_err(out, ref)
+        assert err <= 1e-4, (L, err)
+        if L > spec.window:      # the keys before the window matter
+            assert rel_err(F.reference(q, kc, vc, L), ref) > 1e-2
+
+
 def test_reference_matches_the_formula(rng):
     n_kv, G, cap, d, L = 2, 3, 40, 16, 29
     q, kc, vc = _data(rng, n_kv, G, cap, d, np.float16)
@@ -116,6 +145,11 @@ def test_reference_matches_the_formula(rng):
         want = [math.fsum(p[j] * vv[j, c] for j in range(L)) / total for c in range(d)]
         assert np.max(np.abs(ref[h] - want)) <= 1e-12 * max(1.0, np.max(np.abs(want)))
     assert np.all(F.reference(q, kc, vc, 0) == 0)
+    # a window of W keys: the last W of the L, as the whole of a cache of W
+    W = 11
+    shifted = F.reference(q, kc[:, L - W:], vc[:, L - W:], W)
+    assert np.array_equal(F.reference(q, kc, vc, L, window=W), shifted)
+    assert np.array_equal(F.reference(q, kc, vc, 5, window=W), F.reference(q, kc, vc, 5))
 
 
 @pytest.mark.parametrize("interleave", [0, 1, 2])

@@ -62,7 +62,7 @@ def test_matches_float64(backend, rng, L, T):
 
 
 # (head_dim, n_kv, group, warps, heads, block_keys, stages, L, T, out dtype): every
-# group size, both head dims, L = 0 and L > 0 with T not a multiple of the
+# group size, the head dims (256: Gemma 3), L = 0 and L > 0 with T not a multiple of the
 # block's rows, both output types, the shipped d128 layout (8 warps, 4 heads);
 # blocks of 2 and 4 row groups paired from both ends with an odd number of
 # 16-row groups (a middle one: T = 9, 13, 33, 70) and an even one (T = 21, 90)
@@ -75,6 +75,7 @@ LAYOUTS = [
     (64, 1, 8, 8, 4, 16, 3, 5, 9, np.float32),
     (128, 1, 4, 8, 4, 64, 2, 70, 33, np.float16),
     (128, 2, 2, 4, 2, 32, 3, 0, 13, np.float32),
+    (256, 2, 2, 8, 2, 16, 3, 21, 40, np.float16),
 ]
 
 
@@ -271,3 +272,65 @@ def test_bad_input_is_refused():
     kc = np.zeros((1, 8, 96), np.float16)
     with pytest.raises(ValueError, match="q must be"):
         ops.flash_prefill(q, kc, kc, 0, 4, backend="emu")
+
+
+# (head_dim, n_kv, group, warps, heads, block_keys, stages, L, T, window): a
+# window shorter than a tile and longer than several, L = 0 and a chunk far
+# into the sequence (the walk starts past tile 0), blocks of one row group
+# and of pairs (the back group's first tile past the front group's last),
+# head_dim 256 (Gemma 3)
+WINDOW_LAYOUTS = [
+    (64, 1, 2, 2, 2, 16, 2, 0, 40, 5),
+    (64, 1, 2, 2, 2, 16, 3, 37, 20, 7),
+    (64, 1, 1, 4, 1, 16, 2, 6, 70, 20),
+    (64, 2, 2, 4, 2, 32, 2, 50, 33, 48),
+    (128, 1, 4, 8, 4, 64, 2, 70, 33, 17),
+    (64, 1, 4, 4, 4, 32, 3, 37, 19, 9),
+    (64, 1, 4, 8, 4, 16, 3, 5, 100, 30),
+    (256, 2, 2, 8, 2, 16, 3, 40, 45, 24),
+    (256, 1, 4, 4, 4, 16, 3, 9, 30, 12),
+]
+
+
+@pytest.mark.parametrize("layout", WINDOW_LAYOUTS)
+@pytest.mark.parametrize("kernel", ["mma", "wgmma"])
+def test_sliding_window(backend, rng, layout, kernel):
+    """Row i sees the keys L + i - window + 1 .. L + i (the keys before
+    are NaN-free but far from the rows' windows: a leak changes the sums)."""
+    d, n_kv, G, warps, heads, bn, stages, L, T, W = layout
+    if kernel == "wgmma":
+        backend.require_sm(90)
+        stages = max(stages, 3)
+        if heads % 4:
+            pytest.skip("wgmma takes heads in fours")
+    t_max = T + 3
+    q, kc, vc = _data(rng, n_kv, G, d, L, T, t_max, cap=L + T + 5)
+    out = np.full((t_max, n_kv * G, d), np.nan, np.float32)
+    ops.flash_prefill(q, kc, vc, np.array([L], np.int32), np.array([T], np.int32), out=out,
+                      backend=backend.name, warps=warps, heads=heads, block_keys=bn,
+                      stages=stages, kernel=kernel, window=W)
+    ref = FP.reference(q, kc, vc, L, T, window=W)
+    err = rel_err(out[:T], ref)
+    assert err <= BOUND, err
+    assert rel_err(out[:T], FP.reference(q, kc, vc, L, T)) > 10 * BOUND, "the window is not applied"
+    assert np.all(np.isnan(out[T:])), "rows past T were written"
+
+
+def test_window_reference_matches_the_loop(rng):
+    """The module's windowed reference against a loop over rows here."""
+    q, kc, vc = _data(rng, 1, 2, 64, 9, 6, 6, cap=15)
+    W = 4
+    want = np.zeros((6, 2, 64))
+    for i in range(6):
+        p = 9 + i
+        for qh in range(2):
+            keys = kc[0, p - W + 1:p + 1].astype(np.float64)
+            s = keys @ q[i, qh].astype(np.float64) / 8.0
+            w = np.exp(s - s.max())
+            want[i, qh] = (w / w.sum()) @ vc[0, p - W + 1:p + 1].astype(np.float64)
+    assert np.max(np.abs(FP.reference(q, kc, vc, 9, 6, window=W) - want)) < 1e-12
+
+
+def test_window_is_refused_with_a_paged_cache():
+    with pytest.raises(ValueError, match="sliding window .* not a paged one"):
+        FP.FlashPrefillSpec(window=8, paged=16)

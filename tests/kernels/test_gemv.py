@@ -1,4 +1,4 @@
-"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu) against float64 (the other weight
+"""Quantized GEMV (Q4_K, Q6_K, Q8_0; plain, residual, swiglu, geglu) against float64 (the other weight
 types: test_gemv_qtypes.py).
 
 The oracle is ``gemv.reference``: float64 weights from ``quants.dequantize``
@@ -131,6 +131,12 @@ CASES = [
     ("Q8_0", 512, "none", {}),
     ("Q8_0", 96, "residual", {}),
     ("Q8_0", 256, "swiglu", {"tile": 128}),
+    # GeGLU (GELU's tanh form) in each kernel body: Q4_K direct and through the
+    # ring with the fused norm and dp4a, the staged and ring bodies of the others
+    ("Q4_K", 256, "geglu", {"rows": 1}),
+    ("Q4_K", 512, "geglu", {"norm": True, "stages": 2, "dot": "dp4a", "rows": 2}),
+    ("Q6_K", 512, "geglu", {"rows": 2}),
+    ("Q8_0", 512, "geglu", {"stages": 2, "rows": 1, "tile": 512, "pieces": 2}),
 ]
 
 

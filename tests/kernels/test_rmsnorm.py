@@ -108,6 +108,27 @@ def test_rmsnorm_grouped(run, heads, groups, n, stride, rng):
     assert np.all(np.isnan(got[:, heads * n:])), "a grouped row wrote past its group's rows"
 
 
+@pytest.mark.parametrize("rows,n", [(3, 37), (2, 516), (2, 1030), (2, 2052)])
+@pytest.mark.parametrize("cache_vec", [0, 2])
+def test_rmsnorm_accumulate(run, rows, n, cache_vec, rng):
+    """``accumulate``: the normed row added to what ``out`` holds (a residual
+    stream of its own scale), on the one-pass, two-pass and scalar-tail paths."""
+    x = rng.standard_normal((rows, n)).astype(np.float32) * 3
+    w = rng.standard_normal(n).astype(np.float32)
+    stream = (rng.standard_normal((rows, n)) * 10).astype(np.float32)
+    spec = R.RmsNormSpec(block=128, cache_vec=cache_vec, accumulate=True)
+    f = run.function(R.build, spec)
+    out = run.array(stream)
+    run.launch(f, R.launch_geometry(spec, rows), dict(x=run.array(x), w=run.array(w), out=out,
+                                                      n=n, eps=1e-5))
+    got = run.get(out)
+    ref = stream.astype(np.float64) + want(x, w, 1e-5)
+    for r in range(rows):
+        # the normed row to 1e-5 of itself, then one f32 add
+        tol = 1e-5 * np.max(np.abs(want(x, w, 1e-5)[r])) + 2 ** -23 * np.max(np.abs(ref[r]))
+        assert np.max(np.abs(got[r] - ref[r])) <= tol, r
+
+
 def test_rmsnorm_grouped_refuses_a_residual():
     with pytest.raises(ValueError, match="residual"):
         R.RmsNormSpec(grouped=True, residual=True)
@@ -184,7 +205,8 @@ def test_rmsnorm_gpu(gpu_run, rows, n, rng):
 
 @pytest.mark.parametrize("bad", [dict(block=100), dict(block=2048), dict(residual=1),
                                  dict(cache_vec=3),
-                                 dict(target="sm_10")])
+                                 dict(target="sm_10"), dict(accumulate=True, residual=True),
+                                 dict(accumulate=True, out_type="f16")])
 def test_rmsnorm_refuses(bad):
     with pytest.raises((ValueError, TypeError)):
         R.RmsNormSpec(**bad)

@@ -9,6 +9,7 @@ regimes (about g and about 0) both occur.
 import numpy as np
 import pytest
 
+from formulas import geglu as geglu_formula
 from formulas import swiglu as formula
 from ptxgen.kernels import swiglu as S
 
@@ -57,6 +58,25 @@ def test_swiglu_f16_out(run, n, offset, rng):
     assert np.all(err <= (2.0 ** -11 + 1e-5) * np.abs(ref) + 2.0 ** -25), float(np.max(err))
 
 
+@pytest.mark.parametrize("n,offset,out_type", [(7, 0, "f32"), (1027, 0, "f32"), (1029, 1, "f32"),
+                                               (1027, 0, "f16")])
+def test_geglu(run, n, offset, out_type, rng):
+    """``act="gelu_tanh"``: GeGLU, GELU's tanh form, on both paths; |g| up
+    to about 12, past GELU's two regimes (about g, about 0)."""
+    g = (rng.standard_normal(n) * 4).astype(np.float32)
+    g[:4] = (-11.0, -9.5, 9.5, 0.0)
+    u = rng.standard_normal(n).astype(np.float32)
+    out = _run(run, S.SwiGluSpec(block=64, act="gelu_tanh", out_type=out_type), g, u, offset)
+    ref = geglu_formula(g, u)
+    assert np.all(np.isfinite(out))
+    # elementwise: 1e-5 of the element (plus f16's rounding), and an absolute
+    # floor of 2^-100 |u| for GELU's far tail below -10 (its value vanishes)
+    rnd = 1e-5 + (2.0 ** -11 if out_type == "f16" else 0)
+    err = np.abs(out.astype(np.float64) - ref)
+    assert np.all(err <= rnd * np.abs(ref) + 2.0 ** -100 * np.abs(u) + 2.0 ** -25), \
+        float(np.max(err / np.maximum(np.abs(ref), 1e-30)))
+
+
 @pytest.mark.gpu
 def test_swiglu_gpu(gpu_run, rng):
     n = 14336 * 3 + 5
@@ -71,9 +91,12 @@ def test_swiglu_reference_matches_the_formula(rng):
     u = rng.standard_normal(1000)
     ref, f = S.reference(g, u), formula(g, u)
     assert np.max(np.abs(ref - f) / np.maximum(np.abs(f), 1e-300)) < 1e-13
+    ref, f = S.reference(g, u, act="gelu_tanh"), geglu_formula(g, u)
+    assert np.max(np.abs(ref - f) / np.maximum(np.abs(f), 1e-300)) < 1e-12
 
 
-@pytest.mark.parametrize("bad", [dict(block=0), dict(block=48), dict(target="sm_75x")])
+@pytest.mark.parametrize("bad", [dict(block=0), dict(block=48), dict(target="sm_75x"),
+                                 dict(act="gelu")])
 def test_swiglu_refuses(bad):
     with pytest.raises(ValueError):
         S.SwiGluSpec(**bad)

@@ -307,12 +307,20 @@ def test_decode_round_trip(name):
     t = tok(name)
     texts = ref_cases() + [c for c, _ in llamacpp_cases(name)]
     cleanup = (" ?", " !", " .", " ,", " '")
+    # a user-defined piece comes back as it is (llama.cpp's token_to_piece):
+    # where runs of U+2581 are user-defined tokens (Gemma 3), so do runs of spaces
+    run = "\u2581\u2581".encode()
+    runs = t.model == "llama" and any(
+        t.token_attr(i) & ATTR.USER_DEFINED and run in t.token_to_piece(i)
+        for i in range(t.n_vocab))
     n = 0
     for text in texts:
         if t.clean_spaces and any(p in text for p in cleanup):
             continue
         if t.model == "llama" and "\u2581" in text:
             continue  # SPM writes spaces as U+2581, and decodes U+2581 as a space
+        if runs and "  " in text:
+            continue
         assert t.decode(t.encode(text, add_special=False)) == text, (name, text)
         n += 1
     assert n > 50
