@@ -54,10 +54,11 @@ class ExpertHParams:
     ffn: int
 
 
-def read_experts(f, a: str) -> ExpertHParams:
+def read_experts(f, a: str, max_width: int) -> ExpertHParams:
     """The expert hyperparameters of the file ``f`` (a
-    :class:`~.file.LlamaFile` reading its metadata) of architecture ``a``."""
-    from .file import MAX_WIDTH
+    :class:`~.file.LlamaFile` reading its metadata) of architecture ``a``;
+    an expert's FFN size is at most ``max_width`` (the file's limit on
+    widths)."""
     n_expert = f._int(f"{a}.expert_count", 1, MAX_EXPERTS, per_layer=True,
                       why=" (a mixture of experts needs at least one; llama.cpp's limit)")
     n_used = f._int(f"{a}.expert_used_count", 1, n_expert, per_layer=True,
@@ -68,13 +69,13 @@ def read_experts(f, a: str) -> ExpertHParams:
                        "selection is not supported")
     key = f"{a}.expert_feed_forward_length"
     if f._field(key, required=False) is not None:
-        ffn = f._int(key, 1, MAX_WIDTH, per_layer=True)
+        ffn = f._int(key, 1, max_width, per_layer=True)
     else:
         dense = f._field(f"{a}.feed_forward_length", required=False)
         if dense is None:
             raise f._error(f"metadata key {key!r} is missing (and '{a}.feed_forward_length', "
                            "which llama.cpp divides by the experts used, too)")
-        ffn = f._int(f"{a}.feed_forward_length", 1, MAX_WIDTH, per_layer=True) // n_used
+        ffn = f._int(f"{a}.feed_forward_length", 1, max_width, per_layer=True) // n_used
         if ffn < 1:
             raise f._error(f"metadata key '{a}.feed_forward_length' is smaller than "
                            f"'{a}.expert_used_count' ({n_used}), and {key!r} is missing")

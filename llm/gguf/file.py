@@ -338,7 +338,7 @@ class LlamaFile:
         self._n_layers = n_layers
         experts = None
         if arch in MOE_ARCHS:
-            experts = read_experts(self, a)
+            experts = read_experts(self, a, MAX_WIDTH)
         elif int(self._uniform(f"{a}.expert_count", default=0, required=False)) > 0:
             raise self._error(f"metadata key '{a}.expert_count' > 0: mixtures of experts are "
                               f"not supported in a {arch} model (supported: "
