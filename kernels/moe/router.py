@@ -8,7 +8,7 @@ As llama.cpp's ``build_moe_ffn`` with softmax gating and ``norm_w``
 descending order, ties to the lower expert id (llama.cpp's fused CUDA
 top-k kernel's rule; its CPU argsort leaves equal values' order
 unspecified), a NaN probability counted as ``-FLT_MAX`` (as there), and
-weights ``p_e / max(sum_sel p, 2^-14)``.
+weights ``p_e / max(sum_sel p, 2^-14)`` (``p_e`` as it is without ``norm_w``).
 
 Launch: ``grid = (ceil(n_expert / warps), T)`` CTAs of ``block`` threads,
 one launch.  Warp ``w`` of CTA ``c`` computes the logit of expert ``c *
@@ -74,6 +74,10 @@ class MoeRouterSpec:
         The token's width (the model's hidden size), a multiple of 4.
     rows : bool
         ``x`` holds up to T tokens' rows, T read from ``t_ptr``.
+    norm_w : bool
+        The selected experts' weights renormalised to sum to one (qwen3moe,
+        and every file whose ``expert_weights_norm`` is true), else their
+        probabilities as they are.
     block : int
         Threads per CTA (a warp per expert logit).
     """
@@ -82,6 +86,7 @@ class MoeRouterSpec:
     n_used: int = attrs.field()
     k: int = attrs.field()
     rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    norm_w: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     block: int = block_field(256)
     target: str = target_field()
     pdl: bool = pdl_field()
@@ -106,7 +111,7 @@ class MoeRouterSpec:
     @property
     def kernel_name(self) -> str:
         return (f"moe_router_e{self.n_expert}_k{self.n_used}_h{self.k}"
-                f"{'_rows' if self.rows else ''}_b{self.block}")
+                f"{'_rows' if self.rows else ''}{'' if self.norm_w else '_raw'}_b{self.block}")
 
 
 def _order(k, p):
@@ -227,14 +232,16 @@ def _select(k, spec, lrow, out_ids, out_w, lane, slots):
         for j in range(slots):
             mine = (lane + 32 * j if j else lane).eq(idx)
             keys[j] = k.select(mine, k.mov(0, u64), keys[j])
-    wsum = chosen[0][1]
-    for _, p in chosen[1:]:
-        wsum = wsum + p
-    den = k.max(wsum, CLAMP)
+    den = None
+    if spec.norm_w:
+        wsum = chosen[0][1]
+        for _, p in chosen[1:]:
+            wsum = wsum + p
+        den = k.max(wsum, CLAMP)
     with k.if_(lane.eq(0)):
         for j, (idx, p) in enumerate(chosen):
             k.st(out_ids[j], idx.bitcast(s32))
-            k.st(out_w[j], k.div(p, den))
+            k.st(out_w[j], k.div(p, den) if den is not None else p)
 
 
 def launch_geometry(spec: MoeRouterSpec, t_rows: int = 1):
@@ -247,24 +254,26 @@ def launch_geometry(spec: MoeRouterSpec, t_rows: int = 1):
                           spec.block)
 
 
-def route(logits, n_used: int):
+def route(logits, n_used: int, norm_w: bool = True):
     """float64 model of the selection: ``(ids, weights)`` of every row of
     ``logits`` (``[..., n_expert]``): softmax, the ``n_used`` largest in
     descending order (ties to the lower id), weights renormalised with
-    :data:`CLAMP`."""
+    :data:`CLAMP` (with ``norm_w``)."""
     z = np.asarray(logits, np.float64)
     p = np.exp(z - z.max(axis=-1, keepdims=True))
     p /= p.sum(axis=-1, keepdims=True)
     ids = np.argsort(-p, axis=-1, kind="stable")[..., :n_used]
     sel = np.take_along_axis(p, ids, axis=-1)
+    if not norm_w:
+        return ids.astype(np.int32), sel
     return ids.astype(np.int32), sel / np.maximum(sel.sum(axis=-1, keepdims=True), CLAMP)
 
 
-def reference(w, x, n_used: int):
+def reference(w, x, n_used: int, norm_w: bool = True):
     """float64 router: logits ``x W^T`` (``x`` ``[K]`` or ``[T, K]``) and
     :func:`route` of them: ``(logits, ids, weights)``."""
     z = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
-    return (z, *route(z, n_used))
+    return (z, *route(z, n_used, norm_w))
 
 
 CANONICAL = {

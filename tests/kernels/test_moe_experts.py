@@ -75,6 +75,27 @@ def test_expert_gemv(run, rng, seed, qtype, k, epi, x_slot, config):
         assert err <= BOUND, f"seed={seed}: expert {ids[j]} (slot {j}) off by {err:.3g}"
 
 
+@pytest.mark.parametrize("x_slot", [False, True])
+def test_expert_gemv_tokens(run, rng, seed, x_slot):
+    """A chunk's tokens (grid.z): each token its own experts and x; the
+    token planes past T (read from t_ptr) leave y alone."""
+    E, NU, M, K, T, t_rows = 6, 2, 16, 256, 3, 4
+    spec = X.ExpertGemvSpec(G.GemvPlan(G.GemvSpec("Q4_K", K, epilogue="none"),
+                                       G.GemvConfig(rows=2)), x_slot=x_slot, tokens=True)
+    w = _experts(rng, "Q4_K", E, M, K)
+    ids = np.stack([rng.choice(E, NU, replace=False) for _ in range(t_rows)]).astype(np.int32)
+    x = rng.standard_normal((t_rows, NU, K) if x_slot else (t_rows, K)).astype(np.float32)
+    fn = run.function(X.build, spec)
+    args = dict(w=run.array(w), x=run.array(x), y=run.poisoned((t_rows, NU, M)), m=M,
+                ids=run.array(ids), t_ptr=run.array(np.array([T], np.uint32)))
+    run.launch(fn, X.launch_geometry(spec, M, NU, t_rows), args)
+    out = run.get(args["y"])
+    for t in range(T):
+        err = rel_err(out[t], X.reference(spec, w, ids[t], x[t]))
+        assert err <= BOUND, f"seed={seed}: token {t} off by {err:.3g}"
+    assert np.all(np.isnan(out[T:]))
+
+
 def test_expert_gemv_norm(run, rng, seed):
     """The gate/up GEMV with the FFN's RMSNorm folded in (Q4_K)."""
     E, NU, M, K = 5, 2, 16, 256

@@ -67,6 +67,19 @@ def test_router_random(run, rng, seed, E, NU, K, block):
     assert abs(float(wts.sum()) - 1.0) < 1e-5
 
 
+def test_router_unnormalised(run, rng, seed):
+    """norm_w=False: the chosen experts' probabilities as they are."""
+    E, NU, K = 32, 4, 256
+    spec = R.MoeRouterSpec(E, NU, K, norm_w=False, block=128)
+    w, x = _data(rng, E, K)
+    ids, wts = _run(run, spec, w, x)
+    p = np.exp(x.astype(np.float64) @ w.astype(np.float64).T)
+    p /= p.sum()
+    err = np.max(np.abs(wts[0] - p[ids[0]]) / p[ids[0]])
+    assert err <= BOUND, f"seed={seed}: probabilities off by {err:.3g}"
+    _check(ids[0], wts[0] / wts[0].sum(), w, x, NU, seed)
+
+
 def test_router_rows(run, rng, seed):
     """Up to T tokens of a chunk: the rows past the count in t_ptr are left
     alone (still poisoned)."""
