@@ -5,7 +5,7 @@ runs one token at a time with a KV cache, in float64.  It is the oracle the
 decode step is checked against, so it reads the file's conventions itself
 (:func:`read_conventions`, written apart from :mod:`.gguf_loader`, which only
 validates the file first) and follows llama.cpp's graphs for ``llama``
-(and ``mistral``), ``qwen2`` and ``qwen3``:
+(and ``mistral``), ``qwen2``, ``qwen3`` and ``qwen3moe``:
 
 - RMSNorm: ``x / sqrt(mean(x^2) + eps) * w`` with the file's eps;
 - q, k, v projections plus their biases where the file has them; for
@@ -18,8 +18,12 @@ validates the file first) and follows llama.cpp's graphs for ``llama``
   scaled by ``1 / sqrt(head_dim)``;
 - the KV cache rounded to ``kv_dtype`` (float16 by default, as the GPU keeps
   it) and upcast to float64 for the attention arithmetic;
-- SwiGLU FFN ``down(silu(gate(x)) * up(x))``; output norm; output projection
-  (token_embd when output.weight is absent).
+- SwiGLU FFN ``down(silu(gate(x)) * up(x))``, or for qwen3moe llama.cpp's
+  ``build_moe_ffn`` with softmax gating and renormalised weights:
+  ``p = softmax(W_router x)``, the ``expert_used_count`` experts of largest
+  ``p`` (a stable sort: ties to the lower id), weights ``p_e / max(sum,
+  2^-14)``, ``sum_e w_e down_e(silu(gate_e x) * up_e x)``; output norm;
+  output projection (token_embd when output.weight is absent).
 
 All weights live in memory as float64, so this is for small models (the tiny
 synthetic ones: a few MB); a Llama-3-8B-shaped file would need 64 GB.
@@ -143,6 +147,8 @@ class RefConventions:
     rope_dim: int
     neox: bool
     freq_scale: float
+    #: a mixture of experts: experts run per token (0: a dense FFN)
+    n_expert_used: int = 0
 
 
 def read_conventions(reader) -> RefConventions:
@@ -180,8 +186,9 @@ def read_conventions(reader) -> RefConventions:
         eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
         rope_dim=int(get(f"{arch}.rope.dimension_count", head_dim)),
-        neox=arch in ("qwen2", "qwen3"),
-        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor)
+        neox=arch in ("qwen2", "qwen3", "qwen3moe"),
+        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor,
+        n_expert_used=int(get(f"{arch}.expert_used_count", 0)) if arch == "qwen3moe" else 0)
 
 
 def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
@@ -212,7 +219,7 @@ def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
 
 class LlamaReference:
     """Token-at-a-time float64 decode with a KV cache (llama, mistral,
-    qwen2, qwen3).
+    qwen2, qwen3, qwen3moe).
 
     Parameters
     ----------
@@ -270,6 +277,8 @@ class LlamaReference:
             raise ValueError(f"context is full: {self.max_context} positions used")
         x = W["token_embd.weight"][tok].copy()
         self.last_kv = []
+        #: per layer, the experts this step chose (a mixture of experts)
+        self.last_experts = []
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
@@ -291,11 +300,30 @@ class LlamaReference:
             a = attention(q, self._k[i, :, :p + 1], self._v[i, :, :p + 1])
             x = x + W[b + "attn_output.weight"] @ a.reshape(-1)
             h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)
-            g = silu(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
-            x = x + W[b + "ffn_down.weight"] @ g
+            if hp.n_expert_used:
+                x = x + self._experts(b, h)
+            else:
+                g = silu(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
+                x = x + W[b + "ffn_down.weight"] @ g
         self.pos = p + 1
         h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
+
+    def _experts(self, b, h):
+        """A mixture of experts' FFN of ``h`` (llama.cpp's ``build_moe_ffn``,
+        softmax gating, ``norm_w``)."""
+        W, n = self.weights, self.hparams.n_expert_used
+        z = W[b + "ffn_gate_inp.weight"] @ h
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        ids = np.argsort(-p, kind="stable")[:n]
+        w = p[ids] / max(p[ids].sum(), 2.0 ** -14)
+        self.last_experts.append(ids)
+        out = np.zeros_like(h)
+        for e, we in zip(ids, w):
+            g = silu(W[b + "ffn_gate_exps.weight"][e] @ h) * (W[b + "ffn_up_exps.weight"][e] @ h)
+            out += we * (W[b + "ffn_down_exps.weight"][e] @ g)
+        return out
 
     def _proj(self, name, h):
         y = self.weights[name + ".weight"] @ h

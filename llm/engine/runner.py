@@ -77,6 +77,9 @@ class BatchRunner:
         from ptxgen.kernels.spec_fields import has_griddepcontrol
         self.file, self.hp = file, file.hparams
         self.arch = architecture_of(file)
+        if not self.arch.batched:
+            raise ValueError(f"the batched engine does not run {self.hp.arch!r} files yet "
+                             "(a mixture of experts); `ptxgen run` and Model.generate do")
         self.backend = backend
         self.block_size = int(block_size or DEFAULT_BLOCK_SIZE)
         self.max_batch, self.chunk = int(max_batch), int(chunk)

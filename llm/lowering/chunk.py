@@ -22,6 +22,8 @@ The blocks lower to:
 - ``attention``: causal chunk attention reading q from the QKV rows;
 - ``linear``: a GEMM with the residual added in its epilogue;
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
+- ``moe_ffn``: the RMSNorm (f32 out), then the router and the experts'
+  GEMVs over the rows, each token its own experts (:mod:`.moe`);
 - ``output``: nothing: the last prompt token is the decode step's, which
   computes its logits and chooses the first new token.
 
@@ -39,16 +41,24 @@ from ptxgen.driver.executor import TensorMapOf
 from ptxgen.kernels import embedding, flash_prefill, rmsnorm, rope, swiglu
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from . import matmul
-from .common import QKV, Lowering, Normed
+from . import matmul, moe
+from .common import QKV, Lowering, Normed, Tuning
 
 __all__ = ["ChunkLowering", "gemm_ready"]
 
 
-def gemm_ready(file, target, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                    "ffn_up", "ffn_down")) -> bool:
-    """Whether every layer's weights ``names`` have a GEMM on ``target``."""
-    return all(matmul.has_gemm(file, f"blk.{i}.{n}.weight", target)
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output")
+_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+
+
+def gemm_ready(file, target, names=None) -> bool:
+    """Whether every layer's weights ``names`` (default: the attention's and,
+    where the file has a dense FFN, the FFN's) exist and have a GEMM on
+    ``target``."""
+    if names is None:
+        names = _ATTN + (_FFN if file.has("blk.0.ffn_gate.weight") else ())
+    return all(file.has(f"blk.{i}.{n}.weight")
+               and matmul.has_gemm(file, f"blk.{i}.{n}.weight", target)
                for i in range(file.hparams.n_layers) for n in names)
 
 
@@ -257,6 +267,13 @@ class ChunkLowering(Lowering):
                  [self.launch("swiglu", ss, swiglu.launch_geometry(ss, n), g=g_out, u=u_out,
                               out=self.act, n=n)])
         return self.linear(self.act, down, residual=residual)
+
+    def moe_ffn(self, h, e: moe.Experts, residual):
+        x = self._input(h)
+        if x.dtype != np.float32:
+            raise ValueError(f"{e.prefix}: the router reads f32 rows, the chunk's are {x.dtype}")
+        return moe.chunk_ffn(self, x, e, residual, rows=self.rows, n_ptr=self.n_ptr,
+                             pdl=self.pdl, tuning=Tuning(device=self.device))
 
     def output(self, h, weight):
         """Nothing: the decode step computes the last token's logits."""

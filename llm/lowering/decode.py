@@ -22,6 +22,9 @@ The blocks lower to:
   has q/k norms, then one RoPE + KV-append launch in the file's layout;
 - ``attention``: the split-KV flash decode and its combine;
 - ``linear``: a GEMV (its residual epilogue adds the stream);
+- ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
+  and down GEMVs and their weighted sum (:mod:`.moe`): four launches, the
+  experts chosen on the device;
 - ``gated_ffn``: one GEMV computing ``silu(Wg h) * (Wu h)`` where gate and
   up share a type (else two GEMVs and a SwiGLU launch), then the down GEMV;
 - ``output``: the logits GEMV, then the next token's choice in two
@@ -39,7 +42,7 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsno
                             sampling, swiglu)
 from ptxgen.llm.generation import GREEDY, SAMPLE, SamplingSettings, sampler_spec
 
-from . import matmul
+from . import matmul, moe
 from .common import QKV, Lowering, Normed, Tuning
 
 __all__ = ["DecodeLowering", "NORM_KINDS", "norm_kinds"]
@@ -246,6 +249,10 @@ class DecodeLowering(Lowering):
                      [self.launch("swiglu", ss, swiglu.launch_geometry(ss, hp.ffn), g=g_out,
                                   u=u_out, out=act, n=hp.ffn)])
         return self.linear(act, down, residual=residual)
+
+    def moe_ffn(self, h, e: moe.Experts, residual):
+        x, _ = self._input(h, [self.file.tensor(e.router)])
+        return moe.decode_ffn(self, x, e, residual, scratch=self._act, tuning=self.tuning)
 
     def output(self, h, weight):
         g, hp = self.g, self.hp

@@ -24,6 +24,10 @@ The blocks:
     ``a W^T`` (``+ residual``);
 ``s.gated_ffn(h, gate, up, down, residual) -> y``
     ``down(silu(gate h) * up h) + residual``;
+``s.moe_ffn(h, e: Experts, residual) -> y``
+    a mixture of experts' FFN (:class:`~ptxgen.llm.lowering.moe.Experts`):
+    the router's top-k experts of ``h``, their SwiGLU FFNs, the weighted
+    sum added to ``residual``;
 ``s.output(h, weight)``
     the logits (and, where the lowering has one, the next token's choice).
 """
@@ -48,6 +52,8 @@ class Architecture:
     rope_layout: str = "interleaved"
     #: per-head RMSNorm of q and k before RoPE (``attn_q_norm``, ``attn_k_norm``)
     qk_norm: bool = False
+    #: the batched engine (:mod:`ptxgen.llm.engine`) runs it
+    batched: bool = True
 
     def __init__(self, file):
         self.file = file
