@@ -253,7 +253,7 @@ class LlamaReference:
             return a
         return a.astype(self.kv_dtype).astype(np.float64)
 
-    def step(self, token_id: int, kv=None) -> np.ndarray:
+    def step(self, token_id: int, kv=None, experts=None) -> np.ndarray:
         """Feed one token at the next position; return its logits (vocab,) float64.
 
         ``kv`` (optional): per layer, the ``(k, v)`` rows (``[n_kv_heads,
@@ -262,6 +262,12 @@ class LlamaReference:
         its logits can be checked without one cache rounding flip spreading
         into every later step.  This pass's unrounded rows are kept in
         ``last_kv`` either way.
+
+        ``experts`` (optional, a mixture of experts): per layer, the expert
+        ids to run instead of this pass's own choice, e.g. those another
+        implementation chose, for the same reason (a near tie in the router
+        decided the other way).  ``last_experts`` keeps this pass's own
+        choice and ``last_router`` its router logits, per layer.
 
         Raises
         ------
@@ -277,8 +283,8 @@ class LlamaReference:
             raise ValueError(f"context is full: {self.max_context} positions used")
         x = W["token_embd.weight"][tok].copy()
         self.last_kv = []
-        #: per layer, the experts this step chose (a mixture of experts)
-        self.last_experts = []
+        #: per layer, the experts this step chose and its router logits
+        self.last_experts, self.last_router = [], []
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
@@ -301,7 +307,7 @@ class LlamaReference:
             x = x + W[b + "attn_output.weight"] @ a.reshape(-1)
             h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)
             if hp.n_expert_used:
-                x = x + self._experts(b, h)
+                x = x + self._experts(b, h, None if experts is None else experts[i])
             else:
                 g = silu(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
                 x = x + W[b + "ffn_down.weight"] @ g
@@ -309,16 +315,19 @@ class LlamaReference:
         h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
 
-    def _experts(self, b, h):
+    def _experts(self, b, h, forced=None):
         """A mixture of experts' FFN of ``h`` (llama.cpp's ``build_moe_ffn``,
-        softmax gating, ``norm_w``)."""
+        softmax gating, ``norm_w``), running ``forced`` experts if given."""
         W, n = self.weights, self.hparams.n_expert_used
         z = W[b + "ffn_gate_inp.weight"] @ h
         p = np.exp(z - z.max())
         p /= p.sum()
         ids = np.argsort(-p, kind="stable")[:n]
-        w = p[ids] / max(p[ids].sum(), 2.0 ** -14)
         self.last_experts.append(ids)
+        self.last_router.append(z)
+        if forced is not None:
+            ids = np.asarray(forced)
+        w = p[ids] / max(p[ids].sum(), 2.0 ** -14)
         out = np.zeros_like(h)
         for e, we in zip(ids, w):
             g = silu(W[b + "ffn_gate_exps.weight"][e] @ h) * (W[b + "ffn_up_exps.weight"][e] @ h)
