@@ -98,3 +98,17 @@ def test_gpu_decode_and_prefill(tmp_path, rng, seed):
     for mode in ("eager", "graph"):
         got, lg = m.generate(long, 6, mode=mode, return_logits=True, prefill_chunk=128)
         same_continuation(got, lg, ref, lr, len(long))
+
+
+def test_tune_times_the_experts_plans(model, tiny):
+    """`ptxgen tune` times the GEMVs the decode step runs: for the experts,
+    one expert's gate/up (swiglu) and down matrices, as their plans are."""
+    from ptxgen.llm.tune import gemv_calls
+    calls = gemv_calls(tiny)
+    specs = {op.kind: L.spec for op in model.graph.ops if op.name.startswith("blk.0.")
+             for L in op.launches}
+    hp = model.hp
+    gate, down = specs["MoeMulMatSwiGLU"].plan, specs["MoeMulMat"].plan
+    assert (gate.qtype, hp.expert_ffn, hp.hidden, "swiglu") in calls
+    assert (down.qtype, hp.hidden, hp.expert_ffn, "none") in calls
+    assert (gate.k, down.k) == (hp.hidden, hp.expert_ffn)
