@@ -120,6 +120,24 @@ def test_analytic_error_counts_each_rounded_input(tmp_path):
     assert conf.analytic_error(p) == 0
 
 
+def test_near_ties_counts_and_refuses(rng, seed):
+    """A forced expert choice counts where it differs from the reference's
+    own, and passes only as a near tie of it (router-logit shortfall in rms
+    units within the bound)."""
+    z = rng.standard_normal(8)
+    order = np.argsort(-z, kind="stable")
+    own = [[(order[:2], z)]]
+    near = z.copy()
+    near[order[2]] = z[order[1]] - 1e-4            # the third within 1e-4 of the second
+    swapped = np.array([order[0], order[2]])
+    assert conf.near_ties([[(order[:2], near)]], [[(swapped, near)]], tol=1e-2)[0] == 1
+    assert conf.near_ties(own, [[(order[:2], z)]], tol=0.0) == (0, 0.0)
+    far = np.array([order[0], order[-1]])
+    gap = (z[order[1]] - z[order[-1]]) / np.sqrt(np.mean(z * z))
+    with pytest.raises(AssertionError, match="no near tie"):
+        conf.near_ties(own, [[(far, z)]], tol=0.5 * gap)
+
+
 def _oracle():
     env = os.environ.get("PTXGEN_LLAMACPP_LOGITS")
     if env:
