@@ -22,8 +22,8 @@ The blocks lower to:
 - ``attention``: causal chunk attention reading q from the QKV rows;
 - ``linear``: a GEMM with the residual added in its epilogue;
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU launch, the down GEMM;
-- ``moe_ffn``: the RMSNorm (f32 out), then the router and the experts'
-  GEMVs over the rows, each token its own experts (:mod:`.moe`);
+- ``moe_ffn``: the RMSNorm into f32 rows of its own, then the router and
+  the experts' GEMVs over the rows, each token its own experts (:mod:`.moe`);
 - ``output``: nothing: the last prompt token is the decode step's, which
   computes its logits and chooses the first new token.
 
@@ -101,8 +101,11 @@ class ChunkLowering(Lowering):
             return (np.float16 if self.gemm and gemm_ready(file, target, names)
                     else np.float32)
         self.x = g.buffer("x", (B, H), np.float32)
-        self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v", "ffn_gate",
-                                              "ffn_up"))
+        # the normed rows the GEMMs read (a mixture of experts' router and
+        # experts read f32 rows of their own: moe_ffn)
+        dense = file.has("blk.0.ffn_gate.weight")
+        self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v",
+                                              *(("ffn_gate", "ffn_up") if dense else ())))
         self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
         self.att = g.buffer("att", (B, hp.q_dim), self._attention_out(x_type("attn_output")))
         self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
@@ -269,9 +272,13 @@ class ChunkLowering(Lowering):
         return self.linear(self.act, down, residual=residual)
 
     def moe_ffn(self, h, e: moe.Experts, residual):
-        x = self._input(h)
-        if x.dtype != np.float32:
-            raise ValueError(f"{e.prefix}: the router reads f32 rows, the chunk's are {x.dtype}")
+        x = h
+        if isinstance(h, Normed):
+            x = self._extra.get("moe_h")
+            if x is None:
+                x = self._extra["moe_h"] = self.g.buffer("moe_h", (self.rows, self.hp.hidden),
+                                                         np.float32)
+            self._rmsnorm(h.x, h.weight, x, h.weight.removesuffix(".weight"))
         return moe.chunk_ffn(self, x, e, residual, rows=self.rows, n_ptr=self.n_ptr,
                              pdl=self.pdl, tuning=Tuning(device=self.device))
 
