@@ -178,7 +178,8 @@ CANONICAL = {
     "moe_gemv_q4_k_swiglu": _canon("Q4_K", 2048, "swiglu", rows=4, stages=3, dot="dp4a"),
     "moe_gemv_q6_k_xs": _canon("Q6_K", 768, x_slot=True, rows=2),
     "moe_gemv_q4_k_xs": _canon("Q4_K", 768, x_slot=True, rows=4),
-    "moe_gemv_q4_k_swiglu_tok": _canon("Q4_K", 2048, "swiglu", tokens=True, target="sm_90"),
+    "moe_gemv_q4_k_swiglu_tok": _canon("Q4_K", 2048, "swiglu", tokens=True, rows=4, stages=2,
+                                       dot="dp4a", target="sm_90"),
 }
 
 registry.register("moe_gemv", ExpertGemvSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
