@@ -6,9 +6,9 @@ canonical specs it registers for the CLI and the golden tests.
 """
 
 from . import (argmax, decode_state, embedding, flash_decode, flash_prefill,  # noqa: F401
-               gemm, gemv, kv_append, paged_attention, reduce, rmsnorm, rope, sampling,
+               gemm, gemv, kv_append, moe, paged_attention, reduce, rmsnorm, rope, sampling,
                stream_read, swiglu, vector_add)
 
 __all__ = ["argmax", "decode_state", "embedding", "flash_decode", "flash_prefill", "gemm", "gemv",
-           "kv_append", "paged_attention", "reduce", "rmsnorm", "rope", "sampling", "stream_read",
-           "swiglu", "vector_add"]
+           "kv_append", "moe", "paged_attention", "reduce", "rmsnorm", "rope", "sampling",
+           "stream_read", "swiglu", "vector_add"]

@@ -29,8 +29,8 @@ import sys
 
 import attrs
 
-__all__ = ["ModelInfo", "TypeShare", "read_info", "weight_estimates", "format_info",
-           "info_command"]
+__all__ = ["ModelInfo", "TypeShare", "read_info", "weight_estimates", "decode_read_bytes",
+           "format_info", "info_command"]
 
 GIB = 1 << 30
 
@@ -147,6 +147,24 @@ def weight_estimates(info: ModelInfo) -> list:
     return sorted(out, key=lambda e: e[1])
 
 
+def decode_read_bytes(info: ModelInfo) -> int:
+    """The weight bytes one decode step reads (the floor a memory-bound step
+    is held to): every tensor but the token embedding (one row of it, unless
+    the output reads it whole), and of a mixture of experts' 3-D expert
+    tensors only the ``n_used / n_expert`` share its router chooses."""
+    hp = info.hparams
+    sizes = {n: _nbytes(q, s) for n, q, s in info.tensors}
+    total = 0
+    for name, _, shape in info.tensors:
+        nb = sizes[name]
+        if name == "token_embd.weight" and "output.weight" in sizes:
+            nb //= int(shape[0])
+        elif len(shape) == 3 and hp is not None and hp.n_expert:
+            nb = nb * hp.n_expert_used // hp.n_expert
+        total += nb
+    return total
+
+
 def _nbytes(qt, shape) -> int:
     from ptxgen.llm.gguf.ggml_types import ggml_type_named
     n = 1
@@ -183,6 +201,12 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
     lines.append("ptxgen decode: " + ("yes" if info.not_runnable is None
                                       else f"no: {info.not_runnable}"))
     lines.append(f"weights: {_gib(info.weight_bytes)}")
+    hp = info.hparams
+    if hp is not None and hp.n_expert:
+        lines.append(f"experts: {hp.n_expert} per layer, {hp.n_expert_used} used per token "
+                     f"(expert FFN {hp.expert_ffn:,})")
+        lines.append(f"weights read per decoded token: {_gib(decode_read_bytes(info))} "
+                     f"(the {hp.n_expert_used} of {hp.n_expert} experts chosen)")
     if info.kv_bytes is None:
         return "\n".join(lines)
     need = info.weight_bytes + info.kv_bytes

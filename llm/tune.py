@@ -32,11 +32,15 @@ def gemv_calls(model: str | None) -> list:
     # but the plain product (or the bias add) ahead of Qwen3's q/k norms
     biased = any(f.has(f"blk.0.{n}.bias") for n in ("attn_q", "attn_k", "attn_v"))
     qkv_epi = ("rope" if not hp.qk_norm else "residual" if biased else "none")
-    for name, epi in (("attn_q", qkv_epi), ("attn_output", "residual"), ("ffn_gate", "swiglu"),
-                      ("ffn_down", "residual")):
+    # a mixture of experts: one expert's gate/up (swiglu) and down (none, the
+    # weighted sum adds the residual) matrices, the plans its experts' GEMV runs
+    ffn = ((("ffn_gate_exps", "swiglu"), ("ffn_down_exps", "none")) if hp.n_expert else
+           (("ffn_gate", "swiglu"), ("ffn_down", "residual")))
+    for name, epi in (("attn_q", qkv_epi), ("attn_output", "residual")) + ffn:
         t = f.tensor(f"blk.0.{name}.weight")
-        m = hp.q_dim + 2 * hp.kv_dim if name == "attn_q" else t.shape[0]
-        out.append((t.qtype, m, t.shape[1], epi))
+        shape = t.shape[-2:]
+        m = hp.q_dim + 2 * hp.kv_dim if name == "attn_q" else shape[0]
+        out.append((t.qtype, m, shape[1], epi))
     t = f.tensor("output.weight" if f.has("output.weight") else "token_embd.weight")
     out.append((t.qtype, t.shape[0], t.shape[1], "none"))
     return sorted(set(c for c in out if c[0] in gemv.GEMV_QTYPES), key=out.index)

@@ -102,24 +102,40 @@ def _is_plan(obj) -> bool:
     return attrs.has(type(obj)) and set(spec_fields(type(obj))) == {"spec", "config"}
 
 
+def _settable(spec) -> tuple[dict, object]:
+    """The fields ``spec_with`` may set on ``spec``, and the object that
+    holds each one's current value (a name -> holder dict)."""
+    if _is_plan(spec):
+        fields = {**spec_fields(type(spec.spec)), **spec_fields(type(spec.config))}
+        return fields, {n: spec for n in fields}
+    own = spec_fields(type(spec))
+    inner = getattr(spec, "plan", None)
+    if "plan" in own and _is_plan(inner):
+        # a spec over a plan (the experts' GEMV): its own fields and the plan's
+        pf, _ = _settable(inner)
+        fields = {**{n: f for n, f in own.items() if n != "plan"}, **pf}
+        return fields, {n: (inner if n in pf else spec) for n in fields}
+    return own, {n: spec for n in own}
+
+
 def spec_with(spec, overrides: dict[str, str]):
     """A copy of ``spec`` with fields set from ``key=value`` strings.
 
     Values are converted to the field's current type (int, float, bool,
     str, or a tuple of ints written ``1,2,3``); unknown keys raise KeyError
-    listing the valid ones, bad values raise ValueError."""
-    plan = _is_plan(spec)
-    fields = ({**spec_fields(type(spec.spec)), **spec_fields(type(spec.config))} if plan
-              else spec_fields(type(spec)))
+    listing the valid ones, bad values raise ValueError.  A plan's fields are
+    its spec's and config's; a spec holding a plan (field ``plan``) takes
+    the plan's fields besides its own, through its ``evolve``."""
+    fields, holder = _settable(spec)
     changes = {}
     for key, raw in overrides.items():
         if key not in fields:
             raise KeyError(f"{type(spec).__name__} has no field {key!r}; "
                            f"valid: {', '.join(fields)}")
-        cur = getattr(spec, key)
+        cur = getattr(holder[key], key)
         changes[key] = _convert(key, raw, cur)
     try:
-        return spec.evolve(**changes) if plan else attrs.evolve(spec, **changes)
+        return spec.evolve(**changes) if hasattr(spec, "evolve") else attrs.evolve(spec, **changes)
     except (TypeError, ValueError) as e:
         raise ValueError(f"invalid spec: {validator_message(e)}") from None
 

@@ -5,7 +5,7 @@ runs one token at a time with a KV cache, in float64.  It is the oracle the
 decode step is checked against, so it reads the file's conventions itself
 (:func:`read_conventions`, written apart from :mod:`.gguf_loader`, which only
 validates the file first) and follows llama.cpp's graphs for ``llama``
-(and ``mistral``), ``qwen2``, ``qwen3`` and ``gemma3``:
+(and ``mistral``), ``qwen2``, ``qwen3``, ``qwen3moe`` and ``gemma3``:
 
 - RMSNorm: ``x / sqrt(mean(x^2) + eps) * w`` with the file's eps;
 - q, k, v projections plus their biases where the file has them; for
@@ -18,8 +18,12 @@ validates the file first) and follows llama.cpp's graphs for ``llama``
   scaled by ``1 / sqrt(head_dim)``;
 - the KV cache rounded to ``kv_dtype`` (float16 by default, as the GPU keeps
   it) and upcast to float64 for the attention arithmetic;
-- SwiGLU FFN ``down(silu(gate(x)) * up(x))``; output norm; output projection
-  (token_embd when output.weight is absent);
+- SwiGLU FFN ``down(silu(gate(x)) * up(x))``, or for qwen3moe llama.cpp's
+  ``build_moe_ffn`` with softmax gating and renormalised weights:
+  ``p = softmax(W_router x)``, the ``expert_used_count`` experts of largest
+  ``p`` (a stable sort: ties to the lower id), weights ``p_e / max(sum,
+  2^-14)``, ``sum_e w_e down_e(silu(gate_e x) * up_e x)``; output norm;
+  output projection (token_embd when output.weight is absent);
 - gemma3 (llama.cpp's ``llama_model_gemma3`` graph): the embedding scaled by
   ``sqrt(embedding_length)``; q/k head norms; NeoX RoPE at the file's base
   and scaling on global layers, at ``rope.freq_base_swa`` (default 10000)
@@ -178,6 +182,8 @@ class RefConventions:
     post_norms: bool = False
     #: the gated FFN's activation: "silu" or "gelu_tanh"
     act: str = "silu"
+    #: a mixture of experts: experts run per token (0: a dense FFN)
+    n_expert_used: int = 0
 
 
 def read_conventions(reader) -> RefConventions:
@@ -231,8 +237,10 @@ def read_conventions(reader) -> RefConventions:
         eps=float(get(f"{arch}.attention.layer_norm_rms_epsilon")),
         rope_theta=float(get(f"{arch}.rope.freq_base", 10000.0)),
         rope_dim=int(get(f"{arch}.rope.dimension_count", head_dim)),
-        neox=arch in ("qwen2", "qwen3", "gemma3"),
-        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor, **gemma)
+        neox=arch in ("qwen2", "qwen3", "gemma3", "qwen3moe"),
+        freq_scale=1.0 if kind == "none" or factor == 0.0 else 1.0 / factor,
+        n_expert_used=int(get(f"{arch}.expert_used_count", 0)) if arch == "qwen3moe" else 0,
+        **gemma)
 
 
 def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
@@ -263,7 +271,7 @@ def load_llama_gguf(path) -> tuple[RefConventions, dict[str, np.ndarray]]:
 
 class LlamaReference:
     """Token-at-a-time float64 decode with a KV cache (llama, mistral,
-    qwen2, qwen3, gemma3).
+    qwen2, qwen3, qwen3moe, gemma3).
 
     Parameters
     ----------
@@ -297,7 +305,7 @@ class LlamaReference:
             return a
         return a.astype(self.kv_dtype).astype(np.float64)
 
-    def step(self, token_id: int, kv=None) -> np.ndarray:
+    def step(self, token_id: int, kv=None, experts=None) -> np.ndarray:
         """Feed one token at the next position; return its logits (vocab,) float64.
 
         ``kv`` (optional): per layer, the ``(k, v)`` rows (``[n_kv_heads,
@@ -306,6 +314,12 @@ class LlamaReference:
         its logits can be checked without one cache rounding flip spreading
         into every later step.  This pass's unrounded rows are kept in
         ``last_kv`` either way.
+
+        ``experts`` (optional, a mixture of experts): per layer, the expert
+        ids to run instead of this pass's own choice, e.g. those another
+        implementation chose, for the same reason (a near tie in the router
+        decided the other way).  ``last_experts`` keeps this pass's own
+        choice and ``last_router`` its router logits, per layer.
 
         Raises
         ------
@@ -324,6 +338,8 @@ class LlamaReference:
             x = x * hp.embed_scale
         act = gelu_tanh if hp.act == "gelu_tanh" else silu
         self.last_kv = []
+        #: per layer, the experts this step chose and its router logits
+        self.last_experts, self.last_router = [], []
         for i in range(hp.n_layers):
             b = f"blk.{i}."
             h = rms_norm(x, W[b + "attn_norm.weight"], hp.eps)
@@ -354,14 +370,36 @@ class LlamaReference:
                 o = rms_norm(o, W[b + "post_attention_norm.weight"], hp.eps)
             x = x + o
             h = rms_norm(x, W[b + "ffn_norm.weight"], hp.eps)
-            g = act(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
-            f = W[b + "ffn_down.weight"] @ g
-            if hp.post_norms:
-                f = rms_norm(f, W[b + "post_ffw_norm.weight"], hp.eps)
-            x = x + f
+            if hp.n_expert_used:
+                x = x + self._experts(b, h, None if experts is None else experts[i])
+            else:
+                g = act(W[b + "ffn_gate.weight"] @ h) * (W[b + "ffn_up.weight"] @ h)
+                f = W[b + "ffn_down.weight"] @ g
+                if hp.post_norms:
+                    f = rms_norm(f, W[b + "post_ffw_norm.weight"], hp.eps)
+                x = x + f
         self.pos = p + 1
         h = rms_norm(x, W["output_norm.weight"], hp.eps)
         return W["output.weight"] @ h
+
+    def _experts(self, b, h, forced=None):
+        """A mixture of experts' FFN of ``h`` (llama.cpp's ``build_moe_ffn``,
+        softmax gating, ``norm_w``), running ``forced`` experts if given."""
+        W, n = self.weights, self.hparams.n_expert_used
+        z = W[b + "ffn_gate_inp.weight"] @ h
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        ids = np.argsort(-p, kind="stable")[:n]
+        self.last_experts.append(ids)
+        self.last_router.append(z)
+        if forced is not None:
+            ids = np.asarray(forced)
+        w = p[ids] / max(p[ids].sum(), 2.0 ** -14)
+        out = np.zeros_like(h)
+        for e, we in zip(ids, w):
+            g = silu(W[b + "ffn_gate_exps.weight"][e] @ h) * (W[b + "ffn_up_exps.weight"][e] @ h)
+            out += we * (W[b + "ffn_down_exps.weight"][e] @ g)
+        return out
 
     def _proj(self, name, h):
         y = self.weights[name + ".weight"] @ h

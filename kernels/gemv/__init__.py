@@ -28,6 +28,7 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
+from .common import declare_params
 from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
@@ -77,16 +78,18 @@ def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "s
     return GemvPlan(spec, balanced(spec, cfg, m, sm_count))
 
 
-def build(spec, config: GemvConfig | None = None) -> ptxgen.Module:
+def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
     :class:`GemvSpec` with ``config``, default the selected one, or a
-    :class:`GemvPlan`)."""
+    :class:`GemvPlan`).  ``params`` declares the kernel's parameters
+    (:func:`.common.declare_params`, or a function with its signature and
+    result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`)."""
     p = plan(spec, config)
     if p.stages:
-        return build_ring(p)
+        return build_ring(p, params)
     if p.qtype == "Q4_K":
-        return build_q4k(p)
-    return build_staged(p)
+        return build_q4k(p, params)
+    return build_staged(p, params)
 
 
 def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", bias=False,

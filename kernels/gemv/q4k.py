@@ -253,10 +253,12 @@ def piece_dot(k, hdr, qs, pc):
     return k.fma(ndmin, mx, part)
 
 
-def build_q4k(spec) -> ptxgen.Module:
+def build_q4k(spec, params=declare_params) -> ptxgen.Module:
     """Build the direct Q4_K GEMV kernel of the plan ``spec``: every thread
     holds its pieces' x in registers and loads each row group's weights
-    straight into registers (16-byte ``ld.global.nc``), one group at a time."""
+    straight into registers (16-byte ``ld.global.nc``), one group at a time.
+    ``params`` declares the parameters (:func:`.common.declare_params`'s
+    signature and result)."""
     ppt, thr, total = q4k_layout(spec)
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32
@@ -265,7 +267,7 @@ def build_q4k(spec) -> ptxgen.Module:
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = params(k, spec, warps)
         pdl_prologue(k, spec)
         tid = k.tid.x
         pcs = [piece_offsets(k, tid, i, thr, total) for i in range(ppt)]

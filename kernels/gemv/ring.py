@@ -90,7 +90,9 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
                        guard=guard)
 
 
-def build_ring(spec) -> ptxgen.Module:
+def build_ring(spec, params=declare_params) -> ptxgen.Module:
+    """The ring kernel of the plan ``spec``; ``params`` declares the
+    parameters (:func:`.common.declare_params`'s signature and result)."""
     q4k = spec.qtype == "Q4_K"
     if q4k:
         ppt, thr, total = q4k_layout(spec)
@@ -108,7 +110,7 @@ def build_ring(spec) -> ptxgen.Module:
     if spec.min_ctas:
         kdir["minnctapersm"] = spec.min_ctas
     with m.kernel(spec.kernel_name, **kdir) as k:
-        ws, x, r, y, mrows, rpc, red, norm = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, norm = params(k, spec, warps)
         # weights are read-only: the prologue's copies may go out before the
         # PDL wait; x, r and y are read after it
         pdl_prologue(k, spec, wait=False)

@@ -157,8 +157,10 @@ for _q, (_piece, _dot, _planes) in {**LEGACY_FORMATS, **FLOAT_FORMATS, "Q5_K": Q
         PLANES[_q] = _planes
 
 
-def build_staged(spec) -> ptxgen.Module:
-    """Build the tile-by-tile GEMV kernel (every format but Q4_K) of ``spec``."""
+def build_staged(spec, params=declare_params) -> ptxgen.Module:
+    """Build the tile-by-tile GEMV kernel (every format but Q4_K) of ``spec``;
+    ``params`` declares the parameters (:func:`.common.declare_params`'s
+    signature and result)."""
     lay = staged_layout(spec)
     piece_fn, dot_fn = FORMATS[spec.qtype]
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
@@ -170,7 +172,7 @@ def build_staged(spec) -> ptxgen.Module:
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=thr) as k:
         pdl_prologue(k, spec)
-        ws, x, r, y, mrows, rpc, red, _ = declare_params(k, spec, warps)
+        ws, x, r, y, mrows, rpc, red, _ = params(k, spec, warps)
         sm = k.shared_array("tiles", u8, nm * R * stride, align=16)
 
         tid = k.tid.x

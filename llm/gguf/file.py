@@ -4,9 +4,10 @@ conventions and raw tensors.
 Architectures: ``llama`` (Llama 2/3/3.1/3.2/3.3, and the Mistral 7B / Nemo
 files llama.cpp's converter writes under that name), ``mistral`` (an alias
 of ``llama``; llama.cpp has no such name), ``qwen2`` (Qwen2 / Qwen2.5),
-``qwen3`` (dense Qwen3) and ``gemma3`` (Gemma 3 text).  What llama.cpp's
-``load_hparams`` and each architecture's tensor loader and graph do, and so
-what this module reads:
+``qwen3`` (dense Qwen3), ``qwen3moe`` (Qwen3's layers with a mixture of
+experts for the FFN: :mod:`.experts`) and ``gemma3`` (Gemma 3 text).  What
+llama.cpp's ``load_hparams`` and each architecture's tensor loader and graph
+do, and so what this module reads:
 
 - ``{arch}.attention.key_length`` / ``value_length``: the head size
   (default ``embedding_length / head_count``); q has ``head_count *
@@ -39,8 +40,8 @@ what this module reads:
 - ``{arch}.context_length``, ``block_count``, ``embedding_length``,
   ``attention.head_count`` and ``attention.layer_norm_rms_epsilon`` are
   required (as llama.cpp requires them); ``head_count_kv`` defaults to
-  ``head_count``; a mixture of experts (``expert_count`` > 0) or
-  non-causal attention is refused.
+  ``head_count``; a mixture of experts (``expert_count`` > 0) outside
+  ``qwen3moe`` or non-causal attention is refused.
 - ``general.alignment``: a power of two (default 32); every tensor's data
   offset must be a multiple of it.
 - ``gemma3`` (Gemma 3): NeoX RoPE, per-head q/k RMSNorms, an RMSNorm of
@@ -92,6 +93,8 @@ import attrs
 import numpy as np
 
 from ptxgen.llm.gguf.errors import GGUFError, GGUFMetadataError
+from ptxgen.llm.gguf.experts import (EXPERT_TENSORS, MOE_ARCHS, expert_shapes, expert_slice,
+                                     read_experts)
 from ptxgen.llm.gguf.metadata import shown
 from ptxgen.llm.gguf.reader import GGUFContents, read_gguf
 
@@ -101,10 +104,12 @@ __all__ = ["GGUFError", "GGUFMetadataError", "LlamaHParams", "LlamaFile", "SUPPO
            "MAX_CONTEXT"]
 
 #: architectures this module reads (``mistral`` is read as ``llama``)
-SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3") + MOE_ARCHS
 #: RoPE pairing per architecture (llama.cpp's ``llama_model_rope_type``)
 ROPE_LAYOUT = {"llama": "interleaved", "mistral": "interleaved", "qwen2": "neox",
-               "qwen3": "neox", "gemma3": "neox"}
+               "qwen3": "neox", "gemma3": "neox", "qwen3moe": "neox"}
+#: architectures with per-head q/k RMSNorms
+_QK_NORM_ARCHS = ("qwen3", "gemma3", "qwen3moe")
 #: GGML types that never hold these models' weights
 _NOT_WEIGHTS = ("I8", "I16", "I32", "I64", "F64")
 #: GGML types read as NumPy float arrays
@@ -128,7 +133,8 @@ MAX_CONTEXT = (1 << 32) - 1
 
 _LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                   "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
-_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+             "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _BIASES = ("attn_q", "attn_k", "attn_v")
 _QK_NORMS = ("attn_q_norm", "attn_k_norm")
 #: gemma3's RMSNorms of the attention and FFN outputs, before the residual add
@@ -145,11 +151,13 @@ def layer_tensor_names(i: int) -> list[str]:
 
 def kernel_types() -> dict:
     """Role -> the GGML types the decode step has kernels for: ``matrix``
-    (a GEMV's weights), ``embedding`` (the row gather) and ``vector``
-    (norm weights, biases, RoPE factors: f32)."""
+    (a GEMV's weights, the experts' included), ``embedding`` (the row
+    gather), ``vector`` (norm weights, biases, RoPE factors: f32) and
+    ``router`` (a mixture of experts' ``ffn_gate_inp``: f32, as llama.cpp
+    keeps it)."""
     from ptxgen.kernels.quants.qtypes import names_for
     return {"matrix": tuple(names_for("gemv")), "embedding": tuple(names_for("embedding")),
-            "vector": ("F32",)}
+            "vector": ("F32",), "router": ("F32",)}
 
 
 def tensor_role(name: str, tied: bool) -> tuple:
@@ -162,6 +170,8 @@ def tensor_role(name: str, tied: bool) -> tuple:
     short = name.split(".")[-2] if name.startswith("blk.") else ""
     if name.endswith(".weight") and short in _MATRICES:
         return ("matrix",)
+    if short == "ffn_gate_inp":
+        return ("router",)
     return ("vector",)
 
 
@@ -211,6 +221,11 @@ class LlamaHParams:
     def window(self, layer: int) -> int:
         """Layer ``layer``'s sliding window (0: none)."""
         return self.sliding_window if self.swa_layers and self.swa_layers[layer] else 0
+    #: a mixture of experts (:mod:`.experts`): experts per layer (0: a dense FFN),
+    #: experts run per token, an expert's FFN size
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_ffn: int = 0
 
     @property
     def q_dim(self) -> int:
@@ -353,9 +368,13 @@ class LlamaFile:
         a = arch
         n_layers = self._int(f"{a}.block_count", 1, MAX_LAYERS)
         self._n_layers = n_layers
-        if int(self._uniform(f"{a}.expert_count", default=0, required=False)) > 0:
+        experts = None
+        if arch in MOE_ARCHS:
+            experts = read_experts(self, a, MAX_WIDTH)
+        elif int(self._uniform(f"{a}.expert_count", default=0, required=False)) > 0:
             raise self._error(f"metadata key '{a}.expert_count' > 0: mixtures of experts are "
-                              "not supported")
+                              f"not supported in a {arch} model (supported: "
+                              f"{', '.join(MOE_ARCHS)})")
         if not self._field(f"{a}.attention.causal", default=True, required=False):
             raise self._error(f"metadata key '{a}.attention.causal' is false: non-causal "
                               "attention is not supported")
@@ -388,7 +407,11 @@ class LlamaFile:
             raise self._error(f"metadata key 'qwen2.attention.key_length' ({head_k}) x "
                               f"{n_heads} heads is not the hidden size {hidden}, which qwen2's "
                               "query projection has")
-        ffn = self._int(f"{a}.feed_forward_length", 1, MAX_WIDTH, per_layer=True)
+        if experts is not None and self._field(f"{a}.feed_forward_length",
+                                               required=False) is None:
+            ffn = experts.ffn            # llama.cpp reads the dense size of none but a dense FFN
+        else:
+            ffn = self._int(f"{a}.feed_forward_length", 1, MAX_WIDTH, per_layer=True)
         context = self._int(f"{a}.context_length", MIN_CONTEXT, MAX_CONTEXT,
                             why=" (the decode step needs a prompt token and a reply)")
         eps = self._float(f"{a}.attention.layer_norm_rms_epsilon")
@@ -403,9 +426,12 @@ class LlamaFile:
             rope_theta=theta, rope_dim=rope_dim, rope_layout=ROPE_LAYOUT[arch],
             rope_freq_scale=freq_scale,
             rope_freqs=arch in ("llama", "mistral") and has("rope_freqs.weight"),
-            qk_norm=arch in ("qwen3", "gemma3"),
+            qk_norm=arch in _QK_NORM_ARCHS,
             qkv_bias=any(has(f"blk.{i}.{b}.bias") for i in range(n_layers) for b in _BIASES),
-            tied=not has("output.weight"), **extra)
+            tied=not has("output.weight"),
+            **({} if experts is None else dict(n_expert=experts.n_expert,
+                                               n_expert_used=experts.n_used,
+                                               expert_ffn=experts.ffn)), **extra)
 
     def _gemma3_hparams(self, n_layers, hidden, n_heads, head_dim) -> dict:
         """gemma3's own keys, as llama.cpp's ``llama_model_gemma3`` reads them:
@@ -507,8 +533,11 @@ class LlamaFile:
         if hp.rope_freqs:
             out["rope_freqs.weight"] = (hp.rope_dim // 2,)
         shapes = {"attn_norm": (H,), "attn_q": (q, H), "attn_k": (kv, H), "attn_v": (kv, H),
-                  "attn_output": (H, q), "ffn_norm": (H,), "ffn_gate": (hp.ffn, H),
-                  "ffn_up": (hp.ffn, H), "ffn_down": (H, hp.ffn)}
+                  "attn_output": (H, q), "ffn_norm": (H,)}
+        if hp.n_expert:
+            shapes.update(expert_shapes(hp))
+        else:
+            shapes.update(ffn_gate=(hp.ffn, H), ffn_up=(hp.ffn, H), ffn_down=(H, hp.ffn))
         bias = {"attn_q": (q,), "attn_k": (kv,), "attn_v": (kv,)}
         for i in range(hp.n_layers):
             p = f"blk.{i}."
@@ -544,7 +573,20 @@ class LlamaFile:
                                   "(not a weight type)")
             got = self.shape(name)
             if got != shape:
-                raise self._error(f"tensor {name!r} has shape {got}, expected {shape}")
+                raise self._error(f"tensor {name!r} has shape {got}, expected {shape}"
+                                  f"{self._shape_why(name)}")
+
+    def _shape_why(self, name) -> str:
+        """Where an expert tensor's expected shape comes from."""
+        short = name.split(".")[-2] if name.startswith("blk.") else ""
+        if short not in EXPERT_TENSORS:
+            return ""
+        a, hp = self.hparams.arch, self.hparams
+        what = ("experts x embedding" if short == "ffn_gate_inp" else
+                "experts x expert FFN x embedding" if short != "ffn_down_exps" else
+                "experts x embedding x expert FFN")
+        return (f" ({what}: {hp.n_expert} from '{a}.expert_count', {hp.expert_ffn} from "
+                f"'{a}.expert_feed_forward_length', {hp.hidden} from '{a}.embedding_length')")
 
     def check_kernel_types(self) -> None:
         """Refuse (GGUFError) a tensor whose type has no decode kernel in its
@@ -557,7 +599,8 @@ class LlamaFile:
                 if qt not in roles[role]:
                     what = {"matrix": "a matrix" + (" (the tied output)" if name ==
                                                     "token_embd.weight" else ""),
-                            "embedding": "the embedding", "vector": "a vector"}[role]
+                            "embedding": "the embedding", "vector": "a vector",
+                            "router": "a mixture of experts' router"}[role]
                     raise self._error(f"tensor {name!r} has type {qt}, which is not supported "
                                       f"for {what} (supported: {', '.join(roles[role])})")
 
@@ -592,6 +635,16 @@ class LlamaFile:
                 rows *= d
             data = raw.reshape(rows, t.type.row_bytes(shape[-1]))
         return RawTensor(name, t.qtype, shape, data)
+
+    def expert(self, name: str, e: int) -> RawTensor:
+        """Expert ``e``'s matrix of the 3-D expert tensor ``name``
+        (``[rows, cols]``; its bytes as :meth:`tensor` gives them): a view
+        of the file's map."""
+        t = self.tensor(name)
+        if len(t.shape) != 3:
+            raise ValueError(f"tensor {name!r} of shape {t.shape} holds no experts")
+        return RawTensor(f"{name}[{e}]", t.qtype, t.shape[1:],
+                         expert_slice(t.data, t.shape, e))
 
     def in_f16_range(self, name: str) -> bool:
         """Whether every value of the BF16 tensor ``name`` converts to a finite
@@ -676,7 +729,12 @@ def _why_extra(name: str, arch: str) -> str:
     if short == "attn_qkv":
         return " (fused Q/K/V weights are not; separate attn_q, attn_k, attn_v are)"
     if short in _QK_NORMS:
-        return " (per-head q/k norms belong to qwen3 and gemma3)"
+        return " (per-head q/k norms belong to qwen3, qwen3moe and gemma3)"
     if short in _POST_NORMS:
         return " (post-attention and post-FFN norms belong to gemma3)"
+    if short in EXPERT_TENSORS or short.endswith(("_exps", "_shexp")):
+        return (" (a mixture of experts' router and experts belong to "
+                f"{', '.join(MOE_ARCHS)}; shared experts to none)")
+    if arch in MOE_ARCHS and short in ("ffn_gate", "ffn_up", "ffn_down"):
+        return f" (a {arch} FFN is its experts: ffn_gate_exps, ffn_up_exps, ffn_down_exps)"
     return ""

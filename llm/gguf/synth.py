@@ -4,7 +4,8 @@ The file has the metadata, tensor names and conventions llama.cpp's
 converter writes for ``llama`` (Llama 2/3; Llama 3.1+ with
 ``rope_freqs.weight``; Mistral 7B / Nemo, which are written as ``llama``
 with an explicit head size), ``qwen2`` (Qwen2.5: q/k/v biases),
-``qwen3`` (per-head q/k norms, explicit head size) and ``gemma3`` (q/k
+``qwen3`` (per-head q/k norms, explicit head size), ``qwen3moe`` (qwen3's
+attention, a router and 3-D expert tensors for the FFN) and ``gemma3`` (q/k
 norms, post-attention and post-FFN norms, sliding-window layers, a
 Gemma-3-style SentencePiece vocabulary: :func:`gemma3_vocab`), optionally with
 llama.cpp's Q4_K_M / Q5_K_M quant mix (:func:`quant_mix`); weights are
@@ -18,6 +19,8 @@ Large tensors (more than ``pool_weights`` weights) are assembled from blocks
 drawn at random from a pool of quantized Gaussian blocks of the same format,
 row length and scale: every block is a real quantizer output, but a
 Llama-3-8B-shaped file takes minutes instead of an hour of quantizing.
+Expert tensors (3-D) that large are assembled from whole rows of such a
+pool, drawn at random (a Qwen3-30B-A3B-shaped file holds 18 GB of them).
 
 ``vocab_from`` copies a real vocabulary (the ``tokenizer.*`` metadata of
 another GGUF file: tokens, scores, types, merges, pre-tokenizer, special ids
@@ -31,7 +34,7 @@ vocabulary take seconds per step.
 
 CLI::
 
-    python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny|llama3-8b|gemma3-4b|... [--arch qwen2]
+    python -m ptxgen.llm.gguf.synth OUT.gguf --preset tiny|llama3-8b|gemma3-4b|qwen3-30b-a3b|... [--arch qwen2]
         [--qtype Q4_K] [--mix Q4_K_M] [--rope-freqs] [--head-dim N] [--tied] [--vocab-size N]
         [--vocab VOCAB.gguf [--vocab-limit N]] [--tokenizer gemma3 [--vocab-pieces SPM.gguf]]
         [--sliding-window N] [--seed N]
@@ -80,12 +83,20 @@ PRESETS: dict[str, dict] = {
                       n_kv_heads=4, head_dim=256, vocab=262144, context_length=131072,
                       rope_theta=1000000.0, rms_eps=1e-6, sliding_window=1024,
                       rope_scale_linear=8.0, tie_embeddings=True, tokenizer="gemma3"),
+    "tiny-moe": dict(arch="qwen3moe", n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2,
+                     head_dim=64, vocab=512, context_length=2048, rope_theta=10000.0,
+                     n_expert=8, n_expert_used=2, expert_ffn=256),
+    # Qwen3-30B-A3B's config.json (moe_intermediate_size 768, intermediate_size 6144)
+    "qwen3-30b-a3b": dict(arch="qwen3moe", n_layers=48, hidden=2048, ffn=6144, n_heads=32,
+                          n_kv_heads=4, head_dim=128, vocab=151936, context_length=40960,
+                          rope_theta=1000000.0, rms_eps=1e-6, n_expert=128, n_expert_used=8,
+                          expert_ffn=768),
 }
 
 #: --arch -> general.architecture written (llama.cpp's converter writes
 #: Mistral 7B and Mistral-Nemo as llama)
 ARCHS = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-         "gemma3": "gemma3"}
+         "gemma3": "gemma3", "qwen3moe": "qwen3moe"}
 #: quant mixes -> (base type, llama.cpp's LLAMA_FTYPE_MOSTLY_* value)
 MIXES = {"Q4_K_M": ("Q4_K", 15), "Q5_K_M": ("Q5_K", 17)}
 
@@ -333,7 +344,8 @@ def _type_name(t) -> str:
 
 
 def _tensor_plan(*, arch, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, head_dim,
-                 qtype, output_qtype, embd_qtype, tie_embeddings, rope_freqs):
+                 qtype, output_qtype, embd_qtype, tie_embeddings, rope_freqs, n_expert=0,
+                 expert_ffn=0):
     """(name, type, shape [out, in] or [n], kind) in llama.cpp's file order."""
     q_dim, kv_dim = n_heads * head_dim, n_kv_heads * head_dim
     plan = []
@@ -347,12 +359,20 @@ def _tensor_plan(*, arch, n_layers, hidden, ffn, n_heads, n_kv_heads, vocab, hea
             plan.append((b + name + ".weight", qtype, (rows, hidden), "w"))
             if arch == "qwen2":
                 plan.append((b + name + ".bias", "F32", (rows,), "bias"))
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             plan += [(b + "attn_k_norm.weight", "F32", (head_dim,), "norm"),
                      (b + "attn_q_norm.weight", "F32", (head_dim,), "norm")]
+        plan += [(b + "attn_output.weight", qtype, (hidden, q_dim), "w"),
+                 (b + "ffn_norm.weight", "F32", (hidden,), "norm")]
+        if n_expert:
+            # the router stays F32 (llama.cpp's converter and quantizer keep it so)
+            E, F = n_expert, expert_ffn
+            plan += [(b + "ffn_gate_inp.weight", "F32", (E, hidden), "w"),
+                     (b + "ffn_gate_exps.weight", qtype, (E, F, hidden), "w"),
+                     (b + "ffn_down_exps.weight", qtype, (E, hidden, F), "w"),
+                     (b + "ffn_up_exps.weight", qtype, (E, F, hidden), "w")]
+            continue
         plan += [
-            (b + "attn_output.weight", qtype, (hidden, q_dim), "w"),
-            (b + "ffn_norm.weight", "F32", (hidden,), "norm"),
             (b + "ffn_gate.weight", qtype, (ffn, hidden), "w"),
             (b + "ffn_up.weight", qtype, (ffn, hidden), "w"),
             (b + "ffn_down.weight", qtype, (hidden, ffn), "w"),
@@ -378,30 +398,31 @@ def quant_mix(mix: str, names_shapes, n_layers: int, tied: bool) -> dict:
 
     - ``output.weight``, or ``token_embd.weight`` when it is tied: Q6_K
       (Q8_0 when its rows are not whole 256-weight blocks);
-    - ``attn_v`` and ``ffn_down`` of the layers :func:`_use_more_bits`
-      picks (the first and last eighth, and every third layer from the
-      first eighth on): Q6_K;
+    - ``attn_v`` and ``ffn_down`` (``ffn_down_exps`` too) of the layers
+      :func:`_use_more_bits` picks (the first and last eighth, and every
+      third layer from the first eighth on): Q6_K;
+    - a mixture of experts' router (``ffn_gate_inp``): F32, never quantized;
     - every other matrix: the base type (Q4_K, Q5_K);
     - a row that is not whole blocks of the chosen type falls back as
       llama.cpp does (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, then F16);
     - vectors (norms, biases, rope_freqs) stay F32.
 
-    ``names_shapes``: (name, shape [out, in] or [n]) pairs.
+    ``names_shapes``: (name, shape [out, in], [experts, out, in] or [n]) pairs.
     """
     if mix not in MIXES:
         raise ValueError(f"unknown quant mix {mix!r}; known: {', '.join(MIXES)}")
     base = MIXES[mix][0]
     out = {}
     for name, shape in names_shapes:
-        if len(shape) < 2:
+        short = name.split(".")[-2] if name.startswith("blk.") else ""
+        if len(shape) < 2 or short == "ffn_gate_inp":
             out[name] = "F32"
             continue
         cols = shape[-1]
-        short = name.split(".")[-2] if name.startswith("blk.") else ""
         layer = int(name.split(".")[1]) if name.startswith("blk.") else -1
         if name == "output.weight" or (tied and name == "token_embd.weight"):
             t = "Q6_K" if cols % 256 == 0 else "Q8_0"
-        elif short in ("attn_v", "ffn_down") and _use_more_bits(layer, n_layers):
+        elif short in ("attn_v", "ffn_down", "ffn_down_exps") and _use_more_bits(layer, n_layers):
             t = "Q6_K"
         else:
             t = base
@@ -460,9 +481,10 @@ class _Generator:
         if tname in _FLOAT_TYPES:
             return self.gaussian(shape, std).astype(_FLOAT_TYPES[tname][0])
         q = quants.qtype_of(tname)
-        rows, k = shape
+        k = shape[-1]
+        rows = int(np.prod(shape[:-1]))
         if rows * k <= self.pool_weights:
-            return quants.quantize(self.gaussian(shape, std), q)
+            return quants.quantize(self.gaussian((rows, k), std), q)
         key = (q.name, k)
         pool = self.pools.get(key)
         if pool is None:
@@ -471,8 +493,13 @@ class _Generator:
             # one record per block so that a gather copies whole blocks
             pool = raw.reshape(-1, q.type_size).view(f"V{q.type_size}").ravel()
             self.pools[key] = pool
+        rb = quants.row_bytes(q, k)
+        if len(shape) == 3:
+            # experts: whole pool rows drawn at random (a gather of rows, not blocks)
+            prow = pool.view(np.uint8).reshape(-1, rb)
+            return prow[self.rng.integers(0, prow.shape[0], size=rows)]
         idx = self.rng.integers(0, pool.size, size=rows * (k // q.block_size))
-        return pool[idx].view(np.uint8).reshape(rows, quants.row_bytes(q, k))
+        return pool[idx].view(np.uint8).reshape(rows, rb)
 
 
 def write_synthetic_llama(
@@ -488,6 +515,7 @@ def write_synthetic_llama(
     vocab_from=None, vocab_limit: Optional[int] = None, chat_template: Optional[str] = None,
     sliding_window: Optional[int] = None, swa_pattern=None, rope_theta_swa: Optional[float] = None,
     rope_scale_linear: Optional[float] = None, vocab_pieces=None,
+    n_expert: int = 0, n_expert_used: int = 0, expert_ffn: Optional[int] = None,
 ) -> SynthInfo:
     """Write a random decoder GGUF to ``path``.
 
@@ -516,12 +544,13 @@ def write_synthetic_llama(
         Tensor name -> type for tensors that differ from ``qtype`` (applied
         after ``mix``; real Q4_K_M files keep some attn_v / ffn_down weights
         in Q6_K).
-    arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3"}
+    arch : {"llama", "mistral", "qwen2", "qwen3", "gemma3", "qwen3moe"}
         The conventions (:data:`ARCHS`): qwen2 adds f32 attn_q/k/v biases,
         qwen3 per-head attn_q_norm/attn_k_norm weights and always writes
         the head size; gemma3 those and ``post_attention_norm`` /
         ``post_ffw_norm`` (norm weights near 1: the converter stores
-        Gemma's ``1 + w``); mistral is written as llama.
+        Gemma's ``1 + w``); mistral is written as llama; qwen3moe is qwen3
+        with a mixture of experts for every FFN (needs ``n_expert``).
     head_dim : int, optional
         Head size, written as attention.key_length/value_length (default
         ``hidden / n_heads``; q has ``n_heads * head_dim`` rows).
@@ -559,6 +588,13 @@ def write_synthetic_llama(
     vocab_pieces : str or os.PathLike, optional
         With ``tokenizer="gemma3"``: the SentencePiece vocabulary whose
         pieces it takes (:func:`gemma3_vocab`).
+    n_expert, n_expert_used, expert_ffn : int
+        qwen3moe: experts per layer, experts run per token, an expert's FFN
+        size (``expert_count``, ``expert_used_count``,
+        ``expert_feed_forward_length``; the default ``ffn / n_expert_used``);
+        each layer gets an F32 router ``ffn_gate_inp`` ``[n_expert, hidden]``
+        and ``ffn_gate_exps``/``ffn_up_exps`` ``[n_expert, F, hidden]``,
+        ``ffn_down_exps`` ``[n_expert, hidden, F]`` in place of the dense FFN.
 
     Returns
     -------
@@ -608,6 +644,15 @@ def write_synthetic_llama(
     given = [k for k, v in gemma_keys.items() if v is not None]
     if given and arch != "gemma3":
         raise ValueError(f"{given[0]} is a gemma3 convention, not {arch}'s")
+    if (arch == "qwen3moe") != bool(n_expert):
+        raise ValueError("n_expert (experts per layer) is for arch='qwen3moe', which needs it; "
+                         f"got arch={arch!r}, n_expert={n_expert}")
+    if n_expert:
+        if not 1 <= n_expert_used <= n_expert:
+            raise ValueError(f"n_expert_used must be 1..{n_expert}, got {n_expert_used}")
+        expert_ffn = int(expert_ffn or ffn // n_expert_used)
+        if expert_ffn <= 0:
+            raise ValueError(f"expert_ffn must be positive, got {expert_ffn}")
     if tokenizer == "llama" and vocab < 259:
         raise ValueError(f"a llama token list needs at least 259 tokens, vocab={vocab}")
     factors = None
@@ -631,7 +676,8 @@ def write_synthetic_llama(
     plan = _tensor_plan(arch=arch, n_layers=n_layers, hidden=hidden, ffn=ffn, n_heads=n_heads,
                         n_kv_heads=n_kv_heads, vocab=vocab, head_dim=head_dim, qtype=qtype,
                         output_qtype=output_qtype, embd_qtype=embd_qtype,
-                        tie_embeddings=tie_embeddings, rope_freqs=factors is not None)
+                        tie_embeddings=tie_embeddings, rope_freqs=factors is not None,
+                        n_expert=n_expert, expert_ffn=expert_ffn)
     if mix is not None:
         types = quant_mix(mix, [(n, shape) for n, _, shape, _ in plan], n_layers, tie_embeddings)
         plan = [(n, types[n], shape, kind) for n, _, shape, kind in plan]
@@ -663,7 +709,12 @@ def write_synthetic_llama(
     w.add_rope_dimension_count(head_dim)
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv_heads)
-    if arch in ("qwen3", "gemma3") or head_dim != hidden // n_heads or hidden % n_heads:
+    if n_expert:
+        w.add_expert_count(n_expert)
+        w.add_expert_used_count(n_expert_used)
+        w.add_expert_feed_forward_length(expert_ffn)
+    if arch in ("qwen3", "gemma3", "qwen3moe") or head_dim != hidden // n_heads \
+            or hidden % n_heads:
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(rms_eps)
@@ -697,7 +748,7 @@ def write_synthetic_llama(
         if tq in _FLOAT_TYPES:
             w.add_tensor_info(tname_, shape, np.dtype(_FLOAT_TYPES[tq][0]), nb)
         else:
-            raw_shape = (shape[0], quants.row_bytes(tq, shape[1]))
+            raw_shape = tuple(shape[:-1]) + (quants.row_bytes(tq, shape[-1]),)
             w.add_tensor_info(tname_, raw_shape, np.dtype(np.uint8), nb,
                               raw_dtype=gguf.GGMLQuantizationType[tq])
     try:
@@ -748,6 +799,12 @@ def main(argv=None) -> int:
                     help="gemma3: the local layers' window (default: the preset's)")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--layers", type=int, default=None, help="override the preset's layer count")
+    ap.add_argument("--experts", type=int, default=None, metavar="N",
+                    help="qwen3moe: experts per layer (override the preset's)")
+    ap.add_argument("--experts-used", type=int, default=None, metavar="K",
+                    help="qwen3moe: experts run per token")
+    ap.add_argument("--expert-ffn", type=int, default=None, metavar="F",
+                    help="qwen3moe: an expert's FFN size")
     ap.add_argument("--vocab", metavar="VOCAB.gguf", default=None,
                     help="copy this GGUF file's vocabulary (tokenizer and chat template); the "
                          "model's vocabulary size becomes its")
@@ -760,7 +817,9 @@ def main(argv=None) -> int:
     kw = dict(PRESETS[a.preset])
     for key, val in (("n_layers", a.layers), ("arch", a.arch), ("head_dim", a.head_dim),
                      ("vocab", a.vocab_size), ("mix", a.mix), ("tokenizer", a.tokenizer),
-                     ("sliding_window", a.sliding_window), ("vocab_pieces", a.vocab_pieces)):
+                     ("sliding_window", a.sliding_window), ("vocab_pieces", a.vocab_pieces),
+                     ("n_expert", a.experts), ("n_expert_used", a.experts_used),
+                     ("expert_ffn", a.expert_ffn)):
         if val is not None:
             kw[key] = val
     if a.rope_freqs:

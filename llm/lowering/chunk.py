@@ -25,6 +25,8 @@ The blocks lower to:
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU (GeGLU) launch, the down
   GEMM;
 - ``add_normed``: an RMSNorm launch over the rows adding into the stream;
+- ``moe_ffn``: the RMSNorm into f32 rows of its own, then the router and
+  the experts' GEMVs over the rows, each token its own experts (:mod:`.moe`);
 - ``output``: nothing: the last prompt token is the decode step's, which
   computes its logits and chooses the first new token.
 
@@ -40,16 +42,24 @@ from ptxgen.driver.executor import TensorMapOf
 from ptxgen.kernels import embedding, flash_prefill, rmsnorm, rope, swiglu
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from . import matmul
-from .common import QKV, Lowering, Normed
+from . import matmul, moe
+from .common import QKV, Lowering, Normed, Tuning
 
 __all__ = ["ChunkLowering", "gemm_ready"]
 
 
-def gemm_ready(file, target, names=("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                                    "ffn_up", "ffn_down")) -> bool:
-    """Whether every layer's weights ``names`` have a GEMM on ``target``."""
-    return all(matmul.has_gemm(file, f"blk.{i}.{n}.weight", target)
+_ATTN = ("attn_q", "attn_k", "attn_v", "attn_output")
+_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+
+
+def gemm_ready(file, target, names=None) -> bool:
+    """Whether every layer's weights ``names`` (default: the attention's and,
+    where the file has a dense FFN, the FFN's) exist and have a GEMM on
+    ``target``."""
+    if names is None:
+        names = _ATTN + (_FFN if file.has("blk.0.ffn_gate.weight") else ())
+    return all(file.has(f"blk.{i}.{n}.weight")
+               and matmul.has_gemm(file, f"blk.{i}.{n}.weight", target)
                for i in range(file.hparams.n_layers) for n in names)
 
 
@@ -94,8 +104,11 @@ class ChunkLowering(Lowering):
             return (np.float16 if self.gemm and gemm_ready(file, target, names)
                     else np.float32)
         self.x = g.buffer("x", (B, H), np.float32)
-        self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v", "ffn_gate",
-                                              "ffn_up"))
+        # the normed rows the GEMMs read (a mixture of experts' router and
+        # experts read f32 rows of their own: moe_ffn)
+        dense = file.has("blk.0.ffn_gate.weight")
+        self.h = g.buffer("h", (B, H), x_type("attn_q", "attn_k", "attn_v",
+                                              *(("ffn_gate", "ffn_up") if dense else ())))
         self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
         self.att = g.buffer("att", (B, hp.q_dim), x_type("attn_output"))
         self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
@@ -255,6 +268,17 @@ class ChunkLowering(Lowering):
                  [self.launch("swiglu", ss, swiglu.launch_geometry(ss, n), g=g_out, u=u_out,
                               out=self.act, n=n)])
         return self.linear(self.act, down, residual=residual)
+
+    def moe_ffn(self, h, e: moe.Experts, residual):
+        x = h
+        if isinstance(h, Normed):
+            x = self._extra.get("moe_h")
+            if x is None:
+                x = self._extra["moe_h"] = self.g.buffer("moe_h", (self.rows, self.hp.hidden),
+                                                         np.float32)
+            self._rmsnorm(h.x, h.weight, x, h.weight.removesuffix(".weight"))
+        return moe.chunk_ffn(self, x, e, residual, rows=self.rows, n_ptr=self.n_ptr,
+                             pdl=self.pdl, tuning=Tuning(device=self.device))
 
     def output(self, h, weight):
         """Nothing: the decode step computes the last token's logits."""

@@ -28,6 +28,9 @@ The blocks lower to:
   up share a type (else two GEMVs and a SwiGLU/GeGLU launch), then the
   down GEMV;
 - ``add_normed``: one RMSNorm launch adding its output into the stream;
+- ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
+  and down GEMVs and their weighted sum (:mod:`.moe`): four launches, the
+  experts chosen on the device;
 - ``output``: the logits GEMV, then the next token's choice in two
   variants of the step, ``"greedy"`` (argmax) and ``"sample"`` (the
   sampler chain reading ``sampling_params``), and the state advance.
@@ -41,7 +44,7 @@ from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsno
                             sampling, swiglu)
 from ptxgen.llm.generation import GREEDY, SAMPLE, SamplingSettings, sampler_spec
 
-from . import matmul
+from . import matmul, moe
 from .common import QKV, Lowering, Normed, Tuning
 
 __all__ = ["DecodeLowering", "NORM_KINDS", "norm_kinds"]
@@ -256,6 +259,10 @@ class DecodeLowering(Lowering):
         self._rmsnorm(y, weight, x, self.hp.hidden, 1, weight.removesuffix(".weight"),
                       accumulate=True)
         return x
+
+    def moe_ffn(self, h, e: moe.Experts, residual):
+        x, _ = self._input(h, [self.file.tensor(e.router)])
+        return moe.decode_ffn(self, x, e, residual, scratch=self._act, tuning=self.tuning)
 
     def output(self, h, weight):
         g, hp = self.g, self.hp

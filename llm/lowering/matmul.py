@@ -30,7 +30,7 @@ from ptxgen.kernels.spec_fields import has_griddepcontrol
 
 from .common import Lowering, Tuning
 
-__all__ = ["gemv", "gemv_swiglu", "gemv_rope", "gemm", "gemm_target", "has_gemm",
+__all__ = ["gemv", "gemv_plan", "gemv_swiglu", "gemv_rope", "gemm", "gemm_target", "has_gemm",
            "can_fuse_norm"]
 
 
@@ -55,6 +55,12 @@ def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=(), **rope_fields
                                   rope=rope, **rope_fields, **knobs), m
     except ValueError as e:
         raise ValueError(f"gemv_knobs {knobs!r} for {t.name} ({m}x{k}, {epilogue}): {e}") from None
+
+
+def gemv_plan(t, epilogue: str, target: str, tuning: Tuning, norm: bool = False):
+    """The GEMV plan for the weight ``t`` (a :class:`TensorInfo` of one
+    matrix) with ``epilogue``, as :func:`gemv` chooses it, and its rows."""
+    return _gemv_plan(t, epilogue, target, norm, tuning)
 
 
 def _gemv_launch(plan, m, **args):

@@ -15,11 +15,12 @@ from .gemma3 import Gemma3
 from .llama import Llama
 from .qwen2 import Qwen2
 from .qwen3 import Qwen3
+from .qwen3moe import Qwen3Moe
 
 __all__ = ["Architecture", "ARCHITECTURES", "architecture_of"]
 
 #: ``general.architecture`` -> definition
-ARCHITECTURES: dict[str, type] = {n: cls for cls in (Llama, Qwen2, Qwen3, Gemma3)
+ARCHITECTURES: dict[str, type] = {n: cls for cls in (Llama, Qwen2, Qwen3, Gemma3, Qwen3Moe)
                                   for n in cls.gguf_names}
 
 

@@ -30,6 +30,10 @@ The blocks:
     (SwiGLU) or ``"gelu_tanh"`` (GeGLU);
 ``s.add_normed(x, y, weight) -> x``
     ``x + RMSNorm(y) weight``, into the residual stream ``x``;
+``s.moe_ffn(h, e: Experts, residual) -> y``
+    a mixture of experts' FFN (:class:`~ptxgen.llm.lowering.moe.Experts`):
+    the router's top-k experts of ``h``, their SwiGLU FFNs, the weighted
+    sum added to ``residual``;
 ``s.output(h, weight)``
     the logits (and, where the lowering has one, the next token's choice).
 """

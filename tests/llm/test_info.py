@@ -215,3 +215,23 @@ def test_gemma3_lines(tmp_path, capsys, seed):
     write_synthetic_llama(other, seed=seed, **TINY)
     out = _run(capsys, other)
     assert "sliding-window" not in out and "score scale" not in out
+
+
+def test_mixture_of_experts_lines(tmp_path, capsys, seed):
+    """qwen3moe: the experts line, and the weights a decoded token reads
+    (every tensor but the embedding's other rows, and of the 3-D experts'
+    tensors the share used), computed from the writer's tensors here."""
+    from ptxgen.llm.gguf.synth import PRESETS
+    p = tmp_path / "moe.gguf"
+    kw = {**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256}
+    info = write_synthetic_llama(str(p), seed=seed, mix="Q4_K_M", **kw)
+    out = _run(capsys, p)
+    E, NU, F = kw["n_expert"], kw["n_expert_used"], kw["expert_ffn"]
+    assert f"experts: {E} per layer, {NU} used per token (expert FFN {F})" in out
+    sizes = {n: _bytes(t, s) for n, t, s in info.tensors}
+    shapes = {n: s for n, _, s in info.tensors}
+    experts = sum(b for n, b in sizes.items() if n.endswith("_exps.weight"))
+    want = (sum(sizes.values()) - experts + experts * NU // E
+            - sizes["token_embd.weight"] + sizes["token_embd.weight"] // kw["vocab"])
+    assert "output.weight" in sizes and len(shapes["blk.0.ffn_up_exps.weight"]) == 3
+    assert _num(out, r"^weights read per decoded token: ([\d,]+) bytes") == want

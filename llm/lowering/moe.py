@@ -1,0 +1,145 @@
+"""A mixture of experts' FFN lowered to launches, for one token (the decode
+step) and for the rows of a prompt chunk.
+
+The block ``s.moe_ffn(h, e: Experts, residual)`` computes llama.cpp's
+``build_moe_ffn`` (softmax gating, the file's ``norm_w``):
+
+- the router (:mod:`ptxgen.kernels.moe.router`): the expert logits of the
+  normed ``h``, their softmax, the top ``n_used`` ids and their weights,
+  written to device buffers, so which experts run is decided on the device
+  and the decode step stays one graph replay;
+- the experts' gate and up GEMV with SwiGLU over the selected experts only
+  (:mod:`ptxgen.kernels.moe.expert_gemv`, ids read from the router's
+  buffer), then the down GEMV of each expert's activations;
+- the weighted sum of the experts' outputs added to the residual
+  (:mod:`ptxgen.kernels.moe.combine`).
+
+For a chunk the same four launches run over its rows (the experts' GEMV
+with ``tokens``: grid.z is the token), each token reading its own experts'
+rows: a grouped GEMV, not yet a grouped GEMM over tokens sorted by expert,
+so a prompt's experts' weights are read once per token that chose them.
+
+The experts' weights are the file's 3-D ``*_exps`` tensors as they are
+stored (expert ``e`` at ``e`` times an expert's bytes).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from ptxgen.kernels.moe import combine, expert_gemv, router
+
+from . import matmul
+from .common import Lowering, TensorInfo
+
+__all__ = ["Experts", "decode_ffn", "chunk_ffn"]
+
+
+@attrs.frozen
+class Experts:
+    """A layer's mixture of experts: the router and the 3-D expert weights
+    (GGUF names), and whether the chosen weights are renormalised."""
+
+    layer: int
+    router: str
+    gate: str
+    up: str
+    down: str
+    norm_w: bool = True
+
+    @classmethod
+    def of_layer(cls, i: int, norm_w: bool = True) -> "Experts":
+        p = f"blk.{i}."
+        return cls(i, p + "ffn_gate_inp.weight", p + "ffn_gate_exps.weight",
+                   p + "ffn_up_exps.weight", p + "ffn_down_exps.weight", norm_w)
+
+    @property
+    def prefix(self) -> str:
+        return f"blk.{self.layer}."
+
+
+def _expert_info(lw: Lowering, name: str) -> TensorInfo:
+    """One expert's matrix of the 3-D tensor ``name``: its type and ``[rows, cols]``."""
+    shape = tuple(int(d) for d in lw.file.shape(name))
+    if len(shape) != 3:
+        raise ValueError(f"tensor {name!r} of shape {shape} is not a 3-D experts' tensor")
+    return TensorInfo(name, lw.file.qtype(name), shape[1:])
+
+
+def _plans(lw: Lowering, e: Experts, tuning, *, tokens: bool, pdl: bool):
+    """The router, gate/up, down and combine specs of ``e``."""
+    hp = lw.hp
+    tg, tu, td = (_expert_info(lw, n) for n in (e.gate, e.up, e.down))
+    if (tg.qtype, tg.shape) != (tu.qtype, tu.shape):
+        raise ValueError(f"{e.prefix}: experts' gate {tg.qtype}{tg.shape} and up "
+                         f"{tu.qtype}{tu.shape} must share a type and shape")
+    rq = lw.file.qtype(e.router)
+    if rq != "F32":
+        raise ValueError(f"{e.router} is {rq}; the router reads F32 (llama.cpp keeps it F32)")
+    rs = router.MoeRouterSpec(hp.n_expert, hp.n_expert_used, hp.hidden, rows=tokens,
+                              norm_w=e.norm_w, target=lw.target, pdl=pdl)
+    gp, _ = matmul.gemv_plan(tg, "swiglu", lw.target, tuning)
+    dp, _ = matmul.gemv_plan(td, "none", lw.target, tuning)
+    gs = expert_gemv.ExpertGemvSpec(gp, tokens=tokens, pdl=pdl)
+    ds = expert_gemv.ExpertGemvSpec(dp, x_slot=True, tokens=tokens, pdl=pdl)
+    cs = combine.MoeCombineSpec(hp.n_expert_used, rows=tokens, target=lw.target, pdl=pdl)
+    return rs, gs, ds, cs, tg, td
+
+
+def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None):
+    hp = lw.hp
+    E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
+    rs, gs, ds, cs, tg, td = specs
+    logits, counter, ids, wts, act, down = bufs
+    wr, _ = lw.weight(e.router)
+    wg, _ = lw.weight(e.gate)
+    wu, _ = lw.weight(e.up)
+    wd, _ = lw.weight(e.down)
+    rows = {} if n_ptr is None else {"t_ptr": n_ptr}
+    extra = [] if n_ptr is None else [n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr]
+    p = e.prefix
+    lw.add("MoeRouter", p + "ffn_router", [wr, x, counter] + extra, [ids, wts, counter],
+           [lw.launch("moe_router", rs, router.launch_geometry(rs, t_rows), w=wr, x=x,
+                      logits=logits, counter=counter, ids=ids, weights=wts, **rows)])
+    lw.add("MoeMulMatSwiGLU", p + "ffn_gate_up_exps", [wg, wu, x, ids] + extra, [act],
+           [lw.launch("moe_gemv", gs, expert_gemv.launch_geometry(gs, F, NU, t_rows), w=wg,
+                      wu=wu, x=x, y=act, m=F, ids=ids, **rows)])
+    lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, ids] + extra, [down],
+           [lw.launch("moe_gemv", ds, expert_gemv.launch_geometry(ds, H, NU, t_rows), w=wd,
+                      x=act, y=down, m=H, ids=ids, **rows)])
+    lw.add("MoeCombine", p + "ffn_moe_sum", [down, wts, residual] + extra, [residual],
+           [lw.launch("moe_combine", cs, combine.launch_geometry(cs, H, t_rows), y=down,
+                      weights=wts, r=residual, out=residual, m=H, **rows)])
+    return residual
+
+
+def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
+    """One token's MoE FFN: ``x`` the normed f32 ``[hidden]``, added into
+    ``residual``; ``scratch(name, shape, dtype)`` gives reused activations."""
+    hp = lw.hp
+    E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
+    specs = _plans(lw, e, tuning, tokens=False, pdl=False)
+    counter = lw.g.buffer(e.prefix + "moe_counter", (1,), np.uint32, "state",
+                          np.zeros(1, np.uint32))
+    bufs = (scratch("moe_logits", (E,), np.float32), counter,
+            scratch("moe_ids", (NU,), np.int32), scratch("moe_weights", (NU,), np.float32),
+            scratch("moe_act", (NU, F), np.float32), scratch("moe_down", (NU, H), np.float32))
+    return _launches(lw, e, x, residual, bufs, specs, 1)
+
+
+def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: bool, tuning):
+    """The MoE FFN of up to ``rows`` tokens (``n_ptr``: the device int32
+    count): ``x`` f32 ``[rows, hidden]``, added into ``residual``."""
+    hp = lw.hp
+    E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
+    specs = _plans(lw, e, tuning, tokens=True, pdl=pdl)
+    g, B, p = lw.g, rows, e.prefix
+    counter = g.buffer(f"{p}moe_counter_r{B}", (B,), np.uint32, "state",
+                       np.zeros(B, np.uint32))
+    bufs = (g.buffer(p + "moe_logits", (B, E), np.float32), counter,
+            g.buffer(p + "moe_ids", (B, NU), np.int32),
+            g.buffer(p + "moe_weights", (B, NU), np.float32),
+            g.buffer(p + "moe_act", (B, NU, F), np.float32),
+            g.buffer(p + "moe_down", (B, NU, H), np.float32))
+    return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)

@@ -1,0 +1,114 @@
+"""qwen3moe (a mixture of experts in every layer) on the emulator against
+the float64 reference: the decode step (router, the selected experts'
+GEMVs, their weighted sum: the experts chosen on the device inside one
+graph), the chunked prefill against the token-by-token path, and the
+engine's refusal.
+
+The file is the tiny-moe preset (2 layers, 8 experts, 2 used) in the
+Q4_K_M mix llama.cpp writes for MoE files (F32 router, Q4_K gate/up
+experts, ffn_down_exps Q6_K in llama.cpp's use_more_bits layers).  Bounds:
+:func:`decode_check.check_logits`'s (logits 1e-4 relative per step, cached
+K/V within an f16 ulp, greedy tokens the argmax) and test_prefill's
+``same_continuation``.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("gguf")
+
+from decode_check import check_logits
+from ptxgen.llm import Model
+from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
+from ptxgen.testing.reference import LlamaReference
+
+TINY = {**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, module_seed):
+    p = str(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
+    info = write_synthetic_llama(p, seed=module_seed, mix="Q4_K_M", **TINY)
+    types = {n: t for n, t, _ in info.tensors}
+    assert types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert types["blk.0.ffn_gate_exps.weight"] == types["blk.0.ffn_up_exps.weight"] == "Q4_K"
+    assert {types[f"blk.{i}.ffn_down_exps.weight"] for i in (0, 1)} == {"Q4_K", "Q6_K"}
+    return p
+
+
+@pytest.fixture(scope="module")
+def model(tiny):
+    return Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
+
+
+def test_decode_matches_reference(model, tiny, rng):
+    """Greedy decode: every step's logits within the reference's bound, and
+    the router chose more than one set of experts over the steps (so the
+    ids the kernels read did change inside the one graph)."""
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 3)]
+    res, logits = model.generate(prompt, 3, mode="eager", return_logits=True,
+                                 prefill_chunk=0)
+    check_logits(model, tiny, prompt, res, logits)
+    ref = LlamaReference(tiny)
+    chosen = set()
+    for t in prompt + res.tokens[:-1]:
+        ref.step(t)
+        chosen.add(tuple(tuple(sorted(ids)) for ids in ref.last_experts))
+    assert len(chosen) > 1
+    kinds = [op.kind for op in model.graph.ops if op.name.startswith("blk.0.")]
+    assert kinds[-4:] == ["MoeRouter", "MoeMulMatSwiGLU", "MoeMulMat", "MoeCombine"]
+
+
+def test_prefill_matches_token_by_token(model, rng):
+    """A 7-token prompt in chunks of 4 (so a partial chunk: rows past T
+    exit) against the token-by-token path."""
+    from test_prefill import _run, same_continuation
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 7)]
+    ref, ref_logits = _run(model, prompt, 3, 0)
+    got, got_logits = _run(model, prompt, 3, 4)          # two chunks: 4 + 3 tokens
+    assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
+
+
+def test_engine_refuses(tiny):
+    from ptxgen.llm.engine.runner import BatchRunner
+    from ptxgen.llm.gguf.file import LlamaFile
+    with pytest.raises(ValueError, match="batched engine does not run qwen3moe files"):
+        BatchRunner(LlamaFile(tiny), backend=None, num_blocks=4)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_and_prefill(tmp_path, rng, seed):
+    """On the GPU: the decode step replayed from its CUDA graph against the
+    float64 reference (the experts chosen on the device each step), and
+    prefill chunks (graph replays, buckets 64 and 128) against the
+    token-by-token prompt, on a 4-layer file of 16 experts, 4 used."""
+    from ptxgen import driver
+    if not driver.is_available():
+        pytest.skip("no NVIDIA GPU / driver available")
+    p = str(tmp_path / "moe.gguf")
+    write_synthetic_llama(p, seed=seed, mix="Q4_K_M", **{**TINY, "n_layers": 4,
+                                                         "n_expert": 16, "n_expert_used": 4})
+    m = Model.from_gguf(p, backend="cuda", capacity=256, progress=False)
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 4)]
+    res, logits = m.generate(prompt, 4, mode="graph", return_logits=True, prefill_chunk=0)
+    check_logits(m, p, prompt, res, logits)
+    from test_prefill import same_continuation
+    long = [int(t) for t in rng.integers(0, TINY["vocab"], 180)]   # chunks of 128 and 52
+    ref, lr = m.generate(long, 6, return_logits=True, prefill_chunk=0)
+    for mode in ("eager", "graph"):
+        got, lg = m.generate(long, 6, mode=mode, return_logits=True, prefill_chunk=128)
+        same_continuation(got, lg, ref, lr, len(long))
+
+
+def test_tune_times_the_experts_plans(model, tiny):
+    """`ptxgen tune` times the GEMVs the decode step runs: for the experts,
+    one expert's gate/up (swiglu) and down matrices, as their plans are."""
+    from ptxgen.llm.tune import gemv_calls
+    calls = gemv_calls(tiny)
+    specs = {op.kind: L.spec for op in model.graph.ops if op.name.startswith("blk.0.")
+             for L in op.launches}
+    hp = model.hp
+    gate, down = specs["MoeMulMatSwiGLU"].plan, specs["MoeMulMat"].plan
+    assert (gate.qtype, hp.expert_ffn, hp.hidden, "swiglu") in calls
+    assert (down.qtype, hp.hidden, hp.expert_ffn, "none") in calls
+    assert (gate.k, down.k) == (hp.hidden, hp.expert_ffn)
