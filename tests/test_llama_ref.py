@@ -282,7 +282,7 @@ def test_refuses_wrong_architecture(tmp_path, tiny):
     p = tmp_path / "gpt2.gguf"
     rewrite(tiny[0], p, arch="gpt2")
     with pytest.raises(ValueError, match=r"architecture 'gpt2' is not supported "
-                                         r"\(supported: llama, mistral, qwen2, qwen3, qwen3moe\)"):
+                                         r"\(supported: llama, mistral, qwen2, qwen3, gemma3, qwen3moe\)"):
         LlamaReference(p)
 
 
