@@ -12,7 +12,10 @@ chosen by :func:`select_config` from the per-device tuning table
 (``kernels/tuning/gemv.json``).  Kernel bodies: :mod:`.q4k` (Q4_K, x and
 weights in registers), :mod:`.staged` (every other format tile by tile
 through shared memory), :mod:`.ring` (every format through a ``cp.async``
-ring of row-group stages; the tuned choice almost everywhere).  The other
+ring of row-group stages; the tuned choice almost everywhere), :mod:`.batched`
+(``GemvSpec(batch=B)``: B rows of x against each weight read once, Q4_K,
+Q6_K and Q8_0, configs from ``kernels/tuning/gemv_batch.json`` by
+:func:`batch_plan`).  The other
 formats' piece decoders: :mod:`.staged` (Q6_K, Q8_0), :mod:`.legacy` (Q4_0,
 Q4_1, Q5_0, Q5_1), :mod:`.q5k` (Q5_K), :mod:`.floats` (F16, BF16).
 Measurements: docs/notes/gemv.md.
@@ -27,19 +30,21 @@ from __future__ import annotations
 import ptxgen
 from ptxgen import registry
 
+from .batched import build_batched
 from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring
-from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, GemvConfig, GemvPlan,
+from .spec import (BATCH_QTYPES, EPILOGUES, GEMV_QTYPES, MAX_BATCH, MAX_RING_BYTES, GemvConfig, GemvPlan,
                    GemvSpec, check_k, read_unit)
 from .staged import build_staged
-from .tuning import balanced, candidate_configs, select_config
+from .tuning import balanced, batch_config, batch_crossover, candidate_configs, select_config
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
            "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES",
-           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL"]
+           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "batch_plan", "batch_crossover",
+           "MAX_BATCH", "BATCH_QTYPES"]
 
 
 def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = None,
@@ -75,11 +80,23 @@ def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "s
     return GemvPlan(spec, balanced(spec, cfg, m, sm_count))
 
 
+def batch_plan(qtype: str, k: int, epilogue: str = "none", *, batch: int,
+               target: str = "sm_80", m: int | None = None, sm_count: int | None = None,
+               pdl: bool = False) -> GemvPlan:
+    """The batched GEMV's plan (:mod:`.batched`) for ``batch`` rows of x
+    (:func:`.tuning.batch_config`); ValueError where it is not built (the
+    type, the epilogue, or x and the ring do not fit shared memory)."""
+    spec = GemvSpec(qtype, k, epilogue=epilogue, target=target, pdl=pdl, batch=batch)
+    return GemvPlan(spec, batch_config(spec, m, sm_count))
+
+
 def build(spec, config: GemvConfig | None = None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
     :class:`GemvSpec` with ``config``, default the selected one, or a
     :class:`GemvPlan`)."""
     p = plan(spec, config)
+    if p.batch > 1:
+        return build_batched(p)
     if p.stages:
         return build_ring(p)
     if p.qtype == "Q4_K":
@@ -87,8 +104,9 @@ def build(spec, config: GemvConfig | None = None) -> ptxgen.Module:
     return build_staged(p)
 
 
-def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", **config):
-    return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, target=target),
+def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", batch=1, **config):
+    return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, target=target,
+                             batch=batch),
                     GemvConfig(**config))
 
 
@@ -110,6 +128,10 @@ CANONICAL = {
     "gemv_q5_k_dp4a": _canon("Q5_K", 512, "residual", rows=2, stages=3, tile=512, dot="dp4a"),
     "gemv_f16_swiglu": _canon("F16", 512, "swiglu", rows=2, stages=3, tile=512, pieces=2),
     "gemv_bf16_rope": _canon("BF16", 256, "rope", rope=(32, 2, 1), rows=4, stages=3, tile=256),
+    "gemv_q4_k_batch": _canon("Q4_K", 512, "residual", batch=4, rows=2, stages=3, dot="dp4a"),
+    "gemv_q6_k_batch_swiglu": _canon("Q6_K", 2048, "swiglu", batch=2, rows=1, stages=2,
+                                     dot="dp4a"),
+    "gemv_q8_0_batch_bias": _canon("Q8_0", 512, "bias", batch=3, rows=2, stages=2, dot="dp4a"),
 }
 
 registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0],

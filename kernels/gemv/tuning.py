@@ -8,13 +8,14 @@ import math
 
 import attrs
 
-from ptxgen.target import TARGETS
+from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
 
 from .. import tuning
-from .layout import groups_per_cta, launch_geometry, pieces_per_row
+from .layout import groups_per_cta, launch_geometry, pieces_per_row, threads
 from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
 
-__all__ = ["select_config", "call_of", "candidate_configs", "balanced"]
+__all__ = ["select_config", "call_of", "candidate_configs", "balanced", "batch_config",
+           "batch_crossover"]
 
 
 def call_of(spec: GemvSpec, m: int | None) -> dict:
@@ -126,3 +127,42 @@ def candidate_configs(spec: GemvSpec, m: int, sm_count: int | None = None) -> li
         if c not in out:
             out.append(c)
     return out
+
+
+def _batch_call(spec: GemvSpec, m: int | None) -> dict:
+    return dict(call_of(spec, m), batch=spec.batch)
+
+
+def batch_crossover(spec: GemvSpec, m: int | None = None) -> int:
+    """The most rows of x a decode step runs through the batched GEMV for
+    ``spec``'s weight (its ``batch`` is ignored), from the tuning table
+    (``kernels/tuning/gemv_batch.json``, ``crossover``)."""
+    call = _batch_call(spec, m)
+    return int(tuning.cascade("gemv_batch", call).get("crossover", 0))
+
+
+def batch_config(spec: GemvSpec, m: int | None = None,
+                 sm_count: int | None = None) -> GemvConfig:
+    """The batched GEMV's config for ``spec`` (``batch >= 2``) at ``m`` rows
+    on ``sm_count`` SMs: the table's, rows halved until the ring and x fit a
+    CTA's shared memory (then stages taken away, down to 2), the grid as many CTAs as fit the SMs at once.
+    Raises ValueError where even one row a group does not fit."""
+    knobs = tuning.cascade("gemv_batch", _batch_call(spec, m))
+    knobs.pop("crossover", None)
+    while True:
+        try:
+            plan = GemvPlan(spec, GemvConfig(**knobs))
+            break
+        except ValueError:
+            if knobs["rows"] > 1:
+                knobs["rows"] //= 2
+            elif knobs["stages"] > 2:
+                knobs["stages"] -= 1
+            else:
+                raise
+    if sm_count:
+        per_cta = plan.dynamic_shared + plan.ring_static_bytes + CTA_RESERVED_SHARED
+        fit = max(1, min(TARGETS[spec.target].shared_per_sm // per_cta,
+                         2048 // threads(plan)))
+        knobs["max_ctas"] = sm_count * fit
+    return GemvConfig(**knobs)

@@ -1,0 +1,209 @@
+"""The batched GEMV: ``y[b] = W x[b]`` for the ``B`` rows of x of a decode
+step, each weight read from device memory once and decoded once for all of
+them (``GemvSpec(batch=B)``, Q4_K, Q6_K and Q8_0).
+
+At small B a decode step's weight pass is bound by the bytes of W, as at
+one row; the tensor-core GEMM's tiles are sized for prompts and dequantize
+every weight once per tile of rows.  Here the weights stream through a
+``cp.async`` ring of row-group stages exactly as in :mod:`.ring` (one CTA
+takes ``rpc`` rows, ``rows`` at a time; S - 1 groups in flight), and every
+thread owns ``pieces`` runs of K (:data:`.layout.BATCH_PIECES`) for the
+whole kernel.
+
+x lives in shared memory after the ring: before the loop each thread loads
+its pieces of every row of x, splits them into the three byte planes of
+:func:`.common.x_planes` (with the piece's scale and, for Q4_K, its halves'
+sums) and stores them in its own slots (word ``w`` of piece ``i``, row
+``b``: word ``((i B + b) W + w) T + t``, so a warp's accesses are one
+word a bank).  Per row group a thread decodes its pieces of each row once
+(:mod:`.batched_pieces`), then for each row of x reads that row's words
+once and adds ``dp4a`` plane sums into ``rows x B`` accumulators.
+
+Rows of x past the count at ``n_ptr`` (a device int32, so one captured
+launch serves any number of rows up to B) are read as zeros and never
+stored.  The partials are reduced over the CTA as in
+:func:`.common.write_outputs`: every warp sums its lanes, lane 0 writes
+``red[warp][mat][b][row]``, and after a barrier thread ``j < B rows``
+adds the warps' values of output ``(b, row) = (j / rows, j % rows)``,
+applies the epilogue and stores ``y[b ys + row]``.
+
+Parameters, in order::
+
+    w      u8*   weights (gate weights for swiglu)
+    wu     u8*   up weights                       (swiglu only)
+    x      f32*  activations [B, K]
+    r      f32*  residual [B, ys]                 (residual; y may be r)
+    bias   f32*  bias [M]                         (bias)
+    y      f32*  output [B, ys]
+    m      u32   rows of W
+    rpc    u32   rows per CTA (:func:`.layout.launch_geometry`)
+    n_ptr  s32*  rows of x in use (at most B)
+    ys     u32   elements from one row of y (and r) to the next
+"""
+
+from __future__ import annotations
+
+import ptxgen
+from ptxgen.types import f32, s32, u8, u32
+
+from ..spec_fields import pdl_prologue, pdl_wait
+from .batched_pieces import BATCH_FORMATS
+from .common import silu_times, warp_sum
+from .layout import batch_layout
+from .ring import copy_rows
+
+__all__ = ["build_batched"]
+
+
+def _params(k, spec):
+    ws = [k.param_ptr("w", u8, align=16)]
+    if spec.n_mats == 2:
+        ws.append(k.param_ptr("wu", u8, align=16))
+    x = k.param_ptr("x", f32, align=16)
+    r = None
+    if spec.epilogue == "residual":
+        r = k.param_ptr("r", f32)
+    elif spec.epilogue == "bias":
+        r = k.param_ptr("bias", f32)
+    y = k.param_ptr("y", f32)
+    mrows = k.param("m", u32)
+    rpc = k.param("rpc", u32)
+    n_ptr = k.param_ptr("n_ptr", s32)
+    ys = k.param("ys", u32)
+    return ws, x, r, y, mrows, rpc, n_ptr, ys
+
+
+def build_batched(spec) -> ptxgen.Module:
+    """The batched GEMV kernel of the plan ``spec`` (``spec.batch >= 2``)."""
+    lay = batch_layout(spec)
+    offsets_fn, x_fn, decode_fn, dot_fn, names = BATCH_FORMATS[spec.qtype]
+    B, nm, R, rb, S = spec.batch, spec.n_mats, spec.rows, spec.row_bytes, spec.stages
+    thr, ppt, total = lay["threads"], lay["ppt"], lay["pieces"]
+    W = lay["planes"] + lay["extras"]
+    warps = thr // 32
+    group_bytes = R * rb
+    chunks = group_bytes // 16
+    stage_bytes = nm * group_bytes
+    ring_bytes = S * stage_bytes
+    slots = spec.batch_slots
+    m = ptxgen.Module(spec.target)
+    kdir = dict(reqntid=thr)
+    if spec.min_ctas:
+        kdir["minnctapersm"] = spec.min_ctas
+    with m.kernel(spec.kernel_name, **kdir) as k:
+        ws, x, r, y, mrows, rpc, n_ptr, ys = _params(k, spec)
+        red = k.shared_array("red", f32, warps * slots, align=16)
+        pdl_prologue(k, spec, wait=False)
+        ring = k.dynamic_shared("ring", u8)
+        tid = k.tid.x
+        if spec.interleave:
+            row0 = k.ctaid.x * R
+            row_end = mrows
+            gstep = k.nctaid.x * R
+        else:
+            row0 = k.ctaid.x * rpc
+            row_end = k.min(mrows, row0 + rpc)
+            gstep = R
+        last_chunk = k.mul_wide(mrows, rb) - 16
+        my_chunk = k.mul_wide(tid, 16)
+        dst_off = tid * 16
+
+        def issue(rg, slot):
+            with k.if_(rg < row_end):
+                src = k.mul_wide(rg, rb) + my_chunk
+                copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
+                          group_bytes)
+            k.cp_async_commit()
+
+        def first_row(s_):
+            if not spec.interleave:
+                return row0 + s_ * R
+            return row0 + s_ * gstep if s_ else row0
+
+        # the weights are constants: the first groups go out before the PDL wait
+        for s_ in range(S - 1):
+            issue(first_row(s_), k.mov(s_ * stage_bytes, u32))
+        pdl_wait(k, spec)
+        n_rows = k.ld(n_ptr[0])
+        pcs = [offsets_fn(k, tid + i * thr if i else tid, total) for i in range(ppt)]
+        # this thread's x slots: word w of (piece i, row b) at xslot + 4 T ((i B + b) W + w)
+        xslot = ring[tid * 4 + ring_bytes]
+
+        def xword(i, b, w):
+            return xslot + 4 * thr * ((i * B + b) * W + w)
+
+        for i, pc in enumerate(pcs):
+            for b in range(B):
+                ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
+                planes, extras = x_fn(k, x, dict(pc, valid=ok, xo=pc["xo"] + b * spec.k))
+                for w, v in enumerate(planes):
+                    k.st(xword(i, b, w), v, u32)
+                for e, v in enumerate(extras):
+                    k.st(xword(i, b, len(planes) + e), v, f32)
+        rd = k.var(u32, 0)
+        with k.for_range(row0, row_end, gstep) as rg:
+            k.cp_async_wait(S - 2)
+            k.bar_sync(0)
+            wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
+            issue(rg + (S - 1) * gstep, wr)
+            acc = [[[None] * R for _ in range(B)] for _ in range(nm)]
+            for i, pc in enumerate(pcs):
+                fields = {nme: ring[rd + pc[nme]] for nme in names}
+                decs = [[decode_fn(k, lambda nme, extra=0, o=mi * group_bytes + j * rb:
+                                   fields[nme] + (o + extra), pc)
+                         for j in range(R)] for mi in range(nm)]
+                for b in range(B):
+                    words = [k.ld(xword(i, b, w), u32) for w in range(lay["planes"])]
+                    extras = [k.ld(xword(i, b, lay["planes"] + e), f32)
+                              for e in range(lay["extras"])]
+                    for mi in range(nm):
+                        for j in range(R):
+                            a = acc[mi][b][j]
+                            acc[mi][b][j] = dot_fn(k, decs[mi][j], words, extras,
+                                                   k.mov(0.0, f32) if a is None else a)
+            _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys)
+            nxt = rd + stage_bytes
+            k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
+    return m
+
+
+def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys):
+    """Reduce ``acc[mat][b][row]`` over the CTA and store the outputs of the
+    group at row ``rg`` (no trailing barrier: the ring loop's next barrier
+    comes before ``red`` is written again)."""
+    B, nm, R = spec.batch, spec.n_mats, spec.rows
+    thr = warps * 32
+    sums = [[[warp_sum(k, acc[mi][b][j]) for j in range(R)] for b in range(B)]
+            for mi in range(nm)]
+    with k.if_((tid & 31).eq(0)):
+        base = (tid >> 5) * slots
+        for mi in range(nm):
+            for b in range(B):
+                for j in range(R):
+                    k.st(red[base + ((mi * B + b) * R + j)], sums[mi][b][j])
+    k.bar_sync(0)
+    log_r = R.bit_length() - 1
+    for t0 in range(0, B * R, thr):
+        o = tid + t0 if t0 else tid
+        b = o >> log_r
+        row = rg + (o & (R - 1))
+        ok = k.setp("lt", o, B * R, combine=("and", row < row_end))
+        ok = k.setp("lt", b, n_rows.bitcast(u32), combine=("and", ok))
+        with k.if_(ok):
+            tot = []
+            for mi in range(nm):
+                t = k.ld(red[o + mi * B * R])
+                for w in range(1, warps):
+                    t = t + k.ld(red[o + (w * slots + mi * B * R)])
+                tot.append(t)
+            at = k.mad(b, ys, row)
+            if spec.epilogue == "swiglu":
+                out = silu_times(k, tot[0], tot[1])
+            elif spec.epilogue == "residual":
+                # plain ld, not .nc: y may alias r
+                out = tot[0] + k.ld(r[at])
+            elif spec.epilogue == "bias":
+                out = tot[0] + k.ld(r[row], nc=True)
+            else:
+                out = tot[0]
+            k.st(y[at], out)
