@@ -13,9 +13,9 @@ whole kernel.
 x lives in shared memory after the ring: before the loop each thread loads
 its pieces of every row of x, splits them into the three byte planes of
 :func:`.common.x_planes` (with the piece's scale and, for Q4_K, its halves'
-sums) and stores them in its own slots (word ``w`` of piece ``i``, row
-``b``: word ``((i B + b) W + w) T + t``, so a warp's accesses are one
-word a bank).  Per row group a thread decodes its pieces of each row once
+sums) and stores them in its own slots: the plane words four at a time
+(16-byte accesses, a warp's 512 contiguous bytes), then the f32 extras one
+word a bank.  Per row group a thread decodes its pieces of each row once
 (:mod:`.batched_pieces`), then for each row of x reads that row's words
 once and adds ``dp4a`` plane sums into ``rows x B`` accumulators.
 
@@ -79,7 +79,6 @@ def build_batched(spec) -> ptxgen.Module:
     offsets_fn, x_fn, decode_fn, dot_fn, names = BATCH_FORMATS[spec.qtype]
     B, nm, R, rb, S = spec.batch, spec.n_mats, spec.rows, spec.row_bytes, spec.stages
     thr, ppt, total = lay["threads"], lay["ppt"], lay["pieces"]
-    W = lay["planes"] + lay["extras"]
     warps = thr // 32
     group_bytes = R * rb
     chunks = group_bytes // 16
@@ -126,20 +125,26 @@ def build_batched(spec) -> ptxgen.Module:
         pdl_wait(k, spec)
         n_rows = k.ld(n_ptr[0])
         pcs = [offsets_fn(k, tid + i * thr if i else tid, total) for i in range(ppt)]
-        # this thread's x slots: word w of (piece i, row b) at xslot + 4 T ((i B + b) W + w)
-        xslot = ring[tid * 4 + ring_bytes]
+        # this thread's x slots (piece i, row b): plane words 4g .. 4g + 3 at
+        # xplanes + 16 T ((i B + b) P4 + g), extra e at xextras + 4 T ((i B + b) E + e)
+        P4, E = lay["planes"] // 4, lay["extras"]
+        xplanes = ring[tid * 16 + ring_bytes]
+        xextras = ring[tid * 4 + (ring_bytes + 16 * thr * ppt * B * P4)]
 
-        def xword(i, b, w):
-            return xslot + 4 * thr * ((i * B + b) * W + w)
+        def plane_at(i, b, g):
+            return xplanes + 16 * thr * ((i * B + b) * P4 + g)
+
+        def extra_at(i, b, e):
+            return xextras + 4 * thr * ((i * B + b) * E + e)
 
         for i, pc in enumerate(pcs):
             for b in range(B):
                 ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
                 planes, extras = x_fn(k, x, dict(pc, valid=ok, xo=pc["xo"] + b * spec.k))
-                for w, v in enumerate(planes):
-                    k.st(xword(i, b, w), v, u32)
+                for g in range(P4):
+                    k.st(plane_at(i, b, g), tuple(planes[4 * g:4 * g + 4]), u32)
                 for e, v in enumerate(extras):
-                    k.st(xword(i, b, len(planes) + e), v, f32)
+                    k.st(extra_at(i, b, e), v, f32)
         rd = k.var(u32, 0)
         with k.for_range(row0, row_end, gstep) as rg:
             k.cp_async_wait(S - 2)
@@ -153,9 +158,8 @@ def build_batched(spec) -> ptxgen.Module:
                                    fields[nme] + (o + extra), pc)
                          for j in range(R)] for mi in range(nm)]
                 for b in range(B):
-                    words = [k.ld(xword(i, b, w), u32) for w in range(lay["planes"])]
-                    extras = [k.ld(xword(i, b, lay["planes"] + e), f32)
-                              for e in range(lay["extras"])]
+                    words = [w for g in range(P4) for w in k.ld(plane_at(i, b, g), u32, vec=4)]
+                    extras = [k.ld(extra_at(i, b, e), f32) for e in range(E)]
                     for mi in range(nm):
                         for j in range(R):
                             a = acc[mi][b][j]
