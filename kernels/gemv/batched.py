@@ -73,15 +73,37 @@ def _params(k, spec):
     return ws, x, r, y, mrows, rpc, n_ptr, ys
 
 
+def _copy_slice(k, dst, ws, rg, srb, rb, off0, rows, last, thr, tid, mat_bytes):
+    """Copy ``rows`` rows' slices of ``srb`` bytes (from byte ``off0`` of
+    each row of ``rb`` bytes, rows from ``rg``) of every matrix in ``ws`` into
+    shared memory with ``cp.async``, one after the other from ``dst`` (this
+    thread's first chunk's address, ``16 tid`` in); thread ``tid`` of
+    ``thr`` copies chunks ``tid, tid + thr, ...``.  Reads clamped to ``last``
+    (a matrix's last chunk).  No commit."""
+    cpr = srb // 16
+    chunks = rows * cpr
+    for j in range(-(-chunks // thr)):
+        c = tid + thr * j if j else tid
+        row = c // cpr if rows > 1 else None
+        inrow = c - row * cpr if rows > 1 else c
+        src = k.mul_wide(rg + row, rb) if rows > 1 else k.mul_wide(rg, rb)
+        src = k.min(src + k.mul_wide(inrow, 16) + off0, last)
+        guard = (c < chunks) if (j + 1) * thr > chunks else None
+        for mi, w in enumerate(ws):
+            k.cp_async(dst + (mi * mat_bytes + 16 * thr * j), k.ptr_add(w, src)[0], 16,
+                       guard=guard)
+
+
 def build_batched(spec) -> ptxgen.Module:
     """The batched GEMV kernel of the plan ``spec`` (``spec.batch >= 2``)."""
     lay = batch_layout(spec)
     offsets_fn, x_fn, decode_fn, dot_fn, names = BATCH_FORMATS[spec.qtype]
     B, nm, R, rb, S = spec.batch, spec.n_mats, spec.rows, spec.row_bytes, spec.stages
-    thr, ppt, total = lay["threads"], lay["ppt"], lay["pieces"]
+    n_sl = spec.kslices
+    srb = rb // n_sl                        # bytes of one row's K slice
+    thr, ppt, ps = lay["threads"], lay["ppt"], lay["pieces"]
     warps = thr // 32
-    group_bytes = R * rb
-    chunks = group_bytes // 16
+    group_bytes = R * srb
     stage_bytes = nm * group_bytes
     ring_bytes = S * stage_bytes
     slots = spec.batch_slots
@@ -107,11 +129,17 @@ def build_batched(spec) -> ptxgen.Module:
         my_chunk = k.mul_wide(tid, 16)
         dst_off = tid * 16
 
-        def issue(rg, slot):
+        def issue(rg, slot, sl):
+            """Copy slice ``sl`` of the row group at ``rg`` into the stage at
+            byte ``slot``; commit (an empty group past the CTA's rows)."""
             with k.if_(rg < row_end):
-                src = k.mul_wide(rg, rb) + my_chunk
-                copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, chunks, thr, tid,
-                          group_bytes)
+                if n_sl == 1:
+                    src = k.mul_wide(rg, rb) + my_chunk
+                    copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, group_bytes // 16,
+                              thr, tid, group_bytes)
+                else:
+                    _copy_slice(k, ring[slot + dst_off], ws, rg, srb, rb, sl * srb, R,
+                                last_chunk, thr, tid, group_bytes)
             k.cp_async_commit()
 
         def first_row(s_):
@@ -119,12 +147,6 @@ def build_batched(spec) -> ptxgen.Module:
                 return row0 + s_ * R
             return row0 + s_ * gstep if s_ else row0
 
-        # the weights are constants: the first groups go out before the PDL wait
-        for s_ in range(S - 1):
-            issue(first_row(s_), k.mov(s_ * stage_bytes, u32))
-        pdl_wait(k, spec)
-        n_rows = k.ld(n_ptr[0])
-        pcs = [offsets_fn(k, tid + i * thr if i else tid, total) for i in range(ppt)]
         # this thread's x slots (piece i, row b): plane words 4g .. 4g + 3 at
         # xplanes + 16 T ((i B + b) P4 + g), extra e at xextras + 4 T ((i B + b) E + e)
         P4, E = lay["planes"] // 4, lay["extras"]
@@ -137,44 +159,67 @@ def build_batched(spec) -> ptxgen.Module:
         def extra_at(i, b, e):
             return xextras + 4 * thr * ((i * B + b) * E + e)
 
-        for i, pc in enumerate(pcs):
-            for b in range(B):
-                ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
-                planes, extras = x_fn(k, x, dict(pc, valid=ok, xo=pc["xo"] + b * spec.k))
-                for g in range(P4):
-                    k.st(plane_at(i, b, g), tuple(planes[4 * g:4 * g + 4]), u32)
-                for e, v in enumerate(extras):
-                    k.st(extra_at(i, b, e), v, f32)
         rd = k.var(u32, 0)
-        with k.for_range(row0, row_end, gstep) as rg:
-            k.cp_async_wait(S - 2)
-            k.bar_sync(0)
-            wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
-            issue(rg + (S - 1) * gstep, wr)
-            acc = [[[None] * R for _ in range(B)] for _ in range(nm)]
+        for sl in range(n_sl):
+            if sl:
+                # everyone is done with the last slice's stages (and x slots)
+                k.bar_sync(0)
+                k.assign(rd, k.mov(0, u32))
+            # the weights are constants: the first groups go out before the PDL wait
+            for s_ in range(S - 1):
+                issue(first_row(s_), k.mov(s_ * stage_bytes, u32), sl)
+            if not sl:
+                pdl_wait(k, spec)
+                n_rows = k.ld(n_ptr[0])
+            # the slice's pieces: p = tid + i T of its ps, their offsets in the slice's bytes
+            pcs = []
+            for i in range(ppt):
+                p = tid + (i * thr + sl * ps) if i or sl else tid
+                pc = offsets_fn(k, p, (sl + 1) * ps)
+                if sl:
+                    pc.update({nme: pc[nme] - sl * srb for nme in names})
+                pcs.append(pc)
             for i, pc in enumerate(pcs):
-                fields = {nme: ring[rd + pc[nme]] for nme in names}
-                decs = [[decode_fn(k, lambda nme, extra=0, o=mi * group_bytes + j * rb:
-                                   fields[nme] + (o + extra), pc)
-                         for j in range(R)] for mi in range(nm)]
                 for b in range(B):
-                    words = [w for g in range(P4) for w in k.ld(plane_at(i, b, g), u32, vec=4)]
-                    extras = [k.ld(extra_at(i, b, e), f32) for e in range(E)]
-                    for mi in range(nm):
-                        for j in range(R):
-                            a = acc[mi][b][j]
-                            acc[mi][b][j] = dot_fn(k, decs[mi][j], words, extras,
-                                                   k.mov(0.0, f32) if a is None else a)
-            _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys)
-            nxt = rd + stage_bytes
-            k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
+                    ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
+                    planes, extras = x_fn(k, x, dict(pc, valid=ok, xo=pc["xo"] + b * spec.k))
+                    for g in range(P4):
+                        k.st(plane_at(i, b, g), tuple(planes[4 * g:4 * g + 4]), u32)
+                    for e, v in enumerate(extras):
+                        k.st(extra_at(i, b, e), v, f32)
+            with k.for_range(row0, row_end, gstep) as rg:
+                k.cp_async_wait(S - 2)
+                k.bar_sync(0)
+                wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
+                issue(rg + (S - 1) * gstep, wr, sl)
+                acc = [[[None] * R for _ in range(B)] for _ in range(nm)]
+                for i, pc in enumerate(pcs):
+                    fields = {nme: ring[rd + pc[nme]] for nme in names}
+                    decs = [[decode_fn(k, lambda nme, extra=0, o=mi * group_bytes + j * srb:
+                                       fields[nme] + (o + extra), pc)
+                             for j in range(R)] for mi in range(nm)]
+                    for b in range(B):
+                        words = [w for g in range(P4)
+                                 for w in k.ld(plane_at(i, b, g), u32, vec=4)]
+                        extras = [k.ld(extra_at(i, b, e), f32) for e in range(E)]
+                        for mi in range(nm):
+                            for j in range(R):
+                                a = acc[mi][b][j]
+                                acc[mi][b][j] = dot_fn(k, decs[mi][j], words, extras,
+                                                       k.mov(0.0, f32) if a is None else a)
+                _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys,
+                       add_y=sl > 0)
+                nxt = rd + stage_bytes
+                k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
     return m
 
 
-def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys):
+def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, add_y=False):
     """Reduce ``acc[mat][b][row]`` over the CTA and store the outputs of the
     group at row ``rg`` (no trailing barrier: the ring loop's next barrier
-    comes before ``red`` is written again)."""
+    comes before ``red`` is written again); ``add_y``: a later K slice's
+    sums, added to what the slices before stored (the same thread stored
+    them)."""
     B, nm, R = spec.batch, spec.n_mats, spec.rows
     thr = warps * 32
     sums = [[[warp_sum(k, acc[mi][b][j]) for j in range(R)] for b in range(B)]
@@ -201,7 +246,9 @@ def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys):
                     t = t + k.ld(red[o + (w * slots + mi * B * R)])
                 tot.append(t)
             at = k.mad(b, ys, row)
-            if spec.epilogue == "swiglu":
+            if add_y:
+                out = tot[0] + k.ld(y[at])
+            elif spec.epilogue == "swiglu":
                 out = silu_times(k, tot[0], tot[1])
             elif spec.epilogue == "residual":
                 # plain ld, not .nc: y may alias r

@@ -97,13 +97,14 @@ BATCH_PIECES = {"Q4_K": (32, 24, 3), "Q6_K": (16, 12, 1), "Q8_0": (16, 12, 1)}
 
 
 def batch_layout(spec) -> dict:
-    """The batched GEMV's geometry: ``pieces`` of a row, ``ppt`` a thread
+    """The batched GEMV's geometry: ``pieces`` of a K slice of a row
+    (:attr:`.GemvConfig.kslices`), ``ppt`` a thread
     (the config's ``pieces``, 0: as few as fit 1024 threads), ``threads``,
     the per-piece-and-row words of x (``planes``, ``extras``) and the
-    shared memory x takes (``x_bytes``: every thread's slots, ``batch`` rows
-    each)."""
+    shared memory x of one slice takes (``x_bytes``: every thread's slots,
+    ``batch`` rows each)."""
     weights, planes, extras = BATCH_PIECES[spec.qtype]
-    pieces = spec.k // weights
+    pieces = spec.k // spec.kslices // weights
     ppt = spec.pieces or max(1, math.ceil(pieces / 1024))
     thr = warp_threads(pieces, ppt)
     if thr > 1024:

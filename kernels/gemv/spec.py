@@ -244,6 +244,10 @@ class GemvConfig:
     interleave : bool
         Ring: CTA ``c`` of ``n`` takes row groups ``c, c + n, ...`` instead
         of consecutive rows.
+    kslices : int
+        The batched GEMV: K in this many equal slices, one after the other
+        (x of one slice in shared memory at a time; each slice's sums added
+        to y), so that many rows of x fit at a large K.
     """
 
     rows: int = attrs.field(default=4, validator=_int_in(1, 16, pow2=True))
@@ -257,6 +261,7 @@ class GemvConfig:
     per_sm: int = attrs.field(default=0, validator=_int_in(0, 32))
     bulk: bool = attrs.field(default=False, validator=_bool)
     interleave: bool = attrs.field(default=False, validator=_bool)
+    kslices: int = attrs.field(default=1, validator=_int_in(1, 16))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemvSpec))
@@ -288,6 +293,8 @@ class GemvPlan(PlanBase):
         sp, c = self.spec, self.config
         if sp.batch > 1:
             return self._check_batched()
+        if c.kslices != 1:
+            raise ValueError(f"kslices={c.kslices} is for the batched GEMV (batch >= 2)")
         bs = sp.block_weights
         if c.tile % bs:
             raise ValueError(f"tile must be a positive multiple of {bs}, got {c.tile!r}")
@@ -340,9 +347,15 @@ class GemvPlan(PlanBase):
         for knob, on in (("bulk", c.bulk), ("ahead", c.ahead)):
             if on:
                 raise ValueError(f"batch={B}: {knob}={on} is not built for the batched GEMV")
-        if sp.row_bytes % 16:
-            raise ValueError(f"batch={B}: the batched GEMV copies 16-byte chunks; {sp.qtype} "
-                             f"rows of K={sp.k} are {sp.row_bytes} bytes")
+        n = c.kslices
+        if sp.k % (n * sp.block_weights) or (sp.row_bytes // n) % 16 or \
+                sp.k // n % BATCH_PIECES[sp.qtype][0]:
+            raise ValueError(f"batch={B}: the batched GEMV copies 16-byte chunks of whole "
+                             f"pieces; {sp.qtype} rows of K={sp.k} ({sp.row_bytes} bytes) "
+                             f"do not split into kslices={n} such slices")
+        if n > 1 and sp.epilogue == "swiglu":
+            raise ValueError(f"batch={B}: kslices={n} adds each slice's sums to y; the "
+                             f"swiglu epilogue needs whole sums (kslices=1)")
         lay = batch_layout(self)
         need = self.ring_bytes + lay["x_bytes"] + self.ring_static_bytes
         limit = batch_shared_limit(sp.target)
@@ -351,8 +364,8 @@ class GemvPlan(PlanBase):
                              f"and stages={c.stages} x rows={c.rows} x {sp.n_mats} matrices "
                              f"of {sp.row_bytes}-byte rows need {need} bytes of shared "
                              f"memory with the static arrays, more than the {limit} a CTA "
-                             f"has on {sp.target}: fewer rows of x a launch, or a smaller "
-                             f"ring")
+                             f"has on {sp.target}: fewer rows of x a launch, more "
+                             f"kslices, or a smaller ring")
         if c.per_sm:
             try:
                 TARGETS[sp.target].capped_shared(c.per_sm, self.ring_bytes + lay["x_bytes"])
@@ -362,7 +375,7 @@ class GemvPlan(PlanBase):
     @property
     def ring_bytes(self) -> int:
         """Dynamic shared memory of the ``stages`` ring (0 without one)."""
-        return self.stages * self.n_mats * self.rows * self.row_bytes
+        return self.stages * self.n_mats * self.rows * self.row_bytes // self.kslices
 
     @property
     def batch_slots(self) -> int:
@@ -407,6 +420,7 @@ class GemvPlan(PlanBase):
         if self.batch > 1:
             tail = ("_il" if self.interleave else "") + (f"_p{self.pieces}" if self.pieces else "")
             tail += f"_c{self.min_ctas}" if self.min_ctas else ""
+            tail += f"_x{self.kslices}" if self.kslices > 1 else ""
             return (f"gemv_{self.qtype.lower()}_k{self.k}{epi}_b{self.batch}_r{self.rows}"
                     f"_s{self.stages}{tail}")
         if self.rope:

@@ -144,22 +144,32 @@ def batch_crossover(spec: GemvSpec, m: int | None = None) -> int:
 def batch_config(spec: GemvSpec, m: int | None = None,
                  sm_count: int | None = None) -> GemvConfig:
     """The batched GEMV's config for ``spec`` (``batch >= 2``) at ``m`` rows
-    on ``sm_count`` SMs: the table's, rows halved until the ring and x fit a
-    CTA's shared memory (then stages taken away, down to 2), the grid as many CTAs as fit the SMs at once.
-    Raises ValueError where even one row a group does not fit."""
+    on ``sm_count`` SMs: the table's, where x and the ring do not fit a
+    CTA's shared memory with K in the fewest slices (``kslices``) that fit
+    at the most rows, then the most stages; the grid as many CTAs as fit
+    the SMs at once.  Raises the table config's ValueError where nothing
+    fits (or the spec is not built)."""
     knobs = tuning.cascade("gemv_batch", _batch_call(spec, m))
     knobs.pop("crossover", None)
-    while True:
-        try:
-            plan = GemvPlan(spec, GemvConfig(**knobs))
+    first_error, plan = None, None
+    rows_options = [knobs["rows"] >> i for i in range(knobs["rows"].bit_length())]
+    for stages in range(knobs["stages"], 1, -1):
+        for rows in rows_options:
+            for kslices in range(1, 17):
+                cand = dict(knobs, stages=stages, rows=rows, kslices=kslices)
+                try:
+                    plan = GemvPlan(spec, GemvConfig(**cand))
+                except ValueError as e:
+                    first_error = first_error or e
+                    continue
+                knobs = cand
+                break
+            if plan is not None:
+                break
+        if plan is not None:
             break
-        except ValueError:
-            if knobs["rows"] > 1:
-                knobs["rows"] //= 2
-            elif knobs["stages"] > 2:
-                knobs["stages"] -= 1
-            else:
-                raise
+    if plan is None:
+        raise first_error
     if sm_count:
         per_cta = plan.dynamic_shared + plan.ring_static_bytes + CTA_RESERVED_SHARED
         fit = max(1, min(TARGETS[spec.target].shared_per_sm // per_cta,

@@ -65,6 +65,12 @@ CASES = [
     ("Q6_K", 2048, "swiglu", 2, 2, dict(rows=2, stages=2, pieces=2)),
     ("Q8_0", 512, "none", 3, 3, dict(rows=2, stages=3)),
     ("Q8_0", 512, "bias", 2, 2, dict(rows=4, stages=2)),
+    # K in slices, each slice's sums added to y
+    ("Q4_K", 512, "residual", 4, 3, dict(rows=2, stages=3, kslices=2)),
+    ("Q4_K", 1024, "bias", 3, 3, dict(rows=4, stages=2, kslices=4)),
+    ("Q4_K", 768, "none", 2, 2, dict(rows=1, stages=3, kslices=3, interleave=True)),
+    ("Q6_K", 4096, "none", 3, 2, dict(rows=2, stages=2, kslices=2)),
+    ("Q8_0", 512, "residual", 2, 2, dict(rows=2, stages=3, kslices=2)),
 ]
 
 
@@ -116,6 +122,10 @@ def test_batched_rows_in_use_zero_writes_nothing(run, rng):
     (dict(batch=4, bulk=True, target="sm_90"), "bulk"),
     (dict(qtype="Q6_K", k=512, batch=4), "16-byte"),
     (dict(k=14336, batch=8), "shared memory"),
+    (dict(batch=4, epilogue="swiglu", kslices=2), "whole sums"),
+    (dict(batch=4, kslices=3), "kslices=3"),
+    (dict(qtype="Q6_K", k=2048, batch=4, kslices=2), "kslices=2"),
+    (dict(batch=1, stages=3, kslices=2), "batch >= 2"),
 ])
 def test_batched_refused(bad, match):
     fields = dict(qtype="Q4_K", k=4096, epilogue="none", dot="dp4a", stages=3, rows=2)
@@ -132,17 +142,19 @@ def test_batched_names_tell_batches_apart():
 
 
 SHAPES = [("Q4_K", 4096, "none", 2), ("Q4_K", 4096, "residual", 8), ("Q4_K", 4096, "swiglu", 4),
-          ("Q4_K", 14336, "residual", 2), ("Q6_K", 4096, "none", 8), ("Q6_K", 14336, "residual", 2)]
-#: x of 16 rows of K = 4096 fits only sm_90's larger shared memory
-SM90_SHAPES = [("Q4_K", 4096, "bias", 16), ("Q6_K", 4096, "none", 16),
-               ("Q4_K", 14336, "residual", 4), ("Q6_K", 14336, "residual", 4)]
+          ("Q4_K", 14336, "residual", 2), ("Q6_K", 4096, "none", 8), ("Q6_K", 14336, "residual", 2),
+          ("Q4_K", 14336, "residual", 16), ("Q6_K", 14336, "residual", 8),
+          ("Q4_K", 4096, "bias", 32)]
+#: the fused gate and up at 16 rows of x fit only sm_90's larger shared memory
+SM90_SHAPES = [("Q4_K", 4096, "swiglu", 16)]
 
 
 @pytest.mark.parametrize("target,qtype,k,epi,B",
                          [(t,) + s for t in ("sm_80", "sm_90") for s in SHAPES]
                          + [("sm_90",) + s for s in SM90_SHAPES])
 def test_batched_ptxas_no_spills(ptxas, target, qtype, k, epi, B):
-    """The model's shapes at the batch sizes the selector gives them."""
+    """The model's shapes at the configs the selector gives them (K in
+    slices where x of B rows does not fit whole)."""
     spec = G.batch_plan(qtype, k, epi, batch=B, m=4096, sm_count=132, target=target)
     _, reports = assemble(G.build(spec).to_ptx(), target)
     assert len(reports) == 1 and reports[0].spill_stores == 0, reports
@@ -153,10 +165,11 @@ def test_batched_ptxas_no_spills(ptxas, target, qtype, k, epi, B):
     ("Q4_K", 4096, 4096, "residual", 8, 7), ("Q4_K", 1031, 4096, "swiglu", 4, 4),
     ("Q4_K", 6144, 4096, "bias", 2, 2), ("Q4_K", 4096, 14336, "residual", 4, 3),
     ("Q6_K", 4096, 14336, "residual", 4, 4), ("Q6_K", 2053, 4096, "none", 16, 16),
-    ("Q4_K", 4099, 4096, "none", 16, 13)])
+    ("Q4_K", 4099, 4096, "none", 16, 13), ("Q4_K", 4096, 14336, "residual", 16, 16),
+    ("Q6_K", 4096, 14336, "residual", 32, 29), ("Q4_K", 6144, 4096, "none", 32, 32)])
 def test_batched_gemv_gpu_model_shapes(gpu_run, qtype, m, k, epi, B, n, rng):
     """The 8B model's projection shapes at the selector's config for the GPU
-    (B = 16 needs sm_90's shared memory)."""
+    (K in slices where x of B rows does not fit whole)."""
     spec = G.batch_plan(qtype, k, epi, batch=B, m=m, target=gpu_run.target(),
                         sm_count=gpu_run.backend.sm_count)
     ws = _weights(rng, qtype, m, k, spec.n_mats)
