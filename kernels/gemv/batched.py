@@ -43,6 +43,8 @@ Parameters, in order::
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import ptxgen
 from ptxgen.types import f32, s32, u8, u32
 
@@ -101,7 +103,9 @@ def build_batched(spec) -> ptxgen.Module:
     B, nm, R, rb, S = spec.batch, spec.n_mats, spec.rows, spec.row_bytes, spec.stages
     n_sl = spec.kslices
     srb = rb // n_sl                        # bytes of one row's K slice
-    thr, ppt, ps = lay["threads"], lay["ppt"], lay["pieces"]
+    thr, ppt, ps, tt = lay["threads"], lay["ppt"], lay["pieces"], lay["team"]
+    nt = spec.teams
+    Rt = R // nt                            # rows of a group a team takes
     warps = thr // 32
     group_bytes = R * srb
     stage_bytes = nm * group_bytes
@@ -125,6 +129,10 @@ def build_batched(spec) -> ptxgen.Module:
             row0 = k.ctaid.x * rpc
             row_end = k.min(mrows, row0 + rpc)
             gstep = R
+        # team ``team`` of threads tp = 0 .. tt - 1 takes rows team Rt .. of a group
+        team = tid // tt if nt > 1 else None
+        tp = tid - team * tt if nt > 1 else tid
+        team_off = team * (Rt * srb) if nt > 1 else 0
         last_chunk = k.mul_wide(mrows, rb) - 16
         my_chunk = k.mul_wide(tid, 16)
         dst_off = tid * 16
@@ -150,14 +158,14 @@ def build_batched(spec) -> ptxgen.Module:
         # this thread's x slots (piece i, row b): plane words 4g .. 4g + 3 at
         # xplanes + 16 T ((i B + b) P4 + g), extra e at xextras + 4 T ((i B + b) E + e)
         P4, E = lay["planes"] // 4, lay["extras"]
-        xplanes = ring[tid * 16 + ring_bytes]
-        xextras = ring[tid * 4 + (ring_bytes + 16 * thr * ppt * B * P4)]
+        xplanes = ring[tp * 16 + ring_bytes]
+        xextras = ring[tp * 4 + (ring_bytes + 16 * tt * ppt * B * P4)]
 
         def plane_at(i, b, g):
-            return xplanes + 16 * thr * ((i * B + b) * P4 + g)
+            return xplanes + 16 * tt * ((i * B + b) * P4 + g)
 
         def extra_at(i, b, e):
-            return xextras + 4 * thr * ((i * B + b) * E + e)
+            return xextras + 4 * tt * ((i * B + b) * E + e)
 
         rd = k.var(u32, 0)
         for sl in range(n_sl):
@@ -174,36 +182,41 @@ def build_batched(spec) -> ptxgen.Module:
             # the slice's pieces: p = tid + i T of its ps, their offsets in the slice's bytes
             pcs = []
             for i in range(ppt):
-                p = tid + (i * thr + sl * ps) if i or sl else tid
+                p = tp + (i * tt + sl * ps) if i or sl else tp
                 pc = offsets_fn(k, p, (sl + 1) * ps)
                 if sl:
                     pc.update({nme: pc[nme] - sl * srb for nme in names})
                 pcs.append(pc)
+            # x row b is split by team b % teams (the loop's first barrier
+            # comes before any team reads it)
             for i, pc in enumerate(pcs):
                 for b in range(B):
-                    ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
-                    planes, extras = x_fn(k, x, dict(pc, valid=ok, xo=pc["xo"] + b * spec.k))
-                    for g in range(P4):
-                        k.st(plane_at(i, b, g), tuple(planes[4 * g:4 * g + 4]), u32)
-                    for e, v in enumerate(extras):
-                        k.st(extra_at(i, b, e), v, f32)
+                    with k.if_(team.eq(b % nt)) if nt > 1 else nullcontext():
+                        ok = k.setp("gt", n_rows, b, combine=("and", pc["valid"]))
+                        planes, extras = x_fn(k, x, dict(pc, valid=ok,
+                                                         xo=pc["xo"] + b * spec.k))
+                        for g in range(P4):
+                            k.st(plane_at(i, b, g), tuple(planes[4 * g:4 * g + 4]), u32)
+                        for e, v in enumerate(extras):
+                            k.st(extra_at(i, b, e), v, f32)
             with k.for_range(row0, row_end, gstep) as rg:
                 k.cp_async_wait(S - 2)
                 k.bar_sync(0)
                 wr = k.select(rd.eq(0), k.mov(ring_bytes - stage_bytes, u32), rd - stage_bytes)
                 issue(rg + (S - 1) * gstep, wr, sl)
-                acc = [[[None] * R for _ in range(B)] for _ in range(nm)]
+                acc = [[[None] * Rt for _ in range(B)] for _ in range(nm)]
                 for i, pc in enumerate(pcs):
-                    fields = {nme: ring[rd + pc[nme]] for nme in names}
+                    fields = {nme: ring[rd + pc[nme] + team_off if nt > 1 else rd + pc[nme]]
+                              for nme in names}
                     decs = [[decode_fn(k, lambda nme, extra=0, o=mi * group_bytes + j * srb:
                                        fields[nme] + (o + extra), pc)
-                             for j in range(R)] for mi in range(nm)]
+                             for j in range(Rt)] for mi in range(nm)]
                     for b in range(B):
                         words = [w for g in range(P4)
                                  for w in k.ld(plane_at(i, b, g), u32, vec=4)]
                         extras = [k.ld(extra_at(i, b, e), f32) for e in range(E)]
                         for mi in range(nm):
-                            for j in range(R):
+                            for j in range(Rt):
                                 a = acc[mi][b][j]
                                 acc[mi][b][j] = dot_fn(k, decs[mi][j], words, extras,
                                                        k.mov(0.0, f32) if a is None else a)
@@ -215,35 +228,44 @@ def build_batched(spec) -> ptxgen.Module:
 
 
 def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, add_y=False):
-    """Reduce ``acc[mat][b][row]`` over the CTA and store the outputs of the
-    group at row ``rg`` (no trailing barrier: the ring loop's next barrier
-    comes before ``red`` is written again); ``add_y``: a later K slice's
-    sums, added to what the slices before stored (the same thread stored
-    them)."""
-    B, nm, R = spec.batch, spec.n_mats, spec.rows
+    """Reduce ``acc[mat][b][row]`` (a team's rows) over each team's warps
+    and store the outputs of the group at row ``rg`` (no trailing barrier:
+    the ring loop's next barrier comes before ``red`` is written again);
+    ``add_y``: a later K slice's sums, added to what the slices before
+    stored (the same thread stored them)."""
+    B, nm, R, nt = spec.batch, spec.n_mats, spec.rows, spec.teams
+    Rt = R // nt
     thr = warps * 32
-    sums = [[[warp_sum(k, acc[mi][b][j]) for j in range(R)] for b in range(B)]
+    wpt = warps // nt                       # warps of a team
+    sums = [[[warp_sum(k, acc[mi][b][j]) for j in range(Rt)] for b in range(B)]
             for mi in range(nm)]
     with k.if_((tid & 31).eq(0)):
         base = (tid >> 5) * slots
         for mi in range(nm):
             for b in range(B):
-                for j in range(R):
-                    k.st(red[base + ((mi * B + b) * R + j)], sums[mi][b][j])
+                for j in range(Rt):
+                    k.st(red[base + ((mi * B + b) * Rt + j)], sums[mi][b][j])
     k.bar_sync(0)
-    log_r = R.bit_length() - 1
+    log_r, log_rt = R.bit_length() - 1, Rt.bit_length() - 1
     for t0 in range(0, B * R, thr):
         o = tid + t0 if t0 else tid
+        # output (b, row jj of the group): team jj / Rt's row jj % Rt
         b = o >> log_r
-        row = rg + (o & (R - 1))
+        jj = o & (R - 1)
+        row = rg + jj
         ok = k.setp("lt", o, B * R, combine=("and", row < row_end))
         ok = k.setp("lt", b, n_rows.bitcast(u32), combine=("and", ok))
         with k.if_(ok):
+            if nt > 1:
+                tm = jj >> log_rt
+                at0 = tm * (wpt * slots) + (b << log_rt) + (jj & (Rt - 1))
+            else:
+                at0 = o
             tot = []
             for mi in range(nm):
-                t = k.ld(red[o + mi * B * R])
-                for w in range(1, warps):
-                    t = t + k.ld(red[o + (w * slots + mi * B * R)])
+                t = k.ld(red[at0 + mi * B * Rt])
+                for w in range(1, wpt):
+                    t = t + k.ld(red[at0 + (w * slots + mi * B * Rt)])
                 tot.append(t)
             at = k.mad(b, ys, row)
             if add_y:
@@ -258,3 +280,4 @@ def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, 
             else:
                 out = tot[0]
             k.st(y[at], out)
+

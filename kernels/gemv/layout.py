@@ -99,16 +99,20 @@ BATCH_PIECES = {"Q4_K": (32, 24, 3), "Q6_K": (16, 12, 1), "Q8_0": (16, 12, 1)}
 def batch_layout(spec) -> dict:
     """The batched GEMV's geometry: ``pieces`` of a K slice of a row
     (:attr:`.GemvConfig.kslices`), ``ppt`` a thread
-    (the config's ``pieces``, 0: as few as fit 1024 threads), ``threads``,
+    (the config's ``pieces``, 0: as few as fit 1024 threads), ``threads``
+    (``team`` threads a team, :attr:`.GemvConfig.teams` teams),
     the per-piece-and-row words of x (``planes``, ``extras``) and the
     shared memory x of one slice takes (``x_bytes``: every thread's slots,
     ``batch`` rows each)."""
     weights, planes, extras = BATCH_PIECES[spec.qtype]
     pieces = spec.k // spec.kslices // weights
-    ppt = spec.pieces or max(1, math.ceil(pieces / 1024))
-    thr = warp_threads(pieces, ppt)
+    ppt = spec.pieces or max(1, math.ceil(pieces * spec.teams / 1024))
+    team = warp_threads(pieces, ppt)
+    thr = team * spec.teams
     if thr > 1024:
-        raise ValueError(f"batched {spec.qtype} K={spec.k}: {ppt} pieces per thread need "
-                         f"{thr} threads (> 1024); raise pieces")
-    return dict(weights=weights, pieces=pieces, ppt=ppt, threads=thr, planes=planes,
-                extras=extras, x_bytes=4 * ppt * thr * spec.batch * (planes + extras))
+        raise ValueError(f"batched {spec.qtype} K={spec.k}: {ppt} pieces per thread in "
+                         f"{spec.teams} teams need {thr} threads (> 1024); raise pieces or "
+                         f"kslices, or lower teams")
+    return dict(weights=weights, pieces=pieces, ppt=ppt, threads=thr, team=team,
+                planes=planes, extras=extras,
+                x_bytes=4 * ppt * team * spec.batch * (planes + extras))

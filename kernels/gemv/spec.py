@@ -248,6 +248,10 @@ class GemvConfig:
         The batched GEMV: K in this many equal slices, one after the other
         (x of one slice in shared memory at a time; each slice's sums added
         to y), so that many rows of x fit at a large K.
+    teams : int
+        The batched GEMV: teams of threads, each the threads of one K slice,
+        sharing x in shared memory; a row group's ``rows`` are dealt out
+        ``rows / teams`` to a team (more warps per copy of x).
     """
 
     rows: int = attrs.field(default=4, validator=_int_in(1, 16, pow2=True))
@@ -262,6 +266,7 @@ class GemvConfig:
     bulk: bool = attrs.field(default=False, validator=_bool)
     interleave: bool = attrs.field(default=False, validator=_bool)
     kslices: int = attrs.field(default=1, validator=_int_in(1, 16))
+    teams: int = attrs.field(default=1, validator=_int_in(1, 8, pow2=True))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemvSpec))
@@ -293,8 +298,10 @@ class GemvPlan(PlanBase):
         sp, c = self.spec, self.config
         if sp.batch > 1:
             return self._check_batched()
-        if c.kslices != 1:
-            raise ValueError(f"kslices={c.kslices} is for the batched GEMV (batch >= 2)")
+        for knob in ("kslices", "teams"):
+            if getattr(c, knob) != 1:
+                raise ValueError(f"{knob}={getattr(c, knob)} is for the batched GEMV "
+                                 f"(batch >= 2)")
         bs = sp.block_weights
         if c.tile % bs:
             raise ValueError(f"tile must be a positive multiple of {bs}, got {c.tile!r}")
@@ -347,6 +354,9 @@ class GemvPlan(PlanBase):
         for knob, on in (("bulk", c.bulk), ("ahead", c.ahead)):
             if on:
                 raise ValueError(f"batch={B}: {knob}={on} is not built for the batched GEMV")
+        if c.rows % c.teams:
+            raise ValueError(f"batch={B}: rows={c.rows} are dealt out to teams={c.teams}: "
+                             f"rows must be a multiple of teams")
         n = c.kslices
         if sp.k % (n * sp.block_weights) or (sp.row_bytes // n) % 16 or \
                 sp.k // n % BATCH_PIECES[sp.qtype][0]:
@@ -379,9 +389,9 @@ class GemvPlan(PlanBase):
 
     @property
     def batch_slots(self) -> int:
-        """The batched GEMV's per-warp reduction slots: ``n_mats * rows *
-        batch`` sums, rounded up to a power of two."""
-        n = self.n_mats * self.rows * self.batch
+        """The batched GEMV's per-warp reduction slots: ``n_mats * rows /
+        teams * batch`` sums, rounded up to a power of two."""
+        n = self.n_mats * self.rows // self.teams * self.batch
         return 1 << (n - 1).bit_length()
 
     @property
@@ -421,6 +431,7 @@ class GemvPlan(PlanBase):
             tail = ("_il" if self.interleave else "") + (f"_p{self.pieces}" if self.pieces else "")
             tail += f"_c{self.min_ctas}" if self.min_ctas else ""
             tail += f"_x{self.kslices}" if self.kslices > 1 else ""
+            tail += f"_t{self.teams}" if self.teams > 1 else ""
             return (f"gemv_{self.qtype.lower()}_k{self.k}{epi}_b{self.batch}_r{self.rows}"
                     f"_s{self.stages}{tail}")
         if self.rope:

@@ -141,38 +141,52 @@ def batch_crossover(spec: GemvSpec, m: int | None = None) -> int:
     return int(tuning.cascade("gemv_batch", call).get("crossover", 0))
 
 
+#: the most threads of a batched GEMV CTA: 128 registers a thread still fit
+#: one CTA on an SM (65536 registers), so ptxas need not squeeze them
+MAX_BATCH_THREADS = 512
+
+
 def batch_config(spec: GemvSpec, m: int | None = None,
                  sm_count: int | None = None) -> GemvConfig:
     """The batched GEMV's config for ``spec`` (``batch >= 2``) at ``m`` rows
     on ``sm_count`` SMs: the table's, where x and the ring do not fit a
-    CTA's shared memory with K in the fewest slices (``kslices``) that fit
-    at the most rows, then the most stages; the grid as many CTAs as fit
-    the SMs at once.  Raises the table config's ValueError where nothing
-    fits (or the spec is not built)."""
+    CTA's shared memory (or the CTA would pass :data:`MAX_BATCH_THREADS`)
+    with K in the fewest slices (``kslices``) that fit at the most rows a
+    team, then the most teams, then the most stages; the grid as many CTAs
+    as fit the SMs at once.  Raises the table config's ValueError where
+    nothing fits (or the spec is not built)."""
     knobs = tuning.cascade("gemv_batch", _batch_call(spec, m))
     knobs.pop("crossover", None)
-    first_error, plan = None, None
-    rows_options = [knobs["rows"] >> i for i in range(knobs["rows"].bit_length())]
-    for stages in range(knobs["stages"], 1, -1):
-        for rows in rows_options:
-            for kslices in range(1, 17):
-                cand = dict(knobs, stages=stages, rows=rows, kslices=kslices)
-                try:
-                    plan = GemvPlan(spec, GemvConfig(**cand))
-                except ValueError as e:
-                    first_error = first_error or e
-                    continue
-                knobs = cand
-                break
-            if plan is not None:
-                break
-        if plan is not None:
-            break
-    if plan is None:
-        raise first_error
+    teams0 = knobs.get("teams", 1)
+    per_team = max(1, knobs["rows"] // teams0)
+    first_error = None
+    for cand in _batch_candidates(knobs, teams0, per_team):
+        try:
+            plan = GemvPlan(spec, GemvConfig(**cand))
+        except ValueError as e:
+            first_error = first_error or e
+            continue
+        if threads(plan) > MAX_BATCH_THREADS:
+            continue
+        break
+    else:
+        raise first_error or ValueError(
+            f"batch={spec.batch}: no batched GEMV of {spec.qtype} K={spec.k} fits "
+            f"{MAX_BATCH_THREADS} threads")
     if sm_count:
         per_cta = plan.dynamic_shared + plan.ring_static_bytes + CTA_RESERVED_SHARED
-        fit = max(1, min(TARGETS[spec.target].shared_per_sm // per_cta,
-                         2048 // threads(plan)))
-        knobs["max_ctas"] = sm_count * fit
-    return GemvConfig(**knobs)
+        thr = threads(plan)
+        fit = max(1, min(TARGETS[spec.target].shared_per_sm // per_cta, 2048 // thr,
+                         65536 // (128 * thr)))
+        cand["max_ctas"] = sm_count * fit
+    return GemvConfig(**cand)
+
+
+def _batch_candidates(knobs, teams0, per_team):
+    """Configs in :func:`batch_config`'s order of preference."""
+    for stages in range(knobs["stages"], 1, -1):
+        for teams in (teams0 >> i for i in range(teams0.bit_length())):
+            for rt in (per_team >> i for i in range(per_team.bit_length())):
+                for kslices in range(1, 17):
+                    yield dict(knobs, stages=stages, teams=teams, rows=teams * rt,
+                               kslices=kslices)

@@ -71,6 +71,12 @@ CASES = [
     ("Q4_K", 768, "none", 2, 2, dict(rows=1, stages=3, kslices=3, interleave=True)),
     ("Q6_K", 4096, "none", 3, 2, dict(rows=2, stages=2, kslices=2)),
     ("Q8_0", 512, "residual", 2, 2, dict(rows=2, stages=3, kslices=2)),
+    # teams of threads sharing x, each taking rows / teams of a group
+    ("Q4_K", 512, "residual", 3, 3, dict(rows=4, teams=2, stages=3)),
+    ("Q4_K", 512, "swiglu", 4, 4, dict(rows=4, teams=4, stages=2)),
+    ("Q4_K", 1024, "bias", 5, 4, dict(rows=8, teams=2, stages=2, kslices=2, interleave=True)),
+    ("Q6_K", 4096, "residual", 2, 2, dict(rows=2, teams=2, stages=3, kslices=2)),
+    ("Q8_0", 512, "none", 3, 2, dict(rows=8, teams=8, stages=2)),
 ]
 
 
@@ -126,6 +132,9 @@ def test_batched_rows_in_use_zero_writes_nothing(run, rng):
     (dict(batch=4, kslices=3), "kslices=3"),
     (dict(qtype="Q6_K", k=2048, batch=4, kslices=2), "kslices=2"),
     (dict(batch=1, stages=3, kslices=2), "batch >= 2"),
+    (dict(batch=1, stages=3, teams=2), "batch >= 2"),
+    (dict(batch=4, rows=2, teams=4), "multiple of teams"),
+    (dict(batch=4, teams=3), "teams"),
 ])
 def test_batched_refused(bad, match):
     fields = dict(qtype="Q4_K", k=4096, epilogue="none", dot="dp4a", stages=3, rows=2)
