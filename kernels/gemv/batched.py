@@ -146,7 +146,8 @@ def build_batched(spec) -> ptxgen.Module:
                     copy_rows(k, ring[slot + dst_off], ws, src, last_chunk, group_bytes // 16,
                               thr, tid, group_bytes)
                 else:
-                    _copy_slice(k, ring[slot + dst_off], ws, rg, srb, rb, sl * srb, R,
+                    off0 = k.mul_wide(sl, srb) if not isinstance(sl, int) else sl * srb
+                    _copy_slice(k, ring[slot + dst_off], ws, rg, srb, rb, off0, R,
                                 last_chunk, thr, tid, group_bytes)
             k.cp_async_commit()
 
@@ -168,24 +169,28 @@ def build_batched(spec) -> ptxgen.Module:
             return xextras + 4 * tt * ((i * B + b) * E + e)
 
         rd = k.var(u32, 0)
-        for sl in range(n_sl):
-            if sl:
-                # everyone is done with the last slice's stages (and x slots)
-                k.bar_sync(0)
-                k.assign(rd, k.mov(0, u32))
-            # the weights are constants: the first groups go out before the PDL wait
-            for s_ in range(S - 1):
-                issue(first_row(s_), k.mov(s_ * stage_bytes, u32), sl)
-            if not sl:
-                pdl_wait(k, spec)
-                n_rows = k.ld(n_ptr[0])
-            # the slice's pieces: p = tid + i T of its ps, their offsets in the slice's bytes
+        # the weights are constants: slice 0's first groups go out before the PDL wait
+        for s_ in range(S - 1):
+            issue(first_row(s_), k.mov(s_ * stage_bytes, u32), 0)
+        pdl_wait(k, spec)
+        n_rows = k.ld(n_ptr[0])
+        # K slices one after the other (a loop of the CTA, uniform)
+        with k.for_range(0, n_sl) if n_sl > 1 else nullcontext(0) as sl:
+            if n_sl > 1:
+                with k.if_(sl > 0):
+                    # everyone is done with the last slice's stages (and x slots)
+                    k.bar_sync(0)
+                    k.assign(rd, k.mov(0, u32))
+                    for s_ in range(S - 1):
+                        issue(first_row(s_), k.mov(s_ * stage_bytes, u32), sl)
+            # the slice's pieces: p = tp + i T of its ps, their offsets in the slice's bytes
             pcs = []
             for i in range(ppt):
-                p = tp + (i * tt + sl * ps) if i or sl else tp
-                pc = offsets_fn(k, p, (sl + 1) * ps)
-                if sl:
-                    pc.update({nme: pc[nme] - sl * srb for nme in names})
+                p = tp + sl * ps + i * tt if n_sl > 1 else (tp + i * tt if i else tp)
+                pc = offsets_fn(k, p, (sl + 1) * ps if n_sl > 1 else ps)
+                if n_sl > 1:
+                    slice_off = sl * srb
+                    pc.update({nme: pc[nme] - slice_off for nme in names})
                 pcs.append(pc)
             # x row b is split by team b % teams (the loop's first barrier
             # comes before any team reads it)
@@ -221,18 +226,19 @@ def build_batched(spec) -> ptxgen.Module:
                                 acc[mi][b][j] = dot_fn(k, decs[mi][j], words, extras,
                                                        k.mov(0.0, f32) if a is None else a)
                 _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys,
-                       add_y=sl > 0)
+                       add_y=sl > 0 if n_sl > 1 else None)
                 nxt = rd + stage_bytes
                 k.assign(rd, k.select(nxt.eq(ring_bytes), k.mov(0, u32), nxt))
     return m
 
 
-def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, add_y=False):
+def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, add_y=None):
     """Reduce ``acc[mat][b][row]`` (a team's rows) over each team's warps
     and store the outputs of the group at row ``rg`` (no trailing barrier:
     the ring loop's next barrier comes before ``red`` is written again);
-    ``add_y``: a later K slice's sums, added to what the slices before
-    stored (the same thread stored them)."""
+    ``add_y`` (a predicate, with K slices): a later slice's sums, added to
+    what the slices before stored (the same thread stored them) instead of
+    the epilogue's term."""
     B, nm, R, nt = spec.batch, spec.n_mats, spec.rows, spec.teams
     Rt = R // nt
     thr = warps * 32
@@ -268,16 +274,25 @@ def _store(k, spec, acc, red, slots, warps, tid, rg, row_end, n_rows, y, r, ys, 
                     t = t + k.ld(red[at0 + (w * slots + mi * B * Rt)])
                 tot.append(t)
             at = k.mad(b, ys, row)
-            if add_y:
-                out = tot[0] + k.ld(y[at])
-            elif spec.epilogue == "swiglu":
+            if spec.epilogue == "swiglu":
                 out = silu_times(k, tot[0], tot[1])
-            elif spec.epilogue == "residual":
-                # plain ld, not .nc: y may alias r
-                out = tot[0] + k.ld(r[at])
-            elif spec.epilogue == "bias":
-                out = tot[0] + k.ld(r[row], nc=True)
-            else:
+            elif spec.epilogue == "none" and add_y is None:
                 out = tot[0]
+            else:
+                if spec.epilogue == "residual":
+                    # plain ld, not .nc: y may alias r
+                    addend = k.ld(r[at])
+                elif spec.epilogue == "bias":
+                    addend = k.ld(r[row], nc=True)
+                else:
+                    addend = k.mov(0.0, f32)
+                if add_y is not None:
+                    # a later slice: what the slices before stored instead
+                    add = k.var(f32, 0.0)
+                    k.assign(add, addend)
+                    with k.if_(add_y):
+                        k.assign(add, k.ld(y[at]))
+                    addend = add
+                out = tot[0] + addend
             k.st(y[at], out)
 
