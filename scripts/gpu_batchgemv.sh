@@ -22,7 +22,7 @@ grep -E "^FAILED|^ERROR" "$OUT/batchgemv_gpu_tests.log" | head -10 || true
 
 step "batched GEMV vs GEMM per projection shape of the 8B file"
 rc=0
-timeout 90 python3 scripts/bench_batchgemv.py --b 1,2,4,8,16,32 \
+timeout 150 python3 scripts/bench_batchgemv.py --b 1,2,4,8,16,32 \
   --json "$OUT/batchgemv_sweep.json" > "$OUT/batchgemv_sweep.log" 2>&1 || rc=$?
 cat "$OUT/batchgemv_sweep.log"
 echo "SUMMARY sweep rc=$rc: $(grep CROSSOVER "$OUT/batchgemv_sweep.log" || echo 'no crossover line')"
