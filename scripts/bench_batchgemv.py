@@ -3,7 +3,7 @@
 counts, per weight shape of an 8B Llama (Q4_K_M-like), to choose the
 crossover of ``kernels/tuning/gemv_batch.json``.
 
-    python3 scripts/bench_batchgemv.py [--b 1,2,4,8,16,32] [--json OUT.json]
+    python3 scripts/bench_batchgemv.py [--b 1,2,4,8,16,32] [--json OUT.json] [--store]
 
 Each call is timed as a CUDA graph of 20 launches (median of 5 replays).
 B = 1 times the single-row GEMV (the engine's one-row step); B >= 2 the
@@ -13,7 +13,9 @@ f16 X (f32 for attn_output, which reads the paged attention's f32 output),
 the table's config for B rows.  Prints one line per shape and B, then per
 B the layer's total (qkv, attn_output, gate + up, ffn_down) both ways, and
 the crossover: the largest B up to which the batched GEMV's layer total is
-below the GEMM's at every B.
+below the GEMM's at every B; with ``--store`` it is kept in the user tuning
+cache for this device, where the engine's decode steps read it
+(:func:`ptxgen.kernels.gemv.batch_crossover`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import numpy as np
 
@@ -56,11 +59,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--b", default="1,2,4,8,16,32")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--store", action="store_true",
+                    help="keep the crossover in the user tuning cache for this device")
     a = ap.parse_args(argv)
     from ptxgen.driver import DeviceArray, ops
     from ptxgen.driver.backend import get_backend
     from ptxgen.driver.ops_gemv import gemv_spec
     from ptxgen.kernels import gemv as G
+    from ptxgen.kernels import tuning
     from ptxgen.kernels.quants.qtypes import qtype_of
     be = get_backend("cuda")
     s = be.stream()
@@ -112,6 +118,11 @@ def main(argv=None):
             ok = False
     print(f"CROSSOVER {be.device_name} ({be.target}): batched GEMV up to B={crossover} "
           f"(kernels/tuning/gemv_batch.json 'crossover')")
+    if a.store:
+        path = tuning.store_user_config(
+            "gemv_batch", be.device_name, G.crossover_call(be.target), {"crossover": crossover},
+            {"date": time.strftime("%Y-%m-%d"), "measured_b": bs})
+        print(f"stored in {path}: the engine's decode steps on this device take it")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"device": be.device_name, "rows": rows, "crossover": crossover}, f,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The batched GEMV on the GPU (issue 54): its GPU tests and the engine's with
 # it; the batched GEMV against the GEMM per projection shape of the 8B file at
-# B = 1..32 (prints the crossover for kernels/tuning/gemv_batch.json); the
+# B = 1..32 (prints the crossover for kernels/tuning/gemv_batch.json and keeps
+# it in the user tuning cache, so the engine bench after it uses it); the
 # engine's batched table at B = 1, 8, 32, 64, 128 (npp 128, ntg 128) beside
 # llama-batched-bench on the same file when $LLAMACPP_BIN is set (the
 # directory `scripts/gpu_llamacpp_cuda.sh wait` prints).  Logs in $OUT; one
@@ -22,7 +23,7 @@ grep -E "^FAILED|^ERROR" "$OUT/batchgemv_gpu_tests.log" | head -10 || true
 
 step "batched GEMV vs GEMM per projection shape of the 8B file"
 rc=0
-timeout 150 python3 scripts/bench_batchgemv.py --b 1,2,4,8,16,32 \
+timeout 150 python3 scripts/bench_batchgemv.py --b 1,2,4,8,16,32 --store \
   --json "$OUT/batchgemv_sweep.json" > "$OUT/batchgemv_sweep.log" 2>&1 || rc=$?
 cat "$OUT/batchgemv_sweep.log"
 echo "SUMMARY sweep rc=$rc: $(grep CROSSOVER "$OUT/batchgemv_sweep.log" || echo 'no crossover line')"

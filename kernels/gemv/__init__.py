@@ -38,12 +38,13 @@ from .ring import build_ring
 from .spec import (BATCH_QTYPES, EPILOGUES, GEMV_QTYPES, MAX_BATCH, MAX_RING_BYTES, GemvConfig, GemvPlan,
                    GemvSpec, check_k, read_unit)
 from .staged import build_staged
-from .tuning import balanced, batch_config, batch_crossover, candidate_configs, select_config
+from .tuning import (balanced, batch_config, batch_crossover, candidate_configs, crossover_call,
+                     select_config)
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
            "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES",
-           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "batch_plan", "batch_crossover",
+           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "batch_plan", "batch_crossover", "crossover_call",
            "MAX_BATCH", "BATCH_QTYPES"]
 
 

@@ -15,7 +15,7 @@ from .layout import groups_per_cta, launch_geometry, pieces_per_row, threads
 from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
 
 __all__ = ["select_config", "call_of", "candidate_configs", "balanced", "batch_config",
-           "batch_crossover"]
+           "batch_crossover", "crossover_call"]
 
 
 def call_of(spec: GemvSpec, m: int | None) -> dict:
@@ -133,10 +133,20 @@ def _batch_call(spec: GemvSpec, m: int | None) -> dict:
     return dict(call_of(spec, m), batch=spec.batch)
 
 
-def batch_crossover(spec: GemvSpec, m: int | None = None) -> int:
+def crossover_call(target: str) -> dict:
+    """The user tuning cache's key for the crossover measured on a device
+    of ``target`` (``scripts/bench_batchgemv.py`` stores it there)."""
+    return {"kind": "crossover", "target": target}
+
+
+def batch_crossover(spec: GemvSpec, m: int | None = None, device: str | None = None) -> int:
     """The most rows of x a decode step runs through the batched GEMV for
-    ``spec``'s weight (its ``batch`` is ignored), from the tuning table
-    (``kernels/tuning/gemv_batch.json``, ``crossover``)."""
+    ``spec``'s weight (its ``batch`` is ignored): the crossover measured on
+    ``device`` where one is stored in the user tuning cache, else the
+    tuning table's (``kernels/tuning/gemv_batch.json``, ``crossover``)."""
+    stored = tuning.user_config("gemv_batch", device, crossover_call(spec.target))
+    if stored is not None:
+        return int(stored["crossover"])
     call = _batch_call(spec, m)
     return int(tuning.cascade("gemv_batch", call).get("crossover", 0))
 

@@ -18,7 +18,8 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   gemv_rows`` (one row: the single-sequence decode's kernels); above it,
   each weight the batched GEMV reads (:mod:`ptxgen.kernels.gemv.batched`:
   every weight read once for all the rows) runs through it up to the
-  crossover of the tuning table (``kernels/tuning/gemv_batch.json``, or
+  crossover (measured on the device and stored in the user tuning cache,
+  else the table's, ``kernels/tuning/gemv_batch.json``; or
   ``batch_gemv_rows``), with the gate and up projections fused with the
   SwiGLU where both do; every other weight, and every weight above the
   crossover, runs as a tensor-core GEMM;
@@ -114,8 +115,8 @@ class BatchLowering(ChunkLowering):
         At most this many rows run the weights as one GEMV per row.
     batch_gemv_rows : int, optional
         At most this many rows of a decode step run a weight through the
-        batched GEMV (None: the tuning table's crossover for the weight; 0:
-        never).
+        batched GEMV (None: the crossover, :func:`ptxgen.kernels.gemv.batch_crossover`;
+        0: never).
     """
 
     def __init__(self, file, store, *, target, rope_layout, kind: str, rows: int,
@@ -162,7 +163,7 @@ class BatchLowering(ChunkLowering):
             return None
         limit = self.batch_gemv_rows
         if limit is None:
-            limit = gemv.batch_crossover(plan.spec, m)
+            limit = gemv.batch_crossover(plan.spec, m, self.device)
         return plan if self.rows <= limit else None
 
     def _batched_weight(self, name: str) -> bool:

@@ -188,3 +188,22 @@ def test_batched_gemv_gpu_model_shapes(gpu_run, qtype, m, k, epi, B, n, rng):
     y = run_batched(gpu_run, spec, ws, x, n, r=r, bias=bias)
     assert rel_err(y[:n], _ref_rows(spec, ws, x, n, r, bias)) <= BOUND
     assert np.all(np.isnan(y[n:]))
+
+
+def test_crossover_from_the_table_unless_measured_on_the_device(tmp_path, monkeypatch):
+    """The table's crossover, until one measured on the device is stored in
+    the user tuning cache (what scripts/bench_batchgemv.py --store does);
+    another device keeps the table's."""
+    from ptxgen.kernels import tuning
+    monkeypatch.setenv("PTXGEN_CACHE_DIR", str(tmp_path))
+    spec = G.GemvSpec("Q4_K", 4096, target="sm_90", batch=2)
+    table = G.batch_crossover(spec, 4096, "H100")
+    assert table == tuning.cascade("gemv_batch", dict(
+        qtype="Q4_K", epilogue="none", k=4096, m=4096, sm=90, target="sm_90",
+        batch=2))["crossover"]
+    measured = table + 5
+    tuning.store_user_config("gemv_batch", "H100", G.crossover_call("sm_90"),
+                             {"crossover": measured}, {})
+    assert G.batch_crossover(spec, 4096, "H100") == measured
+    assert G.batch_crossover(spec, 4096, "A100") == table
+    assert G.batch_crossover(spec, 4096, None) == table
