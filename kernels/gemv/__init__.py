@@ -13,7 +13,10 @@ chosen by :func:`select_config` from the per-device tuning table
 (``kernels/tuning/gemv.json``).  Kernel bodies: :mod:`.q4k` (Q4_K, x and
 weights in registers), :mod:`.staged` (every other format tile by tile
 through shared memory), :mod:`.ring` (every format through a ``cp.async``
-ring of row-group stages; the tuned choice almost everywhere).  The other
+ring of row-group stages; the tuned choice almost everywhere), :mod:`.batched`
+(``GemvSpec(batch=B)``: B rows of x against each weight read once, Q4_K,
+Q6_K and Q8_0, configs from ``kernels/tuning/gemv_batch.json`` by
+:func:`batch_plan`).  The other
 formats' piece decoders: :mod:`.staged` (Q6_K, Q8_0), :mod:`.legacy` (Q4_0,
 Q4_1, Q5_0, Q5_1), :mod:`.q5k` (Q5_K), :mod:`.floats` (F16, BF16).
 Measurements: docs/notes/gemv.md.
@@ -29,19 +32,22 @@ import ptxgen
 from ptxgen import registry
 
 from .common import declare_params
+from .batched import build_batched
 from .layout import launch_geometry, threads
 from .q4k import build_q4k
 from .reference import reference, rope_reference
 from .ring import build_ring
-from .spec import (EPILOGUES, GEMV_QTYPES, MAX_RING_BYTES, GemvConfig, GemvPlan,
-                   GemvSpec, check_k, neox_pair_rows, read_unit)
+from .spec import (BATCH_QTYPES, EPILOGUES, GEMV_QTYPES, MAX_BATCH, MAX_RING_BYTES, GemvConfig,
+                   GemvPlan, GemvSpec, check_k, neox_pair_rows, read_unit)
 from .staged import build_staged
-from .tuning import balanced, candidate_configs, select_config
+from .tuning import (balanced, batch_config, batch_crossover, candidate_configs, crossover_call,
+                     select_config)
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "build", "plan", "default_plan",
            "select_config", "candidate_configs", "launch_geometry", "reference",
            "rope_reference", "check_k", "read_unit", "threads", "GEMV_QTYPES",
-           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "neox_pair_rows"]
+           "EPILOGUES", "MAX_RING_BYTES", "CANONICAL", "neox_pair_rows", "batch_plan",
+           "batch_crossover", "crossover_call", "MAX_BATCH", "BATCH_QTYPES"]
 
 
 def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = None,
@@ -78,6 +84,16 @@ def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "s
     return GemvPlan(spec, balanced(spec, cfg, m, sm_count))
 
 
+def batch_plan(qtype: str, k: int, epilogue: str = "none", *, batch: int,
+               target: str = "sm_80", m: int | None = None, sm_count: int | None = None,
+               pdl: bool = False) -> GemvPlan:
+    """The batched GEMV's plan (:mod:`.batched`) for ``batch`` rows of x
+    (:func:`.tuning.batch_config`); ValueError where it is not built (the
+    type, the epilogue, or x and the ring do not fit shared memory)."""
+    spec = GemvSpec(qtype, k, epilogue=epilogue, target=target, pdl=pdl, batch=batch)
+    return GemvPlan(spec, batch_config(spec, m, sm_count))
+
+
 def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
     :class:`GemvSpec` with ``config``, default the selected one, or a
@@ -85,6 +101,8 @@ def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> p
     (:func:`.common.declare_params`, or a function with its signature and
     result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`)."""
     p = plan(spec, config)
+    if p.batch > 1:
+        return build_batched(p)
     if p.stages:
         return build_ring(p, params)
     if p.qtype == "Q4_K":
@@ -93,9 +111,10 @@ def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> p
 
 
 def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", bias=False,
-           rope_layout="interleaved", **config):
+           rope_layout="interleaved", batch=1, **config):
     return GemvPlan(GemvSpec(qtype, k, epilogue=epilogue, rope=rope, bias=bias,
-                             rope_layout=rope_layout, target=target), GemvConfig(**config))
+                             rope_layout=rope_layout, target=target, batch=batch),
+                    GemvConfig(**config))
 
 
 CANONICAL = {
@@ -120,6 +139,11 @@ CANONICAL = {
     # Qwen2's decode step: the q/k/v biases added before the NeoX rotation
     "gemv_q4_k_rope_bias": _canon("Q4_K", 512, "rope", rope=(64, 4, 2), bias=True,
                                   rope_layout="neox", rows=8, stages=3, dot="dp4a", ahead=1),
+    "gemv_q4_k_batch": _canon("Q4_K", 512, "residual", batch=4, rows=4, stages=3, dot="dp4a",
+                              teams=2, kslices=2),
+    "gemv_q6_k_batch_swiglu": _canon("Q6_K", 2048, "swiglu", batch=2, rows=1, stages=2,
+                                     dot="dp4a"),
+    "gemv_q8_0_batch_bias": _canon("Q8_0", 512, "bias", batch=3, rows=2, stages=2, dot="dp4a"),
 }
 
 registry.register("gemv", GemvPlan, build, CANONICAL, doc=__doc__.splitlines()[0],

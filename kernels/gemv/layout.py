@@ -9,11 +9,14 @@ import math
 from ..plan import LaunchGeometry
 
 __all__ = ["threads", "warp_threads", "groups_per_cta", "launch_geometry", "q4k_layout",
-           "staged_layout", "pieces_per_row", "PIECES_PER_BLOCK"]
+           "staged_layout", "pieces_per_row", "PIECES_PER_BLOCK", "BATCH_PIECES",
+           "batch_layout"]
 
 
 def threads(spec) -> int:
     """Threads per CTA."""
+    if spec.batch > 1:
+        return batch_layout(spec)["threads"]
     if spec.qtype == "Q4_K":
         return q4k_layout(spec)[1]
     return staged_layout(spec)["threads"]
@@ -85,3 +88,31 @@ def staged_layout(spec) -> dict:
     return dict(tile_blocks=tb, tiles=nb // tb, tile_bytes=tile_bytes,
                 stride=math.ceil(tile_bytes / 16) * 16, lw=lw, pieces=pieces, threads=thr,
                 ppt=ppt)
+
+
+#: the batched GEMV's pieces (:mod:`.batched_pieces`): qtype -> (weights a
+#: piece covers, 32-bit words of x byte planes it keeps per row of x, f32
+#: values beside them)
+BATCH_PIECES = {"Q4_K": (32, 24, 3), "Q6_K": (16, 12, 1), "Q8_0": (16, 12, 1)}
+
+
+def batch_layout(spec) -> dict:
+    """The batched GEMV's geometry: ``pieces`` of a K slice of a row
+    (:attr:`.GemvConfig.kslices`), ``ppt`` a thread
+    (the config's ``pieces``, 0: as few as fit 1024 threads), ``threads``
+    (``team`` threads a team, :attr:`.GemvConfig.teams` teams),
+    the per-piece-and-row words of x (``planes``, ``extras``) and the
+    shared memory x of one slice takes (``x_bytes``: every thread's slots,
+    ``batch`` rows each)."""
+    weights, planes, extras = BATCH_PIECES[spec.qtype]
+    pieces = spec.k // spec.kslices // weights
+    ppt = spec.pieces or max(1, math.ceil(pieces * spec.teams / 1024))
+    team = warp_threads(pieces, ppt)
+    thr = team * spec.teams
+    if thr > 1024:
+        raise ValueError(f"batched {spec.qtype} K={spec.k}: {ppt} pieces per thread in "
+                         f"{spec.teams} teams need {thr} threads (> 1024); raise pieces or "
+                         f"kslices, or lower teams")
+    return dict(weights=weights, pieces=pieces, ppt=ppt, threads=thr, team=team,
+                planes=planes, extras=extras,
+                x_bytes=4 * ppt * team * spec.batch * (planes + extras))

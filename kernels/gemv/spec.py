@@ -13,16 +13,16 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ptxgen.target import SHARED_LINE, TARGETS
+from ptxgen.target import CTA_RESERVED_SHARED, SHARED_LINE, TARGETS
 
 from ..plan import PlanBase
 from ..quants.qtypes import QTYPES, names_for
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
-from .layout import staged_layout, threads
+from .layout import BATCH_PIECES, batch_layout, staged_layout, threads
 
 __all__ = ["GemvSpec", "GemvConfig", "GemvPlan", "GEMV_QTYPES", "DP4A_RING",
-           "EPILOGUES", "FLOAT_UNIT", "check_k", "read_unit", "MAX_RING_BYTES",
-           "neox_pair_rows"]
+           "EPILOGUES", "BATCH_EPILOGUES", "BATCH_QTYPES", "MAX_BATCH", "FLOAT_UNIT", "check_k",
+           "read_unit", "MAX_RING_BYTES", "batch_shared_limit", "neox_pair_rows"]
 
 #: the weight types the GEMV reads (the registry's, kernels/quants/qtypes.py)
 GEMV_QTYPES = names_for("gemv")
@@ -43,9 +43,14 @@ def read_unit(qtype: str) -> tuple:
 #: the formats whose pieces have a ``dot="dp4a"`` form through the ring
 #: (Q4_K has one in both of its kernels)
 DP4A_RING = ("Q6_K", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K")
-EPILOGUES = ("none", "residual", "swiglu", "geglu", "rope")
+EPILOGUES = ("none", "residual", "swiglu", "geglu", "rope", "bias")
 #: the epilogues of a gated FFN: two matrices, ``act(Wg x) * (Wu x)``
 GATED = ("swiglu", "geglu")
+#: what the batched GEMV (``batch >= 2``, :mod:`.batched`) reads and adds
+BATCH_QTYPES = tuple(BATCH_PIECES)
+BATCH_EPILOGUES = ("none", "residual", "swiglu", "bias")
+#: the most activation rows one batched GEMV takes
+MAX_BATCH = 32
 
 #: dynamic shared memory a CTA may ask for on sm_80/sm_90 (the ring's limit)
 MAX_RING_BYTES = 227 * 1024
@@ -60,6 +65,12 @@ def check_k(qtype: str, k: int) -> None:
         what = (f"of 8 (the GEMV reads {qtype} rows 16 bytes at a time)" if qtype in ("F16", "BF16")
                 else f"of the {qtype} block size ({bs} weights)")
         raise ValueError(f"{qtype} GEMV: K={k!r} is not a positive multiple {what}")
+
+
+def batch_shared_limit(target: str) -> int:
+    """Dynamic plus static shared memory one CTA of the batched GEMV may
+    hold on ``target``: an SM's, less the part the hardware keeps per CTA."""
+    return TARGETS[target].shared_per_sm - CTA_RESERVED_SHARED
 
 
 def _in(name, allowed):
@@ -111,12 +122,12 @@ class GemvSpec:
         Row length (a multiple of the block: 256 for the K-quants, 32 for
         Q4_0 ... Q8_0, 8 for F16 and BF16); a build-time constant so loops
         over K unroll.  M is a launch argument.
-    epilogue : {"none", "residual", "swiglu", "geglu", "rope"}
+    epilogue : {"none", "residual", "swiglu", "geglu", "rope", "bias"}
         ``y = W x``; ``y = W x + r``; ``y = silu(Wg x) * (Wu x)``; ``y =
-        gelu(Wg x) * (Wu x)`` (GELU's tanh form, Gemma's FFN); or the
+        gelu(Wg x) * (Wu x)`` (GELU's tanh form, Gemma's FFN); the
         stacked ``[Wq; Wk; Wv]`` projection of a decode step with RoPE on its
         q and k rows and this token's k and v rows appended to an f16 KV
-        cache (needs ``rope``).
+        cache (needs ``rope``); or ``y = W x + bias`` (``batch >= 2`` only).
     norm : bool
         Q4_K: RMSNorm of x fused in front, ``y = W (x / sqrt(mean(x^2) +
         eps) * nw)``; the kernel takes ``nw`` (f32 [K]) and ``eps`` after x.
@@ -138,6 +149,12 @@ class GemvSpec:
         ``sm_80`` ... ``sm_90a``.
     pdl : bool
         Built for programmatic dependent launch (:func:`spec_fields.pdl_field`).
+    batch : int
+        1: one activation row (the kernels above).  ``B >= 2``: the batched
+        GEMV (:mod:`.batched`): ``y[b] = W x[b]`` for ``b < B`` rows of x
+        and y (each weight read once and decoded once for all of them; the
+        rows in use read from device memory), Q4_K, Q6_K and Q8_0, the
+        epilogues none, residual, swiglu and bias.
     """
 
     qtype: str = attrs.field(validator=_in("qtype", GEMV_QTYPES))
@@ -150,10 +167,25 @@ class GemvSpec:
                                    validator=_in("rope_layout", ("interleaved", "neox")))
     target: str = target_field()
     pdl: bool = pdl_field()
+    batch: int = attrs.field(default=1, validator=_int_in(1, MAX_BATCH))
 
     @k.validator
     def _check_k(self, attr, v):
         check_k(self.qtype, v)
+
+    @batch.validator
+    def _check_batch(self, attr, v):
+        if v == 1:
+            if self.epilogue == "bias":
+                raise ValueError("epilogue='bias' is built for the batched GEMV (batch >= 2)")
+            return
+        if self.qtype not in BATCH_QTYPES:
+            raise ValueError(f"batch={v}: the batched GEMV reads {', '.join(BATCH_QTYPES)}, "
+                             f"not {self.qtype}")
+        if self.epilogue not in BATCH_EPILOGUES or self.norm:
+            what = "norm=True" if self.norm else f"epilogue={self.epilogue!r}"
+            raise ValueError(f"batch={v}: {what} is not built for the batched GEMV "
+                             f"(epilogues: {', '.join(BATCH_EPILOGUES)}; no fused RMSNorm)")
 
     @norm.validator
     def _check_norm(self, attr, v):
@@ -252,6 +284,14 @@ class GemvConfig:
     interleave : bool
         Ring: CTA ``c`` of ``n`` takes row groups ``c, c + n, ...`` instead
         of consecutive rows.
+    kslices : int
+        The batched GEMV: K in this many equal slices, one after the other
+        (x of one slice in shared memory at a time; each slice's sums added
+        to y), so that many rows of x fit at a large K.
+    teams : int
+        The batched GEMV: teams of threads, each the threads of one K slice,
+        sharing x in shared memory; a row group's ``rows`` are dealt out
+        ``rows / teams`` to a team (more warps per copy of x).
     """
 
     rows: int = attrs.field(default=4, validator=_int_in(1, 16, pow2=True))
@@ -265,6 +305,8 @@ class GemvConfig:
     per_sm: int = attrs.field(default=0, validator=_int_in(0, 32))
     bulk: bool = attrs.field(default=False, validator=_bool)
     interleave: bool = attrs.field(default=False, validator=_bool)
+    kslices: int = attrs.field(default=1, validator=_int_in(1, 16))
+    teams: int = attrs.field(default=1, validator=_int_in(1, 8, pow2=True))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemvSpec))
@@ -294,6 +336,12 @@ class GemvPlan(PlanBase):
 
     def _check(self):
         sp, c = self.spec, self.config
+        if sp.batch > 1:
+            return self._check_batched()
+        for knob in ("kslices", "teams"):
+            if getattr(c, knob) != 1:
+                raise ValueError(f"{knob}={getattr(c, knob)} is for the batched GEMV "
+                                 f"(batch >= 2)")
         bs = sp.block_weights
         if c.tile % bs:
             raise ValueError(f"tile must be a positive multiple of {bs}, got {c.tile!r}")
@@ -336,26 +384,81 @@ class GemvPlan(PlanBase):
             except ValueError as e:
                 raise ValueError(f"per_sm={c.per_sm}: {e}") from None
 
+    def _check_batched(self):
+        sp, c = self.spec, self.config
+        B = sp.batch
+        if not c.stages or c.dot != "dp4a":
+            raise ValueError(f"batch={B}: the batched GEMV streams its weights through the "
+                             f"ring (stages >= 2) and sums with dp4a against byte planes of "
+                             f"x (dot='dp4a'); got stages={c.stages}, dot={c.dot!r}")
+        for knob, on in (("bulk", c.bulk), ("ahead", c.ahead)):
+            if on:
+                raise ValueError(f"batch={B}: {knob}={on} is not built for the batched GEMV")
+        if c.rows % c.teams:
+            raise ValueError(f"batch={B}: rows={c.rows} are dealt out to teams={c.teams}: "
+                             f"rows must be a multiple of teams")
+        n = c.kslices
+        if sp.k % (n * sp.block_weights) or (sp.row_bytes // n) % 16 or \
+                sp.k // n % BATCH_PIECES[sp.qtype][0]:
+            raise ValueError(f"batch={B}: the batched GEMV copies 16-byte chunks of whole "
+                             f"pieces; {sp.qtype} rows of K={sp.k} ({sp.row_bytes} bytes) "
+                             f"do not split into kslices={n} such slices")
+        if n > 1 and sp.epilogue == "swiglu":
+            raise ValueError(f"batch={B}: kslices={n} adds each slice's sums to y; the "
+                             f"swiglu epilogue needs whole sums (kslices=1)")
+        lay = batch_layout(self)
+        need = self.ring_bytes + lay["x_bytes"] + self.ring_static_bytes
+        limit = batch_shared_limit(sp.target)
+        if need > limit:
+            raise ValueError(f"batch={B}: x of {B} rows of K={sp.k} ({lay['x_bytes']} bytes) "
+                             f"and stages={c.stages} x rows={c.rows} x {sp.n_mats} matrices "
+                             f"of {sp.row_bytes}-byte rows need {need} bytes of shared "
+                             f"memory with the static arrays, more than the {limit} a CTA "
+                             f"has on {sp.target}: fewer rows of x a launch, more "
+                             f"kslices, or a smaller ring")
+        if c.per_sm:
+            try:
+                TARGETS[sp.target].capped_shared(c.per_sm, self.ring_bytes + lay["x_bytes"])
+            except ValueError as e:
+                raise ValueError(f"per_sm={c.per_sm}: {e}") from None
+
     @property
     def ring_bytes(self) -> int:
         """Dynamic shared memory of the ``stages`` ring (0 without one)."""
-        return self.stages * self.n_mats * self.rows * self.row_bytes
+        return self.stages * self.n_mats * self.rows * self.row_bytes // self.kslices
+
+    @property
+    def batch_slots(self) -> int:
+        """The batched GEMV's per-warp reduction slots: ``n_mats * rows /
+        teams * batch`` sums, rounded up to a power of two."""
+        n = self.n_mats * self.rows // self.teams * self.batch
+        return 1 << (n - 1).bit_length()
 
     @property
     def ring_static_bytes(self) -> int:
         """Static shared memory in front of the ring: the reduction array
         (:func:`.common.declare_params`) and with ``bulk`` the stages'
         mbarriers, padded to the line the ring starts on."""
-        red = 4 * (threads(self) // 32) * (self.n_mats * self.rows + self.norm)
+        if self.batch > 1:
+            red = 4 * (threads(self) // 32) * self.batch_slots
+        else:
+            red = 4 * (threads(self) // 32) * (self.n_mats * self.rows + self.norm)
         return -(-(red + (8 * self.stages if self.bulk else 0)) // SHARED_LINE) * SHARED_LINE
 
     @property
+    def x_bytes(self) -> int:
+        """The batched GEMV's x in shared memory, after the ring (0 at ``batch=1``)."""
+        return batch_layout(self)["x_bytes"] if self.batch > 1 else 0
+
+    @property
     def dynamic_shared(self) -> int:
-        """Dynamic shared memory a launch asks for: the ring, raised with
-        ``per_sm`` so that no more than ``per_sm`` CTAs fit on one SM."""
+        """Dynamic shared memory a launch asks for: the ring (and the
+        batched GEMV's x), raised with ``per_sm`` so that no more than
+        ``per_sm`` CTAs fit on one SM."""
+        need = self.ring_bytes + self.x_bytes
         if not self.per_sm:
-            return self.ring_bytes
-        return TARGETS[self.target].capped_shared(self.per_sm, self.ring_bytes)
+            return need
+        return TARGETS[self.target].capped_shared(self.per_sm, need)
 
     @property
     def kernel_name(self) -> str:
@@ -364,6 +467,13 @@ class GemvPlan(PlanBase):
         ``per_sm`` shape only the launch).  The target and ``pdl`` are left
         out: the executor sets ``pdl`` for the device after naming launches."""
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
+        if self.batch > 1:
+            tail = ("_il" if self.interleave else "") + (f"_p{self.pieces}" if self.pieces else "")
+            tail += f"_c{self.min_ctas}" if self.min_ctas else ""
+            tail += f"_x{self.kslices}" if self.kslices > 1 else ""
+            tail += f"_t{self.teams}" if self.teams > 1 else ""
+            return (f"gemv_{self.qtype.lower()}_k{self.k}{epi}_b{self.batch}_r{self.rows}"
+                    f"_s{self.stages}{tail}")
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope) + ("_bias" if self.bias else "")
             epi += "_neox" if self.rope_layout == "neox" else ""

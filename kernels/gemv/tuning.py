@@ -8,13 +8,14 @@ import math
 
 import attrs
 
-from ptxgen.target import TARGETS
+from ptxgen.target import CTA_RESERVED_SHARED, TARGETS
 
 from .. import tuning
-from .layout import groups_per_cta, launch_geometry, pieces_per_row
+from .layout import groups_per_cta, launch_geometry, pieces_per_row, threads
 from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
 
-__all__ = ["select_config", "call_of", "candidate_configs", "balanced"]
+__all__ = ["select_config", "call_of", "candidate_configs", "balanced", "batch_config",
+           "batch_crossover", "crossover_call"]
 
 
 def call_of(spec: GemvSpec, m: int | None) -> dict:
@@ -128,3 +129,76 @@ def candidate_configs(spec: GemvSpec, m: int, sm_count: int | None = None) -> li
         if c not in out:
             out.append(c)
     return out
+
+
+def _batch_call(spec: GemvSpec, m: int | None) -> dict:
+    return dict(call_of(spec, m), batch=spec.batch)
+
+
+def crossover_call(target: str) -> dict:
+    """The user tuning cache's key for the crossover measured on a device
+    of ``target`` (``scripts/bench_batchgemv.py`` stores it there)."""
+    return {"kind": "crossover", "target": target}
+
+
+def batch_crossover(spec: GemvSpec, m: int | None = None, device: str | None = None) -> int:
+    """The most rows of x a decode step runs through the batched GEMV for
+    ``spec``'s weight (its ``batch`` is ignored): the crossover measured on
+    ``device`` where one is stored in the user tuning cache, else the
+    tuning table's (``kernels/tuning/gemv_batch.json``, ``crossover``)."""
+    stored = tuning.user_config("gemv_batch", device, crossover_call(spec.target))
+    if stored is not None:
+        return int(stored["crossover"])
+    call = _batch_call(spec, m)
+    return int(tuning.cascade("gemv_batch", call).get("crossover", 0))
+
+
+#: the most threads of a batched GEMV CTA: 128 registers a thread still fit
+#: one CTA on an SM (65536 registers), so ptxas need not squeeze them
+MAX_BATCH_THREADS = 512
+
+
+def batch_config(spec: GemvSpec, m: int | None = None,
+                 sm_count: int | None = None) -> GemvConfig:
+    """The batched GEMV's config for ``spec`` (``batch >= 2``) at ``m`` rows
+    on ``sm_count`` SMs: the table's, where x and the ring do not fit a
+    CTA's shared memory (or the CTA would pass :data:`MAX_BATCH_THREADS`)
+    with K in the fewest slices (``kslices``) that fit at the most rows a
+    team, then the most teams, then the most stages; the grid as many CTAs
+    as fit the SMs at once.  Raises the table config's ValueError where
+    nothing fits (or the spec is not built)."""
+    knobs = tuning.cascade("gemv_batch", _batch_call(spec, m))
+    knobs.pop("crossover", None)
+    teams0 = knobs.get("teams", 1)
+    per_team = max(1, knobs["rows"] // teams0)
+    first_error = None
+    for cand in _batch_candidates(knobs, teams0, per_team):
+        try:
+            plan = GemvPlan(spec, GemvConfig(**cand))
+        except ValueError as e:
+            first_error = first_error or e
+            continue
+        if threads(plan) > MAX_BATCH_THREADS:
+            continue
+        break
+    else:
+        raise first_error or ValueError(
+            f"batch={spec.batch}: no batched GEMV of {spec.qtype} K={spec.k} fits "
+            f"{MAX_BATCH_THREADS} threads")
+    if sm_count:
+        per_cta = plan.dynamic_shared + plan.ring_static_bytes + CTA_RESERVED_SHARED
+        thr = threads(plan)
+        fit = max(1, min(TARGETS[spec.target].shared_per_sm // per_cta, 2048 // thr,
+                         65536 // (128 * thr)))
+        cand["max_ctas"] = sm_count * fit
+    return GemvConfig(**cand)
+
+
+def _batch_candidates(knobs, teams0, per_team):
+    """Configs in :func:`batch_config`'s order of preference."""
+    for stages in range(knobs["stages"], 1, -1):
+        for teams in (teams0 >> i for i in range(teams0.bit_length())):
+            for rt in (per_team >> i for i in range(per_team.bit_length())):
+                for kslices in range(1, 17):
+                    yield dict(knobs, stages=stages, teams=teams, rows=teams * rt,
+                               kslices=kslices)

@@ -68,12 +68,17 @@ class BatchRunner:
     pdl : bool
     gemv_rows : int
         Decode steps of at most this many rows run their weights as GEMVs.
+    batch_gemv_rows : int, optional
+        Decode steps of at most this many rows run the weights the batched
+        GEMV reads through it (None: the tuning table's crossover; 0: never;
+        :class:`~ptxgen.llm.lowering.batch.BatchLowering`).
     """
 
     def __init__(self, file, backend, *, max_batch: int = 64, ctx_size: int | None = None,
                  chunk: int = 512, num_blocks: int | None = None, block_size: int | None = None,
                  gpu_memory_utilization: float = 0.9, progress: bool = False, target=None,
-                 sm_count=None, device=None, pdl=None, gemv_rows: int = 1):
+                 sm_count=None, device=None, pdl=None, gemv_rows: int = 1,
+                 batch_gemv_rows: int | None = None):
         from ptxgen.kernels.spec_fields import has_griddepcontrol
         self.file, self.hp = file, file.hparams
         self.arch = architecture_of(file)
@@ -107,7 +112,8 @@ class BatchRunner:
                                    io=self.io, num_blocks=self.num_blocks,
                                    block_size=self.block_size, n_ctx=self.n_ctx,
                                    sm_count=self.sm_count, device=self.device, pdl=self.pdl,
-                                   gemv_rows=gemv_rows if kind == "decode" else 0)
+                                   gemv_rows=gemv_rows if kind == "decode" else 0,
+                                   batch_gemv_rows=batch_gemv_rows)
                 self.arch.forward(lw)
                 self._graphs[kind, b] = lw
                 self.arena.reserve(plan_activations(lw.g))

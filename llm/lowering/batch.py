@@ -15,8 +15,15 @@ last token is fed by a decode step.
 
 The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
 
-- the weight pass is a GEMV per row at ``rows <= gemv_rows`` (one row:
-  the single-sequence decode's kernels) and the GEMM above;
+- the weight pass of a decode step is a GEMV per row at ``rows <=
+  gemv_rows`` (one row: the single-sequence decode's kernels); above it,
+  each weight the batched GEMV reads (:mod:`ptxgen.kernels.gemv.batched`:
+  every weight read once for all the rows) runs through it up to the
+  crossover (measured on the device and stored in the user tuning cache,
+  else the table's, ``kernels/tuning/gemv_batch.json``; or
+  ``batch_gemv_rows``), with the gate and up projections fused with the
+  SwiGLU where both do; every other weight, and every weight above the
+  crossover, runs as a tensor-core GEMM;
 - ``qkv`` rotates q and k at each row's own position and appends k and v
   to the paged pools at each row's slot (:mod:`ptxgen.kernels.rope`,
   ``paged``);
@@ -41,7 +48,7 @@ import math
 import attrs
 import numpy as np
 
-from ptxgen.kernels import paged_attention, rope, sampling
+from ptxgen.kernels import gemv, paged_attention, rope, sampling
 from ptxgen.llm.generation import sampler_spec
 
 from .chunk import ChunkLowering
@@ -108,16 +115,21 @@ class BatchLowering(ChunkLowering):
     sm_count : int
     gemv_rows : int
         At most this many rows run the weights as one GEMV per row.
+    batch_gemv_rows : int, optional
+        At most this many rows of a decode step run a weight through the
+        batched GEMV (None: the crossover, :func:`ptxgen.kernels.gemv.batch_crossover`;
+        0: never).
     """
 
     def __init__(self, file, store, *, target, rope_layout, kind: str, rows: int,
                  io: BatchIO, num_blocks: int, block_size: int, n_ctx: int, sm_count: int,
-                 device=None, pdl=True, gemv_rows: int = 1):
+                 device=None, pdl=True, gemv_rows: int = 1, batch_gemv_rows: int | None = None):
         if kind not in ("decode", "prefill"):
             raise ValueError(f"a batch step is 'decode' or 'prefill', not {kind!r}")
         self.kind, self.io_layout = kind, io
         self.num_blocks, self.block_size, self.max_blocks = num_blocks, block_size, io.max_blocks
         self.n_ctx, self.sm_count, self.gemv_rows = n_ctx, sm_count, gemv_rows
+        self.batch_gemv_rows = batch_gemv_rows
         super().__init__(file, store, target=target, capacity=n_ctx, rope_layout=rope_layout,
                          rows=rows, chunk=io.rows, device=device, pdl=pdl,
                          gemm=rows > gemv_rows)
@@ -135,6 +147,81 @@ class BatchLowering(ChunkLowering):
         self.top_ids = g.buffer("batch_top_ids", (io.rows, TOP_LOGPROBS), np.int32, "state")
         self.top_logprobs = g.buffer("batch_top_logprobs", (io.rows, TOP_LOGPROBS), np.float32,
                                      "state")
+
+    # ------------------------------------------------------ batched GEMV
+    def _batch_plan(self, qtype: str, m: int, k: int, epilogue: str = "none"):
+        """The batched GEMV's plan for a ``[m, k]`` weight of ``qtype`` in
+        this step, or None where the step runs it otherwise (a prefill
+        step, rows at or below ``gemv_rows`` or above the crossover, a type
+        it does not read, x and the ring too large for shared memory)."""
+        pdl = self.pdl
+        if self.kind != "decode" or self.rows <= max(1, self.gemv_rows) or \
+                qtype not in gemv.BATCH_QTYPES or self.rows > gemv.MAX_BATCH:
+            return None
+        try:
+            plan = gemv.batch_plan(qtype, k, epilogue, batch=self.rows, target=self.target,
+                                   m=m, sm_count=self.sm_count, pdl=pdl)
+        except ValueError:
+            return None
+        limit = self.batch_gemv_rows
+        if limit is None:
+            limit = gemv.batch_crossover(plan.spec, m, self.device)
+        return plan if self.rows <= limit else None
+
+    def _batched_weight(self, name: str) -> bool:
+        f = self.file
+        m, k = f.shape(name)
+        return self._batch_plan(f.qtype(name).upper(), int(m), int(k)) is not None
+
+    def _f16_x(self, names) -> bool:
+        """f16 where every layer's weights ``names`` run as f16-X GEMMs (none
+        through the batched GEMV, which reads f32)."""
+        return super()._f16_x(names) and not any(
+            self._batched_weight(f"blk.{i}.{n}.weight")
+            for i in range(self.hp.n_layers) for n in names)
+
+    def _matmul(self, name, x, out, *, residual=None, bias=None, rows=None, stride=None,
+                weight=None, info=None):
+        """The batched GEMV where :meth:`_batch_plan` gives one (and x is
+        f32), else as a chunk's."""
+        w, t = (weight, info) if weight is not None else self.weight(name)
+        m, k = t.shape
+        xb = x.buffer if hasattr(x, "buffer") else x
+        epi = "residual" if residual is not None else "bias" if bias is not None else "none"
+        plan = None if xb.dtype != np.float32 else self._batch_plan(t.qtype.upper(), m, k, epi)
+        if plan is None:
+            return super()._matmul(name, x, out, residual=residual, bias=bias, rows=rows,
+                                   stride=stride, weight=w, info=t)
+        rows = m if rows is None else rows
+        args = dict(w=w, x=x, y=out, m=m, n_ptr=self.n_ptr, ys=stride or rows)
+        if residual is not None:
+            args["r"] = residual
+        if bias is not None:
+            args["bias"] = bias
+        ins = [w, x] + [a for a in (residual, bias) if a is not None]
+        self.add("MulMat", name.removesuffix(".weight"), ins, [out],
+                 [self.launch("gemv", plan, gemv.launch_geometry(plan, m), **args)])
+
+    def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
+        """``silu(Wg h) * (Wu h)`` in one batched GEMV launch where both
+        weights run through it and the activations it writes are f32, else
+        as a chunk's."""
+        f = self.file
+        m, k = f.shape(gate)
+        plan = None
+        if act == "silu" and (f.qtype(gate), f.shape(gate)) == (f.qtype(up), f.shape(up)) \
+                and self.act.dtype == np.float32:
+            plan = self._batch_plan(f.qtype(gate).upper(), int(m), int(k), "swiglu")
+        x = self._input(h)
+        xb = x.buffer if hasattr(x, "buffer") else x
+        if plan is None or xb.dtype != np.float32:
+            return super().gated_ffn(x, gate, up, down, residual, act=act)
+        (wg, _), (wu, _) = self.weight(gate), self.weight(up)
+        self.add("MulMatSwiGLU", gate.removesuffix("ffn_gate.weight") + "ffn_gate_up",
+                 [wg, wu, x], [self.act],
+                 [self.launch("gemv", plan, gemv.launch_geometry(plan, int(m)), w=wg, wu=wu,
+                              x=x, y=self.act, m=int(m), n_ptr=self.n_ptr, ys=int(m))])
+        return self.linear(self.act, down, residual=residual)
 
     def _inputs(self, capacity, chunk):
         """The token ids and the ``(start, n_rows)`` pair: fields of ``batch_io``."""

@@ -101,8 +101,7 @@ class ChunkLowering(Lowering):
 
         def x_type(*names):
             # f16 where every GEMM reading it takes f16 X (a GEMV reads f32)
-            return (np.float16 if self.gemm and gemm_ready(file, target, names)
-                    else np.float32)
+            return np.float16 if self._f16_x(names) else np.float32
         self.x = g.buffer("x", (B, H), np.float32)
         # the normed rows the GEMMs read (a mixture of experts' router and
         # experts read f32 rows of their own: moe_ffn)
@@ -112,6 +111,11 @@ class ChunkLowering(Lowering):
         self.qkv_rows = g.buffer("qkv", (B, self.qkv_dim), np.float32)
         self.att = g.buffer("att", (B, hp.q_dim), x_type("attn_output"))
         self.act = g.buffer("ffn_act", (B, hp.ffn), x_type("ffn_down"))
+
+    def _f16_x(self, names) -> bool:
+        """Whether the activations every layer's weights ``names`` read are
+        f16: where all of them run as GEMMs that take f16 X."""
+        return self.gemm and gemm_ready(self.file, self.target, names)
 
     def _inputs(self, capacity, chunk) -> tuple:
         """The token ids and the int32 pair ``(start, n_rows)``."""

@@ -113,3 +113,47 @@ def test_bad_inputs_are_refused(files):
         runner.prefill(PrefillChunk(tuple(range(5)), 0, (0,)))
     with pytest.raises(ValueError, match="1..4 tokens"):
         runner.prefill([PrefillChunk((1, 2, 3), 0, (0,)), PrefillChunk((1, 2), 0, (1,))])
+
+
+def _kernels(runner, rows):
+    return [L.spec.kernel_name for op in runner.graph("decode", rows).ops for L in op.launches
+            if L.family in ("gemv", "gemm")]
+
+
+def test_batched_gemv_step_matches_a_gemv_per_row(tmp_path, module_seed, rng):
+    """A decode step of 3 rows (the bucket of 4) with every weight through
+    the batched GEMV (the output weight too: Q4_K here) gives the logits of
+    the same step run as a GEMV per row (the single-sequence kernels) to
+    1e-4 of their largest (the two sum the same dp4a products in different
+    orders, in f32), and the same tokens."""
+    path = tmp_path / "q4k_out.gguf"
+    write_synthetic_llama(str(path), seed=module_seed, arch="llama", output_qtype="Q4_K", **TINY)
+    kw = dict(num_blocks=8, block_size=BS, max_batch=4, chunk=8, ctx_size=32)
+    batched = BatchRunner(LlamaFile(str(path)), get_backend("emu"), batch_gemv_rows=4, **kw)
+    per_row = BatchRunner(LlamaFile(str(path)), get_backend("emu"), gemv_rows=4, **kw)
+    names = _kernels(batched, 4)
+    assert names and all("_b4_" in n for n in names), names
+    assert not any("_b4_" in n or n.startswith("gemm") for n in _kernels(per_row, 4))
+    prompts = [[int(t) for t in rng.integers(0, TINY["vocab"], n)] for n in (3, 6, 5)]
+    tables = [(0,), (1,), (2,)]
+    out = []
+    for runner in (batched, per_row):
+        toks = _run(runner, prompts, tables, 2, 8)
+        lw = runner._graphs["decode", 4]
+        out.append((toks, runner._executor("decode", 4).read(lw.logits)[:3]))
+    (ta, la), (tb, lb) = out
+    assert ta == tb
+    err = np.max(np.abs(la.astype(np.float64) - lb)) / np.max(np.abs(lb))
+    assert err <= 1e-4, err
+
+
+def test_batched_gemv_off_and_above_the_crossover_uses_the_gemm(files):
+    """``batch_gemv_rows=0`` and a bucket above ``batch_gemv_rows`` run the
+    weights as GEMMs; at or below it, through the batched GEMV."""
+    kw = dict(num_blocks=4, block_size=BS, max_batch=4, chunk=4, ctx_size=32)
+    off = BatchRunner(LlamaFile(files), get_backend("emu"), batch_gemv_rows=0, **kw)
+    assert all(n.startswith("gemm") for n in _kernels(off, 2) + _kernels(off, 4))
+    two = BatchRunner(LlamaFile(files), get_backend("emu"), batch_gemv_rows=2, **kw)
+    assert any("_b2_" in n for n in _kernels(two, 2))
+    assert not any("_b4_" in n for n in _kernels(two, 4))
+    assert all(n.startswith("gemm") for n in _kernels(two, 4))
