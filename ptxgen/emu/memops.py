@@ -294,6 +294,7 @@ def _st(stmt, ctx):
             vals.append(v)
         for buf, offs, sel in acc.parts(st, addr, tids, WRITE):
             scatter(buf, offs, size, vals if sel is None else [v[sel] for v in vals])
+        st.stores += 1
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["st"])
 
@@ -418,6 +419,7 @@ def _atomic(stmt, ctx, has_dst):
                 new = f(old, bv[jj], None if cv is None else cv[jj])
                 scatter(buf, o, size, [np.asarray(new, dtype=nat).view(u)])
                 olds[jj] = old
+        st.stores += 1
         if has_dst:
             if m is None:
                 put(st, olds, None)
