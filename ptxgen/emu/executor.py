@@ -30,6 +30,14 @@ memory is shared by all blocks and sequentially consistent: a store is
 complete for all its lanes before the next instruction runs; atomics are
 serialised in lane (= global thread id) order.
 
+Spin-waits: a thread at a ``nanosleep`` is set aside (``yielded``) and
+resumes, with every thread set aside, only when no other thread of the
+batch can run; a kernel with a nanosleep runs its whole grid as one batch
+(its CTAs wait for each other, so they must be resident together), and
+its global hand-offs between CTAs are checked (:mod:`.global_races`).
+Threads that keep coming back to their nanosleeps with nothing stored in
+between are a :class:`SpinDeadlock`.
+
 Thread-block clusters (``.reqnctapercluster``, along x only): a batch holds
 whole clusters, so a cluster's CTAs run together and ``.shared::cluster``
 accesses reach the peer's window of the batch's buffer.  A thread at
@@ -51,6 +59,7 @@ from . import alu, convert, memops, mma, tma, warpops, wgmma  # noqa: F401  (sem
 from .errors import (BarrierError, EmulatorError, Fault, LaunchConfigError, SpinDeadlock,
                      UninitializedRegister, WarpSyncError, describe_op)
 from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, YIELD, Ctx, Op, width
+from .global_races import GlobalRaces
 from .races import check_races
 
 __all__ = ["CompiledKernel", "compile_kernel", "run_grid", "batch_blocks", "MAX_STEPS",
@@ -162,7 +171,7 @@ class BlockState:
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
                  "async_committed", "mbarriers", "coords", "cluster_n", "cl_of_lane",
                  "cl_arrived", "cl_waited", "cl_wait", "cl_wait_pc", "wg_pending",
-                 "wg_committed", "stores")
+                 "wg_committed", "stores", "gsync")
 
     def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races, cluster_n=1):
         n = geo.n
@@ -234,6 +243,8 @@ class BlockState:
         self.wg_committed = np.zeros(n, np.int64)
         # store and atomic instructions run, the progress a spin-wait waits for
         self.stores = 0
+        # the CTAs' global hand-offs, checked for a kernel that spin-waits
+        self.gsync = GlobalRaces(ctaids) if races and k.spins else None
         self.coords = geo.coords
         self.all_tids = geo.all_tids
         self.full_mask = geo.full

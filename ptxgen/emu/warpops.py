@@ -176,8 +176,14 @@ def _cluster_wait(stmt, ctx):
 
 @semantics("membar", "fence", "fence.mbarrier_init", "fence.proxy.async", "griddepcontrol")
 def _fence(stmt, ctx):
+    # memory is sequentially consistent here; a fence between CTAs counts for
+    # the global race check (global_races) only
+    orders = ((stmt.op == "membar" and "cta" not in stmt.mods)
+              or (stmt.op == "fence" and "cta" not in stmt.mods))
+
     def fn(st, m):
-        return None
+        if orders and st.gsync is not None:
+            st.gsync.fence(st.blk if m is None else st.blk[m])
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])
 
 

@@ -109,3 +109,47 @@ def test_ptxas_takes_the_spin_kernels(ptxas):
     for target in ("sm_80", "sm_90"):
         for m in (_chain(False, target), _stuck(target)):
             assemble(m.to_ptx(), target)
+
+
+@pytest.mark.parametrize("mutation", [
+    ("ld.acquire.gpu.global", "ld.relaxed.gpu.global"),
+    ("red.release.gpu.global", "red.relaxed.gpu.global"),
+    ("ld.acquire.gpu.global", "ld.acquire.cta.global"),
+], ids=["no-acquire", "no-release", "cta-scope"])
+def test_the_race_check_sees_a_hand_off_without_release_acquire(mutation):
+    """The chain's hand-off (data stored, count raised with a release; count
+    read with an acquire, data loaded) passes the global race check; with
+    the acquire or the release weakened, the load of the previous CTA's
+    data is a race naming the store."""
+    m = _chain(False)
+    text = m.to_ptx()
+    n = 3
+    args = lambda: [emu.DeviceArray.zeros((n, NT), np.uint32),
+                    emu.DeviceArray.zeros((n, NT), np.uint32), emu.DeviceArray.zeros(1, np.uint32)]
+    emu.launch(emu.Module.from_ptx(text)["chain"], (n,), (NT,), *args())
+    old, new = mutation
+    assert old in text
+    bad = emu.Module.from_ptx(text.replace(old, new))
+    with pytest.raises(emu.RaceError, match=r"ld\.global\.u32.*global-memory race .* block "
+                       r"\(1, 0, 0\) reads it here, and block \(0, 0, 0\) writes it at line \d+ "
+                       r"\(`st\.global\.u32"):
+        emu.launch(bad["chain"], (n,), (NT,), *args())
+
+
+def test_the_race_check_sees_a_store_over_unfinished_reads():
+    """A CTA overwriting a word another CTA read, with no order between
+    them (write after read), is a race naming the read."""
+    m = ptxgen.Module("sm_90")
+    with m.kernel("war", reqntid=32) as k:
+        buf = k.param_ptr("buf", u32)
+        out = k.param_ptr("out", u32)
+        c = k.ctaid.x
+        with k.if_(c.eq(0)):
+            k.st(out[k.tid.x], k.ld(buf[k.tid.x]))
+        with k.if_(c.eq(1)):
+            k.nanosleep(0)
+            k.st(buf[k.tid.x], k.tid.x)
+    with pytest.raises(emu.RaceError, match=r"block \(1, 0, 0\) writes it here, and block "
+                       r"\(0, 0, 0\) reads it at"):
+        emu.launch(emu.Module.from_ptx(m)["war"], (2,), (32,),
+                   emu.DeviceArray.zeros(32, np.uint32), emu.DeviceArray.zeros(32, np.uint32))
