@@ -31,6 +31,9 @@ The ops (:data:`OPS`) a tape may use:
     ``k`` columns, a warp a row; addresses ``W, x, y, r`` (``r`` may be
     ``y``: each row reads its own residual before writing it); words ``k``
     and 1 with the residual, 0 without.
+``noop``
+    nothing: a tape of them times the scheduling (the waits and the
+    counters) alone.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ NODE_ARGS = 8
 _OP, _NODE, _CTA0, _CTA1, _NW, _W0, _W1, _WAITS = 0, 1, 2, 3, 4, 5, 6, 8
 
 #: the ops the kernel knows, in the order their indices are encoded
-OPS = ("rmsnorm", "gemv_f32")
+OPS = ("rmsnorm", "gemv_f32", "noop")
 
 
 @attrs.frozen
@@ -213,4 +216,8 @@ def _gemv_f32(c: _Ctx):
             k.st(y[row], out)
 
 
-_BODIES = {"rmsnorm": _rmsnorm, "gemv_f32": _gemv_f32}
+def _noop(c: _Ctx):
+    pass
+
+
+_BODIES = {"rmsnorm": _rmsnorm, "gemv_f32": _gemv_f32, "noop": _noop}

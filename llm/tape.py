@@ -46,6 +46,7 @@ import sys
 import attrs
 
 from ptxgen.driver.executor import Buffer, BufRef, ComputeGraph, TensorMapOf, plan_activations
+from ptxgen.kernels import megakernel
 
 __all__ = ["Node", "Instruction", "Tape", "build_tape", "decode_tape", "conflicts"]
 
@@ -140,6 +141,13 @@ class Tape:
 
     def instructions_of(self, node: Node) -> tuple:
         return self.instructions[node.first:node.first + node.count]
+
+    def records(self, op_of, words_of=lambda node: (0, 0)):
+        """The tape as the persistent kernel's records
+        (:func:`ptxgen.kernels.megakernel.encode`): ``op_of(node)`` names
+        the kernel's op for each node, ``words_of(node)`` its two words."""
+        return megakernel.encode([(op_of(self.nodes[i.node]), i.node, i.cta0, i.cta1, i.waits,
+                                   words_of(self.nodes[i.node])) for i in self.instructions])
 
     def dump(self, instructions: bool = False) -> str:
         """The tape as text: a line a node (its kernel, CTAs, instructions,

@@ -5,6 +5,7 @@ layers and an output), on the emulator with its global-memory race check
 pass's, for any grid and any cut; with the waits dropped the race check
 sees the hand-offs break."""
 
+import attrs
 import numpy as np
 import pytest
 
@@ -70,12 +71,10 @@ def _reference(p, steps):
 def _run(rng, grid, cut, drop_waits=False, backend=None, edit=None, steps=1):
     g, plan = _graph()
     tape = build_tape(g, cut)
-    ins = []
-    for t in tape.instructions:
-        node = tape.nodes[t.node]
-        op, _, words = plan[node.op]
-        ins.append((op, t.node, t.cta0, t.cta1, () if drop_waits else t.waits, words))
-    records = mk.encode(ins)
+    if drop_waits:
+        tape = attrs.evolve(tape, instructions=tuple(attrs.evolve(i, waits=())
+                                                     for i in tape.instructions))
+    records = tape.records(lambda n: plan[n.op][0], lambda n: plan[n.op][2])
     shapes = {bb.name: bb.shape for bb in g.buffers}
     host = {}
     for name, shape in shapes.items():
@@ -157,7 +156,7 @@ def test_encode_refuses_a_tape_that_could_deadlock():
     with pytest.raises(ValueError, match="waits on counter 1, which no earlier instruction"):
         mk.encode([("rmsnorm", 0, 0, 1, [(1, 1)], (N, EPS)),
                    ("rmsnorm", 1, 0, 1, [], (N, EPS))])
-    with pytest.raises(ValueError, match="op 'softmax' is not one of rmsnorm, gemv_f32"):
+    with pytest.raises(ValueError, match="op 'softmax' is not one of rmsnorm, gemv_f32, noop"):
         mk.encode([("softmax", 0, 0, 1, [], (0, 0))])
     with pytest.raises(ValueError, match="at most 4"):
         mk.encode([("rmsnorm", 5, 0, 1, [], (N, EPS))] +

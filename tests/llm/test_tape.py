@@ -184,3 +184,23 @@ def test_bad_arguments_are_refused(tiny):
         decode_tape(tiny, sm_count=4, capacity=16, variant="beam")
     with pytest.raises(ValueError, match="no ops"):
         build_tape(ComputeGraph(), 4)
+
+
+def test_the_decode_tape_runs_to_the_end_on_the_persistent_kernel(tiny, rng):
+    """The tiny model's tape, every instruction a no-op, under the
+    persistent kernel on the emulator for a random grid and cut: no wait
+    is left unmet (a deadlock would raise) and every counter ends at its
+    node's instruction count times the steps run."""
+    from ptxgen import emu
+    from ptxgen.kernels import megakernel as mk
+    grid, sm = int(rng.integers(1, 9)), int(rng.integers(1, 17))
+    tape = decode_tape(tiny, sm_count=sm, capacity=64)
+    records = tape.records(lambda n: "noop")
+    spec = mk.MegakernelSpec(ops=("noop",), threads=32, target="sm_90")
+    fn = emu.Module.from_ptx(mk.build(spec))[spec.kernel_name]
+    args = [emu.DeviceArray.from_numpy(records), len(records),
+            emu.DeviceArray.from_numpy(np.zeros((len(tape.nodes), mk.NODE_ARGS), np.uint64))]
+    counters = emu.DeviceArray.from_numpy(np.zeros(tape.n_counters, np.uint32))
+    for epoch in (1, 2):
+        emu.launch(fn, (grid,), (32,), *args, counters, epoch)
+    np.testing.assert_array_equal(counters.to_numpy(), [2 * n.count for n in tape.nodes])
