@@ -12,6 +12,12 @@ of the step's launches with an empty kernel each (the same grids and
 blocks, programmatic dependent launch off): what the graph path pays for
 its launches before any work.  Both are replayed ``--steps`` times back to
 back; the counters are checked at the end.
+
+With ``--decode``, each file is also decoded by the graph path and by the
+persistent kernel running the step's own kernels (:mod:`ptxgen.llm.
+persistent`) in the same call: whether they choose the same greedy tokens,
+how far apart their logits are, and each path's tokens/s with its share of
+the read floor.
 """
 
 from __future__ import annotations
@@ -79,12 +85,42 @@ def measure(path, be, steps=200, threads=128):
                 graph_us_per_launch=t_g * 1e6 / len(tape.nodes))
 
 
+def decode_ab(path, steps=128, check_steps=16, seed=0):
+    """The graph path and the persistent kernel on ``path`` in one call:
+    the same greedy tokens and logits over ``check_steps`` steps, then each
+    path's decode tokens/s over ``steps`` (median step) and its share of
+    the read floor (the step's bytes over the copy bandwidth)."""
+    from ptxgen.llm.model import Model
+
+    from .bench_model import _copy_bandwidth, _step_bytes
+    m = Model.from_gguf(path, backend="cuda", progress=False, capacity=512)
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, m.hp.vocab, 4)]
+    t0 = time.perf_counter()
+    m.persistent_step()
+    build_s = time.perf_counter() - t0
+    rg, lg = m.generate(prompt, check_steps, return_logits=True, mode="graph")
+    rp, lp = m.generate(prompt, check_steps, return_logits=True, mode="persistent")
+    worst = max(float(np.linalg.norm(a - b) / np.linalg.norm(b)) for a, b in zip(lp, lg))
+    bw = _copy_bandwidth()
+    floor = bw / _step_bytes(m, len(prompt) + steps // 2)
+    out = dict(file=path, same_tokens=rg.tokens == rp.tokens, logits_rel_l2=worst,
+               persistent_build_s=build_s, floor_tokens_per_s=floor)
+    for mode in ("graph", "persistent"):
+        r = m.generate(prompt, steps, mode=mode)
+        out[f"{mode}_tokens_per_s"] = r.tokens_per_second
+        out[f"{mode}_share_of_floor"] = r.tokens_per_second / floor
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_megakernel",
                                 description=__doc__.splitlines()[0])
     p.add_argument("models", nargs="+", help="GGUF files")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--json", default=None, help="write the rows here")
+    p.add_argument("--decode", action="store_true",
+                   help="also decode with the graph and the persistent kernel: same tokens, "
+                        "tokens/s of each")
     a = p.parse_args(argv)
     from ptxgen.driver.backend import get_backend
     be = get_backend("cuda")
@@ -96,6 +132,17 @@ def main(argv=None) -> int:
               f"{r['sm_count']} SMs; persistent no-op step {r['persistent_us']:.1f} us "
               f"({r['persistent_us_per_node']:.2f} us a node); graph of {r['nodes']} empty "
               f"launches {r['graph_us']:.1f} us ({r['graph_us_per_launch']:.2f} us a launch)")
+    if a.decode:
+        for path in a.models:
+            r = decode_ab(path)
+            rows.append(r)
+            print(f"{path}: same tokens {r['same_tokens']}, logits within "
+                  f"{r['logits_rel_l2']:.1e} (relative L2); decode tokens/s graph "
+                  f"{r['graph_tokens_per_s']:.0f} ({100 * r['graph_share_of_floor']:.0f}% of the "
+                  f"read floor {r['floor_tokens_per_s']:.0f}), persistent "
+                  f"{r['persistent_tokens_per_s']:.0f} "
+                  f"({100 * r['persistent_share_of_floor']:.0f}%); persistent kernel built and "
+                  f"loaded in {r['persistent_build_s']:.1f} s")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -2,14 +2,14 @@
 # The persistent decode kernel (issue 57) on a GPU, as far as it goes: the
 # tape and persistent-kernel tests (their GPU case included),
 # compute-sanitizer memcheck and racecheck on the kernel's GPU test, then on
-# 1B- and 8B-shaped synthetic Q4_K files the scheduling cost of the step's
+# 1B- and 8B-shaped synthetic Q4_K files: the scheduling cost of the step's
 # tape under the persistent kernel (no-op instructions) beside a CUDA graph
-# of the same launches with empty kernels, and the graph path's decode
-# tokens/s (and llama.cpp's where $LLAMACPP_BIN is set) in the same call.
-# The persistent kernel does not run the decode step's own ops yet, so
-# there is no persistent tokens/s or same-tokens check to make.
+# of the same launches with empty kernels, then in one call per file the
+# graph path and the persistent kernel decoding: same greedy tokens, logits
+# apart, tokens/s of each with its share of the read floor; llama.cpp's
+# tg128 on the same files where $LLAMACPP_BIN is set.
 # Results in $OUT (./gpu-out): megakernel_tests.log, sanitizer_megakernel_*.log,
-# megakernel.json, bench_*.log.  Under 6 minutes on an H100.
+# megakernel.json, bench_megakernel.log.  Under 6 minutes on an H100.
 set -euo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
@@ -24,27 +24,31 @@ write_synthetic_llama('/tmp/llama1b.part.gguf', n_layers=16, hidden=2048, ffn=81
 echo "== tape and persistent-kernel tests"
 rc=0
 timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/llm/test_tape.py \
-  tests/kernels/test_megakernel.py > "$OUT/megakernel_tests.log" 2>&1 || rc=$?
+  tests/kernels/test_megakernel.py tests/kernels/test_megakernel_inline.py \
+  tests/llm/test_persistent.py -k "not emulator" > "$OUT/megakernel_tests.log" 2>&1 || rc=$?
 echo "pytest rc=$rc"; tail -4 "$OUT/megakernel_tests.log"
 
-echo "== compute-sanitizer (the persistent kernel's GPU test)"
+echo "== compute-sanitizer (the persistent kernel's GPU tests: the toy tape, the tiny model)"
 for tool in memcheck racecheck; do
   rc=0
-  timeout 60 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
-    -o addopts="" tests/kernels/test_megakernel.py -k gpu > "$OUT/sanitizer_megakernel_$tool.log" 2>&1 || rc=$?
+  timeout 100 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
+    -o addopts="" tests/kernels/test_megakernel.py tests/llm/test_persistent.py -k gpu \
+    > "$OUT/sanitizer_megakernel_$tool.log" 2>&1 || rc=$?
   echo "$tool rc=$rc"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed|failed|skipped" "$OUT/sanitizer_megakernel_$tool.log" | tail -3 || true
 done
 
 bash scripts/gpu_synth_files.sh wait llama8b
-echo "== scheduling: the tape under the persistent kernel vs a graph of empty launches"
-timeout 120 python3 -m benchmarks.bench_megakernel /tmp/llama1b.gguf /tmp/llama8b.gguf \
-  --json "$OUT/megakernel.json" 2>&1 | tee "$OUT/bench_megakernel.log"
+echo "== scheduling (no-op tape vs empty launches), then graph vs persistent decode"
+rc=0
+timeout 240 python3 -m benchmarks.bench_megakernel /tmp/llama1b.gguf /tmp/llama8b.gguf --decode \
+  --json "$OUT/megakernel.json" 2>&1 | tee "$OUT/bench_megakernel.log" || rc=$?
+echo "bench_megakernel rc=$rc"
 
-echo "== graph path decode (tg128)"
+if [ -n "${LLAMACPP_BIN:-}" ]; then
+  echo "== llama.cpp tg128 on the same files"
+fi
 for name in llama1b llama8b; do
-  timeout 100 python3 -m ptxgen bench /tmp/$name.gguf -p 0 -n 128 -r 3 -npl 0 2>&1 \
-    | tee "$OUT/bench_$name.log" | grep -E "tg128|model" || true
   if [ -n "${LLAMACPP_BIN:-}" ]; then
     timeout 60 "$LLAMACPP_BIN/llama-bench" -m /tmp/$name.gguf -p 0 -n 128 -r 3 -ngl 99 2>&1 \
       | tee "$OUT/llamacpp_$name.log" | grep -E "tg128" || true

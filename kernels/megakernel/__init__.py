@@ -34,6 +34,10 @@ The ops (:data:`OPS`) a tape may use:
 ``noop``
     nothing: a tape of them times the scheduling (the waits and the
     counters) alone.
+
+:func:`build_fused` makes the same loop over other kernels' bodies
+(:mod:`.inline`): op ``i`` runs one CTA of kernel ``i`` per ``ctaid`` of
+the record's range, its parameters read from a per-node table.
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ import numpy as np
 import ptxgen
 from ptxgen.types import f32, u32, u64
 
-from .reduce import warp_sum
-from .spec_fields import target_field
+from ..reduce import warp_sum
+from ..spec_fields import target_field
 
 __all__ = ["MegakernelSpec", "OPS", "RECORD_WORDS", "MAX_WAITS", "NODE_ARGS", "build",
-           "encode"]
+           "encode", "FusedKernel", "build_fused", "encode_fused"]
 
 RECORD_WORDS = 16
 MAX_WAITS = 4
@@ -221,3 +225,107 @@ def _noop(c: _Ctx):
 
 
 _BODIES = {"rmsnorm": _rmsnorm, "gemv_f32": _gemv_f32, "noop": _noop}
+
+
+# --------------------------------------------------------------------------
+# the persistent kernel over other kernels' bodies
+
+
+@attrs.frozen
+class FusedKernel:
+    """The persistent kernel over inlined bodies: its PTX text, entry name,
+    threads a CTA, the parameter-table words a node takes, the dynamic
+    shared bytes to launch it with, and the bodies in op-index order."""
+
+    ptx: str
+    name: str
+    threads: int
+    table_words: int
+    bodies: tuple
+
+
+def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
+    """The persistent kernel whose op ``i`` runs the body of ``kernels[i]``
+    (``(ptx_text, entry)``, made by :mod:`.inline`): records as
+    :func:`encode` writes them with the op words ``(nx, ny)`` and word 7
+    ``nz``, the node's launch grid, and one CTA of the node's launch per
+    ``ctaid`` in the record's range.  Parameters: ``(tape, n_instr, table,
+    counters, epoch)``; ``table`` holds :attr:`FusedKernel.table_words` u64
+    words a node, the launch's parameters in the kernel's order."""
+    from .inline import DYNAMIC_SHARED, inline_entry
+
+    bodies = tuple(inline_entry(text, entry, f"k{i}_") for i, (text, entry) in enumerate(kernels))
+    T = max(b.threads for b in bodies)
+    T = -(-T // 32) * 32
+    words = max(len(b.params) for b in bodies)
+    m = ptxgen.Module(target)
+    marks = {}
+    with m.kernel(name, reqntid=T) as k:
+        tape = k.param_ptr("tape", u32)
+        n_instr = k.param("n_instr", u32)
+        table = k.param_ptr("table", u64)
+        counters = k.param_ptr("counters", u32)
+        epoch = k.param("epoch", u32)
+        tid = k.tid.x
+        with k.for_range(k.ctaid.x, n_instr, k.nctaid.x) as i:
+            rec = tape + i * RECORD_WORDS
+            w = [k.ld(rec[j], nc=True) for j in range(RECORD_WORDS)]
+            with k.if_(tid.eq(0)):
+                for wi in range(MAX_WAITS):
+                    with k.if_(w[_NW] > wi):
+                        ctr = k.ptr_add(counters, w[_WAITS + 2 * wi])
+                        want = w[_WAITS + 2 * wi + 1] * epoch
+                        with k.while_(lambda: k.ld(ctr[0], sem="acquire", scope="gpu") < want):
+                            k.nanosleep(64)
+            k.bar_sync(0)
+            node = w[_NODE]
+            args = k.ptr_add(table, node * words)
+            nx, ny, nz = w[_W0], w[_W1], w[7]
+            for oi, b in enumerate(bodies):
+                with k.if_(w[_OP].eq(oi)):
+                    with k.if_(tid < b.threads):
+                        with k.for_range(w[_CTA0], w[_CTA1]) as cta:
+                            cx = cta % nx
+                            rest = cta / nx
+                            cy = rest % ny
+                            cz = rest / ny
+                            k.comment(f"MK_INLINE {oi}")
+                            marks[oi] = ((cx.render(), cy.render(), cz.render()),
+                                         (nx.render(), ny.render(), nz.render()), args.render())
+                    k.bar_sync(0)
+            with k.if_(tid.eq(0)):
+                k.red("add", counters[node], 1, sem="release", scope="gpu")
+    text = m.to_ptx()
+    lines = text.splitlines()
+    out = []
+    entry_open = False
+    align = max(b.align for b in bodies)
+    for line in lines:
+        s = line.strip()
+        if s.startswith(".visible .entry") and align:
+            out.append(f".extern .shared .align {align} .b8 {DYNAMIC_SHARED}[];")
+            out.append("")
+        if s.startswith("// MK_INLINE "):
+            oi = int(s.split()[-1])
+            ctaid, nctaid, tab = marks[oi]
+            out += ["\t" + x if not x.endswith(":") else x
+                    for x in bodies[oi].render(ctaid, nctaid, tab, T)]
+            continue
+        out.append(line)
+        if s == "{" and not entry_open:
+            entry_open = True
+            for b in bodies:
+                out += ["\t" + d for d in b.decls]
+    return FusedKernel("\n".join(out) + "\n", name, T, words, bodies)
+
+
+def encode_fused(instructions) -> np.ndarray:
+    """Records of ``(op, node, cta0, cta1, waits, grid)`` instructions
+    (``op`` an index of :func:`build_fused`'s kernels, ``grid`` the node's
+    launch grid ``(nx, ny, nz)``)."""
+    recs = encode([(OPS[0], node, c0, c1, waits, grid[:2])
+                   for (_, node, c0, c1, waits, grid) in instructions])
+    for r, ins in zip(recs, instructions):
+        r[_OP] = ins[0]
+        r[7] = ins[5][2]
+    return recs
