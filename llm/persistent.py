@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ptxgen import registry
 from ptxgen.kernels import megakernel as mk
 
 from .generation import GREEDY
-from .tape import build_tape
+from .tape import build_tape, fused_kernel
 
 __all__ = ["PersistentDecode", "decode_path", "PATHS"]
 
@@ -68,12 +67,8 @@ class PersistentDecode:
         self.tape = build_tape(g, self.grid, GREEDY)
         pairs = [L for op in g.ops_of(GREEDY) for L in op.launches]
         resolved = ex.launches(GREEDY)
-        kernels, index = [], {}
-        for L in pairs:
-            if L.kernel not in index:
-                index[L.kernel] = len(kernels)
-                kernels.append((registry.family(L.family).build(L.spec).to_ptx(), L.kernel))
-        self.kernel = fk = mk.build_fused(kernels, model.target)
+        fk, index = fused_kernel(g, model.target)
+        self.kernel = fk
         table = np.zeros((len(self.tape.nodes), fk.table_words), np.uint64)
         grids = []
         for node, L, (fn, grid, block, args, shared, _) in zip(self.tape.nodes, pairs, resolved):

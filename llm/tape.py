@@ -34,8 +34,9 @@ acyclic and instructions taken in order never wait on one not yet taken.
 Counters count per step: with counters left from earlier steps, an
 instruction of step ``s`` (from 1) waits for ``s`` times the count.
 
-``python -m ptxgen.llm.tape MODEL.gguf [--sm-count N] [--variant V]``
-prints a file's tape (:meth:`Tape.dump`).
+``python -m ptxgen.llm.tape MODEL.gguf [--sm-count N] [--variant V] [--ptx]``
+prints a file's tape (:meth:`Tape.dump`) and with ``--ptx`` the persistent
+kernel that runs it (:mod:`.persistent`).
 """
 
 from __future__ import annotations
@@ -45,10 +46,14 @@ import sys
 
 import attrs
 
+from ptxgen import registry
 from ptxgen.driver.executor import Buffer, BufRef, ComputeGraph, TensorMapOf, plan_activations
 from ptxgen.kernels import megakernel
 
-__all__ = ["Node", "Instruction", "Tape", "build_tape", "decode_tape", "conflicts"]
+from .generation import GREEDY
+
+__all__ = ["Node", "Instruction", "Tape", "build_tape", "decode_tape", "decode_graph",
+           "fused_kernel", "conflicts"]
 
 
 @attrs.frozen
@@ -297,6 +302,13 @@ def decode_tape(file, *, sm_count: int, target: str = "sm_90", capacity: int | N
     decode step as :class:`~.model.Model` lowers it for ``target`` and
     ``sm_count`` SMs (``lowering``: more DecodeLowering arguments, e.g.
     ``fuse_norm``)."""
+    return build_tape(decode_graph(file, sm_count=sm_count, target=target, capacity=capacity,
+                                   **lowering), sm_count, variant)
+
+
+def decode_graph(file, *, sm_count: int, target: str = "sm_90", capacity: int | None = None,
+                 **lowering) -> ComputeGraph:
+    """``file``'s decode step lowered as :func:`decode_tape` does, the graph."""
     from ptxgen.driver.executor import Store
 
     from .gguf.file import LlamaFile
@@ -311,7 +323,20 @@ def decode_tape(file, *, sm_count: int, target: str = "sm_90", capacity: int | N
                        rope_layout=arch.rope_layout, tuning=Tuning(sm_count),
                        **lowering)
     arch.forward(s)
-    return build_tape(s.g, sm_count, variant)
+    return s.g
+
+
+def fused_kernel(graph, target: str):
+    """The persistent kernel over the distinct kernels of ``graph``'s
+    greedy step (:func:`~ptxgen.kernels.megakernel.build_fused`), and each
+    kernel's op index by entry name."""
+    kernels, index = [], {}
+    for op in graph.ops_of(GREEDY):
+        for L in op.launches:
+            if L.kernel not in index:
+                index[L.kernel] = len(kernels)
+                kernels.append((registry.family(L.family).build(L.spec).to_ptx(), L.kernel))
+    return megakernel.build_fused(kernels, target), index
 
 
 def main(argv=None) -> int:
@@ -322,9 +347,14 @@ def main(argv=None) -> int:
     p.add_argument("--target", default="sm_90")
     p.add_argument("--variant", default=None, help="greedy (default) or sample")
     p.add_argument("--instructions", action="store_true", help="a line for every instruction")
+    p.add_argument("--ptx", action="store_true",
+                   help="print the persistent kernel's PTX after the tape (greedy step)")
     a = p.parse_args(argv)
-    tape = decode_tape(a.model, sm_count=a.sm_count, target=a.target, variant=a.variant)
+    g = decode_graph(a.model, sm_count=a.sm_count, target=a.target)
+    tape = build_tape(g, a.sm_count, a.variant)
     sys.stdout.write(tape.dump(instructions=a.instructions) + "\n")
+    if a.ptx:
+        sys.stdout.write(fused_kernel(g, a.target)[0].ptx)
     return 0
 
 

@@ -42,6 +42,8 @@ the record's range, its parameters read from a per-node table.
 
 from __future__ import annotations
 
+import re
+
 import attrs
 import numpy as np
 
@@ -300,14 +302,21 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
     out = []
     entry_open = False
     align = max(b.align for b in bodies)
+    # the PTX ISA version the newest body needs
+    version = max(tuple(map(int, re.search(r"^\.version\s+(\d+)\.(\d+)", t, re.M).groups()))
+                  for t, _ in kernels)
     for line in lines:
         s = line.strip()
+        if s.startswith(".version "):
+            have = tuple(map(int, s.split()[1].split(".")))
+            line = ".version {}.{}".format(*max(have, version))
         if s.startswith(".visible .entry") and align:
             out.append(f".extern .shared .align {align} .b8 {DYNAMIC_SHARED}[];")
             out.append("")
         if s.startswith("// MK_INLINE "):
             oi = int(s.split()[-1])
             ctaid, nctaid, tab = marks[oi]
+            out.append(f"\t// op {oi}: {bodies[oi].entry}")
             out += ["\t" + x if not x.endswith(":") else x
                     for x in bodies[oi].render(ctaid, nctaid, tab, T)]
             continue

@@ -83,3 +83,16 @@ def test_the_tuning_table_chooses_the_path(tiny, monkeypatch):
     monkeypatch.setattr(tuning, "load_table", table((({}, {"path": "fast"}),)))
     with pytest.raises(ValueError, match="gives path 'fast' for .*'n_layers': 2"):
         decode_path(f, "sm_90")
+
+
+def test_ptxas_takes_the_fused_decode_kernel(tiny, ptxas):
+    """The persistent kernel over the tiny model's step assembles for sm_90
+    (the shape the GPU loads; its bodies are the step's kernels)."""
+    from ptxgen.llm.tape import decode_graph, fused_kernel
+    from ptxgen.ptxas import assemble
+    g = decode_graph(tiny, sm_count=8, capacity=64)
+    fk, index = fused_kernel(g, "sm_90")
+    kernels = {L.kernel for op in g.ops_of("greedy") for L in op.launches}
+    assert set(index) == kernels and len(fk.bodies) == len(kernels)
+    assert fk.threads == max(b.threads for b in fk.bodies)
+    assemble(fk.ptx, "sm_90")

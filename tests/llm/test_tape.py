@@ -174,6 +174,12 @@ def test_dump_names_every_node_and_its_waits(tiny, capsys):
     assert main([tiny, "--sm-count", "16"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("tape [greedy]") and "#0 ctas" not in out
+    assert main([tiny, "--sm-count", "16", "--ptx"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tape [greedy]") and ".visible .entry megakernel(" in out
+    kernels = list(dict.fromkeys(n.kernel for n in tape.nodes))
+    for i, name in enumerate(kernels):       # every kernel of the step, inlined once
+        assert out.count(f"// op {i}: {name}\n") == 1
 
 
 def test_bad_arguments_are_refused(tiny):
