@@ -9,7 +9,9 @@ op per distinct kernel of the step), each node's parameter table (the
 launch's resolved arguments, in the kernel's parameter order) and the
 counters.  :meth:`PersistentDecode.step` launches it once (``epoch`` one
 more than the last: the counters are never reset), doing what one replay
-of the greedy graph does.
+of the greedy graph does.  Each GEMV instruction's weight rows are asked
+into L2 (``cp.async.bulk.prefetch.L2``) before it waits on the nodes
+before it, so its weights stream while those finish.
 """
 
 from __future__ import annotations
@@ -56,6 +58,26 @@ def _word(ty: str, value) -> int:
     raise ValueError(f"a kernel parameter of type .{ty} cannot go in the persistent kernel's table")
 
 
+def _prefetch(ex, L, ins) -> tuple:
+    """The weight bytes of a GEMV instruction's rows (``w``, and ``wu`` of a
+    gate/up pair) as 16-byte-aligned ``(address, bytes)`` ranges inside
+    their buffers; none for other kernels."""
+    if ins.row0 is None or ins.row1 <= ins.row0:
+        return ()
+    out = []
+    for name in ("w", "wu"):
+        b = L.args.get(name)
+        if b is None:
+            continue
+        base = ex.ptr(b)
+        rb = b.nbytes // b.shape[0]
+        lo = (base + ins.row0 * rb) & ~15
+        hi = min(-(-(base + ins.row1 * rb) // 16) * 16, (base + b.nbytes) & ~15)
+        if hi > lo:
+            out.append((lo, hi - lo))
+    return tuple(out)
+
+
 class PersistentDecode:
     """The greedy decode step of ``model`` as one persistent launch of
     ``grid`` CTAs (default: the device's SMs)."""
@@ -81,7 +103,8 @@ class PersistentDecode:
             grids.append(tuple(grid))
         self.shared = max(r[4] for r in resolved)
         records = mk.encode_fused([(index[pairs[i.node].kernel], i.node, i.cta0, i.cta1, i.waits,
-                                    grids[i.node]) for i in self.tape.instructions])
+                                    grids[i.node], _prefetch(ex, pairs[i.node], i))
+                                   for i in self.tape.instructions])
         self._records = be.from_numpy(records)
         self._table = be.from_numpy(table)
         self._counters = be.from_numpy(np.zeros(self.tape.n_counters, np.uint32))

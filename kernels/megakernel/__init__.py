@@ -5,7 +5,9 @@ memory (no grid barrier).
 The tape is ``n`` records of :data:`RECORD_WORDS` u32 words (see
 :func:`encode`): the instruction's op (an index into ``spec.ops``), its
 node, the CTA range ``[cta0, cta1)`` of the node's launch it runs, up to
-:data:`MAX_WAITS` ``(counter, count)`` pairs and two op words.  CTA ``c``
+:data:`MAX_WAITS` ``(counter, count)`` pairs, two op words and (fused
+kernels, sm_90) up to :data:`MAX_PREFETCH` byte ranges asked into L2
+before the waits (``cp.async.bulk.prefetch.L2``).  CTA ``c``
 of a grid of ``G`` runs instructions ``c, c + G, c + 2G ...``; each
 instruction's thread 0 spins (``ld.acquire.gpu`` in a ``nanosleep`` loop)
 until every counter it waits on holds ``epoch * count`` (``epoch``: the
@@ -48,19 +50,25 @@ import attrs
 import numpy as np
 
 import ptxgen
+from ptxgen.target import TARGETS
 from ptxgen.types import f32, u32, u64
 
 from ..reduce import warp_sum
 from ..spec_fields import target_field
 
-__all__ = ["MegakernelSpec", "OPS", "RECORD_WORDS", "MAX_WAITS", "NODE_ARGS", "build",
+__all__ = ["MegakernelSpec", "OPS", "RECORD_WORDS", "MAX_WAITS", "MAX_PREFETCH", "NODE_ARGS",
+           "build",
            "encode", "FusedKernel", "build_fused", "encode_fused"]
 
-RECORD_WORDS = 16
+RECORD_WORDS = 24
 MAX_WAITS = 4
+#: byte ranges a fused record asks brought into L2 before its waits
+MAX_PREFETCH = 2
 NODE_ARGS = 8
 # record layout: op, node, cta0, cta1, number of waits, word0, word1, (pad), waits
 _OP, _NODE, _CTA0, _CTA1, _NW, _W0, _W1, _WAITS = 0, 1, 2, 3, 4, 5, 6, 8
+# fused records: (address low, address high, bytes) of each prefetch range
+_PREFETCH = 16
 
 #: the ops the kernel knows, in the order their indices are encoded
 OPS = ("rmsnorm", "gemv_f32", "noop")
@@ -273,6 +281,14 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
             rec = tape + i * RECORD_WORDS
             w = [k.ld(rec[j], nc=True) for j in range(RECORD_WORDS)]
             with k.if_(tid.eq(0)):
+                if TARGETS[target].sm >= 90:
+                    # the instruction's weights start for L2 while it waits
+                    for r in range(MAX_PREFETCH):
+                        lo, hi, nb = w[_PREFETCH + 3 * r:_PREFETCH + 3 * r + 3]
+                        with k.if_(nb > 0):
+                            src = k.ptr_reg(u32)
+                            k.mov(k.cvt(u64, lo) | (k.cvt(u64, hi) << 32), u64, out=src)
+                            k.prefetch_l2_bulk(src, nb)
                 for wi in range(MAX_WAITS):
                     with k.if_(w[_NW] > wi):
                         ctr = k.ptr_add(counters, w[_WAITS + 2 * wi])
@@ -329,12 +345,21 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
 
 
 def encode_fused(instructions) -> np.ndarray:
-    """Records of ``(op, node, cta0, cta1, waits, grid)`` instructions
-    (``op`` an index of :func:`build_fused`'s kernels, ``grid`` the node's
-    launch grid ``(nx, ny, nz)``)."""
-    recs = encode([(OPS[0], node, c0, c1, waits, grid[:2])
-                   for (_, node, c0, c1, waits, grid) in instructions])
+    """Records of ``(op, node, cta0, cta1, waits, grid, prefetch)``
+    instructions (``op`` an index of :func:`build_fused`'s kernels,
+    ``grid`` the node's launch grid ``(nx, ny, nz)``, ``prefetch`` up to
+    :data:`MAX_PREFETCH` ``(address, bytes)`` ranges, 16-byte aligned, the
+    kernel asks brought into L2 before the instruction's waits)."""
+    recs = encode([(OPS[0], ins[1], ins[2], ins[3], ins[4], ins[5][:2]) for ins in instructions])
     for r, ins in zip(recs, instructions):
         r[_OP] = ins[0]
         r[7] = ins[5][2]
+        ranges = ins[6] if len(ins) > 6 else ()
+        if len(ranges) > MAX_PREFETCH:
+            raise ValueError(f"instruction {ins}: at most {MAX_PREFETCH} prefetch ranges")
+        for j, (addr, nbytes) in enumerate(ranges):
+            if addr % 16 or nbytes % 16 or nbytes <= 0:
+                raise ValueError(f"prefetch range ({addr:#x}, {nbytes}) is not 16-byte aligned "
+                                 "and a positive multiple of 16 bytes")
+            r[_PREFETCH + 3 * j:_PREFETCH + 3 * j + 3] = (addr & 0xFFFFFFFF, addr >> 32, nbytes)
     return recs

@@ -64,7 +64,9 @@ def test_two_kernels_inlined_run_as_their_launches(rng):
     table[0, :4] = [xd.ptr, yd.ptr, int(s.view(np.uint32)), N]
     table[1, :2] = [yd.ptr, zd.ptr]
     # A: 4 CTAs in two instructions; B: a 3 x 2 grid (CTAs reading y[0:192]) in three
-    recs = mk.encode_fused([(0, 0, 0, 2, (), (4, 1, 1)), (0, 0, 2, 4, (), (4, 1, 1)),
+    # A's instructions ask their x into L2 (the emulator checks the range is allocated)
+    recs = mk.encode_fused([(0, 0, 0, 2, (), (4, 1, 1), ((xd.ptr, 512),)),
+                            (0, 0, 2, 4, (), (4, 1, 1), ((xd.ptr + 512, 288),)),
                             (1, 1, 0, 1, ((0, 2),), (3, 2, 1)),
                             (1, 1, 1, 4, ((0, 2),), (3, 2, 1)),
                             (1, 1, 4, 6, ((0, 2),), (3, 2, 1))])
@@ -93,3 +95,17 @@ def test_the_inliner_refuses_what_it_does_not_know():
     text = _scale().to_ptx().replace("bar.sync \t0;", "bar.sync \t3, 64;")
     with pytest.raises(ValueError, match=r"barrier 'bar.sync.*3, 64;' is not one"):
         inline_entry(text, "scale", "a_")
+
+
+def test_a_prefetch_range_must_be_aligned_and_allocated(rng):
+    with pytest.raises(ValueError, match="not 16-byte aligned"):
+        mk.encode_fused([(0, 0, 0, 1, (), (1, 1, 1), ((0x1008, 32),))])
+    fk = mk.build_fused([(_gather().to_ptx(), "gather")], "sm_90")
+    y = emu.DeviceArray.from_numpy(np.zeros(64, np.float32))
+    table = np.zeros((1, fk.table_words), np.uint64)
+    table[0, :2] = [y.ptr, y.ptr]
+    recs = mk.encode_fused([(0, 0, 0, 1, (), (1, 1, 1), ((y.ptr, 4096),))])
+    with pytest.raises(emu.MemoryFault, match="prefetch"):
+        emu.launch(emu.Module.from_ptx(fk.ptx)[fk.name], (1,), (fk.threads,),
+                   emu.DeviceArray.from_numpy(recs), 1, emu.DeviceArray.from_numpy(table),
+                   emu.DeviceArray.from_numpy(np.zeros(1, np.uint32)), 1)
