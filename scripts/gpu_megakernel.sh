@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The persistent decode kernel (issue 57) on a GPU, as far as it goes: the
+# The persistent decode kernel (issue 57) on a GPU: the
 # tape and persistent-kernel tests (their GPU case included),
 # compute-sanitizer memcheck and racecheck on the kernel's GPU test, then on
 # 1B- and 8B-shaped synthetic Q4_K files: the scheduling cost of the step's
@@ -15,11 +15,13 @@ source "$(dirname "$0")/gpu_setup.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt" || true
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
-[ -f /tmp/llama1b.gguf ] || python3 -c "
+# the 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, FFN 8192, 32/8 heads), in the background too
+[ -f /tmp/llama1b.gguf ] || (python3 -c "
 from ptxgen.llm.gguf.synth import write_synthetic_llama
 write_synthetic_llama('/tmp/llama1b.part.gguf', n_layers=16, hidden=2048, ffn=8192, n_heads=32,
                       n_kv_heads=8, vocab=128256, context_length=8192, rope_theta=500000.0, seed=7)
-" && mv -f /tmp/llama1b.part.gguf /tmp/llama1b.gguf 2>/dev/null || true
+" > /tmp/llama1b.synth.log 2>&1 && mv -f /tmp/llama1b.part.gguf /tmp/llama1b.gguf) &
+synth1b=$!
 
 echo "== tape and persistent-kernel tests"
 rc=0
@@ -31,7 +33,7 @@ echo "pytest rc=$rc"; tail -4 "$OUT/megakernel_tests.log"
 echo "== compute-sanitizer (the persistent kernel's GPU tests: the toy tape, the tiny model)"
 for tool in memcheck racecheck; do
   rc=0
-  timeout 100 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
+  timeout 60 compute-sanitizer --tool $tool --print-limit 5 python3 -m pytest -q -p no:cacheprovider \
     -o addopts="" tests/kernels/test_megakernel.py tests/llm/test_persistent.py -k gpu \
     > "$OUT/sanitizer_megakernel_$tool.log" 2>&1 || rc=$?
   echo "$tool rc=$rc"
@@ -39,9 +41,10 @@ for tool in memcheck racecheck; do
 done
 
 bash scripts/gpu_synth_files.sh wait llama8b
+wait $synth1b || { echo "no /tmp/llama1b.gguf"; cat /tmp/llama1b.synth.log; exit 1; }
 echo "== scheduling (no-op tape vs empty launches), then graph vs persistent decode"
 rc=0
-timeout 240 python3 -m benchmarks.bench_megakernel /tmp/llama1b.gguf /tmp/llama8b.gguf --decode \
+timeout 200 python3 -m benchmarks.bench_megakernel /tmp/llama1b.gguf /tmp/llama8b.gguf --decode \
   --json "$OUT/megakernel.json" 2>&1 | tee "$OUT/bench_megakernel.log" || rc=$?
 echo "bench_megakernel rc=$rc"
 
