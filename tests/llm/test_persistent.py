@@ -36,11 +36,27 @@ def test_emulator_persistent_decode_matches_the_eager_step(tiny, rng):
     p = m.persistent_step(grid=8)
     got, logits = m.generate(prompt, 1, return_logits=True, mode="persistent")
     assert got.tokens == want.tokens
+    assert (got.mode, got.launches_per_token) == ("persistent", 1)
     for a, b in zip(logits, want_logits):
         assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b)
     check_logits(m, tiny, prompt, got, logits)
     counts = m.backend.to_numpy(p._counters)
     np.testing.assert_array_equal(counts, [p.epoch * n.count for n in p.tape.nodes])
+
+
+def test_emulator_race_check_sees_the_decode_steps_hand_offs(tiny, monkeypatch):
+    """The same step with every wait dropped from the tape: a CTA reads the
+    embedding another CTA stored with no release/acquire between them, and
+    the emulator's global race check names both instructions."""
+    from ptxgen import emu
+    from ptxgen.kernels import megakernel as mk
+    encode = mk.encode_fused
+    monkeypatch.setattr(mk, "encode_fused",
+                        lambda ins: encode([(*i[:4], (), *i[5:]) for i in ins]))
+    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=8)
+    m.persistent_step(grid=8)
+    with pytest.raises(emu.RaceError, match="global-memory race .* no release/acquire"):
+        m.generate([1, 2], 1, mode="persistent")
 
 
 def test_persistent_decode_takes_only_the_greedy_step(tiny):
