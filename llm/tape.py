@@ -326,16 +326,32 @@ def decode_graph(file, *, sm_count: int, target: str = "sm_90", capacity: int | 
     return s.g
 
 
+#: threads the persistent kernel runs the argmax with: its blocks take
+#: grid-stride shares, so a smaller block does the launch's work at the
+#: launch's grid, and the persistent CTA (as wide as its widest body) keeps
+#: the registers a GEMV body needs
+ARGMAX_THREADS = 256
+
+
+def _body_spec(L):
+    if L.family == "argmax" and L.spec.block > ARGMAX_THREADS:
+        return attrs.evolve(L.spec, block=ARGMAX_THREADS)
+    return L.spec
+
+
 def fused_kernel(graph, target: str):
     """The persistent kernel over the distinct kernels of ``graph``'s
-    greedy step (:func:`~ptxgen.kernels.megakernel.build_fused`), and each
-    kernel's op index by entry name."""
+    greedy step (:func:`~ptxgen.kernels.megakernel.build_fused`; the argmax
+    with :data:`ARGMAX_THREADS` threads), and each launch kernel's op index
+    by entry name."""
     kernels, index = [], {}
     for op in graph.ops_of(GREEDY):
         for L in op.launches:
             if L.kernel not in index:
                 index[L.kernel] = len(kernels)
-                kernels.append((registry.family(L.family).build(L.spec).to_ptx(), L.kernel))
+                spec = _body_spec(L)
+                kernels.append((registry.family(L.family).build(spec).to_ptx(),
+                                spec.kernel_name if spec is not L.spec else L.kernel))
     return megakernel.build_fused(kernels, target), index
 
 

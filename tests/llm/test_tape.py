@@ -179,6 +179,8 @@ def test_dump_names_every_node_and_its_waits(tiny, capsys):
     assert out.startswith("tape [greedy]") and ".visible .entry megakernel(" in out
     kernels = list(dict.fromkeys(n.kernel for n in tape.nodes))
     for i, name in enumerate(kernels):       # every kernel of the step, inlined once
+        if name.startswith("argmax"):        # the argmax with fewer threads
+            name = "argmax_f32_b256"
         assert out.count(f"// op {i}: {name}\n") == 1
 
 
