@@ -26,11 +26,12 @@ from ptxgen.driver.executor import DeviceMemory, Executor, Store
 from ptxgen.kernels import flash_decode
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 
-from .generation import ContextOverflowError, SamplingSettings
+from .generation import GREEDY, ContextOverflowError, SamplingSettings
 from .gguf.file import GGUFError, LlamaFile
 from .lowering.common import Tuning
 from .lowering.decode import NORM_KINDS, DecodeLowering, norm_kinds
 from .models import architecture_of
+from .persistent import decode_path
 from .session import Decoding, GenerateResult, Session
 from .textgen import TextGeneration
 
@@ -100,6 +101,10 @@ class Model(TextGeneration):
         bar.close()
         self.device_stream = backend.stream()
         self._prefills: dict = {}
+        self._persistent = None
+        #: how a greedy ``mode="graph"`` step runs: the tuning table's choice
+        #: (``"graph"`` or ``"persistent"``, :func:`~.persistent.decode_path`)
+        self.decode_path = decode_path(file, self.target)
         #: the session whose sequence the KV cache holds, and the position it reached
         self.cache_owner: int | None = None
         self.cache_position: int | None = None
@@ -134,14 +139,34 @@ class Model(TextGeneration):
 
     def step(self, mode: str = "graph", variant: str | None = None):
         """Run one decode step of ``variant`` (default ``"greedy"``): eager
-        launches, or one replay of the variant's CUDA graph."""
+        launches, one replay of the variant's CUDA graph, or (``mode=
+        "persistent"``, greedy only) one launch of the persistent kernel;
+        a greedy ``"graph"`` step takes the persistent kernel where
+        :attr:`decode_path` says so."""
         v = self.graph.resolve_variant(variant)
+        if mode == "graph" and self.decode_path == "persistent" and v == GREEDY:
+            mode = "persistent"
+        if mode == "persistent":
+            self.persistent_step(v).step(self.device_stream)
+            return
         if mode == "graph" and self.backend.can_capture:
             if not self.executor.is_captured(v):
                 self.executor.capture(self.device_stream, v)
             self.executor.replay(self.device_stream, v)
         else:
             self.executor.run_eager(self.device_stream, variant=v)
+
+    def persistent_step(self, variant=None, grid: int | None = None):
+        """The :class:`~.persistent.PersistentDecode` of the step (made on
+        first use, for ``grid`` CTAs, default one an SM; the greedy variant
+        only)."""
+        from .persistent import PersistentDecode
+        v = self.graph.resolve_variant(variant)
+        if v != GREEDY:
+            raise ValueError(f"the persistent decode kernel runs the greedy step, not {v!r}")
+        if self._persistent is None:
+            self._persistent = PersistentDecode(self, grid)
+        return self._persistent
 
     def prefill(self, chunk: int, buckets=None):
         """The :class:`~.prefill.Prefill` for chunks of up to ``chunk``

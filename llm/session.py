@@ -212,7 +212,9 @@ class Session:
             Greedy when None.
         keep_cache : bool
             Continue this session's sequence (a new one if the cache does not hold it).
-        mode : {"graph", "eager"}
+        mode : {"graph", "eager", "persistent"}
+            ``"persistent"``: the greedy step as one persistent kernel
+            (:mod:`.persistent`).
         progress : callable(done, total), optional
             Called after each feeding step (synchronizes each step).
         prefill_chunk : int or Prefill, optional
@@ -283,8 +285,10 @@ class Session:
         prompt_s = t_prefill + sum(times[:n_steps])
         res = GenerateResult(tokens=[int(t) for t in hist[start + n_fed:]],
                              step_seconds=times[1:] if len(times) > 1 else times,
-                             launches_per_token=sg.g.launch_count_of(variant),
-                             mode=mode if m.backend.can_capture else "eager",
+                             launches_per_token=1 if mode == "persistent"
+                             else sg.g.launch_count_of(variant),
+                             mode=mode if m.backend.can_capture or mode == "persistent"
+                             else "eager",
                              prompt_seconds=prompt_s,
                              prompt_tokens_per_second=(n_fed - 1) / prompt_s
                              if prompt_s > 0 else float("nan"), seed=seed)
@@ -328,7 +332,8 @@ class Decoding:
         self.prefilled = prefilled
         self.start = start
         self.variant = variant
-        self.mode = mode if session.model.backend.can_capture else "eager"
+        self.mode = (mode if session.model.backend.can_capture or mode == "persistent"
+                     else "eager")
         self.seed = seed
         self.prompt_seconds = self.prefill_seconds = float(prefill_seconds)
         self.step_seconds: list = []

@@ -705,6 +705,16 @@ class InstructionsMixin:
     def fence(self, sem="acq_rel", scope="gpu"):
         return self.emit("fence", [sem, scope], [], [], dsts=0, _own_frames=1)
 
+    def nanosleep(self, ns, *, guard=None):
+        """``nanosleep.u32 ns`` (sm_70): suspend the thread for about ``ns``
+        nanoseconds (a u32 register or a constant 0..1,000,000), the pause of
+        a spin-wait on memory another CTA writes.  The emulator switches to
+        other threads there (see docs/emulator.md, "Spin-waits")."""
+        if isinstance(ns, int) and not 0 <= ns <= 1_000_000:
+            raise PtxBuildError(f"nanosleep takes 0..1000000 ns, got {ns}")
+        return self.emit("nanosleep", [], [T.u32], [as_operand(ns, T.u32)], guard=guard,
+                         dsts=0, _own_frames=1)
+
     def griddep_launch_dependents(self):
         """``griddepcontrol.launch_dependents`` (sm_90): the next grid in the
         stream, if launched with programmatic dependent launch, may start once

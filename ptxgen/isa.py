@@ -313,6 +313,9 @@ TABLE: dict[str, OpSpec] = _table(
            doc="order this thread's generic-proxy memory accesses with the async proxy's "
                "(the bulk copy engine)"),
     OpSpec("membar", "", [], [("cta", "gl", "sys")]),
+    OpSpec("nanosleep", "u", [("u32",)], [], min_sm=70, min_ptx=(6, 3),
+           doc="suspend the thread for about N nanoseconds (0..1,000,000), e.g. in a "
+               "spin-wait on another CTA's counter"),
     OpSpec("fence", "", [], [("sc", "acq_rel"), SCOPES], min_sm=70, min_ptx=(6, 0)),
     OpSpec("griddepcontrol", "", [], [("launch_dependents", "wait")], min_sm=90, min_ptx=(7, 8),
            doc="programmatic dependent launch: let the next grid start / wait for the previous"),

@@ -28,15 +28,15 @@ from __future__ import annotations
 from ..abi import LaunchArgumentError, ParamInfo
 from ..tensor_map import TensorMap
 from .errors import (BarrierError, EmulatorError, LaunchConfigError, MemoryFault,
-                     PtxParseError, RaceError, UninitializedRegister, UnsupportedError,
-                     WarpSyncError)
+                     PtxParseError, RaceError, SpinDeadlock, UninitializedRegister,
+                     UnsupportedError, WarpSyncError)
 from .executor import CompiledKernel, run_grid
 from .memory import DeviceArray
 from .operands import SEMANTICS
 from .parser import parse_module
 
 __all__ = ["Module", "Function", "launch", "DeviceArray", "EmulatorError", "PtxParseError",
-           "UnsupportedError", "MemoryFault", "BarrierError", "RaceError",
+           "UnsupportedError", "MemoryFault", "BarrierError", "RaceError", "SpinDeadlock",
            "UninitializedRegister", "WarpSyncError", "LaunchConfigError",
            "LaunchArgumentError", "ParamInfo", "SEMANTICS"]
 

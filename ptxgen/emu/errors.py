@@ -17,7 +17,7 @@ from __future__ import annotations
 
 __all__ = ["EmulatorError", "PtxParseError", "UnsupportedError", "MemoryFault",
            "BarrierError", "RaceError", "UninitializedRegister", "WarpSyncError",
-           "LaunchConfigError",
+           "LaunchConfigError", "SpinDeadlock",
            "Fault", "describe_op"]
 
 
@@ -73,7 +73,14 @@ class BarrierError(EmulatorError):
 
 class RaceError(EmulatorError):
     """Two threads touch one shared-memory byte between two barriers and at
-    least one of them writes it."""
+    least one of them writes it; or two CTAs of a kernel that spin-waits
+    touch one global word, one of them writing it, and no release/acquire
+    pair orders the two accesses (:mod:`ptxgen.emu.global_races`)."""
+
+
+class SpinDeadlock(EmulatorError):
+    """Threads spin-wait (a loop around ``nanosleep``) on memory that no
+    thread of the launch writes any more."""
 
 
 class UninitializedRegister(EmulatorError):

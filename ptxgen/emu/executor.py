@@ -30,6 +30,14 @@ memory is shared by all blocks and sequentially consistent: a store is
 complete for all its lanes before the next instruction runs; atomics are
 serialised in lane (= global thread id) order.
 
+Spin-waits: a thread at a ``nanosleep`` is set aside (``yielded``) and
+resumes, with every thread set aside, only when no other thread of the
+batch can run; a kernel with a nanosleep runs its whole grid as one batch
+(its CTAs wait for each other, so they must be resident together), and
+its global hand-offs between CTAs are checked (:mod:`.global_races`).
+Threads that keep coming back to their nanosleeps with nothing stored in
+between are a :class:`SpinDeadlock`.
+
 Thread-block clusters (``.reqnctapercluster``, along x only): a batch holds
 whole clusters, so a cluster's CTAs run together and ``.shared::cluster``
 accesses reach the peer's window of the batch's buffer.  A thread at
@@ -48,9 +56,10 @@ import numpy as np
 
 from ..abi import ArgPacker
 from . import alu, convert, memops, mma, tma, warpops, wgmma  # noqa: F401  (semantics)
-from .errors import (BarrierError, EmulatorError, Fault, UninitializedRegister, WarpSyncError,
-                     describe_op)
-from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, Ctx, Op, width
+from .errors import (BarrierError, EmulatorError, Fault, LaunchConfigError, SpinDeadlock,
+                     UninitializedRegister, WarpSyncError, describe_op)
+from .operands import BAR, BRA, CBAR, EXIT, NORMAL, SEMANTICS, UINT, YIELD, Ctx, Op, width
+from .global_races import GlobalRaces
 from .races import check_races
 
 __all__ = ["CompiledKernel", "compile_kernel", "run_grid", "batch_blocks", "MAX_STEPS",
@@ -98,6 +107,8 @@ class CompiledKernel:
         self.reg_names = list(self.ctx.reg_index)
         #: register bytes per thread (values + written flags), for batch sizing
         self.reg_bytes = sum(max(1, w // 8) + 1 for w in self.reg_widths)
+        #: the kernel spin-waits (has a nanosleep): its CTAs run as one batch
+        self.spins = any(op.kind == YIELD for op in self.ops)
         #: thread-instructions executed (sum over instructions of the threads
         #: in the running group), for the benchmark
         self.thread_instructions = 0
@@ -160,7 +171,7 @@ class BlockState:
                  "block_threads", "nblocks", "blk", "ctaids", "async_copies",
                  "async_committed", "mbarriers", "coords", "cluster_n", "cl_of_lane",
                  "cl_arrived", "cl_waited", "cl_wait", "cl_wait_pc", "wg_pending",
-                 "wg_committed")
+                 "wg_committed", "stores", "gsync")
 
     def __init__(self, k, geo, ctaids, grid, params, shared_bytes, races, cluster_n=1):
         n = geo.n
@@ -230,6 +241,10 @@ class BlockState:
         # thread), and each thread's committed wgmma groups (see wgmma)
         self.wg_pending = {}
         self.wg_committed = np.zeros(n, np.int64)
+        # store and atomic instructions run, the progress a spin-wait waits for
+        self.stores = 0
+        # the CTAs' global hand-offs, checked for a kernel that spin-waits
+        self.gsync = GlobalRaces(ctaids) if races and k.spins else None
         self.coords = geo.coords
         self.all_tids = geo.all_tids
         self.full_mask = geo.full
@@ -251,6 +266,11 @@ def run_grid(k: CompiledKernel, grid, block, args, shared=0, races=True, cluster
     T = block[0] * block[1] * block[2]
     per = batch_blocks(k, T, k.static_shared + shared, total)
     per = max(cluster, per - per % cluster)
+    if k.spins and per < total:
+        raise LaunchConfigError(f"{k.name} spin-waits (nanosleep) on other CTAs, so its "
+                                f"{total} CTAs must run together, as one batch; at most {per} "
+                                f"CTAs of {T} threads fit one (the emulator's "
+                                f"BATCH_THREADS / BATCH_BYTES)")
     geos = {}
     with np.errstate(all="ignore"):
         for first in range(0, total, per):
@@ -321,6 +341,8 @@ def _run_batch(k, st, geo):
     full = True
     nact = n
     parked = {}
+    yielded = {}      # pc -> threads that passed a nanosleep, run when nothing else can
+    spin = _SpinCheck()
     waiting = {}      # barrier id -> _Wait
     steps = 0
     limit = MAX_STEPS * geo.nblocks
@@ -408,10 +430,9 @@ def _run_batch(k, st, geo):
             nact = int(np.count_nonzero(active))
             full = False
             if nact == 0:
-                if not parked:
+                if not parked and not yielded:
                     break
-                pc = min(parked)
-                active = parked.pop(pc)
+                pc, active = _next_group(k, st, geo, parked, yielded, spin)
                 nact = int(np.count_nonzero(active))
             else:
                 pc += 1
@@ -426,11 +447,23 @@ def _run_batch(k, st, geo):
                 active = _cluster_wait(k, op, st, geo, active, arr)
             nact = int(np.count_nonzero(active))
             if nact == 0:
-                if not parked:
+                if not parked and not yielded:
                     raise (_deadlock(ops, op, st, geo, waiting) if kind == BAR
                            else _cluster_deadlock(ops, st, geo))
-                pc = min(parked)
-                active = parked.pop(pc)
+                pc, active = _next_group(k, st, geo, parked, yielded, spin)
+                nact = int(np.count_nonzero(active))
+            else:
+                pc += 1
+            full = nact == n
+        elif kind == YIELD:
+            y = active if m is None else m
+            if y.any():
+                prev = yielded.get(pc + 1)
+                yielded[pc + 1] = y if prev is None else prev | y
+                active = active & ~y
+                nact = int(np.count_nonzero(active))
+            if nact == 0:
+                pc, active = _next_group(k, st, geo, parked, yielded, spin)
                 nact = int(np.count_nonzero(active))
             else:
                 pc += 1
@@ -448,6 +481,49 @@ def _run_batch(k, st, geo):
         raise _cluster_deadlock(ops, st, geo)
     if st.race_log is not None:
         _races(k, st, geo, None)
+
+
+#: rounds in a row in which every running thread spins (resumes from a
+#: nanosleep and comes back to it) and nothing is stored, before
+#: :class:`SpinDeadlock` (a spin whose exit depends on registers alone,
+#: e.g. a bounded retry loop, has this many rounds to leave)
+SPIN_ROUNDS = 256
+
+
+class _SpinCheck:
+    """Notices threads spinning forever: the yielded threads resumed the
+    same way (same pcs, same threads) with no store or atomic in between."""
+
+    __slots__ = ("last", "idle")
+
+    def __init__(self):
+        self.last = None
+        self.idle = 0
+
+    def resume(self, k, st, geo, yielded):
+        snap = (st.stores, tuple((pc, np.flatnonzero(m).tobytes())
+                                 for pc, m in sorted(yielded.items())))
+        self.idle = self.idle + 1 if snap == self.last else 0
+        self.last = snap
+        if self.idle > SPIN_ROUNDS:
+            pc, m = min(yielded.items())
+            n = sum(int(np.count_nonzero(v)) for v in yielded.values())
+            raise _error(SpinDeadlock, f"spin-wait deadlock: {n} threads wait in a nanosleep "
+                         f"loop and every other thread has exited or waits at a barrier; no "
+                         f"store or atomic changed memory in {SPIN_ROUNDS} rounds",
+                         k.ops[pc - 1], st, geo, _first(m))
+
+
+def _next_group(k, st, geo, parked, yielded, spin):
+    """``(pc, threads)`` to run once the running group is empty: the parked
+    group at the smallest pc, else (every other thread waits at a barrier or
+    has exited) the threads parked at nanosleeps, all of them at once."""
+    if not parked:
+        spin.resume(k, st, geo, yielded)
+        parked.update(yielded)
+        yielded.clear()
+    pc = min(parked)
+    return pc, parked.pop(pc)
 
 
 def _check_exit(ops, op, st, geo, waiting, e):

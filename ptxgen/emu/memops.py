@@ -35,6 +35,7 @@ import numpy as np
 from ..isa import TABLE
 from ..types import type_by_name
 from .errors import Fault, MemoryFault, UnsupportedError
+from .global_races import sync_class
 from .floatops import decode, encode
 from .memory import MEMORY, SHARED_WINDOW, gather, scatter
 from .numerics import flush32, round_format
@@ -97,14 +98,16 @@ def shared_address(ctx, o, space):
 class Access:
     """One instruction's memory access for the executing threads."""
 
-    __slots__ = ("ctx_space", "size", "vec", "what", "op")
+    __slots__ = ("ctx_space", "size", "vec", "what", "op", "sync")
 
-    def __init__(self, space, size, vec, what, op):
+    def __init__(self, space, size, vec, what, op, sync=(False, False, False)):
         self.ctx_space = space
         self.size = size
         self.vec = vec
         self.what = what
         self.op = op
+        #: (strong, acquire, release) for the global race check (global_races)
+        self.sync = sync
 
     def parts(self, st, addr, tids, kind, log=True):
         """(buffer, byte offsets, selection) triples for ``addr``; logs shared
@@ -154,6 +157,10 @@ class Access:
         except Fault as f:
             f.thread = tids[f.thread]
             raise
+        if st.gsync is not None and self.op is not None:
+            for buf, offs, sel in parts:
+                t, a = (tids, addr) if sel is None else (tids[sel], addr[sel])
+                st.gsync.access(self.op, self.sync, kind, buf, offs, nbytes, st.blk[t], t, a)
         return parts
 
     def _cluster(self, st, addr, tids, kind, log):
@@ -234,7 +241,7 @@ def _ld(stmt, ctx):
             for put, v in zip(puts, vals):
                 put(st, np.full(st.n, v.view(nat)), m)
     else:
-        acc = Access(space, size, vec, "load", op)
+        acc = Access(space, size, vec, "load", op, sync_class(stmt.mods))
 
         def fn(st, m):
             tids = active_threads(st, m)
@@ -276,7 +283,7 @@ def _st(stmt, ctx):
     u = UINT[size * 8]
     get, _ = shared_address(ctx, stmt.operands[0], space)
     op = Op()
-    acc = Access(space, size, vec, "store", op)
+    acc = Access(space, size, vec, "store", op, sync_class(stmt.mods))
 
     def fn(st, m):
         tids = active_threads(st, m)
@@ -294,6 +301,7 @@ def _st(stmt, ctx):
             vals.append(v)
         for buf, offs, sel in acc.parts(st, addr, tids, WRITE):
             scatter(buf, offs, size, vals if sel is None else [v[sel] for v in vals])
+        st.stores += 1
     op.fn = fn
     return finish_op(op, stmt, ctx, TABLE["st"])
 
@@ -378,7 +386,7 @@ def _atomic(stmt, ctx, has_dst):
     nat = NAT[ty.name]
     f = _atom_fn(kind, ty)
     op = Op()
-    acc = Access(space, size, 1, "atomic", op)
+    acc = Access(space, size, 1, "atomic", op, sync_class(stmt.mods, atomic=True))
 
     def pick(v, tids, m):
         v = np.asarray(v, dtype=nat) if v is not None else None
@@ -418,6 +426,7 @@ def _atomic(stmt, ctx, has_dst):
                 new = f(old, bv[jj], None if cv is None else cv[jj])
                 scatter(buf, o, size, [np.asarray(new, dtype=nat).view(u)])
                 olds[jj] = old
+        st.stores += 1
         if has_dst:
             if m is None:
                 put(st, olds, None)

@@ -22,9 +22,9 @@ from .memory import PARAM_WINDOW
 from ..isa import DEST_CODES
 
 __all__ = ["Op", "NAT", "UINT", "SINT", "Ctx", "SEMANTICS", "semantics", "getter",
-           "setter", "width", "NORMAL", "BRA", "EXIT", "BAR", "CBAR"]
+           "setter", "width", "NORMAL", "BRA", "EXIT", "BAR", "CBAR", "YIELD"]
 
-NORMAL, BRA, EXIT, BAR, CBAR = 0, 1, 2, 3, 4
+NORMAL, BRA, EXIT, BAR, CBAR, YIELD = 0, 1, 2, 3, 4, 5
 
 UINT = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}
 SINT = {8: np.int8, 16: np.int16, 32: np.int32, 64: np.int64}

@@ -1,5 +1,5 @@
 """Warp-level and control instructions: ``shfl.sync``, ``vote.sync``,
-``bar``, ``membar``/``fence``, ``griddepcontrol``, ``bra``,
+``bar``, ``membar``/``fence``, ``griddepcontrol``, ``nanosleep``, ``bra``,
 ``ret``/``exit``.  (``griddepcontrol`` is a no-op here: the emulator runs
 launches one after another, so a grid's predecessors are always complete.)
 
@@ -26,7 +26,7 @@ import numpy as np
 from ..isa import TABLE
 from ..types import b32, pred, u32
 from .errors import BarrierError, Fault, UninitializedRegister, WarpSyncError
-from .operands import BAR, BRA, CBAR, EXIT, Op, finish_op, getter, semantics, setter
+from .operands import BAR, BRA, CBAR, EXIT, YIELD, Op, finish_op, getter, semantics, setter
 
 __all__ = ["check_members"]
 
@@ -176,9 +176,22 @@ def _cluster_wait(stmt, ctx):
 
 @semantics("membar", "fence", "fence.mbarrier_init", "fence.proxy.async", "griddepcontrol")
 def _fence(stmt, ctx):
+    # memory is sequentially consistent here; a fence between CTAs counts for
+    # the global race check (global_races) only
+    orders = ((stmt.op == "membar" and "cta" not in stmt.mods)
+              or (stmt.op == "fence" and "cta" not in stmt.mods))
+
     def fn(st, m):
-        return None
+        if orders and st.gsync is not None:
+            st.gsync.fence(st.blk if m is None else st.blk[m])
     return finish_op(Op(fn=fn), stmt, ctx, TABLE[stmt.op])
+
+
+@semantics("nanosleep")
+def _nanosleep(stmt, ctx):
+    # kind YIELD: the executor parks the threads and runs the others first
+    # (ptxgen.emu.executor, "Spin-waits"); the duration is not read
+    return finish_op(Op(kind=YIELD), stmt, ctx, TABLE["nanosleep"])
 
 
 @semantics("bra")

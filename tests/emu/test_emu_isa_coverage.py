@@ -51,6 +51,7 @@ BY_TEST = {
     "mbarrier.try_wait.parity": ("test_emu_bulk_copy.py::test_copies_land_for_the_waiters",),
     "fence.proxy.async": ("test_emu_sync_forms.py::test_barrier_fence_and_control_forms",),
     "mapa": ("test_emu_cluster.py::test_peers_exchange_through_shared_memory",),
+    "nanosleep": ("test_emu_spin.py::test_ctas_wait_for_each_other_in_order",),
 }
 
 
