@@ -97,6 +97,7 @@ class DeviceArray(DeviceArrayBase):
 
         With ``stream`` the copy is asynchronous (pin host memory for real overlap).
         """
+        self.device.activate()         # any thread: the context made current here
         d = cuda()
         if isinstance(src, DeviceArray) or hasattr(src, "__cuda_array_interface__"):
             other = src if isinstance(src, DeviceArray) else as_device_array(src)
@@ -125,6 +126,7 @@ class DeviceArray(DeviceArrayBase):
         With ``stream`` the copy is queued there and the stream is synchronised
         before returning.
         """
+        self.device.activate()         # any thread: the context made current here
         d = cuda()
         host = np.empty(self.shape, self.dtype) if out is None else out
         if not host.flags.c_contiguous:
@@ -141,6 +143,7 @@ class DeviceArray(DeviceArrayBase):
 
     def fill(self, value, *, stream=None) -> "DeviceArray":
         """Set every element to ``value`` (``cuMemsetD8/D16/D32`` by bit pattern)."""
+        self.device.activate()         # any thread: the context made current here
         if not self.nbytes:
             return self
         d = cuda()

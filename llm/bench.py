@@ -130,6 +130,7 @@ def batched_bench(engine, npp=(128, 256, 512), ntg=(128, 256), npl=(1, 2, 4, 8, 
     rng = rng if rng is not None else np.random.default_rng()
     vocab = engine.runner.n_vocab
     if warmup:
+        engine.warm_up()                 # every step graph captured: none inside a timing
         for pp in npp:
             engine.generate([_tokens(rng, pp, vocab)], RequestSettings(max_tokens=2,
                                                                        ignore_eos=True))

@@ -32,12 +32,13 @@ PATHS = ("graph", "persistent")
 def decode_path(file, target: str) -> str:
     """``"graph"`` or ``"persistent"``: what the ``decode_path`` tuning table
     (``kernels/tuning/decode_path.json``) says for ``file``'s shape on
-    ``target``."""
+    ``target`` (``qtype``: the attention output projection's, a weight
+    every family has)."""
     from ptxgen.kernels.tuning import cascade
     from ptxgen.target import TARGETS
     hp = file.hparams
     call = dict(sm=TARGETS[target].sm, target=target, n_layers=hp.n_layers, hidden=hp.hidden,
-                qtype=file.qtype("blk.0.ffn_down.weight"))
+                qtype=file.qtype("blk.0.attn_output.weight"))
     path = cascade("decode_path", call).get("path", "graph")
     if path not in PATHS:
         raise ValueError(f"the decode_path table gives path {path!r} for {call}; "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Two ptxgen trees on one GPU in one call: this tree (installed editable by
 # gpu_setup.sh) and an older one carried as .carry/old.tar (its packages,
-# e.g. `git archive REV ptxgen kernels driver pyproject.toml README.md`),
+# e.g. `git archive REV ptxgen kernels driver llm testing pyproject.toml README.md`),
 # installed apart in /tmp/oldsite and put first on PYTHONPATH.  Runs
 # scripts/ab_model_step.py on MODEL for each in alternating rounds (OLD_API=driver
 # for a tree from before llm/ existed).

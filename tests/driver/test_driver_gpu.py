@@ -164,6 +164,31 @@ def test_launch_from_another_thread(vadd, rng):
     np.testing.assert_array_equal(dc.to_numpy(), a + a)
 
 
+def test_arrays_copy_from_a_thread_that_never_activated_the_context(gpu_device, rng):
+    """A thread that only copies (the batched engine's loop once its graphs
+    were captured in the loading thread) gets the context made current by
+    the array: no CUDA_ERROR_INVALID_CONTEXT."""
+    a = rng.standard_normal(257).astype(np.float32)
+    da = DeviceArray.from_numpy(a)
+    got, errors = [], []
+
+    def work():
+        try:
+            got.append(da.to_numpy())
+            da.copy_from(2 * a)
+            da.fill(0.0)
+            got.append(da.to_numpy())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert errors == []
+    np.testing.assert_array_equal(got[0], a)
+    np.testing.assert_array_equal(got[1], np.zeros_like(a))
+
+
 # ----------------------------------------------------------------------------- arrays
 
 

@@ -31,7 +31,8 @@ def small_path(tmp_path_factory, module_seed):
 
 
 def _alone(path, backend, prompts, n):
-    model = Model.from_gguf(path, backend=backend, capacity=256, progress=False,
+    cap = max(256, max(len(p) for p in prompts) + n)
+    model = Model.from_gguf(path, backend=backend, capacity=cap, progress=False,
                             tokenizer=False)
     out = [model.generate(p, n).tokens for p in prompts]
     del model
