@@ -113,12 +113,14 @@ def test_wgmma_selected_on_sm_90a_for_f16_prompts():
         (64, 128, 6), (64, 256, 4), (128, 256, 5))
     assert (tile(14336, 128), tile(14336, 256), tile(14336, 512)) == (
         (128, 128, 5), (128, 256, 5), (128, 256, 5))
-    # the batched engine's decode steps: 9 to 64 tokens on the warpgroup kernel, one token
-    # tile covering T (the H100 sweep with cold weights); 8 and fewer stay on mma.sync
-    assert [tile(4096, t) for t in (9, 16, 17, 32, 33, 64)] == [
-        (64, 16, 6), (64, 16, 6), (64, 32, 6), (64, 32, 6), (64, 64, 6), (64, 64, 6)]
+    # the batched engine's decode steps: 1 to 64 tokens on the warpgroup kernel, one token
+    # tile covering T (the H100 sweep with cold weights)
+    assert [tile(4096, t) for t in (2, 8, 9, 16, 17, 32, 33, 64)] == [
+        (64, 8, 6), (64, 8, 6), (64, 16, 6), (64, 16, 6), (64, 32, 6), (64, 32, 6),
+        (64, 64, 6), (64, 64, 6)]
     assert pick(x_type="f16", target="sm_90a", t=64) == "wgmma"
-    assert pick(x_type="f16", target="sm_90a", t=8) == "mma"
+    assert pick(x_type="f16", target="sm_90a", t=8) == "wgmma"
+    assert pick(x_type="f32", target="sm_90a", t=8) == "mma"
     assert pick(x_type="f16", target="sm_90", t=64) == "mma"
     # Q6_K and Q8_0 on the warpgroup kernel too, where K is whole super-blocks
     for q in ("Q6_K", "Q8_0"):
@@ -134,12 +136,12 @@ def test_wgmma_selected_on_sm_90a_for_f16_prompts():
 def test_ops_gemm_plan_targets_sm_90a_on_an_h100_class_device():
     """``ops.gemm_plan`` builds the GEMM family for sm_90a where the backend
     is an sm_90 device (the emulator stands for an H100), so prompts of 128
-    tokens or more (and the engine's steps of 9 to 64) reach the wgmma kernel."""
+    tokens or more (and the engine's steps of up to 64) reach the wgmma kernel."""
     from ptxgen.driver import ops
     p = ops.gemm_plan("Q4_K", 4096, 4096, 512, x_type="f16", backend="emu")
     assert p.target == "sm_90a" and p.kernel == "wgmma"
-    assert ops.gemm_plan("Q4_K", 4096, 4096, 16, x_type="f16", backend="emu").kernel == "wgmma"
-    assert ops.gemm_plan("Q4_K", 4096, 4096, 8, x_type="f16", backend="emu").kernel == "mma"
+    assert ops.gemm_plan("Q4_K", 4096, 4096, 8, x_type="f16", backend="emu").kernel == "wgmma"
+    assert ops.gemm_plan("Q4_K", 4096, 4096, 8, x_type="f32", backend="emu").kernel == "mma"
 
 
 def test_ops_gemm_wgmma_numpy(rng):
