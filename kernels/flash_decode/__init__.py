@@ -122,7 +122,8 @@ CANONICAL = {
     "flash_decode": _canon(),
     "flash_decode_d64_f32": _canon(head_dim=64, group=3, kv_dtype="f32", warps=2, unroll=2),
     "flash_decode_mma": _canon(mma=True, warps=8, unroll=1, early_kv=True),
-    "flash_decode_d256_window": _canon(head_dim=256, group=2, early_kv=True, window=1024),
+    "flash_decode_d256_window": _canon(head_dim=256, group=2, early_kv=True, window=1024,
+                                       unroll=2),
     "flash_decode_mma_window": _canon(mma=True, warps=8, unroll=1, early_kv=True, interleave=2,
                                       window=1024),
 }

@@ -251,7 +251,7 @@ def test_vocab_from_the_token_list(tiny, tmp_path, rng):
      r"attn_v biases are\)"),
     ("llama", dict(add={"blk.1.attn_q_norm.weight": np.ones(64)}),
      r"'blk.1.attn_q_norm.weight' is not supported in a llama model \(per-head q/k norms belong "
-     r"to qwen3\)"),
+     r"to qwen3, qwen3moe and gemma3\)"),
     ("qwen3", dict(drop="blk.1.attn_k_norm.weight"), r"'blk.1.attn_k_norm.weight' is missing"),
     ("llama", dict(add={"blk.0.attn_k.bias": np.zeros(64)}),
      r"'blk.0.attn_k.bias' has shape \(64,\), expected \(128,\)"),
