@@ -170,3 +170,12 @@ def test_a_failing_rank_stops_the_group():
         comm.group._exchange(r, np.zeros(1))
     with pytest.raises(RuntimeError, match="rank 1 failed"):
         LocalGroup(2, timeout=60).run(rank)
+
+
+def test_nccl_missing_is_refused_clearly():
+    """Without nccl4py, the NCCL communicator says what to install."""
+    from ptxgen.driver import nccl
+    if nccl.nccl_available():
+        pytest.skip("nccl4py is installed here")
+    with pytest.raises(RuntimeError, match="pip install nccl4py"):
+        nccl.unique_id()
