@@ -179,3 +179,17 @@ def test_nccl_missing_is_refused_clearly():
         pytest.skip("nccl4py is installed here")
     with pytest.raises(RuntimeError, match="pip install nccl4py"):
         nccl.unique_id()
+
+
+def test_run_tp_refuses_where_it_cannot_run(tiny, capsys):
+    """``run --tp 2`` says why it cannot run here (the emulator; no
+    nccl4py, or too few GPUs) instead of loading the model."""
+    from ptxgen.cli import main
+    from ptxgen.driver import nccl
+    assert main(["run", tiny, "--tokens", "1,2", "-n", "1", "--tp", "2",
+                 "--backend", "emu"]) != 0
+    assert "--tp 2: the emulator runs one process" in capsys.readouterr().err
+    if nccl.nccl_available():
+        pytest.skip("nccl4py is installed here")
+    assert main(["run", tiny, "--tokens", "1,2", "-n", "1", "--tp", "2"]) != 0
+    assert "pip install nccl4py" in capsys.readouterr().err
