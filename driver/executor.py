@@ -37,6 +37,11 @@ it (``ComputeGraph(store=...)``) takes them from it, and a
 graphs of one model never run at the same time (one stream), so their
 executors can share one activation arena too (:class:`Arena`).
 
+Collectives.  A rank of a tensor-parallel model has ops with no launches
+that name a :class:`~.collective.Collective` (an all-reduce, an
+all-gather); the executor, given the rank's communicator, issues each in
+its place among the launches (:mod:`.collective`).
+
 Arguments.  A launch's arguments are a mapping from the kernel's declared
 parameter names to buffers, buffer references or scalars; the executor
 orders them by the kernel's PTX signature and refuses a missing or unknown

@@ -67,11 +67,13 @@ def test_two_ranks_match_one(tiny, rng, chunk):
     prompt = [int(t) for t in rng.integers(0, 512, 5)]
     (want_tokens, want_logits), = _generate(tiny, 1, prompt, 2, chunk)
     ranks = _generate(tiny, 2, prompt, 2, chunk)
+    worst = 0.0
     for r, (tokens, logits) in enumerate(ranks):
         assert tokens == want_tokens, f"rank {r}"
         assert len(logits) == len(want_logits)
         for i, (got, want) in enumerate(zip(logits, want_logits)):
-            assert _rel(got, want) <= BOUND, f"rank {r} step {i}: {_rel(got, want):.2e}"
+            worst = max(worst, _rel(got, want))
+    assert worst <= BOUND, f"{worst:.2e}"
 
 
 def test_shard_bytes_and_views(tiny):
