@@ -1,7 +1,8 @@
-"""Tensor parallelism on the emulator: a tiny model split over two ranks,
-each a thread with its shard of the file, meeting through the in-process
-communicator (ptxgen.driver.collective.LocalGroup), against the same
-model on one rank.
+"""Tensor parallelism on the emulator: a tiny model (Llama; Qwen3 with its
+q/k norms and tied output; Gemma 3 with its post-norms after the
+all-reduced projections) split over two ranks, each a thread with its
+shard of the file, meeting through the in-process communicator
+(ptxgen.driver.collective.LocalGroup), against the same model on one rank.
 
 The logits bound: the split changes only the order of f32 sums (each
 row-parallel projection is two half sums added by the all-reduce, the
@@ -29,6 +30,9 @@ from ptxgen.llm.parallel import ShardedFile, TensorParallel
 SHAPES = {
     "llama": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
                   head_dim=128, context_length=256),
+    "gemma3": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
+                   head_dim=128, context_length=256, arch="gemma3", sliding_window=3,
+                   swa_pattern=2, rope_theta=1e6, rope_theta_swa=1e4, tie_embeddings=True),
     "qwen3": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
                   head_dim=128, context_length=256, arch="qwen3", tie_embeddings=True),
 }
@@ -100,13 +104,11 @@ def test_shard_bytes_and_views(tiny):
     # the shards' columns put back together are the whole matrix's rows
     glued = np.concatenate([s.tensor(o).data for s in shards], axis=1)
     assert np.array_equal(glued, f.tensor(o).data)
-    layers = sum(t.nbytes for n in f.names if n.startswith("blk.")
-                 for t in [f.tensor(n)] if n.split(".")[2] not in ("attn_norm", "ffn_norm",
-                                                                   "attn_q_norm", "attn_k_norm"))
-    shard_layers = sum(shards[0].tensor(n).data.nbytes for n in f.names if n.startswith("blk.")
-                       and n.split(".")[2] not in ("attn_norm", "ffn_norm", "attn_q_norm",
-                                                   "attn_k_norm"))
-    assert shard_layers * 2 == layers
+    # every layer matrix is split (its bytes halve); vectors stay whole
+    mats = [n for n in f.names if n.startswith("blk.") and len(f.shape(n)) == 2]
+    assert len(mats) == 7 * hp.n_layers
+    assert 2 * sum(shards[0].tensor(n).data.nbytes for n in mats) == sum(
+        f.tensor(n).nbytes for n in mats)
     whole = f.weight_bytes
     assert whole / 2 < shards[0].weight_bytes < whole
 
