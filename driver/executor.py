@@ -37,6 +37,11 @@ it (``ComputeGraph(store=...)``) takes them from it, and a
 graphs of one model never run at the same time (one stream), so their
 executors can share one activation arena too (:class:`Arena`).
 
+Collectives.  A rank of a tensor-parallel model has ops with no launches
+that name a :class:`~.collective.Collective` (an all-reduce, an
+all-gather); the executor, given the rank's communicator, issues each in
+its place among the launches (:mod:`.collective`).
+
 Arguments.  A launch's arguments are a mapping from the kernel's declared
 parameter names to buffers, buffer references or scalars; the executor
 orders them by the kernel's PTX signature and refuses a missing or unknown
@@ -54,6 +59,7 @@ import numpy as np
 from ptxgen import registry
 from ptxgen.kernels.plan import LaunchGeometry
 
+from .collective import Collective, DeviceSpan
 from .launch import named_args
 
 __all__ = ["Buffer", "BufRef", "TensorMapOf", "Launch", "Op", "Store", "ComputeGraph",
@@ -154,6 +160,9 @@ class Op:
     outputs: tuple
     launches: tuple
     variant: str | None = None
+    #: a :class:`~.collective.Collective` the executor's communicator runs
+    #: (an op with no launches)
+    collective: Any = None
 
     def runs_in(self, variant) -> bool:
         """Whether this op is part of the step's ``variant``."""
@@ -234,6 +243,17 @@ class ComputeGraph:
         op = Op(kind, name, inputs, outputs, tuple(launches), variant)
         self.ops.append(op)
         return op
+
+    def add_collective(self, kind: str, name: str, collective: Collective,
+                       variant: str | None = None) -> Op:
+        """An op that runs ``collective`` between the ranks (no launches)."""
+        op = self.add(kind, name, collective.inputs, collective.outputs, (), variant=variant)
+        op.collective = collective
+        return op
+
+    @property
+    def has_collectives(self) -> bool:
+        return any(op.collective is not None for op in self.ops)
 
     @property
     def variants(self) -> tuple:
@@ -392,14 +412,22 @@ class Executor:
         Shared with executors of graphs that never run at the same time,
         each graph's size reserved before the first runs; default: this
         executor's own.
+    comm : ptxgen.driver.collective.Communicator, optional
+        The rank's communicator, which runs the graph's collective ops
+        (required where it has any).
 
     Each launch's family is found through :func:`ptxgen.registry.family`.
     """
 
     def __init__(self, graph: ComputeGraph, backend, progress=None,
-                 memory: DeviceMemory | None = None, arena: Arena | None = None):
+                 memory: DeviceMemory | None = None, arena: Arena | None = None, comm=None):
+        if comm is None and graph.has_collectives:
+            first = next(op for op in graph.ops if op.collective is not None)
+            raise ValueError(f"the graph's collective op {first.name!r} needs a communicator "
+                             "(Executor(..., comm=...))")
         self.graph = graph
         self.backend = backend
+        self.comm = comm
         self.arena_bytes = plan_activations(graph)
         self.memory = memory if memory is not None else DeviceMemory(backend)
         self._arena = arena if arena is not None else Arena(backend)
@@ -413,6 +441,11 @@ class Executor:
         self._resolved = {v: [resolved[id(L)] for op in graph.ops if op.runs_in(v)
                               for L in op.launches]
                           for v in (graph.variants or (None,))}
+        # the launches and collectives of each variant, in issue order
+        self._steps = {v: [item for op in graph.ops if op.runs_in(v)
+                           for item in ([op.collective] if op.collective is not None
+                                        else [resolved[id(L)] for L in op.launches])]
+                       for v in (graph.variants or (None,))}
 
     # ------------------------------------------------------------- set-up
     def _alloc(self, progress):
@@ -466,8 +499,27 @@ class Executor:
         pace there, and ``cuLaunchKernelEx`` costs more host time than
         ``cuLaunchKernel``)."""
         launch = self.backend.launch_positional
-        for fn, grid, block, args, shared, fn_pdl in self.launches(variant):
+        for item in self._steps[self.graph.resolve_variant(variant)]:
+            if isinstance(item, Collective):
+                self._collective(item, stream)
+                continue
+            fn, grid, block, args, shared, fn_pdl = item
             launch(fn, grid, block, *args, shared=shared, stream=stream, pdl=pdl and fn_pdl)
+
+    def span(self, b: Buffer) -> DeviceSpan:
+        """Buffer ``b`` as a communicator takes it."""
+        if b.kind == "activation":
+            array, offset = self.arena, b.offset
+        else:
+            array, offset = self.arrays[id(b)], 0
+        return DeviceSpan(self.ptr(b), int(np.prod(b.shape)), np.dtype(b.dtype), array, offset,
+                          self.backend)
+
+    def _collective(self, c: Collective, stream):
+        if c.kind == "all_reduce_sum":
+            self.comm.all_reduce_sum(self.span(c.src), stream)
+        else:
+            self.comm.all_gather(self.span(c.src), self.span(c.dst), stream)
 
     def capture(self, stream, variant=None):
         """Record ``variant``'s launch sequence into a CUDA graph, with

@@ -256,6 +256,30 @@ def get_backend_for_cli(name: str, status: Status | None = None):
     return be
 
 
+def tp_refusal(n: int, backend: str) -> str:
+    """Why ``--tp n`` (n > 1) cannot run here: the first of the emulator
+    (tensor parallelism there is the tests' in-process group), no nccl4py,
+    fewer than ``n`` GPUs, and the one-process-per-GPU launcher, which is
+    not built yet (docs/llm.md, "Tensor parallelism")."""
+    if backend == "emu":
+        return (f"--tp {n}: the emulator runs one process on the CPU; tensor parallelism "
+                "needs one GPU a rank (--backend cuda)")
+    from ptxgen.driver.nccl import nccl_available
+    if not nccl_available():
+        return f"--tp {n}: tensor parallelism needs NVIDIA's NCCL bindings: pip install nccl4py"
+    from ptxgen.driver.device import device_count
+    from ptxgen.driver.errors import CUDAError
+    try:
+        have = device_count()
+    except CUDAError:
+        have = 0
+    if have < n:
+        return f"--tp {n}: this host has {have} GPU{'' if have == 1 else 's'}, {n} needed"
+    return (f"--tp {n}: the launcher of one process a GPU is not built yet; the sharded model "
+            "runs through ptxgen.llm.Model(tp=..., comm=...) (docs/llm.md, \"Tensor "
+            "parallelism\")")
+
+
 def _load(a, need: str = "", template: str | None = None):
     """``(model, backend)`` of the arguments' model file; ``need``
     "tokenizer" or "chat" refuses a file without a tokenizer (or chat
@@ -415,10 +439,15 @@ def run_command(argv) -> int:
     p.add_argument("--no-display-prompt", action="store_true",
                    help="print only the generated text, not the prompt before it")
     p.add_argument("--summary", action="store_true", help="print the decode graph summary")
+    p.add_argument("--tp", type=positive, default=1, metavar="N",
+                   help="tensor parallelism over N GPUs of this host (one process each, "
+                        "NCCL through nccl4py); 1: one GPU")
     _add_sampling_args(p)
     a = p.parse_args(argv)
 
     def body():
+        if a.tp > 1:
+            raise CliError(tp_refusal(a.tp, a.backend))
         note_ignored(a)
         settings = _sampling(a)
         prompt = _read_prompt(a)

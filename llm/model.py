@@ -31,6 +31,7 @@ from .gguf.file import GGUFError, LlamaFile
 from .lowering.common import Tuning
 from .lowering.decode import NORM_KINDS, DecodeLowering, norm_kinds
 from .models import architecture_of
+from .parallel import SINGLE, ShardedFile, TensorParallel
 from .persistent import decode_path
 from .session import Decoding, GenerateResult, Session
 from .textgen import TextGeneration
@@ -64,12 +65,26 @@ class Model(TextGeneration):
     attention kernels' tuned config (e.g. ``{"warps": 4}``).
     ``fuse_rope`` (default True) gives RoPE and the KV-cache append to the
     stacked Q/K/V GEMV's epilogue where the architecture allows.
+
+    ``tp`` (a :class:`~.parallel.TensorParallel` of several ranks) makes
+    this object one rank of a tensor-parallel model: it holds the rank's
+    shard of ``file`` (:class:`~.parallel.ShardedFile`) and its graphs
+    meet the other ranks' through ``comm``, the rank's communicator
+    (:mod:`ptxgen.driver.collective`).  Every rank runs the same calls in
+    the same order (one process or thread each).
     """
 
     def __init__(self, file: LlamaFile, backend, *, capacity: int | None = None,
                  target: str | None = None, progress: bool = True, sm_count: int | None = None,
                  pdl: bool | None = None, fuse_norm=("attn",), gemv_knobs=None,
-                 flash_knobs=None, fuse_rope: bool = True, tokenizer=None):
+                 flash_knobs=None, fuse_rope: bool = True, tokenizer=None,
+                 tp: TensorParallel = SINGLE, comm=None):
+        if tp.world > 1:
+            if comm is None or (comm.rank, comm.world) != (tp.rank, tp.world):
+                raise ValueError(f"rank {tp.rank} of {tp.world} needs that rank's communicator, "
+                                 f"got {comm!r}")
+            file = file if isinstance(file, ShardedFile) else ShardedFile(file, tp)
+        self.tp, self.comm = tp, comm
         self.file = file
         #: the text <-> token ids of the file's vocabulary (None if it has none)
         self.tokenizer = tokenizer
@@ -88,7 +103,7 @@ class Model(TextGeneration):
         self.step_graph = DecodeLowering(
             file, self.store, target=self.target, sm_count=self.sm_count,
             capacity=self.capacity, rope_layout=self.arch.rope_layout, tuning=self.tuning,
-            fuse_norm=self.fuse_norm, fuse_rope=fuse_rope, flash_knobs=flash_knobs)
+            fuse_norm=self.fuse_norm, fuse_rope=fuse_rope, flash_knobs=flash_knobs, tp=tp)
         self.arch.forward(self.step_graph)
         # programmatic dependent launch: on by default where the target has it
         self.pdl = has_griddepcontrol(self.target) if pdl is None else bool(pdl)
@@ -97,14 +112,14 @@ class Model(TextGeneration):
         self.memory = DeviceMemory(backend)
         bar = _ProgressBar(file.weight_bytes, enabled=progress)
         self.executor = Executor(self.step_graph.g, backend, progress=bar.update,
-                                 memory=self.memory)
+                                 memory=self.memory, comm=comm)
         bar.close()
         self.device_stream = backend.stream()
         self._prefills: dict = {}
         self._persistent = None
         #: how a greedy ``mode="graph"`` step runs: the tuning table's choice
         #: (``"graph"`` or ``"persistent"``, :func:`~.persistent.decode_path`)
-        self.decode_path = decode_path(file, self.target)
+        self.decode_path = decode_path(file, self.target) if tp.world == 1 else "graph"
         #: the session whose sequence the KV cache holds, and the position it reached
         self.cache_owner: int | None = None
         self.cache_position: int | None = None
@@ -161,6 +176,10 @@ class Model(TextGeneration):
         first use, for ``grid`` CTAs, default one an SM; the greedy variant
         only)."""
         from .persistent import PersistentDecode
+        if self.tp.world > 1:
+            raise ValueError("the persistent decode kernel runs a whole model on one GPU; a "
+                             "tensor-parallel rank decodes with its graph (mode='graph' or "
+                             "'eager')")
         v = self.graph.resolve_variant(variant)
         if v != GREEDY:
             raise ValueError(f"the persistent decode kernel runs the greedy step, not {v!r}")
@@ -179,7 +198,8 @@ class Model(TextGeneration):
             pre = self._prefills[key] = Prefill(
                 self.arch, self.store, self.memory, self.backend, self.device_stream,
                 target=self.target, capacity=self.capacity, chunk=chunk,
-                device=self.tuning.device, pdl=self.pdl, buckets=buckets)
+                device=self.tuning.device, pdl=self.pdl, buckets=buckets, tp=self.tp,
+                comm=self.comm)
         return pre
 
     def default_prefill_chunk(self) -> int:

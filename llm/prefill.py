@@ -18,6 +18,7 @@ import numpy as np
 from ptxgen.driver.executor import Arena, Executor
 
 from .lowering.chunk import ChunkLowering, gemm_ready
+from .parallel import SINGLE
 
 __all__ = ["Prefill", "DEFAULT_CHUNK", "BUCKETS", "gemm_ready"]
 
@@ -42,10 +43,11 @@ class Prefill:
     buckets : sequence of int, optional
         Chunk sizes with a graph of their own; those below ``chunk`` are
         kept and ``chunk`` is added.  Default :data:`BUCKETS`.
+    tp, comm : the model's tensor-parallel rank and its communicator
     """
 
     def __init__(self, arch, store, memory, backend, stream, *, target, capacity, chunk,
-                 device=None, pdl=True, buckets=None):
+                 device=None, pdl=True, buckets=None, tp=SINGLE, comm=None):
         if chunk < 1:
             raise ValueError(f"prefill chunk must be at least 1, got {chunk}")
         self.chunk = int(chunk)
@@ -53,12 +55,13 @@ class Prefill:
         self.buckets = tuple(sorted({int(b) for b in bs if 0 < int(b) < self.chunk})) + (
             self.chunk,)
         self.backend, self.stream, self.memory = backend, stream, memory
+        self.comm = comm
         self.arena = Arena(backend)
         self._graphs = {}
         for b in self.buckets:
             lw = ChunkLowering(arch.file, store, target=target, capacity=capacity,
                                rope_layout=arch.rope_layout, rows=b, chunk=self.chunk,
-                               device=device, pdl=pdl)
+                               device=device, pdl=pdl, tp=tp)
             arch.forward(lw)
             self._graphs[b] = lw
         from ptxgen.driver.executor import plan_activations
@@ -82,7 +85,8 @@ class Prefill:
         ex = self._executors.get(bucket)
         if ex is None:
             ex = self._executors[bucket] = Executor(self._graphs[bucket].g, self.backend,
-                                                    memory=self.memory, arena=self.arena)
+                                                    memory=self.memory, arena=self.arena,
+                                                    comm=self.comm)
         return ex
 
     def run_chunk(self, tokens, start: int, mode: str = "graph"):

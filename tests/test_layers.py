@@ -12,8 +12,8 @@ FOLDERS = {"ptxgen": "ptxgen", "kernels": "ptxgen.kernels", "driver": "ptxgen.dr
            "llm": "ptxgen.llm", "testing": "ptxgen.testing"}
 
 #: the CUDA layer of driver/: below the ops, the model and the CLI
-CUDA_LAYER = {"backend", "cache", "device", "errors", "graph", "jit", "launch", "memory",
-              "module", "release", "stream", "tensor_map", "timeline"}
+CUDA_LAYER = {"backend", "cache", "collective", "device", "errors", "graph", "jit", "launch",
+              "memory", "module", "nccl", "release", "stream", "tensor_map", "timeline"}
 
 
 def _modules():

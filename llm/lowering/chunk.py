@@ -21,7 +21,8 @@ The blocks lower to:
   (``RopeSpec.qk_norm``);
 - ``attention``: causal chunk attention reading q from the QKV rows (a
   sliding window: the kernel of that window);
-- ``linear``: a GEMM with the residual added in its epilogue;
+- ``linear``: a GEMM with the residual added in its epilogue (over several
+  tensor-parallel ranks, rank 0's alone, then an all-reduce of the rows);
 - ``gated_ffn``: the gate and up GEMMs, a SwiGLU (GeGLU) launch, the down
   GEMM;
 - ``add_normed``: an RMSNorm launch over the rows adding into the stream;
@@ -41,6 +42,8 @@ import numpy as np
 from ptxgen.driver.executor import TensorMapOf
 from ptxgen.kernels import embedding, flash_prefill, rmsnorm, rope, swiglu
 from ptxgen.kernels.spec_fields import has_griddepcontrol
+
+from ptxgen.llm.parallel import SINGLE
 
 from . import matmul, moe
 from .common import QKV, Lowering, Normed, Tuning
@@ -79,11 +82,14 @@ class ChunkLowering(Lowering):
         The GPU's name (tuned configs stored for it win).
     pdl : bool
         Programmatic dependent launch where the target has it.
+    tp : TensorParallel
+        The rank this graph is of (``file`` its shard: :mod:`ptxgen.llm.parallel`).
     """
 
     def __init__(self, file, store, *, target, capacity, rope_layout, rows: int, chunk: int,
-                 device=None, pdl=True, gemm=True):
-        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout)
+                 device=None, pdl=True, gemm=True, tp=SINGLE):
+        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout,
+                         tp=tp)
         if not 1 <= rows <= chunk:
             raise ValueError(f"a chunk bucket of {rows} rows must be in 1..{chunk}")
         g, hp = self.g, self.hp
@@ -241,6 +247,8 @@ class ChunkLowering(Lowering):
         return self.att
 
     def linear(self, a, weight, residual=None):
+        # over several ranks: a partial sum (the residual rank 0's alone), all-reduced
+        name = weight.removesuffix(".weight")
         if residual is None:
             rows = self.file.shape(weight)[0]
             y = self._outs.get(rows)
@@ -248,9 +256,9 @@ class ChunkLowering(Lowering):
                 y = self._outs[rows] = self.g.buffer(f"out{rows}", (self.rows, rows),
                                                       np.float32)
             self._matmul(weight, a, y)
-            return y
-        self._matmul(weight, a, residual, residual=residual)
-        return residual
+            return self.all_reduce(y, name)
+        self._matmul(weight, a, residual, residual=residual if self.tp.adds_residual else None)
+        return self.all_reduce(residual, name)
 
     def add_normed(self, x, y, weight):
         self._rmsnorm(y, weight, x, weight.removesuffix(".weight"), accumulate=True)

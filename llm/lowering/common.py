@@ -19,7 +19,9 @@ import attrs
 import numpy as np
 
 from ptxgen.driver.executor import ComputeGraph, Launch
+from ptxgen.driver.collective import Collective
 from ptxgen.kernels import gemv, rope
+from ptxgen.llm.parallel import SINGLE, TensorParallel
 
 __all__ = ["Tuning", "Normed", "QKV", "TensorInfo", "Lowering"]
 
@@ -96,9 +98,19 @@ class QKV:
 class Lowering:
     """The graph, the file and the persistent buffers one lowering writes
     into; subclasses implement the blocks (``embed``, ``norm``, ``qkv``,
-    ``attention``, ``linear``, ``gated_ffn``, ``output``)."""
+    ``attention``, ``linear``, ``gated_ffn``, ``output``).
 
-    def __init__(self, file, store, *, target: str, capacity: int, rope_layout: str):
+    With ``tp`` of several ranks, ``file`` is the rank's
+    :class:`~ptxgen.llm.parallel.ShardedFile` and the lowering adds the
+    collectives that join the ranks' partial results
+    (:meth:`all_reduce`, the logits' all-gather)."""
+
+    def __init__(self, file, store, *, target: str, capacity: int, rope_layout: str,
+                 tp: TensorParallel = SINGLE):
+        if tp.world > 1 and getattr(file, "tp", None) != tp:
+            raise ValueError(f"rank {tp.rank} of {tp.world} lowers its ShardedFile "
+                             "(ptxgen.llm.parallel), not the whole file")
+        self.tp = tp
         self.file = file
         self.hp = file.hparams
         self.store = store
@@ -172,6 +184,14 @@ class Lowering:
                 self.g.buffer(p + "v_cache", shape, np.float16, "state"))
 
     # ------------------------------------------------------------------ ops
+    def all_reduce(self, y, name: str):
+        """Sum ``y`` (a row-parallel projection's partial result) over the
+        ranks, in place; nothing on one rank."""
+        if self.tp.world > 1:
+            self.g.add_collective("AllReduce", name + ".all_reduce",
+                                  Collective("all_reduce_sum", y))
+        return y
+
     def add(self, kind, name, ins, outs, launches, variant=None):
         return self.g.add(kind, name, ins, outs, launches, variant=variant)
 

@@ -31,6 +31,9 @@ The blocks lower to:
 - ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
   and down GEMVs and their weighted sum (:mod:`.moe`): four launches, the
   experts chosen on the device;
+- over several tensor-parallel ranks (:mod:`ptxgen.llm.parallel`): an
+  all-reduce after each ``linear`` and the logits shards all-gathered
+  before the choice;
 - ``output``: the logits GEMV, then the next token's choice in two
   variants of the step, ``"greedy"`` (argmax) and ``"sample"`` (the
   sampler chain reading ``sampling_params``), and the state advance.
@@ -42,7 +45,9 @@ import numpy as np
 
 from ptxgen.kernels import (argmax, decode_state, embedding, flash_decode, rmsnorm, rope,
                             sampling, swiglu)
+from ptxgen.driver.collective import Collective
 from ptxgen.llm.generation import GREEDY, SAMPLE, SamplingSettings, sampler_spec
+from ptxgen.llm.parallel import SINGLE
 
 from . import matmul, moe
 from .common import QKV, Lowering, Normed, Tuning
@@ -85,11 +90,15 @@ class DecodeLowering(Lowering):
         RoPE and the KV append in the stacked Q/K/V GEMV's epilogue where it applies.
     flash_knobs : dict
         FlashDecodeConfig fields replacing the tuned ones.
+    tp : TensorParallel
+        The rank this graph is of (``file`` its shard: :mod:`ptxgen.llm.parallel`).
     """
 
     def __init__(self, file, store, *, target, sm_count, capacity, rope_layout,
-                 tuning: Tuning, fuse_norm=("attn",), fuse_rope=True, flash_knobs=None):
-        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout)
+                 tuning: Tuning, fuse_norm=("attn",), fuse_rope=True, flash_knobs=None,
+                 tp=SINGLE):
+        super().__init__(file, store, target=target, capacity=capacity, rope_layout=rope_layout,
+                         tp=tp)
         g, hp, cap = self.g, self.hp, capacity
         self.sm_count = sm_count
         self.tuning = tuning
@@ -227,11 +236,13 @@ class DecodeLowering(Lowering):
         return att
 
     def linear(self, a, weight, residual=None):
+        # over several ranks: a partial sum (the residual rank 0's alone), all-reduced
         w, t = self.weight(weight)
         y = residual if residual is not None else self._act(f"out{t.shape[0]}", (t.shape[0],))
-        matmul.gemv(self, weight.removesuffix(".weight"), w, t, a, y, residual=residual,
-                    tuning=self.tuning)
-        return y
+        name = weight.removesuffix(".weight")
+        matmul.gemv(self, name, w, t, a, y,
+                    residual=residual if self.tp.adds_residual else None, tuning=self.tuning)
+        return self.all_reduce(y, name)
 
     def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
         hp = self.hp
@@ -269,7 +280,14 @@ class DecodeLowering(Lowering):
         self.logits = g.buffer("logits", (hp.vocab,), np.float32, "state")
         w, t = self._embedding if weight == "token_embd.weight" else self.weight(weight)
         x, norm = self._input(h, [t])
-        matmul.gemv(self, "output", w, t, x, self.logits, norm=norm, tuning=self.tuning)
+        if self.tp.world == 1:
+            matmul.gemv(self, "output", w, t, x, self.logits, norm=norm, tuning=self.tuning)
+        else:
+            # the rank's rows of the logits, gathered into every rank's whole
+            shard = g.buffer("logits_shard", (t.shape[0],), np.float32)
+            matmul.gemv(self, "output", w, t, x, shard, norm=norm, tuning=self.tuning)
+            g.add_collective("AllGather", "logits.all_gather",
+                             Collective("all_gather", shard, self.logits))
         self._choose()
         self._advance()
 
