@@ -127,7 +127,9 @@ def test_flash_decode_window(run, spec, rng):
         ref = F.reference(q, kc, vc, L, window=spec.window)
         err = rel_err(out, ref)
         assert err <= 1e-4, (L, err)
-        if L > spec.window:      # the keys before the window matter
+        # the keys before the window matter (checked where 30 or more fall
+        # outside it: one key in a hundred moves the mean by about 1e-3)
+        if L - spec.window >= 30:
             assert rel_err(F.reference(q, kc, vc, L), ref) > 1e-2
 
 
