@@ -30,13 +30,21 @@ def check_races(log, coords, block_bytes=None, split=None):
     ``split``: only pairs of an entry before index ``split`` with one from
     ``split`` on are checked (two sets of accesses ordered within each set,
     by different threads across them)."""
-    if not log:
+    if not log or all(k == 0 for *_, k in log):     # reads never race
         return
+    # every access covers whole units of ``unit`` bytes (the gcd of the sizes
+    # and offsets), and all bytes of a unit have the same accesses: the search
+    # runs over units, and the first racing unit's first byte is the first
+    # racing byte
+    unit = int(np.gcd.reduce([n for *_, n, _k in log]
+                             + [int(np.gcd.reduce(o)) for _, _t, o, _n, _k in log if o.size]))
+    unit = max(unit, 1)
     byte, tid, kind, entry = [], [], [], []
     for e, (_, tids, offs, nbytes, k) in enumerate(log):
-        b = (offs[:, None] + np.arange(nbytes)).reshape(-1)
+        n = nbytes // unit
+        b = (offs[:, None] // unit + np.arange(n)).reshape(-1)
         byte.append(b)
-        tid.append(np.repeat(tids, nbytes))
+        tid.append(np.repeat(tids, n))
         kind.append(np.full(b.size, k, np.int8))
         entry.append(np.full(b.size, e, np.int32))
     byte = np.concatenate(byte)
@@ -80,7 +88,8 @@ def check_races(log, coords, block_bytes=None, split=None):
     others = others & ((gk != 2) | (gk[i] != 2)) & ((gk != 0) | (gk[i] != 0))
     j = int(np.flatnonzero(others)[0])
     op_i, op_j = log[ge[i]][0], log[ge[j]][0]
-    byte = int(b[lo]) % block_bytes if block_bytes else int(b[lo])
+    byte = int(b[lo]) * unit
+    byte = byte % block_bytes if block_bytes else byte
     msg = (f"shared-memory race on byte {byte}: thread {coords(int(gt[i]))} "
            f"{_KIND[int(gk[i])]} it at {describe_op(op_i)} and thread "
            f"{coords(int(gt[j]))} {_KIND[int(gk[j])]} it at {describe_op(op_j)} "
