@@ -43,31 +43,14 @@ def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]
 
 def graph_us(fn, stream, reps: int, repeats: int) -> float:
     """Median µs per call of ``fn(stream)``: ``reps`` calls captured in one
-    ptxgen CUDA graph (after one call outside it, which builds, loads and
-    allocates), replayed ``repeats`` times between CUDA events."""
-    import statistics
-
+    ptxgen CUDA graph, replayed ``repeats`` times between CUDA events
+    (:func:`ptxgen.driver.timing.graph_us`), after torch's stream, where
+    the inputs were made, has finished."""
     import torch
 
-    from ptxgen.driver import Event, capture
-    torch.cuda.synchronize()                  # inputs made on torch's stream
-    fn(stream)
-    stream.synchronize()
-    with capture(stream) as g:
-        for _ in range(reps):
-            fn(stream)
-    exe = g.instantiate()
-    exe.launch(stream)
-    stream.synchronize()
-    times = []
-    for _ in range(repeats):
-        a, b = Event(), Event()
-        a.record(stream)
-        exe.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_ms(b) * 1000.0 / reps)
-    return statistics.median(times)
+    from ptxgen.driver.timing import graph_us as _graph_us
+    torch.cuda.synchronize()
+    return _graph_us(lambda i: fn(stream), stream, reps, repeats)
 
 
 def torch_graph_us(fn, reps: int, repeats: int, *, eager_fallback: bool = False):

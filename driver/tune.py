@@ -27,12 +27,13 @@ it is faster, until no move is (:func:`search_gemv`).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
 
 import numpy as np
+
+from .timing import graph_timer
 
 from ptxgen.kernels import gemv, tuning
 
@@ -92,30 +93,6 @@ def _spec(qtype, m, k, epi, target, hp_heads, pdl=False):
 L2_DEFEAT_BYTES = 256 << 20
 
 
-def _graph_timer(launches, stream, calls):
-    """A function timing ``launches`` (``launch(i)`` for the i-th call)
-    captured ``calls`` times in one CUDA graph: microseconds per call of
-    one replay (no host time per launch, as in the decode graph)."""
-    from . import Event, capture
-    for i in range(2):
-        launches(i)
-    with capture(stream) as g:
-        for i in range(calls):
-            launches(i)
-    ge = g.instantiate()
-    ge.launch(stream)
-    stream.synchronize()
-
-    def replay():
-        e0, e1 = Event(), Event()
-        e0.record(stream)
-        ge.launch(stream)
-        e1.record(stream)
-        e1.synchronize()
-        return e0.elapsed_ms(e1) * 1e3 / calls
-    return replay
-
-
 def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout, search: bool = False,
               max_steps: int = 6) -> list:
     """Time every candidate of every call (with ``search``, a greedy descent
@@ -168,7 +145,7 @@ def tune_gemv(calls, rounds: int = 5, reps: int = 50, out=sys.stdout, search: bo
                 def go(i, fn=fn, g=geo.grid, b=geo.block, s=geo.shared, rpc=geo.args["rpc"]):
                     launch(fn, g, b, *ws[i % copies], x, *extra, y, m, rpc, shared=s,
                            stream=stream, pdl=spec.pdl)
-                built[cfg] = _graph_timer(go, stream, reps)
+                built[cfg] = graph_timer(go, stream, reps)
             return built[cfg]
 
         def timed(cands, n_rounds):
@@ -259,7 +236,7 @@ def tune_flash(calls, rounds: int = 5, reps: int = 50, out=sys.stdout) -> list:
             spec = fd.FlashDecodeSpec(head_dim=d, group=n_q // n_kv, early_kv=early,
                                       target=dev.target, pdl=has_griddepcontrol(dev.target))
             cands = flash_candidates(spec)
-            timers = [[_graph_timer(lambda i, kw=attrs.asdict(c), L=L: flash_decode(
+            timers = [[graph_timer(lambda i, kw=attrs.asdict(c), L=L: flash_decode(
                 q, kc, vc, lens[L], out=o, early_kv=early, stream=stream, **kw),
                 stream, reps) for L in lengths] for c in cands]
             times = [[] for _ in cands]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import numpy as np
@@ -36,23 +35,10 @@ SHAPES = [("attn_qkv", "Q4_K", 6144, 4096, "none", "f16", 1),
           ("output", "Q6_K", 128256, 4096, "none", "f16", 0)]
 
 
-def graph_us(backend, issue, stream, reps=20, repeats=5):
+def graph_us(issue, stream):
     """Median microseconds of one ``issue()`` over graph replays."""
-    from ptxgen.driver import Event
-    issue()
-    stream.synchronize()
-    graph = backend.capture(stream, lambda: [issue() for _ in range(reps)])
-    graph.launch(stream)
-    stream.synchronize()
-    ts = []
-    for _ in range(repeats):
-        a, b = Event(), Event()
-        a.record(stream)
-        graph.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        ts.append(a.elapsed_ms(b) * 1000.0 / reps)
-    return statistics.median(ts)
+    from ptxgen.driver.timing import graph_us as _graph_us
+    return _graph_us(lambda i: issue(), stream, 20, 5)
 
 
 def main(argv=None):
@@ -98,9 +84,9 @@ def main(argv=None):
             if plan is not None:
                 fn = be.load(G.build(plan)).function(plan.kernel_name)
                 geo = G.launch_geometry(plan, m)
-                gv = graph_us(be, lambda: be.launch(fn, geo, args, stream=s), s)
+                gv = graph_us(lambda: be.launch(fn, geo, args, stream=s), s)
             xg = x16 if xt == "f16" else x32
-            gm = graph_us(be, lambda: ops.gemm(w, xg, q, out=y, residual=y if epi == "residual"
+            gm = graph_us(lambda: ops.gemm(w, xg, q, out=y, residual=y if epi == "residual"
                                                else None, stream=s), s)
             times[name, B] = (gv, gm)
             print(f"{name:12s} {q} {m:6d}x{k:5d} B={B:3d}: gemv {gv:8.1f} us  gemm {gm:8.1f} us"

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import time
 
 import attrs
@@ -56,27 +55,6 @@ def candidates(base, t, x_type):
     return out
 
 
-def graph_us(fn, stream, reps=20, repeats=5):
-    from ptxgen.driver import Event, capture
-    fn()
-    stream.synchronize()
-    with capture(stream) as g:
-        for _ in range(reps):
-            fn()
-    exe = g.instantiate()
-    exe.launch(stream)
-    stream.synchronize()
-    ts = []
-    for _ in range(repeats):
-        a, b = Event(), Event()
-        a.record(stream)
-        exe.launch(stream)
-        b.record(stream)
-        b.synchronize()
-        ts.append(a.elapsed_ms(b) * 1000.0 / reps)
-    return statistics.median(ts)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--t", default="8,64")
@@ -88,6 +66,7 @@ def main(argv=None):
     from ptxgen import driver
     from ptxgen.driver import DeviceArray, Stream, get_device, ops
     from ptxgen.driver.ops_gemm import gemm_plan
+    from ptxgen.driver.timing import graph_us
     from ptxgen.kernels import gemm as G, tuning
     from ptxgen.kernels.gemm.tuning import call_of
     from ptxgen.kernels.quants.qtypes import qtype_of
@@ -116,9 +95,9 @@ def main(argv=None):
                     G.GemmPlan(gemm_plan(q, k, m, t, x_type=xt, epilogue=epi,
                                          backend="cuda").spec, c)
                     turn = itertools.cycle(ws)
-                    us = graph_us(lambda kw=kw, turn=turn: ops.gemm(next(turn), x, q, out=y, residual=y if epi ==
-                                                         "residual" else None, stream=s,
-                                                         **{n: v for n, v in kw.items()}), s)
+                    us = graph_us(lambda i, kw=kw, turn=turn: ops.gemm(
+                        next(turn), x, q, out=y, residual=y if epi == "residual" else None,
+                        stream=s, **kw), s)
                 except (ValueError, driver.CUDAError):
                     continue
                 found.append((us, c))

@@ -1,0 +1,45 @@
+"""Device time of launches as a CUDA graph replays them: no host time per
+launch, as in the decode step's graph.  The tuner, the benchmarks and the
+tuning scripts all time calls this way."""
+
+from __future__ import annotations
+
+import statistics
+
+__all__ = ["graph_timer", "graph_us"]
+
+
+def graph_timer(launch, stream, calls: int, warmup: int = 2):
+    """A function timing ``launch(i)`` (the i-th call) captured ``calls``
+    times in one CUDA graph on ``stream``: each call of it replays the graph
+    once between two events and returns microseconds per call.
+
+    ``warmup`` calls run outside the graph first (they build, load and
+    allocate whatever the launches need, which a capture cannot)."""
+    from .graph import capture
+    from .stream import Event
+    for i in range(warmup):
+        launch(i)
+    stream.synchronize()
+    with capture(stream) as g:
+        for i in range(calls):
+            launch(i)
+    exe = g.instantiate()
+    exe.launch(stream)
+    stream.synchronize()
+
+    def replay() -> float:
+        e0, e1 = Event(), Event()
+        e0.record(stream)
+        exe.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        return e0.elapsed_ms(e1) * 1e3 / calls
+    return replay
+
+
+def graph_us(launch, stream, calls: int = 20, repeats: int = 5) -> float:
+    """Median microseconds per call of ``launch(i)`` over ``repeats``
+    replays of a graph of ``calls`` calls (:func:`graph_timer`)."""
+    replay = graph_timer(launch, stream, calls)
+    return statistics.median(replay() for _ in range(repeats))
