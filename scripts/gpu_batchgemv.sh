@@ -10,7 +10,6 @@
 set -euo pipefail
 source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests: the batched GEMV kernel, the batch runner and the engine"

@@ -4,8 +4,6 @@
 # GEMV kernels and on the decode kernels + a tiny model (PDL graph), and the demo.  Results land in $OUT (or ./gpu-out).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 echo "== gpu tests"
 PTXGEN_EMU_GPU_REPORT="$OUT/emu_vs_gpu.json" timeout 500 python3 -m pytest -q -m gpu -p no:cacheprovider \
   -o addopts="" tests > "$OUT/gpu_tests.log" 2>&1; echo "pytest rc=$?"

@@ -6,8 +6,6 @@
 # sanitizer_flash_prefill_*.log, flash_prefill.json, bench_flash_prefill.log.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 echo "== flash_prefill tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_flash_prefill.py \
   > "$OUT/flash_prefill_tests.log" 2>&1; echo "pytest rc=$?"

@@ -13,7 +13,6 @@
 # Logs in $OUT (or ./gpu-out); the last lines are one summary line a number.
 set -euo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 FILE=/tmp/gemma3_4b_q4km.gguf
 bash scripts/gpu_synth_files.sh start "gemma3_4b_q4km=gemma3-4b:--mix Q4_K_M"
 step() { echo "== $1 ($(date +%T))"; }

@@ -5,7 +5,6 @@
 # replays of the 8B-shaped synthetic model).  Results land in $OUT (or ./gpu-out).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 echo "== tests"
 timeout 200 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" \
   tests/llm/test_generation.py tests/llm/test_llama_model.py tests/test_cli_text.py \

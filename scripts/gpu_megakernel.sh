@@ -12,8 +12,6 @@
 # megakernel.json, bench_megakernel.log.  Under 6 minutes on an H100.
 set -euo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt" || true
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
 # the 1B shape (Llama 3.2 1B: 16 layers, 2048 wide, FFN 8192, 32/8 heads), in the background too
 [ -f /tmp/llama1b.gguf ] || (python3 -c "

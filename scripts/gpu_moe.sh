@@ -11,7 +11,6 @@
 # One summary line per number ("== summary"); logs in $OUT (or ./gpu-out).
 set -euo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 F=/tmp/q30moe.gguf
 
 echo "== writing $F in the background"

@@ -10,9 +10,6 @@
 set -u
 PART=${1:-all}
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
-want() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 if want tests; then
 echo "== paged tests"
 PTXGEN_EMU_GPU_REPORT="$OUT/emu_vs_gpu_paged.json" timeout 240 python3 -m pytest -q \

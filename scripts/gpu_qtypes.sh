@@ -9,7 +9,6 @@
 set -u
 PARTS=",${1:-tests,sanitize,bench},"
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 if [[ $PARTS == *,tests,* ]]; then
 echo "== gpu tests"
 PTXGEN_EMU_GPU_REPORT="$OUT/emu_vs_gpu_qtypes.json" timeout 500 python3 -m pytest -q -m gpu \

@@ -5,8 +5,6 @@
 # ./gpu-out): sampling_tests.log, sanitizer_sampling_*.log, sampling.json.
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
-git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 echo "== sampler tests"
 timeout 400 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_sampling.py \
   > "$OUT/sampling_tests.log" 2>&1; echo "pytest rc=$?"

@@ -11,7 +11,6 @@
 # (4,586 tok/s on the H100, docs/anchors: goal >= 1.5x).
 set -u
 source "$(dirname "$0")/gpu_setup.sh"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 M=${MODEL_8B:-/tmp/llama3-8b-q4k-vocab.gguf}
 python3 -c "from ptxgen.llm.named_templates import resolve_chat_template as r
 open('/tmp/llama3.jinja', 'w').write(r('llama3'))"

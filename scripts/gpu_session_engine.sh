@@ -11,7 +11,6 @@ set -u
 export PYTHONUNBUFFERED=1
 bash scripts/gpu_llamacpp_cuda.sh start
 source scripts/gpu_setup.sh
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "from ptxgen.llm.named_templates import resolve_chat_template as r
 open('/tmp/llama3.jinja', 'w').write(r('llama3'))"
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b \
