@@ -34,14 +34,13 @@ acyclic and instructions taken in order never wait on one not yet taken.
 Counters count per step: with counters left from earlier steps, an
 instruction of step ``s`` (from 1) waits for ``s`` times the count.
 
-``python -m ptxgen.llm.tape MODEL.gguf [--sm-count N] [--variant V] [--ptx]``
-prints a file's tape (:meth:`Tape.dump`) and with ``--ptx`` the persistent
+``python -m ptxgen tape MODEL.gguf [--sm-count N] [--variant V] [--ptx]``
+(or ``python -m ptxgen dump MODEL.gguf``, tape and kernel) prints a file's tape (:meth:`Tape.dump`) and with ``--ptx`` the persistent
 kernel that runs it (:mod:`.persistent`).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import attrs
@@ -355,9 +354,13 @@ def fused_kernel(graph, target: str):
     return megakernel.build_fused(kernels, target), index
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ptxgen.llm.tape",
-                                description="print the decode step's instruction tape")
+def tape_command(argv=None, prog: str = "python -m ptxgen tape") -> int:
+    """Print a GGUF file's decode tape and, with --ptx, its persistent kernel."""
+    from ptxgen.cli import ArgumentParser
+
+    from .cli import run_guarded
+    p = ArgumentParser(prog=prog, description="print a GGUF file's decode step as the "
+                                              "instruction tape the persistent kernel runs")
     p.add_argument("model", help="a GGUF file")
     p.add_argument("--sm-count", type=int, default=132, help="SMs to cut the nodes for")
     p.add_argument("--target", default="sm_90")
@@ -366,12 +369,19 @@ def main(argv=None) -> int:
     p.add_argument("--ptx", action="store_true",
                    help="print the persistent kernel's PTX after the tape (greedy step)")
     a = p.parse_args(argv)
-    g = decode_graph(a.model, sm_count=a.sm_count, target=a.target)
-    tape = build_tape(g, a.sm_count, a.variant)
-    sys.stdout.write(tape.dump(instructions=a.instructions) + "\n")
-    if a.ptx:
-        sys.stdout.write(fused_kernel(g, a.target)[0].ptx)
-    return 0
+
+    def body():
+        g = decode_graph(a.model, sm_count=a.sm_count, target=a.target)
+        tape = build_tape(g, a.sm_count, a.variant)
+        sys.stdout.write(tape.dump(instructions=a.instructions) + "\n")
+        if a.ptx:
+            sys.stdout.write(fused_kernel(g, a.target)[0].ptx)
+        return 0
+    return run_guarded(body)
+
+
+def main(argv=None) -> int:
+    return tape_command(argv, prog="python -m ptxgen.llm.tape")
 
 
 if __name__ == "__main__":

@@ -234,7 +234,8 @@ def _kernel_args(sp):
 
 
 def _add_dump(sub, fmt):
-    d = sub.add_parser("dump", help="print a kernel's PTX", formatter_class=fmt)
+    d = sub.add_parser("dump", help="print a kernel's PTX (for a GGUF file: its decode tape "
+                                    "and persistent kernel, see `tape`)", formatter_class=fmt)
     _kernel_args(d)
     d.add_argument("--annotate", action="store_true",
                    help="end each instruction with the Python file:line that built it")
@@ -257,8 +258,18 @@ def _add_check(sub, fmt):
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     plugins = _plugins()
+    command = None
     if argv and argv[0] in plugins:
-        return int(plugins[argv[0]].load()(argv[1:]) or 0)
+        command, rest = plugins[argv[0]], argv[1:]
+    elif argv[:1] == ["dump"] and len(argv) > 1 and argv[1].endswith(".gguf") and "tape" in plugins:
+        # a model file: its decode step's tape and the persistent kernel that runs it
+        command, rest = plugins["tape"], [argv[1], "--ptx", *argv[2:]]
+    if command is not None:
+        try:
+            return int(command.load()(rest) or 0)
+        except BrokenPipeError:
+            _quiet_stdout()
+            return 0
     describe = not argv or argv[0] in ("-h", "--help")
     parser = build_parser(plugins, describe=describe)
     if not argv:

@@ -118,3 +118,24 @@ def _assembled_by_test_ptxas(fam, target):
     except ValueError:
         return None
     return fam.build(spec).to_ptx()
+
+
+def test_dump_of_a_model_file_prints_its_tape_and_persistent_kernel(tmp_path):
+    """`dump MODEL.gguf` (and `tape MODEL.gguf --ptx`): the decode step's
+    tape, then the PTX of the persistent kernel that runs it, the same as
+    the library builds; the SM count the tape is cut for is honoured."""
+    pytest.importorskip("gguf")
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.tape import build_tape, decode_graph, fused_kernel
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_llama(str(path), seed=3, n_layers=1, hidden=256, ffn=512, n_heads=4,
+                          n_kv_heads=2, vocab=512, context_length=256)
+    rc, out, err = run("dump", str(path), "--sm-count", "4")
+    assert rc == 0, err
+    g = decode_graph(str(path), sm_count=4)
+    assert out == build_tape(g, 4).dump() + "\n" + fused_kernel(g, "sm_90")[0].ptx
+    rc, tape_only, err = run("tape", str(path), "--sm-count", "4")
+    assert rc == 0 and out.startswith(tape_only) and ".entry" not in tape_only, err
+    rc, _, err = run("dump", str(tmp_path / "missing.gguf"))
+    assert rc == 2 and err.startswith("error: ") and "missing.gguf" in err
+    assert "Traceback" not in err

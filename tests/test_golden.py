@@ -26,10 +26,9 @@ def _emitted(name):
     return fam.build(spec).to_ptx()
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_golden_ptx(name):
-    text = _emitted(name)
-    path = GOLDEN / f"{name}.ptx"
+def _check_golden(path: Path, text: str, what: str):
+    """``text`` equals the golden file ``path`` (rewritten under `make golden`)."""
+    rel = path.relative_to(GOLDEN)
     if UPDATE:
         if UNDER_CI:
             pytest.fail("PTXGEN_UPDATE_GOLDEN=1 is set under CI (CI=true): golden files are "
@@ -37,17 +36,51 @@ def test_golden_ptx(name):
                         "check", pytrace=False)
         old = path.read_text() if path.exists() else None
         if old != text:
-            GOLDEN.mkdir(exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-            pytest.skip(f"rewrote golden/{name}.ptx (PTXGEN_UPDATE_GOLDEN=1); review the diff")
+            pytest.skip(f"rewrote golden/{rel} (PTXGEN_UPDATE_GOLDEN=1); review the diff")
         return
     assert path.exists(), f"no golden file {path}; run `make golden` and review it"
     expected = path.read_text()
     if text != expected:
         diff = "".join(difflib.unified_diff(
             expected.splitlines(True), text.splitlines(True),
-            fromfile=f"golden/{name}.ptx", tofile=f"emitted {name}"))
-        pytest.fail(f"emitted PTX of {name} differs from its golden file:\n{diff}", pytrace=False)
+            fromfile=f"golden/{rel}", tofile=f"emitted {what}"))
+        pytest.fail(f"emitted {what} differs from its golden file:\n{diff}", pytrace=False)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_golden_ptx(name):
+    _check_golden(GOLDEN / f"{name}.ptx", _emitted(name), f"PTX of {name}")
+
+
+#: the canonical tape: a tiny Llama's decode step cut for 8 SMs (the shapes,
+#: not the weights, decide the tape and the persistent kernel)
+TAPE_MODEL = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
+                  context_length=256)
+
+
+@pytest.fixture(scope="module")
+def canonical_tape(tmp_path_factory):
+    pytest.importorskip("gguf")
+    from ptxgen.llm.gguf.synth import write_synthetic_llama
+    from ptxgen.llm.tape import build_tape, decode_graph, fused_kernel
+    path = tmp_path_factory.mktemp("tape") / "tiny.gguf"
+    write_synthetic_llama(str(path), seed=0, **TAPE_MODEL)
+    g = decode_graph(str(path), sm_count=8, capacity=64)
+    return build_tape(g, 8).dump(instructions=True) + "\n", fused_kernel(g, "sm_90")[0].ptx
+
+
+def test_golden_tape(canonical_tape):
+    """The tiny Llama's greedy decode tape, every instruction listed."""
+    _check_golden(GOLDEN / "tape" / "tiny_llama_greedy.txt", canonical_tape[0],
+                  "tape of the tiny Llama")
+
+
+def test_golden_persistent_kernel(canonical_tape):
+    """The persistent kernel that runs that tape."""
+    _check_golden(GOLDEN / "tape" / "tiny_llama_persistent.ptx", canonical_tape[1],
+                  "persistent kernel of the tiny Llama")
 
 
 def test_no_stale_golden_files():
