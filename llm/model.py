@@ -171,10 +171,10 @@ class Model(TextGeneration):
         else:
             self.executor.run_eager(self.device_stream, variant=v)
 
-    def persistent_step(self, variant=None, grid: int | None = None):
+    def persistent_step(self, variant=None, grid: int | None = None, timeline: bool = False):
         """The :class:`~.persistent.PersistentDecode` of the step (made on
         first use, for ``grid`` CTAs, default one an SM; the greedy variant
-        only)."""
+        only; ``timeline``: one that stamps its instructions' times)."""
         from .persistent import PersistentDecode
         if self.tp.world > 1:
             raise ValueError("the persistent decode kernel runs a whole model on one GPU; a "
@@ -183,8 +183,8 @@ class Model(TextGeneration):
         v = self.graph.resolve_variant(variant)
         if v != GREEDY:
             raise ValueError(f"the persistent decode kernel runs the greedy step, not {v!r}")
-        if self._persistent is None:
-            self._persistent = PersistentDecode(self, grid)
+        if self._persistent is None or (timeline and self._persistent._stamps is None):
+            self._persistent = PersistentDecode(self, grid, timeline=timeline)
         return self._persistent
 
     def prefill(self, chunk: int, buckets=None):

@@ -81,16 +81,20 @@ def _prefetch(ex, L, ins) -> tuple:
 
 class PersistentDecode:
     """The greedy decode step of ``model`` as one persistent launch of
-    ``grid`` CTAs (default: the device's SMs)."""
+    ``grid`` CTAs (default: the device's SMs).
 
-    def __init__(self, model, grid: int | None = None):
+    With ``timeline`` the kernel stamps every instruction of the step
+    (:meth:`timeline`, :func:`timeline_summary`): where a step's time goes,
+    per node, waiting on its inputs or working."""
+
+    def __init__(self, model, grid: int | None = None, timeline: bool = False):
         ex, g, be = model.executor, model.graph, model.backend
         self.backend = be
         self.grid = int(grid or model.sm_count)
         self.tape = build_tape(g, self.grid, GREEDY)
         pairs = [L for op in g.ops_of(GREEDY) for L in op.launches]
         resolved = ex.launches(GREEDY)
-        fk, index = fused_kernel(g, model.target)
+        fk, index = fused_kernel(g, model.target, timeline=timeline)
         self.kernel = fk
         table = np.zeros((len(self.tape.nodes), fk.table_words), np.uint64)
         grids = []
@@ -109,6 +113,8 @@ class PersistentDecode:
         self._records = be.from_numpy(records)
         self._table = be.from_numpy(table)
         self._counters = be.from_numpy(np.zeros(self.tape.n_counters, np.uint32))
+        self._stamps = (be.from_numpy(np.zeros((len(self.tape.instructions), mk.STAMP_WORDS),
+                                               np.uint64)) if timeline else None)
         self.fn = be.load(fk.ptx).function(fk.name)
         self.fn.require_dynamic_shared(self.shared)
         self.epoch = 0
@@ -116,7 +122,33 @@ class PersistentDecode:
     def step(self, stream=None):
         """One decode step (greedy): one launch of the persistent kernel."""
         self.epoch += 1
+        stamps = () if self._stamps is None else (self._stamps,)
         self.backend.launch_positional(self.fn, self.grid, self.kernel.threads, self._records,
                                        len(self.tape.instructions), self._table,
-                                       self._counters, self.epoch, shared=self.shared,
+                                       self._counters, self.epoch, *stamps, shared=self.shared,
                                        stream=stream)
+
+    def timeline(self) -> np.ndarray:
+        """The last step's stamps, ``uint64[instructions, 4]``: when each
+        instruction took its record, ended its waits and finished its work
+        (``%globaltimer``, ns), and its SM."""
+        if self._stamps is None:
+            raise ValueError("this persistent step was built without timeline=True")
+        return self.backend.to_numpy(self._stamps)
+
+
+def timeline_summary(tape, stamps) -> list:
+    """Per node of ``tape``, from one step's ``stamps``
+    (:meth:`PersistentDecode.timeline`): ``(node, instructions, wait_us,
+    work_us, span_us)``: the node's instructions' summed waits and work,
+    and the time from its first instruction taking its record to its last
+    finishing; times from the step's first stamp."""
+    st = np.asarray(stamps, np.int64)
+    rows = []
+    for node in tape.nodes:
+        idx = [j for j, ins in enumerate(tape.instructions) if ins.node == node.index]
+        s = st[idx]
+        rows.append((node, len(idx), float((s[:, 1] - s[:, 0]).sum()) / 1e3,
+                     float((s[:, 2] - s[:, 1]).sum()) / 1e3,
+                     float(s[:, 2].max() - s[:, 0].min()) / 1e3))
+    return rows

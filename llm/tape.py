@@ -338,11 +338,12 @@ def _body_spec(L):
     return L.spec
 
 
-def fused_kernel(graph, target: str):
+def fused_kernel(graph, target: str, timeline: bool = False):
     """The persistent kernel over the distinct kernels of ``graph``'s
     greedy step (:func:`~ptxgen.kernels.megakernel.build_fused`; the argmax
     with :data:`ARGMAX_THREADS` threads), and each launch kernel's op index
-    by entry name."""
+    by entry name; ``timeline``: the kernel stamps each instruction's
+    times (:func:`~ptxgen.kernels.megakernel.build_fused`)."""
     kernels, index = [], {}
     for op in graph.ops_of(GREEDY):
         for L in op.launches:
@@ -351,7 +352,7 @@ def fused_kernel(graph, target: str):
                 spec = _body_spec(L)
                 kernels.append((registry.family(L.family).build(spec).to_ptx(),
                                 spec.kernel_name if spec is not L.spec else L.kernel))
-    return megakernel.build_fused(kernels, target), index
+    return megakernel.build_fused(kernels, target, timeline=timeline), index
 
 
 def tape_command(argv=None, prog: str = "python -m ptxgen tape") -> int:

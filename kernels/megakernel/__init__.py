@@ -57,8 +57,7 @@ from ..reduce import warp_sum
 from ..spec_fields import target_field
 
 __all__ = ["MegakernelSpec", "OPS", "RECORD_WORDS", "MAX_WAITS", "MAX_PREFETCH", "NODE_ARGS",
-           "build",
-           "encode", "FusedKernel", "build_fused", "encode_fused"]
+           "STAMP_WORDS", "build", "encode", "FusedKernel", "build_fused", "encode_fused"]
 
 RECORD_WORDS = 24
 MAX_WAITS = 4
@@ -254,14 +253,25 @@ class FusedKernel:
     bodies: tuple
 
 
-def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
+#: u64 words a timeline keeps per instruction (:func:`build_fused`)
+STAMP_WORDS = 4
+
+
+def build_fused(kernels, target: str, name: str = "megakernel",
+                timeline: bool = False) -> FusedKernel:
     """The persistent kernel whose op ``i`` runs the body of ``kernels[i]``
     (``(ptx_text, entry)``, made by :mod:`.inline`): records as
     :func:`encode` writes them with the op words ``(nx, ny)`` and word 7
     ``nz``, the node's launch grid, and one CTA of the node's launch per
     ``ctaid`` in the record's range.  Parameters: ``(tape, n_instr, table,
     counters, epoch)``; ``table`` holds :attr:`FusedKernel.table_words` u64
-    words a node, the launch's parameters in the kernel's order."""
+    words a node, the launch's parameters in the kernel's order.
+
+    ``timeline``: a sixth parameter ``stamps``, :data:`STAMP_WORDS` u64
+    words per instruction that its thread 0 writes: ``%globaltimer`` when
+    it takes the record, when its waits are over, and when its work is done
+    (after the CTA's barrier, before it raises the node's counter), then
+    the ``%smid`` it ran on."""
     from .inline import DYNAMIC_SHARED, inline_entry
 
     bodies = tuple(inline_entry(text, entry, f"k{i}_") for i, (text, entry) in enumerate(kernels))
@@ -276,11 +286,15 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
         table = k.param_ptr("table", u64)
         counters = k.param_ptr("counters", u32)
         epoch = k.param("epoch", u32)
+        stamps = k.param_ptr("stamps", u64) if timeline else None
         tid = k.tid.x
         with k.for_range(k.ctaid.x, n_instr, k.nctaid.x) as i:
             rec = tape + i * RECORD_WORDS
             w = [k.ld(rec[j], nc=True) for j in range(RECORD_WORDS)]
+            stamp = None if stamps is None else stamps + i * STAMP_WORDS
             with k.if_(tid.eq(0)):
+                if stamp is not None:
+                    k.st(stamp[0], k.globaltimer())
                 if TARGETS[target].sm >= 90:
                     # the instruction's weights start for L2 while it waits
                     for r in range(MAX_PREFETCH):
@@ -295,6 +309,8 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
                         want = w[_WAITS + 2 * wi + 1] * epoch
                         with k.while_(lambda: k.ld(ctr[0], sem="acquire", scope="gpu") < want):
                             k.nanosleep(64)
+                if stamp is not None:
+                    k.st(stamp[1], k.globaltimer())
             k.bar_sync(0)
             node = w[_NODE]
             args = k.ptr_add(table, node * words)
@@ -312,6 +328,9 @@ def build_fused(kernels, target: str, name: str = "megakernel") -> FusedKernel:
                                          (nx.render(), ny.render(), nz.render()), args.render())
                     k.bar_sync(0)
             with k.if_(tid.eq(0)):
+                if stamp is not None:
+                    k.st(stamp[2], k.globaltimer())
+                    k.st(stamp[3], k.cvt(u64, k.smid))
                 k.red("add", counters[node], 1, sem="release", scope="gpu")
     text = m.to_ptx()
     lines = text.splitlines()

@@ -29,11 +29,17 @@ def test_emulator_persistent_decode_matches_the_eager_step(tiny, rng):
     """Two steps (a prompt of two tokens, one new): the same token as the
     eager launches, logits equal to theirs within 1e-6 relative (the same
     kernels' arithmetic, CTA by CTA) and the reference's within the decode
-    path's bound; every counter ends at its node's count times the steps."""
+    path's bound; every counter ends at its node's count times the steps.
+    The kernel is the one with the timeline: every instruction's stamps
+    written (the emulator's clock and SM read 0), the summary a row a node."""
+    from ptxgen.kernels import megakernel as mk
+    from ptxgen.llm.persistent import timeline_summary
     prompt = [int(t) for t in rng.integers(0, 512, 2)]
     m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=8)
     want, want_logits = m.generate(prompt, 1, return_logits=True, mode="eager")
-    p = m.persistent_step(grid=8)
+    p = m.persistent_step(grid=8, timeline=True)
+    poison = np.full((len(p.tape.instructions), mk.STAMP_WORDS), 0xFFFF_FFFF_FFFF_FFFF, np.uint64)
+    p.backend.copy_from_host(p._stamps, poison)
     got, logits = m.generate(prompt, 1, return_logits=True, mode="persistent")
     assert got.tokens == want.tokens
     assert (got.mode, got.launches_per_token) == ("persistent", 1)
@@ -42,6 +48,10 @@ def test_emulator_persistent_decode_matches_the_eager_step(tiny, rng):
     check_logits(m, tiny, prompt, got, logits)
     counts = m.backend.to_numpy(p._counters)
     np.testing.assert_array_equal(counts, [p.epoch * n.count for n in p.tape.nodes])
+    np.testing.assert_array_equal(p.timeline(), 0)
+    rows = timeline_summary(p.tape, p.timeline())
+    assert [r[0] for r in rows] == list(p.tape.nodes)
+    assert sum(r[1] for r in rows) == len(p.tape.instructions)
 
 
 def test_emulator_race_check_sees_the_decode_steps_hand_offs(tiny, monkeypatch):
