@@ -43,6 +43,10 @@ def launch_geometry(spec, m: int):
     """
     if not isinstance(m, int) or m < 1:
         raise ValueError(f"M must be a positive int, got {m!r}")
+    if spec.stages and spec.batch == 1 and spec.qtype != "Q4_K" and (m * spec.row_bytes) % 16:
+        raise ValueError(f"the ring copies 16-byte chunks up to the matrix's last one: {m} rows "
+                         f"of {spec.row_bytes} bytes are not a whole number of them; use the "
+                         "direct kernel (stages=0) for this M")
     unit = spec.rows
     rpc = groups_per_cta(m, unit, spec.max_ctas) * unit
     grid = math.ceil(m / rpc)

@@ -354,10 +354,13 @@ class GemvPlan(PlanBase):
                              "(stages >= 2); tile by tile a thread owns one piece")
         if c.stages and sp.qtype != "Q4_K":
             lay = staged_layout(self)
-            if lay["tiles"] != 1 or sp.row_bytes % 16:
+            rb = sp.row_bytes
+            if lay["tiles"] != 1 or (c.rows * rb) % 16 or (c.bulk and rb % 16):
                 raise ValueError(f"stages > 0 for {sp.qtype} needs one tile per row "
-                                 f"(tile >= K={sp.k}) and 16-byte aligned rows "
-                                 f"({sp.row_bytes} bytes)")
+                                 f"(tile >= K={sp.k}) and row groups of whole 16-byte chunks "
+                                 f"({c.rows} rows of {rb} bytes)"
+                                 + ("; bulk copies need 16-byte aligned rows"
+                                    if c.bulk and rb % 16 else ""))
         if c.ahead and not c.ahead < c.stages:
             raise ValueError(f"ahead={c.ahead} needs a ring of more than {c.ahead} stages "
                              f"(stages={c.stages})")

@@ -14,7 +14,7 @@ from .. import tuning
 from .layout import groups_per_cta, launch_geometry, pieces_per_row, threads
 from .spec import MAX_RING_BYTES, GemvConfig, GemvPlan, GemvSpec
 
-__all__ = ["select_config", "call_of", "candidate_configs", "balanced", "batch_config",
+__all__ = ["select_config", "call_of", "ring_aligned", "candidate_configs", "balanced", "batch_config",
            "batch_crossover", "crossover_call"]
 
 
@@ -38,9 +38,10 @@ def select_config(spec: GemvSpec, m: int | None = None, sm_count: int | None = N
         return balanced(spec, GemvConfig(**stored), m, sm_count)
     knobs = tuning.cascade("gemv", call)
     free_slots = knobs.pop("_free_slots", False)
+    unaligned = knobs.pop("_unaligned_rows", False)
     if knobs.get("stages") and spec.qtype != "Q4_K":
         knobs["tile"] = spec.k
-    knobs = _fit_ring(spec, knobs)
+    knobs = _fit_ring(spec, knobs, m if unaligned else None)
     if free_slots and m is not None and knobs.get("stages"):
         _free_slots(knobs, m)
     if m is not None and knobs.get("stages", 0) > 2 and \
@@ -56,23 +57,24 @@ def select_config(spec: GemvSpec, m: int | None = None, sm_count: int | None = N
 _DIRECT_ROWS = {"Q6_K": 2, "F16": 4, "BF16": 4}
 
 
-def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
+def _fit_ring(spec: GemvSpec, knobs: dict, m: int | None = None) -> dict:
     """Halve a ring's rows until its stages fit the shared memory, and give
-    a thread more pieces until a row's pieces fit 1024 threads; where rows
-    are not 16-byte aligned (the ring copies 16-byte chunks) or nothing
-    fits, the direct kernel's config (no ring fields)."""
+    a thread more pieces until a row's pieces fit 1024 threads; where the
+    ring's 16-byte copies do not fit the rows (:func:`ring_aligned`; rows
+    not 16-byte aligned only where the table's rule says ``_unaligned_rows``
+    and so passes ``m``) or nothing fits, the direct kernel's config (no
+    ring fields)."""
     if not knobs.get("stages"):
         return knobs
     direct = {"rows": _DIRECT_ROWS.get(spec.qtype, 8), "max_ctas": 2112}
-    if spec.qtype != "Q4_K" and spec.row_bytes % 16:
-        return direct
 
     def ring_bytes():
         return knobs["stages"] * spec.n_mats * knobs["rows"] * spec.row_bytes
 
     while knobs["rows"] > 1 and ring_bytes() > MAX_RING_BYTES:
         knobs["rows"] //= 2
-    if ring_bytes() > MAX_RING_BYTES:
+    if ring_bytes() > MAX_RING_BYTES or not ring_aligned(spec, knobs["rows"], m,
+                                                         knobs.get("bulk", False)):
         return direct
     if spec.qtype != "Q4_K":
         while -(-pieces_per_row(spec) // max(1, knobs.get("pieces", 0))) > 1024:
@@ -80,6 +82,20 @@ def _fit_ring(spec: GemvSpec, knobs: dict) -> dict:
                 return direct
             knobs["pieces"] = max(2, 2 * knobs.get("pieces", 0))
     return knobs
+
+
+def ring_aligned(spec: GemvSpec, rows: int, m: int | None, bulk: bool = False) -> bool:
+    """Whether the ring's 16-byte copies fit ``spec``'s rows: Q4_K rows
+    always (144-byte blocks); the other formats' when a row group of
+    ``rows`` rows is a whole number of 16-byte chunks, and, where a row is
+    not (Q6_K's 210-byte blocks at K = 3584: 2,940 bytes), when the matrix
+    of ``m`` rows is too (its last chunk is where copies past it are
+    clamped; unknown ``m``: not known to fit) and the copies are not the
+    bulk copy engine's (a group cut short by M is then no whole chunk)."""
+    rb = spec.row_bytes
+    if spec.qtype == "Q4_K" or rb % 16 == 0:
+        return True
+    return (rows * rb) % 16 == 0 and m is not None and (m * rb) % 16 == 0 and not bulk
 
 
 def _free_slots(knobs: dict, m: int) -> None:

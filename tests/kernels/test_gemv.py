@@ -412,7 +412,7 @@ def test_stages_knob_refused_where_not_built():
         G.GemvPlan.make("Q4_K", 512, stages=1)
     with pytest.raises(ValueError, match="one tile per row"):
         G.GemvPlan.make("Q6_K", 4096, stages=3, tile=2048)
-    with pytest.raises(ValueError, match="16-byte aligned rows"):
+    with pytest.raises(ValueError, match="whole 16-byte chunks \\(4 rows of 210 bytes"):
         G.GemvPlan.make("Q6_K", 256, stages=3, tile=256)      # 210-byte rows
     with pytest.raises(ValueError, match="built for the ring"):
         G.GemvPlan.make("Q8_0", 512, pieces=2)

@@ -13,6 +13,7 @@ types (docs/notes/gemv.md, "Accuracy").  M = 37 (odd, not a multiple of a
 CTA's rows) with a grid of at most 4 CTAs, so CTAs walk several row groups.
 """
 
+import attrs
 import numpy as np
 import pytest
 
@@ -133,6 +134,36 @@ def test_gemv_qtype_numerics(run, qtype, k, epi, knobs, rng):
     ws, deq, x, r = _data(rng, qtype, M, k, plan.n_mats)
     y = _run_gemv(run, plan, ws, x, r)
     assert rel_err(y, _ref(epi, deq, x, r)) <= BOUND
+
+
+@pytest.mark.parametrize("qtype,k,rows,dot,epi,m", [
+    ("Q6_K", 3584, 8, "dp4a", "none", 36),      # Qwen2's output rows: 2,940 bytes
+    ("Q6_K", 3584, 4, "fma", "residual", 36),
+    ("Q6_K", 3584, 4, "dp4a", "swiglu", 36),
+    ("Q8_0", 96, 8, "fma", "residual", 40),     # 102-byte rows, groups of 816 bytes
+])
+def test_ring_over_rows_not_16_byte_aligned(run, qtype, k, rows, dot, epi, m, rng):
+    """The ring where a row is not 16-byte aligned but a row group is: the
+    rows sit back to back in the stage, M a whole number of chunks (36 Q6_K
+    rows leave the last group of 8 short); dealt round robin."""
+    plan = G.GemvPlan.make(qtype, k, epilogue=epi, stages=3, rows=rows, tile=k, dot=dot,
+                           interleave=True, max_ctas=3, target="sm_90")
+    assert plan.row_bytes % 16 and (rows * plan.row_bytes) % 16 == 0
+    ws, deq, x, r = _data(rng, qtype, m, k, plan.n_mats)
+    y = _run_gemv(run, plan, ws, x, r)
+    assert rel_err(y, _ref(epi, deq, x, r)) <= BOUND
+
+
+def test_the_table_rings_qwen2_output_rows_where_m_fits():
+    """Q6_K rows of K = 3584 take the ring of K = 4096's output where M is
+    a whole number of 16-byte chunks (152,064 rows), the direct kernel where
+    it is not or M is unknown."""
+    ring = G.default_plan("Q6_K", 3584, m=152064, target="sm_90")
+    assert (ring.stages, ring.rows, ring.dot) == (4, 8, "dp4a")
+    out4096 = G.default_plan("Q6_K", 4096, m=128256, target="sm_90")
+    assert attrs.evolve(ring.config, tile=4096) == out4096.config
+    for m in (152062, None):
+        assert G.default_plan("Q6_K", 3584, m=m, target="sm_90").stages == 0
 
 
 @pytest.mark.parametrize("qtype,dot", [(q, d) for q in NEW
@@ -273,11 +304,18 @@ def test_selected_configs_at_small_and_odd_shapes(qtype):
                     built.add(p)
 
 
-def test_ring_needs_16_byte_rows_and_dp4a_its_formats():
-    with pytest.raises(ValueError, match="16-byte aligned rows"):
+def test_ring_needs_whole_16_byte_row_groups_and_dp4a_its_formats():
+    with pytest.raises(ValueError, match="whole 16-byte chunks \\(4 rows of 54 bytes"):
         G.GemvPlan.make("Q4_0", 96, stages=2, tile=96)          # 54-byte rows
-    with pytest.raises(ValueError, match="16-byte aligned rows"):
-        G.GemvPlan.make("Q5_0", 896, stages=2, tile=896)        # 616-byte rows
+    with pytest.raises(ValueError, match="whole 16-byte chunks \\(1 rows of 616 bytes"):
+        G.GemvPlan.make("Q5_0", 896, stages=2, tile=896, rows=1)     # 616-byte rows
+    # two 616-byte rows are 77 chunks: the ring takes them, for an M of whole chunks
+    p = G.GemvPlan.make("Q5_0", 896, stages=2, tile=896, rows=2)
+    assert G.launch_geometry(p, 6).grid[0] >= 1
+    with pytest.raises(ValueError, match="7 rows of 616 bytes"):
+        G.launch_geometry(p, 7)
+    with pytest.raises(ValueError, match="bulk copies need 16-byte aligned rows"):
+        G.GemvPlan.make("Q6_K", 3584, stages=2, tile=3584, rows=8, bulk=True, target="sm_90")
     assert G.GemvPlan.make("Q5_1", 64, stages=2, tile=64).row_bytes == 48
     for q in ("F16", "BF16", "Q8_0"):
         with pytest.raises(ValueError, match=f"dp4a.*not {q}"):
