@@ -31,7 +31,7 @@ import attrs
 from .requests import (FINISH_CANCELLED, FINISH_ERROR, FINISH_STOP, EngineOverloaded,
                        EngineStats, RequestEvent, RequestOutput, RequestSettings)
 from .scheduler import FINISHED, Scheduler, Sequence
-from .stream import Request, TextState
+from .stream import Request, TextState, wake
 
 __all__ = ["Engine", "DEFAULT_MAX_TOKENS"]
 
@@ -525,8 +525,10 @@ class _Loop:
                 if output is not None:
                     self.live.pop(e.req.id, None)
             self._stats = self._make_stats()
+        wakeups: list = []
         for e, ev, output in events:
-            e.req._push(ev, output)
+            e.req._push(ev, output, wakeups)
+        wake(wakeups)
 
     def _make_stats(self) -> EngineStats:
         s, c, b = self.sched, self.sched.counters, self.sched.blocks
