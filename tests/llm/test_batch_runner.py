@@ -16,7 +16,7 @@ from ptxgen.llm import Model
 from ptxgen.llm.engine.runner import BatchRunner, DecodeRow, PrefillChunk
 from ptxgen.llm.generation import SamplingSettings
 from ptxgen.llm.gguf.file import LlamaFile
-from ptxgen.llm.gguf.synth import write_synthetic_llama
+from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
 from test_prefill import same_continuation
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
@@ -27,6 +27,10 @@ GREEDY = SamplingSettings()
 
 def _file(tmp_path_factory, seed, arch):
     p = tmp_path_factory.mktemp("model") / f"{arch}.gguf"
+    if arch == "qwen3moe":          # 8 experts, 2 used; a Q4_K_M file's types
+        write_synthetic_llama(str(p), seed=seed, mix="Q4_K_M",
+                              **{**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256})
+        return str(p)
     extra = dict(head_dim=64) if arch == "qwen3" else {}
     write_synthetic_llama(str(p), seed=seed, arch=arch, **TINY, **extra)
     return str(p)
@@ -37,7 +41,7 @@ def files(tmp_path_factory, module_seed):
     return _file(tmp_path_factory, module_seed, "llama")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3moe"])
 def arch_files(request, tmp_path_factory, module_seed):
     return _file(tmp_path_factory, module_seed, request.param)
 
