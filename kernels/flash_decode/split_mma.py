@@ -179,53 +179,8 @@ def build_split_mma(m, spec):
         ninf = k.mov(float("-inf"), f32)
 
         def trip(base, words):
-            """One trip: the scores of ``U`` chunks of 16 keys from ``base +
-            wofs``, the online softmax, ``O += P V``."""
-            # keys left from this lane's first score: key kb + 8 j + 2 t + e
-            # is valid when 16 u + 8 j + e < end - (base + wofs + 2 t)
-            left = (end - (base + wofs + 2 * t)).bitcast(s32)
-            s = []
-            for u in range(U):
-                kw = words[u][:2]
-                for j in range(2):
-                    acc = (zero, zero, zero, zero)
-                    for kt in range(KT):
-                        i, e = divmod(kt, 2)
-                        acc = k.mma_m16n8k16(qa[kt], (kw[j][i][2 * e], kw[j][i][2 * e + 1]),
-                                             acc)
-                    for e in range(2):
-                        val = k.fma(acc[2 + e], LO_WEIGHT, acc[e])
-                        s.append(k.select(left > CH * u + 8 * j + e, val, ninf))
-            mt = s[0]
-            for x in s[1:]:
-                mt = k.max(mt, x)
-            mt = k.max(mt, k.shfl_xor(mt, 1))
-            mt = k.max(mt, k.shfl_xor(mt, 2))
-            m_new = k.max(m_run, mt)
-            with k.if_(k.vote_sync("any", m_new > m_run)):
-                alpha = k.ex2(m_run - m_new)
-                k.assign(l_run, k.mul(l_run, alpha, rnd="rn"))
-                for acc in o_acc:
-                    for r in acc:
-                        k.assign(r, k.mul(r, alpha, rnd="rn"))
-            k.assign(m_run, m_new)
-            p = [k.ex2(x - m_new) for x in s]
-            psum = p[0]
-            for x in p[1:]:
-                psum = psum + x
-            k.assign(l_run, l_run + psum)
-            for u in range(U):
-                vw = words[u][2:]
-                pa = _a_halves(k, p[4 * u:4 * u + 4])
-                for ci in range(VC):
-                    for n in range(8):
-                        w, e = divmod(n, 2)
-                        sel = 0x7632 if e else 0x5410
-                        b = (k.prmt(vw[0][ci][w], vw[1][ci][w], sel),
-                             k.prmt(vw[2][ci][w], vw[3][ci][w], sel))
-                        acc = o_acc[8 * ci + n]
-                        for r, x in zip(acc, k.mma_m16n8k16(pa, b, tuple(acc))):
-                            k.assign(r, x)
+            mma_trip(k, base + wofs, words, end=end, t=t, qa=qa, zero=zero, ninf=ninf,
+                     m_run=m_run, l_run=l_run, o_acc=o_acc)
 
         loop_from = start
         if early:
@@ -268,6 +223,60 @@ def build_split_mma(m, spec):
                 k.st(sm_m[slot], m_run)
                 k.st(sm_l[slot], l_run)
         merge_warps(k, spec, (sm_m, sm_l, sm_o), part_o, part_ml, h, split, nsplit, tid)
+
+
+def mma_trip(k, kb0, words, *, end, t, qa, zero, ninf, m_run, l_run, o_acc):
+    """One trip of a warp over ``len(words)`` chunks of 16 keys from ``kb0``
+    (flash decode's and paged attention's tensor-core split): the scores
+    ``q . k`` by ``mma.m16n8k16`` over ``qa``'s k-tiles (keys from ``end``
+    on masked), the online softmax of ``m_run``/``l_run``, ``O += P V``
+    into ``o_acc``.  ``words[u]``: chunk ``u``'s K words (two 8-key
+    tiles) then its V words; ``t`` the lane's thread in its quad."""
+    CH = 16
+    U, KT, VC = len(words), len(qa), len(words[0][2])
+    # key kb0 + 16 u + 8 j + 2 t + e is valid when 16 u + 8 j + e < end - (kb0 + 2 t)
+    left = (end - (kb0 + 2 * t)).bitcast(s32)
+    s = []
+    for u in range(U):
+        kw = words[u][:2]
+        for j in range(2):
+            acc = (zero, zero, zero, zero)
+            for kt in range(KT):
+                i, e = divmod(kt, 2)
+                acc = k.mma_m16n8k16(qa[kt], (kw[j][i][2 * e], kw[j][i][2 * e + 1]), acc)
+            for e in range(2):
+                val = k.fma(acc[2 + e], LO_WEIGHT, acc[e])
+                s.append(k.select(left > CH * u + 8 * j + e, val, ninf))
+    mt = s[0]
+    for x in s[1:]:
+        mt = k.max(mt, x)
+    mt = k.max(mt, k.shfl_xor(mt, 1))
+    mt = k.max(mt, k.shfl_xor(mt, 2))
+    m_new = k.max(m_run, mt)
+    with k.if_(k.vote_sync("any", m_new > m_run)):
+        alpha = k.ex2(m_run - m_new)
+        k.assign(l_run, k.mul(l_run, alpha, rnd="rn"))
+        for acc in o_acc:
+            for r in acc:
+                k.assign(r, k.mul(r, alpha, rnd="rn"))
+    k.assign(m_run, m_new)
+    p = [k.ex2(x - m_new) for x in s]
+    psum = p[0]
+    for x in p[1:]:
+        psum = psum + x
+    k.assign(l_run, l_run + psum)
+    for u in range(U):
+        vw = words[u][2:]
+        pa = _a_halves(k, p[4 * u:4 * u + 4])
+        for ci in range(VC):
+            for n in range(8):
+                w, e = divmod(n, 2)
+                sel = 0x7632 if e else 0x5410
+                b = (k.prmt(vw[0][ci][w], vw[1][ci][w], sel),
+                     k.prmt(vw[2][ci][w], vw[3][ci][w], sel))
+                acc = o_acc[8 * ci + n]
+                for r, x in zip(acc, k.mma_m16n8k16(pa, b, tuple(acc))):
+                    k.assign(r, x)
 
 
 def _leaves(tree):
