@@ -12,8 +12,9 @@ result is the same on every run).
 One CTA: thread ``i`` owns the experts ``i, i + block, ..``; it counts each
 one's pairs over the ids, thread 0 sums the counts into the offsets (after
 a barrier), and each thread then walks the ids again writing its experts'
-pairs in order.  The ids are read ``2 n_expert / block`` times each, from
-L1/L2 (``T n_used`` words, a few KB).
+pairs in order.  The ids are read twice from global memory, a tile of
+about :data:`TILE` at a time into shared memory, where every thread reads them
+all (the same words at once: broadcasts).
 
 Launch: one CTA of ``block`` threads.
 """
@@ -71,6 +72,36 @@ class MoeGroupSpec:
         return f"moe_group_e{self.n_expert}_k{self.n_used}_b{self.block}"
 
 
+#: ids staged in shared memory at a time (4 KB; a multiple of the block below)
+TILE = 1024
+
+
+def _tile(spec) -> int:
+    return spec.block * max(1, TILE // spec.block)
+
+
+def _scan(k, spec, ids, tile, n, tid, visit):
+    """Walk the ``n`` ids a tile at a time: the CTA stages a tile in shared
+    memory (ids past ``n`` as -1, which matches no expert), then every
+    thread reads it four ids a load; ``visit(p, id)`` for each pair index
+    ``p`` and its id (u32) in increasing ``p``."""
+    B, nt = spec.block, _tile(spec)
+    with k.for_range(0, n, nt) as base:
+        k.bar_sync()
+        for i in range(nt // B):
+            idx = base + (tid + i * B)
+            v = k.var(u32, 0xFFFFFFFF)
+            with k.if_(idx < n):
+                v.set(k.ld(ids[idx]).bitcast(u32))
+            k.st(tile[tid + i * B], v)
+        k.bar_sync()
+        m = k.min(n - base, nt)
+        with k.for_range(0, m, 4) as j:
+            vals = k.ld(tile[j], vec=4)
+            for q, v in enumerate(vals):
+                visit(base + j + q, v)
+
+
 def build(spec: MoeGroupSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters ``ids, t_ptr, counts, offsets, pairs``."""
     E, B = spec.n_expert, spec.block
@@ -81,16 +112,19 @@ def build(spec: MoeGroupSpec) -> ptxgen.Module:
         counts = k.param_ptr("counts", u32)
         offsets = k.param_ptr("offsets", u32)
         pairs = k.param_ptr("pairs", u32)
+        tile = k.shared_array("ids_tile", u32, _tile(spec), align=16)
         pdl_prologue(k, spec)
         tid = k.tid.x
         n = k.ld(t_ptr[0]) * spec.n_used
         owned = [(tid + i * B, (tid + i * B < E) if (i + 1) * B > E else None)
                  for i in range(math.ceil(E / B))]
-        for e, ok in owned:
-            c = k.var(u32, 0)
-            with k.for_range(0, n) as p:
-                hit = k.ld(ids[p]).bitcast(u32).eq(e)
-                c.set(k.select(hit, c + 1, c))
+        cs = [k.var(u32, 0) for _ in owned]
+
+        def count(p, v):
+            for c, (e, _) in zip(cs, owned):
+                c.set(k.select(v.eq(e), c + 1, c))
+        _scan(k, spec, ids, tile, n, tid, count)
+        for c, (e, ok) in zip(cs, owned):
             k.st(counts[e], c, guard=ok)
         k.bar_sync()
         with k.if_(tid.eq(0)):
@@ -100,6 +134,7 @@ def build(spec: MoeGroupSpec) -> ptxgen.Module:
                 k.st(offsets[e], run)
                 run.set(run + c)
         k.bar_sync()
+        os_ = []
         for e, ok in owned:
             o = k.var(u32, 0)
             if ok is None:
@@ -107,12 +142,14 @@ def build(spec: MoeGroupSpec) -> ptxgen.Module:
             else:
                 with k.if_(ok):
                     o.set(k.ld(offsets[e]))
-            with k.for_range(0, n) as p:
-                hit = k.ld(ids[p]).bitcast(u32).eq(e)
-                if ok is not None:
-                    hit = k.pand(hit, ok)
+            os_.append(o)
+
+        def place(p, v):
+            for o, (e, ok) in zip(os_, owned):
+                hit = v.eq(e) if ok is None else k.pand(v.eq(e), ok)
                 k.st(pairs[o], p, guard=hit)
                 o.set(k.select(hit, o + 1, o))
+        _scan(k, spec, ids, tile, n, tid, place)
     return mod
 
 

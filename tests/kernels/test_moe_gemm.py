@@ -44,8 +44,12 @@ def _ids(rng, T, NU, E):
     return ids
 
 
+# E past the block (threads owning two experts), a block that does not
+# divide the shared tile, and more pairs than a tile holds (1200 pairs: two
+# tiles of GR.TILE)
 @pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
-                                                  (128, 8, 20, 24, 128)])
+                                                  (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
+                                                  (128, 8, 150, 160, 128)])
 def test_group(run, rng, seed, E, NU, T, t_rows, block):
     """Counts, offsets and the stable order of the pairs; the ids of the
     rows past T (the bucket's) are garbage and must not be read."""
