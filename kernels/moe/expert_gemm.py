@@ -23,7 +23,8 @@ and its stage loop, Q4_K, Q6_K and Q8_0 weights, f32 X) with three changes:
   stores ``silu(gate) * acc`` in their place (the SwiGLU of
   :func:`ptxgen.kernels.swiglu.silu_mul`).
 
-Parameters: ``w, x[, r], y, m, counts, offsets, pairs``.  Launch:
+With the plan's ``pdl`` the kernel waits for the grid before it before it
+reads the counts.  Parameters: ``w, x[, r], y, m, counts, offsets, pairs``.  Launch:
 ``(ceil(T_max / bn), ceil(M / bm), n_expert)`` CTAs of the plan's
 threads and dynamic shared memory.
 """
@@ -42,6 +43,7 @@ from ptxgen.types import f32, u8, u32
 from .. import gemm as _gemm
 from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, thread_chunks
 from ..plan import LaunchGeometry
+from ..spec_fields import pdl_prologue
 from ..swiglu import silu_mul
 
 __all__ = ["ExpertGemmSpec", "build", "launch_geometry", "reference"]
@@ -55,9 +57,9 @@ def _plan(inst, attr, v):
     if v.qtype not in _gemm.FORMATS:
         raise ValueError(f"the experts' GEMM reads {', '.join(_gemm.FORMATS)}, not {v.qtype}")
     s = v.spec
-    if (s.x_type, s.epilogue, s.t_device, s.y_stride, s.pdl) != ("f32", "none", False, 0, False):
+    if (s.x_type, s.epilogue, s.t_device, s.y_stride) != ("f32", "none", False, 0):
         raise ValueError("the experts' GEMM takes a plan of f32 X, epilogue 'none', no "
-                         "t_device, y_stride or pdl (it reads its own counts)")
+                         "t_device or y_stride (it reads its own counts)")
 
 
 @attrs.frozen(init=False)
@@ -141,6 +143,7 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
         offsets = k.param_ptr("offsets", u32)
         pairs = k.param_ptr("pairs", u32)
         smem = k.dynamic_shared("smem", u8)
+        pdl_prologue(k, plan.spec)
         e = k.ctaid.z
         count = k.ld(counts[e])
         n0 = k.ctaid.x * c.bn
@@ -249,8 +252,8 @@ def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, target="sm_90", **co
 CANONICAL = {
     "moe_gemm_q4_k_xt": _canon("Q4_K", 2048, x_token=True, bm=128, bn=32, bk=64, warps_m=2,
                                warps_n=2, stages=4),
-    "moe_gemm_q4_k_xt_swiglu": _canon("Q4_K", 2048, x_token=True, swiglu=True, bm=128, bn=32,
-                                      bk=64, warps_m=2, warps_n=2, stages=4),
+    "moe_gemm_q4_k_xt_swiglu": _canon("Q4_K", 2048, x_token=True, swiglu=True, pdl=True,
+                                      bm=128, bn=32, bk=64, warps_m=2, warps_n=2, stages=4),
     "moe_gemm_q6_k": _canon("Q6_K", 768, bm=128, bn=32, bk=128, warps_m=2, warps_n=2,
                             stages=3),
 }

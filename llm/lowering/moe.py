@@ -42,6 +42,7 @@ import numpy as np
 from ptxgen.kernels import gemm as _gemm
 from ptxgen.kernels import tuning as _tuning
 from ptxgen.kernels.moe import combine, expert_gemm, expert_gemv, group, router
+from ptxgen.kernels.spec_fields import has_griddepcontrol
 from ptxgen.target import TARGETS
 
 from . import matmul
@@ -161,14 +162,15 @@ def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     return cfg
 
 
-def _gemm_specs(lw: Lowering, e: Experts, cfg: dict):
+def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
     hp = lw.hp
     tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
     NU = hp.n_expert_used
 
     def plan(t, key):
-        return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1],
-                                             target=lw.target), _gemm.GemmConfig(**cfg[key]))
+        return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], target=lw.target,
+                                             pdl=pdl and has_griddepcontrol(lw.target)),
+                              _gemm.GemmConfig(**cfg[key]))
     gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True)
     return gate, attrs.evolve(gate, swiglu=True), expert_gemm.ExpertGemmSpec(plan(td, "down"),
                                                                             NU)
@@ -203,7 +205,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
     gs = group.MoeGroupSpec(E, NU, block=min(1024, max(32, -(-E // 32) * 32)), target=lw.target,
                             pdl=pdl)
-    gate, up, dn = _gemm_specs(lw, e, cfg)
+    gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
     lw.add("MoeRouter", p + "ffn_router", [wr, x, counter, n_buf], [ids, wts, counter],
            [lw.launch("moe_router", rs, router.launch_geometry(rs, B), w=wr, x=x,
                       logits=logits, counter=counter, ids=ids, weights=wts, t_ptr=n_ptr)])

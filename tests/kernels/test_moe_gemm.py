@@ -107,7 +107,8 @@ def _bound(qtype, xrows, wa_rows, ref):
 # the popular expert several column tiles
 CASES = [
     ("Q4_K", 256, True, False, dict(bm=32, bn=8, bk=64, warps_m=2, warps_n=1, stages=2)),
-    ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=128, warps_m=1, warps_n=2, stages=3)),
+    ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=128, warps_m=1, warps_n=2, stages=3,
+                                   target="sm_90", pdl=True)),
     ("Q6_K", 256, False, False, dict(bm=32, bn=8, bk=128, warps_m=2, warps_n=1, stages=2)),
     ("Q4_K", 256, False, False, dict(bm=16, bn=8, bk=64, warps_m=1, warps_n=1, stages=3)),
 ]
@@ -161,6 +162,7 @@ def test_moe_gemm_ptxas_clean(ptxas, family, name):
 @pytest.mark.parametrize("bad, message", [
     (dict(plan="x", n_used=2), "plan must be a GemmPlan"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256, x_type="f16"), n_used=2), "f32 X"),
+    (dict(plan=GM.GemmPlan.make("Q4_K", 256, t_device=True), n_used=2), "no t_device"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256), n_used=0), "n_used must be"),
 ])
 def test_expert_gemm_refuses(bad, message):
