@@ -1,8 +1,9 @@
 """Mixture-of-experts kernels: the router (softmax, top-k, renormalised
 weights on the device), the experts' GEMV (the selected experts' rows, the
-ids read from device memory) and the weighted sum of the experts'
+ids read from device memory), the grouping of a chunk's pairs by expert and
+the experts' GEMM over them, and the weighted sum of the experts'
 outputs."""
 
-from . import combine, expert_gemv, router  # noqa: F401
+from . import combine, expert_gemm, expert_gemv, group, router  # noqa: F401
 
-__all__ = ["combine", "expert_gemv", "router"]
+__all__ = ["combine", "expert_gemm", "expert_gemv", "group", "router"]

@@ -14,10 +14,21 @@ The block ``s.moe_ffn(h, e: Experts, residual)`` computes llama.cpp's
 - the weighted sum of the experts' outputs added to the residual
   (:mod:`ptxgen.kernels.moe.combine`).
 
-For a chunk the same four launches run over its rows (the experts' GEMV
-with ``tokens``: grid.z is the token), each token reading its own experts'
-rows: a grouped GEMV, not yet a grouped GEMM over tokens sorted by expert,
-so a prompt's experts' weights are read once per token that chose them.
+For a chunk, :func:`chunk_path` (the ``moe_ffn`` tuning table, by the
+chunk's rows) picks one of two ways:
+
+- ``"gemv"``: the same four launches over its rows (the experts' GEMV with
+  ``tokens``: grid.z is the token), each token reading its own experts'
+  rows, so a prompt's experts' weights are read once per token that chose
+  them;
+- ``"gemm"``: after the router, the chunk's (token, slot) pairs grouped by
+  expert on the device (:mod:`ptxgen.kernels.moe.group`), then the
+  experts' grouped GEMM (:mod:`ptxgen.kernels.moe.expert_gemm`) for the
+  gate (its values into the activations' rows), the up projection with
+  the SwiGLU epilogue (reading the gate values there) and the down
+  projection, each pair's rows where the combine reads them; the grids
+  are sized for the bucket and read the device counts, so there is no
+  host sync.  Weight types the GEMM lacks run the GEMV.
 
 The experts' weights are the file's 3-D ``*_exps`` tensors as they are
 stored (expert ``e`` at ``e`` times an expert's bytes).
@@ -28,12 +39,16 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ptxgen.kernels.moe import combine, expert_gemv, router
+from ptxgen.kernels import gemm as _gemm
+from ptxgen.kernels import tuning as _tuning
+from ptxgen.kernels.moe import combine, expert_gemm, expert_gemv, group, router
+from ptxgen.kernels.spec_fields import has_griddepcontrol
+from ptxgen.target import TARGETS
 
 from . import matmul
 from .common import Lowering, TensorInfo
 
-__all__ = ["Experts", "decode_ffn", "chunk_ffn"]
+__all__ = ["Experts", "decode_ffn", "chunk_ffn", "chunk_path"]
 
 
 @attrs.frozen
@@ -128,6 +143,39 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
     return _launches(lw, e, x, residual, bufs, specs, 1)
 
 
+def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
+    """How a chunk of ``rows`` runs ``e``: the ``moe_ffn`` tuning table's
+    config (``path`` ``"gemv"`` or ``"gemm"``, the latter with the GEMM
+    configs ``gate_up`` and ``down``); ``"gemv"`` where the experts' GEMM
+    has no kernel for the weight types or shapes."""
+    hp = lw.hp
+    tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
+    call = {"rows": rows, "qtype": tg.qtype.upper(), "down_qtype": td.qtype.upper(),
+            "n_expert": hp.n_expert, "n_used": hp.n_expert_used, "hidden": hp.hidden,
+            "expert_ffn": hp.expert_ffn, "sm": TARGETS[lw.target].sm, "target": lw.target}
+    cfg = _tuning.cascade("moe_ffn", call)
+    if cfg.get("path") != "gemm":
+        return {"path": "gemv"}
+    for t, key in ((tg, "gate_up"), (td, "down")):
+        if t.qtype.upper() not in _gemm.FORMATS or t.shape[1] % cfg[key]["bk"]:
+            return {"path": "gemv"}
+    return cfg
+
+
+def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
+    hp = lw.hp
+    tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
+    NU = hp.n_expert_used
+
+    def plan(t, key):
+        return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], target=lw.target,
+                                             pdl=pdl and has_griddepcontrol(lw.target)),
+                              _gemm.GemmConfig(**cfg[key]))
+    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True)
+    return gate, attrs.evolve(gate, swiglu=True), expert_gemm.ExpertGemmSpec(plan(td, "down"),
+                                                                            NU)
+
+
 def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: bool, tuning):
     """The MoE FFN of up to ``rows`` tokens (``n_ptr``: the device int32
     count): ``x`` f32 ``[rows, hidden]``, added into ``residual``."""
@@ -142,4 +190,39 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
             g.buffer(p + "moe_weights", (B, NU), np.float32),
             g.buffer(p + "moe_act", (B, NU, F), np.float32),
             g.buffer(p + "moe_down", (B, NU, H), np.float32))
-    return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
+    cfg = chunk_path(lw, e, B)
+    if cfg["path"] == "gemv":
+        return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
+    rs, _, _, cs, _, _ = specs
+    logits, counter, ids, wts, act, down = bufs
+    wr, _ = lw.weight(e.router)
+    wg, _ = lw.weight(e.gate)
+    wu, _ = lw.weight(e.up)
+    wd, _ = lw.weight(e.down)
+    n_buf = n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr
+    counts = g.buffer(p + "moe_counts", (E,), np.uint32)
+    offsets = g.buffer(p + "moe_offsets", (E,), np.uint32)
+    pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
+    gs = group.MoeGroupSpec(E, NU, block=min(1024, max(32, -(-E // 32) * 32)), target=lw.target,
+                            pdl=pdl)
+    gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
+    lw.add("MoeRouter", p + "ffn_router", [wr, x, counter, n_buf], [ids, wts, counter],
+           [lw.launch("moe_router", rs, router.launch_geometry(rs, B), w=wr, x=x,
+                      logits=logits, counter=counter, ids=ids, weights=wts, t_ptr=n_ptr)])
+    lw.add("MoeGroup", p + "ffn_moe_group", [ids, n_buf], [counts, offsets, pairs],
+           [lw.launch("moe_group", gs, group.launch_geometry(gs), ids=ids, t_ptr=n_ptr,
+                      counts=counts, offsets=offsets, pairs=pairs)])
+    sort = dict(counts=counts, offsets=offsets, pairs=pairs)
+    lw.add("MoeMulMatGate", p + "ffn_gate_exps", [wg, x, counts, offsets, pairs], [act],
+           [lw.launch("moe_gemm", gate, expert_gemm.launch_geometry(gate, F, B, E), w=wg, x=x,
+                      y=act, m=F, **sort)])
+    lw.add("MoeMulMatUpSwiGLU", p + "ffn_up_exps", [wu, x, act, counts, offsets, pairs], [act],
+           [lw.launch("moe_gemm", up, expert_gemm.launch_geometry(up, F, B, E), w=wu, x=x,
+                      r=act, y=act, m=F, **sort)])
+    lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, counts, offsets, pairs], [down],
+           [lw.launch("moe_gemm", dn, expert_gemm.launch_geometry(dn, H, B, E), w=wd, x=act,
+                      y=down, m=H, **sort)])
+    lw.add("MoeCombine", p + "ffn_moe_sum", [down, wts, residual, n_buf], [residual],
+           [lw.launch("moe_combine", cs, combine.launch_geometry(cs, H, B), y=down,
+                      weights=wts, r=residual, out=residual, m=H, t_ptr=n_ptr)])
+    return residual

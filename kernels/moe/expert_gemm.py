@@ -1,0 +1,262 @@
+"""The experts' GEMM of a prompt chunk: for each expert, the rows of the
+(token, slot) pairs that chose it (grouped on the device by :mod:`.group`)
+times that expert's weights, so each chosen expert's weights are read once
+per tile of its tokens rather than once per token.
+
+The quantized tensor-core GEMM of :mod:`ptxgen.kernels.gemm.kernel` (the
+``mma.sync`` kernel: its ``cp.async`` ring, its formats' fragment decoders
+and its stage loop, Q4_K, Q6_K and Q8_0 weights, f32 X) with three changes:
+
+- CTA plane ``e = ctaid.z`` is expert ``e``: W moves to the expert's matrix
+  of the 3-D ``*_exps`` tensor (byte ``e M row_bytes``) and the CTA's
+  columns are the expert's pairs ``pairs[offsets[e] + n0 ..]`` (``n0 =
+  ctaid.x bn``), ``counts[e]`` of them; CTAs with ``n0 >= counts[e]`` exit.
+  The grid is sized for the worst case (every token choosing the expert),
+  so it needs no host sync.
+- X's rows are gathered: pair ``p = t n_used + j`` reads row ``t = p /
+  n_used`` of X ``[T, K]`` (``x_token``: the gate/up projections of the
+  normed hidden state) or row ``p`` of X ``[T n_used, K]`` (the down
+  projection of each pair's activations).
+- Y's rows are scattered to row ``p`` of ``y`` ``[T n_used, M]``, where the
+  next GEMM and :mod:`.combine` read them; with ``swiglu`` the kernel reads
+  the gate values there (the first launch's ``y``, given as ``r``) and
+  stores ``silu(gate) * acc`` in their place (the SwiGLU of
+  :func:`ptxgen.kernels.swiglu.silu_mul`).
+
+With the plan's ``pdl`` the kernel waits for the grid before it before it
+reads the counts.  Parameters: ``w, x[, r], y, m, counts, offsets, pairs``.  Launch:
+``(ceil(T_max / bn), ceil(M / bm), n_expert)`` CTAs of the plan's
+threads and dynamic shared memory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+
+import ptxgen
+from ptxgen import registry
+from ptxgen.types import f32, u8, u32
+
+from .. import gemm as _gemm
+from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, thread_chunks
+from ..plan import LaunchGeometry
+from ..spec_fields import pdl_prologue
+from ..swiglu import silu_mul
+
+__all__ = ["ExpertGemmSpec", "build", "launch_geometry", "reference"]
+
+
+def _plan(inst, attr, v):
+    if not isinstance(v, _gemm.GemmPlan):
+        raise ValueError(f"plan must be a GemmPlan, got {type(v).__name__}")
+    if v.config.kernel != "mma":
+        raise ValueError(f"the experts' GEMM runs the mma kernel, not {v.config.kernel!r}")
+    if v.qtype not in _gemm.FORMATS:
+        raise ValueError(f"the experts' GEMM reads {', '.join(_gemm.FORMATS)}, not {v.qtype}")
+    s = v.spec
+    if (s.x_type, s.epilogue, s.t_device, s.y_stride) != ("f32", "none", False, 0):
+        raise ValueError("the experts' GEMM takes a plan of f32 X, epilogue 'none', no "
+                         "t_device or y_stride (it reads its own counts)")
+
+
+@attrs.frozen(init=False)
+class ExpertGemmSpec:
+    """The grouped GEMM of ``plan`` over the experts' pairs; the plan's
+    spec fields given as keywords (``target``) replace its own.
+
+    Parameters
+    ----------
+    plan : GemmPlan
+        The ``mma`` GEMM run for each expert (rows of ``K``, f32 X).
+    n_used : int
+        Experts a token.
+    x_token : bool
+        X is ``[T, K]``, row ``p / n_used`` for pair ``p``; else ``[T n_used, K]``.
+    swiglu : bool
+        Store ``silu(r) * acc`` (``r``: the gate values at ``y``'s rows).
+    """
+
+    plan: object = attrs.field(validator=_plan)
+    n_used: int = attrs.field()
+    x_token: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    swiglu: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+
+    def __init__(self, plan, n_used, x_token=False, swiglu=False, **spec_changes):
+        if spec_changes:
+            _plan(self, None, plan)
+            plan = _gemm.GemmPlan(attrs.evolve(plan.spec, **spec_changes), plan.config)
+        self.__attrs_init__(plan, n_used, x_token, swiglu)
+
+    @n_used.validator
+    def _check_used(self, attr, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 64):
+            raise ValueError(f"n_used must be an int in 1..64, got {v!r}")
+
+    @property
+    def target(self) -> str:
+        return self.plan.target
+
+    def evolve(self, **changes) -> "ExpertGemmSpec":
+        """This spec with its own fields or the plan's (``target``) changed."""
+        return attrs.evolve(self, **changes)
+
+    @property
+    def kernel_name(self) -> str:
+        return (f"moe_{self.plan.kernel_name}_k{self.n_used}{'_xt' if self.x_token else ''}"
+                f"{'_swiglu' if self.swiglu else ''}")
+
+
+class _GatherX(_XCopies):
+    """X's stage tile of the CTA's pairs: chunk offsets fixed for the
+    kernel, the row of each pair (clamped to the expert's last) gathered."""
+
+    def __init__(self, k, spec, tid, x, pairs, first, n0, count):
+        plan = spec.plan
+        c = plan.config
+        per = 16 // plan.x_bytes
+        self.k, self.xp, self.x = k, x, []
+        for guard, n, ch in thread_chunks(tid, plan.threads, c.bn, c.bk // per):
+            p = k.ld(pairs[first + k.min(n0 + n, count - 1)])
+            row = p // spec.n_used if spec.x_token else p
+            dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
+            self.x.append((guard, k.mad(row, plan.k, ch * per), dst))
+
+
+def build(spec: ExpertGemmSpec) -> ptxgen.Module:
+    """PTX for ``spec``: the kernel ``spec.kernel_name``."""
+    plan = spec.plan
+    fmt = _gemm.FORMATS[plan.qtype]
+    c = plan.config
+    S = c.stages
+    nk = plan.k // c.bk
+    mod = ptxgen.Module(plan.target)
+    with mod.kernel(spec.kernel_name, **kernel_directives(plan)) as k:
+        w = k.param_ptr("w", u8, align=16)
+        x = k.param_ptr("x", f32, align=16)
+        r = k.param_ptr("r", f32) if spec.swiglu else None
+        y = k.param_ptr("y", f32)
+        mrows = k.param("m", u32)
+        counts = k.param_ptr("counts", u32)
+        offsets = k.param_ptr("offsets", u32)
+        pairs = k.param_ptr("pairs", u32)
+        smem = k.dynamic_shared("smem", u8)
+        pdl_prologue(k, plan.spec)
+        e = k.ctaid.z
+        count = k.ld(counts[e])
+        n0 = k.ctaid.x * c.bn
+        k.exit(guard=n0 >= count)
+        first = k.ld(offsets[e])
+        w = k.ptr_add(w, k.mul_wide(e * mrows, plan.row_bytes))
+        m0 = k.ctaid.y * c.bm
+        tid = k.tid.x
+        warp, lane = tid >> 5, tid & 31
+        g, tq = lane >> 2, lane & 3
+        wrow = (warp & (c.warps_m - 1)) * (c.bm // c.warps_m)
+        wcol = (warp >> int(math.log2(c.warps_m))) * (c.bn // c.warps_n)
+        base = k.mov(smem, u32)
+        sbase = base + S * plan.stage_bytes
+        wcp = fmt.copies(k, plan, tid, w, m0, mrows)
+        xcp = _GatherX(k, spec, tid, x, pairs, first, n0, count)
+        mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
+        lanes = Lane(wrow, g, tq, m0, mrows, mt_n)
+
+        def issue(buf_base, kk):
+            wcp.issue_stage(buf_base, kk)
+            xcp.f32(buf_base, kk)
+
+        for s in range(S - 1):
+            if s < nk:
+                issue(base + s * plan.stage_bytes, k.mov(s * c.bk, u32))
+            k.cp_async_commit()
+        acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(nt_n)] for _ in range(mt_n)]
+        cur = k.var(u32, 0)
+        nxt = k.var(u32, S - 1)
+        with k.for_range(0, nk) as step:
+            k.cp_async_wait(S - 2)
+            k.bar_sync()
+            ahead = step + (S - 1)
+            with k.if_(ahead < nk):
+                issue(base + nxt * plan.stage_bytes, ahead * c.bk)
+            k.cp_async_commit()
+            wb = base + cur * plan.stage_bytes
+            kk = step * c.bk
+            if plan.scale_bytes:
+                fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
+                k.bar_sync()
+            _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
+            cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
+            nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
+        _store(k, spec, acc, y, r, m0 + wrow, n0 + wcol, g, tq, mrows, count, pairs, first)
+    return mod
+
+
+def _store(k, spec, acc, y, r, row0, col0, g, tq, mrows, count, pairs, first):
+    """D element ``e`` of tile ``(mt, nt)``: weight row ``row0 + 16 mt + g +
+    8 (e >= 2)`` of the expert's column ``col0 + 8 nt + 2 tq + (e & 1)``
+    (pair ``pairs[first + column]``), stored at ``y[pair M + row]`` when both
+    are in range."""
+    rows = [row0 + (16 * mt + 8 * h) + g for mt in range(len(acc)) for h in range(2)]
+    cols = [col0 + (8 * nt + e) + 2 * tq for nt in range(len(acc[0])) for e in range(2)]
+    rok = [rr < mrows for rr in rows]
+    cok = [cc < count for cc in cols]
+    prow = [k.ld(pairs[first + k.min(cc, count - 1)]) * mrows for cc in cols]
+    for mt in range(len(acc)):
+        for nt in range(len(acc[0])):
+            for e in range(4):
+                ri, ci = 2 * mt + (e >> 1), 2 * nt + (e & 1)
+                ok = k.pand(rok[ri], cok[ci])
+                idx = prow[ci] + rows[ri]
+                v = acc[mt][nt][e]
+                if r is not None:
+                    # plain ld, not .nc: r is y itself
+                    with k.if_(ok):
+                        k.st(y[idx], silu_mul(k, k.ld(r[idx]), v))
+                else:
+                    k.st(y[idx], v, guard=ok)
+
+
+def launch_geometry(spec: ExpertGemmSpec, m: int, t_max: int, n_expert: int):
+    """The launch for ``m`` weight rows of each of ``n_expert`` experts, at
+    most ``t_max`` tokens (so at most ``t_max`` pairs an expert)."""
+    for what, v in (("M", m), ("T", t_max), ("n_expert", n_expert)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{what} must be a positive int, got {v!r}")
+    p = spec.plan
+    return LaunchGeometry(spec.kernel_name, (math.ceil(t_max / p.config.bn),
+                                             math.ceil(m / p.config.bm), n_expert),
+                          p.threads, p.dynamic_shared)
+
+
+def reference(spec: ExpertGemmSpec, w_deq, ids, x, gate=None):
+    """float64 ``[T n_used, M]``: row ``p = t n_used + j`` the product of
+    expert ``ids[t, j]``'s float64 weights (``w_deq``: ``[n_expert, M, K]``)
+    and X's row of the pair; with ``swiglu``, ``silu(gate[p]) *`` that."""
+    ids = np.asarray(ids).reshape(-1)
+    x = np.asarray(x, np.float64)
+    rows = np.arange(ids.size) // spec.n_used if spec.x_token else np.arange(ids.size)
+    out = np.einsum("pmk,pk->pm", np.asarray(w_deq, np.float64)[ids], x[rows])
+    if spec.swiglu:
+        g = np.asarray(gate, np.float64)
+        out = g / (1.0 + np.exp(-g)) * out
+    return out
+
+
+def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, target="sm_90", **config):
+    return ExpertGemmSpec(_gemm.GemmPlan.make(qtype, k, target=target, **config), n_used,
+                          x_token=x_token, swiglu=swiglu)
+
+
+CANONICAL = {
+    "moe_gemm_q4_k_xt": _canon("Q4_K", 2048, x_token=True, bm=128, bn=32, bk=64, warps_m=2,
+                               warps_n=2, stages=4),
+    "moe_gemm_q4_k_xt_swiglu": _canon("Q4_K", 2048, x_token=True, swiglu=True, pdl=True,
+                                      bm=128, bn=32, bk=64, warps_m=2, warps_n=2, stages=4),
+    "moe_gemm_q6_k": _canon("Q6_K", 768, bm=128, bn=32, bk=128, warps_m=2, warps_n=2,
+                            stages=3),
+}
+
+registry.register("moe_gemm", ExpertGemmSpec, build, CANONICAL, doc=__doc__.splitlines()[0],
+                  launch_geometry=launch_geometry)
