@@ -91,13 +91,6 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch):
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
 
 
-def test_engine_refuses(tiny):
-    from ptxgen.llm.engine.runner import BatchRunner
-    from ptxgen.llm.gguf.file import LlamaFile
-    with pytest.raises(ValueError, match="batched engine does not run qwen3moe files"):
-        BatchRunner(LlamaFile(tiny), backend=None, num_blocks=4)
-
-
 @pytest.mark.gpu
 def test_gpu_decode_and_prefill(tmp_path, rng, seed):
     """On the GPU: the decode step replayed from its CUDA graph against the
