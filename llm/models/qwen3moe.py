@@ -14,8 +14,6 @@ __all__ = ["Qwen3Moe"]
 
 class Qwen3Moe(Qwen3):
     gguf_names = ("qwen3moe",)
-    batch_refusal = ("its mixture-of-experts FFN has no batched form yet; `ptxgen run` and "
-                     "Model.generate run it")
 
     def layer(self, s, i: int, x):
         p = f"blk.{i}."

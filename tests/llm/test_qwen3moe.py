@@ -1,8 +1,9 @@
 """qwen3moe (a mixture of experts in every layer) on the emulator against
 the float64 reference: the decode step (router, the selected experts'
 GEMVs, their weighted sum: the experts chosen on the device inside one
-graph), the chunked prefill against the token-by-token path, and the
-engine's refusal.
+graph) and the chunked prefill against the token-by-token path (the
+batched engine's: tests/llm/test_batch_runner.py and
+tests/llm/engine/test_engine_families.py).
 
 The file is the tiny-moe preset (2 layers, 8 experts, 2 used) in the
 Q4_K_M mix llama.cpp writes for MoE files (F32 router, Q4_K gate/up
@@ -67,13 +68,6 @@ def test_prefill_matches_token_by_token(model, rng):
     ref, ref_logits = _run(model, prompt, 3, 0)
     got, got_logits = _run(model, prompt, 3, 4)          # two chunks: 4 + 3 tokens
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
-
-
-def test_engine_refuses(tiny):
-    from ptxgen.llm.engine.runner import BatchRunner
-    from ptxgen.llm.gguf.file import LlamaFile
-    with pytest.raises(ValueError, match="batched engine does not run qwen3moe files"):
-        BatchRunner(LlamaFile(tiny), backend=None, num_blocks=4)
 
 
 @pytest.mark.gpu
