@@ -58,6 +58,10 @@ class PagedAttentionSpec:
     out_type : {"f32", "f16"}
         ``out``'s element type (f16: rounded to nearest from the f32 result,
         for a GEMM that takes f16 X).
+    window : int
+        A sliding window: sequence ``b`` of length ``L`` sees only its last
+        ``window`` keys ``[L - window, L)`` (0: all ``L``; Gemma's local
+        layers).
     target : str
     pdl : bool
     """
@@ -66,6 +70,7 @@ class PagedAttentionSpec:
     group: int = attrs.field(default=4, validator=_int_in(1, 8))
     block_size: int = attrs.field(default=16, validator=_one_of(BLOCK_SIZES))
     out_type: str = attrs.field(default="f32", validator=_one_of(("f32", "f16")))
+    window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -133,7 +138,8 @@ class PagedAttentionPlan(PlanBase):
                 f"_w{self.warps}u{self.unroll}"
                 + (f"k{self.min_keys}" if self.min_keys != 16 else "")
                 + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
-                + ("_out_f16" if self.out_type == "f16" else ""))
+                + ("_out_f16" if self.out_type == "f16" else "")
+                + (f"_sw{self.window}" if self.window else ""))
 
     @property
     def split_name(self) -> str:

@@ -36,6 +36,9 @@ def build_split(m, plan):
     * Rows past the split's last key are clamped to it (their scores are
       masked), and a chunk past it to the chunk holding it, so nothing past
       the sequence's length is read, not even its table entries.
+    * With a sliding window the keys start at the chunk holding the
+      window's first key ``lo``; the keys of that chunk before ``lo`` are
+      masked.
     * ``n_splits = 1`` (a launch whose grid has one split) divides by the
       softmax sum and writes ``out`` itself; with more, the block writes its
       partial ``(m, l, o)`` for the combine (a neutral one where the split
@@ -79,13 +82,24 @@ def build_split(m, plan):
         direct = nsplit.eq(1)
 
         # the sequence's length, clamped to its table's blocks; its 16-key
-        # chunks dealt evenly over the first ceil(L / min_keys) splits
+        # chunks from ``first`` (0, or with a window the chunk holding its
+        # first key ``lo``) dealt evenly over the first ceil((L - first) /
+        # min_keys) splits
         L = k.min(k.max(k.ld(lens[b]), 0).bitcast(u32), max_blocks << lg)
-        nch = (L + (CH - 1)) >> 4
-        nact = k.max(k.min(nsplit, (L + (plan.min_keys - 1)) >> (plan.min_keys.bit_length() - 1)),
+        lo = first = None
+        n = L
+        if plan.window:
+            lo = k.select(L > plan.window, L - plan.window, k.mov(0, u32))
+            first = lo & (0xFFFFFFFF - (CH - 1))
+            n = L - first
+        nch = (n + (CH - 1)) >> 4
+        nact = k.max(k.min(nsplit, (n + (plan.min_keys - 1)) >> (plan.min_keys.bit_length() - 1)),
                      1)
         start = (split * nch) // nact * CH
-        end = k.min(((split + 1) * nch) // nact * CH, L)
+        end = ((split + 1) * nch) // nact * CH
+        if first is not None:
+            start, end = start + first, end + first
+        end = k.min(end, L)
         with k.if_(start >= L):
             _write_empty(k, plan, part_o, part_ml, out, hh, split, nsplit, tid, direct)
 
@@ -150,7 +164,9 @@ def build_split(m, plan):
             """The scores of ``U`` chunks of 16 keys from ``kb0``, the online
             softmax, ``O += P V`` (flash decode's tensor-core trip)."""
             # key kb0 + 16 u + 8 j + 2 t + e is valid when 16 u + 8 j + e < end - (kb0 + 2 t)
+            # (and, with a window, >= lo - (kb0 + 2 t): keys before it masked)
             left = (end - (kb0 + 2 * t)).bitcast(s32)
+            below = None if lo is None else (lo - (kb0 + 2 * t)).bitcast(s32)
             s = []
             for u in range(U):
                 kw = words[u][:2]
@@ -162,7 +178,10 @@ def build_split(m, plan):
                                              acc)
                     for e in range(2):
                         val = k.fma(acc[2 + e], LO_WEIGHT, acc[e])
-                        s.append(k.select(left > CH * u + 8 * j + e, val, ninf))
+                        val = k.select(left > CH * u + 8 * j + e, val, ninf)
+                        if below is not None:
+                            val = k.select(below > CH * u + 8 * j + e, ninf, val)
+                        s.append(val)
             mt = s[0]
             for x in s[1:]:
                 mt = k.max(mt, x)
