@@ -354,6 +354,26 @@ def test_paged_attention_gpu(gpu_run, B, cap, bs, rng):
     _check(outs, [pc.reference(x) for x in lens], lens)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [16, 64])
+def test_sliding_window_gpu(gpu_run, bs, rng):
+    """A window of 1024 keys (Gemma 3's) on 8 KV heads of 128, group 2, with
+    the tuned config and the device's split count: 16 sequences of lengths
+    up to 3000 (below, at and past the window)."""
+    from ptxgen.driver import get_device
+    dev = get_device()
+    W, cap, B = 1024, 3008, 16
+    plan = P.plan(P.PagedAttentionSpec(group=2, block_size=bs, window=W,
+                                       target=gpu_run.target()), batch=B)
+    max_blocks = -(-cap // bs)
+    lens = [np.array(rng.permutation([1, W - 1, W, W + 1, W + 17, cap] +
+                                     list(rng.integers(1, cap + 1, B - 6))), np.int32)]
+    pc = Paged(rng, lens[0], 8, 2, 128, bs, max_blocks)
+    S = P.choose_splits(plan, dev.sm_count, B, 8, cap)
+    outs = _run(gpu_run, plan, pc, lens, S)
+    _check(outs, [pc.reference(x, window=W) for x in lens], lens)
+
+
 @pytest.mark.parametrize("q_row", [False, True])
 def test_op_on_the_emulator(q_row, rng):
     """``ops.paged_attention`` with numpy arrays on the emulator: q packed or
