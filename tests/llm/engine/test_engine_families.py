@@ -85,8 +85,8 @@ def test_each_sequence_gets_its_tokens_alone(family_path, rng):
 def test_gpu_each_sequence_gets_its_tokens_alone(arch, tmp_path, seed, rng):
     """On the GPU (captured graphs): 6 requests of 5..50 tokens, 8 greedy
     tokens each, in buckets of up to 4 rows (so requests wait and join) and
-    prompt chunks of 16."""
+    prompt chunks of 8 (few graphs to capture)."""
     path = str(tmp_path / f"{arch}.gguf")
     write_synthetic_llama(path, seed=seed, **FILES[arch])
     prompts = [[int(t) for t in rng.integers(0, 512, 5 + 9 * i)] for i in range(6)]
-    _check_batch(path, "cuda", prompts, 8, max_seqs=4, ctx_size=96, chunk=16)
+    _check_batch(path, "cuda", prompts, 8, max_seqs=4, ctx_size=96, chunk=8)
