@@ -9,6 +9,8 @@ from __future__ import annotations
 import attrs
 
 from ..flash_decode.spec import COMBINE_WARPS, MAX_SPLITS, NEG
+from ptxgen.target import MAX_STATIC_SHARED
+
 from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
@@ -50,7 +52,7 @@ class PagedAttentionSpec:
 
     Parameters
     ----------
-    head_dim : {64, 128}
+    head_dim : {64, 128, 256}
     group : int
         Query heads per KV head (GQA), 1..8.
     block_size : {16, 32, 64, 128, 256}
@@ -66,7 +68,7 @@ class PagedAttentionSpec:
     pdl : bool
     """
 
-    head_dim: int = attrs.field(default=128, validator=_one_of((64, 128)))
+    head_dim: int = attrs.field(default=128, validator=_one_of((64, 128, 256)))
     group: int = attrs.field(default=4, validator=_int_in(1, 8))
     block_size: int = attrs.field(default=16, validator=_one_of(BLOCK_SIZES))
     out_type: str = attrs.field(default="f32", validator=_one_of(("f32", "f16")))
@@ -115,6 +117,12 @@ class PagedAttentionPlan(PlanBase):
     config: PagedAttentionConfig
 
     SPEC, CONFIG, WHAT = PagedAttentionSpec, PagedAttentionConfig, "paged-attention"
+
+    def _check(self):
+        if self.shared_bytes > MAX_STATIC_SHARED:
+            raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
+                             f"warps needs {self.shared_bytes} bytes of shared memory "
+                             f"(limit {MAX_STATIC_SHARED}); use fewer warps")
 
     @classmethod
     def make(cls, **fields) -> "PagedAttentionPlan":

@@ -123,6 +123,9 @@ EMU_PLANS = [
                               min_keys=32),
     P.PagedAttentionPlan.make(head_dim=64, group=5, block_size=256, warps=4, unroll=1,
                               combine_warps=4),
+    # Gemma 3's head of 256 (1B: group 4; 4B and 12B: group 2)
+    P.PagedAttentionPlan.make(head_dim=256, group=4, block_size=16, warps=2, unroll=1),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=32, warps=1, unroll=2),
 ]
 
 
@@ -162,6 +165,8 @@ WINDOW_PLANS = [
                               window=32, out_type="f16"),
     P.PagedAttentionPlan.make(head_dim=64, group=1, block_size=16, warps=1, unroll=1,
                               window=3, min_keys=32),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=16, warps=2, unroll=1,
+                              window=20),
 ]
 
 
@@ -220,6 +225,8 @@ def test_reference_matches_a_contiguous_cache(rng):
                               out_type="f16"),
     P.PagedAttentionPlan.make(head_dim=64, group=3, block_size=32, warps=1, unroll=2,
                               combine_warps=1, out_type="f16"),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=16, warps=2, unroll=1,
+                              out_type="f16"),
 ], ids=lambda p: p.kernel_name)
 def test_f16_output(run, plan, n_splits, rng):
     """``out_type="f16"`` (the batched engine's, for the f16-X GEMM after
@@ -318,7 +325,8 @@ def test_launch_geometry_and_splits():
     assert P.choose_splits(plan, 132, 1, 8, 4096, blocks_per_sm=4) == 66
 
 
-@pytest.mark.parametrize("bad", [dict(head_dim=256), dict(head_dim=96), dict(group=0),
+@pytest.mark.parametrize("bad", [dict(head_dim=512), dict(head_dim=96),
+                                 dict(head_dim=256, group=8, warps=8), dict(group=0),
                                  dict(group=9), dict(block_size=8), dict(block_size=48),
                                  dict(block_size=512), dict(block_size=True), dict(warps=0),
                                  dict(warps=9), dict(unroll=5), dict(min_keys=8),
