@@ -218,9 +218,7 @@ def format_info(info: ModelInfo, available: int | None = None, gpu: str | None =
     fits = need <= available
     lines.append(f"GPU: {gpu or 'given'} with {_gib(available)} free: "
                  + ("fits" if fits else "does not fit"))
-    refusal = _batch_refusal(info.hparams)
-    lines.append(_pool_line(info, available, utilization) if refusal is None
-                 else f"batched engine: no: {refusal}")
+    lines.append(_pool_line(info, available, utilization))
     if not fits:
         lines.append("weight types with decode kernels (weights + KV cache):")
         for name, nb in weight_estimates(info):
@@ -243,13 +241,6 @@ def _attention_lines(hp) -> list:
     if hp.attn_scale is not None:
         out.append(f"attention score scale: {hp.attn_scale:.6g}")
     return out
-
-
-def _batch_refusal(hp):
-    """Why the batched engine refuses the file's family (None: it runs it)."""
-    from ptxgen.llm.models import ARCHITECTURES
-    cls = ARCHITECTURES.get(hp.arch) if hp is not None else None
-    return None if cls is None else cls.batch_refusal
 
 
 def _pool_line(info: ModelInfo, available: int, utilization: float) -> str:

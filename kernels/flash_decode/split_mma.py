@@ -225,17 +225,20 @@ def build_split_mma(m, spec):
         merge_warps(k, spec, (sm_m, sm_l, sm_o), part_o, part_ml, h, split, nsplit, tid)
 
 
-def mma_trip(k, kb0, words, *, end, t, qa, zero, ninf, m_run, l_run, o_acc):
+def mma_trip(k, kb0, words, *, end, t, qa, zero, ninf, m_run, l_run, o_acc, lo=None):
     """One trip of a warp over ``len(words)`` chunks of 16 keys from ``kb0``
     (flash decode's and paged attention's tensor-core split): the scores
     ``q . k`` by ``mma.m16n8k16`` over ``qa``'s k-tiles (keys from ``end``
-    on masked), the online softmax of ``m_run``/``l_run``, ``O += P V``
-    into ``o_acc``.  ``words[u]``: chunk ``u``'s K words (two 8-key
-    tiles) then its V words; ``t`` the lane's thread in its quad."""
+    on masked, and, given ``lo``, keys before it: a sliding window whose
+    first chunk starts before it), the online softmax of ``m_run``/``l_run``,
+    ``O += P V`` into ``o_acc``.  ``words[u]``: chunk ``u``'s K words (two
+    8-key tiles) then its V words; ``t`` the lane's thread in its quad."""
     CH = 16
     U, KT, VC = len(words), len(qa), len(words[0][2])
     # key kb0 + 16 u + 8 j + 2 t + e is valid when 16 u + 8 j + e < end - (kb0 + 2 t)
+    # (and, with a window, >= lo - (kb0 + 2 t))
     left = (end - (kb0 + 2 * t)).bitcast(s32)
+    below = None if lo is None else (lo - (kb0 + 2 * t)).bitcast(s32)
     s = []
     for u in range(U):
         kw = words[u][:2]
@@ -246,7 +249,10 @@ def mma_trip(k, kb0, words, *, end, t, qa, zero, ninf, m_run, l_run, o_acc):
                 acc = k.mma_m16n8k16(qa[kt], (kw[j][i][2 * e], kw[j][i][2 * e + 1]), acc)
             for e in range(2):
                 val = k.fma(acc[2 + e], LO_WEIGHT, acc[e])
-                s.append(k.select(left > CH * u + 8 * j + e, val, ninf))
+                val = k.select(left > CH * u + 8 * j + e, val, ninf)
+                if below is not None:
+                    val = k.select(below > CH * u + 8 * j + e, ninf, val)
+                s.append(val)
     mt = s[0]
     for x in s[1:]:
         mt = k.max(mt, x)

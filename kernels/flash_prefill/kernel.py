@@ -158,9 +158,16 @@ def build_prefill(m, plan):
                 def tile_entries(kb, volatile=False):
                     return [pool.load((kb >> pool.lg) + i, clamp=True, volatile=volatile)
                             for i in range(NE)]
-                # (volatile: issued here, beside L and T, not after the exit)
-                first = [tile_entries(k.mov(s_ * BN, u32), True) for s_ in range(lead)]
-                ahead_ents = [k.var(u32, e) for e in tile_entries(k.mov(lead * BN, u32), True)]
+                # (volatile: issued here, beside L and T, not after the exit);
+                # with a window the walk starts at a tile known only from L:
+                # its entries are read at the prologue's issues
+                if plan.window:
+                    first = None
+                    ahead_ents = [k.var(u32, 0) for _ in range(NE)]
+                else:
+                    first = [tile_entries(k.mov(s_ * BN, u32), True) for s_ in range(lead)]
+                    ahead_ents = [k.var(u32, e)
+                                  for e in tile_entries(k.mov(lead * BN, u32), True)]
         RG = NW // H                             # 16-row groups of a block
         if RG == 1:
             # one group a block, the longest first
@@ -319,11 +326,17 @@ def build_prefill(m, plan):
             def issue(buf, stage_idx, kb, ents=None):
                 copy_rows(buf, kb)
 
+        if BS and tma and t0 is not None:
+            for r_, e in zip(ahead_ents, tile_entries((t0 + lead) * BN)):
+                k.assign(r_, e)
         for s_ in range(lead):
             tile = s_ if t0 is None else t0 + s_
             with k.if_(ntiles > tile):
+                ents = None
+                if BS and tma:
+                    ents = first[s_] if t0 is None else tile_entries(tile * BN)
                 issue(base + s_ * SB, s_, k.mov(s_ * BN, u32) if t0 is None else tile * BN,
-                      ents=first[s_] if BS and tma else None)
+                      ents=ents)
             if not tma:
                 k.cp_async_commit()              # an empty group where there is no tile
         # q's A fragments, loaded while the first tiles are in flight (rows g, g + 8; columns 2t, 2t + 1, 2t + 8, 2t + 9

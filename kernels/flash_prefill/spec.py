@@ -56,7 +56,7 @@ class FlashPrefillSpec:
         A sliding window: row ``i`` (position ``p = start + i``) sees only
         the keys ``p - window + 1 .. p`` (0: all keys ``0 .. p``; Gemma's
         local layers).  The walk starts at the tile of the block's first
-        row's first key.  Not with ``paged``.
+        row's first key.
     """
 
     head_dim: int = attrs.field(default=128, validator=_one_of("head_dim", (64, 128, 256)))
@@ -66,11 +66,6 @@ class FlashPrefillSpec:
     target: str = target_field()
     pdl: bool = pdl_field()
     window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
-
-    def __attrs_post_init__(self):
-        if self.window and self.paged:
-            raise ValueError("a sliding window is built for a contiguous cache, not a paged one "
-                             f"(window={self.window}, paged={self.paged})")
 
 
 @attrs.frozen

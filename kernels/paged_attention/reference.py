@@ -21,12 +21,14 @@ def gather(pool, block_table, b: int, length: int) -> np.ndarray:
     return np.ascontiguousarray(rows.transpose(1, 0, 2))
 
 
-def reference(q, k_pool, v_pool, block_table, seq_lens, sm_scale: float | None = None):
+def reference(q, k_pool, v_pool, block_table, seq_lens, sm_scale: float | None = None,
+              window: int = 0):
     """float64 attention of ``q [B, n_q_heads, d]`` over each sequence's
     paged keys and values: sequence ``b`` has ``seq_lens[b]`` rows (clamped
     to ``[0, max_blocks * block_size]``) found through ``block_table [B,
     max_blocks]``; query head ``qh`` reads KV head ``qh // (n_q_heads /
-    n_kv_heads)``.  An empty sequence gives zeros."""
+    n_kv_heads)``; with a ``window``, over the last ``window`` of them only.
+    An empty sequence gives zeros."""
     q = np.asarray(q, dtype=np.float64)
     B, n_q, d = q.shape
     n_kv, bs = k_pool.shape[1], k_pool.shape[2]
@@ -38,8 +40,9 @@ def reference(q, k_pool, v_pool, block_table, seq_lens, sm_scale: float | None =
         L = min(max(int(seq_lens[b]), 0), cap)
         if L == 0:
             continue
-        kk = gather(k_pool, block_table, b, L).astype(np.float64)
-        vv = gather(v_pool, block_table, b, L).astype(np.float64)
+        lo = max(L - window, 0) if window else 0
+        kk = gather(k_pool, block_table, b, L).astype(np.float64)[:, lo:]
+        vv = gather(v_pool, block_table, b, L).astype(np.float64)[:, lo:]
         for qh in range(n_q):
             s = kk[qh // G] @ q[b, qh] * scale
             p = np.exp(s - s.max())

@@ -9,6 +9,8 @@ from __future__ import annotations
 import attrs
 
 from ..flash_decode.spec import COMBINE_WARPS, MAX_SPLITS, NEG
+from ptxgen.target import MAX_STATIC_SHARED
+
 from ..plan import PlanBase
 from ..spec_fields import pdl_field, target_field
 
@@ -50,7 +52,7 @@ class PagedAttentionSpec:
 
     Parameters
     ----------
-    head_dim : {64, 128}
+    head_dim : {64, 128, 256}
     group : int
         Query heads per KV head (GQA), 1..8.
     block_size : {16, 32, 64, 128, 256}
@@ -58,14 +60,19 @@ class PagedAttentionSpec:
     out_type : {"f32", "f16"}
         ``out``'s element type (f16: rounded to nearest from the f32 result,
         for a GEMM that takes f16 X).
+    window : int
+        A sliding window: sequence ``b`` of length ``L`` sees only its last
+        ``window`` keys ``[L - window, L)`` (0: all ``L``; Gemma's local
+        layers).
     target : str
     pdl : bool
     """
 
-    head_dim: int = attrs.field(default=128, validator=_one_of((64, 128)))
+    head_dim: int = attrs.field(default=128, validator=_one_of((64, 128, 256)))
     group: int = attrs.field(default=4, validator=_int_in(1, 8))
     block_size: int = attrs.field(default=16, validator=_one_of(BLOCK_SIZES))
     out_type: str = attrs.field(default="f32", validator=_one_of(("f32", "f16")))
+    window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -111,6 +118,12 @@ class PagedAttentionPlan(PlanBase):
 
     SPEC, CONFIG, WHAT = PagedAttentionSpec, PagedAttentionConfig, "paged-attention"
 
+    def _check(self):
+        if self.shared_bytes > MAX_STATIC_SHARED:
+            raise ValueError(f"group {self.group} x head_dim {self.head_dim} x {self.warps} "
+                             f"warps needs {self.shared_bytes} bytes of shared memory "
+                             f"(limit {MAX_STATIC_SHARED}); use fewer warps")
+
     @classmethod
     def make(cls, **fields) -> "PagedAttentionPlan":
         """A plan from spec and config fields side by side (the others at
@@ -133,7 +146,8 @@ class PagedAttentionPlan(PlanBase):
                 f"_w{self.warps}u{self.unroll}"
                 + (f"k{self.min_keys}" if self.min_keys != 16 else "")
                 + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
-                + ("_out_f16" if self.out_type == "f16" else ""))
+                + ("_out_f16" if self.out_type == "f16" else "")
+                + (f"_sw{self.window}" if self.window else ""))
 
     @property
     def split_name(self) -> str:

@@ -36,6 +36,9 @@ def build_split(m, plan):
     * Rows past the split's last key are clamped to it (their scores are
       masked), and a chunk past it to the chunk holding it, so nothing past
       the sequence's length is read, not even its table entries.
+    * With a sliding window the keys start at the chunk holding the
+      window's first key ``lo``; the keys of that chunk before ``lo`` are
+      masked.
     * ``n_splits = 1`` (a launch whose grid has one split) divides by the
       softmax sum and writes ``out`` itself; with more, the block writes its
       partial ``(m, l, o)`` for the combine (a neutral one where the split
@@ -79,13 +82,24 @@ def build_split(m, plan):
         direct = nsplit.eq(1)
 
         # the sequence's length, clamped to its table's blocks; its 16-key
-        # chunks dealt evenly over the first ceil(L / min_keys) splits
+        # chunks from ``first`` (0, or with a window the chunk holding its
+        # first key ``lo``) dealt evenly over the first ceil((L - first) /
+        # min_keys) splits
         L = k.min(k.max(k.ld(lens[b]), 0).bitcast(u32), max_blocks << lg)
-        nch = (L + (CH - 1)) >> 4
-        nact = k.max(k.min(nsplit, (L + (plan.min_keys - 1)) >> (plan.min_keys.bit_length() - 1)),
+        lo = first = None
+        n = L
+        if plan.window:
+            lo = k.select(L > plan.window, L - plan.window, k.mov(0, u32))
+            first = lo & (0xFFFFFFFF - (CH - 1))
+            n = L - first
+        nch = (n + (CH - 1)) >> 4
+        nact = k.max(k.min(nsplit, (n + (plan.min_keys - 1)) >> (plan.min_keys.bit_length() - 1)),
                      1)
         start = (split * nch) // nact * CH
-        end = k.min(((split + 1) * nch) // nact * CH, L)
+        end = ((split + 1) * nch) // nact * CH
+        if first is not None:
+            start, end = start + first, end + first
+        end = k.min(end, L)
         with k.if_(start >= L):
             _write_empty(k, plan, part_o, part_ml, out, hh, split, nsplit, tid, direct)
 
@@ -148,7 +162,7 @@ def build_split(m, plan):
 
         def trip(kb0, words):
             mma_trip(k, kb0, words, end=end, t=t, qa=qa, zero=zero, ninf=ninf, m_run=m_run,
-                     l_run=l_run, o_acc=o_acc)
+                     l_run=l_run, o_acc=o_acc, lo=lo)
 
         # the table entries of the warp's first trip; in the loop those of
         # the next trip are loaded after this trip's K/V words

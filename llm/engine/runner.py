@@ -82,9 +82,6 @@ class BatchRunner:
         from ptxgen.kernels.spec_fields import has_griddepcontrol
         self.file, self.hp = file, file.hparams
         self.arch = architecture_of(file)
-        if self.arch.batch_refusal:
-            raise ValueError(f"{file.path}: the batched engine does not run "
-                             f"{self.hp.arch} files: {self.arch.batch_refusal}")
         self.backend = backend
         self.block_size = int(block_size or DEFAULT_BLOCK_SIZE)
         self.max_batch, self.chunk = int(max_batch), int(chunk)

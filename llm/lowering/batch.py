@@ -28,8 +28,9 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   to the paged pools at each row's slot (:mod:`ptxgen.kernels.rope`,
   ``paged``);
 - ``attention`` is the paged decode attention of every row over its own
-  sequence (:mod:`ptxgen.kernels.paged_attention`), written in f16 where
-  the output projection's GEMM takes f16 X (as the chunk's attention);
+  sequence (:mod:`ptxgen.kernels.paged_attention`; a sliding window: over
+  its last ``window`` keys), at the file's attention scale, written in f16
+  where the output projection's GEMM takes f16 X (as the chunk's attention);
 - ``output`` computes every row's logits, then each row's next token with
   its own sampling settings in one launch of the rows sampler (greedy rows
   included: a temperature of 0 is the argmax, ties to the lowest id), with
@@ -42,8 +43,6 @@ per layer (``blk.i.k_pool``, ``blk.i.v_pool``).
 """
 
 from __future__ import annotations
-
-import math
 
 import attrs
 import numpy as np
@@ -254,14 +253,14 @@ class BatchLowering(ChunkLowering):
                               row_stride=self.qkv_dim, n_rows_ptr=self.n_ptr, slots=self.slots,
                               **nargs)])
 
-    def attention(self, layer, q):
+    def attention(self, layer, q, window=0):
         hp = self.hp
         D = hp.head_dim
         kc, vc = self.kv_cache(layer)
         spec = paged_attention.PagedAttentionSpec(
             head_dim=D, group=hp.n_heads // hp.n_kv_heads, block_size=self.block_size,
-            out_type="f16" if self.att.dtype == np.float16 else "f32", target=self.target,
-            pdl=self.pdl)
+            out_type="f16" if self.att.dtype == np.float16 else "f32", window=int(window),
+            target=self.target, pdl=self.pdl)
         plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
         splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
                                                self.max_blocks * self.block_size)
@@ -274,7 +273,7 @@ class BatchLowering(ChunkLowering):
                                 block_table=self.tables, seq_lens=self.lens, part_o=part_o,
                                 part_ml=part_ml, out=out, q_stride=self.qkv_dim,
                                 max_blocks=self.max_blocks, num_blocks=self.num_blocks,
-                                sm_scale=1.0 / math.sqrt(D))]
+                                sm_scale=hp.sm_scale)]
         if len(geos) > 1:
             launches.append(self.launch("paged_attention", plan, geos[1], part_o=part_o,
                                         part_ml=part_ml, out=out))

@@ -58,9 +58,6 @@ class Architecture:
     rope_layout: str = "interleaved"
     #: per-head RMSNorm of q and k before RoPE (``attn_q_norm``, ``attn_k_norm``)
     qk_norm: bool = False
-    #: why the batched engine (:mod:`ptxgen.llm.engine`) refuses the family,
-    #: or None where it runs it
-    batch_refusal: str | None = None
 
     def __init__(self, file):
         self.file = file

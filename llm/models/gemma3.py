@@ -22,9 +22,6 @@ class Gemma3(Architecture):
     gguf_names = ("gemma3",)
     rope_layout = "neox"
     qk_norm = True
-    batch_refusal = ("its sliding-window layers have no attention kernel over the paged KV "
-                     "cache yet; `ptxgen run` and `ptxgen chat` decode it one sequence at a "
-                     "time")
 
     def qkv(self, i: int) -> QKV:
         return QKV.of_layer(self.file, i, self.qk_norm, local=self.hp.window(i) > 0)

@@ -95,11 +95,6 @@ def serve_command(argv) -> int:
         if tok is None:
             raise CliError(f"{path} has no tokenizer (tokenizer.ggml.*): the server takes "
                            "and returns text")
-        from ptxgen.llm.models import architecture_of
-        refusal = architecture_of(f).batch_refusal
-        if refusal:
-            raise CliError(f"{path}: the server's batched engine does not run "
-                           f"{f.hparams.arch} files: {refusal} (`ptxgen run` and `chat` do)")
 
         def load():
             from ptxgen.llm.engine import Engine

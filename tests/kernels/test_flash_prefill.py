@@ -330,7 +330,3 @@ def test_window_reference_matches_the_loop(rng):
             want[i, qh] = (w / w.sum()) @ vc[0, p - W + 1:p + 1].astype(np.float64)
     assert np.max(np.abs(FP.reference(q, kc, vc, 9, 6, window=W) - want)) < 1e-12
 
-
-def test_window_is_refused_with_a_paged_cache():
-    with pytest.raises(ValueError, match="sliding window .* not a paged one"):
-        FP.FlashPrefillSpec(window=8, paged=16)

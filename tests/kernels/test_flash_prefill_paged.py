@@ -52,8 +52,8 @@ class Chunk:
         self.q = (rng.standard_normal((t_max, n_kv * G, d)) * 2).astype(np.float32)
         self.L, self.T = L, T
 
-    def reference(self):
-        return FP.reference(self.q, self.kc, self.vc, self.L, self.T)
+    def reference(self, window=0):
+        return FP.reference(self.q, self.kc, self.vc, self.L, self.T, window=window)
 
     def run(self, backend, odt=np.float32, **kw):
         out = np.full(self.q.shape, np.nan, odt)
@@ -98,6 +98,37 @@ def test_matches_float64(backend, rng, case):
     out = c.run(backend, warps=warps, heads=heads, block_keys=bn, stages=stages, kernel=kernel)
     err = rel_err(out[:T], c.reference())
     assert err <= BOUND, err
+    assert np.all(np.isnan(out[T:])), "rows past T were written"
+
+
+# (kernel, head_dim, group, warps, heads, block_keys, stages, block size, L, T,
+# window): windows shorter than a tile, than a block, and longer than both, so
+# the walk starts at a tile past the first (its table entries read there)
+WINDOW_CASES = [
+    ("mma", 64, 2, 2, 2, 32, 2, 16, 37, 19, 5),
+    ("mma", 64, 4, 4, 2, 32, 3, 64, 70, 40, 33),
+    ("wgmma", 64, 4, 4, 4, 32, 3, 16, 31, 33, 20),
+    ("wgmma", 128, 4, 8, 4, 64, 3, 64, 130, 70, 100),
+]
+
+
+@pytest.mark.parametrize("case", WINDOW_CASES,
+                         ids=[f"{c[0]}-bs{c[7]}-bn{c[5]}-L{c[8]}-T{c[9]}-W{c[10]}"
+                              for c in WINDOW_CASES])
+def test_sliding_window(backend, rng, case):
+    """A sliding window over the paged cache (Gemma 3's local layers): row
+    ``i`` sees keys ``L + i - W + 1 .. L + i`` only, against the float64
+    reference with that window, which the reference over every key is far
+    from (so the keys before the window matter); rows past T untouched."""
+    kernel, d, G, warps, heads, bn, stages, bs, L, T, W = case
+    if kernel == "wgmma":
+        backend.require_sm(90)
+    c = Chunk(rng, 2, G, d, bs, L, T, T + 5)
+    out = c.run(backend, warps=warps, heads=heads, block_keys=bn, stages=stages, kernel=kernel,
+                window=W)
+    ref = c.reference(window=W)
+    assert rel_err(out[:T], ref) <= BOUND
+    assert rel_err(c.reference(), ref) > 100 * BOUND
     assert np.all(np.isnan(out[T:])), "rows past T were written"
 
 

@@ -60,8 +60,8 @@ class Paged:
         self.q = qbuf[:, :n_q * d].reshape(B, n_q, d)
         self.B, self.n_kv, self.n_q, self.d = B, n_kv, n_q, d
 
-    def reference(self, lens):
-        return P.reference(self.q, self.kp, self.vp, self.table, lens)
+    def reference(self, lens, window=0):
+        return P.reference(self.q, self.kp, self.vp, self.table, lens, window=window)
 
 
 def _run(run, plan, pc: Paged, lens_list, n_splits, table=None):
@@ -123,6 +123,9 @@ EMU_PLANS = [
                               min_keys=32),
     P.PagedAttentionPlan.make(head_dim=64, group=5, block_size=256, warps=4, unroll=1,
                               combine_warps=4),
+    # Gemma 3's head of 256 (1B: group 4; 4B and 12B: group 2)
+    P.PagedAttentionPlan.make(head_dim=256, group=4, block_size=16, warps=2, unroll=1),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=32, warps=1, unroll=2),
 ]
 
 
@@ -153,6 +156,46 @@ def test_every_length_up_to_capacity(run, n_splits, rng):
     _check([out], [pc.reference(lens)], [lens])
 
 
+WINDOW_PLANS = [
+    # a window not a multiple of 16 (its first chunk partly masked), Gemma 3's
+    # head (d 256 is not built; 128 and 64 are) in 16- and 32-token blocks
+    P.PagedAttentionPlan.make(head_dim=128, group=2, block_size=16, warps=2, unroll=1,
+                              window=21),
+    P.PagedAttentionPlan.make(head_dim=64, group=4, block_size=32, warps=1, unroll=2,
+                              window=32, out_type="f16"),
+    P.PagedAttentionPlan.make(head_dim=64, group=1, block_size=16, warps=1, unroll=1,
+                              window=3, min_keys=32),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=16, warps=2, unroll=1,
+                              window=20),
+]
+
+
+@pytest.mark.parametrize("n_splits", [1, 3])
+@pytest.mark.parametrize("plan", WINDOW_PLANS, ids=lambda p: p.kernel_name)
+def test_sliding_window(run, plan, n_splits, rng):
+    """A sliding window: each sequence attends over its last ``window`` keys
+    only (lengths below, at, just past and far past it, and every block
+    boundary), against the float64 reference with the same window; the
+    keys before the window matter (the reference over all the keys is far
+    from it), so the kernel cannot pass by reading them."""
+    bs, W = plan.block_size, plan.window
+    max_blocks = max(3, (3 * W) // bs + 2)
+    cap = max_blocks * bs
+    B = 8
+    edge = np.array([1, W, W + 1, W + 15, 2 * W + 7, cap, bs + 1, 3 * bs - 1], np.int32)
+    lens = [np.array(rng.permutation(np.minimum(edge, cap)), np.int32),
+            _lengths(rng, B, bs, cap)]
+    pc = Paged(rng, np.maximum(*lens), 2, plan.group, plan.head_dim, bs, max_blocks)
+    outs = _run(run, plan, pc, lens, n_splits)
+    refs = [pc.reference(x, window=W) for x in lens]
+    bound = BOUND + (2.0 ** -11 if plan.out_type == "f16" else 0.0)
+    _check(outs, refs, lens, bound=bound)
+    full = pc.reference(lens[0])
+    for b, L in enumerate(lens[0]):
+        if L > W + 1:
+            assert rel_err(full[b], refs[0][b]) > 100 * bound, (b, int(L))
+
+
 def test_reference_matches_a_contiguous_cache(rng):
     """The paged reference equals flash decode's reference over caches
     assembled row by row through the table."""
@@ -168,6 +211,12 @@ def test_reference_matches_a_contiguous_cache(rng):
         want = FD.reference(pc.q[b], kc, vc, int(L))
         assert np.max(np.abs(ref[b] - want)) <= 1e-12 * np.max(np.abs(want))
     assert np.all(pc.reference(np.zeros(3, np.int32)) == 0)
+    for b, L in enumerate(lens):            # the window: the last keys alone
+        win = P.reference(pc.q[b:b + 1], pc.kp, pc.vp, pc.table[b:b + 1], [L], window=9)
+        kc = np.stack([pc.kp[pc.table[b, p // 16], :, p % 16] for p in range(L)], 1)
+        vc = np.stack([pc.vp[pc.table[b, p // 16], :, p % 16] for p in range(L)], 1)
+        want = FD.reference(pc.q[b], kc, vc, int(L), window=9)
+        assert np.max(np.abs(win[0] - want)) <= 1e-12 * np.max(np.abs(want))
 
 
 @pytest.mark.parametrize("n_splits", [1, 3])
@@ -176,6 +225,8 @@ def test_reference_matches_a_contiguous_cache(rng):
                               out_type="f16"),
     P.PagedAttentionPlan.make(head_dim=64, group=3, block_size=32, warps=1, unroll=2,
                               combine_warps=1, out_type="f16"),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=16, warps=2, unroll=1,
+                              out_type="f16"),
 ], ids=lambda p: p.kernel_name)
 def test_f16_output(run, plan, n_splits, rng):
     """``out_type="f16"`` (the batched engine's, for the f16-X GEMM after
@@ -274,13 +325,14 @@ def test_launch_geometry_and_splits():
     assert P.choose_splits(plan, 132, 1, 8, 4096, blocks_per_sm=4) == 66
 
 
-@pytest.mark.parametrize("bad", [dict(head_dim=256), dict(head_dim=96), dict(group=0),
+@pytest.mark.parametrize("bad", [dict(head_dim=512), dict(head_dim=96),
+                                 dict(head_dim=256, group=8, warps=8), dict(group=0),
                                  dict(group=9), dict(block_size=8), dict(block_size=48),
                                  dict(block_size=512), dict(block_size=True), dict(warps=0),
                                  dict(warps=9), dict(unroll=5), dict(min_keys=8),
                                  dict(min_keys=48), dict(l2_prefetch=1),
                                  dict(combine_warps=3), dict(kv_dtype="f32"),
-                                 dict(pdl=True)])
+                                 dict(pdl=True), dict(window=-1), dict(window=True)])
 def test_refuses(bad):
     with pytest.raises(ValueError):
         P.PagedAttentionPlan.make(**bad)
@@ -308,6 +360,26 @@ def test_paged_attention_gpu(gpu_run, B, cap, bs, rng):
     S = P.choose_splits(plan, dev.sm_count, B, 8, cap)
     outs = _run(gpu_run, plan, pc, lens, S)
     _check(outs, [pc.reference(x) for x in lens], lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [16, 64])
+def test_sliding_window_gpu(gpu_run, bs, rng):
+    """A window of 1024 keys (Gemma 3's) on 8 KV heads of 128, group 2, with
+    the tuned config and the device's split count: 16 sequences of lengths
+    up to 3000 (below, at and past the window)."""
+    from ptxgen.driver import get_device
+    dev = get_device()
+    W, cap, B = 1024, 3008, 16
+    plan = P.plan(P.PagedAttentionSpec(group=2, block_size=bs, window=W,
+                                       target=gpu_run.target()), batch=B)
+    max_blocks = -(-cap // bs)
+    lens = [np.array(rng.permutation([1, W - 1, W, W + 1, W + 17, cap] +
+                                     list(rng.integers(1, cap + 1, B - 6))), np.int32)]
+    pc = Paged(rng, lens[0], 8, 2, 128, bs, max_blocks)
+    S = P.choose_splits(plan, dev.sm_count, B, 8, cap)
+    outs = _run(gpu_run, plan, pc, lens, S)
+    _check(outs, [pc.reference(x, window=W) for x in lens], lens)
 
 
 @pytest.mark.parametrize("q_row", [False, True])

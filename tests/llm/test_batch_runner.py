@@ -21,18 +21,23 @@ from test_prefill import same_continuation
 
 TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
+#: the files of other shapes than TINY's: qwen3moe the tiny-moe preset (8
+#: experts, 2 used) in the Q4_K_M mix llama.cpp writes for MoE files; gemma3
+#: with Gemma's heads of 256, layers 0 and 1 local (a window of 3 keys, their
+#: own RoPE base) and layer 2 global
+FAMILIES = {"qwen3": dict(head_dim=64),
+            "qwen3moe": {**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256,
+                         "mix": "Q4_K_M"},
+            "gemma3": dict(n_layers=3, head_dim=256, sliding_window=3, swa_pattern=3,
+                           rope_theta=1e6, rope_theta_swa=1e4, tie_embeddings=True,
+                           qtype="Q4_K")}
 BS = 16
 GREEDY = SamplingSettings()
 
 
 def _file(tmp_path_factory, seed, arch):
     p = tmp_path_factory.mktemp("model") / f"{arch}.gguf"
-    if arch == "qwen3moe":          # 8 experts, 2 used; a Q4_K_M file's types
-        write_synthetic_llama(str(p), seed=seed, mix="Q4_K_M",
-                              **{**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256})
-        return str(p)
-    extra = dict(head_dim=64) if arch == "qwen3" else {}
-    write_synthetic_llama(str(p), seed=seed, arch=arch, **TINY, **extra)
+    write_synthetic_llama(str(p), seed=seed, **{**TINY, "arch": arch, **FAMILIES.get(arch, {})})
     return str(p)
 
 
@@ -41,7 +46,7 @@ def files(tmp_path_factory, module_seed):
     return _file(tmp_path_factory, module_seed, "llama")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3moe"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"])
 def arch_files(request, tmp_path_factory, module_seed):
     return _file(tmp_path_factory, module_seed, request.param)
 
@@ -83,7 +88,8 @@ def test_batch_equals_each_sequence_alone(arch_files, rng):
     tokens that hold chunks of two sequences, the last crossing a block
     boundary) in shuffled, interleaved blocks: each gets the tokens the
     single-sequence model gives it (Llama, Qwen2's biases, Qwen3's q/k
-    norms): logits within 1e-2 of its at every step, tokens equal up to a
+    norms, Qwen3-MoE's experts chosen per row on the device, Gemma 3's
+    sliding-window layers over the paged cache): logits within 1e-2 of its at every step, tokens equal up to a
     near tie (``same_continuation``: the batch's GEMMs and the single
     sequence's GEMVs round differently, and a random model's logits are
     flat)."""

@@ -124,16 +124,6 @@ def _prefill_matches_reference(m, path, prompt, new, *, chunk, mode):
             break
 
 
-def test_batched_engine_refuses_gemma3(tiny_q4_k):
-    from ptxgen.driver.backend import get_backend
-    from ptxgen.llm.engine.runner import BatchRunner
-    from ptxgen.llm.gguf.file import LlamaFile
-    path = tiny_q4_k
-    with pytest.raises(ValueError, match="the batched engine does not run gemma3 files: its "
-                                         "sliding-window layers"):
-        BatchRunner(LlamaFile(path), get_backend("emu"))
-
-
 gpu = pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver available")
 
 

@@ -1,8 +1,9 @@
 """qwen3moe (a mixture of experts in every layer) on the emulator against
 the float64 reference: the decode step (router, the selected experts'
 GEMVs, their weighted sum: the experts chosen on the device inside one
-graph), the chunked prefill against the token-by-token path, and the
-engine's refusal.
+graph) and the chunked prefill against the token-by-token path (the
+batched engine's: tests/llm/test_batch_runner.py and
+tests/llm/engine/test_engine_families.py).
 
 The file is the tiny-moe preset (2 layers, 8 experts, 2 used) in the
 Q4_K_M mix llama.cpp writes for MoE files (F32 router, Q4_K gate/up
