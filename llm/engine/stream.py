@@ -12,7 +12,7 @@ from ptxgen.llm.textgen import _StopStrings
 
 from .requests import RequestEvent, RequestOutput
 
-__all__ = ["Request", "TextState"]
+__all__ = ["Request", "TextState", "wake"]
 
 
 class TextState:
@@ -81,9 +81,11 @@ class Request:
         return f"Request({self.id!r}, {state})"
 
     # ------------------------------------------------------------ the engine's side
-    def _push(self, event: RequestEvent, output: RequestOutput | None = None) -> None:
+    def _push(self, event: RequestEvent, output: RequestOutput | None = None) -> list:
         """Deliver ``event`` (and, with the last one, the output); called by
-        the engine's loop thread."""
+        the engine's loop thread.  Threads waiting are woken; the asyncio
+        consumers waiting are returned, for :func:`wake` (one wake-up per
+        event loop for all the requests of a step)."""
         with self._cond:
             if output is not None:
                 self._output = output
@@ -92,11 +94,7 @@ class Request:
             waiters, self._waiters = self._waiters, []
         if output is not None:
             self._done.set()
-        for loop, flag in waiters:
-            try:
-                loop.call_soon_threadsafe(flag.set)
-            except RuntimeError:           # the consumer's loop is closed
-                pass
+        return waiters
 
     # ------------------------------------------------------------ the caller's side
     @property
@@ -162,3 +160,21 @@ class Request:
         finally:
             if not done:
                 self._cancel()
+
+
+def wake(waiters) -> None:
+    """Set the asyncio flags of ``waiters`` (``(loop, asyncio.Event)``
+    pairs, from :meth:`Request._push`) with one call per event loop."""
+    by_loop: dict = {}
+    for loop, flag in waiters:
+        by_loop.setdefault(loop, []).append(flag)
+    for loop, flags in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_set_all, flags)
+        except RuntimeError:               # the consumer's loop is closed
+            pass
+
+
+def _set_all(flags) -> None:
+    for flag in flags:
+        flag.set()
