@@ -143,20 +143,33 @@ class Request:
         return self._aiterate()
 
     async def _aiterate(self):
+        lists = self.event_lists()
+        try:
+            async for events in lists:
+                for ev in events:
+                    yield ev
+        finally:
+            await lists.aclose()           # leaving early cancels the request now
+
+    async def event_lists(self):
+        """Iterate the events in asyncio as lists: each one all that has
+        arrived since the last (a consumer that falls behind takes several
+        at once); leaving early cancels the request, as ``async for`` does."""
         loop = asyncio.get_running_loop()
         done = False
         try:
             while not done:
                 with self._cond:
-                    ev = self._events.popleft() if self._events else None
-                    if ev is None:
+                    evs = list(self._events)
+                    self._events.clear()
+                    if not evs:
                         flag = asyncio.Event()
                         self._waiters.append((loop, flag))
-                if ev is None:
+                if not evs:
                     await flag.wait()
                     continue
-                done = ev.finish_reason is not None
-                yield ev
+                done = evs[-1].finish_reason is not None
+                yield evs
         finally:
             if not done:
                 self._cancel()
