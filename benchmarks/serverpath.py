@@ -19,7 +19,8 @@ engine's detokenisation and stop-string scan do real work).  Reported:
   streaming ``/v1/completions`` clients (httpx, in a process of their own)
   with ``ignore_eos``: the tokens per second they receive, as a fraction of
   what the stand-in allows at that batch (``clients / device time``) and of
-  the engine's offline rate at the same batch.
+  the engine's offline rate at the same batch, with the time to first token
+  (requests that start late, or wait for prefill, cost the rate that much).
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ def _client_process(url, clients, max_tokens, prompt_len, words, seed, conn):
             return time.perf_counter() - t0
 
     wall = asyncio.run(run())
-    conn.send((rec["tokens"], wall, rec["errors"][:3], rec["itl"]))
+    conn.send((rec["tokens"], wall, rec["errors"][:3], rec["itl"], rec["ttft"]))
     conn.close()
 
 
@@ -213,7 +214,7 @@ def server_rate(tokenizer, words, clients: int, *, device_s: float, max_tokens: 
         p.start()
         child.close()
         try:
-            tokens, wall, errors, itl = parent.recv()
+            tokens, wall, errors, itl, ttft = parent.recv()
         except EOFError:
             raise RuntimeError(f"the client process ended without results (exit code "
                                f"{p.join() or p.exitcode})") from None
@@ -225,14 +226,16 @@ def server_rate(tokenizer, words, clients: int, *, device_s: float, max_tokens: 
         eng.close()
     if errors:
         raise RuntimeError(f"the clients got errors: {errors}")
-    itl = sorted(itl)
+    itl, ttft = sorted(itl), sorted(ttft)
     rate = tokens / wall
     return {"clients": clients, "tokens": tokens, "wall_s": round(wall, 3),
             "tokens_per_s": round(rate, 1), "allowed_tokens_per_s": round(clients / device_s, 1),
             "fraction": round(rate / (clients / device_s), 3),
             "itl_ms_p50": round(itl[len(itl) // 2] * 1e3, 2) if itl else None,
             "itl_ms_p99": round(itl[min(len(itl) - 1, int(len(itl) * 0.99))] * 1e3, 2)
-            if itl else None}
+            if itl else None,
+            "ttft_ms_p50": round(ttft[len(ttft) // 2] * 1e3, 2) if ttft else None,
+            "ttft_ms_max": round(ttft[-1] * 1e3, 2) if ttft else None}
 
 
 def _ints(text: str) -> list:
@@ -280,7 +283,7 @@ def main(argv=None) -> int:
               f"{r['fraction']:>9.3f}", flush=True)
     if not a.no_server:
         print(f"{'clients':>7} {'tok/s':>10} {'allowed':>10} {'fraction':>9} "
-              f"{'of offline':>10} {'itl p50/p99 ms':>15}")
+              f"{'of offline':>10} {'itl p50/p99 ms':>15} {'ttft p50/max ms':>16}")
         for n in a.clients:
             r = server_rate(tok, words, n, device_s=dev, max_tokens=a.max_tokens,
                             prompt_len=a.prompt_len)
@@ -292,7 +295,8 @@ def main(argv=None) -> int:
             res["server"].append(r)
             print(f"{n:>7} {r['tokens_per_s']:>10.1f} {r['allowed_tokens_per_s']:>10.1f} "
                   f"{r['fraction']:>9.3f} {r['of_offline']:>10.3f} "
-                  f"{r['itl_ms_p50']:>7}/{r['itl_ms_p99']}", flush=True)
+                  f"{r['itl_ms_p50']:>7}/{r['itl_ms_p99']:<7} {r['ttft_ms_p50']:>8}/{r['ttft_ms_max']}",
+                  flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

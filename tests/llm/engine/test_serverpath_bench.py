@@ -29,4 +29,5 @@ def test_serverpath_bench_runs(tmp_path):
     (s,) = res["server"]
     assert s["clients"] == 4 and s["tokens"] == 4 * 8
     assert 0 < s["fraction"] <= 1.0
+    assert 0 < s["ttft_ms_p50"] <= s["ttft_ms_max"]
     assert "B" in p.stdout and "clients" in p.stdout
