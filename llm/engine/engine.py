@@ -347,6 +347,8 @@ class _Loop:
         self.cancels: set = set()
         self.live: dict = {}               # request id -> _Entry, until its last event
         self.closing = False
+        self._wakes: list = []             # asyncio consumers of events delivered, to wake
+        sched.on_launch = self.wake
         self._stats = EngineStats(blocks_total=sched.blocks.num_blocks,
                                   blocks_free=sched.blocks.num_blocks,
                                   block_size=sched.block_size)
@@ -395,8 +397,18 @@ class _Loop:
             thread.join()
 
     # ------------------------------------------------------------ the loop
+    def wake(self) -> None:
+        """Wake the asyncio consumers of the events delivered since the
+        last call: the scheduler calls it as a step goes to the device, so
+        that they run while the device works instead of beside the
+        engine's own Python."""
+        if self._wakes:
+            waiters, self._wakes = self._wakes, []
+            wake(waiters)
+
     def run(self) -> None:
         while True:
+            self.wake()
             with self.cv:
                 while not (self.closing or self.inbox or self.cancels or self.sched.has_work):
                     self.cv.wait()
@@ -525,10 +537,8 @@ class _Loop:
                 if output is not None:
                     self.live.pop(e.req.id, None)
             self._stats = self._make_stats()
-        wakeups: list = []
         for e, ev, output in events:
-            e.req._push(ev, output, wakeups)
-        wake(wakeups)
+            self._wakes += e.req._push(ev, output)
 
     def _make_stats(self) -> EngineStats:
         s, c, b = self.sched, self.sched.counters, self.sched.blocks
@@ -556,3 +566,4 @@ class _Loop:
                 self.sched.abort(e.seq, FINISH_CANCELLED)
             touched[rid] = e
         self._deliver(touched)
+        self.wake()

@@ -194,6 +194,9 @@ class Scheduler:
         self._arrivals = 0
         self._since_decode = 0           # prompt tokens run since the last decode step
         self.counters = collections.Counter()
+        #: called just before each step's runner call (the engine hands the
+        #: last step's events to their consumers there, while the device works)
+        self.on_launch = None
 
     # ------------------------------------------------------------ requests
     def add(self, seq: Sequence) -> None:
@@ -329,6 +332,8 @@ class Scheduler:
         if not work:
             return StepOutput()
         out = StepOutput(kind="prefill")
+        if self.on_launch is not None:
+            self.on_launch()
         t0 = time.perf_counter()
         for seq, err in self._run_chunks(work):
             if err is not None:
@@ -388,6 +393,8 @@ class Scheduler:
         self._since_decode = 0
         if not batch:
             return out
+        if self.on_launch is not None:
+            self.on_launch()
         t0 = time.perf_counter()
         results = self._run_rows(batch)
         out.seconds = time.perf_counter() - t0

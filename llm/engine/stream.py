@@ -81,12 +81,11 @@ class Request:
         return f"Request({self.id!r}, {state})"
 
     # ------------------------------------------------------------ the engine's side
-    def _push(self, event: RequestEvent, output: RequestOutput | None = None,
-              wakeups: list | None = None) -> None:
+    def _push(self, event: RequestEvent, output: RequestOutput | None = None) -> list:
         """Deliver ``event`` (and, with the last one, the output); called by
-        the engine's loop thread.  The asyncio consumers waiting are woken
-        at once, or, given ``wakeups``, added to it as ``(loop, flag)`` for
-        :func:`wake` to wake with the other requests' of the same step."""
+        the engine's loop thread.  Threads waiting are woken; the asyncio
+        consumers waiting are returned, for :func:`wake` (one wake-up per
+        event loop for all the requests of a step)."""
         with self._cond:
             if output is not None:
                 self._output = output
@@ -95,10 +94,7 @@ class Request:
             waiters, self._waiters = self._waiters, []
         if output is not None:
             self._done.set()
-        if wakeups is not None:
-            wakeups += waiters
-        else:
-            wake(waiters)
+        return waiters
 
     # ------------------------------------------------------------ the caller's side
     @property
@@ -147,30 +143,41 @@ class Request:
         return self._aiterate()
 
     async def _aiterate(self):
+        lists = self.event_lists()
+        try:
+            async for events in lists:
+                for ev in events:
+                    yield ev
+        finally:
+            await lists.aclose()           # leaving early cancels the request now
+
+    async def event_lists(self):
+        """Iterate the events in asyncio as lists: each one all that has
+        arrived since the last (a consumer that falls behind takes several
+        at once); leaving early cancels the request, as ``async for`` does."""
         loop = asyncio.get_running_loop()
         done = False
         try:
             while not done:
                 with self._cond:
-                    ev = self._events.popleft() if self._events else None
-                    if ev is None:
+                    evs = list(self._events)
+                    self._events.clear()
+                    if not evs:
                         flag = asyncio.Event()
                         self._waiters.append((loop, flag))
-                if ev is None:
+                if not evs:
                     await flag.wait()
                     continue
-                done = ev.finish_reason is not None
-                yield ev
+                done = evs[-1].finish_reason is not None
+                yield evs
         finally:
             if not done:
                 self._cancel()
 
 
 def wake(waiters) -> None:
-    """Set the asyncio flags of ``waiters`` (``(loop, flag)`` pairs) with one
-    call into each loop: a step's events for many requests served by one
-    event loop cost the engine's thread one wake-up of that loop, not one a
-    request."""
+    """Set the asyncio flags of ``waiters`` (``(loop, asyncio.Event)``
+    pairs, from :meth:`Request._push`) with one call per event loop."""
     by_loop: dict = {}
     for loop, flag in waiters:
         by_loop.setdefault(loop, []).append(flag)

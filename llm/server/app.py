@@ -455,12 +455,18 @@ class _Job:
         """Lists of ``(choice, event)``: each one what has come since the
         last (a stream that falls behind the engine sends several tokens in
         one write instead of lagging further)."""
+        if len(self.choices) == 1:            # the common case: no task, no queue
+            c = self.choices[0]
+            async for evs in _guarded(c.request):
+                yield [(c, ev) for ev in evs]
+            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(c):
             try:
-                async for ev in _guarded(c.request):
-                    queue.put_nowait((c, ev))
+                async for evs in _guarded(c.request):
+                    for ev in evs:
+                        queue.put_nowait((c, ev))
             finally:
                 queue.put_nowait((c, None))
 
@@ -669,18 +675,22 @@ def _logprob_entry(entry) -> tuple:
 
 
 async def _guarded(request):
-    """An engine request's events; an exception while iterating ends it
-    with an "error" event instead of reaching the route."""
+    """An engine request's events, in lists (``Request.event_lists``); an
+    exception while iterating ends it with an "error" event instead of
+    reaching the route."""
+    lists = request.event_lists()
     try:
-        async for ev in request:
-            yield ev
-            if ev.finish_reason is not None:
+        async for evs in lists:
+            yield evs
+            if evs[-1].finish_reason is not None:
                 return
     except asyncio.CancelledError:
         raise
     except Exception as e:  # noqa: BLE001 - one request's failure stays in it
         log.exception("engine request %s failed", getattr(request, "id", "?"))
-        yield _ErrorEvent(f"{type(e).__name__}: {e}")
+        yield [_ErrorEvent(f"{type(e).__name__}: {e}")]
+    finally:
+        await lists.aclose()
 
 
 class _ErrorEvent:

@@ -523,3 +523,36 @@ def test_random_requests_and_cancels_from_threads_leave_the_pool_empty(rng, engi
     st = eng.stats()
     assert st.blocks_used == 0 and st.running == st.waiting == 0 and st.finished == 300
     eng._core.sched.check()
+
+
+def test_event_lists_take_what_has_arrived_at_once(rng, engine_and_runner):
+    """``event_lists`` hands a consumer that fell behind all the waiting
+    events in one list, and leaving it early cancels, as ``async for`` does."""
+    eng, runner = engine_and_runner()
+    s = RequestSettings(max_tokens=int(rng.integers(3, 9)))
+    p = prompt_of(rng, int(rng.integers(2, 9)))
+    req = eng.add_request(p, s)
+    out = req.result(timeout=10)             # every event is waiting
+
+    async def take_all(r):
+        return [evs async for evs in r.event_lists()]
+
+    lists = asyncio.run(take_all(req))
+    assert len(lists) == 1 and lists[0][-1].finish_reason == "length"
+    assert [t for ev in lists[0] for t in ev.token_ids] == list(out.token_ids)
+    assert list(out.token_ids) == reference(runner, eng, p, s, 0)  # greedy
+
+    gated = GatedRunner(FakeRunner(num_blocks=64, block_size=4, max_batch=8, chunk=8))
+    eng2, _ = engine_and_runner(gated)
+
+    async def leave_early():
+        r = eng2.add_request(prompt_of(rng, 5), RequestSettings(max_tokens=200))
+        lists = r.event_lists()
+        gated.release(2)
+        await lists.__anext__()
+        await lists.aclose()
+        return r
+
+    r = asyncio.run(leave_early())
+    gated.release(2)
+    assert r.result(timeout=10).finish_reason == "cancelled"

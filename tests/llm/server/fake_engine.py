@@ -218,6 +218,10 @@ class FakeRequest:
             if ev.finish_reason is not None:
                 return
 
+    async def event_lists(self):
+        async for ev in self._events():
+            yield [ev]
+
     def result(self) -> RequestOutput:
         for _ in self:
             pass

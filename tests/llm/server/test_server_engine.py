@@ -147,6 +147,18 @@ def test_serve_on_the_emulator(tmp_path, seed):
 
 
 @pytest.mark.gpu
+def test_serve_on_the_gpu_with_a_small_file(tmp_path, seed):
+    """The engine loop and the server's streams over real graph replays
+    (the emulator runs no graphs), on a file small enough to take seconds."""
+    if not cuda_available():
+        pytest.skip("no NVIDIA GPU / driver available")
+    model = str(tmp_path / "small.gguf")
+    write_synthetic_llama(model, seed=seed, vocab_from=PHI3, vocab_limit=300, **SMALL)
+    with _serve(model, "--backend", "cuda", "-c", "128", "--parallel", "4") as url:
+        _exercise(url, Tokenizer.from_gguf(model), max_tokens=4)
+
+
+@pytest.mark.gpu
 def test_serve_on_the_gpu_with_an_8b_file():
     if not cuda_available():
         pytest.skip("no NVIDIA GPU / driver available")
