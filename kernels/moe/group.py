@@ -169,7 +169,9 @@ def reference(ids, n_expert: int):
 
 
 CANONICAL = {
-    "moe_group": MoeGroupSpec(128, 8, target="sm_90", pdl=True),
+    # the family's name dumps the first spec for any target: no PDL in it
+    "moe_group": MoeGroupSpec(128, 8, target="sm_90"),
+    "moe_group_pdl": MoeGroupSpec(128, 8, target="sm_90", pdl=True),
     "moe_group_small": MoeGroupSpec(6, 2, block=32),
 }
 
