@@ -23,12 +23,13 @@ TINY = dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
             context_length=256)
 #: the files of other shapes than TINY's: qwen3moe the tiny-moe preset (8
 #: experts, 2 used) in the Q4_K_M mix llama.cpp writes for MoE files; gemma3
-#: with Gemma's heads of 256, layers 0 and 1 local (a window of 3 keys, their
+#: with Gemma's heads of 256 (two, sharing one KV head), layers 0 and 1 local (a window of 3 keys, their
 #: own RoPE base) and layer 2 global
 FAMILIES = {"qwen3": dict(head_dim=64),
             "qwen3moe": {**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256,
                          "mix": "Q4_K_M"},
-            "gemma3": dict(n_layers=3, head_dim=256, sliding_window=3, swa_pattern=3,
+            "gemma3": dict(n_layers=3, n_heads=2, n_kv_heads=1, head_dim=256,
+                           sliding_window=3, swa_pattern=3,
                            rope_theta=1e6, rope_theta_swa=1e4, tie_embeddings=True,
                            qtype="Q4_K")}
 BS = 16

@@ -73,10 +73,10 @@ def _check_batch(path, backend, prompts, n, **engine_kw):
 
 
 def test_each_sequence_gets_its_tokens_alone(family_path, rng):
-    """Three prompts (2, 7 and 19 tokens: past the window and a 16-token
-    block) in one engine batch, 3 greedy tokens each."""
-    prompts = [[int(t) for t in rng.integers(0, 512, n)] for n in (2, 7, 19)]
-    _check_batch(family_path, "emu", prompts, 3, max_seqs=4, ctx_size=64, chunk=16)
+    """Two prompts (2 and 19 tokens: past the window and a 16-token block)
+    in one engine batch, 2 greedy tokens each."""
+    prompts = [[int(t) for t in rng.integers(0, 512, n)] for n in (2, 19)]
+    _check_batch(family_path, "emu", prompts, 2, max_seqs=2, ctx_size=64, chunk=16)
 
 
 @pytest.mark.gpu

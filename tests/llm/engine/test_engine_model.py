@@ -55,25 +55,6 @@ def test_each_sequence_of_a_batch_gets_the_tokens_it_gets_alone(small_path, rng)
         assert list(o.token_ids) == a, f"prompt of {len(p)} tokens"
 
 
-def test_a_mixture_of_experts_file_runs_batched(tmp_path, seed, rng):
-    """qwen3moe through the engine: two prompts batched, each to its length,
-    every block back (tests/llm/test_batch_runner.py holds each sequence's
-    tokens and logits to the single-sequence model's)."""
-    from ptxgen.llm.gguf.synth import PRESETS
-    p = tmp_path / "moe.gguf"
-    write_synthetic_llama(p, seed=seed, mix="Q4_K_M",
-                          **{**PRESETS["tiny-moe"], "n_layers": 1, "vocab": 256,
-                             "context_length": 256})
-    prompts = [[int(t) for t in rng.integers(0, 256, n)] for n in (3, 11)]
-    with Engine.from_gguf(str(p), backend="emu", max_seqs=2, ctx_size=32, chunk=16,
-                          progress=False) as eng:
-        outs = eng.generate(prompts, RequestSettings(max_tokens=2, ignore_eos=True))
-        assert eng.stats().blocks_used == 0
-    for o in outs:
-        assert o.finish_reason == "length" and len(o.token_ids) == 2, o
-        assert all(0 <= t < 256 for t in o.token_ids)
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver available")
 def test_gpu_batch_equals_alone_with_shared_prefixes(tmp_path, seed, rng):
