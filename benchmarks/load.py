@@ -59,7 +59,7 @@ def _levels(text: str) -> list:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected e.g. 1,8,64, got {text!r}") from None
     if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"concurrencies must be >= 1, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return out
 
 

@@ -36,6 +36,8 @@ import sys
 import threading
 import time
 
+from .load import _levels
+
 __all__ = ["TimedRunner", "host_per_step", "server_rate", "main"]
 
 VOCAB = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "vocab",
@@ -238,22 +240,12 @@ def server_rate(tokenizer, words, clients: int, *, device_s: float, max_tokens: 
             "ttft_ms_max": round(ttft[-1] * 1e3, 2) if ttft else None}
 
 
-def _ints(text: str) -> list:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected e.g. 1,8,64, got {text!r}") from None
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return out
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serverpath",
                                  description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batches", type=_ints, default=[1, 8, 64, 128],
+    ap.add_argument("--batches", type=_levels, default=[1, 8, 64, 128],
                     help="batch sizes of the host-time table (default 1,8,64,128)")
-    ap.add_argument("--clients", type=_ints, default=[64],
+    ap.add_argument("--clients", type=_levels, default=[64],
                     help="streaming clients of the server runs (default 64; 0 runs none)")
     ap.add_argument("--device-ms", type=float, default=10.0,
                     help="the stand-in's device time per step, ms (default 10)")
