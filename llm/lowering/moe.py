@@ -104,29 +104,51 @@ def _plans(lw: Lowering, e: Experts, tuning, *, tokens: bool, pdl: bool):
 
 def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None):
     hp = lw.hp
-    E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
+    NU, F, H = hp.n_expert_used, hp.expert_ffn, hp.hidden
     rs, gs, ds, cs, tg, td = specs
-    logits, counter, ids, wts, act, down = bufs
-    wr, _ = lw.weight(e.router)
+    _, _, ids, _, act, down = bufs
     wg, _ = lw.weight(e.gate)
     wu, _ = lw.weight(e.up)
     wd, _ = lw.weight(e.down)
-    rows = {} if n_ptr is None else {"t_ptr": n_ptr}
-    extra = [] if n_ptr is None else [n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr]
+    rows, extra = _row_count(n_ptr)
     p = e.prefix
-    lw.add("MoeRouter", p + "ffn_router", [wr, x, counter] + extra, [ids, wts, counter],
-           [lw.launch("moe_router", rs, router.launch_geometry(rs, t_rows), w=wr, x=x,
-                      logits=logits, counter=counter, ids=ids, weights=wts, **rows)])
+    _router(lw, e, x, bufs, rs, t_rows, n_ptr)
     lw.add("MoeMulMatSwiGLU", p + "ffn_gate_up_exps", [wg, wu, x, ids] + extra, [act],
            [lw.launch("moe_gemv", gs, expert_gemv.launch_geometry(gs, F, NU, t_rows), w=wg,
                       wu=wu, x=x, y=act, m=F, ids=ids, **rows)])
     lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, ids] + extra, [down],
            [lw.launch("moe_gemv", ds, expert_gemv.launch_geometry(ds, H, NU, t_rows), w=wd,
                       x=act, y=down, m=H, ids=ids, **rows)])
-    lw.add("MoeCombine", p + "ffn_moe_sum", [down, wts, residual] + extra, [residual],
-           [lw.launch("moe_combine", cs, combine.launch_geometry(cs, H, t_rows), y=down,
-                      weights=wts, r=residual, out=residual, m=H, **rows)])
+    return _combine(lw, e, residual, bufs, cs, t_rows, n_ptr)
+
+
+def _router(lw: Lowering, e: Experts, x, bufs, rs, t_rows, n_ptr):
+    """The router launch: ``x``'s expert ids and weights for ``t_rows``
+    rows (``n_ptr``: the device row count, None for one token)."""
+    logits, counter, ids, wts, _, _ = bufs
+    wr, _ = lw.weight(e.router)
+    rows, extra = _row_count(n_ptr)
+    lw.add("MoeRouter", e.prefix + "ffn_router", [wr, x, counter] + extra, [ids, wts, counter],
+           [lw.launch("moe_router", rs, router.launch_geometry(rs, t_rows), w=wr, x=x,
+                      logits=logits, counter=counter, ids=ids, weights=wts, **rows)])
+
+
+def _combine(lw: Lowering, e: Experts, residual, bufs, cs, t_rows, n_ptr):
+    """The experts' outputs weighted and added into ``residual``."""
+    _, _, _, wts, _, down = bufs
+    rows, extra = _row_count(n_ptr)
+    lw.add("MoeCombine", e.prefix + "ffn_moe_sum", [down, wts, residual] + extra, [residual],
+           [lw.launch("moe_combine", cs, combine.launch_geometry(cs, lw.hp.hidden, t_rows),
+                      y=down, weights=wts, r=residual, out=residual, m=lw.hp.hidden, **rows)])
     return residual
+
+
+def _row_count(n_ptr):
+    """The launches' ``t_ptr`` argument and the buffer it reads, where rows
+    are counted on the device."""
+    if n_ptr is None:
+        return {}, []
+    return {"t_ptr": n_ptr}, [n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr]
 
 
 def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
@@ -194,21 +216,18 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     if cfg["path"] == "gemv":
         return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
     rs, _, _, cs, _, _ = specs
-    logits, counter, ids, wts, act, down = bufs
-    wr, _ = lw.weight(e.router)
+    _, _, ids, _, act, down = bufs
     wg, _ = lw.weight(e.gate)
     wu, _ = lw.weight(e.up)
     wd, _ = lw.weight(e.down)
-    n_buf = n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr
+    n_buf = _row_count(n_ptr)[1][0]
     counts = g.buffer(p + "moe_counts", (E,), np.uint32)
     offsets = g.buffer(p + "moe_offsets", (E,), np.uint32)
     pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
     gs = group.MoeGroupSpec(E, NU, block=min(1024, max(32, -(-E // 32) * 32)), target=lw.target,
                             pdl=pdl)
     gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
-    lw.add("MoeRouter", p + "ffn_router", [wr, x, counter, n_buf], [ids, wts, counter],
-           [lw.launch("moe_router", rs, router.launch_geometry(rs, B), w=wr, x=x,
-                      logits=logits, counter=counter, ids=ids, weights=wts, t_ptr=n_ptr)])
+    _router(lw, e, x, bufs, rs, B, n_ptr)
     lw.add("MoeGroup", p + "ffn_moe_group", [ids, n_buf], [counts, offsets, pairs],
            [lw.launch("moe_group", gs, group.launch_geometry(gs), ids=ids, t_ptr=n_ptr,
                       counts=counts, offsets=offsets, pairs=pairs)])
@@ -222,7 +241,4 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, counts, offsets, pairs], [down],
            [lw.launch("moe_gemm", dn, expert_gemm.launch_geometry(dn, H, B, E), w=wd, x=act,
                       y=down, m=H, **sort)])
-    lw.add("MoeCombine", p + "ffn_moe_sum", [down, wts, residual, n_buf], [residual],
-           [lw.launch("moe_combine", cs, combine.launch_geometry(cs, H, B), y=down,
-                      weights=wts, r=residual, out=residual, m=H, t_ptr=n_ptr)])
-    return residual
+    return _combine(lw, e, residual, bufs, cs, B, n_ptr)
