@@ -32,13 +32,14 @@ BUCKETS = (2, 4, 8, 16, 32, 64, 128)
 COLD_BYTES = 256 << 20
 
 
-def candidates(base, t, x_type):
-    """The table's config, small mma.sync tiles (more CTAs at few rows)
-    and, for f16 X, the warpgroup kernel's tiles of 64 and 128 weight rows
-    by one token tile covering T (sm_90a)."""
+def candidates(base, t, x_type, stages=(4, 6), mma=True):
+    """The table's config, small mma.sync tiles (more CTAs at few rows;
+    ``mma``) and, for f16 X, the warpgroup kernel's tiles of 64 and 128
+    weight rows by one token tile covering T (sm_90a), with rings of each
+    of ``stages`` (those that fit the shared memory)."""
     out = [base]
     bn = min(max(16, t), 64)
-    for bm in (16, 32, 64):
+    for bm in ((16, 32, 64) if mma else ()):
         for wm, wn in ((1, 1), (2, 1)):
             c = attrs.evolve(base, bm=bm, bn=bn, warps_m=wm, warps_n=wn, stages=4,
                              kernel="mma", min_ctas=0)
@@ -47,8 +48,8 @@ def candidates(base, t, x_type):
     if x_type == "f16":
         wbn = min(max(8, -(-t // 8) * 8), 128)
         for bm in (64, 128):
-            for stages in (4, 6):
-                c = attrs.evolve(base, kernel="wgmma", bm=bm, bn=wbn, bk=64, stages=stages,
+            for depth in stages:
+                c = attrs.evolve(base, kernel="wgmma", bm=bm, bn=wbn, bk=64, stages=depth,
                                  warps_m=2, warps_n=2, min_ctas=0)
                 if c not in out:
                     out.append(c)
@@ -60,6 +61,11 @@ def main(argv=None):
     ap.add_argument("--t", default="8,64")
     ap.add_argument("--json", default=None)
     ap.add_argument("--max-candidates", type=int, default=40)
+    ap.add_argument("--stages", default="4,6",
+                    help="ring depths of the warpgroup candidates (comma-separated)")
+    ap.add_argument("--no-mma", action="store_true", help="warpgroup candidates only")
+    ap.add_argument("--calls", default=None,
+                    help="only these calls, as M x K (comma-separated, e.g. 4096x14336)")
     ap.add_argument("--no-store", action="store_true",
                     help="print and write JSON only; leave the user tuning cache alone")
     a = ap.parse_args(argv)
@@ -75,7 +81,9 @@ def main(argv=None):
     rng = np.random.default_rng(0)
     ts = [int(x) for x in a.t.split(",")]
     rows, best = [], {}
-    for q, m, k, xt, epi in CALLS:
+    stages = tuple(int(v) for v in a.stages.split(","))
+    calls = [c for c in CALLS if a.calls is None or f"{c[1]}x{c[2]}" in a.calls.split(",")]
+    for q, m, k, xt, epi in calls:
         qt = qtype_of(q)
         row_bytes = qt.row_bytes(k)
         # copies enough to leave the L2 cold: consecutive calls read different weights,
@@ -89,7 +97,7 @@ def main(argv=None):
             y = DeviceArray.from_numpy(rng.standard_normal((t, m)).astype(np.float32))
             base = gemm_plan(q, k, m, t, x_type=xt, epilogue=epi, backend="cuda").config
             found = []
-            for c in candidates(base, t, xt)[:a.max_candidates]:
+            for c in candidates(base, t, xt, stages, not a.no_mma)[:a.max_candidates]:
                 kw = attrs.asdict(c)
                 try:
                     G.GemmPlan(gemm_plan(q, k, m, t, x_type=xt, epilogue=epi,
@@ -109,12 +117,13 @@ def main(argv=None):
             print(f"{q} {m}x{k} {xt} {epi:8s} T={t:4d}: table {us0:8.1f} us, best {us1:8.1f} us "
                   f"({gbs:6.0f} GB/s weights) {attrs.asdict(c1)}", flush=True)
             rows.append(dict(qtype=q, m=m, k=k, x_type=xt, epilogue=epi, t=t, table_us=us0,
-                             best_us=us1, best=attrs.asdict(c1), candidates=len(found)))
+                             best_us=us1, best=attrs.asdict(c1), candidates=len(found),
+                             timed=[dict(us=round(u, 2), **attrs.asdict(c)) for u, c in found]))
             best[(q, m, k, xt, epi, t)] = (c1, us1, us0)
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump({"device": dev.name, "rows": rows}, f, indent=1)
-    for q, m, k, xt, epi in ([] if a.no_store else CALLS):
+    for q, m, k, xt, epi in ([] if a.no_store else calls):
         for bucket in BUCKETS:
             t = min(ts, key=lambda v: (abs(v - bucket), v))
             c1, us1, us0 = best[(q, m, k, xt, epi, t)]

@@ -47,6 +47,10 @@ CASES = [
     (9, 136, 256, dict(bm=128, bn=8, stages=5)),
     (16, 200, 512, dict(bm=256, bn=16, stages=4, epilogue="residual")),
     (13, 96, 512, dict(bm=64, bn=16, stages=3, epilogue="bias")),
+    # deep rings for few tokens: 14 stages in flight over 32, and more
+    # stages than K has
+    (11, 64, 2048, dict(bm=64, bn=8, stages=16, epilogue="residual")),
+    (5, 64, 512, dict(bm=64, bn=8, stages=12)),
 ]
 
 
