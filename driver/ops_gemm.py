@@ -48,6 +48,20 @@ def gemm_plan(qtype, k, m=None, t=None, *, x_type="f32", epilogue="none", t_devi
                            target=tgt, pdl=pdl, y_stride=y_stride, m=m, t=t, **knobs)
 
 
+_SCRATCH: dict = {}
+
+
+def _split_scratch(be, ws_n: int, tiles: int):
+    """A split-K launch's workspace and zeroed tile counters on ``be``, kept
+    per size for the process (so a call inside a graph capture finds them
+    made by an earlier call; each launch leaves the counters zero)."""
+    key = (be.name, ws_n, tiles)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (be.empty((ws_n,), np.float32),
+                         be.from_numpy(np.zeros(tiles, np.uint32)))
+    return _SCRATCH[key]
+
+
 def _weights(a, name, qtype):
     w = a.array(name, np.uint8)
     if w.ndim != 2:
@@ -153,5 +167,8 @@ def gemm(w, x, qtype, out=None, residual=None, *, bias=None, n_tokens=None, y_st
     xm = _g.x_map(plan, int(xd.ptr), t)
     if xm is not None:
         args["xmap"] = be.tensor_map(xm)
+    ws_n, tiles = _g.split_scratch(plan, m, t)
+    if tiles:
+        args["ws"], args["counters"] = _split_scratch(be, ws_n, tiles)
     a.launch(be.function(_g.build, plan), _g.launch_geometry(plan, m, t), args, pdl=plan.pdl)
     return a.result(y)

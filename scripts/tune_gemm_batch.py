@@ -32,11 +32,12 @@ BUCKETS = (2, 4, 8, 16, 32, 64, 128)
 COLD_BYTES = 256 << 20
 
 
-def candidates(base, t, x_type, stages=(4, 6), mma=True):
+def candidates(base, t, x_type, stages=(4, 6), mma=True, splits=(1,)):
     """The table's config, small mma.sync tiles (more CTAs at few rows;
     ``mma``) and, for f16 X, the warpgroup kernel's tiles of 64 and 128
     weight rows by one token tile covering T (sm_90a), with rings of each
-    of ``stages`` (those that fit the shared memory)."""
+    of ``stages`` and K split each of ``splits`` ways (those the shape and
+    the shared memory allow)."""
     out = [base]
     bn = min(max(16, t), 64)
     for bm in ((16, 32, 64) if mma else ()):
@@ -49,10 +50,11 @@ def candidates(base, t, x_type, stages=(4, 6), mma=True):
         wbn = min(max(8, -(-t // 8) * 8), 128)
         for bm in (64, 128):
             for depth in stages:
-                c = attrs.evolve(base, kernel="wgmma", bm=bm, bn=wbn, bk=64, stages=depth,
-                                 warps_m=2, warps_n=2, min_ctas=0)
-                if c not in out:
-                    out.append(c)
+                for split in splits:
+                    c = attrs.evolve(base, kernel="wgmma", bm=bm, bn=wbn, bk=64, stages=depth,
+                                     warps_m=2, warps_n=2, min_ctas=0, split_k=split)
+                    if c not in out:
+                        out.append(c)
     return out
 
 
@@ -63,6 +65,8 @@ def main(argv=None):
     ap.add_argument("--max-candidates", type=int, default=40)
     ap.add_argument("--stages", default="4,6",
                     help="ring depths of the warpgroup candidates (comma-separated)")
+    ap.add_argument("--splits", default="1",
+                    help="K splits of the warpgroup candidates (comma-separated)")
     ap.add_argument("--no-mma", action="store_true", help="warpgroup candidates only")
     ap.add_argument("--calls", default=None,
                     help="only these calls, as M x K (comma-separated, e.g. 4096x14336)")
@@ -82,6 +86,7 @@ def main(argv=None):
     ts = [int(x) for x in a.t.split(",")]
     rows, best = [], {}
     stages = tuple(int(v) for v in a.stages.split(","))
+    splits = tuple(int(v) for v in a.splits.split(","))
     calls = [c for c in CALLS if a.calls is None or f"{c[1]}x{c[2]}" in a.calls.split(",")]
     for q, m, k, xt, epi in calls:
         qt = qtype_of(q)
@@ -97,7 +102,7 @@ def main(argv=None):
             y = DeviceArray.from_numpy(rng.standard_normal((t, m)).astype(np.float32))
             base = gemm_plan(q, k, m, t, x_type=xt, epilogue=epi, backend="cuda").config
             found = []
-            for c in candidates(base, t, xt, stages, not a.no_mma)[:a.max_candidates]:
+            for c in candidates(base, t, xt, stages, not a.no_mma, splits)[:a.max_candidates]:
                 kw = attrs.asdict(c)
                 try:
                     G.GemmPlan(gemm_plan(q, k, m, t, x_type=xt, epilogue=epi,

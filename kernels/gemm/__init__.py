@@ -19,8 +19,9 @@ registers and X brought by TMA into swizzled shared memory.  Design, counts and 
 docs/notes/gemm.md.
 
 Launch: ``launch_geometry(plan, M, T_max)``; parameters ``w, x[, r], y, m,
-t | t_ptr`` and, where :func:`x_map` gives one, the tensor map of X,
-``xmap``.
+t | t_ptr``, with ``split_k > 1`` a workspace ``ws`` and counters
+``counters`` (sizes from :func:`split_scratch`), and, where :func:`x_map`
+gives one, the tensor map of X, ``xmap``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ptxgen import registry
 
 from ..quants.qtypes import QTYPES
 from . import q4k, q6k, q8_0
-from .kernel import build_gemm, launch_geometry
+from .kernel import build_gemm, launch_geometry, split_scratch
 from .reference import reference
 from .spec import (EPILOGUES, GEMM_QTYPES, KERNELS, MAX_SHARED, MMA_QTYPES, WGMMA_QTYPES,
                    X_TYPES, GemmConfig, GemmPlan, GemmSpec)
@@ -43,7 +44,7 @@ from .wgmma_f16 import BF16Format, F16Format
 __all__ = ["GemmSpec", "GemmConfig", "GemmPlan", "build", "plan", "default_plan",
            "select_config", "launch_geometry", "reference", "GEMM_QTYPES", "X_TYPES", "EPILOGUES",
            "MAX_SHARED", "KERNELS", "WGMMA_QTYPES", "MMA_QTYPES", "CANONICAL", "FORMATS", "x_map",
-           "supported"]
+           "supported", "split_scratch"]
 
 
 def plan(spec, config: GemmConfig | None = None, *, m: int | None = None,

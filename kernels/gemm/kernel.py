@@ -66,8 +66,22 @@ def launch_geometry(plan, m: int, t_max: int):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what} must be a positive int, got {v!r}")
     c = plan.config
-    return LaunchGeometry(plan.kernel_name, (math.ceil(t_max / c.bn), math.ceil(m / c.bm)),
+    return LaunchGeometry(plan.kernel_name,
+                          (math.ceil(t_max / c.bn), math.ceil(m / c.bm), c.split_k),
                           plan.threads, plan.dynamic_shared)
+
+
+def split_scratch(plan, m: int, t_max: int) -> tuple[int, int]:
+    """What a launch of ``plan`` for ``m`` rows and at most ``t_max`` tokens
+    with ``split_k > 1`` needs beside its arguments: ``(ws, tiles)``, the
+    f32 elements of its workspace (``ws``) and the u32 counters, one a
+    tile (``counters``: zero before the first launch; each launch leaves
+    them zero).  ``(0, 0)`` without a split."""
+    c = plan.config
+    if c.split_k == 1:
+        return 0, 0
+    tiles = math.ceil(t_max / c.bn) * math.ceil(m / c.bm)
+    return tiles * c.split_k * plan.split_workspace, tiles
 
 
 def sh(addr, ty=b32):

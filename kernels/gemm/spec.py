@@ -162,6 +162,12 @@ class GemmConfig:
         flight while one is computed).
     min_ctas : int
         ``.minnctapersm`` hint (0: none).
+    split_k : int
+        CTAs sharing each output tile, each over ``1 / split_k`` of K
+        (the warpgroup kernel only; 1: none).  Each writes its partial sums
+        to a workspace and the last to finish adds them in a fixed order,
+        so the result does not depend on which finishes first; for few
+        tokens, where a tile's CTAs are too few to keep the memory busy.
     kernel : {"mma", "wgmma"}
         ``mma``: ``mma.sync`` with the weights decoded into A fragments
         per warp (:mod:`.q4k`, :mod:`.q6k`, :mod:`.q8_0`; ``MMA_QTYPES``).
@@ -180,6 +186,7 @@ class GemmConfig:
     stages: int = attrs.field(default=3, validator=_int(2, 32))
     min_ctas: int = attrs.field(default=0, validator=_int(0, 32))
     kernel: str = attrs.field(default="mma", validator=_in("kernel", KERNELS))
+    split_k: int = attrs.field(default=1, validator=_int(1, 32))
 
 
 SPEC_FIELDS = tuple(f.name for f in attrs.fields(GemmSpec))
@@ -209,6 +216,8 @@ class GemmPlan(PlanBase):
         c = self.config
         if c.kernel == "wgmma":
             return self._check_wgmma()
+        if c.split_k != 1:
+            raise ValueError(f"split_k={c.split_k}: only kernel='wgmma' splits K")
         if self.spec.qtype not in MMA_QTYPES:
             raise ValueError(f"{self.spec.qtype} GEMMs run on kernel='wgmma' (sm_90a, f16 X, K "
                              f"a multiple of 256) only, got kernel={c.kernel!r}")
@@ -252,6 +261,14 @@ class GemmPlan(PlanBase):
         if c.bk != 64:
             raise ValueError(f"kernel='wgmma': bk={c.bk} must be 64 (a stage is one "
                              f"64-weight group of every row)")
+        if c.split_k > 1:
+            nsb = s.k // 256
+            if nsb % c.split_k:
+                raise ValueError(f"split_k={c.split_k} does not divide K={s.k}'s {nsb} "
+                                 f"super-blocks of 256")
+            if s.qtype == "Q6_K" or (self.row_bytes // c.split_k) % 16:
+                raise ValueError(f"split_k={c.split_k}: a {s.qtype} row's parts would not start "
+                                 f"16-byte aligned (the weight copies need it)")
         if c.stages < 3:
             raise ValueError(f"kernel='wgmma': stages={c.stages} must be at least 3 (the "
                              f"stage in the tensor cores, the one being decoded, one in flight)")
@@ -340,6 +357,12 @@ class GemmPlan(PlanBase):
         return c.bn * WG_X_ROW + c.bm * self.w_pitch
 
     @property
+    def split_workspace(self) -> int:
+        """f32 elements of partial sums a CTA of a split tile writes
+        (``split_k > 1``): its threads' accumulators."""
+        return self.threads * self.config.bn // 2
+
+    @property
     def kernel_name(self) -> str:
         c = self.config
         epi = "" if self.epilogue == "none" else "_" + self.epilogue
@@ -347,7 +370,8 @@ class GemmPlan(PlanBase):
         td += f"_ys{self.y_stride}" if self.y_stride else ""
         mc = f"_c{c.min_ctas}" if c.min_ctas else ""
         if c.kernel == "wgmma":
+            sk = f"_k{c.split_k}" if c.split_k > 1 else ""
             return (f"gemm_wg_{self.qtype.lower()}_k{self.k}{epi}{td}_{c.bm}x{c.bn}"
-                    f"_s{c.stages}{mc}")
+                    f"_s{c.stages}{mc}{sk}")
         return (f"gemm_{self.qtype.lower()}_k{self.k}_x{self.x_type}{epi}{td}_{c.bm}x{c.bn}"
                 f"x{c.bk}_w{c.warps_m}x{c.warps_n}_s{c.stages}{mc}")

@@ -90,7 +90,7 @@ from __future__ import annotations
 
 import ptxgen
 from ptxgen.tensor_map import TensorMap
-from ptxgen.types import b32, b64, f16x2, u8, u16, u32, u64
+from ptxgen.types import b32, b64, f16x2, f32, u8, u16, u32, u64
 from ptxgen.values import Address
 
 from .kernel import kernel_directives, kernel_interface
@@ -297,14 +297,25 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
     store are this function's."""
     c = plan.config
     S, D = c.stages, c.stages - 2
-    nk, nsb = plan.k // 64, plan.k // 256
+    nsplit = c.split_k
+    nsb = plan.k // 256 // nsplit               # super-blocks of this CTA's part of K
+    nk = 4 * nsb
     sbytes = plan.wgmma_stage_bytes
     xbytes = c.bn * WG_X_ROW
     m = ptxgen.Module(plan.target)
     with m.kernel(plan.kernel_name, **kernel_directives(plan)) as k:
         # a 128B-swizzled X tile starts on a 1024-byte boundary
         w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan, smem_align=1024)
+        if nsplit > 1:
+            ws = k.param_ptr("ws", f32)
+            counters = k.param_ptr("counters", u32)
         xmap = k.tensor_map_param("xmap")
+        k0 = 0
+        if nsplit > 1:
+            # part z of K: the rows' bytes from z / nsplit on, X's columns likewise
+            z = k.ctaid.z
+            w = k.ptr_add(w, k.mul(k.cvt(u64, z), plan.row_bytes // nsplit))
+            k0 = z * (256 * nsb)
         m0 = k.ctaid.y * c.bm
         tid = k.tid.x
         first = tid.eq(0)
@@ -332,13 +343,14 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
         for i in range(D):
             if i < nk:
                 wf.copy(base + i * sbytes, i // 4, i % 4, None)
-                load_x(base + i * sbytes, bar0 + 8 * i, 64 * i, None)
+                load_x(base + i * sbytes, bar0 + 8 * i, k0 + 64 * i if nsplit > 1 else 64 * i,
+                       None)
             k.cp_async_commit()
         acc = k.wgmma_acc(c.bn)
         cur = k.var(u32, 0)                      # stage being computed: buffer index
         pre = k.var(u32, D)                      # ... being filled
         phase = k.var(u32, 0)                    # parity of cur's mbarrier phase
-        kel = k.var(u32, 0)                      # K of the pointers' super-block
+        kel = k.var(u32, k0)                     # K of the pointers' super-block
         with k.for_range(0, nsb) as sbi:
             for j in range(4):
                 k.cp_async_wait(D - 1)
@@ -368,9 +380,44 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
             wf.advance()
             kel.set(kel + 256)
         k.wgmma_wait(0)
+        if nsplit > 1:
+            acc = _split_sum(k, plan, acc, ws, counters, tid, base)
         _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows,
                plan.epilogue == "bias")
     return m
+
+
+def _split_sum(k, plan, acc, ws, counters, tid, flag):
+    """Split K: every CTA of the tile writes its accumulators to its part
+    of the tile's workspace, then counts itself in on the tile's counter;
+    the last to arrive (its count ``split_k - 1``) resets the counter,
+    reads all the parts and returns their sums in part order, so the sums
+    are the same whichever CTA finishes last; the others exit.  ``flag``:
+    a shared word (the ring's first, idle by now) that carries the count
+    from thread 0 to the CTA."""
+    nsplit, n, nt = plan.config.split_k, len(acc), plan.threads
+    tile = k.mad(k.ctaid.y, k.nctaid.x, k.ctaid.x)
+    region = tile * (nsplit * n * nt) + tid
+    z = k.ctaid.z
+    for i, v in enumerate(acc):
+        k.st(ws[region + (z * n + i) * nt], v)
+    k.fence("acq_rel", "gpu")
+    k.bar_sync()
+    with k.if_(tid.eq(0)):
+        # release this CTA's parts (ordered before by the barrier), acquire the others'
+        old = k.atom("add", counters[tile], 1, sem="acq_rel", scope="gpu")
+        k.st(_sh(flag, 0, u32), old)
+        with k.if_(old.eq(nsplit - 1)):
+            k.st(counters[tile], k.mov(0, u32))
+    k.bar_sync()
+    k.exit(guard=k.ld(_sh(flag, 0, u32), u32).ne(nsplit - 1))
+    out = []
+    for i in range(n):
+        s = k.ld(ws[region + i * nt])
+        for p in range(1, nsplit):
+            s = k.add(s, k.ld(ws[region + (p * n + i) * nt]))
+        out.append(s)
+    return out
 
 
 def _store(k, acc, y, r, row0, tok0, mrows, t, ldy, bias=False):

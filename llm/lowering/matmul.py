@@ -167,5 +167,28 @@ def gemm(lw: Lowering, name, w, t, x, y, n_tokens, *, rows_max: int, residual=No
     if _gemm.x_map(plan, 0, rows_max) is not None:
         args["xmap"] = TensorMapOf(x, lambda addr: _gemm.x_map(plan, addr, rows_max))
     ins = [w, x] + [a for a in (residual, bias) if a is not None]
-    return lw.add("MulMat", name, ins, [y],
+    outs = [y]
+    ws_n, tiles = _gemm.split_scratch(plan, m, rows_max)
+    if tiles:
+        args["ws"] = lw.g.buffer(name + ".split_ws", (ws_n,), np.float32)
+        args["counters"] = _split_counters(lw, tiles, name)
+        outs += [args["ws"], args["counters"]]
+    return lw.add("MulMat", name, ins, outs,
                   [lw.launch("gemm", plan, _gemm.launch_geometry(plan, m, rows_max), **args)])
+
+
+#: tiles of one split-K GEMM launch the graphs' shared counters serve
+SPLIT_COUNTERS = 8192
+
+
+def _split_counters(lw: Lowering, tiles: int, name: str):
+    """The split-K GEMMs' tile counters: one zeroed state buffer that every
+    such launch of the model's graphs uses in turn (each leaves it zero)."""
+    if tiles > SPLIT_COUNTERS:
+        raise ValueError(f"{name}: a split-K GEMM of {tiles} tiles; the counters hold "
+                         f"{SPLIT_COUNTERS}")
+    buf = getattr(lw, "_split_counter_buf", None)
+    if buf is None:
+        buf = lw._split_counter_buf = lw.g.buffer("gemm_split_counters", (SPLIT_COUNTERS,),
+                                                  np.uint32, "state")
+    return buf

@@ -34,7 +34,14 @@ def _run(backend, plan, w, x, y, m, t_arg, t_max, r=None):
                 **{"t_ptr" if plan.t_device else "t": t_arg})
     if r is not None:
         args["r"] = r
+    ws, tiles = G.split_scratch(plan, m, t_max)
+    if tiles:
+        args["ws"] = backend.poisoned((ws,), np.float32)
+        args["counters"] = counters = backend.array(np.zeros(tiles, np.uint32))
     backend.launch(fn, G.launch_geometry(plan, m, t_max), args)
+    if tiles:
+        # the last CTA of every tile leaves its counter zero for the next launch
+        assert not counters.to_numpy().any(), counters.to_numpy()
 
 
 # (T, M, K, config and spec fields): M and T both cut tiles short (M not a
@@ -51,6 +58,10 @@ CASES = [
     # stages than K has
     (11, 64, 2048, dict(bm=64, bn=8, stages=16, epilogue="residual")),
     (5, 64, 512, dict(bm=64, bn=8, stages=12)),
+    # K split 4 and 2 ways (M and T cut short, in-place residual and bias)
+    (11, 136, 2048, dict(bm=64, bn=8, stages=6, split_k=4, epilogue="residual")),
+    (20, 72, 1024, dict(bm=64, bn=16, stages=4, split_k=2, epilogue="bias")),
+    (9, 64, 512, dict(bm=128, bn=8, stages=3, split_k=2)),
 ]
 
 
@@ -167,10 +178,18 @@ def test_ops_gemm_wgmma_numpy(rng):
     (dict(bk=128), "must be 64"),
     (dict(stages=2), "at least 3"),
     (dict(bm=256, bn=256, stages=6), "shared memory"),
+    (dict(split_k=3), "does not divide"),
 ])
 def test_wgmma_plan_refusals(fields, msg):
     with pytest.raises(ValueError, match=msg):
         _plan(512, **fields)
+
+
+def test_split_k_refusals():
+    with pytest.raises(ValueError, match="only kernel='wgmma' splits K"):
+        G.GemmPlan.make("Q4_K", 512, x_type="f16", split_k=2)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        G.GemmPlan.make("Q6_K", 512, x_type="f16", target="sm_90a", kernel="wgmma", split_k=2)
 
 
 SHAPES_8B = [(4096, 4096), (6144, 4096), (14336, 4096), (4096, 14336)]

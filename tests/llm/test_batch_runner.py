@@ -182,3 +182,38 @@ def test_batched_gemv_off_and_above_the_crossover_uses_the_gemm(files):
     assert any("_b2_" in n for n in _kernels(two, 2))
     assert not any("_b4_" in n for n in _kernels(two, 4))
     assert all(n.startswith("gemm") for n in _kernels(two, 4))
+
+
+def test_split_k_step_matches_the_unsplit_one(tmp_path, module_seed, rng, monkeypatch):
+    """A decode step whose gate/up GEMM (2048 rows, K = 512) the table splits
+    2 ways over K (GemmConfig.split_k: partial sums in a workspace, the
+    tile's last CTA adds them) gives the logits of the same step with the
+    GEMM unsplit to 1e-3 of their largest and the same tokens, step after
+    step (the tile counters the graph's split launches share come back to
+    zero each time).  Only the order of the f32 sums differs, but the
+    down projection reads the FFN activation as f16, where a last-bit
+    change can move an element by one f16 step (2^-11)."""
+    import attrs
+
+    from ptxgen.kernels import gemm as G
+    path = tmp_path / "wide_ffn.gguf"
+    write_synthetic_llama(str(path), seed=module_seed, arch="llama", n_layers=1, hidden=512,
+                          ffn=2048, n_heads=4, n_kv_heads=2, vocab=512, context_length=64)
+    kw = dict(num_blocks=8, block_size=BS, max_batch=4, chunk=8, ctx_size=32, batch_gemv_rows=0)
+    split = BatchRunner(LlamaFile(str(path)), get_backend("emu"), **kw)
+    assert any(n.endswith("_k2") for n in _kernels(split, 4)), _kernels(split, 4)
+    table = G.select_config
+    monkeypatch.setattr(G, "select_config",
+                        lambda *a, **k: attrs.evolve(table(*a, **k), split_k=1))
+    whole = BatchRunner(LlamaFile(str(path)), get_backend("emu"), **kw)
+    assert not any(n.endswith("_k2") for n in _kernels(whole, 4))
+    prompts = [[int(t) for t in rng.integers(0, 512, n)] for n in (3, 6, 5)]
+    out = []
+    for runner in (split, whole):
+        logits = []
+        out.append((_run(runner, prompts, [(0,), (1,), (2,)], 3, 8, logits=logits), logits))
+    (ta, la), (tb, lb) = out
+    assert ta == tb
+    for a, b in zip(la, lb):
+        err = np.max(np.abs(a - b)) / np.max(np.abs(b))
+        assert err <= 1e-3, err
