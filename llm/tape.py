@@ -47,7 +47,8 @@ import attrs
 
 from ptxgen import registry
 from ptxgen.driver.executor import Buffer, BufRef, ComputeGraph, TensorMapOf, plan_activations
-from ptxgen.kernels import megakernel
+from ptxgen.kernels import gemv, megakernel
+from ptxgen.kernels.gemv import layout as gemv_layout
 
 from .generation import GREEDY
 
@@ -330,20 +331,39 @@ def decode_graph(file, *, sm_count: int, target: str = "sm_90", capacity: int | 
 #: launch's grid, and the persistent CTA (as wide as its widest body) keeps
 #: the registers a GEMV body needs
 ARGMAX_THREADS = 256
+#: the widest a batch-1 Q4_K GEMV body may be: a wider one (K = 14336 is 448
+#: pieces, a thread each) is built with more pieces a thread instead, the
+#: same rows a CTA, so the persistent CTA (as wide as its widest body) stays
+#: at 256 threads and ptxas may give every body up to 255 registers, where
+#: a wider CTA caps them all lower and the GEMV bodies spill
+GEMV_THREADS = 256
 
 
 def _body_spec(L):
+    """The spec launch ``L``'s body is built with inside the persistent
+    kernel: the argmax at :data:`ARGMAX_THREADS`, a Q4_K GEMV wider than
+    :data:`GEMV_THREADS` with as many pieces a thread as bring it within
+    them (its launch arguments unchanged, checked), else the launch's own."""
     if L.family == "argmax" and L.spec.block > ARGMAX_THREADS:
         return attrs.evolve(L.spec, block=ARGMAX_THREADS)
+    if L.family == "gemv" and L.spec.qtype == "Q4_K" and L.spec.batch == 1 \
+            and gemv.threads(L.spec) > GEMV_THREADS:
+        total = gemv_layout.q4k_layout(L.spec)[2]
+        spec = attrs.evolve(L.spec, pieces=-(-total // GEMV_THREADS))
+        # the tape cuts the launch's grid by its rows a CTA: those must stand
+        m = L.args["m"]
+        if gemv.launch_geometry(spec, m).args != gemv.launch_geometry(L.spec, m).args:
+            raise ValueError(f"{L.kernel}: {spec.pieces} pieces a thread change its launch")
+        return spec
     return L.spec
 
 
 def fused_kernel(graph, target: str, timeline: bool = False):
     """The persistent kernel over the distinct kernels of ``graph``'s
     greedy step (:func:`~ptxgen.kernels.megakernel.build_fused`; the argmax
-    with :data:`ARGMAX_THREADS` threads), and each launch kernel's op index
-    by entry name; ``timeline``: the kernel stamps each instruction's
-    times (:func:`~ptxgen.kernels.megakernel.build_fused`)."""
+    and the wide GEMVs narrowed, :func:`_body_spec`), and each launch
+    kernel's op index by entry name; ``timeline``: the kernel stamps each
+    instruction's times (:func:`~ptxgen.kernels.megakernel.build_fused`)."""
     kernels, index = [], {}
     for op in graph.ops_of(GREEDY):
         for L in op.launches:

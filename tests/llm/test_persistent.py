@@ -54,6 +54,39 @@ def test_emulator_persistent_decode_matches_the_eager_step(tiny, rng):
     assert sum(r[1] for r in rows) == len(p.tape.instructions)
 
 
+#: a model whose FFN (K = 8448 for ffn_down) is past 256 threads of one
+#: Q4_K piece each: the persistent kernel builds that body with more pieces
+#: a thread (llm/tape.py, ``_body_spec``); everything else as small as fits
+WIDE_FFN = dict(n_layers=1, hidden=256, ffn=8448, n_heads=2, n_kv_heads=1, vocab=256,
+                context_length=64)
+
+
+@pytest.mark.slow   # about 45 s of CPU, two thirds of it the emulator's shared-memory race checks
+def test_emulator_persistent_decode_with_a_wide_ffn_down(tmp_path, seed, rng):
+    """One step of a model whose ffn_down GEMV runs more threads than the
+    persistent CTA keeps (:data:`~ptxgen.llm.tape.GEMV_THREADS`): its body
+    takes 2 pieces a thread (160 threads, the launch's rows a CTA and grid
+    unchanged), the persistent kernel stays 256 wide, and the step gives
+    the eager launches' token and logits (1e-6 relative) and the float64
+    reference's within the decode path's bound.  24 CTAs (the most of 256
+    threads the emulator runs together) keep the emulator's rounds few."""
+    p = tmp_path / "wide_ffn.gguf"
+    write_synthetic_llama(str(p), seed=seed, **WIDE_FFN)
+    prompt = [int(rng.integers(0, WIDE_FFN["vocab"]))]
+    m = Model.from_gguf(str(p), backend="emu", capacity=4, progress=False, sm_count=24)
+    want, want_logits = m.generate(prompt, 1, return_logits=True, mode="eager")
+    ps = m.persistent_step(grid=24)
+    down = [n for n in ps.tape.nodes if n.op == "blk.0.ffn_down"]
+    assert len(down) == 1 and down[0].threads > ps.kernel.threads == 256
+    body = [b for b in ps.kernel.bodies if b.entry.startswith("gemv_q4_k_k8448_")]
+    assert len(body) == 1 and "_p2" in body[0].entry and body[0].threads == 160
+    got, logits = m.generate(prompt, 1, return_logits=True, mode="persistent")
+    assert got.tokens == want.tokens
+    for a, b in zip(logits, want_logits):
+        assert np.linalg.norm(a - b) <= 1e-6 * np.linalg.norm(b)
+    check_logits(m, str(p), prompt, got, logits)
+
+
 def test_emulator_race_check_sees_the_decode_steps_hand_offs(tiny, monkeypatch):
     """The same step with every wait dropped from the tape: a CTA reads the
     embedding another CTA stored with no release/acquire between them, and
@@ -122,3 +155,23 @@ def test_ptxas_takes_the_fused_decode_kernel(tiny, ptxas):
     assert set(index) == kernels and len(fk.bodies) == len(kernels)
     assert fk.threads == max(b.threads for b in fk.bodies) == 256   # the argmax's 1024 capped
     assemble(fk.ptx, "sm_90")
+
+
+def test_ptxas_the_8b_shaped_persistent_kernel_does_not_spill(tmp_path, ptxas):
+    """The persistent kernel of an 8B-shaped step (one layer of Llama 3 8B,
+    its full vocabulary: the step's own kernels) is 256 threads wide, its
+    ffn_down body (K = 14336, 448 threads as a launch) built with 2 pieces a
+    thread, and ptxas gives it registers to spare: no spill, no stack."""
+    from ptxgen.llm.gguf.synth import PRESETS
+    from ptxgen.llm.tape import decode_graph, fused_kernel
+    from ptxgen.ptxas import assemble
+    p = tmp_path / "llama8b_1layer.gguf"
+    write_synthetic_llama(str(p), seed=7, **{**PRESETS["llama3-8b"], "n_layers": 1})
+    g = decode_graph(str(p), sm_count=132, capacity=4096)
+    fk, _ = fused_kernel(g, "sm_90")
+    down = [L for op in g.ops_of("greedy") if op.name == "blk.0.ffn_down" for L in op.launches]
+    assert [L.geometry.threads for L in down] == [448]
+    assert [b.threads for b in fk.bodies if b.entry.startswith("gemv_q4_k_k14336_")] == [224]
+    assert fk.threads == 256
+    (rep,) = assemble(fk.ptx, "sm_90", exe=ptxas)[1]
+    assert rep.spill_stores == rep.spill_loads == rep.stack_bytes == rep.local_bytes == 0, rep
