@@ -94,20 +94,26 @@ def batch_plan(qtype: str, k: int, epilogue: str = "none", *, batch: int,
     return GemvPlan(spec, batch_config(spec, m, sm_count))
 
 
-def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> ptxgen.Module:
+def build(spec, config: GemvConfig | None = None, *, params=declare_params,
+          finish=None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
     :class:`GemvSpec` with ``config``, default the selected one, or a
     :class:`GemvPlan`).  ``params`` declares the kernel's parameters
     (:func:`.common.declare_params`, or a function with its signature and
-    result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`)."""
+    result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`).
+    ``finish(k, rows, tid)``, where given, ends the kernel after the CTA's
+    last row group is stored; ``rows`` is ``(row0, row_end, step)``, the
+    CTA's row groups as its loop visits them (not the batched GEMV)."""
     p = plan(spec, config)
     if p.batch > 1:
+        if finish is not None:
+            raise ValueError("the batched GEMV takes no finish")
         return build_batched(p)
     if p.stages:
-        return build_ring(p, params)
+        return build_ring(p, params, finish)
     if p.qtype == "Q4_K":
-        return build_q4k(p, params)
-    return build_staged(p, params)
+        return build_q4k(p, params, finish)
+    return build_staged(p, params, finish)
 
 
 def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", bias=False,

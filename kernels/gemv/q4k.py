@@ -253,12 +253,13 @@ def piece_dot(k, hdr, qs, pc):
     return k.fma(ndmin, mx, part)
 
 
-def build_q4k(spec, params=declare_params) -> ptxgen.Module:
+def build_q4k(spec, params=declare_params, finish=None) -> ptxgen.Module:
     """Build the direct Q4_K GEMV kernel of the plan ``spec``: every thread
     holds its pieces' x in registers and loads each row group's weights
     straight into registers (16-byte ``ld.global.nc``), one group at a time.
     ``params`` declares the parameters (:func:`.common.declare_params`'s
-    signature and result)."""
+    signature and result); ``finish`` ends the kernel
+    (:func:`ptxgen.kernels.gemv.build`)."""
     ppt, thr, total = q4k_layout(spec)
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32
@@ -301,4 +302,6 @@ def build_q4k(spec, params=declare_params) -> ptxgen.Module:
                         d = piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum)
+        if finish is not None:
+            finish(k, (row0, row_end, R), tid)
     return m

@@ -90,9 +90,10 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
                        guard=guard)
 
 
-def build_ring(spec, params=declare_params) -> ptxgen.Module:
+def build_ring(spec, params=declare_params, finish=None) -> ptxgen.Module:
     """The ring kernel of the plan ``spec``; ``params`` declares the
-    parameters (:func:`.common.declare_params`'s signature and result)."""
+    parameters (:func:`.common.declare_params`'s signature and result);
+    ``finish`` ends the kernel (:func:`ptxgen.kernels.gemv.build`)."""
     q4k = spec.qtype == "Q4_K"
     if q4k:
         ppt, thr, total = q4k_layout(spec)
@@ -250,4 +251,6 @@ def build_ring(spec, params=declare_params) -> ptxgen.Module:
                 wrap = si.eq(S - 1)
                 k.assign(parity, k.select(wrap, parity ^ 1, parity))
                 k.assign(si, k.select(wrap, k.mov(0, u32), si + 1))
+        if finish is not None:
+            finish(k, (row0, row_end, gstep), tid)
     return m

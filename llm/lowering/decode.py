@@ -29,8 +29,8 @@ The blocks lower to:
   down GEMV;
 - ``add_normed``: one RMSNorm launch adding its output into the stream;
 - ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
-  and down GEMVs and their weighted sum (:mod:`.moe`): four launches, the
-  experts chosen on the device;
+  GEMV and their down GEMV, which also adds their weighted sum into the
+  stream (:mod:`.moe`): four launches, the experts chosen on the device;
 - over several tensor-parallel ranks (:mod:`ptxgen.llm.parallel`): an
   all-reduce after each ``linear`` and the logits shards all-gathered
   before the choice;

@@ -11,13 +11,16 @@ The block ``s.moe_ffn(h, e: Experts, residual)`` computes llama.cpp's
 - the experts' gate and up GEMV with SwiGLU over the selected experts only
   (:mod:`ptxgen.kernels.moe.expert_gemv`, ids read from the router's
   buffer), then the down GEMV of each expert's activations;
-- the weighted sum of the experts' outputs added to the residual
-  (:mod:`ptxgen.kernels.moe.combine`).
+- the weighted sum of the experts' outputs added to the residual: for one
+  token in the down GEMV's launch (``ExpertGemvSpec.combine``: the last
+  CTA of each row group sums the experts' rows in slot order), for a
+  chunk by its own launch (:mod:`ptxgen.kernels.moe.combine`).
 
 For a chunk, :func:`chunk_path` (the ``moe_ffn`` tuning table, by the
 chunk's rows) picks one of two ways:
 
-- ``"gemv"``: the same four launches over its rows (the experts' GEMV with
+- ``"gemv"``: the router, the experts' gate/up and down GEMVs and the
+  combine over its rows (the experts' GEMV with
   ``tokens``: grid.z is the token), each token reading its own experts'
   rows, so a prompt's experts' weights are read once per token that chose
   them;
@@ -116,9 +119,20 @@ def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=
     lw.add("MoeMulMatSwiGLU", p + "ffn_gate_up_exps", [wg, wu, x, ids] + extra, [act],
            [lw.launch("moe_gemv", gs, expert_gemv.launch_geometry(gs, F, NU, t_rows), w=wg,
                       wu=wu, x=x, y=act, m=F, ids=ids, **rows)])
+    geom = expert_gemv.launch_geometry(ds, H, NU, t_rows)
+    if ds.combine:
+        # one token: the weighted sum into the residual in the down GEMV itself
+        wts = bufs[3]
+        counter = lw.g.buffer(p + "moe_down_counter", (expert_gemv.counter_words(ds, H),),
+                              np.uint32, "state",
+                              np.zeros(expert_gemv.counter_words(ds, H), np.uint32))
+        lw.add("MoeMulMatSum", p + "ffn_down_exps", [wd, act, ids, wts, residual, counter],
+               [down, residual, counter],
+               [lw.launch("moe_gemv", ds, geom, w=wd, x=act, y=down, m=H, ids=ids,
+                          weights=wts, r=residual, out=residual, counter=counter)])
+        return residual
     lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, ids] + extra, [down],
-           [lw.launch("moe_gemv", ds, expert_gemv.launch_geometry(ds, H, NU, t_rows), w=wd,
-                      x=act, y=down, m=H, ids=ids, **rows)])
+           [lw.launch("moe_gemv", ds, geom, w=wd, x=act, y=down, m=H, ids=ids, **rows)])
     return _combine(lw, e, residual, bufs, cs, t_rows, n_ptr)
 
 
@@ -156,7 +170,8 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
     ``residual``; ``scratch(name, shape, dtype)`` gives reused activations."""
     hp = lw.hp
     E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
-    specs = _plans(lw, e, tuning, tokens=False, pdl=False)
+    rs, gs, ds, cs, tg, td = _plans(lw, e, tuning, tokens=False, pdl=False)
+    specs = (rs, gs, ds.evolve(combine=True), cs, tg, td)
     counter = lw.g.buffer(e.prefix + "moe_counter", (1,), np.uint32, "state",
                           np.zeros(1, np.uint32))
     bufs = (scratch("moe_logits", (E,), np.float32), counter,

@@ -174,3 +174,40 @@ def test_expert_gemv_refuses(bad, message):
 def test_combine_refuses():
     with pytest.raises(ValueError, match="n_used must be an int in 1..64"):
         C.MoeCombineSpec(0)
+
+
+COMBINE_CASES = [
+    ("Q6_K", 256, 3, 24, dict(rows=2)),
+    ("Q4_K", 256, 4, 30, dict(rows=4)),
+    ("Q4_K", 512, 2, 20, dict(rows=2, stages=3, dot="dp4a")),
+    ("Q4_K", 256, 3, 40, dict(rows=2, stages=2, dot="dp4a", interleave=True, max_ctas=3)),
+    ("Q8_0", 256, 1, 16, dict(rows=2, stages=2, tile=256)),
+]
+
+
+@pytest.mark.parametrize("qtype,k,NU,M,config", COMBINE_CASES)
+def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
+    """The down projection with the weighted sum folded in: ``r += sum_j
+    w_j W_{ids[j]} x_j`` in one launch, ``out`` the residual itself; a
+    second launch (a replay) must find the counters reset.  The bound is
+    the GEMV's plus the combine's f32 sums."""
+    E = 6
+    spec = X.ExpertGemvSpec(G.GemvPlan(G.GemvSpec(qtype, k), G.GemvConfig(**config)),
+                            x_slot=True, combine=True)
+    w = _experts(rng, qtype, E, M, k)
+    fn = run.function(X.build, spec)
+    words = X.counter_words(spec, M)
+    counter = run.array(np.zeros(words, np.uint32))
+    for _ in range(2):
+        ids = rng.choice(E, NU, replace=False).astype(np.int32)
+        x = rng.standard_normal((NU, k)).astype(np.float32)
+        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
+        r = rng.standard_normal(M).astype(np.float32)
+        rd = run.array(r)
+        args = dict(w=run.array(w), x=run.array(x), y=run.poisoned((NU, M)), m=M,
+                    ids=run.array(ids), weights=run.array(wts), r=rd, out=rd, counter=counter)
+        run.launch(fn, X.launch_geometry(spec, M, NU), args)
+        ref = X.combine_reference(spec, w, ids, x, wts, r)
+        err = rel_err(run.get(rd), ref)
+        assert err <= BOUND, f"seed={seed}: off by {err:.3g}"
+        assert not run.get(counter).any(), f"seed={seed}: counters left {run.get(counter)}"
