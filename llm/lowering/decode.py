@@ -28,9 +28,10 @@ The blocks lower to:
   up share a type (else two GEMVs and a SwiGLU/GeGLU launch), then the
   down GEMV;
 - ``add_normed``: one RMSNorm launch adding its output into the stream;
-- ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
-  GEMV and their down GEMV, which also adds their weighted sum into the
-  stream (:mod:`.moe`): four launches, the experts chosen on the device;
+- ``moe_ffn``: the router (which also does the RMSNorm before it and
+  writes the normed row), the selected experts' gate/up GEMV and their
+  down GEMV, which also adds their weighted sum into the stream
+  (:mod:`.moe`): three launches, the experts chosen on the device;
 - over several tensor-parallel ranks (:mod:`ptxgen.llm.parallel`): an
   all-reduce after each ``linear`` and the logits shards all-gathered
   before the choice;
@@ -272,8 +273,13 @@ class DecodeLowering(Lowering):
         return x
 
     def moe_ffn(self, h, e: moe.Experts, residual):
-        x, _ = self._input(h, [self.file.tensor(e.router)])
-        return moe.decode_ffn(self, x, e, residual, scratch=self._act, tuning=self.tuning)
+        kw = dict(scratch=self._act, tuning=self.tuning)
+        if not isinstance(h, Normed):
+            return moe.decode_ffn(self, h, e, residual, **kw)
+        # the router does the RMSNorm and writes h for the experts
+        nw, _ = self.weight(h.weight)
+        return moe.decode_ffn(self, h.x, e, residual, **kw,
+                              norm=(nw, self.hp.eps, self._act("h", (self.hp.hidden,))))
 
     def output(self, h, weight):
         g, hp = self.g, self.hp

@@ -5,7 +5,8 @@ The block ``s.moe_ffn(h, e: Experts, residual)`` computes llama.cpp's
 ``build_moe_ffn`` (softmax gating, the file's ``norm_w``):
 
 - the router (:mod:`ptxgen.kernels.moe.router`): the expert logits of the
-  normed ``h``, their softmax, the top ``n_used`` ids and their weights,
+  normed ``h`` (for one token the router does the RMSNorm too and writes
+  ``h``), their softmax, the top ``n_used`` ids and their weights,
   written to device buffers, so which experts run is decided on the device
   and the decode step stays one graph replay;
 - the experts' gate and up GEMV with SwiGLU over the selected experts only
@@ -105,7 +106,8 @@ def _plans(lw: Lowering, e: Experts, tuning, *, tokens: bool, pdl: bool):
     return rs, gs, ds, cs, tg, td
 
 
-def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None):
+def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None,
+              norm=None):
     hp = lw.hp
     NU, F, H = hp.n_expert_used, hp.expert_ffn, hp.hidden
     rs, gs, ds, cs, tg, td = specs
@@ -115,7 +117,9 @@ def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=
     wd, _ = lw.weight(e.down)
     rows, extra = _row_count(n_ptr)
     p = e.prefix
-    _router(lw, e, x, bufs, rs, t_rows, n_ptr)
+    _router(lw, e, x, bufs, rs, t_rows, n_ptr, norm)
+    if norm is not None:
+        x = norm[2]                             # the normed row the router wrote
     lw.add("MoeMulMatSwiGLU", p + "ffn_gate_up_exps", [wg, wu, x, ids] + extra, [act],
            [lw.launch("moe_gemv", gs, expert_gemv.launch_geometry(gs, F, NU, t_rows), w=wg,
                       wu=wu, x=x, y=act, m=F, ids=ids, **rows)])
@@ -136,13 +140,20 @@ def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=
     return _combine(lw, e, residual, bufs, cs, t_rows, n_ptr)
 
 
-def _router(lw: Lowering, e: Experts, x, bufs, rs, t_rows, n_ptr):
+def _router(lw: Lowering, e: Experts, x, bufs, rs, t_rows, n_ptr, norm=None):
     """The router launch: ``x``'s expert ids and weights for ``t_rows``
-    rows (``n_ptr``: the device row count, None for one token)."""
+    rows (``n_ptr``: the device row count, None for one token); with
+    ``norm = (nw, eps, h)`` (``rs.norm``) of ``x``'s RMSNorm, which it
+    also writes to ``h``."""
     logits, counter, ids, wts, _, _ = bufs
     wr, _ = lw.weight(e.router)
     rows, extra = _row_count(n_ptr)
-    lw.add("MoeRouter", e.prefix + "ffn_router", [wr, x, counter] + extra, [ids, wts, counter],
+    ins, outs = [wr, x, counter] + extra, [ids, wts, counter]
+    if norm is not None:
+        nw, eps, h = norm
+        rows = dict(rows, nw=nw, eps=float(eps), h=h)
+        ins, outs = ins + [nw], outs + [h]
+    lw.add("MoeRouter", e.prefix + "ffn_router", ins, outs,
            [lw.launch("moe_router", rs, router.launch_geometry(rs, t_rows), w=wr, x=x,
                       logits=logits, counter=counter, ids=ids, weights=wts, **rows)])
 
@@ -165,19 +176,23 @@ def _row_count(n_ptr):
     return {"t_ptr": n_ptr}, [n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr]
 
 
-def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
-    """One token's MoE FFN: ``x`` the normed f32 ``[hidden]``, added into
-    ``residual``; ``scratch(name, shape, dtype)`` gives reused activations."""
+def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning, norm=None):
+    """One token's MoE FFN: ``x`` the normed f32 ``[hidden]`` or, with
+    ``norm = (nw, eps, h)``, the row the router RMSNorms (weight ``nw``)
+    into ``h`` itself; added into ``residual``; ``scratch(name, shape,
+    dtype)`` gives reused activations."""
     hp = lw.hp
     E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
     rs, gs, ds, cs, tg, td = _plans(lw, e, tuning, tokens=False, pdl=False)
+    if norm is not None:
+        rs = attrs.evolve(rs, norm=True)
     specs = (rs, gs, ds.evolve(combine=True), cs, tg, td)
     counter = lw.g.buffer(e.prefix + "moe_counter", (1,), np.uint32, "state",
                           np.zeros(1, np.uint32))
     bufs = (scratch("moe_logits", (E,), np.float32), counter,
             scratch("moe_ids", (NU,), np.int32), scratch("moe_weights", (NU,), np.float32),
             scratch("moe_act", (NU, F), np.float32), scratch("moe_down", (NU, H), np.float32))
-    return _launches(lw, e, x, residual, bufs, specs, 1)
+    return _launches(lw, e, x, residual, bufs, specs, 1, norm=norm)
 
 
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:

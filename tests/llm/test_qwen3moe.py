@@ -57,8 +57,10 @@ def test_decode_matches_reference(model, tiny, rng):
         chosen.add(tuple(tuple(sorted(ids)) for ids in ref.last_experts))
     assert len(chosen) > 1
     kinds = [op.kind for op in model.graph.ops if op.name.startswith("blk.0.")]
-    # the weighted sum is in the down GEMV's launch (ExpertGemvSpec.combine)
+    # the FFN's RMSNorm is in the router's launch and the weighted sum in
+    # the down GEMV's (ExpertGemvSpec.combine)
     assert kinds[-3:] == ["MoeRouter", "MoeMulMatSwiGLU", "MoeMulMatSum"]
+    assert not [op for op in model.graph.ops if op.name == "blk.0.ffn_norm"]
 
 
 def test_prefill_matches_token_by_token(model, rng):
