@@ -58,7 +58,8 @@ from ptxgen.values import Address
 from ..spec_fields import pdl_prologue, pdl_wait
 from .common import declare_params, write_outputs
 from .layout import q4k_layout, staged_layout
-from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x
+from .q4k import (norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x,
+                  store_normed)
 from .staged import FORMATS, PLANES
 
 __all__ = ["build_ring", "copy_rows"]
@@ -190,6 +191,7 @@ def build_ring(spec, params=declare_params, finish=None) -> ptxgen.Module:
         # fused RMSNorm: the pieces hold x * nw; the CTA's 1/sqrt(mean + eps)
         # is computed once here, and write_outputs scales every row by it
         nsum = norm_sum(k, spec, pcs, norm, red, warps, tid)
+        store_normed(k, spec, pcs, norm, nsum)
         if not q4k:
             # piece p = tid + i * thr of the row, for each of the thread's ppt
             spcs = []

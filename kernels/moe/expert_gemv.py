@@ -108,6 +108,8 @@ class ExpertGemvSpec:
     def __attrs_post_init__(self):
         if self.x_slot and self.plan.norm:
             raise ValueError("x_slot: the fused RMSNorm is for one x that every expert reads")
+        if self.plan.norm_out:
+            raise ValueError("the experts' GEMV stores no normed x (norm_out)")
         if self.combine and (self.tokens or self.plan.epilogue != "none"):
             raise ValueError("combine sums one token's down projections: it takes epilogue "
                              f"'none' and no tokens, not epilogue {self.plan.epilogue!r}"

@@ -165,6 +165,12 @@ def test_moe_ptxas_clean(ptxas, family, name, target):
     (dict(plan="x"), "plan must be a GemvPlan"),
     (dict(plan=G.GemvPlan(G.GemvSpec("Q4_K", 256, epilogue="residual"), G.GemvConfig())),
      "epilogue 'none' or 'swiglu'"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256, norm=True, norm_out=True)),
+     "stores no normed x"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256, "swiglu"), combine=True),
+     "combine sums one token's down projections"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256), x_slot=True, tokens=True, combine=True),
+     "combine sums one token's down projections"),
 ])
 def test_expert_gemv_refuses(bad, message):
     with pytest.raises(ValueError, match=message):
