@@ -217,3 +217,32 @@ def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
         err = rel_err(run.get(rd), ref)
         assert err <= BOUND, f"seed={seed}: off by {err:.3g}"
         assert not run.get(counter).any(), f"seed={seed}: counters left {run.get(counter)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_expert_gemv_combine_real_shape_gpu(gpu_run, rng, seed, qtype):
+    """On the GPU, Qwen3-30B-A3B's down projection (K 768, M 2048, 8 used)
+    with the plan the decode step picks: thousands of CTAs race for each
+    row group's counter; ten launches in a row, each with new experts, x
+    and weights, must each match float64, and leave the counters at 0."""
+    E, NU, M, K = 10, 8, 2048, 768
+    plan = G.plan(G.GemvSpec(qtype, K, target=gpu_run.target()), m=M)
+    spec = X.ExpertGemvSpec(plan, x_slot=True, combine=True)
+    w = _experts(rng, qtype, E, M, K)
+    wd = gpu_run.array(w)
+    fn = gpu_run.function(X.build, spec)
+    counter = gpu_run.array(np.zeros(X.counter_words(spec, M), np.uint32))
+    geo = X.launch_geometry(spec, M, NU)
+    for i in range(10):
+        ids = rng.choice(E, NU, replace=False).astype(np.int32)
+        x = rng.standard_normal((NU, K)).astype(np.float32)
+        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
+        r = rng.standard_normal(M).astype(np.float32)
+        rd = gpu_run.array(r)
+        gpu_run.launch(fn, geo, dict(w=wd, x=gpu_run.array(x), y=gpu_run.poisoned((NU, M)),
+                                     m=M, ids=gpu_run.array(ids), weights=gpu_run.array(wts),
+                                     r=rd, out=rd, counter=counter))
+        err = rel_err(gpu_run.get(rd), X.combine_reference(spec, w, ids, x, wts, r))
+        assert err <= BOUND, f"seed={seed}: launch {i} off by {err:.3g}"
+    assert not gpu_run.get(counter).any()
