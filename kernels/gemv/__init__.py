@@ -62,13 +62,14 @@ def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = No
 def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "sm_80",
                  m: int | None = None, sm_count: int | None = None, norm: bool = False,
                  rope: tuple = (), bias: bool = False, rope_layout: str = "interleaved",
-                 pdl: bool = False, device: str | None = None, **config) -> GemvPlan:
+                 pdl: bool = False, device: str | None = None, norm_out: bool = False,
+                 **config) -> GemvPlan:
     """The plan of the tuned config for a call; ``config`` fields given here
     replace the table's (a combination the kernels do not build is refused)."""
     import attrs
     spec = GemvSpec(qtype.upper() if isinstance(qtype, str) else qtype, k, epilogue=epilogue,
                     norm=norm, rope=rope, bias=bias, rope_layout=rope_layout, target=target,
-                    pdl=pdl)
+                    pdl=pdl, norm_out=norm_out)
     if not config:
         return GemvPlan(spec, select_config(spec, m, sm_count, device))
     cfg = select_config(spec, m)
@@ -94,20 +95,26 @@ def batch_plan(qtype: str, k: int, epilogue: str = "none", *, batch: int,
     return GemvPlan(spec, batch_config(spec, m, sm_count))
 
 
-def build(spec, config: GemvConfig | None = None, *, params=declare_params) -> ptxgen.Module:
+def build(spec, config: GemvConfig | None = None, *, params=declare_params,
+          finish=None) -> ptxgen.Module:
     """The PTX module (one kernel, ``plan.kernel_name``) for ``spec`` (a
     :class:`GemvSpec` with ``config``, default the selected one, or a
     :class:`GemvPlan`).  ``params`` declares the kernel's parameters
     (:func:`.common.declare_params`, or a function with its signature and
-    result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`)."""
+    result that adds to it: the experts' GEMV, :mod:`ptxgen.kernels.moe`).
+    ``finish(k, rows, tid)``, where given, ends the kernel after the CTA's
+    last row group is stored; ``rows`` is ``(row0, row_end, step)``, the
+    CTA's row groups as its loop visits them (not the batched GEMV)."""
     p = plan(spec, config)
     if p.batch > 1:
+        if finish is not None:
+            raise ValueError("the batched GEMV takes no finish")
         return build_batched(p)
     if p.stages:
-        return build_ring(p, params)
+        return build_ring(p, params, finish)
     if p.qtype == "Q4_K":
-        return build_q4k(p, params)
-    return build_staged(p, params)
+        return build_q4k(p, params, finish)
+    return build_staged(p, params, finish)
 
 
 def _canon(qtype, k, epilogue="none", rope=(), target="sm_80", bias=False,
@@ -139,6 +146,11 @@ CANONICAL = {
     # Qwen2's decode step: the q/k/v biases added before the NeoX rotation
     "gemv_q4_k_rope_bias": _canon("Q4_K", 512, "rope", rope=(64, 4, 2), bias=True,
                                   rope_layout="neox", rows=8, stages=3, dot="dp4a", ahead=1),
+    # a decode step's q and k where v has another type: the norm folded, h stored for v's GEMV
+    "gemv_q4_k_normh": GemvPlan(GemvSpec("Q4_K", 2048, norm=True, norm_out=True,
+                                         target="sm_90"),
+                                GemvConfig(rows=8, stages=4, ahead=1, dot="dp4a",
+                                           interleave=True)),
     "gemv_q4_k_batch": _canon("Q4_K", 512, "residual", batch=4, rows=4, stages=3, dot="dp4a",
                               teams=2, kslices=2),
     "gemv_q6_k_batch_swiglu": _canon("Q6_K", 2048, "swiglu", batch=2, rows=1, stages=2,

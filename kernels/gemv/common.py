@@ -17,7 +17,7 @@ Kernel parameters, in order::
     m      u32   rows
     rpc    u32   rows per CTA (a multiple of ``spec.rows``; see launch_geometry)
 
-(``norm`` adds ``nw, eps`` after ``x``; ``rope`` replaces ``r`` with its
+(``norm`` adds ``nw, eps[, h]`` after ``x``; ``rope`` replaces ``r`` with its
 table, position and caches: :func:`declare_params`.)  Launch: ``grid =
 ceil(M / rpc)`` CTAs of ``threads(spec)`` threads, with the ring's
 dynamic shared memory (:func:`launch_geometry`).
@@ -50,7 +50,7 @@ def declare_params(k, spec, warps):
     array :func:`write_outputs` reduces in.
 
     Returns ``(ws, x, r, y, m, rpc, red, norm)``; ``norm`` is ``(nw, eps)``
-    or None; ``r`` is the residual pointer, the rope epilogue's
+    (``(nw, eps, h)`` with ``norm_out``) or None; ``r`` is the residual pointer, the rope epilogue's
     :class:`RopeArgs`, or None.
     """
     ws = [k.param_ptr("w", u8, align=16)]
@@ -58,6 +58,8 @@ def declare_params(k, spec, warps):
         ws.append(k.param_ptr("wu", u8, align=16))
     x = k.param_ptr("x", f32, align=16)
     norm = (k.param_ptr("nw", f32, align=16), k.param("eps", f32)) if spec.norm else None
+    if spec.norm and spec.norm_out:
+        norm += (k.param_ptr("h", f32, align=16),)
     r = None
     if spec.epilogue == "residual":
         r = k.param_ptr("r", f32)

@@ -79,6 +79,22 @@ def norm_sum(k, spec, pcs, norm, red, warps, tid):
     return norm_scale(k, spec, red, warps, (warp_sum(k, sq), norm[1]), tid)
 
 
+def store_normed(k, spec, pcs, norm, scale):
+    """``norm_out``: CTA 0 stores its pieces' ``x * nw`` (:func:`piece_x`)
+    times the CTA's ``scale`` (:func:`norm_sum`) to ``h = norm[2]``, the
+    whole normed row (the CTA's pieces cover K); nothing without it."""
+    if not (norm and spec.norm_out):
+        return
+    h = norm[2]
+    for pc in pcs:
+        ok = k.setp("eq", k.ctaid.x, 0, combine=("and", pc["valid"]))
+        for half, vals in zip((0, 32), pc["xn"]):
+            ha = h[pc["xo"] + half] if half else h[pc["xo"]]
+            for v in range(4):
+                k.st(ha + 16 * v, tuple(a * scale for a in vals[4 * v:4 * v + 4]), f32,
+                     guard=ok)
+
+
 def piece_nw(k, nw, pc):
     """Issue the loads of the piece's 32 fused-RMSNorm weights into
     ``pc["nwv"]`` (two halves of 16).  They are constants, so a kernel may
@@ -126,6 +142,8 @@ def piece_x(k, x, pc, nw=None):
             vals = [a * w for a, w in zip(vals, pc["nwv"][h])]
         xv.append(vals)
     pc["sq"] = sq
+    if nw is not None:
+        pc["xn"] = xv                       # x * nw, for store_normed
     sums = []
     for vals in xv:
         t = vals[0]
@@ -253,12 +271,13 @@ def piece_dot(k, hdr, qs, pc):
     return k.fma(ndmin, mx, part)
 
 
-def build_q4k(spec, params=declare_params) -> ptxgen.Module:
+def build_q4k(spec, params=declare_params, finish=None) -> ptxgen.Module:
     """Build the direct Q4_K GEMV kernel of the plan ``spec``: every thread
     holds its pieces' x in registers and loads each row group's weights
     straight into registers (16-byte ``ld.global.nc``), one group at a time.
     ``params`` declares the parameters (:func:`.common.declare_params`'s
-    signature and result)."""
+    signature and result); ``finish`` ends the kernel
+    (:func:`ptxgen.kernels.gemv.build`)."""
     ppt, thr, total = q4k_layout(spec)
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
     warps = thr // 32
@@ -292,6 +311,7 @@ def build_q4k(spec, params=declare_params) -> ptxgen.Module:
             if spec.dot == "dp4a":
                 piece_planes(k, pc)
         nsum = norm_sum(k, spec, pcs, norm, red, warps, tid)
+        store_normed(k, spec, pcs, norm, nsum)
         with k.for_range(row0, row_end, R) as rg:
             loads = issue(rg)
             acc = [[None] * R for _ in range(nm)]
@@ -301,4 +321,6 @@ def build_q4k(spec, params=declare_params) -> ptxgen.Module:
                         d = piece_dot(k, hdr, qs, pc)
                         acc[mi][i] = d if acc[mi][i] is None else acc[mi][i] + d
             write_outputs(k, spec, acc, red, warps, rg, row_end, y, r, tid, norm=nsum)
+        if finish is not None:
+            finish(k, (row0, row_end, R), tid)
     return m

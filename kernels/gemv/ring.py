@@ -58,7 +58,8 @@ from ptxgen.values import Address
 from ..spec_fields import pdl_prologue, pdl_wait
 from .common import declare_params, write_outputs
 from .layout import q4k_layout, staged_layout
-from .q4k import norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x
+from .q4k import (norm_sum, piece_dot, piece_nw, piece_offsets, piece_planes, piece_x,
+                  store_normed)
 from .staged import FORMATS, PLANES
 
 __all__ = ["build_ring", "copy_rows"]
@@ -90,9 +91,10 @@ def copy_rows(k, dst, ws, src, last, chunks, thr, tid, mat_bytes):
                        guard=guard)
 
 
-def build_ring(spec, params=declare_params) -> ptxgen.Module:
+def build_ring(spec, params=declare_params, finish=None) -> ptxgen.Module:
     """The ring kernel of the plan ``spec``; ``params`` declares the
-    parameters (:func:`.common.declare_params`'s signature and result)."""
+    parameters (:func:`.common.declare_params`'s signature and result);
+    ``finish`` ends the kernel (:func:`ptxgen.kernels.gemv.build`)."""
     q4k = spec.qtype == "Q4_K"
     if q4k:
         ppt, thr, total = q4k_layout(spec)
@@ -189,6 +191,7 @@ def build_ring(spec, params=declare_params) -> ptxgen.Module:
         # fused RMSNorm: the pieces hold x * nw; the CTA's 1/sqrt(mean + eps)
         # is computed once here, and write_outputs scales every row by it
         nsum = norm_sum(k, spec, pcs, norm, red, warps, tid)
+        store_normed(k, spec, pcs, norm, nsum)
         if not q4k:
             # piece p = tid + i * thr of the row, for each of the thread's ppt
             spcs = []
@@ -250,4 +253,6 @@ def build_ring(spec, params=declare_params) -> ptxgen.Module:
                 wrap = si.eq(S - 1)
                 k.assign(parity, k.select(wrap, parity ^ 1, parity))
                 k.assign(si, k.select(wrap, k.mov(0, u32), si + 1))
+        if finish is not None:
+            finish(k, (row0, row_end, gstep), tid)
     return m

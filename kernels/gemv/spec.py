@@ -131,6 +131,11 @@ class GemvSpec:
     norm : bool
         Q4_K: RMSNorm of x fused in front, ``y = W (x / sqrt(mean(x^2) +
         eps) * nw)``; the kernel takes ``nw`` (f32 [K]) and ``eps`` after x.
+    norm_out : bool
+        With ``norm``: CTA 0 also stores the normed x (``x * nw`` times the
+        scale) to ``h`` (f32 [K], the parameter after ``eps``), for the
+        GEMVs after it that read the same normed row and cannot fuse the
+        norm (another weight type).
     rope : tuple
         ``(head_dim, n_q_heads, n_kv_heads)`` with ``epilogue="rope"`` (else
         empty): y holds the query heads, then the key heads, then as many
@@ -168,6 +173,12 @@ class GemvSpec:
     target: str = target_field()
     pdl: bool = pdl_field()
     batch: int = attrs.field(default=1, validator=_int_in(1, MAX_BATCH))
+    norm_out: bool = attrs.field(default=False, validator=_bool)
+
+    @norm_out.validator
+    def _check_norm_out(self, attr, v):
+        if v and not self.norm:
+            raise ValueError("norm_out=True stores the fused RMSNorm's output: it needs norm=True")
 
     @k.validator
     def _check_k(self, attr, v):
@@ -489,5 +500,6 @@ class GemvPlan(PlanBase):
             dp += f"_t{self.tile}"
         if self.min_ctas:
             dp += f"_c{self.min_ctas}"
-        return (f"gemv_{self.qtype.lower()}_k{self.k}{'_norm' if self.norm else ''}{epi}"
+        nm = ("_normh" if self.norm_out else "_norm") if self.norm else ""
+        return (f"gemv_{self.qtype.lower()}_k{self.k}{nm}{epi}"
                 f"_r{self.rows}{st}{dp}")

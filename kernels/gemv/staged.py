@@ -157,10 +157,11 @@ for _q, (_piece, _dot, _planes) in {**LEGACY_FORMATS, **FLOAT_FORMATS, "Q5_K": Q
         PLANES[_q] = _planes
 
 
-def build_staged(spec, params=declare_params) -> ptxgen.Module:
+def build_staged(spec, params=declare_params, finish=None) -> ptxgen.Module:
     """Build the tile-by-tile GEMV kernel (every format but Q4_K) of ``spec``;
     ``params`` declares the parameters (:func:`.common.declare_params`'s
-    signature and result)."""
+    signature and result); ``finish`` ends the kernel
+    (:func:`ptxgen.kernels.gemv.build`)."""
     lay = staged_layout(spec)
     piece_fn, dot_fn = FORMATS[spec.qtype]
     nm, R, rb = spec.n_mats, spec.rows, spec.row_bytes
@@ -211,6 +212,8 @@ def build_staged(spec, params=declare_params) -> ptxgen.Module:
                         accs[mi][i] += k.select(active, part, zero)
                 k.bar_sync(0)
             write_outputs(k, spec, accs, red, warps, rg, row_end, y, r, tid)
+        if finish is not None:
+            finish(k, (row0, row_end, R), tid)
     return m
 
 

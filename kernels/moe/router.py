@@ -22,7 +22,17 @@ rounds of a warp-wide maximum of 64-bit keys ``(order(p) << 32) | ~e``
 It writes ``ids`` (s32) and ``weights`` (f32), ``n_used`` per token, and
 resets ``counter[t]`` to 0 so the launch replays from a CUDA graph.
 
-Parameters: ``w``, ``x`` (``[T, K]`` with ``rows``), ``logits`` (f32
+With ``norm`` the router also does the FFN's RMSNorm before it (so the
+decode step has no RMSNorm launch there): every warp sums the squares of
+``x`` (the same lanes' order in every warp, so every CTA gets the same
+bits), scales by ``1/sqrt.rn(mean + eps)`` (``div.rn``) and the norm weight
+``nw`` as :mod:`ptxgen.kernels.rmsnorm` does (``(x s) nw``, ``mul.rn``) and
+dots the expert's row with those values; the warp of expert 0 stores them
+to ``h``, the normed row the experts' GEMV reads, so the logits are those
+of exactly that ``h``.
+
+Parameters: ``w``, ``x`` (``[T, K]`` with ``rows``), with ``norm`` ``nw``
+(f32 ``[K]``), ``eps`` (f32) and ``h`` (f32, ``x``'s shape), ``logits`` (f32
 scratch ``[T, n_expert]``), ``counter`` (u32 ``[T]``, zero before the first
 launch), ``ids``, ``weights`` (``[T, n_used]``) and with ``rows``
 ``t_ptr`` (u32: the tokens in use; CTAs of tokens at or past it exit).
@@ -78,6 +88,8 @@ class MoeRouterSpec:
         The selected experts' weights renormalised to sum to one (qwen3moe,
         and every file whose ``expert_weights_norm`` is true), else their
         probabilities as they are.
+    norm : bool
+        ``x`` RMSNorm-ed (weight ``nw``) first, the normed row stored to ``h``.
     block : int
         Threads per CTA (a warp per expert logit).
     """
@@ -88,6 +100,7 @@ class MoeRouterSpec:
     rows: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     norm_w: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     block: int = block_field(256)
+    norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -111,7 +124,8 @@ class MoeRouterSpec:
     @property
     def kernel_name(self) -> str:
         return (f"moe_router_e{self.n_expert}_k{self.n_used}_h{self.k}"
-                f"{'_rows' if self.rows else ''}{'' if self.norm_w else '_raw'}_b{self.block}")
+                f"{'_rows' if self.rows else ''}{'' if self.norm_w else '_raw'}"
+                f"{'_norm' if self.norm else ''}_b{self.block}")
 
 
 def _order(k, p):
@@ -141,13 +155,18 @@ def _warp_max_f32(k, v):
 
 
 def build(spec: MoeRouterSpec) -> ptxgen.Module:
-    """PTX for ``spec``; parameters ``w, x, logits, counter, ids, weights[, t_ptr]``."""
+    """PTX for ``spec``; parameters ``w, x, [nw, eps, h,] logits, counter, ids,
+    weights[, t_ptr]``."""
     E, K, NU = spec.n_expert, spec.k, spec.n_used
     slots = math.ceil(E / 32)
     m = ptxgen.Module(spec.target)
     with m.kernel(spec.kernel_name, reqntid=spec.block) as k:
         w = k.param_ptr("w", f32, align=16)
         x = k.param_ptr("x", f32, align=16)
+        if spec.norm:
+            nw = k.param_ptr("nw", f32, align=16)
+            eps = k.param("eps", f32)
+            h = k.param_ptr("h", f32, align=16)
         logits = k.param_ptr("logits", f32)
         counter = k.param_ptr("counter", u32)
         ids = k.param_ptr("ids", s32)
@@ -161,17 +180,32 @@ def build(spec: MoeRouterSpec) -> ptxgen.Module:
             t = k.ctaid.y
             k.exit(guard=t >= k.ld(t_ptr[0]))
             xrow = k.ptr_add(x, t * K)
+            hrow = k.ptr_add(h, t * K) if spec.norm else None
             lrow = k.ptr_add(logits, t * E)
             out_ids, out_w = k.ptr_add(ids, t * NU), k.ptr_add(weights, t * NU)
             cnt = counter[t]
         else:
             xrow, lrow, out_ids, out_w, cnt = x, logits, ids, weights, counter[0]
+            hrow = h if spec.norm else None
         e = k.ctaid.x * spec.warps + warp
         wrow = k.ptr_add(w, k.min(e, E - 1) * K)
+        if spec.norm:
+            ss = k.var(f32, 0.0)
+            with k.for_range(lane, K // 4, 32) as i:
+                for v in k.ld(xrow[i << 2], vec=4, nc=True):
+                    k.fma(v, v, ss, out=ss)
+            mean = k.div(warp_sum(k, ss), k.mov(float(K), f32))
+            scale = k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
+            writes_h = e.eq(0)
         acc = k.var(f32, 0.0)
         with k.for_range(lane, K // 4, 32) as i:
             wv = k.ld(wrow[i << 2], vec=4, nc=True)
             xv = k.ld(xrow[i << 2], vec=4, nc=True)
+            if spec.norm:
+                nv = k.ld(nw[i << 2], vec=4, nc=True)
+                xv = tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                           for a, b in zip(xv, nv))
+                k.st(hrow[i << 2], xv, guard=writes_h)
             for a, b in zip(wv, xv):
                 acc.set(k.fma(a, b, acc))
         s = warp_sum(k, acc)
@@ -279,6 +313,7 @@ def reference(w, x, n_used: int, norm_w: bool = True):
 CANONICAL = {
     "moe_router": MoeRouterSpec(128, 8, 2048),
     "moe_router_rows": MoeRouterSpec(8, 2, 256, rows=True, target="sm_90"),
+    "moe_router_norm": MoeRouterSpec(128, 8, 2048, norm=True, target="sm_90", pdl=True),
 }
 
 registry.register("moe_router", MoeRouterSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

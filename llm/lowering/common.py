@@ -125,15 +125,20 @@ class Lowering:
         t = self.file.tensor(name)
         return self.g.buffer(name, t.data.shape, t.data.dtype, "weight", t.data), t
 
-    def stacked_qkv(self, w: QKV, pair_order: bool = False):
+    def stacked_qkv(self, w: QKV, pair_order: bool = False, with_v: bool = True):
         """``[Wq; Wk; Wv]`` as one weight (the three share a type), and its
         :class:`TensorInfo`.  ``pair_order``: a buffer of its own with each q
         and k head's rows in NeoX rotation-pair order, as the GEMV's rope
-        epilogue reads them (:func:`ptxgen.kernels.gemv.neox_pair_rows`)."""
+        epilogue reads them (:func:`ptxgen.kernels.gemv.neox_pair_rows`).
+        ``with_v=False``: ``[Wq; Wk]`` (``attn_qk``), for a layer whose v has
+        another type."""
         f, hp = self.file, self.hp
-        names = (w.q, w.k, w.v)
+        if pair_order and not with_v:
+            raise ValueError("pair_order is for the stacked q, k and v of the rope epilogue")
+        names = (w.q, w.k, w.v) if with_v else (w.q, w.k)
         rows = sum(f.shape(n)[0] for n in names)
-        info = TensorInfo(w.prefix + "attn_qkv.weight", f.qtype(w.q), (rows, f.shape(w.q)[1]))
+        info = TensorInfo(w.prefix + ("attn_qkv.weight" if with_v else "attn_qk.weight"),
+                          f.qtype(w.q), (rows, f.shape(w.q)[1]))
         first = f.tensor(w.q).data
         shape = (rows,) + first.shape[1:]
 

@@ -18,7 +18,9 @@ The blocks lower to:
   appends this token's K/V rows to the f16 caches (one weight type, no q/k
   norms, ``fuse_rope``; for NeoX RoPE the GEMV reads a copy of the stacked
   weight with each q and k head's rows in rotation-pair order); otherwise
-  the projections (stacked when the types agree), the biases added by the
+  the projections (stacked when the types agree; where only v's type
+  differs, q and k stacked with the RMSNorm folded in, that GEMV storing
+  the normed row v's GEMV reads), the biases added by the
   GEMV's residual epilogue, then one launch for RoPE + KV append, which
   also applies the q/k RMSNorms where the file has them (``qk_norm``);
 - ``attention``: the split-KV flash decode and its combine (a sliding
@@ -28,9 +30,10 @@ The blocks lower to:
   up share a type (else two GEMVs and a SwiGLU/GeGLU launch), then the
   down GEMV;
 - ``add_normed``: one RMSNorm launch adding its output into the stream;
-- ``moe_ffn``: the RMSNorm, then the router, the selected experts' gate/up
-  and down GEMVs and their weighted sum (:mod:`.moe`): four launches, the
-  experts chosen on the device;
+- ``moe_ffn``: the router (which also does the RMSNorm before it and
+  writes the normed row), the selected experts' gate/up GEMV and their
+  down GEMV, which also adds their weighted sum into the stream
+  (:mod:`.moe`): three launches, the experts chosen on the device;
 - over several tensor-parallel ranks (:mod:`ptxgen.llm.parallel`): an
   all-reduce after each ``linear`` and the logits shards all-gathered
   before the choice;
@@ -177,6 +180,9 @@ class DecodeLowering(Lowering):
         freqs = self.rope_table(w.local)
         tun = dict(tuning=self.tuning)
         infos = [f.tensor(n) for n in (w.q, w.k, w.v)]
+        if self._splits_v(h, infos):
+            self._qk_then_v(h, w, qkv)
+            return self._rope_kv(w, qkv, freqs, kc, vc)
         x, norm = self._input(h, infos)
         if self._fuses_rope(w, infos):
             neox = self.rope_layout == "neox"
@@ -195,8 +201,37 @@ class DecodeLowering(Lowering):
                 wb, t = self.weight(name)
                 matmul.gemv(self, name.removesuffix(".weight"), wb, t, x, out, norm=norm,
                             residual=None if bias is None else bias.at(off), **tun)
-        # RoPE and the KV append, after the q and k heads' RMSNorms where
-        # the layer has them (RopeSpec.qk_norm), in place
+        return self._rope_kv(w, qkv, freqs, kc, vc)
+
+    def _splits_v(self, h, infos) -> bool:
+        """Whether q and k (one type, the norm foldable) run as one GEMV
+        with the pending RMSNorm folded in and v, of another type, after it
+        on the normed row that GEMV stores."""
+        tq, tk, tv = infos
+        return (isinstance(h, Normed) and h.kind in self.fuse_norm and tq.qtype == tk.qtype
+                and tv.qtype != tq.qtype and matmul.can_fuse_norm(tq, tk))
+
+    def _qk_then_v(self, h, w: QKV, qkv):
+        """The stacked ``[Wq; Wk]`` GEMV with the RMSNorm folded in, storing
+        the normed row to ``h`` (``GemvSpec.norm_out``), then v's GEMV on it:
+        two launches where a separate RMSNorm and three GEMVs were four."""
+        hp, p = self.hp, w.prefix
+        nw, _ = self.weight(h.weight)
+        hb = self._act("h", (hp.hidden,))
+        bias = self.qkv_bias(w)
+        wb, t = self.stacked_qkv(w, with_v=False)
+        matmul.gemv(self, p + "attn_qk", wb, t, h.x, qkv, residual=bias,
+                    norm=(nw, hp.eps, hb), tuning=self.tuning)
+        wv, tv = self.weight(w.v)
+        off = 4 * (hp.q_dim + hp.kv_dim)
+        matmul.gemv(self, w.v.removesuffix(".weight"), wv, tv, hb, qkv.at(off),
+                    residual=None if bias is None else bias.at(off), tuning=self.tuning)
+
+    def _rope_kv(self, w: QKV, qkv, freqs, kc, vc):
+        """RoPE and the KV append, after the q and k heads' RMSNorms where
+        the layer has them (RopeSpec.qk_norm), in place; returns q."""
+        hp, p = self.hp, w.prefix
+        q, k, v = qkv.at(0), qkv.at(4 * hp.q_dim), qkv.at(4 * (hp.q_dim + hp.kv_dim))
         rs = self._rope_spec(qk_norm=w.q_norm is not None)
         geom = rope.launch_geometry(rs, hp.n_heads, hp.n_kv_heads)
         norms, nargs = self.qk_norm_args(w)
@@ -272,8 +307,13 @@ class DecodeLowering(Lowering):
         return x
 
     def moe_ffn(self, h, e: moe.Experts, residual):
-        x, _ = self._input(h, [self.file.tensor(e.router)])
-        return moe.decode_ffn(self, x, e, residual, scratch=self._act, tuning=self.tuning)
+        kw = dict(scratch=self._act, tuning=self.tuning)
+        if not isinstance(h, Normed):
+            return moe.decode_ffn(self, h, e, residual, **kw)
+        # the router does the RMSNorm and writes h for the experts
+        nw, _ = self.weight(h.weight)
+        return moe.decode_ffn(self, h.x, e, residual, **kw,
+                              norm=(nw, self.hp.eps, self._act("h", (self.hp.hidden,))))
 
     def output(self, h, weight):
         g, hp = self.g, self.hp

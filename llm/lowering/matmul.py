@@ -39,7 +39,8 @@ def can_fuse_norm(*tensors) -> bool:
     return all(t.qtype == "Q4_K" for t in tensors)
 
 
-def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=(), **rope_fields):
+def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=(), norm_out=False,
+               **rope_fields):
     if not qtype_of(t.qtype).read_by("gemv"):
         raise ValueError(f"tensor {t.name!r} is {t.qtype}; MulMat supports "
                          f"{', '.join(names_for('gemv'))}")
@@ -48,11 +49,11 @@ def _gemv_plan(t, epilogue, target, norm, tuning: Tuning, rope=(), **rope_fields
     knobs = ov(m, k, epilogue) if callable(ov) else ov
     if t.qtype != "Q4_K" or not knobs:
         return _gemv.plan(_gemv.GemvSpec(t.qtype, k, epilogue=epilogue, norm=norm, rope=rope,
-                                         target=target, **rope_fields),
+                                         target=target, norm_out=norm_out, **rope_fields),
                           m=m, sm_count=tuning.sm_count, device=tuning.device), m
     try:
         return _gemv.default_plan(t.qtype, k, epilogue, target=target, m=m, norm=norm,
-                                  rope=rope, **rope_fields, **knobs), m
+                                  rope=rope, norm_out=norm_out, **rope_fields, **knobs), m
     except ValueError as e:
         raise ValueError(f"gemv_knobs {knobs!r} for {t.name} ({m}x{k}, {epilogue}): {e}") from None
 
@@ -67,20 +68,24 @@ def _gemv_launch(plan, m, **args):
     norm = args.pop("norm", None)
     if norm is not None:
         args.update(nw=norm[0], eps=float(norm[1]))
+        if len(norm) > 2:
+            args["h"] = norm[2]
     return Lowering.launch("gemv", plan, _gemv.launch_geometry(plan, m), m=m, **args)
 
 
 def gemv(lw: Lowering, name, w, t, x, y, *, residual=None, norm=None, tuning=Tuning(), **extra):
     """``y = W x (+ residual)``: one GEMV launch (``w``/``t``: the weight's
-    buffer and tensor info; ``norm``: ``(weight buffer, eps)`` folded in)."""
+    buffer and tensor info; ``norm``: ``(weight buffer, eps)`` folded in, or
+    ``(weight buffer, eps, h)`` also storing the normed x to ``h``)."""
     plan, m = _gemv_plan(t, "residual" if residual is not None else "none", lw.target,
-                         norm is not None, tuning)
+                         norm is not None, tuning, norm_out=norm is not None and len(norm) > 2)
     args = dict(w=w, x=x, y=y, norm=norm)
     if residual is not None:
         args["r"] = residual
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
         [residual] if residual is not None else [])
-    return lw.add("MulMat", name, ins, [y], [_gemv_launch(plan, m, **args)], **extra)
+    outs = [y] + list(norm[2:] if norm is not None else ())
+    return lw.add("MulMat", name, ins, outs, [_gemv_launch(plan, m, **args)], **extra)
 
 
 #: the gated GEMV epilogue of each activation

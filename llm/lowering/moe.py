@@ -5,19 +5,23 @@ The block ``s.moe_ffn(h, e: Experts, residual)`` computes llama.cpp's
 ``build_moe_ffn`` (softmax gating, the file's ``norm_w``):
 
 - the router (:mod:`ptxgen.kernels.moe.router`): the expert logits of the
-  normed ``h``, their softmax, the top ``n_used`` ids and their weights,
+  normed ``h`` (for one token the router does the RMSNorm too and writes
+  ``h``), their softmax, the top ``n_used`` ids and their weights,
   written to device buffers, so which experts run is decided on the device
   and the decode step stays one graph replay;
 - the experts' gate and up GEMV with SwiGLU over the selected experts only
   (:mod:`ptxgen.kernels.moe.expert_gemv`, ids read from the router's
   buffer), then the down GEMV of each expert's activations;
-- the weighted sum of the experts' outputs added to the residual
-  (:mod:`ptxgen.kernels.moe.combine`).
+- the weighted sum of the experts' outputs added to the residual: for one
+  token in the down GEMV's launch (``ExpertGemvSpec.combine``: the last
+  CTA of each row group sums the experts' rows in slot order), for a
+  chunk by its own launch (:mod:`ptxgen.kernels.moe.combine`).
 
 For a chunk, :func:`chunk_path` (the ``moe_ffn`` tuning table, by the
 chunk's rows) picks one of two ways:
 
-- ``"gemv"``: the same four launches over its rows (the experts' GEMV with
+- ``"gemv"``: the router, the experts' gate/up and down GEMVs and the
+  combine over its rows (the experts' GEMV with
   ``tokens``: grid.z is the token), each token reading its own experts'
   rows, so a prompt's experts' weights are read once per token that chose
   them;
@@ -102,7 +106,8 @@ def _plans(lw: Lowering, e: Experts, tuning, *, tokens: bool, pdl: bool):
     return rs, gs, ds, cs, tg, td
 
 
-def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None):
+def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=None,
+              norm=None):
     hp = lw.hp
     NU, F, H = hp.n_expert_used, hp.expert_ffn, hp.hidden
     rs, gs, ds, cs, tg, td = specs
@@ -112,23 +117,43 @@ def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=
     wd, _ = lw.weight(e.down)
     rows, extra = _row_count(n_ptr)
     p = e.prefix
-    _router(lw, e, x, bufs, rs, t_rows, n_ptr)
+    _router(lw, e, x, bufs, rs, t_rows, n_ptr, norm)
+    if norm is not None:
+        x = norm[2]                             # the normed row the router wrote
     lw.add("MoeMulMatSwiGLU", p + "ffn_gate_up_exps", [wg, wu, x, ids] + extra, [act],
            [lw.launch("moe_gemv", gs, expert_gemv.launch_geometry(gs, F, NU, t_rows), w=wg,
                       wu=wu, x=x, y=act, m=F, ids=ids, **rows)])
+    geom = expert_gemv.launch_geometry(ds, H, NU, t_rows)
+    if ds.combine:
+        # one token: the weighted sum into the residual in the down GEMV itself
+        wts = bufs[3]
+        counter = lw.g.buffer(p + "moe_down_counter", (expert_gemv.counter_words(ds, H),),
+                              np.uint32, "state",
+                              np.zeros(expert_gemv.counter_words(ds, H), np.uint32))
+        lw.add("MoeMulMatSum", p + "ffn_down_exps", [wd, act, ids, wts, residual, counter],
+               [down, residual, counter],
+               [lw.launch("moe_gemv", ds, geom, w=wd, x=act, y=down, m=H, ids=ids,
+                          weights=wts, r=residual, out=residual, counter=counter)])
+        return residual
     lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, ids] + extra, [down],
-           [lw.launch("moe_gemv", ds, expert_gemv.launch_geometry(ds, H, NU, t_rows), w=wd,
-                      x=act, y=down, m=H, ids=ids, **rows)])
+           [lw.launch("moe_gemv", ds, geom, w=wd, x=act, y=down, m=H, ids=ids, **rows)])
     return _combine(lw, e, residual, bufs, cs, t_rows, n_ptr)
 
 
-def _router(lw: Lowering, e: Experts, x, bufs, rs, t_rows, n_ptr):
+def _router(lw: Lowering, e: Experts, x, bufs, rs, t_rows, n_ptr, norm=None):
     """The router launch: ``x``'s expert ids and weights for ``t_rows``
-    rows (``n_ptr``: the device row count, None for one token)."""
+    rows (``n_ptr``: the device row count, None for one token); with
+    ``norm = (nw, eps, h)`` (``rs.norm``) of ``x``'s RMSNorm, which it
+    also writes to ``h``."""
     logits, counter, ids, wts, _, _ = bufs
     wr, _ = lw.weight(e.router)
     rows, extra = _row_count(n_ptr)
-    lw.add("MoeRouter", e.prefix + "ffn_router", [wr, x, counter] + extra, [ids, wts, counter],
+    ins, outs = [wr, x, counter] + extra, [ids, wts, counter]
+    if norm is not None:
+        nw, eps, h = norm
+        rows = dict(rows, nw=nw, eps=float(eps), h=h)
+        ins, outs = ins + [nw], outs + [h]
+    lw.add("MoeRouter", e.prefix + "ffn_router", ins, outs,
            [lw.launch("moe_router", rs, router.launch_geometry(rs, t_rows), w=wr, x=x,
                       logits=logits, counter=counter, ids=ids, weights=wts, **rows)])
 
@@ -151,18 +176,23 @@ def _row_count(n_ptr):
     return {"t_ptr": n_ptr}, [n_ptr.buffer if hasattr(n_ptr, "buffer") else n_ptr]
 
 
-def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
-    """One token's MoE FFN: ``x`` the normed f32 ``[hidden]``, added into
-    ``residual``; ``scratch(name, shape, dtype)`` gives reused activations."""
+def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning, norm=None):
+    """One token's MoE FFN: ``x`` the normed f32 ``[hidden]`` or, with
+    ``norm = (nw, eps, h)``, the row the router RMSNorms (weight ``nw``)
+    into ``h`` itself; added into ``residual``; ``scratch(name, shape,
+    dtype)`` gives reused activations."""
     hp = lw.hp
     E, NU, F, H = hp.n_expert, hp.n_expert_used, hp.expert_ffn, hp.hidden
-    specs = _plans(lw, e, tuning, tokens=False, pdl=False)
+    rs, gs, ds, cs, tg, td = _plans(lw, e, tuning, tokens=False, pdl=False)
+    if norm is not None:
+        rs = attrs.evolve(rs, norm=True)
+    specs = (rs, gs, ds.evolve(combine=True), cs, tg, td)
     counter = lw.g.buffer(e.prefix + "moe_counter", (1,), np.uint32, "state",
                           np.zeros(1, np.uint32))
     bufs = (scratch("moe_logits", (E,), np.float32), counter,
             scratch("moe_ids", (NU,), np.int32), scratch("moe_weights", (NU,), np.float32),
             scratch("moe_act", (NU, F), np.float32), scratch("moe_down", (NU, H), np.float32))
-    return _launches(lw, e, x, residual, bufs, specs, 1)
+    return _launches(lw, e, x, residual, bufs, specs, 1, norm=norm)
 
 
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:

@@ -729,3 +729,36 @@ def test_x_planes_hold_the_rounded_integer(run, rng):
     want = np.rint(x.astype(np.float64) * np.float64(inv)).astype(np.int64)
     assert np.abs(want).max() <= XFULL + 1
     np.testing.assert_array_equal(t, want)
+
+
+@pytest.mark.parametrize("k,config", [
+    (512, {"rows": 2}),
+    (512, {"rows": 4, "stages": 3, "dot": "dp4a", "ahead": 1, "interleave": True,
+           "max_ctas": 3}),
+    (768, {"rows": 8, "stages": 2, "pieces": 2}),
+])
+def test_norm_out(run, rng, seed, k, config):
+    """``norm_out``: y as with the fused norm, and h (stored by CTA 0 only)
+    the RMSNorm of x (``rmsnorm``'s float64 reference, 1e-5 relative, the
+    rmsnorm kernel's bound); every CTA reads the same x, so h is whole."""
+    from ptxgen.kernels import rmsnorm
+    m = 40
+    spec = G.GemvPlan.make("Q4_K", k, norm=True, norm_out=True, **config)
+    ws, x, _ = _data(rng, "Q4_K", m, k, 1)
+    nw, eps = _norm_data(rng, k)
+    fn = run.function(G.build, spec)
+    args = dict(w=run.array(ws[0]), x=run.array(x), nw=run.array(nw), eps=eps,
+                h=run.poisoned(k), y=run.poisoned(m), m=m)
+    geo = G.launch_geometry(spec, m)
+    assert geo.grid[0] > 1
+    run.launch(fn, geo, args)
+    err = rel_err(run.get(args["y"]), _ref(spec, ws, x, None, (nw, eps)))
+    assert err <= BOUND, f"seed={seed}: y off by {err:.3g}"
+    err = rel_err(run.get(args["h"]), rmsnorm.reference(x, nw, eps))
+    assert err <= 1e-5, f"seed={seed}: h off by {err:.3g}"
+
+
+def test_norm_out_needs_norm():
+    with pytest.raises(ValueError, match="norm_out=True .* needs norm=True"):
+        G.GemvPlan.make("Q4_K", 512, norm_out=True)
+    assert "_normh" in G.GemvPlan.make("Q4_K", 512, norm=True, norm_out=True).kernel_name

@@ -165,6 +165,12 @@ def test_moe_ptxas_clean(ptxas, family, name, target):
     (dict(plan="x"), "plan must be a GemvPlan"),
     (dict(plan=G.GemvPlan(G.GemvSpec("Q4_K", 256, epilogue="residual"), G.GemvConfig())),
      "epilogue 'none' or 'swiglu'"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256, norm=True, norm_out=True)),
+     "stores no normed x"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256, "swiglu"), combine=True),
+     "combine sums one token's down projections"),
+    (dict(plan=G.GemvPlan.make("Q4_K", 256), x_slot=True, tokens=True, combine=True),
+     "combine sums one token's down projections"),
 ])
 def test_expert_gemv_refuses(bad, message):
     with pytest.raises(ValueError, match=message):
@@ -174,3 +180,69 @@ def test_expert_gemv_refuses(bad, message):
 def test_combine_refuses():
     with pytest.raises(ValueError, match="n_used must be an int in 1..64"):
         C.MoeCombineSpec(0)
+
+
+COMBINE_CASES = [
+    ("Q6_K", 256, 3, 24, dict(rows=2)),
+    ("Q4_K", 256, 4, 30, dict(rows=4)),
+    ("Q4_K", 512, 2, 20, dict(rows=2, stages=3, dot="dp4a")),
+    ("Q4_K", 256, 3, 40, dict(rows=2, stages=2, dot="dp4a", interleave=True, max_ctas=3)),
+    ("Q8_0", 256, 1, 16, dict(rows=2, stages=2, tile=256)),
+]
+
+
+@pytest.mark.parametrize("qtype,k,NU,M,config", COMBINE_CASES)
+def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
+    """The down projection with the weighted sum folded in: ``r += sum_j
+    w_j W_{ids[j]} x_j`` in one launch, ``out`` the residual itself; a
+    second launch (a replay) must find the counters reset.  The bound is
+    the GEMV's plus the combine's f32 sums."""
+    E = 6
+    spec = X.ExpertGemvSpec(G.GemvPlan(G.GemvSpec(qtype, k), G.GemvConfig(**config)),
+                            x_slot=True, combine=True)
+    w = _experts(rng, qtype, E, M, k)
+    fn = run.function(X.build, spec)
+    words = X.counter_words(spec, M)
+    counter = run.array(np.zeros(words, np.uint32))
+    for _ in range(2):
+        ids = rng.choice(E, NU, replace=False).astype(np.int32)
+        x = rng.standard_normal((NU, k)).astype(np.float32)
+        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
+        r = rng.standard_normal(M).astype(np.float32)
+        rd = run.array(r)
+        args = dict(w=run.array(w), x=run.array(x), y=run.poisoned((NU, M)), m=M,
+                    ids=run.array(ids), weights=run.array(wts), r=rd, out=rd, counter=counter)
+        run.launch(fn, X.launch_geometry(spec, M, NU), args)
+        ref = X.combine_reference(spec, w, ids, x, wts, r)
+        err = rel_err(run.get(rd), ref)
+        assert err <= BOUND, f"seed={seed}: off by {err:.3g}"
+        assert not run.get(counter).any(), f"seed={seed}: counters left {run.get(counter)}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_expert_gemv_combine_real_shape_gpu(gpu_run, rng, seed, qtype):
+    """On the GPU, Qwen3-30B-A3B's down projection (K 768, M 2048, 8 used)
+    with the plan the decode step picks: thousands of CTAs race for each
+    row group's counter; ten launches in a row, each with new experts, x
+    and weights, must each match float64, and leave the counters at 0."""
+    E, NU, M, K = 10, 8, 2048, 768
+    plan = G.plan(G.GemvSpec(qtype, K, target=gpu_run.target()), m=M)
+    spec = X.ExpertGemvSpec(plan, x_slot=True, combine=True)
+    w = _experts(rng, qtype, E, M, K)
+    wd = gpu_run.array(w)
+    fn = gpu_run.function(X.build, spec)
+    counter = gpu_run.array(np.zeros(X.counter_words(spec, M), np.uint32))
+    geo = X.launch_geometry(spec, M, NU)
+    for i in range(10):
+        ids = rng.choice(E, NU, replace=False).astype(np.int32)
+        x = rng.standard_normal((NU, K)).astype(np.float32)
+        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
+        r = rng.standard_normal(M).astype(np.float32)
+        rd = gpu_run.array(r)
+        gpu_run.launch(fn, geo, dict(w=wd, x=gpu_run.array(x), y=gpu_run.poisoned((NU, M)),
+                                     m=M, ids=gpu_run.array(ids), weights=gpu_run.array(wts),
+                                     r=rd, out=rd, counter=counter))
+        err = rel_err(gpu_run.get(rd), X.combine_reference(spec, w, ids, x, wts, r))
+        assert err <= BOUND, f"seed={seed}: launch {i} off by {err:.3g}"
+    assert not gpu_run.get(counter).any()

@@ -109,6 +109,39 @@ def test_router_ties_to_the_lower_id(run, rng):
     assert wts[0, 0] == wts[0, 1] == wts[0, 2] > wts[0, 3]
 
 
+@pytest.mark.parametrize("E,NU,K,block,rows", [(128, 8, 2048, 256, False),
+                                               (16, 3, 256, 64, True)])
+def test_router_norm(run, rng, seed, E, NU, K, block, rows):
+    """The FFN's RMSNorm folded in: ``h`` is x's RMSNorm (``rmsnorm``'s
+    float64 reference, within 1e-5 relative: the rmsnorm kernel's bound)
+    and the ids and weights are those of its logits."""
+    from ptxgen.kernels import rmsnorm
+    T, t_rows = (2, 3) if rows else (1, 1)
+    spec = R.MoeRouterSpec(E, NU, K, rows=rows, block=block, norm=True)
+    w, _ = _data(rng, E, K)
+    x = (rng.standard_normal((t_rows, K)) * rng.uniform(0.1, 10)).astype(np.float32)
+    nw = (1.0 + 0.3 * rng.standard_normal(K)).astype(np.float32)
+    eps = 1e-6
+    f = run.function(R.build, spec)
+    ids, wts = run.poisoned((t_rows, NU), np.int32), run.poisoned((t_rows, NU), np.float32)
+    h = run.poisoned((t_rows, K))
+    counter = run.array(np.zeros(t_rows, np.uint32))
+    args = dict(w=run.array(w), x=run.array(x), nw=run.array(nw), eps=eps, h=h,
+                logits=run.poisoned((t_rows, E)), counter=counter, ids=ids, weights=wts)
+    if rows:
+        args["t_ptr"] = run.array(np.array([T], np.uint32))
+    run.launch(f, R.launch_geometry(spec, t_rows), args)
+    assert not run.get(counter).any()
+    ids, wts, h = run.get(ids), run.get(wts), run.get(h)
+    for t in range(T):
+        ref_h = rmsnorm.reference(x[t], nw, eps)
+        err = np.max(np.abs(h[t] - ref_h)) / np.max(np.abs(ref_h))
+        assert err <= 1e-5, f"seed={seed}: h of token {t} off by {err:.3g}"
+        # the ids and weights of the float64 normed row's logits
+        _check(ids[t], wts[t], w, ref_h, NU, seed)
+    assert np.all(np.isnan(h[T:]))
+
+
 @pytest.mark.parametrize("bad, message", [
     (dict(n_expert=0, n_used=1, k=64), "n_expert must be an int in 1..1024"),
     (dict(n_expert=8, n_used=9, k=64), r"n_used must be an int in 1..8"),

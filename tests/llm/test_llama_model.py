@@ -139,18 +139,22 @@ def test_benchmark_ablation_drops_only_the_named_ops(tiny):
 
 
 def test_mixed_types_use_unfused_paths(tmp_path, seed):
-    """attn_v and ffn_up in Q6_K (as Q4_K_M files do): Q, K, V are then three
-    GEMVs and gate/up two GEMVs plus a SwiGLU launch; results still match."""
+    """attn_v in Q6_K (as Q4_K_M files have it) and ffn_up in Q8_0: Q and K
+    are then one GEMV with the attention norm folded in, which also stores
+    the normed row for V's GEMV, and gate/up two GEMVs plus a SwiGLU
+    launch; results still match."""
     path = str(tmp_path / "mixed.gguf")
     write_synthetic_llama(path, seed=seed, **dict(TINY, n_layers=1),
                           type_overrides={"blk.0.attn_v.weight": "Q6_K",
                                           "blk.0.ffn_up.weight": "Q8_0"})
     m = Model.from_gguf(path, backend="emu", capacity=4, progress=False)
     kinds = [op.kind for op in m.graph.ops]
-    assert kinds.count("MulMat") == 3 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
+    assert kinds.count("MulMat") == 2 + 2 + 1 + 1 + 1 and "SwiGLU" in kinds
     assert "RopeKvAppend" in kinds and "MulMatRopeKv" not in kinds
-    # Q6_K/Q8_0 GEMVs take no fused norm: both layer norms run as RmsNorm ops
-    assert kinds.count("RmsNorm") == 3
+    qk = next(op for op in m.graph.ops if op.name == "blk.0.attn_qk")
+    assert qk.launches[0].spec.norm_out
+    # Q8_0 GEMVs take no fused norm: the FFN's and the output's run as RmsNorm ops
+    assert kinds.count("RmsNorm") == 2
     res, logits = m.generate([5, 6], 1, return_logits=True)
     _check_logits(m, path, [5, 6], res, logits)
 
