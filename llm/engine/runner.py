@@ -23,6 +23,7 @@ import numpy as np
 from ptxgen.driver.executor import Arena, DeviceMemory, Executor, Store, plan_activations
 from ptxgen.kernels.sampling.params import LOGPROBS
 from ptxgen.llm.lowering.batch import BatchIO, BatchLowering
+from ptxgen.llm.model import enable_pdl
 from ptxgen.llm.models import architecture_of
 
 from .blocks import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_pool_blocks
@@ -112,6 +113,9 @@ class BatchRunner:
                                    gemv_rows=gemv_rows if kind == "decode" else 0,
                                    batch_gemv_rows=batch_gemv_rows)
                 self.arch.forward(lw)
+                if self.pdl and lw.row_gemvs:
+                    # every launch, as the single-sequence decode step's
+                    enable_pdl(lw.g)
                 self._graphs[kind, b] = lw
                 self.arena.reserve(plan_activations(lw.g))
         self._executors: dict = {}

@@ -16,7 +16,11 @@ last token is fed by a decode step.
 The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
 
 - the weight pass of a decode step is a GEMV per row at ``rows <=
-  gemv_rows`` (one row: the single-sequence decode's kernels); above it,
+  gemv_rows`` (one row: the single-sequence decode's kernels), with the
+  decode step's fusions: the attention RMSNorm in the QKV GEMV's prologue
+  (:data:`ROW_FUSE_NORM`), gate and up in one GEMV with the SwiGLU
+  (GeGLU), and at one row RoPE and the paged append in the QKV GEMV's
+  epilogue (``GemvSpec.paged``; not where the layer has q/k norms); above it,
   each weight the batched GEMV reads (:mod:`ptxgen.kernels.gemv.batched`:
   every weight read once for all the rows) runs through it up to the
   crossover (measured on the device and stored in the user tuning cache,
@@ -50,13 +54,19 @@ import numpy as np
 from ptxgen.kernels import gemv, paged_attention, rope, sampling
 from ptxgen.llm.generation import sampler_spec
 
-from .chunk import ChunkLowering
-from .common import QKV
+from . import matmul
+from .chunk import ChunkLowering, _row
+from .common import QKV, Normed, Tuning
 
 __all__ = ["BatchLowering", "BatchIO", "TOP_LOGPROBS"]
 
 #: the most top log-probabilities a row can ask for (OpenAI's limit)
 TOP_LOGPROBS = 20
+
+#: the RMSNorms a step of GEMVs per row folds into the GEMVs that read them:
+#: the single-sequence decode step's default (``Model(fuse_norm=...)``,
+#: docs/llm.md "Why these fusions")
+ROW_FUSE_NORM = ("attn",)
 
 
 @attrs.frozen
@@ -132,6 +142,8 @@ class BatchLowering(ChunkLowering):
         super().__init__(file, store, target=target, capacity=n_ctx, rope_layout=rope_layout,
                          rows=rows, chunk=io.rows, device=device, pdl=pdl,
                          gemm=rows > gemv_rows)
+        if self.row_gemvs:
+            self.row_tuning = Tuning(sm_count, {}, device)
         g = self.g
         f = io.fields
         self.positions = self.io.at(4 * f["positions"][0])
@@ -146,6 +158,74 @@ class BatchLowering(ChunkLowering):
         self.top_ids = g.buffer("batch_top_ids", (io.rows, TOP_LOGPROBS), np.int32, "state")
         self.top_logprobs = g.buffer("batch_top_logprobs", (io.rows, TOP_LOGPROBS), np.float32,
                                      "state")
+
+    @property
+    def row_gemvs(self) -> bool:
+        """Whether this is a decode step that runs its weights as a GEMV per
+        row: they take the single-sequence decode step's fusions."""
+        return self.kind == "decode" and not self.gemm
+
+    # ------------------------------------------------ a GEMV per row
+    def _row_input(self, h, tensors):
+        """The rows a per-row GEMV over ``tensors`` reads for ``h`` and its
+        ``norm`` argument: ``(x, (weight, eps))`` where the pending RMSNorm
+        folds into the GEMVs' prologue (each row's own RMS), else the RMSNorm
+        launched and ``(rows, None)``."""
+        if isinstance(h, Normed) and h.kind in ROW_FUSE_NORM \
+                and matmul.can_fuse_norm(*tensors):
+            w, _ = self.weight(h.weight)
+            return h.x, (w, self.hp.eps)
+        return self._input(h), None
+
+    def _row_qkv(self, h, w: QKV):
+        """The stacked Q/K/V GEMV of each row with the attention RMSNorm in
+        its prologue; at one row (where the layer has no q/k norms) with the
+        biases, RoPE at the row's position and the append at its slot of the
+        paged pools in its epilogue (``GemvSpec.paged``), as the decode
+        step's; else the biases added by its residual epilogue, then the
+        paged RoPE launch."""
+        hp, p = self.hp, w.prefix
+        infos = [self.file.tensor(n) for n in (w.q, w.k, w.v)]
+        x, norm = self._row_input(h, infos)
+        bias = self.qkv_bias(w)
+        qkv = self.qkv_rows
+        kc, vc = self.kv_cache(w.layer)
+        freqs = self.rope_table(w.local)
+        if self.rows == 1 and w.q_norm is None:
+            # one row: row 0 is always in use, so its slot is always a real one
+            wb, t = self.stacked_qkv(w, pair_order=self.rope_layout == "neox")
+            matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.positions, kc,
+                             vc, state=self.io, norm=norm, bias=bias,
+                             rope_layout=self.rope_layout, tuning=self.row_tuning,
+                             paged=(self.block_size, self.slots,
+                                    self.num_blocks * self.block_size))
+            return qkv
+        wb, t = self.stacked_qkv(w)
+        for r in range(self.rows):
+            matmul.gemv(self, f"{p}attn_qkv.row{r}", wb, t, _row(x, r, 4 * hp.hidden),
+                        _row(qkv, r, 4 * self.qkv_dim), residual=bias, norm=norm,
+                        tuning=self.row_tuning)
+        self._rope_launch(w, qkv, kc, vc, freqs)
+        return qkv
+
+    def _row_gated_ffn(self, h, gate, up, down, residual, act):
+        """``act(Wg h) * (Wu h)`` in one GEMV launch per row (the FFN norm
+        folded in where :data:`ROW_FUSE_NORM` names it), then the down GEMV."""
+        (wg, tg), (wu, tu) = self.weight(gate), self.weight(up)
+        x, norm = self._row_input(h, [tg, tu])
+        name = gate.removesuffix("ffn_gate.weight") + "ffn_gate_up"
+        ffn, hidden = self.hp.ffn, self.hp.hidden
+        for r in range(self.rows):
+            matmul.gemv_swiglu(self, f"{name}.row{r}", wg, tg, wu, tu, _row(x, r, 4 * hidden),
+                               _row(self.act, r, 4 * ffn), norm=norm, tuning=self.row_tuning,
+                               act=act)
+        return self.linear(self.act, down, residual=residual)
+
+    def qkv(self, h, w: QKV):
+        f = self.file
+        if self.row_gemvs and len({f.qtype(n) for n in (w.q, w.k, w.v)}) == 1:
+            return self._row_qkv(h, w)
+        return super().qkv(h, w)
 
     # ------------------------------------------------------ batched GEMV
     def _batch_plan(self, qtype: str, m: int, k: int, epilogue: str = "none"):
@@ -204,8 +284,12 @@ class BatchLowering(ChunkLowering):
     def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
         """``silu(Wg h) * (Wu h)`` in one batched GEMV launch where both
         weights run through it and the activations it writes are f32, else
-        as a chunk's."""
+        as a chunk's; a GEMV per row with the SwiGLU (GeGLU) epilogue where
+        the step runs its weights so and the two share a type."""
         f = self.file
+        if self.row_gemvs and (f.qtype(gate), f.shape(gate)) == (f.qtype(up), f.shape(up)) \
+                and self.act.dtype == np.float32:
+            return self._row_gated_ffn(h, gate, up, down, residual, act)
         m, k = f.shape(gate)
         plan = None
         if act == "silu" and (f.qtype(gate), f.shape(gate)) == (f.qtype(up), f.shape(up)) \
