@@ -2,8 +2,9 @@
 # Issue 54, "B = 1 through the engine within 3% of today's single-sequence
 # decode": the engine's one-row decode step lowered as the decode step (the
 # attention norm in the QKV GEMV's prologue, RoPE and the paged append in its
-# epilogue, gate/up with SwiGLU in one GEMV, PDL on every launch).  The GPU
-# tests of the engine, the batch runner and the paged rope epilogue; on the
+# epilogue, gate/up with SwiGLU in one GEMV, PDL on every launch, the paged
+# attention's first loads before its wait).  The GPU tests of the engine, the
+# batch runner, the paged rope epilogue and paged attention; on the
 # 8B-shaped Q4_K file the single-sequence decode (tg128) beside the engine at
 # B = 1 (the batched table, 128 + 128), with SUMMARY lines and their ratio;
 # then the one-row step per kernel beside the decode step's.  Under 4 minutes
@@ -13,11 +14,12 @@ source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
 step() { echo "== $1 ($(date +%T))"; }
 
-step "GPU tests: engine, batch runner, paged rope epilogue"
+step "GPU tests: engine, batch runner, paged rope epilogue, paged attention"
 rc=0
 timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" -m gpu \
   tests/llm/engine tests/llm/test_batch_runner.py \
   "tests/kernels/test_gemv.py::test_gemv_rope_epilogue_paged" \
+  tests/kernels/test_paged_attention.py \
   > "$OUT/eng1_tests.log" 2>&1 || rc=$?
 echo "pytest rc=$rc"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/eng1_tests.log" | tail -12 || true
 

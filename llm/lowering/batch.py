@@ -35,6 +35,9 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   sequence (:mod:`ptxgen.kernels.paged_attention`; a sliding window: over
   its last ``window`` keys), at the file's attention scale, written in f16
   where the output projection's GEMM takes f16 X (as the chunk's attention);
+  in a step of GEMVs per row its first K/V loads are issued before it waits
+  on the launch before (``early_kv``, as the decode step's flash decode;
+  heads up to 128);
 - ``output`` computes every row's logits, then each row's next token with
   its own sampling settings in one launch of the rows sampler (greedy rows
   included: a temperature of 0 is the argmax, ties to the lowest id), with
@@ -341,10 +344,13 @@ class BatchLowering(ChunkLowering):
         hp = self.hp
         D = hp.head_dim
         kc, vc = self.kv_cache(layer)
+        # early_kv: the QKV GEMV (or the RoPE launch) just before writes each
+        # row's newest key and q alone; not at heads of 256, whose split
+        # already spills without it
         spec = paged_attention.PagedAttentionSpec(
             head_dim=D, group=hp.n_heads // hp.n_kv_heads, block_size=self.block_size,
             out_type="f16" if self.att.dtype == np.float16 else "f32", window=int(window),
-            target=self.target, pdl=self.pdl)
+            early_kv=self.row_gemvs and D <= 128, target=self.target, pdl=self.pdl)
         plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
         splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
                                                self.max_blocks * self.block_size)

@@ -148,7 +148,8 @@ def test_one_row_step_lowers_as_the_decode_step(files):
     QKV GEMV with the attention norm, RoPE and the paged append; the paged
     attention's two launches; the output GEMV adding the stream; the FFN norm;
     gate/up with SwiGLU; down adding the stream), every launch built for
-    PDL where the target has it; the bucket of two keeps a GEMV per row."""
+    PDL where the target has it, the attention's first loads before its
+    wait (``early_kv``); the bucket of two keeps a GEMV per row."""
     runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=4, block_size=BS,
                          max_batch=2, chunk=4, ctx_size=32, target="sm_90a", sm_count=132,
                          gemv_rows=2)
@@ -156,8 +157,9 @@ def test_one_row_step_lowers_as_the_decode_step(files):
         ("MulMatRopeKv", "attn_qkv"), ("Attention", "attention"),
         ("MulMat", "attn_output.row0"), ("RmsNorm", "ffn_norm"),
         ("MulMatSwiGLU", "ffn_gate_up.row0"), ("MulMat", "ffn_down.row0")]
-    qkv = runner.graph("decode", 1).ops[1].launches[0].spec
+    qkv, att = (runner.graph("decode", 1).ops[i].launches[0].spec for i in (1, 2))
     assert (qkv.norm, qkv.epilogue, qkv.paged) == (True, "rope", BS)
+    assert att.early_kv
     assert all(L.spec.pdl for op in runner.graph("decode", 1).ops for L in op.launches
                if hasattr(L.spec, "pdl"))
     # two rows: the norm still folded, each row's GEMVs, one paged RoPE launch
