@@ -3,7 +3,7 @@
 # decode": the engine's one-row decode step lowered as the decode step (the
 # attention norm in the QKV GEMV's prologue, RoPE and the paged append in its
 # epilogue, gate/up with SwiGLU in one GEMV, PDL on every launch, the paged
-# attention's first loads before its wait).  The GPU tests of the engine, the
+# attention's first loads before its wait, the argmax for a greedy row).  The GPU tests of the engine, the
 # batch runner, the paged rope epilogue and paged attention; on the
 # 8B-shaped Q4_K file the single-sequence decode (tg128) beside the engine at
 # B = 1 (the batched table, 128 + 128), with SUMMARY lines and their ratio;

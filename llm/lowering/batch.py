@@ -43,7 +43,10 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   included: a temperature of 0 is the argmax, ties to the lowest id), with
   the chosen token's log-probability and the top ``TOP_LOGPROBS`` for the
   rows that ask.  Each row's recent tokens (the penalties' window) are a
-  ring of ``history_window`` tokens, token ``p`` at ``p % window``.
+  ring of ``history_window`` tokens, token ``p`` at ``p % window``.  The
+  bucket of one row of GEMVs has the decode step's two variants: the
+  sampler (``"sample"``, the default) and the argmax (``"greedy"``), which
+  the runner replays for a greedy row that asks for no log-probabilities.
 
 The KV pools are ``[num_blocks, n_kv_heads, block_size, head_dim]`` f16
 per layer (``blk.i.k_pool``, ``blk.i.v_pool``).
@@ -54,8 +57,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ptxgen.kernels import gemv, paged_attention, rope, sampling
-from ptxgen.llm.generation import sampler_spec
+from ptxgen.kernels import argmax, gemv, paged_attention, rope, sampling
+from ptxgen.llm.generation import GREEDY, SAMPLE, sampler_spec
 
 from . import matmul
 from .chunk import ChunkLowering, _row
@@ -394,6 +397,10 @@ class BatchLowering(ChunkLowering):
                            np.uint64)
         counter = g.buffer(f"batch_sample_counter{B}", (B,), np.uint32, "state",
                            np.zeros(B, np.uint32))
+        variant = None
+        if self.row_gemvs and B == 1:
+            self._argmax()
+            g.default_variant = variant = SAMPLE
         self.add("Sample", "sample", [self.logits, self.history, self.io],
                  [self.next_tokens, self.logprob, self.top_ids, self.top_logprobs],
                  [self.launch("sampling", sps, sampling.launch_geometry(sps, hp.vocab, B),
@@ -401,7 +408,23 @@ class BatchLowering(ChunkLowering):
                               window=self.window, history_len=self.lens, pos=self.positions,
                               params=self.params, out=self.next_tokens, n_draws=1, work=work,
                               info=0, scratch=scratch, counter=counter, logprob=self.logprob,
-                              top_ids=self.top_ids, top_logprobs=self.top_logprobs)])
+                              top_ids=self.top_ids, top_logprobs=self.top_logprobs)],
+                 variant=variant)
+
+    def _argmax(self):
+        """The one row's next token as the decode step's greedy variant
+        chooses it: the argmax of its logits (ties to the lowest id, as the
+        sampler's greedy rows)."""
+        g, hp = self.g, self.hp
+        ams = argmax.ArgmaxSpec(target=self.target)
+        geom = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("batch_argmax_scratch", (geom.grid[0],), np.uint64, "state")
+        counter = g.buffer("batch_argmax_counter", (1,), np.uint32, "state",
+                           np.zeros(1, np.uint32))
+        self.add("Argmax", "argmax", [self.logits], [self.next_tokens],
+                 [self.launch("argmax", ams, geom, x=self.logits, n=hp.vocab,
+                              out=self.next_tokens, scratch=scratch, counter=counter)],
+                 variant=GREEDY)
 
 
 def _plus(ref, nbytes: int):

@@ -168,6 +168,33 @@ def test_one_row_step_lowers_as_the_decode_step(files):
         "MulMatSwiGLU", "MulMatSwiGLU", "MulMat", "MulMat"]
 
 
+def test_one_row_variants_choose_as_the_sampler(files, rng):
+    """The bucket of one row has the decode step's variants: a greedy row
+    without log-probabilities replays the argmax, one that asks for them (or
+    samples) the sampler; at the same step both choose the same token (the
+    argmax is the sampler's greedy choice), and the sampler's log-probability
+    and top ids come with it."""
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=2, block_size=BS,
+                         max_batch=1, chunk=4, ctx_size=32)
+    assert runner.graph("decode", 1).variants == ("greedy", "sample")
+    seen, run = [], runner._run
+    runner._run = lambda kind, n, mode, variant=None: (seen.append(variant),
+                                                       run(kind, n, mode, variant))[1]
+    tok = int(rng.integers(0, TINY["vocab"]))
+    table = (int(rng.integers(0, 2)),)
+    greedy = runner.decode([DecodeRow(tok, 0, table, GREEDY, 0)], mode="eager")[0]
+    assert np.isnan(greedy.logprob)
+    logits = runner._executor("decode", 1).read(runner._graphs["decode", 1].logits)[0]
+    assert greedy.token == int(np.argmax(logits))
+    lp = runner.decode([DecodeRow(tok, 0, table, GREEDY, 0, logprobs=2)], mode="eager")[0]
+    assert lp.token == greedy.token and np.isfinite(lp.logprob)
+    assert len(lp.top) == 2 and lp.top[0][0] == greedy.token
+    hot = SamplingSettings(temperature=0.8)
+    drawn = runner.decode([DecodeRow(tok, 0, table, hot, 5)], mode="eager")[0]
+    assert 0 <= drawn.token < TINY["vocab"]
+    assert seen == ["greedy", None, None]           # None: the default, the sampler
+
+
 def test_rows_past_the_batch_do_not_matter(files, rng):
     """Two sequences in the bucket of 2 and, with a third beside them, in the
     bucket of 4: the first two get the same tokens either way."""
