@@ -6,7 +6,7 @@ blocks), ``x`` and ``y`` float32.  Epilogues: ``residual`` (``y = W x + r``),
 matrices), ``geglu`` (the same with GELU's tanh form) and ``rope`` (the
 decode step's stacked Q/K/V projection with RoPE on q and k and the K/V-cache
 append, optionally after a bias add, in the interleaved or the NeoX
-layout).  K is a spec field; M is a launch argument and arbitrary.
+layout; the cache contiguous or paged: ``paged``).  K is a spec field; M is a launch argument and arbitrary.
 
 What is computed is a :class:`GemvSpec`; how it runs is a :class:`GemvConfig`
 chosen by :func:`select_config` from the per-device tuning table
@@ -23,7 +23,8 @@ Measurements: docs/notes/gemv.md.
 
 Launch: ``launch_geometry(plan, M)`` (a :class:`~ptxgen.kernels.plan.LaunchGeometry`
 that brings the argument ``rpc``); parameters ``w[, wu], x[, nw, eps][, r |
-[bias,] freqs, pos_ptr, k_cache, v_cache, capacity], y, m, rpc``.
+[bias,] freqs, pos_ptr, k_cache, v_cache, capacity], y, m, rpc`` (``paged``:
+``freqs, pos_ptr, slots, k_pool, v_pool, n_slots``).
 """
 
 from __future__ import annotations
@@ -62,14 +63,15 @@ def plan(spec: GemvSpec, config: GemvConfig | None = None, *, m: int | None = No
 def default_plan(qtype: str, k: int, epilogue: str = "none", *, target: str = "sm_80",
                  m: int | None = None, sm_count: int | None = None, norm: bool = False,
                  rope: tuple = (), bias: bool = False, rope_layout: str = "interleaved",
-                 pdl: bool = False, device: str | None = None, norm_out: bool = False,
+                 paged: int = 0, pdl: bool = False, device: str | None = None,
+                 norm_out: bool = False,
                  **config) -> GemvPlan:
     """The plan of the tuned config for a call; ``config`` fields given here
     replace the table's (a combination the kernels do not build is refused)."""
     import attrs
     spec = GemvSpec(qtype.upper() if isinstance(qtype, str) else qtype, k, epilogue=epilogue,
-                    norm=norm, rope=rope, bias=bias, rope_layout=rope_layout, target=target,
-                    pdl=pdl, norm_out=norm_out)
+                    norm=norm, rope=rope, bias=bias, rope_layout=rope_layout, paged=paged,
+                    target=target, pdl=pdl, norm_out=norm_out)
     if not config:
         return GemvPlan(spec, select_config(spec, m, sm_count, device))
     cfg = select_config(spec, m)

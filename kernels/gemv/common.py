@@ -45,7 +45,8 @@ def declare_params(k, spec, warps):
     capacity], y, m, rpc`` (``wu`` with the SwiGLU epilogue, ``nw``/``eps``
     with ``norm``, ``r`` with the residual epilogue, the bias (``spec.bias``),
     the RoPE table, the device position and the f16 caches with the rope
-    epilogue; the decode
+    epilogue; with ``spec.paged``: ``freqs, pos_ptr, slots, k_pool, v_pool,
+    n_slots``); the decode
     graph and ops pass arguments in this order), plus the ``red`` shared
     array :func:`write_outputs` reduces in.
 
@@ -65,9 +66,12 @@ def declare_params(k, spec, warps):
         r = k.param_ptr("r", f32)
     elif spec.epilogue == "rope":
         bias = k.param_ptr("bias", f32) if spec.bias else None
-        r = RopeArgs(k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32),
-                     k.param_ptr("k_cache", f16, align=2), k.param_ptr("v_cache", f16, align=2),
-                     k.param("capacity", u32), bias)
+        paged = spec.paged
+        freqs, pos = k.param_ptr("freqs", f32, align=8), k.param_ptr("pos_ptr", s32)
+        slots = k.param_ptr("slots", s32) if paged else None
+        r = RopeArgs(freqs, pos, k.param_ptr("k_pool" if paged else "k_cache", f16, align=2),
+                     k.param_ptr("v_pool" if paged else "v_cache", f16, align=2),
+                     k.param("n_slots" if paged else "capacity", u32), bias, slots)
     y = k.param_ptr("y", f32)
     mrows = k.param("m", u32)
     rpc = k.param("rpc", u32)
@@ -80,7 +84,9 @@ class RopeArgs:
     """The rope epilogue's kernel parameters: the ``[head_dim / 2, 2]`` (hi,
     lo) inverse-frequency table of :func:`kernels.rope.freq_table`, the
     device int32 position, the f16 caches ``[n_kv_heads, capacity,
-    head_dim]``, their capacity, and the f32 ``[M]`` bias (``spec.bias``,
+    head_dim]`` (``spec.paged``: the pools ``[num_blocks, n_kv_heads,
+    paged, head_dim]``), their capacity (the pools' slots), the f32 ``[M]``
+    bias (``spec.bias``, else None) and the device int32 slot (``spec.paged``,
     else None)."""
     freqs: object
     pos_ptr: object
@@ -88,6 +94,7 @@ class RopeArgs:
     v_cache: object
     capacity: object
     bias: object = None
+    slots: object = None
 
 
 #: ``dot="dp4a"``: x is held as the integer ``T = round(x / s)``, ``|T| <=
@@ -267,13 +274,15 @@ def _rope_inputs(k, spec, ra, row, tid, row_end):
     itself in the interleaved layout, and head-row index; in the NeoX
     layout a q or k row ``2i + e`` of a head is its row ``i + e * head_dim /
     2``), and with ``spec.bias`` the natural row's bias (0 past
-    ``row_end``) (loads only; every thread of warp 0 issues them)."""
+    ``row_end``), and where the k and v rows go: the position, or with
+    ``spec.paged`` the slot (loads only; every thread of warp 0 issues them)."""
     d, nq, nkv = spec.rope
     j = k.rem(row, d)
     ok = k.setp("lt", tid, spec.rows)
     hi, lo = k.ld(ra.freqs[(j >> 1) << 1], vec=2, nc=True, guard=ok)
     # plain ld: the position is advanced by the previous decode step's last grid
     pos = k.ld(ra.pos_ptr[0], guard=ok)
+    at = k.ld(ra.slots[0], guard=ok) if spec.paged else pos
     nrow, nj = None, j
     if spec.rope_layout == "neox":
         qk = k.setp("lt", row, (nq + nkv) * d)
@@ -284,7 +293,7 @@ def _rope_inputs(k, spec, ra, row, tid, row_end):
         b = k.var(f32, 0.0)
         inside = k.setp("lt", row, row_end, combine=("and", ok))
         k.ld(ra.bias[row if nrow is None else nrow], nc=True, out=b, guard=inside)
-    return j, hi, lo, pos, b, nrow, nj
+    return j, hi, lo, pos, b, nrow, nj, at
 
 
 def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
@@ -297,14 +306,16 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
     one shuffle.  Query and key rows are rotated by ``pos * inv_freq[i]``
     (:func:`kernels.rope.angle_sincos`) and stored to ``y``; value rows are
     stored as they are; key and value rows are also written (``cvt.rn`` to
-    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity``.  With
+    f16) to ``cache[h, pos, j]`` when ``0 <= pos < capacity`` (``spec.paged``:
+    to ``pool[slot // paged, h, slot % paged, j]`` when ``0 <= slot <
+    n_slots``).  With
     ``spec.bias`` each row's bias is added to its sum first.  In the NeoX
     layout W's q and k rows come in pair order (:func:`.spec.neox_pair_rows`)
     and each row is stored at its natural place (:func:`_rope_inputs`).
     """
     from ..rope import angle_sincos, rotate_pair
     d, nq, nkv = spec.rope
-    j, hi, lo, pos, bias, nrow, nj = ropein
+    j, hi, lo, pos, bias, nrow, nj, at = ropein
     with k.if_(tid < 32):
         t = k.var(f32, 0.0)
         with k.if_(ok):
@@ -321,16 +332,22 @@ def _rope_kv_outputs(k, spec, slot, warps, tid, row, ok, y, ra, norm, ropein):
             qk_rows = (nq + nkv) * d
             out = k.select(k.setp("lt", row, qk_rows), rot, t)
             k.st(y[row if nrow is None else nrow], out)
-            # K and V rows of a position inside the cache: f16 into [h, pos, j]
+            # K and V rows of a position (slot) inside the cache: f16 into
+            # [h, pos, j] ([slot // paged, h, slot % paged, j])
             kv = row - nq * d
-            pos_u = pos.bitcast(u32)
-            app = k.setp("ge", row, nq * d, combine=("and", pos >= 0))
-            app = k.setp("lt", pos_u, ra.capacity, combine=("and", app))
+            at_u = at.bitcast(u32)
+            app = k.setp("ge", row, nq * d, combine=("and", at >= 0))
+            app = k.setp("lt", at_u, ra.capacity, combine=("and", app))
             with k.if_(app):
                 is_v = k.setp("ge", kv, nkv * d)
                 kvr = k.select(is_v, kv - nkv * d, kv)
                 head = kvr // d
                 cache = k.ptr_reg(f16)
                 k.select(is_v, ra.v_cache, ra.k_cache, out=cache)
-                dst = k.mad(k.mad(head, ra.capacity, pos_u), d, nj)
+                if spec.paged:
+                    bs = spec.paged
+                    blk, off = at_u >> (bs.bit_length() - 1), at_u & (bs - 1)
+                    dst = k.mad(k.mad(k.mad(blk, nkv, head), bs, off), d, nj)
+                else:
+                    dst = k.mad(k.mad(head, ra.capacity, at_u), d, nj)
                 k.st(cache[dst], k.cvt(f16, out, rnd="rn"))

@@ -9,13 +9,16 @@ import numpy as np
 __all__ = ["reference", "rope_reference"]
 
 
-def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None, bias=None):
+def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None, bias=None,
+                   slot=None):
     """float64 model of the rope epilogue applied to the plain product
     ``y`` (float64, ``spec.rope_rows``, natural row order): returns the
     stored ``y`` (``bias`` added where given, then q and k heads rotated in
     ``spec.rope_layout`` by ``pos * inv_freq``, v as it is) and, when ``0 <=
     pos < capacity``, writes this token's k and v rows into the f16 caches
-    ``[n_kv_heads, capacity, head_dim]`` in place."""
+    ``[n_kv_heads, capacity, head_dim]`` in place; with ``spec.paged``, into
+    the pools ``[num_blocks, n_kv_heads, paged, head_dim]`` at ``slot`` when
+    ``0 <= slot < num_blocks * paged``."""
     from ..rope import rotate
     d, nq, nkv = spec.rope
     y = np.array(y, dtype=np.float64)
@@ -25,9 +28,17 @@ def rope_reference(y, pos: int, spec, inv_freq, k_cache=None, v_cache=None, bias
         y = y + np.asarray(bias, dtype=np.float64)
     qk = (nq + nkv) * d
     y[:qk] = rotate(y[:qk].reshape(nq + nkv, d), pos, inv_freq, spec.rope_layout).reshape(-1)
-    if k_cache is not None and 0 <= pos < k_cache.shape[1]:
-        k_cache[:, pos, :] = y[nq * d:(nq + nkv) * d].reshape(nkv, d)
-        v_cache[:, pos, :] = y[(nq + nkv) * d:].reshape(nkv, d)
+    if k_cache is None:
+        return y
+    k_rows, v_rows = y[nq * d:(nq + nkv) * d].reshape(nkv, d), y[(nq + nkv) * d:].reshape(nkv, d)
+    if spec.paged:
+        bs = spec.paged
+        if slot is not None and 0 <= slot < k_cache.shape[0] * bs:
+            k_cache[slot // bs, :, slot % bs, :] = k_rows
+            v_cache[slot // bs, :, slot % bs, :] = v_rows
+    elif 0 <= pos < k_cache.shape[1]:
+        k_cache[:, pos, :] = k_rows
+        v_cache[:, pos, :] = v_rows
     return y
 
 

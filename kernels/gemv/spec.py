@@ -17,6 +17,7 @@ from ptxgen.target import CTA_RESERVED_SHARED, SHARED_LINE, TARGETS
 
 from ..plan import PlanBase
 from ..quants.qtypes import QTYPES, names_for
+from ..rope import PAGED_BLOCKS
 from ..spec_fields import has_bulk_copy, pdl_field, target_field
 from .layout import BATCH_PIECES, batch_layout, staged_layout, threads
 
@@ -150,6 +151,15 @@ class GemvSpec:
         adjacent because W's q and k rows come in pair order
         (:func:`neox_pair_rows`); y, the bias and the caches are in the
         natural order.
+    paged : {0, 16, 32, 64, 128, 256}
+        With ``epilogue="rope"``: 0, the caches ``[n_kv_heads, capacity,
+        head_dim]`` at row ``pos``; else the block size of paged pools
+        ``[num_blocks, n_kv_heads, paged, head_dim]`` (the layout of
+        :mod:`~ptxgen.kernels.paged_attention`), the k and v rows stored at
+        the device slot ``slots[0]`` (block ``slot // paged``, offset ``slot
+        % paged``) when ``0 <= slot < n_slots``: the kernel takes ``slots``
+        after ``pos_ptr`` and names the caches and their size ``k_pool,
+        v_pool, n_slots``.
     target : str
         ``sm_80`` ... ``sm_90a``.
     pdl : bool
@@ -170,6 +180,7 @@ class GemvSpec:
     bias: bool = attrs.field(default=False, validator=_bool)
     rope_layout: str = attrs.field(default="interleaved",
                                    validator=_in("rope_layout", ("interleaved", "neox")))
+    paged: int = attrs.field(default=0)
     target: str = target_field()
     pdl: bool = pdl_field()
     batch: int = attrs.field(default=1, validator=_int_in(1, MAX_BATCH))
@@ -224,6 +235,14 @@ class GemvSpec:
     def _check_rope_layout(self, attr, v):
         if v != "interleaved" and self.epilogue != "rope":
             raise ValueError(f"rope_layout={v!r} is for epilogue='rope', not {self.epilogue!r}")
+
+    @paged.validator
+    def _check_paged(self, attr, v):
+        if v not in PAGED_BLOCKS or isinstance(v, bool):
+            raise ValueError(f"paged must be 0 (a contiguous cache) or a block size in "
+                             f"{', '.join(map(str, PAGED_BLOCKS[1:]))}, got {v!r}")
+        if v and self.epilogue != "rope":
+            raise ValueError(f"paged={v} is for epilogue='rope', not {self.epilogue!r}")
 
     @property
     def block_weights(self) -> int:
@@ -491,6 +510,7 @@ class GemvPlan(PlanBase):
         if self.rope:
             epi += "{}h{}x{}".format(*self.rope) + ("_bias" if self.bias else "")
             epi += "_neox" if self.rope_layout == "neox" else ""
+            epi += f"_paged{self.paged}" if self.paged else ""
         st = (f"_s{self.stages}" if self.stages else "") + (f"a{self.ahead}" if self.ahead else "")
         dp = ("_dp4a" if self.dot == "dp4a" else "") + ("_bulk" if self.bulk else "")
         dp += "_il" if self.interleave else ""

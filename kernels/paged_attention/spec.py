@@ -64,6 +64,16 @@ class PagedAttentionSpec:
         A sliding window: sequence ``b`` of length ``L`` sees only its last
         ``window`` keys ``[L - window, L)`` (0: all ``L``; Gemma's local
         layers).
+    early_kv : bool
+        The split reads the lengths and the block table and issues its first
+        trip's K/V loads (``ld.global.cg``) before ``griddepcontrol.wait``,
+        so under PDL they overlap the previous grid; q is loaded after the
+        wait, and each sequence's row ``seq_lens[b] - 1`` again after it.
+        The contract (under PDL): the grid launched just before may write
+        those rows (and q) and nothing else the split reads before its
+        wait; the tables and lengths are written before the step; as in a
+        decode step, whose QKV GEMV or RoPE launch appends each sequence's
+        newest row.  Flash decode's ``early_kv``.
     target : str
     pdl : bool
     """
@@ -73,6 +83,7 @@ class PagedAttentionSpec:
     block_size: int = attrs.field(default=16, validator=_one_of(BLOCK_SIZES))
     out_type: str = attrs.field(default="f32", validator=_one_of(("f32", "f16")))
     window: int = attrs.field(default=0, validator=_int_in(0, (1 << 31) - 1))
+    early_kv: bool = attrs.field(default=False, validator=_bool)
     target: str = target_field()
     pdl: bool = pdl_field()
 
@@ -146,6 +157,7 @@ class PagedAttentionPlan(PlanBase):
                 f"_w{self.warps}u{self.unroll}"
                 + (f"k{self.min_keys}" if self.min_keys != 16 else "")
                 + ("l" if self.l2_prefetch else "") + ("n" if self.l1_bypass else "")
+                + ("e" if self.early_kv else "")
                 + ("_out_f16" if self.out_type == "f16" else "")
                 + (f"_sw{self.window}" if self.window else ""))
 

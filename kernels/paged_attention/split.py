@@ -7,8 +7,8 @@ from __future__ import annotations
 from ptxgen.types import b32, f16, f32, s32, u32
 
 from ..flash_decode.common import LOG2E, merge_parts
-from ..flash_decode.split_mma import LO_WEIGHT, _a_halves, mma_trip
-from ..spec_fields import pdl_prologue
+from ..flash_decode.split_mma import LO_WEIGHT, _a_halves, _as_vars, _leaves, mma_trip
+from ..spec_fields import pdl_prologue, pdl_wait
 from .spec import NEG
 
 __all__ = ["build_split"]
@@ -43,6 +43,11 @@ def build_split(m, plan):
       softmax sum and writes ``out`` itself; with more, the block writes its
       partial ``(m, l, o)`` for the combine (a neutral one where the split
       has no keys).
+    * With ``early_kv`` the first trip's table entries and K/V words are
+      loaded before ``griddepcontrol.wait`` (``.cg``: the grid before may
+      be writing the sequence's newest row), then q, and a lane whose row
+      is the newest loads it again (flash decode's ``early_kv``); a split
+      with no keys waits before it writes its empty partial.
     """
     d, G, U, NW, BS = plan.head_dim, plan.group, plan.unroll, plan.warps, plan.block_size
     lg = BS.bit_length() - 1
@@ -51,8 +56,9 @@ def build_split(m, plan):
     VC = d // 64            # 16-byte chunks of a V row per lane
     l2 = "L2::256B" if plan.l2_prefetch else None
     l1 = "L1::no_allocate" if plan.l1_bypass else None
+    early = plan.early_kv
     with m.kernel(plan.split_name, reqntid=32 * NW, minnctapersm=None) as k:
-        pdl_prologue(k, plan)
+        pdl_prologue(k, plan, wait=not early)
         q = k.param_ptr("q", f32, align=16)
         kp = k.param_ptr("k_pool", f16, align=16)
         vp = k.param_ptr("v_pool", f16, align=16)
@@ -101,19 +107,24 @@ def build_split(m, plan):
             start, end = start + first, end + first
         end = k.min(end, L)
         with k.if_(start >= L):
+            if early:
+                pdl_wait(k, plan)
             _write_empty(k, plan, part_o, part_ml, out, hh, split, nsplit, tid, direct)
 
-        # q's A fragments per k-tile: head g's values at dimensions 8 (t + 4 i)
-        # .., prescaled (by 0 for a row past the group), in halves
-        c = k.mul(sm_scale, LOG2E, rnd="rn")
-        cg = k.select(g < G, c, k.mov(0.0, f32))
-        qrow = b * q_stride + (h * G + k.min(g, G - 1)) * d + 8 * t
-        qv = []
-        for i in range(KC):
-            vals = list(k.ld(q[qrow + 32 * i], vec=4, nc=True))
-            vals += list(k.ld(q[qrow + 32 * i + 4], vec=4, nc=True))
-            qv.append([k.mul(x, cg, rnd="rn") for x in vals])
-        qa = [_a_halves(k, qv[kt // 2][4 * (kt % 2):4 * (kt % 2) + 4]) for kt in range(KT)]
+        def load_q():
+            """q's A fragments per k-tile: head g's values at dimensions 8 (t +
+            4 i) .., prescaled (by 0 for a row past the group), in halves."""
+            c = k.mul(sm_scale, LOG2E, rnd="rn")
+            cg = k.select(g < G, c, k.mov(0.0, f32))
+            qrow = b * q_stride + (h * G + k.min(g, G - 1)) * d + 8 * t
+            qv = []
+            for i in range(KC):
+                vals = list(k.ld(q[qrow + 32 * i], vec=4, nc=True))
+                vals += list(k.ld(q[qrow + 32 * i + 4], vec=4, nc=True))
+                qv.append([k.mul(x, cg, rnd="rn") for x in vals])
+            return [_a_halves(k, qv[kt // 2][4 * (kt % 2):4 * (kt % 2) + 4]) for kt in range(KT)]
+
+        qa = None if early else load_q()
 
         stride = CH * U * NW                     # keys of a block trip
         lastc = end - 1                          # the split's last key
@@ -134,25 +145,28 @@ def build_split(m, plan):
             ent = k.ld(table[tab_row + (chunk_at(kb) >> lg)])
             return k.min(ent.bitcast(u32), last_block) * blk_elems + head_elems
 
-        def row_words(n, base, row):
+        def row_words(n, base, row, cg=False):
             """The lane's words of the chunk's row ``row`` (a key index) in the
             block at element ``base``: of K (``n < 2``: 16-byte chunks ``t + 4
-            i``) or of V (chunks ``8 g + 64 c``)."""
+            i``) or of V (chunks ``8 g + 64 c``); ``cg``: ``ld.global.cg``
+            rather than the non-coherent path."""
             ptr, first, nchunk, step = (kp, 8 * t, KC, 32) if n < 2 else (vp, 8 * g, VC, 64)
             idx = base + (row & (BS - 1)) * d + first
-            return [list(k.ld(ptr[idx + step * c_], ty=b32, vec=4, nc=True, prefetch=l2,
-                              evict=l1)) for c_ in range(nchunk)]
+            return [list(k.ld(ptr[idx + step * c_], ty=b32, vec=4, nc=not cg,
+                              cache="cg" if cg else None, prefetch=l2,
+                              evict=None if cg else l1)) for c_ in range(nchunk)]
 
-        def trip_loads(kb0, bases):
-            """Per chunk ``u``: the words of its 6 rows (K ``kb + 8 j + g``, j =
-            0, 1; V ``kb + 2 t + (0, 1, 8, 9)``), rows clamped to the last key."""
-            words = []
-            for u in range(U):
-                kb = chunk_at(kb0 + CH * u)
-                rows = ([k.min(kb + 8 * j + g, lastc) for j in range(2)]
-                        + [k.min(kb + 2 * t + r, lastc) for r in (0, 1, 8, 9)])
-                words.append([row_words(n, bases[u], row) for n, row in enumerate(rows)])
-            return words
+        def chunk_rows(kb0, u):
+            """Chunk ``u``'s rows a lane loads: K ``kb + 8 j + g``, j = 0, 1; V
+            ``kb + 2 t + (0, 1, 8, 9)``, clamped to the last key."""
+            kb = chunk_at(kb0 + CH * u)
+            return ([k.min(kb + 8 * j + g, lastc) for j in range(2)]
+                    + [k.min(kb + 2 * t + r, lastc) for r in (0, 1, 8, 9)])
+
+        def trip_loads(kb0, bases, cg=False):
+            """Per chunk ``u``: the words of its 6 rows (:func:`chunk_rows`)."""
+            return [[row_words(n, bases[u], row, cg) for n, row in enumerate(chunk_rows(kb0, u))]
+                    for u in range(U)]
 
         m_run = k.var(f32, NEG)
         l_run = k.var(f32, 0.0)
@@ -167,7 +181,27 @@ def build_split(m, plan):
         # the table entries of the warp's first trip; in the loop those of
         # the next trip are loaded after this trip's K/V words
         bases = [k.var(u32, block_base(start + wofs + CH * u)) for u in range(U)]
-        with k.for_range(start, end, stride) as kb:
+        loop_from = start
+        if early:
+            # the first trip in flight before the wait; then q, and the row
+            # the grid before may have appended, loaded again
+            kb0 = start + wofs
+            first = _as_vars(k, trip_loads(kb0, bases, cg=True))
+            pdl_wait(k, plan)
+            qa = load_q()
+            newest = L - 1
+            for u in range(U):
+                for n, row in enumerate(chunk_rows(kb0, u)):
+                    with k.if_(row.eq(newest)):
+                        for cw, nw in zip(_leaves(first[u][n]),
+                                          _leaves(row_words(n, bases[u], row, cg=True))):
+                            k.assign(cw, nw)
+            for u in range(U):
+                k.assign(bases[u], block_base(kb0 + (stride + CH * u)))
+            with k.if_(kb0 < end):
+                trip(kb0, first)
+            loop_from = start + stride
+        with k.for_range(loop_from, end, stride) as kb:
             kb0 = kb + wofs
             words = trip_loads(kb0, bases)
             for u in range(U):

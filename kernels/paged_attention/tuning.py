@@ -30,8 +30,8 @@ def select_config(spec: PagedAttentionSpec, device: str | None = None,
 def resident_blocks(plan: PagedAttentionPlan) -> int:
     """Split blocks one SM holds at once, estimated as for flash decode's
     tensor-core split (about 168 registers at one chunk a trip, 60 more per
-    further chunk); the ops ask the driver instead."""
-    regs = min(256, 168 + 60 * (plan.unroll - 1))
+    further chunk, 20 more with ``early_kv``); the ops ask the driver instead."""
+    regs = min(256, 168 + 60 * (plan.unroll - 1) + (20 if plan.early_kv else 0))
     return max(1, min(32 // plan.warps, 65536 // (regs * 32 * plan.warps)))
 
 

@@ -22,7 +22,9 @@ import numpy as np
 
 from ptxgen.driver.executor import Arena, DeviceMemory, Executor, Store, plan_activations
 from ptxgen.kernels.sampling.params import LOGPROBS
+from ptxgen.llm.generation import GREEDY
 from ptxgen.llm.lowering.batch import BatchIO, BatchLowering
+from ptxgen.llm.model import enable_pdl
 from ptxgen.llm.models import architecture_of
 
 from .blocks import DEFAULT_BLOCK_SIZE, kv_bytes_per_token, kv_pool_blocks
@@ -112,6 +114,9 @@ class BatchRunner:
                                    gemv_rows=gemv_rows if kind == "decode" else 0,
                                    batch_gemv_rows=batch_gemv_rows)
                 self.arch.forward(lw)
+                if self.pdl and lw.row_gemvs:
+                    # every launch, as the single-sequence decode step's
+                    enable_pdl(lw.g)
                 self._graphs[kind, b] = lw
                 self.arena.reserve(plan_activations(lw.g))
         self._executors: dict = {}
@@ -152,17 +157,17 @@ class BatchRunner:
                 self._graphs[kind, bucket].g, self.backend, memory=self.memory, arena=self.arena)
         return ex
 
-    def _run(self, kind, n, mode):
+    def _run(self, kind, n, mode, variant=None):
         b = self._bucket(kind, n)
         ex = self._executor(kind, b)
         lw = self._graphs[kind, b]
         ex.write(lw.io, self._host, stream=self.stream)
         if mode == "graph" and self.backend.can_capture:
-            if not ex.is_captured():
-                ex.capture(self.stream)
-            ex.replay(self.stream)
+            if not ex.is_captured(variant):
+                ex.capture(self.stream, variant)
+            ex.replay(self.stream, variant)
         else:
-            ex.run_eager(self.stream)
+            ex.run_eager(self.stream, variant=variant)
         return ex, lw
 
     # -------------------------------------------------------------- inputs
@@ -215,7 +220,12 @@ class BatchRunner:
                 first = r.position + 1 - len(hist)
                 self._history[i, [(first + k) % W for k in range(len(hist))]] = hist
             ex.write(lw.history, self._history[:, :W], stream=self.stream)
-        ex, lw = self._run("decode", n, mode)
+        # the argmax where the bucket has it and no row needs the sampler
+        variant = None
+        if GREEDY in lw.g.variants and all(r.sampling.is_greedy and r.logprobs <= 0
+                                           for r in rows):
+            variant = GREEDY
+        ex, lw = self._run("decode", n, mode, variant)
         self.backend.synchronize(self.stream)
         toks = ex.read(lw.next_tokens)[:n]
         if not any(r.logprobs > 0 for r in rows):
@@ -247,18 +257,21 @@ class BatchRunner:
         self.backend.synchronize(self.stream)
 
     def warm_up(self) -> int:
-        """Capture every bucket's graph now (on the GPU; a no-op on the
-        emulator), so no request waits for a capture; returns how many
-        were captured.  Capturing records the launches without running
-        them: the pool is untouched."""
+        """Capture every bucket's graph (each of its variants) now (on the
+        GPU; a no-op on the emulator), so no request waits for a capture;
+        returns how many buckets were captured.  Capturing records the
+        launches without running them: the pool is untouched."""
         if not self.backend.can_capture:
             return 0
         n = 0
         for kind, b in self._graphs:
             ex = self._executor(kind, b)
-            if not ex.is_captured():
-                ex.capture(self.stream)
-                n += 1
+            fresh = False
+            for v in self._graphs[kind, b].g.variants or (None,):
+                if not ex.is_captured(v):
+                    ex.capture(self.stream, v)
+                    fresh = True
+            n += fresh
         self.backend.synchronize(self.stream)
         return n
 

@@ -16,7 +16,11 @@ last token is fed by a decode step.
 The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
 
 - the weight pass of a decode step is a GEMV per row at ``rows <=
-  gemv_rows`` (one row: the single-sequence decode's kernels); above it,
+  gemv_rows`` (one row: the single-sequence decode's kernels), with the
+  decode step's fusions: the attention RMSNorm in the QKV GEMV's prologue
+  (:data:`ROW_FUSE_NORM`), gate and up in one GEMV with the SwiGLU
+  (GeGLU), and at one row RoPE and the paged append in the QKV GEMV's
+  epilogue (``GemvSpec.paged``; not where the layer has q/k norms); above it,
   each weight the batched GEMV reads (:mod:`ptxgen.kernels.gemv.batched`:
   every weight read once for all the rows) runs through it up to the
   crossover (measured on the device and stored in the user tuning cache,
@@ -31,12 +35,18 @@ The blocks lower as the chunk lowering's (:mod:`.chunk`) do, except that:
   sequence (:mod:`ptxgen.kernels.paged_attention`; a sliding window: over
   its last ``window`` keys), at the file's attention scale, written in f16
   where the output projection's GEMM takes f16 X (as the chunk's attention);
+  in a step of GEMVs per row its first K/V loads are issued before it waits
+  on the launch before (``early_kv``, as the decode step's flash decode;
+  heads up to 128);
 - ``output`` computes every row's logits, then each row's next token with
   its own sampling settings in one launch of the rows sampler (greedy rows
   included: a temperature of 0 is the argmax, ties to the lowest id), with
   the chosen token's log-probability and the top ``TOP_LOGPROBS`` for the
   rows that ask.  Each row's recent tokens (the penalties' window) are a
-  ring of ``history_window`` tokens, token ``p`` at ``p % window``.
+  ring of ``history_window`` tokens, token ``p`` at ``p % window``.  The
+  bucket of one row of GEMVs has the decode step's two variants: the
+  sampler (``"sample"``, the default) and the argmax (``"greedy"``), which
+  the runner replays for a greedy row that asks for no log-probabilities.
 
 The KV pools are ``[num_blocks, n_kv_heads, block_size, head_dim]`` f16
 per layer (``blk.i.k_pool``, ``blk.i.v_pool``).
@@ -47,16 +57,22 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from ptxgen.kernels import gemv, paged_attention, rope, sampling
-from ptxgen.llm.generation import sampler_spec
+from ptxgen.kernels import argmax, gemv, paged_attention, rope, sampling
+from ptxgen.llm.generation import GREEDY, SAMPLE, sampler_spec
 
-from .chunk import ChunkLowering
-from .common import QKV
+from . import matmul
+from .chunk import ChunkLowering, _row
+from .common import QKV, Normed, Tuning
 
 __all__ = ["BatchLowering", "BatchIO", "TOP_LOGPROBS"]
 
 #: the most top log-probabilities a row can ask for (OpenAI's limit)
 TOP_LOGPROBS = 20
+
+#: the RMSNorms a step of GEMVs per row folds into the GEMVs that read them:
+#: the single-sequence decode step's default (``Model(fuse_norm=...)``,
+#: docs/llm.md "Why these fusions")
+ROW_FUSE_NORM = ("attn",)
 
 
 @attrs.frozen
@@ -132,6 +148,8 @@ class BatchLowering(ChunkLowering):
         super().__init__(file, store, target=target, capacity=n_ctx, rope_layout=rope_layout,
                          rows=rows, chunk=io.rows, device=device, pdl=pdl,
                          gemm=rows > gemv_rows)
+        if self.row_gemvs:
+            self.row_tuning = Tuning(sm_count, {}, device)
         g = self.g
         f = io.fields
         self.positions = self.io.at(4 * f["positions"][0])
@@ -146,6 +164,74 @@ class BatchLowering(ChunkLowering):
         self.top_ids = g.buffer("batch_top_ids", (io.rows, TOP_LOGPROBS), np.int32, "state")
         self.top_logprobs = g.buffer("batch_top_logprobs", (io.rows, TOP_LOGPROBS), np.float32,
                                      "state")
+
+    @property
+    def row_gemvs(self) -> bool:
+        """Whether this is a decode step that runs its weights as a GEMV per
+        row: they take the single-sequence decode step's fusions."""
+        return self.kind == "decode" and not self.gemm
+
+    # ------------------------------------------------ a GEMV per row
+    def _row_input(self, h, tensors):
+        """The rows a per-row GEMV over ``tensors`` reads for ``h`` and its
+        ``norm`` argument: ``(x, (weight, eps))`` where the pending RMSNorm
+        folds into the GEMVs' prologue (each row's own RMS), else the RMSNorm
+        launched and ``(rows, None)``."""
+        if isinstance(h, Normed) and h.kind in ROW_FUSE_NORM \
+                and matmul.can_fuse_norm(*tensors):
+            w, _ = self.weight(h.weight)
+            return h.x, (w, self.hp.eps)
+        return self._input(h), None
+
+    def _row_qkv(self, h, w: QKV):
+        """The stacked Q/K/V GEMV of each row with the attention RMSNorm in
+        its prologue; at one row (where the layer has no q/k norms) with the
+        biases, RoPE at the row's position and the append at its slot of the
+        paged pools in its epilogue (``GemvSpec.paged``), as the decode
+        step's; else the biases added by its residual epilogue, then the
+        paged RoPE launch."""
+        hp, p = self.hp, w.prefix
+        infos = [self.file.tensor(n) for n in (w.q, w.k, w.v)]
+        x, norm = self._row_input(h, infos)
+        bias = self.qkv_bias(w)
+        qkv = self.qkv_rows
+        kc, vc = self.kv_cache(w.layer)
+        freqs = self.rope_table(w.local)
+        if self.rows == 1 and w.q_norm is None:
+            # one row: row 0 is always in use, so its slot is always a real one
+            wb, t = self.stacked_qkv(w, pair_order=self.rope_layout == "neox")
+            matmul.gemv_rope(self, p + "attn_qkv", wb, t, x, qkv, freqs, self.positions, kc,
+                             vc, state=self.io, norm=norm, bias=bias,
+                             rope_layout=self.rope_layout, tuning=self.row_tuning,
+                             paged=(self.block_size, self.slots,
+                                    self.num_blocks * self.block_size))
+            return qkv
+        wb, t = self.stacked_qkv(w)
+        for r in range(self.rows):
+            matmul.gemv(self, f"{p}attn_qkv.row{r}", wb, t, _row(x, r, 4 * hp.hidden),
+                        _row(qkv, r, 4 * self.qkv_dim), residual=bias, norm=norm,
+                        tuning=self.row_tuning)
+        self._rope_launch(w, qkv, kc, vc, freqs)
+        return qkv
+
+    def _row_gated_ffn(self, h, gate, up, down, residual, act):
+        """``act(Wg h) * (Wu h)`` in one GEMV launch per row (the FFN norm
+        folded in where :data:`ROW_FUSE_NORM` names it), then the down GEMV."""
+        (wg, tg), (wu, tu) = self.weight(gate), self.weight(up)
+        x, norm = self._row_input(h, [tg, tu])
+        name = gate.removesuffix("ffn_gate.weight") + "ffn_gate_up"
+        ffn, hidden = self.hp.ffn, self.hp.hidden
+        for r in range(self.rows):
+            matmul.gemv_swiglu(self, f"{name}.row{r}", wg, tg, wu, tu, _row(x, r, 4 * hidden),
+                               _row(self.act, r, 4 * ffn), norm=norm, tuning=self.row_tuning,
+                               act=act)
+        return self.linear(self.act, down, residual=residual)
+
+    def qkv(self, h, w: QKV):
+        f = self.file
+        if self.row_gemvs and len({f.qtype(n) for n in (w.q, w.k, w.v)}) == 1:
+            return self._row_qkv(h, w)
+        return super().qkv(h, w)
 
     # ------------------------------------------------------ batched GEMV
     def _batch_plan(self, qtype: str, m: int, k: int, epilogue: str = "none"):
@@ -204,8 +290,12 @@ class BatchLowering(ChunkLowering):
     def gated_ffn(self, h, gate, up, down, residual=None, act="silu"):
         """``silu(Wg h) * (Wu h)`` in one batched GEMV launch where both
         weights run through it and the activations it writes are f32, else
-        as a chunk's."""
+        as a chunk's; a GEMV per row with the SwiGLU (GeGLU) epilogue where
+        the step runs its weights so and the two share a type."""
         f = self.file
+        if self.row_gemvs and (f.qtype(gate), f.shape(gate)) == (f.qtype(up), f.shape(up)) \
+                and self.act.dtype == np.float32:
+            return self._row_gated_ffn(h, gate, up, down, residual, act)
         m, k = f.shape(gate)
         plan = None
         if act == "silu" and (f.qtype(gate), f.shape(gate)) == (f.qtype(up), f.shape(up)) \
@@ -257,10 +347,13 @@ class BatchLowering(ChunkLowering):
         hp = self.hp
         D = hp.head_dim
         kc, vc = self.kv_cache(layer)
+        # early_kv: the QKV GEMV (or the RoPE launch) just before writes each
+        # row's newest key and q alone; not at heads of 256, whose split
+        # already spills without it
         spec = paged_attention.PagedAttentionSpec(
             head_dim=D, group=hp.n_heads // hp.n_kv_heads, block_size=self.block_size,
             out_type="f16" if self.att.dtype == np.float16 else "f32", window=int(window),
-            target=self.target, pdl=self.pdl)
+            early_kv=self.row_gemvs and D <= 128, target=self.target, pdl=self.pdl)
         plan = paged_attention.plan(spec, device=self.device, batch=self.rows)
         splits = paged_attention.choose_splits(plan, self.sm_count, self.rows, hp.n_kv_heads,
                                                self.max_blocks * self.block_size)
@@ -304,6 +397,10 @@ class BatchLowering(ChunkLowering):
                            np.uint64)
         counter = g.buffer(f"batch_sample_counter{B}", (B,), np.uint32, "state",
                            np.zeros(B, np.uint32))
+        variant = None
+        if self.row_gemvs and B == 1:
+            self._argmax()
+            g.default_variant = variant = SAMPLE
         self.add("Sample", "sample", [self.logits, self.history, self.io],
                  [self.next_tokens, self.logprob, self.top_ids, self.top_logprobs],
                  [self.launch("sampling", sps, sampling.launch_geometry(sps, hp.vocab, B),
@@ -311,7 +408,23 @@ class BatchLowering(ChunkLowering):
                               window=self.window, history_len=self.lens, pos=self.positions,
                               params=self.params, out=self.next_tokens, n_draws=1, work=work,
                               info=0, scratch=scratch, counter=counter, logprob=self.logprob,
-                              top_ids=self.top_ids, top_logprobs=self.top_logprobs)])
+                              top_ids=self.top_ids, top_logprobs=self.top_logprobs)],
+                 variant=variant)
+
+    def _argmax(self):
+        """The one row's next token as the decode step's greedy variant
+        chooses it: the argmax of its logits (ties to the lowest id, as the
+        sampler's greedy rows)."""
+        g, hp = self.g, self.hp
+        ams = argmax.ArgmaxSpec(target=self.target)
+        geom = argmax.launch_geometry(ams, hp.vocab, self.sm_count)
+        scratch = g.buffer("batch_argmax_scratch", (geom.grid[0],), np.uint64, "state")
+        counter = g.buffer("batch_argmax_counter", (1,), np.uint32, "state",
+                           np.zeros(1, np.uint32))
+        self.add("Argmax", "argmax", [self.logits], [self.next_tokens],
+                 [self.launch("argmax", ams, geom, x=self.logits, n=hp.vocab,
+                              out=self.next_tokens, scratch=scratch, counter=counter)],
+                 variant=GREEDY)
 
 
 def _plus(ref, nbytes: int):

@@ -103,6 +103,8 @@ class ChunkLowering(Lowering):
         self._extra = {}
         #: the rows of a linear block's output, by width
         self._outs = {}
+        #: the configuration of the GEMVs a weight with no GEMM runs per row
+        self.row_tuning = Tuning()
         B, H = self.rows, hp.hidden
 
         def x_type(*names):
@@ -150,7 +152,7 @@ class ChunkLowering(Lowering):
         for r in range(self.rows):
             extra = bias if residual is None else _row(residual, r, 4 * stride)
             matmul.gemv(self, f"{name.removesuffix('.weight')}.row{r}", w, t, _row(x, r, 4 * K),
-                        _row(out, r, 4 * stride), residual=extra)
+                        _row(out, r, 4 * stride), residual=extra, tuning=self.row_tuning)
 
     def embed(self, weight, scale=None):
         emb, et = self.weight(weight)

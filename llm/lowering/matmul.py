@@ -109,27 +109,33 @@ def gemv_swiglu(lw: Lowering, name, wg, tg, wu, tu, x, y, *, norm=None, tuning=T
 
 
 def gemv_rope(lw: Lowering, name, w, t, x, qkv, freqs, pos_ptr, k_cache, v_cache, *, state,
-              norm=None, bias=None, rope_layout="interleaved", tuning=Tuning()):
+              norm=None, bias=None, rope_layout="interleaved", tuning=Tuning(), paged=None):
     """``qkv = [Wq; Wk; Wv] x (+ bias)`` with q and k rotated (RoPE in
     ``rope_layout`` at the device position ``pos_ptr``, table ``freqs``) and
     this token's k and v rows written to the f16 caches: one GEMV launch
     (``GemvSpec.rope``).  For ``"neox"``, ``w`` holds the q and k rows in
     pair order (:func:`ptxgen.kernels.gemv.neox_pair_rows`); ``qkv``,
     ``bias`` and the caches are in the natural order.  ``state`` is the
-    buffer ``pos_ptr`` points into."""
+    buffer ``pos_ptr`` points into.  ``paged=(block_size, slots, n_slots)``:
+    the caches are paged pools of ``n_slots`` slots and the rows go to the
+    slot the device int32 ``slots`` holds (``GemvSpec.paged``; ``slots`` in
+    ``state`` too)."""
     hp = lw.hp
     plan, m = _gemv_plan(t, "rope", lw.target, norm is not None, tuning,
                          rope=(hp.head_dim, hp.n_heads, hp.n_kv_heads), bias=bias is not None,
-                         rope_layout=rope_layout)
+                         rope_layout=rope_layout, paged=paged[0] if paged else 0)
     if m != plan.rope_rows:
         raise ValueError(f"{name}: {t.name} has {m} rows; {hp.n_heads} query and "
                          f"{hp.n_kv_heads} KV heads of {hp.head_dim} need {plan.rope_rows}")
     extra = {} if bias is None else dict(bias=bias)
+    if paged:
+        extra.update(slots=paged[1], k_pool=k_cache, v_pool=v_cache, n_slots=paged[2])
+    else:
+        extra.update(k_cache=k_cache, v_cache=v_cache, capacity=lw.capacity)
     ins = [w, x] + ([norm[0]] if norm is not None else []) + (
         [bias] if bias is not None else []) + [freqs, state]
     return lw.add("MulMatRopeKv", name, ins, [qkv, k_cache, v_cache],
                   [_gemv_launch(plan, m, w=w, x=x, norm=norm, freqs=freqs, pos_ptr=pos_ptr,
-                                k_cache=k_cache, v_cache=v_cache, capacity=lw.capacity,
                                 y=qkv, **extra)])
 
 

@@ -587,6 +587,65 @@ def test_gemv_rope_epilogue(run, qtype, k, rope, knobs, rng):
             assert np.array_equal(got[:, keep].view(np.uint16), before[:, keep].view(np.uint16))
 
 
+PAGED_ROPE_CASES = [
+    ("Q4_K", 512, (32, 3, 1), 16, {"rows": 2}),
+    # the decode step's QKV knobs with the norm folded, 8 KV heads' worth of pool
+    ("Q4_K", 512, (32, 4, 2), 32, {"rows": 8, "norm": True, "stages": 3, "dot": "dp4a",
+                                   "ahead": 1}),
+    ("Q6_K", 512, (32, 3, 1), 16, {"rows": 2, "bias": True, "rope_layout": "neox"}),
+    ("Q8_0", 256, (8, 6, 3), 64, {"rows": 4, "stages": 3, "tile": 256}),
+]
+
+
+@pytest.mark.parametrize("qtype,k,rope,bs,knobs", PAGED_ROPE_CASES)
+def test_gemv_rope_epilogue_paged(run, qtype, k, rope, bs, knobs, rng):
+    """The rope epilogue over paged pools (``paged=block_size``): y rotated at
+    the device position against float64 (bound BOUND), the k and v rows at
+    the device slot (block ``slot // bs``, offset ``slot % bs``, a slot
+    apart from the position) against f16(y), every other pool entry
+    unchanged; at a slot of -1 or past the pools y is still rotated and the
+    pools are untouched."""
+    spec = G.GemvPlan.make(qtype, k, epilogue="rope", rope=rope, paged=bs, max_ctas=3, **knobs)
+    assert f"_paged{bs}" in spec.kernel_name
+    d, nq, nkv = rope
+    nb = 3
+    w, x, freqs, inv, _ = _rope_case(rng, spec, 1)
+    pools = [rng.standard_normal((nb, nkv, bs, d)).astype(np.float16) for _ in range(2)]
+    norm = _norm_data(rng, k) if spec.norm else None
+    bias = rng.standard_normal(spec.rope_rows).astype(np.float32) if spec.bias else None
+    plain = G.reference(spec, w, x, epilogue="none", norm_w=norm[0] if norm else None,
+                        eps=norm[1] if norm else None)
+    m = spec.rope_rows
+    fn = run.function(G.build, spec)
+    if spec.rope_layout == "neox":
+        w = w[G.neox_pair_rows(*spec.rope)]
+    pos = int(rng.integers(0, 4096))
+    for slot in (int(rng.integers(0, nb * bs)), -1, nb * bs):
+        kp, vp = (run.array(p) for p in pools)
+        args = dict(w=run.array(w), x=run.array(x), freqs=run.array(freqs),
+                    pos_ptr=run.array(np.array([pos], np.int32)),
+                    slots=run.array(np.array([slot], np.int32)), k_pool=kp, v_pool=vp,
+                    n_slots=nb * bs, y=run.poisoned(m), m=m)
+        if spec.norm:
+            args.update(nw=run.array(norm[0]), eps=norm[1])
+        if spec.bias:
+            args["bias"] = run.array(bias)
+        run.launch(fn, G.launch_geometry(spec, m), args)
+        y, kg, vg = run.get(args["y"]), run.get(kp), run.get(vp)
+        ref_pools = [p.astype(np.float64) for p in pools]
+        ref = G.rope_reference(plain, pos, spec, inv, *ref_pools, bias=bias, slot=slot)
+        assert rel_err(y, ref) <= BOUND, slot
+        for got, want, before in zip((kg, vg), ref_pools, pools):
+            keep = np.ones((nb, bs), bool)
+            if 0 <= slot < nb * bs:
+                b, o = divmod(slot, bs)
+                keep[b, o] = False
+                # one f16 rounding of the row (relative 2^-11 of its largest value)
+                assert rel_err(got[b, :, o], want[b, :, o]) <= 1e-3
+            mask = np.broadcast_to(keep[:, None, :, None], got.shape)
+            assert np.array_equal(got[mask].view(np.uint16), before[mask].view(np.uint16))
+
+
 def test_rope_epilogue_refused_where_not_built():
     with pytest.raises(ValueError, match="rows must be even"):
         G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=1)
@@ -601,6 +660,11 @@ def test_rope_epilogue_refused_where_not_built():
         G.GemvPlan.make("Q4_K", 512, rope_layout="neox")
     with pytest.raises(ValueError, match="rope_layout must be one of"):
         G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rope_layout="gptj")
+    with pytest.raises(ValueError, match="paged=16 is for epilogue='rope'"):
+        G.GemvPlan.make("Q4_K", 512, "residual", paged=16)
+    for bad in (8, 24, True):
+        with pytest.raises(ValueError, match="paged must be 0"):
+            G.GemvPlan.make("Q4_K", 512, epilogue="rope", rope=(64, 4, 2), rows=2, paged=bad)
     # default_plan keeps rows even for the pairs
     s = G.default_plan("Q4_K", 4096, "rope", m=6144, rope=(128, 32, 8))
     assert s.rows % 2 == 0 and s.epilogue == "rope"

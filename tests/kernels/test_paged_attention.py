@@ -126,6 +126,14 @@ EMU_PLANS = [
     # Gemma 3's head of 256 (1B: group 4; 4B and 12B: group 2)
     P.PagedAttentionPlan.make(head_dim=256, group=4, block_size=16, warps=2, unroll=1),
     P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=32, warps=1, unroll=2),
+    # early_kv (the one-row decode step's): the first trip loaded before the
+    # wait, the newest row again after it
+    P.PagedAttentionPlan.make(head_dim=128, group=4, block_size=16, warps=2, unroll=1,
+                              early_kv=True, pdl=True, target="sm_90"),
+    P.PagedAttentionPlan.make(head_dim=64, group=1, block_size=64, warps=1, unroll=3,
+                              early_kv=True, l2_prefetch=False, l1_bypass=False),
+    P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=32, warps=2, unroll=2,
+                              early_kv=True),
 ]
 
 
@@ -167,6 +175,8 @@ WINDOW_PLANS = [
                               window=3, min_keys=32),
     P.PagedAttentionPlan.make(head_dim=256, group=2, block_size=16, warps=2, unroll=1,
                               window=20),
+    P.PagedAttentionPlan.make(head_dim=128, group=2, block_size=16, warps=2, unroll=1,
+                              window=21, early_kv=True),
 ]
 
 
@@ -245,12 +255,14 @@ def test_f16_output(run, plan, n_splits, rng):
     _check(outs, [pc.reference(x) for x in lens], lens, bound=BOUND + 2.0 ** -11)
 
 
+@pytest.mark.parametrize("early_kv", [False, True])
 @pytest.mark.parametrize("n_splits", [1, 4])
-def test_empty_and_clamped_lengths(run, n_splits, rng):
+def test_empty_and_clamped_lengths(run, n_splits, early_kv, rng):
     """Length 0 (and negative) gives zeros, a length past the table's
     capacity reads the whole table; q rows sit ``q_stride`` apart with NaN
     between them (q inside a wider row, as in a QKV buffer)."""
-    plan = P.PagedAttentionPlan.make(head_dim=64, group=2, block_size=16, warps=2, unroll=1)
+    plan = P.PagedAttentionPlan.make(head_dim=64, group=2, block_size=16, warps=2, unroll=1,
+                                     early_kv=early_kv)
     pc = Paged(rng, [48, 0, 20, 48], 2, 2, 64, 16, max_blocks=3, q_pad=20)
     lens = [np.array([1000, 0, 20, -5], np.int32), np.array([0, 0, 0, 0], np.int32)]
     outs = _run(run, plan, pc, lens, n_splits)

@@ -114,6 +114,87 @@ def test_batch_equals_each_sequence_alone(arch_files, rng):
         assert not k[b].any() and not v[b].any(), f"block {b} was written"
 
 
+def test_one_row_step_equals_the_sequence_alone(arch_files, rng):
+    """A sequence decoded alone (the bucket of one row, the decode step's
+    fusions: the attention norm in the QKV GEMV's prologue, RoPE and the
+    paged append in its epilogue where the layer has no q/k norms, gate/up
+    and the activation in one GEMV) in two shuffled blocks gets the tokens
+    the single-sequence model gives it, the logits within 1e-2 at every
+    step (``same_continuation``), and writes no block it does not own."""
+    files = arch_files
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=6, block_size=BS,
+                         max_batch=1, chunk=8, ctx_size=32)
+    model = Model.from_gguf(files, backend="emu", capacity=32, progress=False)
+    prompt = [int(t) for t in rng.integers(0, TINY["vocab"], int(rng.integers(14, 19)))]
+    table = tuple(int(b) for b in rng.permutation(6)[:2])
+    ref, ref_logits = model.generate(prompt, 3, prefill_chunk=0, return_logits=True)
+    steps = []
+    got = _run(runner, [prompt], [table], 3, 8, logits=steps)
+    same_continuation(SimpleNamespace(tokens=got[0]), [st[0] for st in steps], ref,
+                      ref_logits, len(prompt))
+    k, v = runner.read_kv(0)
+    for b in set(range(6)) - set(table):
+        assert not k[b].any() and not v[b].any(), f"block {b} was written"
+
+
+def _ops(runner, rows, layer):
+    p = f"blk.{layer}."
+    return [(op.kind, op.name.removeprefix(p)) for op in runner.graph("decode", rows).ops
+            if op.name.startswith(p)]
+
+
+def test_one_row_step_lowers_as_the_decode_step(files):
+    """The bucket of one row takes the decode step's launches per layer (the
+    QKV GEMV with the attention norm, RoPE and the paged append; the paged
+    attention's two launches; the output GEMV adding the stream; the FFN norm;
+    gate/up with SwiGLU; down adding the stream), every launch built for
+    PDL where the target has it, the attention's first loads before its
+    wait (``early_kv``); the bucket of two keeps a GEMV per row."""
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=4, block_size=BS,
+                         max_batch=2, chunk=4, ctx_size=32, target="sm_90a", sm_count=132,
+                         gemv_rows=2)
+    assert _ops(runner, 1, 1) == [
+        ("MulMatRopeKv", "attn_qkv"), ("Attention", "attention"),
+        ("MulMat", "attn_output.row0"), ("RmsNorm", "ffn_norm"),
+        ("MulMatSwiGLU", "ffn_gate_up.row0"), ("MulMat", "ffn_down.row0")]
+    qkv, att = (runner.graph("decode", 1).ops[i].launches[0].spec for i in (1, 2))
+    assert (qkv.norm, qkv.epilogue, qkv.paged) == (True, "rope", BS)
+    assert att.early_kv
+    assert all(L.spec.pdl for op in runner.graph("decode", 1).ops for L in op.launches
+               if hasattr(L.spec, "pdl"))
+    # two rows: the norm still folded, each row's GEMVs, one paged RoPE launch
+    assert [k for k, _ in _ops(runner, 2, 1)] == [
+        "MulMat", "MulMat", "RopeKvAppend", "Attention", "MulMat", "MulMat", "RmsNorm",
+        "MulMatSwiGLU", "MulMatSwiGLU", "MulMat", "MulMat"]
+
+
+def test_one_row_variants_choose_as_the_sampler(files, rng):
+    """The bucket of one row has the decode step's variants: a greedy row
+    without log-probabilities replays the argmax, one that asks for them (or
+    samples) the sampler; at the same step both choose the same token (the
+    argmax is the sampler's greedy choice), and the sampler's log-probability
+    and top ids come with it."""
+    runner = BatchRunner(LlamaFile(files), get_backend("emu"), num_blocks=2, block_size=BS,
+                         max_batch=1, chunk=4, ctx_size=32)
+    assert runner.graph("decode", 1).variants == ("greedy", "sample")
+    seen, run = [], runner._run
+    runner._run = lambda kind, n, mode, variant=None: (seen.append(variant),
+                                                       run(kind, n, mode, variant))[1]
+    tok = int(rng.integers(0, TINY["vocab"]))
+    table = (int(rng.integers(0, 2)),)
+    greedy = runner.decode([DecodeRow(tok, 0, table, GREEDY, 0)], mode="eager")[0]
+    assert np.isnan(greedy.logprob)
+    logits = runner._executor("decode", 1).read(runner._graphs["decode", 1].logits)[0]
+    assert greedy.token == int(np.argmax(logits))
+    lp = runner.decode([DecodeRow(tok, 0, table, GREEDY, 0, logprobs=2)], mode="eager")[0]
+    assert lp.token == greedy.token and np.isfinite(lp.logprob)
+    assert len(lp.top) == 2 and lp.top[0][0] == greedy.token
+    hot = SamplingSettings(temperature=0.8)
+    drawn = runner.decode([DecodeRow(tok, 0, table, hot, 5)], mode="eager")[0]
+    assert 0 <= drawn.token < TINY["vocab"]
+    assert seen == ["greedy", None, None]           # None: the default, the sampler
+
+
 def test_rows_past_the_batch_do_not_matter(files, rng):
     """Two sequences in the bucket of 2 and, with a third beside them, in the
     bucket of 4: the first two get the same tokens either way."""

@@ -81,3 +81,23 @@ def test_gpu_batch_equals_alone_with_shared_prefixes(tmp_path, seed, rng):
     assert st.cached_tokens >= 96 and st.blocks_used == 0
     for i, (a, o) in enumerate(zip(alone, outs)):
         assert list(o.token_ids) == a, f"request {i}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="no NVIDIA GPU / driver available")
+def test_gpu_one_row_steps_equal_alone(tmp_path, seed, rng):
+    """An engine of one sequence at a time: every decode step is the bucket of
+    one row (the decode step's fusions, captured with PDL), and each of 4
+    requests (a Q4_K file, so the attention norm folds into the QKV GEMV)
+    gets, greedily, its 48 tokens alone."""
+    path = str(tmp_path / "gpu1.gguf")
+    write_synthetic_llama(path, n_layers=2, hidden=512, ffn=1024, n_heads=4, n_kv_heads=2,
+                          context_length=1024, seed=seed, vocab=2048, qtype="Q4_K")
+    prompts = [[int(t) for t in rng.integers(0, 2048, n)] for n in (3, 17, 40, 101)]
+    alone = _alone(path, "cuda", prompts, 48)
+    with Engine.from_gguf(path, backend="cuda", max_seqs=1, ctx_size=512, chunk=64,
+                          progress=False) as eng:
+        assert eng.runner.buckets("decode") == (1,)
+        outs = eng.generate(prompts, RequestSettings(max_tokens=48, ignore_eos=True))
+    for i, (a, o) in enumerate(zip(alone, outs)):
+        assert list(o.token_ids) == a, f"request {i}"
