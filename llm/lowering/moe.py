@@ -224,8 +224,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     counts = g.buffer(p + "moe_counts", (E,), np.uint32)
     offsets = g.buffer(p + "moe_offsets", (E,), np.uint32)
     pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
-    gs = group.MoeGroupSpec(E, NU, block=min(1024, max(32, -(-E // 32) * 32)), target=lw.target,
-                            pdl=pdl)
+    gs = group.MoeGroupSpec(E, NU, target=lw.target, pdl=pdl)
     gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
     _router(lw, e, x, bufs, rs, B, n_ptr)
     lw.add("MoeGroup", p + "ffn_moe_group", [ids, n_buf], [counts, offsets, pairs],

@@ -44,17 +44,10 @@ def _ids(rng, T, NU, E):
     return ids
 
 
-# E past the block (threads owning two experts), a block that does not
-# divide the shared tile, and more pairs than a tile holds (1200 pairs: two
-# tiles of GR.TILE)
-@pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
-                                                  (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
-                                                  (128, 8, 150, 160, 128)])
-def test_group(run, rng, seed, E, NU, T, t_rows, block):
-    """Counts, offsets and the stable order of the pairs; the ids of the
-    rows past T (the bucket's) are garbage and must not be read."""
-    ids = np.concatenate([_ids(rng, T, NU, E), np.full((t_rows - T, NU), -0x5A5A5A5A,
-                                                        np.int32)])
+def _check_group(run, rng, seed, ids, T, E, NU, block):
+    """Launch the grouping of ``ids`` (``[t_rows, NU]``, rows past ``T``
+    garbage) and compare with the reference; returns the counts."""
+    t_rows = ids.shape[0]
     spec = GR.MoeGroupSpec(E, NU, block=block)
     fn = run.function(GR.build, spec)
     pairs0 = rng.integers(0, 2 ** 32, t_rows * NU, dtype=np.uint32)
@@ -68,7 +61,36 @@ def test_group(run, rng, seed, E, NU, T, t_rows, block):
     assert np.array_equal(run.get(args["offsets"]), offsets), f"seed={seed}: offsets"
     assert np.array_equal(got[:T * NU], pairs), f"seed={seed}: pairs"
     assert np.array_equal(got[T * NU:], pairs0[T * NU:]), f"seed={seed}: pairs past T"
+    return counts
+
+
+# one warp (E past the block) and several, a warp count that does not
+# divide the pairs (96 threads), segments of whole and part rounds, and the
+# default block (16 warps) with warps left without pairs (T = 5)
+@pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
+                                                  (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
+                                                  (128, 8, 150, 160, 128),
+                                                  (128, 8, 150, 160, GR.default_block(128)),
+                                                  (40, 3, 5, 8, GR.default_block(40))])
+def test_group(run, rng, seed, E, NU, T, t_rows, block):
+    """Counts, offsets and the stable order of the pairs; the ids of the
+    rows past T (the bucket's) are garbage and must not be read."""
+    ids = np.concatenate([_ids(rng, T, NU, E), np.full((t_rows - T, NU), -0x5A5A5A5A,
+                                                        np.int32)])
+    counts = _check_group(run, rng, seed, ids, T, E, NU, block)
     assert counts[0] == T and counts[1] >= 1 and counts[E - 1] == 0
+
+
+@pytest.mark.parametrize("block", [96, 512])
+def test_group_ties(run, rng, seed, block):
+    """Ids drawn with repeats (a token may name an expert twice), most of
+    them from four experts, so a round of 32 holds many lanes of the same
+    expert and the peers must keep their order; most experts get no pair."""
+    E, NU, T = 128, 8, 70
+    ids = np.where(rng.random((T, NU)) < 0.9, rng.integers(0, 4, (T, NU)),
+                   rng.integers(0, E, (T, NU))).astype(np.int32)
+    counts = _check_group(run, rng, seed, ids, T, E, NU, block)
+    assert (counts == 0).sum() > E // 2
 
 
 def _experts(rng, qtype, E, M, K):
@@ -173,3 +195,13 @@ def test_expert_gemm_refuses(bad, message):
 def test_group_refuses():
     with pytest.raises(ValueError, match="n_used=9 is more than n_expert=8"):
         GR.MoeGroupSpec(8, 9)
+    with pytest.raises(ValueError, match="block=512 gives 16 warps .* more than 32768"):
+        GR.MoeGroupSpec(1024, 8, block=512)
+
+
+@pytest.mark.parametrize("E", [1, 6, 128, 512, 1024])
+def test_group_default_block(E):
+    """The default block is a valid spec's: whole warps, the table in bounds."""
+    b = GR.default_block(E)
+    GR.MoeGroupSpec(E, 1, block=b)
+    assert b % 32 == 0 and 32 <= b <= 512
