@@ -23,6 +23,13 @@ and its stage loop, Q4_K, Q6_K and Q8_0 weights, f32 X) with three changes:
   stores ``silu(gate) * acc`` in their place (the SwiGLU of
   :func:`ptxgen.kernels.swiglu.silu_mul`).
 
+X is f32, read with plain loads (not ``cp.async``) and rounded to f16 on its
+way into the stage.  By default a thread loads the stage ``stages - 1``
+ahead and stores it before the current stage's MMAs, so each step waits
+for X's round trip to L2; with ``x_ahead`` it issues those loads before the
+MMAs and converts and stores them after, so the round trip overlaps the
+compute (at the price of holding the stage's X chunks in registers).
+
 With the plan's ``pdl`` the kernel waits for the grid before it before it
 reads the counts.  Parameters: ``w, x[, r], y, m, counts, offsets, pairs``.  Launch:
 ``(ceil(T_max / bn), ceil(M / bm), n_expert)`` CTAs of the plan's
@@ -38,10 +45,10 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, u8, u32
+from ptxgen.types import b32, f16, f32, u8, u32
 
 from .. import gemm as _gemm
-from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, thread_chunks
+from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, sh, thread_chunks
 from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 from ..swiglu import silu_mul
@@ -77,18 +84,22 @@ class ExpertGemmSpec:
         X is ``[T, K]``, row ``p / n_used`` for pair ``p``; else ``[T n_used, K]``.
     swiglu : bool
         Store ``silu(r) * acc`` (``r``: the gate values at ``y``'s rows).
+    x_ahead : bool
+        Load the next X stage before the MMAs, store it after.
     """
 
     plan: object = attrs.field(validator=_plan)
     n_used: int = attrs.field()
     x_token: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     swiglu: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    x_ahead: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
-    def __init__(self, plan, n_used, x_token=False, swiglu=False, **spec_changes):
+    def __init__(self, plan, n_used, x_token=False, swiglu=False, x_ahead=False,
+                 **spec_changes):
         if spec_changes:
             _plan(self, None, plan)
             plan = _gemm.GemmPlan(attrs.evolve(plan.spec, **spec_changes), plan.config)
-        self.__attrs_init__(plan, n_used, x_token, swiglu)
+        self.__attrs_init__(plan, n_used, x_token, swiglu, x_ahead)
 
     @n_used.validator
     def _check_used(self, attr, v):
@@ -106,7 +117,7 @@ class ExpertGemmSpec:
     @property
     def kernel_name(self) -> str:
         return (f"moe_{self.plan.kernel_name}_k{self.n_used}{'_xt' if self.x_token else ''}"
-                f"{'_swiglu' if self.swiglu else ''}")
+                f"{'_swiglu' if self.swiglu else ''}{'_xa' if self.x_ahead else ''}")
 
 
 class _GatherX(_XCopies):
@@ -123,6 +134,26 @@ class _GatherX(_XCopies):
             row = p // spec.n_used if spec.x_token else p
             dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
             self.x.append((guard, k.mad(row, plan.k, ch * per), dst))
+
+    def load(self, kk, ok):
+        """Issue the loads of the stage at ``kk`` where ``ok``; returns what
+        :meth:`store` takes (the chunks' registers, not yet waited on)."""
+        k = self.k
+        out = []
+        for guard, off, dst in self.x:
+            g = ok if guard is None else k.pand(guard, ok)
+            out.append((g, dst, k.ld(self.xp[off + kk], f32, vec=4, nc=True, guard=g)))
+        return out
+
+    def store(self, base, loaded, ok):
+        """Round the chunks of :meth:`load` (given ``ok``) to f16 into the
+        stage at ``base``."""
+        k = self.k
+        with k.if_(ok):
+            for g, dst, vals in loaded:
+                h = [k.cvt(f16, v, rnd="rn") for v in vals]
+                k.st(sh(base + dst), (k.pack(b32, h[0], h[1]), k.pack(b32, h[2], h[3])),
+                     guard=g)
 
 
 def build(spec: ExpertGemmSpec) -> ptxgen.Module:
@@ -178,8 +209,15 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
             k.cp_async_wait(S - 2)
             k.bar_sync()
             ahead = step + (S - 1)
-            with k.if_(ahead < nk):
-                issue(base + nxt * plan.stage_bytes, ahead * c.bk)
+            if spec.x_ahead:
+                nb = base + nxt * plan.stage_bytes
+                more = ahead < nk
+                with k.if_(more):
+                    wcp.issue_stage(nb, ahead * c.bk)
+                loaded = xcp.load(ahead * c.bk, more)
+            else:
+                with k.if_(ahead < nk):
+                    issue(base + nxt * plan.stage_bytes, ahead * c.bk)
             k.cp_async_commit()
             wb = base + cur * plan.stage_bytes
             kk = step * c.bk
@@ -187,6 +225,8 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
                 fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
                 k.bar_sync()
             _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
+            if spec.x_ahead:
+                xcp.store(nb, loaded, more)
             cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
             nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
         _store(k, spec, acc, y, r, m0 + wrow, n0 + wcol, g, tq, mrows, count, pairs, first)
@@ -244,9 +284,10 @@ def reference(spec: ExpertGemmSpec, w_deq, ids, x, gate=None):
     return out
 
 
-def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, target="sm_90", **config):
+def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, x_ahead=False, target="sm_90",
+           **config):
     return ExpertGemmSpec(_gemm.GemmPlan.make(qtype, k, target=target, **config), n_used,
-                          x_token=x_token, swiglu=swiglu)
+                          x_token=x_token, swiglu=swiglu, x_ahead=x_ahead)
 
 
 CANONICAL = {
@@ -256,6 +297,11 @@ CANONICAL = {
                                       bm=128, bn=32, bk=64, warps_m=2, warps_n=2, stages=4),
     "moe_gemm_q6_k": _canon("Q6_K", 768, bm=128, bn=32, bk=128, warps_m=2, warps_n=2,
                             stages=3),
+    "moe_gemm_q4_k_xt_swiglu_xa": _canon("Q4_K", 2048, x_token=True, swiglu=True,
+                                         x_ahead=True, pdl=True, bm=128, bn=64, bk=64,
+                                         warps_m=2, warps_n=2, stages=4),
+    "moe_gemm_q6_k_xa": _canon("Q6_K", 768, x_ahead=True, bm=128, bn=64, bk=128, warps_m=2,
+                               warps_n=2, stages=3),
 }
 
 registry.register("moe_gemm", ExpertGemmSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

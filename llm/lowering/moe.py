@@ -190,12 +190,15 @@ def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
     NU = hp.n_expert_used
 
     def plan(t, key):
+        c = {f: v for f, v in cfg[key].items() if f != "x_ahead"}
         return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], target=lw.target,
                                              pdl=pdl and has_griddepcontrol(lw.target)),
-                              _gemm.GemmConfig(**cfg[key]))
-    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True)
-    return gate, attrs.evolve(gate, swiglu=True), expert_gemm.ExpertGemmSpec(plan(td, "down"),
-                                                                            NU)
+                              _gemm.GemmConfig(**c))
+    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True,
+                                      x_ahead=cfg["gate_up"].get("x_ahead", False))
+    down = expert_gemm.ExpertGemmSpec(plan(td, "down"), NU,
+                                      x_ahead=cfg["down"].get("x_ahead", False))
+    return gate, attrs.evolve(gate, swiglu=True), down
 
 
 def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: bool, tuning):

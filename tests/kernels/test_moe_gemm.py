@@ -126,21 +126,34 @@ def _bound(qtype, xrows, wa_rows, ref):
 
 
 # (qtype, K, x_token, swiglu, config): M cuts the tiles short, bn=8 gives
-# the popular expert several column tiles
+# the popular expert several column tiles; x_ahead with a ring of 2 (the
+# stage stored into is the one just read), of 4 over 4 K steps (the loads
+# past K masked from the first step), of 2 over one K step (no stage ahead
+# at all) and of 3 over Q6_K's halves
 CASES = [
     ("Q4_K", 256, True, False, dict(bm=32, bn=8, bk=64, warps_m=2, warps_n=1, stages=2)),
     ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=128, warps_m=1, warps_n=2, stages=3,
                                    target="sm_90", pdl=True)),
     ("Q6_K", 256, False, False, dict(bm=32, bn=8, bk=128, warps_m=2, warps_n=1, stages=2)),
     ("Q4_K", 256, False, False, dict(bm=16, bn=8, bk=64, warps_m=1, warps_n=1, stages=3)),
+    ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=64, warps_m=1, warps_n=2, stages=2,
+                                   x_ahead=True)),
+    ("Q4_K", 256, True, False, dict(bm=32, bn=8, bk=64, warps_m=2, warps_n=1, stages=4,
+                                    x_ahead=True)),
+    ("Q4_K", 256, True, True, dict(bm=32, bn=8, bk=256, warps_m=2, warps_n=1, stages=2,
+                                   x_ahead=True)),
+    ("Q6_K", 512, False, False, dict(bm=32, bn=16, bk=128, warps_m=2, warps_n=2, stages=3,
+                                     x_ahead=True)),
 ]
 
 
 @pytest.mark.parametrize("qtype,K,x_token,swiglu,config", CASES)
 def test_expert_gemm(run, rng, seed, qtype, K, x_token, swiglu, config):
     E, NU, M, T, t_rows = 6, 2, 40, 11, 13
+    config = dict(config)
+    x_ahead = config.pop("x_ahead", False)
     spec = XG.ExpertGemmSpec(GM.GemmPlan.make(qtype, K, **config), NU, x_token=x_token,
-                             swiglu=swiglu)
+                             swiglu=swiglu, x_ahead=x_ahead)
     raw, wd, wa = _experts(rng, qtype, E, M, K)
     ids = _ids(rng, T, NU, E)
     counts, offsets, pairs = GR.reference(ids, E)
