@@ -168,19 +168,21 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning):
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     """How a chunk of ``rows`` runs ``e``: the ``moe_ffn`` tuning table's
     config (``path`` ``"gemv"`` or ``"gemm"``, the latter with the GEMM
-    configs ``gate_up`` and ``down``); ``"gemv"`` where the experts' GEMM
-    has no kernel for the weight types or shapes."""
+    configs ``gate_up`` and ``down``; on both, ``router_tokens``, the
+    router's tokens a CTA, 1 where not given); ``"gemv"`` where the
+    experts' GEMM has no kernel for the weight types or shapes."""
     hp = lw.hp
     tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
     call = {"rows": rows, "qtype": tg.qtype.upper(), "down_qtype": td.qtype.upper(),
             "n_expert": hp.n_expert, "n_used": hp.n_expert_used, "hidden": hp.hidden,
             "expert_ffn": hp.expert_ffn, "sm": TARGETS[lw.target].sm, "target": lw.target}
     cfg = _tuning.cascade("moe_ffn", call)
+    gemv = {"path": "gemv", "router_tokens": cfg.get("router_tokens", 1)}
     if cfg.get("path") != "gemm":
-        return {"path": "gemv"}
+        return gemv
     for t, key in ((tg, "gate_up"), (td, "down")):
         if t.qtype.upper() not in _gemm.FORMATS or t.shape[1] % cfg[key]["bk"]:
-            return {"path": "gemv"}
+            return gemv
     return cfg
 
 
@@ -216,6 +218,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
             g.buffer(p + "moe_act", (B, NU, F), np.float32),
             g.buffer(p + "moe_down", (B, NU, H), np.float32))
     cfg = chunk_path(lw, e, B)
+    specs = (attrs.evolve(specs[0], tokens=cfg.get("router_tokens", 1)),) + specs[1:]
     if cfg["path"] == "gemv":
         return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
     rs, _, _, cs, _, _ = specs
