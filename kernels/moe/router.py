@@ -179,10 +179,10 @@ def build(spec: MoeRouterSpec) -> ptxgen.Module:
             k.exit(guard=t0 >= n)
             cnt = counter[k.ctaid.y]
         else:
-            t0, cnt = k.mov(0, u32), counter[0]
+            t0, cnt = None, counter[0]
         # the rows of the CTA's tokens, those past T clamped to the last
         rows_ = [t0 if j == 0 else k.min(t0 + j, n - 1) for j in range(TP)]
-        xrows = [k.ptr_add(x, r * K) for r in rows_]
+        xrows = [k.ptr_add(x, r * K) for r in rows_] if spec.rows else [x]
         e = k.ctaid.x * spec.warps + warp
         wrow = k.ptr_add(w, k.min(e, E - 1) * K)
         accs = [k.var(f32, 0.0) for _ in range(TP)]
@@ -198,7 +198,7 @@ def build(spec: MoeRouterSpec) -> ptxgen.Module:
             if j:
                 ok = k.pand(ok, t0 + j < n)
             with k.if_(ok):
-                k.st(k.ptr_add(logits, rows_[j] * E)[e], s)
+                k.st((k.ptr_add(logits, rows_[j] * E) if spec.rows else logits)[e], s)
         k.bar_sync(0)
         with k.if_(tid.eq(0)):
             k.fence("acq_rel", "gpu")
@@ -208,10 +208,14 @@ def build(spec: MoeRouterSpec) -> ptxgen.Module:
         mine = warp.eq(0) if TP == 1 else k.pand(warp < TP, t0 + warp < n)
         with k.if_(k.setp("eq", k.ld(last[0]), 1, combine=("and", mine))):
             k.fence("acq_rel", "gpu")
-            t = t0 + warp if TP > 1 else t0
-            _select(k, spec, k.ptr_add(logits, t * E), k.ptr_add(ids, t * NU),
-                    k.ptr_add(weights, t * NU), lane, slots)
-            with k.if_(k.pand(lane.eq(0), warp.eq(0))):
+            if spec.rows:
+                t = t0 + warp if TP > 1 else t0
+                out = (k.ptr_add(logits, t * E), k.ptr_add(ids, t * NU),
+                       k.ptr_add(weights, t * NU))
+            else:
+                out = (logits, ids, weights)
+            _select(k, spec, *out, lane, slots)
+            with k.if_(lane.eq(0) if TP == 1 else k.pand(lane.eq(0), warp.eq(0))):
                 k.st(cnt, 0)
     return m
 
