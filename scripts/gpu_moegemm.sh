@@ -15,7 +15,9 @@
 #     sweep of the grouped GEMM's configs (CANDIDATES: tiles, ring depth,
 #     x_ahead), gate + up timed together and down alone, each checked
 #     against the table config's output; "SUMMARY ... best" lines give the
-#     fastest of each with its time, for moe_ffn.json's rows;
+#     fastest of each with its time, for moe_ffn.json's rows; and the
+#     chunk's router at 1 to 16 tokens a CTA (moe_ffn.json's router_tokens),
+#     each checked bit for bit against 1;
 #  3. the tiny qwen3moe model's GPU test (prefill buckets 64 and 128, which
 #     take the grouped GEMM by the table, against token-by-token decode).
 # One summary line per number ("SUMMARY"); logs in $OUT (or ./gpu-out); every
@@ -41,7 +43,7 @@ from ptxgen.driver import Event
 from ptxgen.driver.backend import get_backend
 from ptxgen.kernels import gemm as GM
 from ptxgen.kernels import tuning
-from ptxgen.kernels.moe import expert_gemm, expert_gemv, group
+from ptxgen.kernels.moe import expert_gemm, expert_gemv, group, router
 from ptxgen.kernels.quants.qtypes import qtype_of
 from ptxgen.llm.lowering.common import TensorInfo, Tuning
 from ptxgen.llm.lowering.matmul import gemv_plan
@@ -175,6 +177,43 @@ def sweep(T, x, srt, act_ref, down_ref, t_group):
               f"48 layers (experts only) {T / (48 * layer * 1e-6):8.0f} tokens/s")
 
 
+w_router = DeviceArray.from_numpy((rng.standard_normal((E, H)) / np.sqrt(H)).astype(np.float32))
+
+
+def router_sweep(T, x, t_ptr):
+    """The chunk's router at T rows, ``tokens`` a CTA of ROUTER_TOKENS;
+    the ids of each must be those of one token a CTA."""
+    logits = DeviceArray.from_numpy(np.zeros((T, E), np.float32))
+    counter = DeviceArray.from_numpy(np.zeros(T, np.uint32))
+    ids_r = DeviceArray.from_numpy(np.zeros((T, NU), np.int32))
+    wts_r = DeviceArray.from_numpy(np.zeros((T, NU), np.float32))
+    ref, best = None, None
+    for tokens, block in ROUTER_TOKENS:
+        spec = router.MoeRouterSpec(E, NU, H, rows=True, block=block, tokens=tokens,
+                                    target=be.target)
+        f = fn(router.build, spec)
+        args = dict(w=w_router, x=x, logits=logits, counter=counter, ids=ids_r, weights=wts_r,
+                    t_ptr=t_ptr)
+
+        def issue():
+            be.launch(f, router.launch_geometry(spec, T), args, stream=s)
+        t = graph_us(issue)
+        got = np.concatenate([ids_r.to_numpy().view(np.uint32).ravel(),
+                              wts_r.to_numpy().view(np.uint32).ravel()])
+        ref = got if ref is None else ref
+        same = np.array_equal(got, ref)
+        print(f"T={T} router tokens={tokens} block={block}: {t:8.1f} us"
+              f"{'' if same else ' (WRONG: ids or weights differ from tokens=1)'}")
+        if same and (best is None or t < best[0]):
+            best = (t, tokens, block)
+    print(f"SUMMARY moe router T={T:3d} best tokens={best[1]} (block {best[2]}) {best[0]:7.1f} us "
+          f"a layer")
+
+
+#: the router's (tokens a CTA, block) the sweep times: the first is today's
+ROUTER_TOKENS = [(1, 256), (2, 256), (4, 256), (8, 256), (16, 512)]
+
+
 def _c(bm, bn, bk, wm, wn, st, xa=False):
     return dict(bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, stages=st, x_ahead=xa)
 
@@ -255,6 +294,7 @@ for T in (64, 128, 512):
               f"{512 / (48 * tv * 1e-6):8.0f} tokens/s, GEMM path {512 / (48 * tm * 1e-6):8.0f} "
               f"tokens/s")
     sweep(T, x, srt, act_m, down_m, tg)
+    router_sweep(T, x, t_ptr)
 
 PY
 grep SUMMARY "$OUT/moegemm_bench.log" || tail -15 "$OUT/moegemm_bench.log"
