@@ -171,6 +171,22 @@ def sweep(T, x, srt, act_ref, down_ref, t_group):
                 best[part] = (t, cfg)
     for part, (t, cfg) in best.items():
         print(f"SUMMARY moe gemm sweep T={T:3d} best {part:7s} {t:8.1f} us: {show(cfg)}")
+    # the grid is sized for every token choosing every expert: the CTAs past
+    # an expert's count only read it and exit; with no pairs at all, they
+    # are all there is
+    zero = dict(srt, counts=DeviceArray.from_numpy(np.zeros(E, np.uint32)))
+    for part, qtype, k, m, cfg in (("gate", "Q4_K", H, F, CANDIDATES["gate_up"][0]),
+                                   ("down", "Q6_K", F, H, CANDIDATES["down"][0])):
+        sp = spec_of(qtype, k, cfg, x_token=part == "gate")
+        fe = fn(expert_gemm.build, sp)
+        geo = expert_gemm.launch_geometry(sp, m, T, E)
+        xe = x if part == "gate" else act_ref
+        out = act_c if part == "gate" else down_c
+        t = graph_us(lambda: be.launch(fe, geo, dict(w=wg if part == "gate" else wd, x=xe,
+                                                     y=out, m=m, **zero), stream=s))
+        n = geo.grid[0] * geo.grid[1] * geo.grid[2]
+        print(f"SUMMARY moe gemm T={T:3d} {part} of the table's config, no pairs (all {n} CTAs "
+              f"exit at once): {t:6.1f} us")
     if len(best) == 2:
         layer = t_group + best["gate_up"][0] + best["down"][0]
         print(f"SUMMARY moe gemm sweep T={T:3d} grouping + best GEMMs {layer:8.1f} us a layer, "
