@@ -192,14 +192,16 @@ def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
     NU = hp.n_expert_used
 
     def plan(t, key):
-        c = {f: v for f, v in cfg[key].items() if f != "x_ahead"}
+        c = {f: v for f, v in cfg[key].items() if f not in ("x_ahead", "packed")}
         return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], target=lw.target,
                                              pdl=pdl and has_griddepcontrol(lw.target)),
                               _gemm.GemmConfig(**c))
-    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True,
-                                      x_ahead=cfg["gate_up"].get("x_ahead", False))
-    down = expert_gemm.ExpertGemmSpec(plan(td, "down"), NU,
-                                      x_ahead=cfg["down"].get("x_ahead", False))
+
+    def extra(key):
+        return dict(x_ahead=cfg[key].get("x_ahead", False),
+                    n_expert=hp.n_expert if cfg[key].get("packed", False) else 0)
+    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True, **extra("gate_up"))
+    down = expert_gemm.ExpertGemmSpec(plan(td, "down"), NU, **extra("down"))
     return gate, attrs.evolve(gate, swiglu=True), down
 
 

@@ -144,16 +144,25 @@ CASES = [
                                    x_ahead=True)),
     ("Q6_K", 512, False, False, dict(bm=32, bn=16, bk=128, warps_m=2, warps_n=2, stages=3,
                                      x_ahead=True)),
+    # packed column tiles: the popular expert's several tiles (bn=8) and
+    # experts in both warps (40 over 64 threads), a thread owning three
+    # experts (70 over 32 threads), x_ahead
+    ("Q6_K", 256, False, False, dict(bm=32, bn=8, bk=128, warps_m=2, warps_n=1, stages=2,
+                                     n_expert=40)),
+    ("Q4_K", 256, True, True, dict(bm=16, bn=8, bk=64, warps_m=1, warps_n=1, stages=3,
+                                   n_expert=70)),
+    ("Q4_K", 512, True, False, dict(bm=32, bn=16, bk=64, warps_m=1, warps_n=2, stages=3,
+                                    x_ahead=True, n_expert=6)),
 ]
 
 
 @pytest.mark.parametrize("qtype,K,x_token,swiglu,config", CASES)
 def test_expert_gemm(run, rng, seed, qtype, K, x_token, swiglu, config):
-    E, NU, M, T, t_rows = 6, 2, 40, 11, 13
     config = dict(config)
-    x_ahead = config.pop("x_ahead", False)
+    x_ahead, packed = config.pop("x_ahead", False), config.pop("n_expert", 0)
+    E, NU, M, T, t_rows = packed or 6, 2, 40, 11, 13
     spec = XG.ExpertGemmSpec(GM.GemmPlan.make(qtype, K, **config), NU, x_token=x_token,
-                             swiglu=swiglu, x_ahead=x_ahead)
+                             swiglu=swiglu, x_ahead=x_ahead, n_expert=packed)
     raw, wd, wa = _experts(rng, qtype, E, M, K)
     ids = _ids(rng, T, NU, E)
     counts, offsets, pairs = GR.reference(ids, E)
@@ -199,10 +208,21 @@ def test_moe_gemm_ptxas_clean(ptxas, family, name):
     (dict(plan=GM.GemmPlan.make("Q4_K", 256, x_type="f16"), n_used=2), "f32 X"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256, t_device=True), n_used=2), "no t_device"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256), n_used=0), "n_used must be"),
+    (dict(plan=GM.GemmPlan.make("Q4_K", 256), n_used=2, n_expert=-1), "n_expert must be"),
 ])
 def test_expert_gemm_refuses(bad, message):
     with pytest.raises(ValueError, match=message):
         XG.ExpertGemmSpec(**bad)
+
+
+def test_expert_gemm_packed_geometry():
+    """The packed grid: the most nonempty column tiles there can be, and
+    the launch's expert count must be the spec's."""
+    spec = XG.ExpertGemmSpec(GM.GemmPlan.make("Q4_K", 256, bn=32), 8, n_expert=128)
+    assert XG.launch_geometry(spec, 768, 512, 128).grid[0] == (512 * 8 + 128 * 31 + 31) // 32
+    assert XG.launch_geometry(spec, 768, 2, 128).grid[0] == 16      # a tile a pair at most
+    with pytest.raises(ValueError, match="n_expert=64 is not the spec's 128"):
+        XG.launch_geometry(spec, 768, 512, 64)
 
 
 def test_group_refuses():
