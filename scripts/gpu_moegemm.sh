@@ -13,7 +13,7 @@
 #     the same on both paths, are not timed.  The rows from which the GEMM
 #     wins are kernels/tuning/moe_ffn.json's rows_min.  Then, per chunk, a
 #     sweep of the grouped GEMM's configs (CANDIDATES: tiles, ring depth,
-#     x_ahead), gate + up timed together and down alone, each checked
+#     x_ahead, packed grid), gate + up timed together and down alone, each checked
 #     against the table config's output; "SUMMARY ... best" lines give the
 #     fastest of each with its time, for moe_ffn.json's rows; and the
 #     chunk's router at 1 to 16 tokens a CTA (moe_ffn.json's router_tokens),
@@ -108,10 +108,11 @@ f_gs, f_ds = fn(expert_gemv.build, gs), fn(expert_gemv.build, ds)
 def spec_of(qtype, k, cfg, **kw):
     """The expert GEMM of ``cfg`` (a candidate), or the reason it is not one."""
     c = dict(cfg)
-    xa = c.pop("x_ahead", False)
+    xa, packed = c.pop("x_ahead", False), c.pop("packed", False)
     try:
         return expert_gemm.ExpertGemmSpec(GM.GemmPlan(GM.GemmSpec(qtype, k, target=be.target),
-                                                      GM.GemmConfig(**c)), NU, x_ahead=xa, **kw)
+                                                      GM.GemmConfig(**c)), NU, x_ahead=xa,
+                                          n_expert=E if packed else 0, **kw)
     except ValueError as e:
         return str(e)
 
@@ -230,26 +231,31 @@ def router_sweep(T, x, t_ptr):
 ROUTER_TOKENS = [(1, 256), (2, 256), (4, 256), (8, 256), (16, 512)]
 
 
-def _c(bm, bn, bk, wm, wn, st, xa=False):
-    return dict(bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, stages=st, x_ahead=xa)
+def _c(bm, bn, bk, wm, wn, st, xa=False, packed=False):
+    return dict(bm=bm, bn=bn, bk=bk, warps_m=wm, warps_n=wn, stages=st, x_ahead=xa,
+                packed=packed)
 
 
 #: the grouped GEMM's configs the sweep times at every T: the table's,
 #: x_ahead on it, column tiles of 8..64 pairs (an expert holds about
 #: 4, 8 and 32 pairs at T = 64, 128, 512), 64- and 256-row tiles (more
-#: CTAs; fewer re-reads of X), deeper and shallower rings
+#: CTAs; fewer re-reads of X), deeper and shallower rings, the packed grid
 CANDIDATES = {
     "gate_up": [_c(128, 32, 64, 2, 2, 4), _c(128, 32, 64, 2, 2, 4, True),
                 _c(128, 64, 64, 2, 2, 4), _c(128, 64, 64, 2, 2, 4, True),
                 _c(128, 64, 64, 2, 2, 3, True), _c(128, 16, 64, 4, 1, 4, True),
                 _c(128, 8, 64, 4, 1, 6, True), _c(64, 32, 64, 2, 2, 4, True),
                 _c(64, 16, 64, 4, 1, 6, True), _c(256, 32, 64, 4, 2, 3, True),
-                _c(128, 32, 128, 2, 2, 3, True)],
+                _c(128, 32, 128, 2, 2, 3, True), _c(128, 32, 64, 2, 2, 4, False, True),
+                _c(128, 32, 64, 2, 2, 4, True, True), _c(128, 64, 64, 2, 2, 4, True, True),
+                _c(128, 16, 64, 4, 1, 4, True, True)],
     "down": [_c(128, 32, 128, 2, 2, 3), _c(128, 32, 128, 2, 2, 3, True),
              _c(128, 64, 128, 2, 2, 3), _c(128, 64, 128, 2, 2, 3, True),
              _c(128, 16, 128, 4, 1, 3, True), _c(128, 8, 128, 4, 1, 4, True),
              _c(64, 32, 128, 2, 2, 3, True), _c(64, 16, 128, 4, 1, 4, True),
-             _c(256, 32, 128, 4, 2, 2, True)],
+             _c(256, 32, 128, 4, 2, 2, True), _c(128, 32, 128, 2, 2, 3, False, True),
+             _c(128, 32, 128, 2, 2, 3, True, True), _c(128, 64, 128, 2, 2, 3, True, True),
+             _c(128, 16, 128, 4, 1, 3, True, True)],
 }
 
 for T in (64, 128, 512):
