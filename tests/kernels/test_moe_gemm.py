@@ -65,13 +65,15 @@ def _check_group(run, rng, seed, ids, T, E, NU, block):
 
 
 # one warp (E past the block) and several, a warp count that does not
-# divide the pairs (96 threads), segments of whole and part rounds, and the
-# default block (16 warps) with warps left without pairs (T = 5)
+# divide the pairs (96 threads), segments of whole and part rounds, the
+# default block (16 warps) with warps left without pairs (T = 5), and the
+# most experts (8 warps, ten bits an id)
 @pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
                                                   (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
                                                   (128, 8, 150, 160, 128),
                                                   (128, 8, 150, 160, GR.default_block(128)),
-                                                  (40, 3, 5, 8, GR.default_block(40))])
+                                                  (40, 3, 5, 8, GR.default_block(40)),
+                                                  (1024, 8, 40, 40, GR.default_block(1024))])
 def test_group(run, rng, seed, E, NU, T, t_rows, block):
     """Counts, offsets and the stable order of the pairs; the ids of the
     rows past T (the bucket's) are garbage and must not be read."""
