@@ -23,10 +23,26 @@ and its stage loop, Q4_K, Q6_K and Q8_0 weights, f32 X) with three changes:
   stores ``silu(gate) * acc`` in their place (the SwiGLU of
   :func:`ptxgen.kernels.swiglu.silu_mul`).
 
+X is f32, read with plain loads (not ``cp.async``) and rounded to f16 on its
+way into the stage.  By default a thread loads the stage ``stages - 1``
+ahead and stores it before the current stage's MMAs, so each step waits
+for X's round trip to L2; with ``x_ahead`` it issues those loads before the
+MMAs and converts and stores them after, so the round trip overlaps the
+compute (at the price of holding the stage's X chunks in registers).
+
+With ``n_expert`` (the experts, known when building) the grid packs the
+column tiles instead: CTA ``(s, ctaid.y)`` takes the ``s``-th nonempty
+(expert, column tile), in expert order, found from the counts by a block
+scan of ``ceil(counts[e] / bn)`` (each thread a run of experts), so the grid
+needs only ``ceil((T_max n_used + n_expert (bn - 1)) / bn)`` columns, or
+``T_max n_used`` where fewer (the most nonempty tiles there can be), rather
+than ``n_expert ceil(T_max / bn)``, of which nearly all exit at once.
+
 With the plan's ``pdl`` the kernel waits for the grid before it before it
 reads the counts.  Parameters: ``w, x[, r], y, m, counts, offsets, pairs``.  Launch:
-``(ceil(T_max / bn), ceil(M / bm), n_expert)`` CTAs of the plan's
-threads and dynamic shared memory.
+``(ceil(T_max / bn), ceil(M / bm), n_expert)`` CTAs (with ``n_expert`` in
+the spec, ``(packed columns, ceil(M / bm), 1)``) of the plan's threads and
+dynamic shared memory.
 """
 
 from __future__ import annotations
@@ -38,10 +54,10 @@ import numpy as np
 
 import ptxgen
 from ptxgen import registry
-from ptxgen.types import f32, u8, u32
+from ptxgen.types import b32, f16, f32, u8, u32
 
 from .. import gemm as _gemm
-from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, thread_chunks
+from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, sh, thread_chunks
 from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 from ..swiglu import silu_mul
@@ -77,18 +93,32 @@ class ExpertGemmSpec:
         X is ``[T, K]``, row ``p / n_used`` for pair ``p``; else ``[T n_used, K]``.
     swiglu : bool
         Store ``silu(r) * acc`` (``r``: the gate values at ``y``'s rows).
+    x_ahead : bool
+        Load the next X stage before the MMAs, store it after.
+    n_expert : int
+        The experts, for a grid of packed column tiles; 0: a CTA plane
+        an expert.
     """
 
     plan: object = attrs.field(validator=_plan)
     n_used: int = attrs.field()
     x_token: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     swiglu: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    x_ahead: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    n_expert: int = attrs.field(default=0)
 
-    def __init__(self, plan, n_used, x_token=False, swiglu=False, **spec_changes):
+    def __init__(self, plan, n_used, x_token=False, swiglu=False, x_ahead=False, n_expert=0,
+                 **spec_changes):
         if spec_changes:
             _plan(self, None, plan)
             plan = _gemm.GemmPlan(attrs.evolve(plan.spec, **spec_changes), plan.config)
-        self.__attrs_init__(plan, n_used, x_token, swiglu)
+        self.__attrs_init__(plan, n_used, x_token, swiglu, x_ahead, n_expert)
+
+    @n_expert.validator
+    def _check_experts(self, attr, v):
+        if not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 1024):
+            raise ValueError(f"n_expert must be an int in 0..1024 (0: a CTA plane an "
+                             f"expert), got {v!r}")
 
     @n_used.validator
     def _check_used(self, attr, v):
@@ -106,7 +136,8 @@ class ExpertGemmSpec:
     @property
     def kernel_name(self) -> str:
         return (f"moe_{self.plan.kernel_name}_k{self.n_used}{'_xt' if self.x_token else ''}"
-                f"{'_swiglu' if self.swiglu else ''}")
+                f"{'_swiglu' if self.swiglu else ''}{'_xa' if self.x_ahead else ''}"
+                f"{f'_p{self.n_expert}' if self.n_expert else ''}")
 
 
 class _GatherX(_XCopies):
@@ -123,6 +154,26 @@ class _GatherX(_XCopies):
             row = p // spec.n_used if spec.x_token else p
             dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
             self.x.append((guard, k.mad(row, plan.k, ch * per), dst))
+
+    def load(self, kk, ok):
+        """Issue the loads of the stage at ``kk`` where ``ok``; returns what
+        :meth:`store` takes (the chunks' registers, not yet waited on)."""
+        k = self.k
+        out = []
+        for guard, off, dst in self.x:
+            g = ok if guard is None else k.pand(guard, ok)
+            out.append((g, dst, k.ld(self.xp[off + kk], f32, vec=4, nc=True, guard=g)))
+        return out
+
+    def store(self, base, loaded, ok):
+        """Round the chunks of :meth:`load` (given ``ok``) to f16 into the
+        stage at ``base``."""
+        k = self.k
+        with k.if_(ok):
+            for g, dst, vals in loaded:
+                h = [k.cvt(f16, v, rnd="rn") for v in vals]
+                k.st(sh(base + dst), (k.pack(b32, h[0], h[1]), k.pack(b32, h[2], h[3])),
+                     guard=g)
 
 
 def build(spec: ExpertGemmSpec) -> ptxgen.Module:
@@ -144,10 +195,14 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
         pairs = k.param_ptr("pairs", u32)
         smem = k.dynamic_shared("smem", u8)
         pdl_prologue(k, plan.spec)
-        e = k.ctaid.z
-        count = k.ld(counts[e])
-        n0 = k.ctaid.x * c.bn
-        k.exit(guard=n0 >= count)
+        if spec.n_expert:
+            e, n0 = _packed_tile(k, spec, counts, k.mov(smem, u32))
+            count = k.ld(counts[e])
+        else:
+            e = k.ctaid.z
+            count = k.ld(counts[e])
+            n0 = k.ctaid.x * c.bn
+            k.exit(guard=n0 >= count)
         first = k.ld(offsets[e])
         w = k.ptr_add(w, k.mul_wide(e * mrows, plan.row_bytes))
         m0 = k.ctaid.y * c.bm
@@ -178,8 +233,15 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
             k.cp_async_wait(S - 2)
             k.bar_sync()
             ahead = step + (S - 1)
-            with k.if_(ahead < nk):
-                issue(base + nxt * plan.stage_bytes, ahead * c.bk)
+            if spec.x_ahead:
+                nb = base + nxt * plan.stage_bytes
+                more = ahead < nk
+                with k.if_(more):
+                    wcp.issue_stage(nb, ahead * c.bk)
+                loaded = xcp.load(ahead * c.bk, more)
+            else:
+                with k.if_(ahead < nk):
+                    issue(base + nxt * plan.stage_bytes, ahead * c.bk)
             k.cp_async_commit()
             wb = base + cur * plan.stage_bytes
             kk = step * c.bk
@@ -187,10 +249,59 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
                 fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
                 k.bar_sync()
             _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
+            if spec.x_ahead:
+                xcp.store(nb, loaded, more)
             cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
             nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
         _store(k, spec, acc, y, r, m0 + wrow, n0 + wcol, g, tq, mrows, count, pairs, first)
     return mod
+
+
+def _packed_tile(k, spec, counts, base):
+    """``(e, n0)`` of this CTA's nonempty tile, the ``ctaid.x``-th in
+    expert order (the CTA exits past the last).  Thread ``i`` owns the
+    experts ``i per ..`` (``per`` a thread), sums their tiles, and the block
+    scans the sums (a warp scan, then the warps' totals through shared
+    memory at ``base``, which the stages overwrite after a barrier)."""
+    E, bn, thr = spec.n_expert, spec.plan.config.bn, spec.plan.threads
+    per, nw = -(-E // thr), thr // 32
+    tid = k.tid.x
+    lane, warp = tid & 31, tid >> 5
+    slot = k.ctaid.x
+    tiles = []
+    own = k.var(u32, 0)
+    for q in range(per):
+        eq = tid * per + q if per > 1 else tid
+        cq = k.var(u32, 0)
+        with k.if_(eq < E):
+            cq.set(k.ld(counts[eq]))
+        tq = (cq + (bn - 1)) // bn
+        tiles.append((eq, tq))
+        own.set(own + tq)
+    inc = k.var(u32, own)
+    for d in (1, 2, 4, 8, 16):
+        up = k.shfl_up(inc, d)
+        inc.set(k.select(lane >= d, inc + up, inc))
+    with k.if_(lane.eq(31)):
+        k.st(sh(base + warp * 4), inc)
+    with k.if_(tid.eq(0)):
+        k.st(sh(base + 4 * nw), k.mov(0xFFFFFFFF, u32))
+    k.bar_sync()
+    run = k.var(u32, inc - own)
+    for w in range(nw - 1):
+        tot = k.ld(sh(base + 4 * w), u32)
+        run.set(k.select(warp > w, run + tot, run))
+    for eq, tq in tiles:
+        with k.if_(k.pand(slot >= run, slot < run + tq)):
+            k.st(sh(base + 4 * nw), eq)
+            k.st(sh(base + 4 * (nw + 1)), (slot - run) * bn)
+        run.set(run + tq)
+    k.bar_sync()
+    e = k.ld(sh(base + 4 * nw), u32)
+    n0 = k.ld(sh(base + 4 * (nw + 1)), u32)
+    k.exit(guard=e.eq(0xFFFFFFFF))
+    k.bar_sync()
+    return e, n0
 
 
 def _store(k, spec, acc, y, r, row0, col0, g, tq, mrows, count, pairs, first):
@@ -225,8 +336,15 @@ def launch_geometry(spec: ExpertGemmSpec, m: int, t_max: int, n_expert: int):
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"{what} must be a positive int, got {v!r}")
     p = spec.plan
-    return LaunchGeometry(spec.kernel_name, (math.ceil(t_max / p.config.bn),
-                                             math.ceil(m / p.config.bm), n_expert),
+    bn, rows = p.config.bn, math.ceil(m / p.config.bm)
+    if spec.n_expert:
+        if n_expert != spec.n_expert:
+            raise ValueError(f"n_expert={n_expert} is not the spec's {spec.n_expert}")
+        pairs = t_max * spec.n_used            # a nonempty tile holds at least one
+        cols = min(math.ceil((pairs + n_expert * (bn - 1)) / bn), pairs,
+                   n_expert * math.ceil(t_max / bn))
+        return LaunchGeometry(spec.kernel_name, (cols, rows, 1), p.threads, p.dynamic_shared)
+    return LaunchGeometry(spec.kernel_name, (math.ceil(t_max / bn), rows, n_expert),
                           p.threads, p.dynamic_shared)
 
 
@@ -244,9 +362,10 @@ def reference(spec: ExpertGemmSpec, w_deq, ids, x, gate=None):
     return out
 
 
-def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, target="sm_90", **config):
+def _canon(qtype, k, n_used=8, x_token=False, swiglu=False, x_ahead=False, n_expert=0,
+           target="sm_90", **config):
     return ExpertGemmSpec(_gemm.GemmPlan.make(qtype, k, target=target, **config), n_used,
-                          x_token=x_token, swiglu=swiglu)
+                          x_token=x_token, swiglu=swiglu, x_ahead=x_ahead, n_expert=n_expert)
 
 
 CANONICAL = {
@@ -256,6 +375,13 @@ CANONICAL = {
                                       bm=128, bn=32, bk=64, warps_m=2, warps_n=2, stages=4),
     "moe_gemm_q6_k": _canon("Q6_K", 768, bm=128, bn=32, bk=128, warps_m=2, warps_n=2,
                             stages=3),
+    "moe_gemm_q4_k_xt_swiglu_xa": _canon("Q4_K", 2048, x_token=True, swiglu=True,
+                                         x_ahead=True, pdl=True, bm=128, bn=64, bk=64,
+                                         warps_m=2, warps_n=2, stages=4),
+    "moe_gemm_q6_k_xa": _canon("Q6_K", 768, x_ahead=True, bm=128, bn=64, bk=128, warps_m=2,
+                               warps_n=2, stages=3),
+    "moe_gemm_q4_k_xt_packed": _canon("Q4_K", 2048, x_token=True, n_expert=128, bm=128, bn=32,
+                                      bk=64, warps_m=2, warps_n=2, stages=4),
 }
 
 registry.register("moe_gemm", ExpertGemmSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

@@ -9,19 +9,32 @@ From ``ids`` (s32 ``[T, n_used]``, T read from ``t_ptr``) it writes
 ``e`` at ``pairs[offsets[e] ..]``, in increasing ``p`` (a stable sort, so the
 result is the same on every run).
 
-One CTA: thread ``i`` owns the experts ``i, i + block, ..``; it counts each
-one's pairs over the ids, thread 0 sums the counts into the offsets (after
-a barrier), and each thread then walks the ids again writing its experts'
-pairs in order.  The ids are read twice from global memory, a tile of
-about :data:`TILE` at a time into shared memory, where every thread reads them
-all (the same words at once: broadcasts).
+One CTA of ``block`` threads, its warps each owning a contiguous segment of
+the ``T n_used`` ids (a whole number of 32-id rounds), so the pairs of an
+expert are placed warp by warp and, within a warp, round by round.  A round
+gives each lane one id; the lanes holding the same expert find each other
+with one ballot per bit of the id (their *peer mask*), and the highest
+of them (the *leader*) speaks for the group with one shared-memory atomic
+add (leaders of the warp's later rounds add to the same words):
+
+1. each warp counts its segment's pairs per expert into its own row of a
+   ``[warps, n_expert]`` table in shared memory (the leader adds the
+   popcount of the peer mask);
+2. a thread per expert turns its column into the exclusive prefix over the
+   warps and the expert's count, and one warp scans the counts into the
+   offsets (shuffles across its lanes, each lane summing a run of experts);
+3. each warp walks its segment again: a lane's pair goes to ``offsets[e]``
+   plus its warp's prefix plus the peers below it in the round, the leader
+   taking the prefix as its add's old value and shuffling it to its peers
+   (the shuffle waits for the add, so the warp's rounds advance the prefix
+   in order).
+
+Ids outside ``0 .. n_expert - 1`` are dropped (counted and placed nowhere).
 
 Launch: one CTA of ``block`` threads.
 """
 
 from __future__ import annotations
-
-import math
 
 import attrs
 import numpy as np
@@ -31,9 +44,9 @@ from ptxgen import registry
 from ptxgen.types import s32, u32
 
 from ..plan import LaunchGeometry
-from ..spec_fields import block_field, pdl_field, pdl_prologue, target_field
+from ..spec_fields import check_block, pdl_field, pdl_prologue, target_field
 
-__all__ = ["MoeGroupSpec", "build", "launch_geometry", "reference"]
+__all__ = ["MoeGroupSpec", "build", "default_block", "launch_geometry", "reference"]
 
 
 def _positive(limit):
@@ -54,57 +67,79 @@ class MoeGroupSpec:
     n_used : int
         Experts a token (1..64, at most ``n_expert``).
     block : int
-        Threads of the one CTA.
+        Threads of the one CTA (a warp a segment of the ids), by default
+        :func:`default_block`; the ``[block / 32, n_expert]`` u32 table must
+        fit :data:`TABLE_BYTES`.
     """
 
     n_expert: int = attrs.field(validator=_positive(1024))
     n_used: int = attrs.field(validator=_positive(64))
-    block: int = block_field(128)
+    block: int = attrs.field(default=attrs.Factory(lambda s: default_block(s.n_expert),
+                                                   takes_self=True), validator=check_block)
     target: str = target_field()
     pdl: bool = pdl_field()
 
     def __attrs_post_init__(self):
         if self.n_used > self.n_expert:
             raise ValueError(f"n_used={self.n_used} is more than n_expert={self.n_expert}")
+        if _table_bytes(self) > TABLE_BYTES:
+            raise ValueError(f"block={self.block} gives {self.block // 32} warps whose "
+                             f"[warps, n_expert={self.n_expert}] count table is "
+                             f"{_table_bytes(self)} bytes, more than {TABLE_BYTES}; "
+                             f"take fewer threads (default_block)")
 
     @property
     def kernel_name(self) -> str:
         return f"moe_group_e{self.n_expert}_k{self.n_used}_b{self.block}"
 
 
-#: ids staged in shared memory at a time (4 KB; a multiple of the block below)
-TILE = 1024
+#: the most shared memory the per-warp count table may take
+TABLE_BYTES = 32768
 
 
-def _tile(spec) -> int:
-    return spec.block * max(1, TILE // spec.block)
+def _table_bytes(spec) -> int:
+    return (spec.block // 32) * spec.n_expert * 4
 
 
-def _scan(k, spec, ids, tile, n, tid, visit):
-    """Walk the ``n`` ids a tile at a time: the CTA stages a tile in shared
-    memory (ids past ``n`` as -1, which matches no expert), then every
-    thread reads it four ids a load; ``visit(p, id)`` for each pair index
-    ``p`` and its id (u32) in increasing ``p``."""
-    B, nt = spec.block, _tile(spec)
-    with k.for_range(0, n, nt) as base:
-        k.bar_sync()
-        for i in range(nt // B):
-            idx = base + (tid + i * B)
-            v = k.var(u32, 0xFFFFFFFF)
-            with k.if_(idx < n):
-                v.set(k.ld(ids[idx]).bitcast(u32))
-            k.st(tile[tid + i * B], v)
-        k.bar_sync()
-        m = k.min(n - base, nt)
-        with k.for_range(0, m, 4) as j:
-            vals = k.ld(tile[j], vec=4)
-            for q, v in enumerate(vals):
-                visit(base + j + q, v)
+def default_block(n_expert: int) -> int:
+    """Threads for ``n_expert`` experts: 16 warps (short segments), fewer
+    where their count table would pass :data:`TABLE_BYTES`."""
+    return 32 * max(1, min(16, TABLE_BYTES // (4 * n_expert)))
+
+
+def _peers(k, v, valid, bits):
+    """The lanes of the warp holding the same id as this one, among the
+    ``valid`` ones (one ballot per bit of the id; garbage where not valid)."""
+    m = k.vote_sync("ballot", valid)
+    for b in range(bits):
+        one = ((v >> b) & 1).eq(1)
+        bal = k.vote_sync("ballot", one)
+        m = m & k.select(one, bal, ~bal)
+    return m
+
+
+def _rounds(k, spec, ids, n, warp, lane, visit):
+    """Walk this warp's segment of the ``n`` ids 32 at a time, every lane
+    of the warp in every round; ``visit(p, v, valid, peers)`` with the
+    lane's pair index, its id (u32), whether it is a pair of a known expert
+    and its peer mask."""
+    W = spec.block // 32
+    bits = max(1, (spec.n_expert - 1).bit_length())
+    seg = ((n + (W - 1)) // W + 31) & 0xFFFFFFE0
+    lo = warp * seg
+    hi = k.min(lo + seg, n)
+    with k.for_range(lo, hi, 32) as base:
+        p = base + lane
+        v = k.var(u32, 0xFFFFFFFF)
+        with k.if_(p < hi):
+            v.set(k.ld(ids[p]).bitcast(u32))
+        valid = v < spec.n_expert
+        visit(p, v, valid, _peers(k, v, valid, bits))
 
 
 def build(spec: MoeGroupSpec) -> ptxgen.Module:
     """PTX for ``spec``; parameters ``ids, t_ptr, counts, offsets, pairs``."""
-    E, B = spec.n_expert, spec.block
+    E, B, W = spec.n_expert, spec.block, spec.block // 32
     mod = ptxgen.Module(spec.target)
     with mod.kernel(spec.kernel_name, reqntid=B) as k:
         ids = k.param_ptr("ids", s32)
@@ -112,44 +147,63 @@ def build(spec: MoeGroupSpec) -> ptxgen.Module:
         counts = k.param_ptr("counts", u32)
         offsets = k.param_ptr("offsets", u32)
         pairs = k.param_ptr("pairs", u32)
-        tile = k.shared_array("ids_tile", u32, _tile(spec), align=16)
+        table = k.shared_array("warp_counts", u32, W * E)
+        sums = k.shared_array("expert_offsets", u32, E)
         pdl_prologue(k, spec)
         tid = k.tid.x
+        lane, warp = tid & 31, tid >> 5
+        for i in k.strided(tid, W * E, B):
+            k.st(table[i], 0)
         n = k.ld(t_ptr[0]) * spec.n_used
-        owned = [(tid + i * B, (tid + i * B < E) if (i + 1) * B > E else None)
-                 for i in range(math.ceil(E / B))]
-        cs = [k.var(u32, 0) for _ in owned]
-
-        def count(p, v):
-            for c, (e, _) in zip(cs, owned):
-                c.set(k.select(v.eq(e), c + 1, c))
-        _scan(k, spec, ids, tile, n, tid, count)
-        for c, (e, ok) in zip(cs, owned):
-            k.st(counts[e], c, guard=ok)
         k.bar_sync()
-        with k.if_(tid.eq(0)):
+
+        def count(p, v, valid, m):
+            lead = k.pand(valid, (m >> lane).eq(1))
+            k.red("add", table[warp * E + v], k.popc(m), guard=lead)
+        _rounds(k, spec, ids, n, warp, lane, count)
+        k.bar_sync()
+        for e in k.strided(tid, E, B):          # the warps' prefix of each expert
             run = k.var(u32, 0)
-            with k.for_range(0, E) as e:
-                c = k.ld(counts[e])
-                k.st(offsets[e], run)
+            for w in range(W):
+                c = k.ld(table[w * E + e])
+                k.st(table[w * E + e], run)
+                run.set(run + c)
+            k.st(counts[e], run)
+            k.st(sums[e], run)
+        k.bar_sync()
+        per = -(-E // 32)                        # experts a lane of warp 0 sums
+        with k.if_(warp.eq(0)):
+            first = lane * per
+            cs = []
+            tot = k.var(u32, 0)
+            for j in range(per):
+                c = k.var(u32, 0)
+                with k.if_(first + j < E):
+                    c.set(k.ld(sums[first + j]))
+                cs.append(c)
+                tot.set(tot + c)
+            inc = k.var(u32, tot)
+            for d in (1, 2, 4, 8, 16):
+                up = k.shfl_up(inc, d)
+                inc.set(k.select(lane >= d, inc + up, inc))
+            run = k.var(u32, inc - tot)
+            for j, c in enumerate(cs):
+                ok = first + j < E
+                k.st(sums[first + j], run, guard=ok)
+                k.st(offsets[first + j], run, guard=ok)
                 run.set(run + c)
         k.bar_sync()
-        os_ = []
-        for e, ok in owned:
-            o = k.var(u32, 0)
-            if ok is None:
-                o.set(k.ld(offsets[e]))
-            else:
-                with k.if_(ok):
-                    o.set(k.ld(offsets[e]))
-            os_.append(o)
+        below = (k.mov(1, u32) << lane) - 1
 
-        def place(p, v):
-            for o, (e, ok) in zip(os_, owned):
-                hit = v.eq(e) if ok is None else k.pand(v.eq(e), ok)
-                k.st(pairs[o], p, guard=hit)
-                o.set(k.select(hit, o + 1, o))
-        _scan(k, spec, ids, tile, n, tid, place)
+        def place(p, v, valid, m):
+            lead = k.pand(valid, (m >> lane).eq(1))
+            at = k.var(u32, 0)
+            with k.if_(lead):
+                h = k.atom("add", table[warp * E + v], k.popc(m))
+                at.set(h + k.ld(sums[v]))
+            start = k.shfl_idx(at, (31 - k.clz(m)) & 31)
+            k.st(pairs[start + k.popc(m & below)], p, guard=valid)
+        _rounds(k, spec, ids, n, warp, lane, place)
     return mod
 
 

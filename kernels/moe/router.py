@@ -10,17 +10,19 @@ top-k kernel's rule; its CPU argsort leaves equal values' order
 unspecified), a NaN probability counted as ``-FLT_MAX`` (as there), and
 weights ``p_e / max(sum_sel p, 2^-14)`` (``p_e`` as it is without ``norm_w``).
 
-Launch: ``grid = (ceil(n_expert / warps), T)`` CTAs of ``block`` threads,
-one launch.  Warp ``w`` of CTA ``c`` computes the logit of expert ``c *
-warps + w`` for token ``ctaid.y`` (lanes stride over K in 16-byte loads,
-one fixed reduction order) and stores it to ``logits``; the CTA that
-finishes a token last (an ``atom.add`` on ``counter[t]``, release/acquire
-fences, as :mod:`ptxgen.kernels.argmax`) reads the token's logits back in
-warp 0 and selects: softmax (``ex2.approx``, ``div.rn``), then ``n_used``
+Launch: ``grid = (ceil(n_expert / warps), ceil(T / tokens))`` CTAs of
+``block`` threads, one launch.  Warp ``w`` of CTA ``c`` computes the logits
+of expert ``c * warps + w`` for the ``tokens`` tokens from ``ctaid.y
+tokens`` (lanes stride over K in 16-byte loads, each W load used for every
+token, one fixed reduction order a token, so the logits do not depend on
+``tokens``) and stores them to ``logits``; the CTA that finishes a group of
+tokens last (an ``atom.add`` on ``counter[ctaid.y]``, release/acquire
+fences, as :mod:`ptxgen.kernels.argmax`) reads their logits back, warp
+``j`` token ``j``, and selects: softmax (``ex2.approx``, ``div.rn``), then ``n_used``
 rounds of a warp-wide maximum of 64-bit keys ``(order(p) << 32) | ~e``
 (largest ``p``, ties to the lower id), the chosen slot cleared each round.
 It writes ``ids`` (s32) and ``weights`` (f32), ``n_used`` per token, and
-resets ``counter[t]`` to 0 so the launch replays from a CUDA graph.
+resets the counter to 0 so the launch replays from a CUDA graph.
 
 With ``norm`` the router also does the FFN's RMSNorm before it (so the
 decode step has no RMSNorm launch there): every warp sums the squares of
@@ -33,7 +35,7 @@ of exactly that ``h``.
 
 Parameters: ``w``, ``x`` (``[T, K]`` with ``rows``), with ``norm`` ``nw``
 (f32 ``[K]``), ``eps`` (f32) and ``h`` (f32, ``x``'s shape), ``logits`` (f32
-scratch ``[T, n_expert]``), ``counter`` (u32 ``[T]``, zero before the first
+scratch ``[T, n_expert]``), ``counter`` (u32 ``[ceil(T / tokens)]``, zero before the first
 launch), ``ids``, ``weights`` (``[T, n_used]``) and with ``rows``
 ``t_ptr`` (u32: the tokens in use; CTAs of tokens at or past it exit).
 """
@@ -92,6 +94,9 @@ class MoeRouterSpec:
         ``x`` RMSNorm-ed (weight ``nw``) first, the normed row stored to ``h``.
     block : int
         Threads per CTA (a warp per expert logit).
+    tokens : int
+        Tokens a CTA (``rows`` only; at most the warps): each W row read
+        from L2 once for all of them.
     """
 
     n_expert: int = attrs.field(validator=_int(1, _MAX_EXPERTS))
@@ -103,6 +108,18 @@ class MoeRouterSpec:
     norm: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     target: str = target_field()
     pdl: bool = pdl_field()
+    tokens: int = attrs.field(default=1, validator=_int(1, 32))
+
+    def __attrs_post_init__(self):
+        if self.tokens > 1 and not self.rows:
+            raise ValueError(f"tokens={self.tokens} needs rows (a router without rows takes "
+                             f"one token)")
+        if self.tokens > self.warps:
+            raise ValueError(f"tokens={self.tokens} is more than the block's {self.warps} "
+                             f"warps (a warp selects a token's experts)")
+        if self.tokens > 1 and self.norm:
+            raise ValueError(f"tokens={self.tokens} with norm: the folded RMSNorm serves one "
+                             f"token a CTA")
 
     @n_used.validator
     def _check_used(self, attr, v):
@@ -125,7 +142,8 @@ class MoeRouterSpec:
     def kernel_name(self) -> str:
         return (f"moe_router_e{self.n_expert}_k{self.n_used}_h{self.k}"
                 f"{'_rows' if self.rows else ''}{'' if self.norm_w else '_raw'}"
-                f"{'_norm' if self.norm else ''}_b{self.block}")
+                f"{'_norm' if self.norm else ''}_b{self.block}"
+                f"{f'_t{self.tokens}' if self.tokens > 1 else ''}")
 
 
 def _order(k, p):
@@ -176,51 +194,64 @@ def build(spec: MoeRouterSpec) -> ptxgen.Module:
         pdl_prologue(k, spec)
         tid = k.tid.x
         lane, warp = tid & 31, tid >> 5
+        TP = spec.tokens
         if spec.rows:
-            t = k.ctaid.y
-            k.exit(guard=t >= k.ld(t_ptr[0]))
-            xrow = k.ptr_add(x, t * K)
-            hrow = k.ptr_add(h, t * K) if spec.norm else None
-            lrow = k.ptr_add(logits, t * E)
-            out_ids, out_w = k.ptr_add(ids, t * NU), k.ptr_add(weights, t * NU)
-            cnt = counter[t]
+            t0 = k.ctaid.y * TP
+            n = k.ld(t_ptr[0])
+            k.exit(guard=t0 >= n)
+            cnt = counter[k.ctaid.y]
         else:
-            xrow, lrow, out_ids, out_w, cnt = x, logits, ids, weights, counter[0]
-            hrow = h if spec.norm else None
+            t0, cnt = None, counter[0]
+        # the rows of the CTA's tokens, those past T clamped to the last
+        rows_ = [t0 if j == 0 else k.min(t0 + j, n - 1) for j in range(TP)]
+        xrows = [k.ptr_add(x, r * K) for r in rows_] if spec.rows else [x]
         e = k.ctaid.x * spec.warps + warp
         wrow = k.ptr_add(w, k.min(e, E - 1) * K)
-        if spec.norm:
+        if spec.norm:                            # one token a CTA (the spec's check)
+            hrow = k.ptr_add(h, t0 * K) if spec.rows else h
             ss = k.var(f32, 0.0)
             with k.for_range(lane, K // 4, 32) as i:
-                for v in k.ld(xrow[i << 2], vec=4, nc=True):
+                for v in k.ld(xrows[0][i << 2], vec=4, nc=True):
                     k.fma(v, v, ss, out=ss)
             mean = k.div(warp_sum(k, ss), k.mov(float(K), f32))
             scale = k.div(k.mov(1.0, f32), k.sqrt(mean + eps))
             writes_h = e.eq(0)
-        acc = k.var(f32, 0.0)
+        accs = [k.var(f32, 0.0) for _ in range(TP)]
         with k.for_range(lane, K // 4, 32) as i:
             wv = k.ld(wrow[i << 2], vec=4, nc=True)
-            xv = k.ld(xrow[i << 2], vec=4, nc=True)
-            if spec.norm:
-                nv = k.ld(nw[i << 2], vec=4, nc=True)
-                xv = tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
-                           for a, b in zip(xv, nv))
-                k.st(hrow[i << 2], xv, guard=writes_h)
-            for a, b in zip(wv, xv):
-                acc.set(k.fma(a, b, acc))
-        s = warp_sum(k, acc)
-        with k.if_(k.setp("eq", lane, 0, combine=("and", e < E))):
-            k.st(lrow[e], s)
+            for acc, xrow in zip(accs, xrows):
+                xv = k.ld(xrow[i << 2], vec=4, nc=True)
+                if spec.norm:
+                    nv = k.ld(nw[i << 2], vec=4, nc=True)
+                    xv = tuple(k.mul(k.mul(a, scale, rnd="rn"), b, rnd="rn")
+                               for a, b in zip(xv, nv))
+                    k.st(hrow[i << 2], xv, guard=writes_h)
+                for a, b in zip(wv, xv):
+                    acc.set(k.fma(a, b, acc))
+        for j, acc in enumerate(accs):
+            s = warp_sum(k, acc)
+            ok = k.setp("eq", lane, 0, combine=("and", e < E))
+            if j:
+                ok = k.pand(ok, t0 + j < n)
+            with k.if_(ok):
+                k.st((k.ptr_add(logits, rows_[j] * E) if spec.rows else logits)[e], s)
         k.bar_sync(0)
         with k.if_(tid.eq(0)):
             k.fence("acq_rel", "gpu")
             old = k.atom("add", cnt, 1)
             k.st(last[0], k.select((old + 1).eq(k.nctaid.x), k.mov(1, u32), k.mov(0, u32)))
         k.bar_sync(0)
-        with k.if_(k.setp("eq", k.ld(last[0]), 1, combine=("and", warp.eq(0)))):
+        mine = warp.eq(0) if TP == 1 else k.pand(warp < TP, t0 + warp < n)
+        with k.if_(k.setp("eq", k.ld(last[0]), 1, combine=("and", mine))):
             k.fence("acq_rel", "gpu")
-            _select(k, spec, lrow, out_ids, out_w, lane, slots)
-            with k.if_(lane.eq(0)):
+            if spec.rows:
+                t = t0 + warp if TP > 1 else t0
+                out = (k.ptr_add(logits, t * E), k.ptr_add(ids, t * NU),
+                       k.ptr_add(weights, t * NU))
+            else:
+                out = (logits, ids, weights)
+            _select(k, spec, *out, lane, slots)
+            with k.if_(lane.eq(0) if TP == 1 else k.pand(lane.eq(0), warp.eq(0))):
                 k.st(cnt, 0)
     return m
 
@@ -284,8 +315,8 @@ def launch_geometry(spec: MoeRouterSpec, t_rows: int = 1):
         raise ValueError(f"a router without rows takes one token, not {t_rows}")
     if not isinstance(t_rows, int) or t_rows < 1:
         raise ValueError(f"t_rows must be a positive int, got {t_rows!r}")
-    return LaunchGeometry(spec.kernel_name, (math.ceil(spec.n_expert / spec.warps), t_rows),
-                          spec.block)
+    return LaunchGeometry(spec.kernel_name, (math.ceil(spec.n_expert / spec.warps),
+                                             math.ceil(t_rows / spec.tokens)), spec.block)
 
 
 def route(logits, n_used: int, norm_w: bool = True):
@@ -314,6 +345,7 @@ CANONICAL = {
     "moe_router": MoeRouterSpec(128, 8, 2048),
     "moe_router_rows": MoeRouterSpec(8, 2, 256, rows=True, target="sm_90"),
     "moe_router_norm": MoeRouterSpec(128, 8, 2048, norm=True, target="sm_90", pdl=True),
+    "moe_router_rows_t8": MoeRouterSpec(128, 8, 2048, rows=True, tokens=8, target="sm_90"),
 }
 
 registry.register("moe_router", MoeRouterSpec, build, CANONICAL, doc=__doc__.splitlines()[0],

@@ -198,19 +198,21 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning, norm=N
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     """How a chunk of ``rows`` runs ``e``: the ``moe_ffn`` tuning table's
     config (``path`` ``"gemv"`` or ``"gemm"``, the latter with the GEMM
-    configs ``gate_up`` and ``down``); ``"gemv"`` where the experts' GEMM
-    has no kernel for the weight types or shapes."""
+    configs ``gate_up`` and ``down``; on both, ``router_tokens``, the
+    router's tokens a CTA, 1 where not given); ``"gemv"`` where the
+    experts' GEMM has no kernel for the weight types or shapes."""
     hp = lw.hp
     tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
     call = {"rows": rows, "qtype": tg.qtype.upper(), "down_qtype": td.qtype.upper(),
             "n_expert": hp.n_expert, "n_used": hp.n_expert_used, "hidden": hp.hidden,
             "expert_ffn": hp.expert_ffn, "sm": TARGETS[lw.target].sm, "target": lw.target}
     cfg = _tuning.cascade("moe_ffn", call)
+    gemv = {"path": "gemv", "router_tokens": cfg.get("router_tokens", 1)}
     if cfg.get("path") != "gemm":
-        return {"path": "gemv"}
+        return gemv
     for t, key in ((tg, "gate_up"), (td, "down")):
         if t.qtype.upper() not in _gemm.FORMATS or t.shape[1] % cfg[key]["bk"]:
-            return {"path": "gemv"}
+            return gemv
     return cfg
 
 
@@ -220,12 +222,17 @@ def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
     NU = hp.n_expert_used
 
     def plan(t, key):
+        c = {f: v for f, v in cfg[key].items() if f not in ("x_ahead", "packed")}
         return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], target=lw.target,
                                              pdl=pdl and has_griddepcontrol(lw.target)),
-                              _gemm.GemmConfig(**cfg[key]))
-    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True)
-    return gate, attrs.evolve(gate, swiglu=True), expert_gemm.ExpertGemmSpec(plan(td, "down"),
-                                                                            NU)
+                              _gemm.GemmConfig(**c))
+
+    def extra(key):
+        return dict(x_ahead=cfg[key].get("x_ahead", False),
+                    n_expert=hp.n_expert if cfg[key].get("packed", False) else 0)
+    gate = expert_gemm.ExpertGemmSpec(plan(tg, "gate_up"), NU, x_token=True, **extra("gate_up"))
+    down = expert_gemm.ExpertGemmSpec(plan(td, "down"), NU, **extra("down"))
+    return gate, attrs.evolve(gate, swiglu=True), down
 
 
 def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: bool, tuning):
@@ -243,6 +250,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
             g.buffer(p + "moe_act", (B, NU, F), np.float32),
             g.buffer(p + "moe_down", (B, NU, H), np.float32))
     cfg = chunk_path(lw, e, B)
+    specs = (attrs.evolve(specs[0], tokens=cfg.get("router_tokens", 1)),) + specs[1:]
     if cfg["path"] == "gemv":
         return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
     rs, _, _, cs, _, _ = specs
@@ -254,8 +262,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     counts = g.buffer(p + "moe_counts", (E,), np.uint32)
     offsets = g.buffer(p + "moe_offsets", (E,), np.uint32)
     pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
-    gs = group.MoeGroupSpec(E, NU, block=min(1024, max(32, -(-E // 32) * 32)), target=lw.target,
-                            pdl=pdl)
+    gs = group.MoeGroupSpec(E, NU, target=lw.target, pdl=pdl)
     gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
     _router(lw, e, x, bufs, rs, B, n_ptr)
     lw.add("MoeGroup", p + "ffn_moe_group", [ids, n_buf], [counts, offsets, pairs],

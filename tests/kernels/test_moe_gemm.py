@@ -44,17 +44,10 @@ def _ids(rng, T, NU, E):
     return ids
 
 
-# E past the block (threads owning two experts), a block that does not
-# divide the shared tile, and more pairs than a tile holds (1200 pairs: two
-# tiles of GR.TILE)
-@pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
-                                                  (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
-                                                  (128, 8, 150, 160, 128)])
-def test_group(run, rng, seed, E, NU, T, t_rows, block):
-    """Counts, offsets and the stable order of the pairs; the ids of the
-    rows past T (the bucket's) are garbage and must not be read."""
-    ids = np.concatenate([_ids(rng, T, NU, E), np.full((t_rows - T, NU), -0x5A5A5A5A,
-                                                        np.int32)])
+def _check_group(run, rng, seed, ids, T, E, NU, block):
+    """Launch the grouping of ``ids`` (``[t_rows, NU]``, rows past ``T``
+    garbage) and compare with the reference; returns the counts."""
+    t_rows = ids.shape[0]
     spec = GR.MoeGroupSpec(E, NU, block=block)
     fn = run.function(GR.build, spec)
     pairs0 = rng.integers(0, 2 ** 32, t_rows * NU, dtype=np.uint32)
@@ -68,7 +61,38 @@ def test_group(run, rng, seed, E, NU, T, t_rows, block):
     assert np.array_equal(run.get(args["offsets"]), offsets), f"seed={seed}: offsets"
     assert np.array_equal(got[:T * NU], pairs), f"seed={seed}: pairs"
     assert np.array_equal(got[T * NU:], pairs0[T * NU:]), f"seed={seed}: pairs past T"
+    return counts
+
+
+# one warp (E past the block) and several, a warp count that does not
+# divide the pairs (96 threads), segments of whole and part rounds, the
+# default block (16 warps) with warps left without pairs (T = 5), and the
+# most experts (8 warps, ten bits an id)
+@pytest.mark.parametrize("E,NU,T,t_rows,block", [(6, 2, 5, 7, 32), (40, 3, 9, 9, 32),
+                                                  (40, 3, 9, 9, 96), (128, 8, 20, 24, 128),
+                                                  (128, 8, 150, 160, 128),
+                                                  (128, 8, 150, 160, GR.default_block(128)),
+                                                  (40, 3, 5, 8, GR.default_block(40)),
+                                                  (1024, 8, 40, 40, GR.default_block(1024))])
+def test_group(run, rng, seed, E, NU, T, t_rows, block):
+    """Counts, offsets and the stable order of the pairs; the ids of the
+    rows past T (the bucket's) are garbage and must not be read."""
+    ids = np.concatenate([_ids(rng, T, NU, E), np.full((t_rows - T, NU), -0x5A5A5A5A,
+                                                        np.int32)])
+    counts = _check_group(run, rng, seed, ids, T, E, NU, block)
     assert counts[0] == T and counts[1] >= 1 and counts[E - 1] == 0
+
+
+@pytest.mark.parametrize("block", [96, 512])
+def test_group_ties(run, rng, seed, block):
+    """Ids drawn with repeats (a token may name an expert twice), most of
+    them from four experts, so a round of 32 holds many lanes of the same
+    expert and the peers must keep their order; most experts get no pair."""
+    E, NU, T = 128, 8, 70
+    ids = np.where(rng.random((T, NU)) < 0.9, rng.integers(0, 4, (T, NU)),
+                   rng.integers(0, E, (T, NU))).astype(np.int32)
+    counts = _check_group(run, rng, seed, ids, T, E, NU, block)
+    assert (counts == 0).sum() > E // 2
 
 
 def _experts(rng, qtype, E, M, K):
@@ -104,21 +128,43 @@ def _bound(qtype, xrows, wa_rows, ref):
 
 
 # (qtype, K, x_token, swiglu, config): M cuts the tiles short, bn=8 gives
-# the popular expert several column tiles
+# the popular expert several column tiles; x_ahead with a ring of 2 (the
+# stage stored into is the one just read), of 4 over 4 K steps (the loads
+# past K masked from the first step), of 2 over one K step (no stage ahead
+# at all) and of 3 over Q6_K's halves
 CASES = [
     ("Q4_K", 256, True, False, dict(bm=32, bn=8, bk=64, warps_m=2, warps_n=1, stages=2)),
     ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=128, warps_m=1, warps_n=2, stages=3,
                                    target="sm_90", pdl=True)),
     ("Q6_K", 256, False, False, dict(bm=32, bn=8, bk=128, warps_m=2, warps_n=1, stages=2)),
     ("Q4_K", 256, False, False, dict(bm=16, bn=8, bk=64, warps_m=1, warps_n=1, stages=3)),
+    ("Q4_K", 512, True, True, dict(bm=32, bn=16, bk=64, warps_m=1, warps_n=2, stages=2,
+                                   x_ahead=True)),
+    ("Q4_K", 256, True, False, dict(bm=32, bn=8, bk=64, warps_m=2, warps_n=1, stages=4,
+                                    x_ahead=True)),
+    ("Q4_K", 256, True, True, dict(bm=32, bn=8, bk=256, warps_m=2, warps_n=1, stages=2,
+                                   x_ahead=True)),
+    ("Q6_K", 512, False, False, dict(bm=32, bn=16, bk=128, warps_m=2, warps_n=2, stages=3,
+                                     x_ahead=True)),
+    # packed column tiles: the popular expert's several tiles (bn=8) and
+    # experts in both warps (40 over 64 threads), a thread owning three
+    # experts (70 over 32 threads), x_ahead
+    ("Q6_K", 256, False, False, dict(bm=32, bn=8, bk=128, warps_m=2, warps_n=1, stages=2,
+                                     n_expert=40)),
+    ("Q4_K", 256, True, True, dict(bm=16, bn=8, bk=64, warps_m=1, warps_n=1, stages=3,
+                                   n_expert=70)),
+    ("Q4_K", 512, True, False, dict(bm=32, bn=16, bk=64, warps_m=1, warps_n=2, stages=3,
+                                    x_ahead=True, n_expert=6)),
 ]
 
 
 @pytest.mark.parametrize("qtype,K,x_token,swiglu,config", CASES)
 def test_expert_gemm(run, rng, seed, qtype, K, x_token, swiglu, config):
-    E, NU, M, T, t_rows = 6, 2, 40, 11, 13
+    config = dict(config)
+    x_ahead, packed = config.pop("x_ahead", False), config.pop("n_expert", 0)
+    E, NU, M, T, t_rows = packed or 6, 2, 40, 11, 13
     spec = XG.ExpertGemmSpec(GM.GemmPlan.make(qtype, K, **config), NU, x_token=x_token,
-                             swiglu=swiglu)
+                             swiglu=swiglu, x_ahead=x_ahead, n_expert=packed)
     raw, wd, wa = _experts(rng, qtype, E, M, K)
     ids = _ids(rng, T, NU, E)
     counts, offsets, pairs = GR.reference(ids, E)
@@ -164,12 +210,33 @@ def test_moe_gemm_ptxas_clean(ptxas, family, name):
     (dict(plan=GM.GemmPlan.make("Q4_K", 256, x_type="f16"), n_used=2), "f32 X"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256, t_device=True), n_used=2), "no t_device"),
     (dict(plan=GM.GemmPlan.make("Q4_K", 256), n_used=0), "n_used must be"),
+    (dict(plan=GM.GemmPlan.make("Q4_K", 256), n_used=2, n_expert=-1), "n_expert must be"),
 ])
 def test_expert_gemm_refuses(bad, message):
     with pytest.raises(ValueError, match=message):
         XG.ExpertGemmSpec(**bad)
 
 
+def test_expert_gemm_packed_geometry():
+    """The packed grid: the most nonempty column tiles there can be, and
+    the launch's expert count must be the spec's."""
+    spec = XG.ExpertGemmSpec(GM.GemmPlan.make("Q4_K", 256, bn=32), 8, n_expert=128)
+    assert XG.launch_geometry(spec, 768, 512, 128).grid[0] == (512 * 8 + 128 * 31 + 31) // 32
+    assert XG.launch_geometry(spec, 768, 2, 128).grid[0] == 16      # a tile a pair at most
+    with pytest.raises(ValueError, match="n_expert=64 is not the spec's 128"):
+        XG.launch_geometry(spec, 768, 512, 64)
+
+
 def test_group_refuses():
     with pytest.raises(ValueError, match="n_used=9 is more than n_expert=8"):
         GR.MoeGroupSpec(8, 9)
+    with pytest.raises(ValueError, match="block=512 gives 16 warps .* more than 32768"):
+        GR.MoeGroupSpec(1024, 8, block=512)
+
+
+@pytest.mark.parametrize("E", [1, 6, 128, 512, 1024])
+def test_group_default_block(E):
+    """The default block is a valid spec's: whole warps, the table in bounds."""
+    b = GR.default_block(E)
+    GR.MoeGroupSpec(E, 1, block=b)
+    assert b % 32 == 0 and 32 <= b <= 512

@@ -80,17 +80,34 @@ def test_router_unnormalised(run, rng, seed):
     _check(ids[0], wts[0] / wts[0].sum(), w, x, NU, seed)
 
 
-def test_router_rows(run, rng, seed):
-    """Up to T tokens of a chunk: the rows past the count in t_ptr are left
+@pytest.mark.parametrize("tokens", [1, 2, 4])
+def test_router_rows(run, rng, seed, tokens):
+    """Up to T tokens of a chunk, ``tokens`` a CTA (a group cut short by T,
+    a group wholly past it): the rows past the count in t_ptr are left
     alone (still poisoned)."""
     E, NU, K, T, t_rows = 16, 3, 256, 3, 5
-    spec = R.MoeRouterSpec(E, NU, K, rows=True, block=64)
+    spec = R.MoeRouterSpec(E, NU, K, rows=True, block=128, tokens=tokens)
     w, _ = _data(rng, E, K)
     x = rng.standard_normal((t_rows, K)).astype(np.float32)
     ids, wts = _run(run, spec, w, x, t=T, t_rows=t_rows)
     for r in range(T):
         _check(ids[r], wts[r], w, x[r], NU, seed)
     assert np.all(ids[T:] == -0x7F7F7F7F) and np.all(np.isnan(wts[T:]))
+
+
+def test_router_tokens_change_nothing(run, rng, seed):
+    """Several tokens a CTA sum each logit in the same order as one: the
+    ids and weights are bit for bit those of ``tokens=1``, at the 30B-A3B
+    router's shape."""
+    E, NU, K, T, t_rows = 128, 8, 2048, 7, 8
+    w, _ = _data(rng, E, K)
+    x = rng.standard_normal((t_rows, K)).astype(np.float32)
+    one = _run(run, R.MoeRouterSpec(E, NU, K, rows=True), w, x, t=T, t_rows=t_rows)
+    four = _run(run, R.MoeRouterSpec(E, NU, K, rows=True, tokens=4), w, x, t=T, t_rows=t_rows)
+    for a, b in zip(one, four):
+        assert np.array_equal(a[:T], b[:T]), f"seed={seed}"
+    for r in range(T):
+        _check(four[0][r], four[1][r], w, x[r], NU, seed)
 
 
 def test_router_ties_to_the_lower_id(run, rng):
@@ -146,6 +163,9 @@ def test_router_norm(run, rng, seed, E, NU, K, block, rows):
     (dict(n_expert=0, n_used=1, k=64), "n_expert must be an int in 1..1024"),
     (dict(n_expert=8, n_used=9, k=64), r"n_used must be an int in 1..8"),
     (dict(n_expert=8, n_used=2, k=66), "k must be a positive multiple of 4"),
+    (dict(n_expert=8, n_used=2, k=64, tokens=2), "tokens=2 needs rows"),
+    (dict(n_expert=8, n_used=2, k=64, rows=True, block=64, tokens=4),
+     "tokens=4 is more than the block's 2 warps"),
 ])
 def test_router_refuses(bad, message):
     with pytest.raises(ValueError, match=message):

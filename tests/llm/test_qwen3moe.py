@@ -73,25 +73,45 @@ def test_prefill_matches_token_by_token(model, rng):
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
 
 
-def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch):
+@pytest.mark.parametrize("x_ahead,router_tokens", [(False, 1), (True, 4)])
+def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_ahead,
+                                                     router_tokens):
     """The chunk path of the experts' grouped GEMM (the pairs grouped by
     expert on the device, then gate, up with SwiGLU and down as GEMMs) on
     chunks of 4 (the table gives it from 64 rows: here the config the table
-    gives 64 rows), against the token-by-token path."""
+    gives 64 rows, with the GEMMs' ``x_ahead`` and ``packed`` grid and the
+    router's tokens a CTA set as the case says), against the token-by-token
+    path."""
     from test_prefill import _run, same_continuation
     from ptxgen.llm.lowering import moe
-    real, paths = moe.chunk_path, []
+    real, real_specs, paths, specs = moe.chunk_path, moe._gemm_specs, [], []
+    real_geo, routers = moe.router.launch_geometry, []
 
     def at_64_rows(lw, e, rows):
         cfg = real(lw, e, 64)
         paths.append(cfg["path"])
-        return cfg
+        return {**cfg, "router_tokens": router_tokens,
+                **{key: {**cfg[key], "x_ahead": x_ahead, "packed": x_ahead}
+                   for key in ("gate_up", "down")}}
+
+    def recorded(*a, **kw):
+        specs.extend(real_specs(*a, **kw))
+        return specs[-3:]
+
+    def router_geometry(spec, *a):
+        routers.append(spec.tokens)
+        return real_geo(spec, *a)
     monkeypatch.setattr(moe, "chunk_path", at_64_rows)
+    monkeypatch.setattr(moe, "_gemm_specs", recorded)
+    monkeypatch.setattr(moe.router, "launch_geometry", router_geometry)
     m = Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
     prompt = [int(t) for t in rng.integers(0, TINY["vocab"], 7)]
     ref, ref_logits = _run(m, prompt, 3, 0)
     got, got_logits = _run(m, prompt, 3, 4)              # two chunks: 4 + 3 tokens
     assert paths and set(paths) == {"gemm"}, paths
+    assert specs and {s.x_ahead for s in specs} == {x_ahead}, specs
+    assert {s.n_expert for s in specs} == {TINY["n_expert"] if x_ahead else 0}, specs
+    assert router_tokens in routers, routers
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
 
 
