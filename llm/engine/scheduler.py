@@ -47,6 +47,19 @@ The policy
   gives ``"cancelled"``; an exception while running a sequence gives
   ``"error"`` to that sequence alone (a failed decode step is retried in
   halves to find the rows that fail).
+* **Overlap** (runners with ``launch`` and ``collect``): in the steady
+  decode state the next decode step goes to the device before the tokens of
+  the one running are taken, its tokens fed on the device from that step's
+  choice, so the host's work of a step runs while the device computes the
+  next.  It does so only where the synchronous policy would run the same
+  rows next: nothing waiting, every running sequence in the step, no
+  penalties or log-probabilities, a free block for each row that crosses
+  into a new one.  A row that finishes (a stop token, its length, a stop
+  string, a cancel) is still computed once more and that token dropped; when
+  the rows left fall into a smaller graph bucket than the step in flight,
+  the step is dropped and its rows run again synchronously (its K/V writes
+  are to the same slots), so each sequence's tokens are those the
+  synchronous engine chooses.
 """
 
 from __future__ import annotations
@@ -166,10 +179,15 @@ class Scheduler:
         The share of the pool that admission keeps free beside running
         sequences.
     prefix_caching : bool
+    overlap : bool
+        Keep the next decode step on the device while the last one's tokens
+        are taken (runners with ``launch`` and ``collect``; see the module
+        docstring); False runs every step synchronously.
     """
 
     def __init__(self, runner, *, prefill_budget: int | None = None,
-                 watermark: float = DEFAULT_WATERMARK, prefix_caching: bool = True):
+                 watermark: float = DEFAULT_WATERMARK, prefix_caching: bool = True,
+                 overlap: bool = True):
         self.runner = runner
         for name in ("block_size", "num_blocks", "max_batch", "chunk", "max_blocks_per_seq",
                      "n_vocab"):
@@ -197,6 +215,11 @@ class Scheduler:
         #: called just before each step's runner call (the engine hands the
         #: last step's events to their consumers there, while the device works)
         self.on_launch = None
+        self.overlap = bool(overlap) and callable(getattr(runner, "launch", None)) \
+            and callable(getattr(runner, "collect", None))
+        buckets = getattr(runner, "buckets", None)
+        self._buckets = tuple(buckets("decode")) if callable(buckets) else ()
+        self._flight: _Flight | None = None  # a decode step launched, its tokens not yet taken
 
     # ------------------------------------------------------------ requests
     def add(self, seq: Sequence) -> None:
@@ -231,9 +254,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def in_flight(self) -> bool:
+        """A decode step is on the device, its tokens not yet taken."""
+        return self._flight is not None
+
     # ------------------------------------------------------------ one step
     def step(self) -> StepOutput:
-        """Admit what fits, then run one prefill step or one decode step."""
+        """Admit what fits, then run one prefill step or one decode step
+        (or take the tokens of the decode step in flight)."""
+        if self._flight is not None:
+            out = self._land()
+            if out is not None:
+                return out
         self.admit()
         pre = any(s.pending > 1 for s in self.running)
         dec = any(s.pending == 1 for s in self.running)
@@ -393,15 +426,28 @@ class Scheduler:
         self._since_decode = 0
         if not batch:
             return out
+        if self.overlap and all(self._simple(s) for s in batch):
+            t0 = time.perf_counter()
+            try:
+                handle = self.runner.launch([self._row(s) for s in batch])
+            except Exception:
+                handle = None
+            if handle is not None:
+                return self._take(_Flight(handle, batch, time.perf_counter() - t0))
         if self.on_launch is not None:
             self.on_launch()
         t0 = time.perf_counter()
         results = self._run_rows(batch)
-        out.seconds = time.perf_counter() - t0
-        out.rows = len(batch)
+        return self._took(batch, results, time.perf_counter() - t0)
+
+    def _took(self, batch, results, seconds: float) -> StepOutput:
+        """A decode step's outputs into its sequences (those still running)."""
+        out = StepOutput(kind="decode", rows=len(batch), seconds=seconds)
         self.counters["decode_steps"] += 1
-        self.counters["decode_seconds"] += out.seconds
+        self.counters["decode_seconds"] += seconds
         for seq, res in zip(batch, results):
+            if seq.status != RUNNING:
+                continue                  # ended while its step was on the device
             if isinstance(res, Exception):
                 self._finish(seq, FINISH_ERROR, _describe(res))
                 out.finished.append(seq)
@@ -410,6 +456,93 @@ class Scheduler:
             self._register_full(seq)
             self._append(seq, res, out)
         return out
+
+    # ------------------------------------------------------------ overlap
+    @staticmethod
+    def _simple(seq: Sequence) -> bool:
+        """Its rows need nothing of the host's between two steps."""
+        return not seq.settings.logprobs and not seq.settings.sampling.penalties_on
+
+    def _bucket(self, n: int) -> int:
+        return next((b for b in self._buckets if n <= b), n)
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Its next token (not yet taken) is its last by ``max_tokens`` or the context."""
+        n = len(seq.tokens) + 1
+        return n - seq.n_prompt >= seq.settings.max_tokens or n >= self.n_ctx
+
+    def _take(self, flight: "_Flight") -> StepOutput:
+        """Launch the step after ``flight`` where the synchronous policy would
+        run the same rows next, then take ``flight``'s tokens."""
+        nxt = self._follow(flight)
+        if self.on_launch is not None:
+            self.on_launch()
+        t0 = time.perf_counter()
+        try:
+            results = [self._check_output(r) for r in self.runner.collect(flight.handle)]
+            if len(results) != len(flight.batch):
+                raise RuntimeError(f"the runner returned {len(results)} outputs for "
+                                   f"{len(flight.batch)} rows")
+        except Exception:
+            if nxt is not None:
+                self._drop(nxt)
+                nxt = None
+            # again, synchronously: a row that fails alone gets its exception
+            results = self._run_rows(flight.batch)
+        out = self._took(flight.batch, results, flight.seconds + time.perf_counter() - t0)
+        self._flight = nxt
+        return out
+
+    def _follow(self, flight: "_Flight"):
+        """The step after ``flight`` on the device (a :class:`_Flight`), or None."""
+        batch = flight.batch
+        if self.waiting or len(self.running) != len(batch) \
+                or any(s.status != RUNNING for s in batch):
+            return None
+        going = sum(not self._ends_by_length(s) for s in batch)
+        if not going or self._bucket(going) != self._bucket(len(batch)):
+            return None                   # it would be dropped
+        bs = self.block_size
+        short = [s for s in batch if len(s.blocks) <= (s.computed + 1) // bs]
+        if len(short) > self.blocks.num_free:
+            return None                   # the synchronous step decides who is preempted
+        for s in short:
+            s.blocks += self.blocks.allocate(1)
+        rows = []
+        for s in batch:
+            p = s.computed + 1
+            rows.append(DecodeRow(token=-1, position=p,
+                                  block_table=tuple(s.blocks[:p // bs + 1]),
+                                  sampling=s.settings.sampling, seed=s.seed))
+        t0 = time.perf_counter()
+        try:
+            handle = self.runner.launch(rows, follow=flight.handle)
+        except Exception:
+            return None
+        return _Flight(handle, batch, time.perf_counter() - t0)
+
+    def _land(self) -> StepOutput | None:
+        """Take the tokens of the step in flight, or drop it (None) when its
+        rows left would run in a smaller bucket (or none is left)."""
+        flight, self._flight = self._flight, None
+        alive = sum(s.status == RUNNING for s in flight.batch)
+        if not alive or self._bucket(alive) != self._bucket(len(flight.batch)):
+            self._drop(flight)
+            return None
+        return self._take(flight)
+
+    def _drop(self, flight: "_Flight") -> None:
+        """Wait for a step launched and discard its tokens."""
+        try:
+            self.runner.collect(flight.handle)
+        except Exception:
+            pass
+
+    def drain(self) -> None:
+        """Drop the step in flight, if any (at close)."""
+        if self._flight is not None:
+            flight, self._flight = self._flight, None
+            self._drop(flight)
 
     def _row(self, seq: Sequence) -> DecodeRow:
         p = seq.computed
@@ -484,6 +617,16 @@ class Scheduler:
         for s in self.running:
             assert s.status == RUNNING, f"{s} is listed as running"
             assert len(s.blocks) * self.block_size >= s.computed, f"{s}: blocks short of its tokens"
+
+
+@attrs.define
+class _Flight:
+    """A decode step on the device: the runner's handle, its sequences in
+    row order, and the seconds its launch took."""
+
+    handle: object
+    batch: list
+    seconds: float = 0.0
 
 
 def _describe(e: BaseException) -> str:
