@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The engine's overlapped decode loop on the GPU (branch overlap, issues 54
+# and 55): the gpu-marked engine and server tests (the overlapped engine's
+# tokens equal to the synchronous engine's over captured graphs, tokens fed
+# on the device; each sequence of a batch as alone; `ptxgen serve` on a small
+# file), then the batched table of the 8B file at B = 8, 32, 64 (npp 128,
+# ntg 128) with the overlap.  Logs in $OUT; SUMMARY lines at the end.  Under
+# 3 minutes on an H100.
+set -euo pipefail
+source scripts/gpu_setup.sh
+bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
+step() { echo "== $1 ($(date +%T))"; }
+
+step "GPU tests: overlapped vs synchronous engine, the engine's batches, the server"
+unset PTXGEN_SERVE_MODEL
+rc=0
+timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="-rfEs" -m gpu \
+  tests/llm/engine/test_overlap.py tests/llm/engine/test_engine_model.py \
+  tests/llm/server/test_server_engine.py \
+  --basetemp=/tmp/overlap_bt > "$OUT/overlap_gpu_tests.log" 2>&1 || rc=$?
+tail -5 "$OUT/overlap_gpu_tests.log"
+echo "SUMMARY gpu tests rc=$rc: $(grep -E "passed|failed" "$OUT/overlap_gpu_tests.log" | tail -1)"
+grep -E "^FAILED|^ERROR" "$OUT/overlap_gpu_tests.log" | head -10 || true
+
+bash scripts/gpu_synth_files.sh wait llama8b
+step "engine: batched table, npp 128, ntg 128, B = 8, 32, 64"
+rc=0
+timeout 100 python3 -m ptxgen bench /tmp/llama8b.gguf --backend cuda -p 0 -n 0 -r 1 \
+  -npp 128 -ntg 128 -npl 8,32,64 > "$OUT/overlap_bench.log" 2>&1 || rc=$?
+echo "bench rc=$rc"
+tail -8 "$OUT/overlap_bench.log"
+
+# S_TG (decode tokens/s of all sequences) per B: the 8th column of the table;
+# the decode step's share of the GPU time quoted before the overlap
+python3 - "$OUT/overlap_bench.log" <<'PY'
+import sys
+gpu_ms = {8: 4.9, 32: 6.3, 64: 8.9}
+for line in open(sys.argv[1]):
+    c = [v.strip() for v in line.strip().strip("|").split("|")]
+    if len(c) >= 8 and c[2].isdigit():
+        b, tg = int(c[2]), float(c[7])
+        step_ms = b / tg * 1e3
+        g = gpu_ms.get(b)
+        tail = f"  GPU step {g} ms: host exposed {step_ms - g:5.2f} ms" if g else ""
+        print(f"SUMMARY decode B={b:3d}: {tg:9.1f} tok/s  {step_ms:5.2f} ms/step{tail}")
+PY
+step done
