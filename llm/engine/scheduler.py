@@ -478,18 +478,20 @@ class Scheduler:
         if self.on_launch is not None:
             self.on_launch()
         t0 = time.perf_counter()
+        batch = flight.batch
         try:
             results = [self._check_output(r) for r in self.runner.collect(flight.handle)]
-            if len(results) != len(flight.batch):
+            if len(results) != len(batch):
                 raise RuntimeError(f"the runner returned {len(results)} outputs for "
-                                   f"{len(flight.batch)} rows")
+                                   f"{len(batch)} rows")
         except Exception:
             if nxt is not None:
                 self._drop(nxt)
                 nxt = None
             # again, synchronously: a row that fails alone gets its exception
-            results = self._run_rows(flight.batch)
-        out = self._took(flight.batch, results, flight.seconds + time.perf_counter() - t0)
+            batch = [s for s in batch if s.status == RUNNING]
+            results = self._run_rows(batch) if batch else []
+        out = self._took(batch, results, flight.seconds + time.perf_counter() - t0)
         self._flight = nxt
         return out
 

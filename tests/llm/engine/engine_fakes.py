@@ -153,7 +153,13 @@ class OverlapFakeRunner(FakeRunner):
         self.calls[-1] = ("launch", len(rows), follow is not None)
         return {"out": out, "collected": False}
 
+    #: collect() raises this many times (a device fault seen at the read-back)
+    collect_faults = 0
+
     def collect(self, handle):
         assert not handle["collected"], "a step collected twice"
         handle["collected"] = True
+        if self.collect_faults > 0:
+            self.collect_faults -= 1
+            raise RuntimeError("fake fault at collect")
         return handle["out"]

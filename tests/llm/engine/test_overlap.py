@@ -137,6 +137,35 @@ def test_rows_leaving_the_bucket_rerun_synchronously(rng):
     assert sched.blocks.num_used == 0
 
 
+@pytest.mark.parametrize("faults", [1, 3])
+def test_a_fault_at_collect_reruns_the_step_synchronously(rng, faults):
+    """A step whose tokens cannot be read back runs again through decode()
+    (the step launched after it is dropped): every request still gets its
+    reference tokens, or, where a row fails alone, an error; no block is
+    left allocated."""
+    runner = OverlapFakeRunner(num_blocks=48, block_size=4, max_batch=4, chunk=8, n_vocab=40)
+    sched = Scheduler(runner)
+    runner.blocks = sched.blocks
+    seqs = [Sequence(f"r{i}", [int(t) for t in rng.integers(0, 40, 3 + i)],
+                     RequestSettings(max_tokens=8 + i), 0) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    steps = 0
+    while sched.has_work:
+        sched.step()
+        sched.check()
+        steps += 1
+        if steps == 4:
+            runner.collect_faults = faults
+    sched.drain()
+    for s in seqs:
+        want = runner.reference(s.tokens[:s.n_prompt], s.settings.max_tokens,
+                                s.settings.sampling, 0)
+        assert s.finish_reason == "length" and s.output == want
+    assert any(c[0] == "decode" for c in runner.calls)      # the rerun
+    assert sched.blocks.num_used == 0
+
+
 def test_penalties_and_logprobs_run_synchronously(rng):
     """Rows that need the host between steps take the runner's decode()."""
     runner = OverlapFakeRunner(num_blocks=32, block_size=4, max_batch=4, chunk=8)
