@@ -52,10 +52,11 @@ The policy
   the one running are taken, its tokens fed on the device from that step's
   choice, so the host's work of a step runs while the device computes the
   next.  It does so only where the synchronous policy would run the same
-  rows next: nothing waiting, every running sequence in the step, no
-  penalties or log-probabilities, a free block for each row that crosses
-  into a new one.  A row that finishes (a stop token, its length, a stop
-  string, a cancel) is still computed once more and that token dropped; when
+  rows next: nothing waiting with room to start, every running sequence in
+  the step, no penalties or log-probabilities, a free block for each row
+  that crosses into a new one.  A row that finishes (a stop token, its
+  length, a stop string, a cancel) is still computed once more and that
+  token dropped; when
   the rows left fall into a smaller graph bucket than the step in flight,
   the step is dropped and its rows run again synchronously (its K/V writes
   are to the same slots), so each sequence's tokens are those the
@@ -498,9 +499,9 @@ class Scheduler:
     def _follow(self, flight: "_Flight"):
         """The step after ``flight`` on the device (a :class:`_Flight`), or None."""
         batch = flight.batch
-        if self.waiting or len(self.running) != len(batch) \
-                or any(s.status != RUNNING for s in batch):
-            return None
+        if (self.waiting and len(self.running) < self.max_batch) \
+                or len(self.running) != len(batch) or any(s.status != RUNNING for s in batch):
+            return None                   # the synchronous step would admit or prefill
         going = sum(not self._ends_by_length(s) for s in batch)
         if not going or self._bucket(going) != self._bucket(len(batch)):
             return None                   # it would be dropped
