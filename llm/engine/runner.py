@@ -284,7 +284,6 @@ class BatchRunner:
         slot = self._slots[self._turn]
         if slot.busy:
             raise RuntimeError("two steps are launched and not collected; collect one first")
-        self._turn ^= 1
         h = slot.host
         self._fill([(max(r.token, 0), r.position, r.block_table) for r in rows], h)
         params = self.io.view(h, "params")
@@ -316,6 +315,7 @@ class BatchRunner:
                                            stream_handle(self.stream)), "cuMemcpyDtoHAsync")
             slot.event.record(self.stream)
         slot.busy = True
+        self._turn ^= 1
         return Launched(slot, n)
 
     def collect(self, handle: "Launched") -> list:

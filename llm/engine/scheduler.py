@@ -154,7 +154,8 @@ class StepOutput:
     rows : int
         Decode rows or prefill tokens run.
     seconds : float
-        Wall time of the runner call(s).
+        Wall time of the runner call(s); of a decode step launched behind
+        another (overlap), from that one's tokens to its own.
     """
 
     kind: str | None = None
@@ -434,7 +435,7 @@ class Scheduler:
             except Exception:
                 handle = None
             if handle is not None:
-                return self._take(_Flight(handle, batch, time.perf_counter() - t0))
+                return self._take(_Flight(handle, batch, t0))
         if self.on_launch is not None:
             self.on_launch()
         t0 = time.perf_counter()
@@ -478,7 +479,6 @@ class Scheduler:
         nxt = self._follow(flight)
         if self.on_launch is not None:
             self.on_launch()
-        t0 = time.perf_counter()
         batch = flight.batch
         try:
             results = [self._check_output(r) for r in self.runner.collect(flight.handle)]
@@ -492,7 +492,10 @@ class Scheduler:
             # again, synchronously: a row that fails alone gets its exception
             batch = [s for s in batch if s.status == RUNNING]
             results = self._run_rows(batch) if batch else []
-        out = self._took(batch, results, flight.seconds + time.perf_counter() - t0)
+        t1 = time.perf_counter()
+        out = self._took(batch, results, t1 - flight.start)
+        if nxt is not None:
+            nxt.start = t1                # the device runs it from here on
         self._flight = nxt
         return out
 
@@ -517,12 +520,11 @@ class Scheduler:
             rows.append(DecodeRow(token=-1, position=p,
                                   block_table=tuple(s.blocks[:p // bs + 1]),
                                   sampling=s.settings.sampling, seed=s.seed))
-        t0 = time.perf_counter()
         try:
             handle = self.runner.launch(rows, follow=flight.handle)
         except Exception:
             return None
-        return _Flight(handle, batch, time.perf_counter() - t0)
+        return _Flight(handle, batch)
 
     def _land(self) -> StepOutput | None:
         """Take the tokens of the step in flight, or drop it (None) when its
@@ -625,11 +627,13 @@ class Scheduler:
 @attrs.define
 class _Flight:
     """A decode step on the device: the runner's handle, its sequences in
-    row order, and the seconds its launch took."""
+    row order, and when it started (its launch, or for a step launched
+    behind another, when that one's tokens were in): its tokens' time is
+    the wall time from there, host work overlapped included."""
 
     handle: object
     batch: list
-    seconds: float = 0.0
+    start: float = 0.0
 
 
 def _describe(e: BaseException) -> str:

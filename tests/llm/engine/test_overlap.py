@@ -238,3 +238,26 @@ def test_gpu_overlapped_engine_equals_synchronous(tmp_path, seed, rng):
             assert eng.stats().blocks_used == 0
             eng._core.sched.check()
     assert outs[True] == outs[False]
+
+
+def test_overlapped_decode_seconds_are_wall_time():
+    """A step launched behind another counts from that one's tokens to its
+    own: with host work between steps hidden behind the device, the decode
+    seconds still add up to at least the device's time (not only the wait
+    left at collect)."""
+    import time
+
+    from benchmarks.serverpath import TimedRunner
+    runner = TimedRunner(list(range(100)), 100, device_s=0.006, max_batch=4)
+    sched = Scheduler(runner)
+    seqs = [Sequence(f"r{i}", [i + 1, 2], RequestSettings(max_tokens=12), i) for i in range(4)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work:
+        out = sched.step()
+        if out.kind == "decode":
+            time.sleep(0.004)            # the host's work on the step's tokens
+    assert all(len(s.output) == 12 for s in seqs)
+    steps = sched.counters["decode_steps"]
+    assert steps == 12 and runner.decode_steps == 12
+    assert sched.counters["decode_seconds"] >= 0.9 * steps * 0.006
