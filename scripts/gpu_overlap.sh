@@ -4,8 +4,8 @@
 # tokens equal to the synchronous engine's over captured graphs, tokens fed
 # on the device; each sequence of a batch as alone; `ptxgen serve` on a small
 # file), then the batched table of the 8B file at B = 8, 32, 64 (npp 128,
-# ntg 128) with the overlap.  Logs in $OUT; SUMMARY lines at the end.  Under
-# 3 minutes on an H100.
+# ntg 128) with the overlap and without (--no-overlap).  Logs in $OUT;
+# SUMMARY lines at the end.  Under 3 minutes on an H100.
 set -euo pipefail
 source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
@@ -23,25 +23,40 @@ echo "SUMMARY gpu tests rc=$rc: $(grep -E "passed|failed" "$OUT/overlap_gpu_test
 grep -E "^FAILED|^ERROR" "$OUT/overlap_gpu_tests.log" | head -10 || true
 
 bash scripts/gpu_synth_files.sh wait llama8b
-step "engine: batched table, npp 128, ntg 128, B = 8, 32, 64"
-rc=0
-timeout 100 python3 -m ptxgen bench /tmp/llama8b.gguf --backend cuda -p 0 -n 0 -r 1 \
-  -npp 128 -ntg 128 -npl 8,32,64 > "$OUT/overlap_bench.log" 2>&1 || rc=$?
-echo "bench rc=$rc"
-tail -8 "$OUT/overlap_bench.log"
+for mode in overlap no-overlap; do
+  step "engine ($mode): batched table, npp 128, ntg 128, B = 8, 32, 64"
+  flag=""; [ "$mode" = no-overlap ] && flag="--no-overlap"
+  rc=0
+  timeout 80 python3 -m ptxgen bench /tmp/llama8b.gguf --backend cuda -p 0 -n 0 -r 1 \
+    -npp 128 -ntg 128 -npl 8,32,64 $flag > "$OUT/overlap_bench_$mode.log" 2>&1 || rc=$?
+  echo "bench $mode rc=$rc"
+  tail -6 "$OUT/overlap_bench_$mode.log"
+done
 
-# S_TG (decode tokens/s of all sequences) per B: the 8th column of the table;
-# the decode step's share of the GPU time quoted before the overlap
-python3 - "$OUT/overlap_bench.log" <<'PY'
+# per B: S_TG (decode tokens/s; with the overlap, wall time per step) and the
+# ms per decode step against the GPU time of a step quoted before the
+# overlap; S (all tokens over the batch's wall time) of both loops
+python3 - "$OUT/overlap_bench_overlap.log" "$OUT/overlap_bench_no-overlap.log" <<'PY'
 import sys
+def table(path):
+    out = {}
+    try:
+        for line in open(path):
+            c = [v.strip() for v in line.strip().strip("|").split("|")]
+            if len(c) >= 10 and c[2].isdigit():
+                out[int(c[2])] = (float(c[7]), float(c[9]))
+    except (OSError, ValueError):
+        pass
+    return out
 gpu_ms = {8: 4.9, 32: 6.3, 64: 8.9}
-for line in open(sys.argv[1]):
-    c = [v.strip() for v in line.strip().strip("|").split("|")]
-    if len(c) >= 8 and c[2].isdigit():
-        b, tg = int(c[2]), float(c[7])
-        step_ms = b / tg * 1e3
-        g = gpu_ms.get(b)
-        tail = f"  GPU step {g} ms: host exposed {step_ms - g:5.2f} ms" if g else ""
-        print(f"SUMMARY decode B={b:3d}: {tg:9.1f} tok/s  {step_ms:5.2f} ms/step{tail}")
+ov, sy = table(sys.argv[1]), table(sys.argv[2])
+for b in sorted(ov):
+    tg, s = ov[b]
+    step_ms = b / tg * 1e3
+    g = gpu_ms.get(b)
+    host = f"  (GPU step {g} ms: {step_ms - g:+5.2f} ms)" if g else ""
+    base = f"  S {s:8.1f} vs {sy[b][1]:8.1f} t/s without overlap ({s / sy[b][1]:4.2f}x)" \
+        if b in sy else ""
+    print(f"SUMMARY decode B={b:3d}: S_TG {tg:8.1f} t/s, {step_ms:5.2f} ms/step{host}{base}")
 PY
 step done
