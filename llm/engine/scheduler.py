@@ -430,12 +430,13 @@ class Scheduler:
             return out
         if self.overlap and all(self._simple(s) for s in batch):
             t0 = time.perf_counter()
+            rows = [self._row(s) for s in batch]
             try:
-                handle = self.runner.launch([self._row(s) for s in batch])
+                handle = self.runner.launch(rows)
             except Exception:
                 handle = None
             if handle is not None:
-                return self._take(_Flight(handle, batch, t0))
+                return self._take(_Flight(handle, batch, t0, rows))
         if self.on_launch is not None:
             self.on_launch()
         t0 = time.perf_counter()
@@ -500,31 +501,43 @@ class Scheduler:
         return out
 
     def _follow(self, flight: "_Flight"):
-        """The step after ``flight`` on the device (a :class:`_Flight`), or None."""
+        """The step after ``flight`` on the device (a :class:`_Flight`), or None.
+
+        A row whose sequence ended since ``flight`` was launched runs on,
+        its token dropped, while it stays in its last block (its blocks
+        are free, but a block handed out now only gets its first slot
+        written in this step, and the steps after it are ordered behind)."""
         batch = flight.batch
+        alive = [s.status == RUNNING for s in batch]
         if (self.waiting and len(self.running) < self.max_batch) \
-                or len(self.running) != len(batch) or any(s.status != RUNNING for s in batch):
+                or len(self.running) != sum(alive) \
+                or any(s.status not in (RUNNING, FINISHED) for s in batch):
             return None                   # the synchronous step would admit or prefill
-        going = sum(not self._ends_by_length(s) for s in batch)
+        going = sum(a and not self._ends_by_length(s) for s, a in zip(batch, alive))
         if not going or self._bucket(going) != self._bucket(len(batch)):
             return None                   # it would be dropped
         bs = self.block_size
-        short = [s for s in batch if len(s.blocks) <= (s.computed + 1) // bs]
+        if any(not a and (r.position + 1) % bs == 0 for r, a in zip(flight.rows, alive)):
+            return None                   # an ended row would need a new block
+        short = [s for s, a in zip(batch, alive) if a and len(s.blocks) <= (s.computed + 1) // bs]
         if len(short) > self.blocks.num_free:
             return None                   # the synchronous step decides who is preempted
         for s in short:
             s.blocks += self.blocks.allocate(1)
         rows = []
-        for s in batch:
-            p = s.computed + 1
-            rows.append(DecodeRow(token=-1, position=p,
-                                  block_table=tuple(s.blocks[:p // bs + 1]),
+        for s, a, r in zip(batch, alive, flight.rows):
+            if a:
+                p = s.computed + 1
+                table = tuple(s.blocks[:p // bs + 1])
+            else:
+                p, table = r.position + 1, r.block_table
+            rows.append(DecodeRow(token=-1, position=p, block_table=table,
                                   sampling=s.settings.sampling, seed=s.seed))
         try:
             handle = self.runner.launch(rows, follow=flight.handle)
         except Exception:
             return None
-        return _Flight(handle, batch)
+        return _Flight(handle, batch, rows=rows)
 
     def _land(self) -> StepOutput | None:
         """Take the tokens of the step in flight, or drop it (None) when its
@@ -626,14 +639,15 @@ class Scheduler:
 
 @attrs.define
 class _Flight:
-    """A decode step on the device: the runner's handle, its sequences in
-    row order, and when it started (its launch, or for a step launched
-    behind another, when that one's tokens were in): its tokens' time is
-    the wall time from there, host work overlapped included."""
+    """A decode step on the device: the runner's handle, its sequences and
+    rows in row order, and when it started (its launch, or for a step
+    launched behind another, when that one's tokens were in; its tokens'
+    time is the wall time from there, host work overlapped included)."""
 
     handle: object
     batch: list
     start: float = 0.0
+    rows: list = attrs.Factory(list)
 
 
 def _describe(e: BaseException) -> str:

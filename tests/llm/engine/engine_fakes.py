@@ -142,6 +142,21 @@ class OverlapFakeRunner(FakeRunner):
             b *= 2
         return tuple(out) + (self.max_batch,)
 
+    _ended_rows_ok = False
+
+    def _write(self, table, pos, token, written):
+        # a step launched behind another may hold rows of sequences that
+        # ended since: they write their freed last block (ref count 0)
+        if self._ended_rows_ok and self.blocks is not None:
+            blk, _ = self._slot(table, pos)
+            if self.blocks.ref_count(blk) == 0:
+                blocks, self.blocks = self.blocks, None
+                try:
+                    return FakeRunner._write(self, table, pos, token, written)
+                finally:
+                    self.blocks = blocks
+        return FakeRunner._write(self, table, pos, token, written)
+
     def launch(self, rows, follow=None):
         assert not any(r.logprobs or r.sampling.penalties_on for r in rows)
         if follow is not None:
@@ -149,7 +164,11 @@ class OverlapFakeRunner(FakeRunner):
             rows = [attrs.evolve(r, token=o.token) for r, o in zip(rows, follow["out"])]
         else:
             assert all(r.token >= 0 for r in rows)
-        out = FakeRunner.decode(self, rows)
+        self._ended_rows_ok = follow is not None
+        try:
+            out = FakeRunner.decode(self, rows)
+        finally:
+            self._ended_rows_ok = False
         self.calls[-1] = ("launch", len(rows), follow is not None)
         return {"out": out, "collected": False}
 

@@ -77,9 +77,10 @@ def test_overlapped_scheduler_chooses_the_synchronous_tokens(rng, max_batch):
     assert sched.counters["decode_steps"] > 0
 
 
-def test_a_finished_row_runs_once_more_and_its_token_is_dropped(rng):
-    """Four rows, one ending by a stop token: the step after its end still
-    holds it (four rows, the same bucket), and it gets no token more."""
+def test_a_finished_row_runs_on_and_its_tokens_are_dropped(rng):
+    """Four rows, one ending by a stop token: the steps after its end still
+    hold it (four rows, the same bucket) until it would need a new block,
+    and it gets no token more."""
     stop_at = {}
 
     def next_token(ctx, sampling, seed, n_vocab):
@@ -101,8 +102,11 @@ def test_a_finished_row_runs_once_more_and_its_token_is_dropped(rng):
     assert seqs[0].finish_reason == "stop" and seqs[0].output == [3, 4, 0, 7]
     for s in seqs[1:]:
         assert s.finish_reason == "length" and len(s.output) == 10
-    rows = [c[1] for c in runner.calls if c[0] == "launch"]
-    assert rows.count(4) == 5, runner.calls       # 4 steps of all four, and one more
+    launches = [c for c in runner.calls if c[0] == "launch"]
+    # four steps of all four; the ended row (6 tokens, its next position 7
+    # in its second 4-token block) runs on at positions 6 and 7
+    assert [c[1] for c in launches].count(4) == 6, launches
+    assert launches[:6] == [("launch", 4, False)] + [("launch", 4, True)] * 5, launches
     assert sched.blocks.num_used == 0
 
 
