@@ -55,8 +55,8 @@ The policy
   rows next: nothing waiting with room to start, every running sequence in
   the step, no penalties or log-probabilities, a free block for each row
   that crosses into a new one.  A row that finishes (a stop token, its
-  length, a stop string, a cancel) is still computed once more and that
-  token dropped; when
+  length, a stop string, a cancel) is still computed in the steps that
+  follow while it stays in its last block, its tokens dropped; when
   the rows left fall into a smaller graph bucket than the step in flight,
   the step is dropped and its rows run again synchronously (its K/V writes
   are to the same slots), so each sequence's tokens are those the
