@@ -9,12 +9,17 @@ the GPU runner that takes a fixed device time per step.
 
 :class:`TimedRunner` sleeps (releasing the GIL, as a graph replay and a stream
 synchronisation do) for ``--device-ms`` per decode step and per prefill step
+(a decode step may be launched and collected later, as ``BatchRunner``'s:
+the stand-in's device runs it from its launch, or from the end of the step
+before, and collecting it sleeps what is left)
 and chooses plausible tokens (word pieces of a real vocabulary, so the
 engine's detokenisation and stop-string scan do real work).  Reported:
 
 - **host µs per step** at each batch size: the wall time of the decode steps
-  of an offline ``Engine.generate`` less the device time the stand-in slept,
-  per step: the engine's own Python between two launches.
+  of an offline ``Engine.generate`` less the stand-in's device time, per
+  step: the time the device waits for the engine's own Python between two
+  steps (all of that Python with ``--sync``; what the overlap leaves exposed
+  without).
 - **server**: the real app under uvicorn on a free port, ``--clients``
   streaming ``/v1/completions`` clients (httpx, in a process of their own)
   with ``ignore_eos``: the tokens per second they receive, as a fraction of
@@ -89,6 +94,7 @@ class TimedRunner:
         self.first_decode = self.last_decode = None
         self.window_slept = 0.0      # slept from the first decode step to the last
         self.window_steps = 0        # steps from the first decode step to the last
+        self._free_at = 0.0          # when the device is done with the steps launched
 
     def _sleep(self) -> tuple:
         t0 = time.perf_counter()
@@ -98,10 +104,7 @@ class TimedRunner:
         self.steps += 1
         return t0, t1
 
-    def decode(self, rows, mode: str = "graph") -> list:
-        if not 1 <= len(rows) <= self.max_batch:
-            raise ValueError(f"a decode step takes 1..{self.max_batch} rows, got {len(rows)}")
-        t0, t1 = self._sleep()
+    def _decoded(self, rows, t0: float, t1: float) -> list:
         if self.first_decode is None:
             self.first_decode = t0
             self._before = (self.slept - (t1 - t0), self.steps - 1)
@@ -112,15 +115,56 @@ class TimedRunner:
         w, nw, out = self.words, len(self.words), self._row_output
         return [out(w[(r.seed * 7919 + r.position * 104729) % nw], -1.0) for r in rows]
 
+    def _check(self, rows) -> None:
+        if not 1 <= len(rows) <= self.max_batch:
+            raise ValueError(f"a decode step takes 1..{self.max_batch} rows, got {len(rows)}")
+
+    def decode(self, rows, mode: str = "graph") -> list:
+        self._check(rows)
+        self._drain()
+        t0, t1 = self._sleep()
+        return self._decoded(rows, t0, t1)
+
+    def buckets(self, kind: str) -> tuple:
+        out, b = [], 1
+        while b < self.max_batch:
+            out.append(b)
+            b *= 2
+        return tuple(out) + (self.max_batch,)
+
+    def launch(self, rows, follow=None, mode: str = "graph"):
+        """Queue a step on the stand-in's device: it starts when the step
+        before it ends (or now) and takes ``device_s``; returns at once."""
+        self._check(rows)
+        t0 = max(time.perf_counter(), self._free_at)
+        self._free_at = t1 = t0 + self.device_s
+        self.slept += self.device_s
+        self.steps += 1
+        return [rows, t1, self._decoded(rows, t0, t1)]
+
+    def collect(self, handle) -> list:
+        """Wait for what is left of a launched step's device time."""
+        rows, t1, out = handle
+        left = t1 - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+        return out
+
+    def _drain(self) -> None:
+        left = self._free_at - time.perf_counter()
+        if left > 0:
+            time.sleep(left)
+
     def prefill(self, chunks, mode: str = "graph") -> None:
+        self._drain()
         self._sleep()
 
 
-def _engine(tokenizer, words, device_s, batch, max_queue=None):
+def _engine(tokenizer, words, device_s, batch, max_queue=None, overlap=True):
     from ptxgen.llm.engine import Engine
     runner = TimedRunner(words, tokenizer.n_vocab, device_s=device_s, max_batch=batch)
     return Engine(runner, tokenizer=tokenizer, model_name="serverpath",
-                  max_queue=max_queue or max(256, 2 * batch))
+                  max_queue=max_queue or max(256, 2 * batch), overlap=overlap)
 
 
 def _prompts(rng, n, length, words):
@@ -128,12 +172,12 @@ def _prompts(rng, n, length, words):
 
 
 def host_per_step(tokenizer, words, batch: int, *, device_s: float, max_tokens: int,
-                  prompt_len: int = 16, seed: int = 0) -> dict:
+                  prompt_len: int = 16, seed: int = 0, overlap: bool = True) -> dict:
     """Offline ``generate`` of ``batch`` prompts; host µs per decode step
     and the tokens per second against what the stand-in allows."""
     from ptxgen.llm.engine import RequestSettings
     rng = random.Random(seed)
-    eng = _engine(tokenizer, words, device_s, batch)
+    eng = _engine(tokenizer, words, device_s, batch, overlap=overlap)
     try:
         settings = RequestSettings(max_tokens=max_tokens, ignore_eos=True)
         eng.generate(_prompts(rng, batch, prompt_len, words), settings)      # warm-up
@@ -190,13 +234,13 @@ def _client_process(url, clients, max_tokens, prompt_len, words, seed, conn):
 
 
 def server_rate(tokenizer, words, clients: int, *, device_s: float, max_tokens: int,
-                prompt_len: int = 16, seed: int = 0) -> dict:
+                prompt_len: int = 16, seed: int = 0, overlap: bool = True) -> dict:
     """The real server over the stand-in; ``clients`` streaming clients in
     another process.  Tokens per second received, against the stand-in's rate."""
     import uvicorn
 
     from ptxgen.llm.server import create_app
-    eng = _engine(tokenizer, words, device_s, clients)
+    eng = _engine(tokenizer, words, device_s, clients, overlap=overlap)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
@@ -252,6 +296,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=16)
     ap.add_argument("--no-server", action="store_true", help="the host-time table only")
+    ap.add_argument("--sync", action="store_true",
+                    help="no overlap: each step waits for the host's work on the one before")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args(argv)
     if a.device_ms <= 0 or a.max_tokens < 2 or a.prompt_len < 1:
@@ -260,14 +306,16 @@ def main(argv=None) -> int:
     tok = Tokenizer.from_gguf(VOCAB)
     words = word_tokens(tok)
     dev = a.device_ms / 1e3
-    res = {"device_ms": a.device_ms, "max_tokens": a.max_tokens, "host": [], "server": []}
-    print(f"stand-in device time {a.device_ms} ms per step; {a.max_tokens} tokens per request")
+    res = {"device_ms": a.device_ms, "max_tokens": a.max_tokens, "overlap": not a.sync,
+           "host": [], "server": []}
+    print(f"stand-in device time {a.device_ms} ms per step; {a.max_tokens} tokens per request; "
+          f"{'synchronous steps' if a.sync else 'overlapped steps'}")
     print(f"{'B':>5} {'host us/step':>13} {'us/token':>9} {'tok/s':>10} {'allowed':>10} "
           f"{'fraction':>9}")
     offline = {}
     for b in a.batches:
         r = host_per_step(tok, words, b, device_s=dev, max_tokens=a.max_tokens,
-                          prompt_len=a.prompt_len)
+                          prompt_len=a.prompt_len, overlap=not a.sync)
         offline[b] = r["tokens_per_s"]
         res["host"].append(r)
         print(f"{b:>5} {r['host_us_per_step']:>13.1f} {r['host_us_per_token']:>9.2f} "
@@ -278,11 +326,12 @@ def main(argv=None) -> int:
               f"{'of offline':>10} {'itl p50/p99 ms':>15} {'ttft p50/max ms':>16}")
         for n in a.clients:
             r = server_rate(tok, words, n, device_s=dev, max_tokens=a.max_tokens,
-                            prompt_len=a.prompt_len)
+                            prompt_len=a.prompt_len, overlap=not a.sync)
             if n not in offline:
                 offline[n] = host_per_step(tok, words, n, device_s=dev,
                                            max_tokens=a.max_tokens,
-                                           prompt_len=a.prompt_len)["tokens_per_s"]
+                                           prompt_len=a.prompt_len,
+                                           overlap=not a.sync)["tokens_per_s"]
             r["of_offline"] = round(r["tokens_per_s"] / offline[n], 3)
             res["server"].append(r)
             print(f"{n:>7} {r['tokens_per_s']:>10.1f} {r['allowed_tokens_per_s']:>10.1f} "

@@ -246,6 +246,9 @@ def bench_command(argv) -> int:
                    help="tokens per KV block (default: the runner's)")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9,
                    help="the share of the free GPU memory the KV pool takes")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="run each decode step after the host's work on the one before "
+                        "(default: the next step is prepared while the GPU runs this one)")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up runs")
     p.add_argument("--seed", type=int, default=None, help="seed of the random prompt tokens")
     a = p.parse_args(argv)
@@ -286,7 +289,7 @@ def bench_command(argv) -> int:
             engine = Engine.from_gguf(a.model, backend=be, max_seqs=a.max_seqs or max(npl),
                                       ctx_size=need, chunk=a.chunk,
                                       gpu_memory_utilization=a.gpu_memory_utilization,
-                                      block_size=a.block_size)
+                                      block_size=a.block_size, overlap=not a.no_overlap)
             with engine:
                 pool = engine.num_blocks * engine.block_size
                 header = (f"engine: n_kv_max = {pool}, block_size = {engine.block_size}, "

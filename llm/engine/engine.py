@@ -61,11 +61,14 @@ class Engine:
         runner's chunk).
     prefix_caching : bool
         Share the KV blocks of common prompt prefixes (default on).
+    overlap : bool
+        Prepare the next decode step while the device runs this one (default
+        on; :class:`~.scheduler.Scheduler`).
     """
 
     def __init__(self, runner, *, tokenizer=None, model_name: str = "model",
                  max_queue: int = 256, prefill_budget: int | None = None,
-                 prefix_caching: bool = True):
+                 prefix_caching: bool = True, overlap: bool = True):
         if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 1:
             raise ValueError(f"max_queue must be a positive int, got {max_queue!r}")
         self.runner = runner
@@ -74,7 +77,8 @@ class Engine:
         #: the file's general.name (or its file name)
         self.model_name = model_name
         self.max_queue = max_queue
-        sched = Scheduler(runner, prefill_budget=prefill_budget, prefix_caching=prefix_caching)
+        sched = Scheduler(runner, prefill_budget=prefill_budget, prefix_caching=prefix_caching,
+                          overlap=overlap)
         self._core = _Loop(sched)
         self._thread = threading.Thread(target=self._core.run, name="ptxgen-engine", daemon=True)
         self._thread.start()
@@ -113,7 +117,8 @@ class Engine:
         tokenizer : optional
             The file's tokenizer when the caller has built it already.
         **kw
-            :class:`Engine` keywords (``prefill_budget``, ``prefix_caching``).
+            :class:`Engine` keywords (``prefill_budget``, ``prefix_caching``,
+            ``overlap``).
         """
         from ptxgen.llm.gguf.file import LlamaFile
         f = path if isinstance(path, LlamaFile) else LlamaFile(path)
@@ -448,6 +453,8 @@ class _Loop:
             with self.cv:
                 self._stats = self._make_stats()
             self._take(sched.step(), touched)
+            if not sched.has_work:
+                sched.drain()                  # a step on the device for sequences now ended
         self._deliver(touched)
 
     def _take(self, out, touched: dict) -> None:
@@ -558,6 +565,7 @@ class _Loop:
             pending = self.inbox
             self.inbox = []
         touched = {}
+        self.sched.drain()
         for e in pending:
             e.seq.status, e.seq.finish_reason = FINISHED, FINISH_CANCELLED
             touched[e.req.id] = e

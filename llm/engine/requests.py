@@ -192,7 +192,9 @@ class EngineStats:
     steps, prefill_steps, decode_steps : int
         Runner calls.
     prefill_seconds, decode_seconds : float
-        Wall time inside the runner's prefill and decode calls.
+        Wall time inside the runner's prefill and decode calls (a decode
+        step launched behind another counts from that one's tokens to its
+        own, the host's work overlapped with it included).
     """
 
     running: int = 0

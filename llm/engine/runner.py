@@ -12,12 +12,19 @@ first use on the GPU and replayed; a step runs the smallest bucket that
 holds it.  The inputs of a step (token ids, positions, KV slots, block
 tables, lengths, sampling parameters) go to the device in one copy.
 
+A decode step may also go in two halves, :meth:`BatchRunner.launch` (the
+step queued on the device; it returns at once) and
+:meth:`BatchRunner.collect` (its tokens), so the host prepares the next
+step while the device computes this one; a step launched to ``follow``
+the one before it takes its tokens from that step's choice on the device.
+
 The block manager (which blocks a sequence owns) is the scheduler's
 (:mod:`.blocks`); the runner only reads the tables it is given.
 """
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 
 from ptxgen.driver.executor import Arena, DeviceMemory, Executor, Store, plan_activations
@@ -122,6 +129,11 @@ class BatchRunner:
         self._executors: dict = {}
         self.stream = backend.stream()
         self._host = np.zeros(self.io.words, np.int32)
+        # launch(): two host images and two token read-backs, taken in turn
+        # (pinned on the GPU, so the copies queue behind the step in flight)
+        self._slots = [_Slot(self._pinned(self.io.words), self._pinned(self.io.rows),
+                             self._event()) for _ in range(2)]
+        self._turn = 0
         self._history = np.zeros((self.io.rows, min(self.n_ctx, 1024)), np.int32)
 
     def _pool_blocks(self, utilization: float) -> int:
@@ -134,6 +146,18 @@ class BatchRunner:
         acts = (self.max_batch + self.chunk) * (4 * hp.ffn + 2 * hp.vocab) * 4
         left = free - self.file.weight_bytes - acts - RESERVE_BYTES
         return kv_pool_blocks(max(left, 0), utilization, per_token, bs)
+
+    def _pinned(self, n: int) -> np.ndarray:
+        if self.backend.name == "cuda":
+            from ptxgen.driver.memory import pinned_zeros
+            return pinned_zeros((n,), np.int32)
+        return np.zeros(n, np.int32)
+
+    def _event(self):
+        if self.backend.name == "cuda":
+            from ptxgen.driver.stream import Event
+            return Event(timing=False)
+        return None
 
     # ------------------------------------------------------------ graphs
     def buckets(self, kind: str) -> tuple:
@@ -181,9 +205,11 @@ class BatchRunner:
             raise ValueError(f"block {blk} is outside the pool of {self.num_blocks}")
         return blk * self.block_size + off
 
-    def _fill(self, rows):
-        """Write ``rows`` (``(token, position, table)`` each) into the host image."""
-        io, h = self.io, self._host
+    def _fill(self, rows, h=None):
+        """Write ``rows`` (``(token, position, table)`` each) into the host
+        image (``h``, default the runner's)."""
+        io = self.io
+        h = self._host if h is None else h
         h[:] = 0
         tok, pos, slot, lens = (io.view(h, n) for n in ("tokens", "positions", "slots", "lens"))
         tables = io.view(h, "tables")
@@ -241,6 +267,77 @@ class BatchRunner:
                                  tuple((int(ids[i, j]), float(lps[i, j])) for j in range(k))))
         return out
 
+    def launch(self, rows, follow=None, mode: str = "graph") -> "Launched":
+        """Queue a decode step on the device and return at once; its tokens
+        are :meth:`collect`'s.
+
+        Parameters
+        ----------
+        rows : list of DecodeRow
+            Without penalties or log-probabilities (:meth:`decode` takes those).
+        follow : Launched, optional
+            The step launched just before, of as many rows: row ``i``'s token
+            is the one that step chose for its row ``i`` (taken on the device;
+            the rows' own ``token`` is not read).
+
+        At most two steps may be launched and not yet collected; collect
+        them in the order they were launched.
+        """
+        n = len(rows)
+        if not 1 <= n <= self.max_batch:
+            raise ValueError(f"a decode step takes 1..{self.max_batch} rows, got {n}")
+        if follow is not None and follow.n != n:
+            raise ValueError(f"a step of {n} rows cannot follow one of {follow.n}")
+        if any(r.logprobs > 0 or r.sampling.penalties_on for r in rows):
+            raise ValueError("rows with penalties or log-probabilities need the host between "
+                             "steps: run them with decode()")
+        slot = self._slots[self._turn]
+        if slot.busy:
+            raise RuntimeError("two steps are launched and not collected; collect one first")
+        h = slot.host
+        self._fill([(max(r.token, 0), r.position, r.block_table) for r in rows], h)
+        params = self.io.view(h, "params")
+        for i, r in enumerate(rows):
+            params[i] = r.sampling.params(r.seed)
+            params[i, LOGPROBS] = 0
+        b = self._bucket("decode", n)
+        ex, lw = self._executor("decode", b), self._graphs["decode", b]
+        graph = mode == "graph" and self.backend.can_capture
+        if graph and not ex.is_captured():
+            self.backend.synchronize(self.stream)
+            ex.capture(self.stream)
+        kw = {} if self.stream is None else {"stream": self.stream}
+        ex.write(lw.io, h, stream=self.stream)
+        nxt = ex.arrays[id(lw.next_tokens)].view(np.int32, (n,))
+        if follow is not None:
+            tok = ex.arrays[id(lw.io)].view(np.int32, (n,), 4 * self.io.fields["tokens"][0])
+            tok.copy_from(nxt, **kw)
+        if graph:
+            ex.replay(self.stream)
+        else:
+            ex.run_eager(self.stream)
+        if slot.event is None:                 # the emulator: the step has run
+            nxt.to_numpy(slot.tokens[:n])
+        else:
+            from ptxgen.driver.errors import check, cuda
+            from ptxgen.driver.stream import stream_handle
+            check(cuda().cuMemcpyDtoHAsync(slot.tokens.ctypes.data, nxt.ptr, 4 * n,
+                                           stream_handle(self.stream)), "cuMemcpyDtoHAsync")
+            slot.event.record(self.stream)
+        slot.busy = True
+        self._turn ^= 1
+        return Launched(slot, n)
+
+    def collect(self, handle: "Launched") -> list:
+        """Wait for a step :meth:`launch` queued; its rows' tokens."""
+        slot = handle.slot
+        if not slot.busy or slot.owner is not handle:
+            raise RuntimeError("this step was collected already")
+        if slot.event is not None:
+            slot.event.synchronize()
+        slot.busy, slot.owner = False, None
+        return [RowOutput(int(t), float("nan")) for t in slot.tokens[:handle.n]]
+
     def prefill(self, chunks, mode: str = "graph") -> None:
         """One prefill step: write the K and V rows of ``chunks`` (a
         :class:`PrefillChunk` or a sequence of them, at most ``chunk``
@@ -282,3 +379,25 @@ class BatchRunner:
         p = f"blk.{layer}."
         b = self.store.buffers
         return ex.read(b[p + "k_pool"]), ex.read(b[p + "v_pool"])
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """A host image, a token read-back and its event, for one launched step."""
+
+    host: np.ndarray
+    tokens: np.ndarray
+    event: object
+    busy: bool = False
+    owner: object = None
+
+
+@attrs.define(eq=False)
+class Launched:
+    """A decode step :meth:`BatchRunner.launch` queued (for :meth:`~BatchRunner.collect`)."""
+
+    slot: _Slot
+    n: int
+
+    def __attrs_post_init__(self):
+        self.slot.owner = self

@@ -47,6 +47,20 @@ The policy
   gives ``"cancelled"``; an exception while running a sequence gives
   ``"error"`` to that sequence alone (a failed decode step is retried in
   halves to find the rows that fail).
+* **Overlap** (runners with ``launch`` and ``collect``): in the steady
+  decode state the next decode step goes to the device before the tokens of
+  the one running are taken, its tokens fed on the device from that step's
+  choice, so the host's work of a step runs while the device computes the
+  next.  It does so only where the synchronous policy would run the same
+  rows next: nothing waiting with room to start, every running sequence in
+  the step, no penalties or log-probabilities, a free block for each row
+  that crosses into a new one.  A row that finishes (a stop token, its
+  length, a stop string, a cancel) is still computed in the steps that
+  follow while it stays in its last block, its tokens dropped; when
+  the rows left fall into a smaller graph bucket than the step in flight,
+  the step is dropped and its rows run again synchronously (its K/V writes
+  are to the same slots), so each sequence's tokens are those the
+  synchronous engine chooses.
 """
 
 from __future__ import annotations
@@ -140,7 +154,8 @@ class StepOutput:
     rows : int
         Decode rows or prefill tokens run.
     seconds : float
-        Wall time of the runner call(s).
+        Wall time of the runner call(s); of a decode step launched behind
+        another (overlap), from that one's tokens to its own.
     """
 
     kind: str | None = None
@@ -166,10 +181,15 @@ class Scheduler:
         The share of the pool that admission keeps free beside running
         sequences.
     prefix_caching : bool
+    overlap : bool
+        Keep the next decode step on the device while the last one's tokens
+        are taken (runners with ``launch`` and ``collect``; see the module
+        docstring); False runs every step synchronously.
     """
 
     def __init__(self, runner, *, prefill_budget: int | None = None,
-                 watermark: float = DEFAULT_WATERMARK, prefix_caching: bool = True):
+                 watermark: float = DEFAULT_WATERMARK, prefix_caching: bool = True,
+                 overlap: bool = True):
         self.runner = runner
         for name in ("block_size", "num_blocks", "max_batch", "chunk", "max_blocks_per_seq",
                      "n_vocab"):
@@ -197,6 +217,11 @@ class Scheduler:
         #: called just before each step's runner call (the engine hands the
         #: last step's events to their consumers there, while the device works)
         self.on_launch = None
+        self.overlap = bool(overlap) and callable(getattr(runner, "launch", None)) \
+            and callable(getattr(runner, "collect", None))
+        buckets = getattr(runner, "buckets", None)
+        self._buckets = tuple(buckets("decode")) if callable(buckets) else ()
+        self._flight: _Flight | None = None  # a decode step launched, its tokens not yet taken
 
     # ------------------------------------------------------------ requests
     def add(self, seq: Sequence) -> None:
@@ -231,9 +256,19 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
 
+    @property
+    def in_flight(self) -> bool:
+        """A decode step is on the device, its tokens not yet taken."""
+        return self._flight is not None
+
     # ------------------------------------------------------------ one step
     def step(self) -> StepOutput:
-        """Admit what fits, then run one prefill step or one decode step."""
+        """Admit what fits, then run one prefill step or one decode step
+        (or take the tokens of the decode step in flight)."""
+        if self._flight is not None:
+            out = self._land()
+            if out is not None:
+                return out
         self.admit()
         pre = any(s.pending > 1 for s in self.running)
         dec = any(s.pending == 1 for s in self.running)
@@ -393,15 +428,29 @@ class Scheduler:
         self._since_decode = 0
         if not batch:
             return out
+        if self.overlap and all(self._simple(s) for s in batch):
+            t0 = time.perf_counter()
+            rows = [self._row(s) for s in batch]
+            try:
+                handle = self.runner.launch(rows)
+            except Exception:
+                handle = None
+            if handle is not None:
+                return self._take(_Flight(handle, batch, t0, rows))
         if self.on_launch is not None:
             self.on_launch()
         t0 = time.perf_counter()
         results = self._run_rows(batch)
-        out.seconds = time.perf_counter() - t0
-        out.rows = len(batch)
+        return self._took(batch, results, time.perf_counter() - t0)
+
+    def _took(self, batch, results, seconds: float) -> StepOutput:
+        """A decode step's outputs into its sequences (those still running)."""
+        out = StepOutput(kind="decode", rows=len(batch), seconds=seconds)
         self.counters["decode_steps"] += 1
-        self.counters["decode_seconds"] += out.seconds
+        self.counters["decode_seconds"] += seconds
         for seq, res in zip(batch, results):
+            if seq.status != RUNNING:
+                continue                  # ended while its step was on the device
             if isinstance(res, Exception):
                 self._finish(seq, FINISH_ERROR, _describe(res))
                 out.finished.append(seq)
@@ -410,6 +459,108 @@ class Scheduler:
             self._register_full(seq)
             self._append(seq, res, out)
         return out
+
+    # ------------------------------------------------------------ overlap
+    @staticmethod
+    def _simple(seq: Sequence) -> bool:
+        """Its rows need nothing of the host's between two steps."""
+        return not seq.settings.logprobs and not seq.settings.sampling.penalties_on
+
+    def _bucket(self, n: int) -> int:
+        return next((b for b in self._buckets if n <= b), n)
+
+    def _ends_by_length(self, seq: Sequence) -> bool:
+        """Its next token (not yet taken) is its last by ``max_tokens`` or the context."""
+        n = len(seq.tokens) + 1
+        return n - seq.n_prompt >= seq.settings.max_tokens or n >= self.n_ctx
+
+    def _take(self, flight: "_Flight") -> StepOutput:
+        """Launch the step after ``flight`` where the synchronous policy would
+        run the same rows next, then take ``flight``'s tokens."""
+        nxt = self._follow(flight)
+        if self.on_launch is not None:
+            self.on_launch()
+        batch = flight.batch
+        try:
+            results = [self._check_output(r) for r in self.runner.collect(flight.handle)]
+            if len(results) != len(batch):
+                raise RuntimeError(f"the runner returned {len(results)} outputs for "
+                                   f"{len(batch)} rows")
+        except Exception:
+            if nxt is not None:
+                self._drop(nxt)
+                nxt = None
+            # again, synchronously: a row that fails alone gets its exception
+            batch = [s for s in batch if s.status == RUNNING]
+            results = self._run_rows(batch) if batch else []
+        t1 = time.perf_counter()
+        out = self._took(batch, results, t1 - flight.start)
+        if nxt is not None:
+            nxt.start = t1                # the device runs it from here on
+        self._flight = nxt
+        return out
+
+    def _follow(self, flight: "_Flight"):
+        """The step after ``flight`` on the device (a :class:`_Flight`), or None.
+
+        A row whose sequence ended since ``flight`` was launched runs on,
+        its token dropped, while it stays in its last block (its blocks
+        are free, but a block handed out now only gets its first slot
+        written in this step, and the steps after it are ordered behind)."""
+        batch = flight.batch
+        alive = [s.status == RUNNING for s in batch]
+        if (self.waiting and len(self.running) < self.max_batch) \
+                or len(self.running) != sum(alive) \
+                or any(s.status not in (RUNNING, FINISHED) for s in batch):
+            return None                   # the synchronous step would admit or prefill
+        going = sum(a and not self._ends_by_length(s) for s, a in zip(batch, alive))
+        if not going or self._bucket(going) != self._bucket(len(batch)):
+            return None                   # it would be dropped
+        bs = self.block_size
+        if any(not a and (r.position + 1) % bs == 0 for r, a in zip(flight.rows, alive)):
+            return None                   # an ended row would need a new block
+        short = [s for s, a in zip(batch, alive) if a and len(s.blocks) <= (s.computed + 1) // bs]
+        if len(short) > self.blocks.num_free:
+            return None                   # the synchronous step decides who is preempted
+        for s in short:
+            s.blocks += self.blocks.allocate(1)
+        rows = []
+        for s, a, r in zip(batch, alive, flight.rows):
+            if a:
+                p = s.computed + 1
+                table = tuple(s.blocks[:p // bs + 1])
+            else:
+                p, table = r.position + 1, r.block_table
+            rows.append(DecodeRow(token=-1, position=p, block_table=table,
+                                  sampling=s.settings.sampling, seed=s.seed))
+        try:
+            handle = self.runner.launch(rows, follow=flight.handle)
+        except Exception:
+            return None
+        return _Flight(handle, batch, rows=rows)
+
+    def _land(self) -> StepOutput | None:
+        """Take the tokens of the step in flight, or drop it (None) when its
+        rows left would run in a smaller bucket (or none is left)."""
+        flight, self._flight = self._flight, None
+        alive = sum(s.status == RUNNING for s in flight.batch)
+        if not alive or self._bucket(alive) != self._bucket(len(flight.batch)):
+            self._drop(flight)
+            return None
+        return self._take(flight)
+
+    def _drop(self, flight: "_Flight") -> None:
+        """Wait for a step launched and discard its tokens."""
+        try:
+            self.runner.collect(flight.handle)
+        except Exception:
+            pass
+
+    def drain(self) -> None:
+        """Drop the step in flight, if any (at close)."""
+        if self._flight is not None:
+            flight, self._flight = self._flight, None
+            self._drop(flight)
 
     def _row(self, seq: Sequence) -> DecodeRow:
         p = seq.computed
@@ -484,6 +635,19 @@ class Scheduler:
         for s in self.running:
             assert s.status == RUNNING, f"{s} is listed as running"
             assert len(s.blocks) * self.block_size >= s.computed, f"{s}: blocks short of its tokens"
+
+
+@attrs.define
+class _Flight:
+    """A decode step on the device: the runner's handle, its sequences and
+    rows in row order, and when it started (its launch, or for a step
+    launched behind another, when that one's tokens were in; its tokens'
+    time is the wall time from there, host work overlapped included)."""
+
+    handle: object
+    batch: list
+    start: float = 0.0
+    rows: list = attrs.Factory(list)
 
 
 def _describe(e: BaseException) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import zlib
 
+import attrs
 import numpy as np
 
 from ptxgen.llm.engine.rows import RowOutput
@@ -126,3 +127,58 @@ class FakeRunner:
             if t in stop_ids:
                 break
         return out
+
+
+class OverlapFakeRunner(FakeRunner):
+    """:class:`FakeRunner` with the split decode step (``launch`` runs the
+    step at once, as a device would in stream order; ``collect`` returns
+    its tokens), graph buckets ``1, 2, 4, ...`` and a log of the steps
+    launched (``("launch", n_rows, followed)``)."""
+
+    def buckets(self, kind):
+        out, b = [], 1
+        while b < self.max_batch:
+            out.append(b)
+            b *= 2
+        return tuple(out) + (self.max_batch,)
+
+    _ended_rows_ok = False
+
+    def _write(self, table, pos, token, written):
+        # a step launched behind another may hold rows of sequences that
+        # ended since: they write their freed last block (ref count 0)
+        if self._ended_rows_ok and self.blocks is not None:
+            blk, _ = self._slot(table, pos)
+            if self.blocks.ref_count(blk) == 0:
+                blocks, self.blocks = self.blocks, None
+                try:
+                    return FakeRunner._write(self, table, pos, token, written)
+                finally:
+                    self.blocks = blocks
+        return FakeRunner._write(self, table, pos, token, written)
+
+    def launch(self, rows, follow=None):
+        assert not any(r.logprobs or r.sampling.penalties_on for r in rows)
+        if follow is not None:
+            assert not follow["collected"] and len(follow["out"]) == len(rows)
+            rows = [attrs.evolve(r, token=o.token) for r, o in zip(rows, follow["out"])]
+        else:
+            assert all(r.token >= 0 for r in rows)
+        self._ended_rows_ok = follow is not None
+        try:
+            out = FakeRunner.decode(self, rows)
+        finally:
+            self._ended_rows_ok = False
+        self.calls[-1] = ("launch", len(rows), follow is not None)
+        return {"out": out, "collected": False}
+
+    #: collect() raises this many times (a device fault seen at the read-back)
+    collect_faults = 0
+
+    def collect(self, handle):
+        assert not handle["collected"], "a step collected twice"
+        handle["collected"] = True
+        if self.collect_faults > 0:
+            self.collect_faults -= 1
+            raise RuntimeError("fake fault at collect")
+        return handle["out"]

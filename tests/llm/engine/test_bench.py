@@ -105,6 +105,16 @@ def test_bench_prints_both_tables_on_the_emulator(model_path, capsys):
     assert [int(ln.split("|")[4]) for ln in rows] == [5, 10]
 
 
+def test_bench_no_overlap_prints_the_same_batched_counts(model_path, capsys):
+    """``--no-overlap`` (every decode step synchronous) runs the same work."""
+    assert main(["bench", model_path, "--backend", "emu", "-p", "0", "-n", "0", "-r", "1",
+                 "-npp", "3", "-ntg", "2", "-npl", "2", "--seed", "1", "--no-warmup",
+                 "--no-overlap"]) == 0
+    out, _ = capsys.readouterr()
+    rows = [ln for ln in out.splitlines() if re.match(r"\|\s+3 \|\s+2 \|", ln)]
+    assert [int(ln.split("|")[4]) for ln in rows] == [10]
+
+
 @pytest.mark.parametrize("args, msg", [
     (["-p", "x"], "expected comma-separated integers, got 'x'"),
     (["-npl", "-1"], "expected comma-separated integers >= 0"),

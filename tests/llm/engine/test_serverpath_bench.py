@@ -24,7 +24,7 @@ def test_serverpath_bench_runs(tmp_path):
         # every request ran to max_tokens (ignore_eos), one token per decode step
         assert r["tokens"] == r["batch"] * 8
         assert r["decode_steps"] == 8
-        assert 0 < r["host_us_per_step"] < 200_000
+        assert 0 <= r["host_us_per_step"] < 200_000     # the device's idle time between steps
         assert 0 < r["fraction"] <= 1.0
     (s,) = res["server"]
     assert s["clients"] == 4 and s["tokens"] == 4 * 8
