@@ -230,8 +230,11 @@ def test_batched_gemv_step_matches_a_gemv_per_row(tmp_path, module_seed, rng):
     """A decode step of 3 rows (the bucket of 4) with every weight through
     the batched GEMV (the output weight too: Q4_K here) gives the logits of
     the same step run as a GEMV per row (the single-sequence kernels) to
-    1e-4 of their largest (the two sum the same dp4a products in different
-    orders, in f32), and the same tokens."""
+    1e-3 of their largest, and the same tokens.  The two sum the same dp4a
+    products in different orders, in f32; over the steps before, a
+    last-bit difference in a hidden state can move one of x's 8-bit levels
+    (the dp4a GEMVs quantize x per block of 32), about 2^-8 of that block's
+    largest."""
     path = tmp_path / "q4k_out.gguf"
     write_synthetic_llama(str(path), seed=module_seed, arch="llama", output_qtype="Q4_K", **TINY)
     kw = dict(num_blocks=8, block_size=BS, max_batch=4, chunk=8, ctx_size=32)
@@ -250,7 +253,7 @@ def test_batched_gemv_step_matches_a_gemv_per_row(tmp_path, module_seed, rng):
     (ta, la), (tb, lb) = out
     assert ta == tb
     err = np.max(np.abs(la.astype(np.float64) - lb)) / np.max(np.abs(lb))
-    assert err <= 1e-4, err
+    assert err <= 1e-3, err
 
 
 def test_batched_gemv_off_and_above_the_crossover_uses_the_gemm(files):
