@@ -442,9 +442,14 @@ def test_close_cancels_what_runs_and_refuses_more(rng, engine_and_runner):
     gated = GatedRunner(FakeRunner(num_blocks=64, block_size=4, max_batch=8, chunk=8))
     eng, _ = engine_and_runner(gated)
     reqs = [eng.add_request(prompt_of(rng, 4), RequestSettings(max_tokens=100)) for _ in range(3)]
-    gated.release(4)
-    while eng.stats().generated_tokens < 3:
+    # a step at a time until every request has a token (how the three
+    # arrive decides how many prefill steps that takes)
+    for _ in range(1000):
+        if eng.stats().generated_tokens >= 3:
+            break
+        gated.release(1)
         threading.Event().wait(0.01)
+    assert eng.stats().generated_tokens >= 3
     closer = threading.Thread(target=eng.close)
     closer.start()
     # a step at a time until the close lands (all at once, a loaded machine
