@@ -343,8 +343,7 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
         for i in range(D):
             if i < nk:
                 wf.copy(base + i * sbytes, i // 4, i % 4, None)
-                load_x(base + i * sbytes, bar0 + 8 * i, k0 + 64 * i if nsplit > 1 else 64 * i,
-                       None)
+                load_x(base + i * sbytes, bar0 + 8 * i, k0 + 64 * i, None)
             k.cp_async_commit()
         acc = k.wgmma_acc(c.bn)
         cur = k.var(u32, 0)                      # stage being computed: buffer index
