@@ -183,7 +183,7 @@ class GemmConfig:
     bk: int = attrs.field(default=64, validator=_in("bk", (64, 128, 256)))
     warps_m: int = attrs.field(default=2, validator=_pow2(1, 16))
     warps_n: int = attrs.field(default=2, validator=_pow2(1, 16))
-    stages: int = attrs.field(default=3, validator=_int(2, 32))
+    stages: int = attrs.field(default=3, validator=_int(2, 8))
     min_ctas: int = attrs.field(default=0, validator=_int(0, 32))
     kernel: str = attrs.field(default="mma", validator=_in("kernel", KERNELS))
     split_k: int = attrs.field(default=1, validator=_int(1, 32))

@@ -54,10 +54,6 @@ CASES = [
     (9, 136, 256, dict(bm=128, bn=8, stages=5)),
     (16, 200, 512, dict(bm=256, bn=16, stages=4, epilogue="residual")),
     (13, 96, 512, dict(bm=64, bn=16, stages=3, epilogue="bias")),
-    # deep rings for few tokens: 14 stages in flight over 32, and more
-    # stages than K has
-    (11, 64, 2048, dict(bm=64, bn=8, stages=16, epilogue="residual")),
-    (5, 64, 512, dict(bm=64, bn=8, stages=12)),
     # K split 4 and 2 ways (M and T cut short, in-place residual and bias)
     (11, 136, 2048, dict(bm=64, bn=8, stages=6, split_k=4, epilogue="residual")),
     (20, 72, 1024, dict(bm=64, bn=16, stages=4, split_k=2, epilogue="bias")),
