@@ -41,3 +41,30 @@ def check_logits(model, path, prompt, res, logits, bound=1e-4):
             assert seq[i + 1] == int(np.argmax(got))
     assert worst <= bound, worst
     return worst
+
+
+def greedy_agrees(path, prompt, want, got, *, tie=0.02):
+    """Check two greedy continuations of ``prompt`` (``want``, ``got``) that
+    two code paths produced, and return how many leading tokens they share.
+
+    Paths that add in different orders round differently (f16 activations,
+    a GEMM's tiles against a GEMV's warps), so where the two best logits
+    nearly tie they may pick different tokens, and after that the
+    continuations are unrelated.  Where they part, the float64 reference,
+    fed the prompt and the shared tokens, must rank the two choices within
+    ``tie`` of its logits' standard deviation of each other and of its
+    maximum; a difference anywhere else fails."""
+    n = min(len(want), len(got))
+    d = next((i for i in range(n) if want[i] != got[i]), n)
+    if d == n:
+        assert len(want) == len(got), (len(want), len(got))
+        return n
+    ref = LlamaReference(path, kv_dtype=np.float16)
+    for t in list(prompt) + list(want[:d]):
+        lg = ref.step(t)
+    top, scale = float(np.max(lg)), float(np.std(lg))
+    a, b = float(lg[want[d]]), float(lg[got[d]])
+    assert top - min(a, b) <= tie * scale, (
+        f"token {d}: {want[d]} against {got[d]}, not a near tie: the reference's logits "
+        f"{a:.5f} and {b:.5f}, its best {top:.5f}, bound {tie} x std {scale:.4f}")
+    return d
