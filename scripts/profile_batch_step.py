@@ -3,10 +3,12 @@
     python scripts/profile_batch_step.py MODEL.gguf [--batches 1,8,32,64,128] [--ctx 200]
 
 Builds a BatchRunner, feeds each bucket a step of B rows at position
-``ctx`` (distinct block tables), and prints the step's time (graph replay,
-CUDA events) greedy and sampled (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05), then where the
-time of a B-row step goes per kernel (torch's CUPTI profiler over eager
-runs), when torch is importable.
+``ctx`` (distinct block tables), and prints the step's wall time (graph
+replay; eager launches beside it) greedy and sampled (temperature 0.8,
+top-k 40, top-p 0.95, min-p 0.05), then where the time of a greedy B-row
+step goes per kernel (torch's CUPTI profiler over eager launches and over
+graph replays), when torch is importable.  ``--pdl on|off`` builds every
+graph with or without programmatic dependent launch.
 """
 
 import argparse
@@ -23,6 +25,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=200)
     ap.add_argument("--profile", default="8,64")
     ap.add_argument("--backend", default="cuda")
+    ap.add_argument("--pdl", choices=("table", "on", "off"), default="table",
+                    help="programmatic dependent launch: as the runner decides, or forced")
     a = ap.parse_args()
     from ptxgen.driver.backend import get_backend
     from ptxgen.llm.engine.runner import BatchRunner, DecodeRow
@@ -32,7 +36,8 @@ def main():
     f = LlamaFile(a.model)
     batches = [int(x) for x in a.batches.split(",")]
     t0 = time.perf_counter()
-    r = BatchRunner(f, be, max_batch=max(batches), chunk=512, ctx_size=1024)
+    pdl = None if a.pdl == "table" else a.pdl == "on"
+    r = BatchRunner(f, be, max_batch=max(batches), chunk=512, ctx_size=1024, pdl=pdl)
     print(f"runner built in {time.perf_counter() - t0:.1f} s; pool {r.num_blocks} blocks of "
           f"{r.block_size}", flush=True)
     per = -(-(a.ctx + 1) // r.block_size)
@@ -54,20 +59,26 @@ def main():
                 r.decode(rr)
                 ts.append(time.perf_counter() - t)
             ms = 1e3 * float(np.median(ts))
-            print(f"B={b:4d} {name:8s} step {ms:8.3f} ms  {b / ms * 1e3:9.1f} tok/s", flush=True)
+            te = []
+            for _ in range(3):
+                t = time.perf_counter()
+                r.decode(rr, mode="eager")
+                te.append(time.perf_counter() - t)
+            print(f"B={b:4d} {name:8s} step {ms:8.3f} ms  {b / ms * 1e3:9.1f} tok/s  "
+                  f"(eager {1e3 * float(np.median(te)):8.3f} ms)", flush=True)
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
     except Exception as e:  # noqa: BLE001
         print("no torch profiler:", e)
         return
-    for b in [int(x) for x in a.profile.split(",")]:
-        for name, s in (("greedy", greedy), ("sampled", default)):
-            rr = rows(b, s)
-            r.decode(rr, mode="eager")
+    for b in [int(x) for x in a.profile.split(",") if x]:
+        for name, mode in (("greedy eager", "eager"), ("greedy graph", "graph")):
+            rr = rows(b, greedy)
+            r.decode(rr, mode=mode)
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 for _ in range(3):
-                    r.decode(rr, mode="eager")
+                    r.decode(rr, mode=mode)
             agg = defaultdict(lambda: [0.0, 0])
             for ev in prof.events():
                 if ev.device_type == torch.autograd.DeviceType.CUDA:
