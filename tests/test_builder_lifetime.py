@@ -36,10 +36,12 @@ def _cyclic_garbage():
     builders were among it.
 
     Objects older than the block are frozen (``gc.freeze``), so only the
-    block's own objects are looked at, and quickly.
+    block's own objects are looked at, and quickly; garbage older than the
+    block is frozen with them and not counted.  No collection runs first:
+    on a worker that ran the model tests before (the emulator's cache of
+    parsed modules), a full one takes seconds.
     """
     found = {"types": collections.Counter(), "kernels": []}
-    gc.collect()
     was_enabled = gc.isenabled()
     gc.disable()
     gc.freeze()

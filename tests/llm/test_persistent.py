@@ -31,13 +31,15 @@ def test_emulator_persistent_decode_matches_the_eager_step(tiny, rng):
     kernels' arithmetic, CTA by CTA) and the reference's within the decode
     path's bound; every counter ends at its node's count times the steps.
     The kernel is the one with the timeline: every instruction's stamps
-    written (the emulator's clock and SM read 0), the summary a row a node."""
+    written (the emulator's clock and SM read 0), the summary a row a node.
+    24 CTAs (the most of 256 threads the emulator runs together) keep the
+    emulator's rounds few."""
     from ptxgen.kernels import megakernel as mk
     from ptxgen.llm.persistent import timeline_summary
     prompt = [int(t) for t in rng.integers(0, 512, 2)]
-    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=8)
+    m = Model.from_gguf(tiny, backend="emu", capacity=8, progress=False, sm_count=24)
     want, want_logits = m.generate(prompt, 1, return_logits=True, mode="eager")
-    p = m.persistent_step(grid=8, timeline=True)
+    p = m.persistent_step(grid=24, timeline=True)
     poison = np.full((len(p.tape.instructions), mk.STAMP_WORDS), 0xFFFF_FFFF_FFFF_FFFF, np.uint64)
     p.backend.copy_from_host(p._stamps, poison)
     got, logits = m.generate(prompt, 1, return_logits=True, mode="persistent")
