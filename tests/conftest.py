@@ -28,12 +28,41 @@ def pytest_addoption(parser):
                      help="session seed for the tests' random inputs (default: a fresh one)")
 
 
+#: test files whose tests keep a worker busy for half a minute or more (the
+#: emulator running models, the README's and the CLI's commands in
+#: subprocesses), longest first.  Under pytest-xdist's ``--dist loadfile``
+#: (``make test``) they are handed out first, so the run does not end with one
+#: worker still on one of them and the others idle; pytest-xdist's own order
+#: (files with the most tests first) would send these few-test files last.
+LONG_FILES = (
+    "tests/llm/test_batch_runner.py",
+    "tests/test_readme.py",
+    "tests/test_cli_frictions.py",
+    "tests/llm/test_tensor_parallel.py",
+    "tests/llm/test_prefill.py",
+    "tests/llm/engine/test_engine_families.py",
+    "tests/llm/test_gemma3.py",
+    "tests/llm/test_qwen3moe.py",
+    "tests/test_cli_text.py",
+    "tests/llm/test_persistent.py",
+)
+
+
 def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)     # set on pytest-xdist workers
     if workerinput is not None and "ptxgen_seed" in workerinput:
         seeding.configure(workerinput["ptxgen_seed"])
     else:
         seeding.configure(config.getoption("--seed"))
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False      # the collection's order: LONG_FILES first
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """:data:`LONG_FILES` first, in their order; the rest as collected."""
+    rank = {f: i for i, f in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.hookimpl(optionalhook=True)
