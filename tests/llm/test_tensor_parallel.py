@@ -36,7 +36,13 @@ SHAPES = {
     "qwen3": dict(n_layers=2, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=512,
                   head_dim=128, context_length=256, arch="qwen3", tie_embeddings=True),
 }
-BOUND = 2e-4
+#: logits against the one-rank model's (relative, L2), by prompt path: the
+#: decode step's GEMVs read f32 activations and the ranks only add in
+#: another order; a prompt chunk's GEMMs read f16 rows, and each rank rounds
+#: its half of K's partial sum before the all-reduce adds them, so the
+#: chunk's difference is on the scale of an f16 rounding (2^-11 = 4.9e-4):
+#: 2.02e-4 was seen (qwen3, --seed 864605173)
+BOUND = {0: 2e-4, 4: 1e-3}
 
 
 @pytest.fixture(scope="module", params=sorted(SHAPES))
@@ -77,7 +83,7 @@ def test_two_ranks_match_one(tiny, rng, chunk):
         assert len(logits) == len(want_logits)
         for i, (got, want) in enumerate(zip(logits, want_logits)):
             worst = max(worst, _rel(got, want))
-    assert worst <= BOUND, f"{worst:.2e}"
+    assert worst <= BOUND[chunk], f"{worst:.2e}"
 
 
 def test_shard_bytes_and_views(tiny):
