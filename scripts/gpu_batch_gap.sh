@@ -2,6 +2,9 @@
 # Why the engine's B = 32 decode step is slower as a CUDA graph than its
 # kernels (H200, 6e44331: the kernels of an eager step sum to 4.64 ms, a graph
 # replay's step takes 7.15 ms; at B = 1 the two agree, 1.881 vs 1.888 ms).
+# Eager steps launch without programmatic dependent launch and a capture
+# with it (Executor.capture runs run_eager(pdl=True)), so the first suspect
+# is PDL between the multi-row step's GEMMs.
 # About 2.5 minutes:
 #  1. the 8B-shaped Q4_K file (scripts/gpu_synth_files.sh);
 #  2. scripts/profile_batch_step.py at B = 32 and 64 with every bucket built
