@@ -42,6 +42,11 @@ the CTAs that share a tile of W are launched next to each other, so W
 few MB) is re-read from L2.  ``32 warps_m warps_n`` threads,
 :attr:`.GemmPlan.dynamic_shared` bytes of dynamic shared memory; CTAs
 whose tokens start at or past T exit at once.
+
+The warp layout, the ring and the stage loop (:func:`mma_ring`) take X's
+copies as an object (:class:`XCopies`), so the experts' GEMM
+(:mod:`ptxgen.kernels.moe.expert_gemm`), which gathers X's rows, runs the
+same loop.
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ from ptxgen.values import Address
 from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 
-__all__ = ["build_gemm", "launch_geometry", "kernel_directives", "kernel_interface", "Lane", "WindowCopies", "sh", "nullctx"]
+__all__ = ["build_gemm", "mma_ring", "Ring", "WarpTiles", "XCopies", "launch_geometry",
+           "kernel_directives", "kernel_interface", "Lane", "WindowCopies", "sh", "nullctx"]
 
 
 def launch_geometry(plan, m: int, t_max: int):
@@ -124,26 +130,46 @@ def thread_chunks(tid, threads, rows, per_row):
         yield guard, idx // per_row, idx % per_row
 
 
-class _XCopies:
+class XCopies:
     """The per-thread copy plan of a stage's X tile: for every 16-byte chunk
-    the thread copies, one u32 offset fixed for the whole kernel (tokens
-    clamped to T - 1); each stage adds its K offset."""
+    the thread copies, one u32 offset fixed for the whole kernel; each stage
+    adds its K offset.  ``row(n)``: the row of X that column ``n`` of the
+    CTA's tile reads (in range: :func:`build_gemm` clamps its tokens to T -
+    1).
+
+    The ring (:func:`mma_ring`) copies a stage by :meth:`issue` and each step
+    the stage ``stages - 1`` ahead by :meth:`issue_ahead`."""
 
     #: f32 X: chunks loaded into registers before they are stored (bounds
     #: the registers the conversion holds)
     X_BATCH = 4
 
-    def __init__(self, k, plan, tid, x, n0, t):
+    def __init__(self, k, plan, tid, x, row):
         c = plan.config
-        thr = plan.threads
-        self.k, self.xp = k, x
+        self.k, self.xp, self.f16x = k, x, plan.x_type == "f16"
         per = 16 // plan.x_bytes          # f16: 8 values, cp.async; f32: 4 values, registers
-        cx = c.bk // per
         self.x = []
-        for guard, n, ch in thread_chunks(tid, thr, c.bn, cx):
-            tok = k.min(n0 + n, t - 1)
+        for guard, n, ch in thread_chunks(tid, plan.threads, c.bn, c.bk // per):
+            r = row(n)
             dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
-            self.x.append((guard, k.mad(tok, plan.k, ch * per), dst))
+            self.x.append((guard, k.mad(r, plan.k, ch * per), dst))
+
+    def issue(self, base, kk):
+        """Copy the stage at K offset ``kk`` into the stage at shared
+        address ``base``."""
+        if self.f16x:
+            self.f16(base, kk)
+        else:
+            self.f32(base, kk)
+
+    def issue_ahead(self, ring, buf, ahead):
+        """The step's copy of stage ``ahead`` (W and X, where there is one)
+        into buffer ``buf`` of ``ring`` (a :class:`Ring`); returns what to
+        run after the step's MMAs, or None."""
+        nb = ring.stage(buf)
+        with self.k.if_(ahead < ring.nk):
+            ring.issue(nb, ahead * ring.bk)
+        return None
 
     def f16(self, base, kk):
         k = self.k
@@ -281,62 +307,104 @@ def kernel_interface(k, plan, smem_align=None):
     return w, x, r, y, mrows, t, smem, n0
 
 
-def build_gemm(plan, fmt) -> ptxgen.Module:
-    """The GEMM kernel of ``plan`` (a :class:`.GemmPlan`) for the weight
-    format ``fmt``."""
+@attrs.frozen
+class Ring:
+    """The ``cp.async`` ring of a CTA's stages at shared address ``base``:
+    ``nk`` stages of ``bk`` weights, W copied by ``wcp`` (the format's
+    copies) and X by ``xcp`` (an :class:`XCopies`)."""
+
+    k: object
+    plan: object
+    base: object
+    nk: int
+    wcp: object
+    xcp: object
+
+    @property
+    def bk(self) -> int:
+        return self.plan.config.bk
+
+    def stage(self, buf):
+        """The shared address of buffer ``buf``."""
+        return self.base + buf * self.plan.stage_bytes
+
+    def issue(self, base, kk):
+        """Copy W's and X's stage at K offset ``kk`` into the buffer at
+        ``base``."""
+        self.wcp.issue_stage(base, kk)
+        self.xcp.issue(base, kk)
+
+
+@attrs.frozen
+class WarpTiles:
+    """The warp's accumulators ``acc[mt][nt][e]`` (f32, D element ``e`` of
+    mma tile ``(mt, nt)``) and where they sit: the warp's first row
+    (``wrow``) and token (``wcol``) in the CTA tile, the lane's row ``g``
+    (lane / 4) and quad index ``tq`` (lane % 4)."""
+
+    acc: list
+    wrow: object
+    wcol: object
+    g: object
+    tq: object
+
+
+def mma_ring(k, plan, fmt, smem, w, m0, mrows, x_copies) -> WarpTiles:
+    """The CTA's product over K of weight rows ``m0 ..`` of ``w`` (``mrows``
+    of them) in the format ``fmt`` and its X tile: the warp layout, the
+    ``cp.async`` ring in the dynamic shared memory ``smem`` and the stage
+    loop.  ``x_copies(tid)`` makes the thread's X copies (an
+    :class:`XCopies`); it is called once the weight copies are planned."""
     c = plan.config
     S = c.stages
     nk = plan.k // c.bk
+    tid = k.tid.x
+    warp, lane = tid >> 5, tid & 31
+    g, tq = lane >> 2, lane & 3
+    wrow = (warp & (c.warps_m - 1)) * (c.bm // c.warps_m)
+    wcol = (warp >> int(math.log2(c.warps_m))) * (c.bn // c.warps_n)
+    base = k.mov(smem, u32)
+    sbase = base + S * plan.stage_bytes
+    wcp = fmt.copies(k, plan, tid, w, m0, mrows)
+    ring = Ring(k, plan, base, nk, wcp, x_copies(tid))
+    mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
+    lanes = Lane(wrow, g, tq, m0, mrows, mt_n)
+
+    for s in range(S - 1):
+        if s < nk:
+            ring.issue(ring.stage(s), k.mov(s * c.bk, u32))
+        k.cp_async_commit()
+    acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(nt_n)] for _ in range(mt_n)]
+    cur = k.var(u32, 0)                 # buffer of this step
+    nxt = k.var(u32, S - 1)             # buffer the step S - 1 ahead goes to
+    with k.for_range(0, nk) as step:
+        k.cp_async_wait(S - 2)
+        k.bar_sync()
+        after = ring.xcp.issue_ahead(ring, nxt, step + (S - 1))
+        k.cp_async_commit()
+        wb = ring.stage(cur)
+        kk = step * c.bk
+        if plan.scale_bytes:
+            fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
+            k.bar_sync()
+        _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
+        if after is not None:
+            after()
+        cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
+        nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
+    return WarpTiles(acc, wrow, wcol, g, tq)
+
+
+def build_gemm(plan, fmt) -> ptxgen.Module:
+    """The GEMM kernel of ``plan`` (a :class:`.GemmPlan`) for the weight
+    format ``fmt``."""
     m = ptxgen.Module(plan.target)
     with m.kernel(plan.kernel_name, **kernel_directives(plan)) as k:
         w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan)
-        m0 = k.ctaid.y * c.bm
-        tid = k.tid.x
-        warp, lane = tid >> 5, tid & 31
-        g, tq = lane >> 2, lane & 3
-        wrow = (warp & (c.warps_m - 1)) * (c.bm // c.warps_m)
-        wcol = (warp >> int(math.log2(c.warps_m))) * (c.bn // c.warps_n)
-        base = k.mov(smem, u32)
-        sbase = base + S * plan.stage_bytes
-        wcp = fmt.copies(k, plan, tid, w, m0, mrows)
-        xcp = _XCopies(k, plan, tid, x, n0, t)
-        mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
-        lanes = Lane(wrow, g, tq, m0, mrows, mt_n)
-
-        def stage_base(i):
-            return base + i * plan.stage_bytes
-
-        def issue(buf_base, kk):
-            wcp.issue_stage(buf_base, kk)
-            if plan.x_type == "f16":
-                xcp.f16(buf_base, kk)
-            else:
-                xcp.f32(buf_base, kk)
-
-        for s in range(S - 1):
-            if s < nk:
-                issue(stage_base(s), k.mov(s * c.bk, u32))
-            k.cp_async_commit()
-        acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(nt_n)] for _ in range(mt_n)]
-        cur = k.var(u32, 0)                 # buffer of this step
-        nxt = k.var(u32, S - 1)             # buffer the step S - 1 ahead goes to
-        with k.for_range(0, nk) as step:
-            k.cp_async_wait(S - 2)
-            k.bar_sync()
-            ahead = step + (S - 1)
-            nbase = base + nxt * plan.stage_bytes
-            with k.if_(ahead < nk):
-                issue(nbase, ahead * c.bk)
-            k.cp_async_commit()
-            wb = base + cur * plan.stage_bytes
-            kk = step * c.bk
-            if plan.scale_bytes:
-                fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
-                k.bar_sync()
-            _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
-            cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
-            nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
-        _store(k, plan, acc, y, r, m0 + wrow, n0 + wcol, g, tq, mrows, t)
+        m0 = k.ctaid.y * plan.config.bm
+        wt = mma_ring(k, plan, fmt, smem, w, m0, mrows,
+                      lambda tid: XCopies(k, plan, tid, x, lambda n: k.min(n0 + n, t - 1)))
+        _store(k, plan, wt.acc, y, r, m0 + wt.wrow, n0 + wt.wcol, wt.g, wt.tq, mrows, t)
     return m
 
 

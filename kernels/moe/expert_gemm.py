@@ -57,7 +57,7 @@ from ptxgen import registry
 from ptxgen.types import b32, f16, f32, u8, u32
 
 from .. import gemm as _gemm
-from ..gemm.kernel import Lane, _compute, _XCopies, kernel_directives, sh, thread_chunks
+from ..gemm.kernel import XCopies, kernel_directives, mma_ring, sh
 from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 from ..swiglu import silu_mul
@@ -140,20 +140,34 @@ class ExpertGemmSpec:
                 f"{f'_p{self.n_expert}' if self.n_expert else ''}")
 
 
-class _GatherX(_XCopies):
+class _GatherX(XCopies):
     """X's stage tile of the CTA's pairs: chunk offsets fixed for the
-    kernel, the row of each pair (clamped to the expert's last) gathered."""
+    kernel, the row of each pair (clamped to the expert's last) gathered;
+    with the spec's ``x_ahead`` the step's stage is loaded before the MMAs
+    and stored after them."""
 
     def __init__(self, k, spec, tid, x, pairs, first, n0, count):
-        plan = spec.plan
-        c = plan.config
-        per = 16 // plan.x_bytes
-        self.k, self.xp, self.x = k, x, []
-        for guard, n, ch in thread_chunks(tid, plan.threads, c.bn, c.bk // per):
+        def row(n):
             p = k.ld(pairs[first + k.min(n0 + n, count - 1)])
-            row = p // spec.n_used if spec.x_token else p
-            dst = n * plan.x_pitch + (plan.w_stage_bytes + ch * (2 * per))
-            self.x.append((guard, k.mad(row, plan.k, ch * per), dst))
+            return p // spec.n_used if spec.x_token else p
+
+        super().__init__(k, spec.plan, tid, x, row)
+        self.ahead = spec.x_ahead
+
+    def issue_ahead(self, ring, buf, ahead):
+        k = self.k
+        if not self.ahead:
+            # as XCopies.issue_ahead, but the buffer's address formed inside
+            # the branch (the order this kernel's PTX has always had)
+            with k.if_(ahead < ring.nk):
+                ring.issue(ring.stage(buf), ahead * ring.bk)
+            return None
+        nb = ring.stage(buf)
+        more = ahead < ring.nk
+        with k.if_(more):
+            ring.wcp.issue_stage(nb, ahead * ring.bk)
+        loaded = self.load(ahead * ring.bk, more)
+        return lambda: self.store(nb, loaded, more)
 
     def load(self, kk, ok):
         """Issue the loads of the stage at ``kk`` where ``ok``; returns what
@@ -179,10 +193,7 @@ class _GatherX(_XCopies):
 def build(spec: ExpertGemmSpec) -> ptxgen.Module:
     """PTX for ``spec``: the kernel ``spec.kernel_name``."""
     plan = spec.plan
-    fmt = _gemm.FORMATS[plan.qtype]
     c = plan.config
-    S = c.stages
-    nk = plan.k // c.bk
     mod = ptxgen.Module(plan.target)
     with mod.kernel(spec.kernel_name, **kernel_directives(plan)) as k:
         w = k.param_ptr("w", u8, align=16)
@@ -206,54 +217,10 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
         first = k.ld(offsets[e])
         w = k.ptr_add(w, k.mul_wide(e * mrows, plan.row_bytes))
         m0 = k.ctaid.y * c.bm
-        tid = k.tid.x
-        warp, lane = tid >> 5, tid & 31
-        g, tq = lane >> 2, lane & 3
-        wrow = (warp & (c.warps_m - 1)) * (c.bm // c.warps_m)
-        wcol = (warp >> int(math.log2(c.warps_m))) * (c.bn // c.warps_n)
-        base = k.mov(smem, u32)
-        sbase = base + S * plan.stage_bytes
-        wcp = fmt.copies(k, plan, tid, w, m0, mrows)
-        xcp = _GatherX(k, spec, tid, x, pairs, first, n0, count)
-        mt_n, nt_n = c.bm // c.warps_m // 16, c.bn // c.warps_n // 8
-        lanes = Lane(wrow, g, tq, m0, mrows, mt_n)
-
-        def issue(buf_base, kk):
-            wcp.issue_stage(buf_base, kk)
-            xcp.f32(buf_base, kk)
-
-        for s in range(S - 1):
-            if s < nk:
-                issue(base + s * plan.stage_bytes, k.mov(s * c.bk, u32))
-            k.cp_async_commit()
-        acc = [[[k.var(f32, 0.0) for _ in range(4)] for _ in range(nt_n)] for _ in range(mt_n)]
-        cur = k.var(u32, 0)
-        nxt = k.var(u32, S - 1)
-        with k.for_range(0, nk) as step:
-            k.cp_async_wait(S - 2)
-            k.bar_sync()
-            ahead = step + (S - 1)
-            if spec.x_ahead:
-                nb = base + nxt * plan.stage_bytes
-                more = ahead < nk
-                with k.if_(more):
-                    wcp.issue_stage(nb, ahead * c.bk)
-                loaded = xcp.load(ahead * c.bk, more)
-            else:
-                with k.if_(ahead < nk):
-                    issue(base + nxt * plan.stage_bytes, ahead * c.bk)
-            k.cp_async_commit()
-            wb = base + cur * plan.stage_bytes
-            kk = step * c.bk
-            if plan.scale_bytes:
-                fmt.decode_scales(k, plan, tid, wb, sbase, kk, lanes)
-                k.bar_sync()
-            _compute(k, plan, fmt, lanes, wb, sbase, kk, wcol, g, tq, acc)
-            if spec.x_ahead:
-                xcp.store(nb, loaded, more)
-            cur.set(k.select(cur.eq(S - 1), k.mov(0, u32), cur + 1))
-            nxt.set(k.select(nxt.eq(S - 1), k.mov(0, u32), nxt + 1))
-        _store(k, spec, acc, y, r, m0 + wrow, n0 + wcol, g, tq, mrows, count, pairs, first)
+        wt = mma_ring(k, plan, _gemm.FORMATS[plan.qtype], smem, w, m0, mrows,
+                      lambda tid: _GatherX(k, spec, tid, x, pairs, first, n0, count))
+        _store(k, spec, wt.acc, y, r, m0 + wt.wrow, n0 + wt.wcol, wt.g, wt.tq, mrows, count,
+               pairs, first)
     return mod
 
 
