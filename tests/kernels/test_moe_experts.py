@@ -191,6 +191,24 @@ COMBINE_CASES = [
 ]
 
 
+def _launch_combine(run, rng, spec, fn, w, wd, counter, n_used, m, k) -> float:
+    """One launch of the down projection with the weighted sum folded in
+    (``spec.combine``) on new experts ``ids``, ``x``, weights and residual
+    drawn from ``rng``; ``w`` the experts' weight (``wd`` on the device),
+    ``counter`` the row groups' counters, kept between launches.  Returns
+    the residual's relative error against ``X.combine_reference``."""
+    n_expert = w.shape[0]
+    ids = rng.choice(n_expert, n_used, replace=False).astype(np.int32)
+    x = rng.standard_normal((n_used, k)).astype(np.float32)
+    wts = rng.dirichlet(np.ones(n_used)).astype(np.float32)
+    r = rng.standard_normal(m).astype(np.float32)
+    rd = run.array(r)
+    run.launch(fn, X.launch_geometry(spec, m, n_used),
+               dict(w=wd, x=run.array(x), y=run.poisoned((n_used, m)), m=m,
+                    ids=run.array(ids), weights=run.array(wts), r=rd, out=rd, counter=counter))
+    return rel_err(run.get(rd), X.combine_reference(spec, w, ids, x, wts, r))
+
+
 @pytest.mark.parametrize("qtype,k,NU,M,config", COMBINE_CASES)
 def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
     """The down projection with the weighted sum folded in: ``r += sum_j
@@ -201,20 +219,11 @@ def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
     spec = X.ExpertGemvSpec(G.GemvPlan(G.GemvSpec(qtype, k), G.GemvConfig(**config)),
                             x_slot=True, combine=True)
     w = _experts(rng, qtype, E, M, k)
+    wd = run.array(w)
     fn = run.function(X.build, spec)
-    words = X.counter_words(spec, M)
-    counter = run.array(np.zeros(words, np.uint32))
+    counter = run.array(np.zeros(X.counter_words(spec, M), np.uint32))
     for _ in range(2):
-        ids = rng.choice(E, NU, replace=False).astype(np.int32)
-        x = rng.standard_normal((NU, k)).astype(np.float32)
-        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
-        r = rng.standard_normal(M).astype(np.float32)
-        rd = run.array(r)
-        args = dict(w=run.array(w), x=run.array(x), y=run.poisoned((NU, M)), m=M,
-                    ids=run.array(ids), weights=run.array(wts), r=rd, out=rd, counter=counter)
-        run.launch(fn, X.launch_geometry(spec, M, NU), args)
-        ref = X.combine_reference(spec, w, ids, x, wts, r)
-        err = rel_err(run.get(rd), ref)
+        err = _launch_combine(run, rng, spec, fn, w, wd, counter, NU, M, k)
         assert err <= BOUND, f"seed={seed}: off by {err:.3g}"
         assert not run.get(counter).any(), f"seed={seed}: counters left {run.get(counter)}"
 
@@ -233,16 +242,7 @@ def test_expert_gemv_combine_real_shape_gpu(gpu_run, rng, seed, qtype):
     wd = gpu_run.array(w)
     fn = gpu_run.function(X.build, spec)
     counter = gpu_run.array(np.zeros(X.counter_words(spec, M), np.uint32))
-    geo = X.launch_geometry(spec, M, NU)
     for i in range(10):
-        ids = rng.choice(E, NU, replace=False).astype(np.int32)
-        x = rng.standard_normal((NU, K)).astype(np.float32)
-        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
-        r = rng.standard_normal(M).astype(np.float32)
-        rd = gpu_run.array(r)
-        gpu_run.launch(fn, geo, dict(w=wd, x=gpu_run.array(x), y=gpu_run.poisoned((NU, M)),
-                                     m=M, ids=gpu_run.array(ids), weights=gpu_run.array(wts),
-                                     r=rd, out=rd, counter=counter))
-        err = rel_err(gpu_run.get(rd), X.combine_reference(spec, w, ids, x, wts, r))
+        err = _launch_combine(gpu_run, rng, spec, fn, w, wd, counter, NU, M, K)
         assert err <= BOUND, f"seed={seed}: launch {i} off by {err:.3g}"
     assert not gpu_run.get(counter).any()
