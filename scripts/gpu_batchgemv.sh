@@ -10,15 +10,12 @@
 set -euo pipefail
 source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
-step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests: the batched GEMV kernel, the batch runner and the engine"
 rc=0
-timeout 100 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" -m gpu \
-  tests/kernels/test_gemv_batched.py tests/llm/engine/test_engine_model.py \
-  > "$OUT/batchgemv_gpu_tests.log" 2>&1 || rc=$?
-echo "SUMMARY gpu tests rc=$rc: $(grep -E "passed|failed" "$OUT/batchgemv_gpu_tests.log" | tail -1)"
-grep -E "^FAILED|^ERROR" "$OUT/batchgemv_gpu_tests.log" | head -10 || true
+gpu_pytest 100 "$OUT/batchgemv_gpu_tests.log" -o addopts="-rfE" -m gpu \
+  tests/kernels/test_gemv_batched.py tests/llm/engine/test_engine_model.py || rc=$?
+tests_summary $rc "$OUT/batchgemv_gpu_tests.log"
 
 step "batched GEMV vs GEMM per projection shape of the 8B file"
 rc=0

@@ -12,15 +12,13 @@
 set -euo pipefail
 source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
-step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests: engine, batch runner, paged rope epilogue, paged attention"
 rc=0
-timeout 120 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" -m gpu \
+gpu_pytest 120 "$OUT/eng1_tests.log" -o addopts="-rfE" -m gpu \
   tests/llm/engine tests/llm/test_batch_runner.py \
   "tests/kernels/test_gemv.py::test_gemv_rope_epilogue_paged" \
-  tests/kernels/test_paged_attention.py \
-  > "$OUT/eng1_tests.log" 2>&1 || rc=$?
+  tests/kernels/test_paged_attention.py || rc=$?
 echo "pytest rc=$rc"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/eng1_tests.log" | tail -12 || true
 
 bash scripts/gpu_synth_files.sh wait llama8b

@@ -15,7 +15,6 @@ set -euo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 FILE=/tmp/gemma3_4b_q4km.gguf
 bash scripts/gpu_synth_files.sh start "gemma3_4b_q4km=gemma3-4b:--mix Q4_K_M"
-step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests: gemma3's kernels and model"
 rc=0

@@ -18,12 +18,10 @@ t0=$(date +%s)
 bash scripts/gpu_synth_files.sh start q30moe=qwen3-30b-a3b:--mix=Q4_K_M
 
 echo "== tests"
-set +e
-timeout 200 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="-rfE" \
+rc_tests=0
+gpu_pytest 200 "$OUT/moe_tests.log" -p no:randomly -o addopts="-rfE" \
   tests/kernels/test_moe_router.py tests/kernels/test_moe_experts.py \
-  tests/llm/test_qwen3moe.py > "$OUT/moe_tests.log" 2>&1
-rc_tests=$?
-set -e
+  tests/llm/test_qwen3moe.py || rc_tests=$?
 tail -6 "$OUT/moe_tests.log"
 
 bash scripts/gpu_synth_files.sh wait q30moe
@@ -36,20 +34,10 @@ echo "== ptxgen bench (pp512, tg128)"
 timeout 200 python3 -m ptxgen bench "$F" -p 512 -n 128 -r 3 -npl 0 --backend cuda \
   2>&1 | tee "$OUT/q30moe_bench.txt" | grep -E "^\|" || tail -15 "$OUT/q30moe_bench.txt"
 
-peer=""
-if [ -n "${LLAMACPP_BIN:-}" ]; then
-  echo "== llama-bench (same file)"
-  set +e
-  timeout 120 "$LLAMACPP_BIN/llama-bench" -m "$F" -p 512 -n 128 -fa 1 -ngl 99 -r 3 \
-    > "$OUT/q30moe_llamabench.txt" 2>&1
-  echo "llama-bench rc=$?"
-  set -e
-  grep -E "^\|" "$OUT/q30moe_llamabench.txt" || tail -5 "$OUT/q30moe_llamabench.txt"
-  peer="$OUT/q30moe_llamabench.txt"
-fi
+llama_bench "$F" "$OUT/q30moe_llamabench.txt"
 
 echo "== summary"
-echo "moe gpu tests: $([ $rc_tests = 0 ] && echo PASS || echo "FAIL (rc=$rc_tests, see $OUT/moe_tests.log)")"
+echo "moe gpu tests: $(pass_fail $rc_tests "$OUT/moe_tests.log")"
 python3 - "$F" "$OUT/q30moe_bench.txt" "$peer" <<'EOF'
 import re, sys
 from ptxgen.llm.info import decode_read_bytes, read_info

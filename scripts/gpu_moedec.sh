@@ -25,12 +25,10 @@ bash scripts/gpu_synth_files.sh start q30moe=qwen3-30b-a3b:--mix=Q4_K_M \
   "q30l4=qwen3-30b-a3b:--mix=Q4_K_M --layers 4"
 
 echo "== gpu tests"
-set +e
-timeout 150 python3 -m pytest -q -p no:cacheprovider -p no:randomly -m gpu -o addopts="-rfE" \
+rc_tests=0
+gpu_pytest 150 "$OUT/moedec_tests.log" -p no:randomly -m gpu -o addopts="-rfE" \
   tests/kernels/test_moe_router.py tests/kernels/test_moe_experts.py \
-  tests/llm/test_qwen3moe.py > "$OUT/moedec_tests.log" 2>&1
-rc_tests=$?
-set -e
+  tests/llm/test_qwen3moe.py || rc_tests=$?
 tail -6 "$OUT/moedec_tests.log"
 
 bash scripts/gpu_synth_files.sh wait q30moe q30l4
@@ -50,20 +48,10 @@ timeout 90 python3 scripts/profile_decode_step.py "$F4" --ctx 128 --top 20 \
   2>&1 | tee "$OUT/q30l4_profile.txt"
 set -e
 
-peer=""
-if [ -n "${LLAMACPP_BIN:-}" ]; then
-  echo "== llama-bench (same file)"
-  set +e
-  timeout 120 "$LLAMACPP_BIN/llama-bench" -m "$F" -fa 1 -ngl 99 -p 512 -n 128 -r 3 \
-    > "$OUT/q30moe_llamabench.txt" 2>&1
-  echo "llama-bench rc=$?"
-  set -e
-  grep -E "^\|" "$OUT/q30moe_llamabench.txt" || tail -5 "$OUT/q30moe_llamabench.txt"
-  peer="$OUT/q30moe_llamabench.txt"
-fi
+llama_bench "$F" "$OUT/q30moe_llamabench.txt"
 
 echo "== summary"
-echo "SUMMARY moe gpu tests: $([ $rc_tests = 0 ] && echo PASS || echo "FAIL (rc=$rc_tests, see $OUT/moedec_tests.log)")"
+echo "SUMMARY moe gpu tests: $(pass_fail $rc_tests "$OUT/moedec_tests.log")"
 [ $rc_step = 0 ] || echo "SUMMARY decode: ab_model_step failed (rc=$rc_step, see $OUT/q30moe_step.err)"
 python3 - "$F" "$OUT/q30moe_step.json" "$peer" <<'EOF'
 import json, re, sys

@@ -9,18 +9,15 @@
 set -euo pipefail
 source scripts/gpu_setup.sh
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b
-step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests: overlapped vs synchronous engine, the engine's batches, the server"
 unset PTXGEN_SERVE_MODEL
 rc=0
-timeout 120 python3 -m pytest -q -p no:cacheprovider -p no:randomly -o addopts="-rfEs" -m gpu \
+gpu_pytest 120 "$OUT/overlap_gpu_tests.log" -p no:randomly -o addopts="-rfEs" -m gpu \
   tests/llm/engine/test_overlap.py tests/llm/engine/test_engine_model.py \
-  tests/llm/server/test_server_engine.py \
-  --basetemp=/tmp/overlap_bt > "$OUT/overlap_gpu_tests.log" 2>&1 || rc=$?
+  tests/llm/server/test_server_engine.py --basetemp=/tmp/overlap_bt || rc=$?
 tail -5 "$OUT/overlap_gpu_tests.log"
-echo "SUMMARY gpu tests rc=$rc: $(grep -E "passed|failed" "$OUT/overlap_gpu_tests.log" | tail -1)"
-grep -E "^FAILED|^ERROR" "$OUT/overlap_gpu_tests.log" | head -10 || true
+tests_summary $rc "$OUT/overlap_gpu_tests.log"
 
 bash scripts/gpu_synth_files.sh wait llama8b
 for mode in overlap no-overlap; do

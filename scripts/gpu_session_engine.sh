@@ -15,7 +15,6 @@ python3 -c "from ptxgen.llm.named_templates import resolve_chat_template as r
 open('/tmp/llama3.jinja', 'w').write(r('llama3'))"
 bash scripts/gpu_synth_files.sh start llama8b=llama3-8b \
   "llama8bv=llama3-8b:--vocab tests/data/vocab/ggml-vocab-llama-bpe.gguf --chat-template /tmp/llama3.jinja"
-step() { echo "== $1 ($(date +%T))"; }
 
 step "GPU tests"
 timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="-rfE" -m gpu \

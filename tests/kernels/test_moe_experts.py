@@ -191,6 +191,32 @@ COMBINE_CASES = [
 ]
 
 
+def _combine_launches(run, rng, spec, n_expert, n_used, m, launches):
+    """``launches`` launches in a row of the down projection with the
+    weighted sum folded in (``spec.combine``), over one random weight of
+    ``n_expert`` experts and one set of counters, each launch on new
+    ``ids``, ``x``, weights and residual.  Yields after each launch the
+    residual's relative error against ``X.combine_reference`` and the
+    counters as the launch left them."""
+    qtype, k = spec.plan.spec.qtype, spec.plan.spec.k
+    w = _experts(rng, qtype, n_expert, m, k)
+    wd = run.array(w)
+    fn = run.function(X.build, spec)
+    counter = run.array(np.zeros(X.counter_words(spec, m), np.uint32))
+    for _ in range(launches):
+        ids = rng.choice(n_expert, n_used, replace=False).astype(np.int32)
+        x = rng.standard_normal((n_used, k)).astype(np.float32)
+        wts = rng.dirichlet(np.ones(n_used)).astype(np.float32)
+        r = rng.standard_normal(m).astype(np.float32)
+        rd = run.array(r)
+        run.launch(fn, X.launch_geometry(spec, m, n_used),
+                   dict(w=wd, x=run.array(x), y=run.poisoned((n_used, m)), m=m,
+                        ids=run.array(ids), weights=run.array(wts), r=rd, out=rd,
+                        counter=counter))
+        yield (rel_err(run.get(rd), X.combine_reference(spec, w, ids, x, wts, r)),
+               run.get(counter))
+
+
 @pytest.mark.parametrize("qtype,k,NU,M,config", COMBINE_CASES)
 def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
     """The down projection with the weighted sum folded in: ``r += sum_j
@@ -200,23 +226,9 @@ def test_expert_gemv_combine(run, rng, seed, qtype, k, NU, M, config):
     E = 6
     spec = X.ExpertGemvSpec(G.GemvPlan(G.GemvSpec(qtype, k), G.GemvConfig(**config)),
                             x_slot=True, combine=True)
-    w = _experts(rng, qtype, E, M, k)
-    fn = run.function(X.build, spec)
-    words = X.counter_words(spec, M)
-    counter = run.array(np.zeros(words, np.uint32))
-    for _ in range(2):
-        ids = rng.choice(E, NU, replace=False).astype(np.int32)
-        x = rng.standard_normal((NU, k)).astype(np.float32)
-        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
-        r = rng.standard_normal(M).astype(np.float32)
-        rd = run.array(r)
-        args = dict(w=run.array(w), x=run.array(x), y=run.poisoned((NU, M)), m=M,
-                    ids=run.array(ids), weights=run.array(wts), r=rd, out=rd, counter=counter)
-        run.launch(fn, X.launch_geometry(spec, M, NU), args)
-        ref = X.combine_reference(spec, w, ids, x, wts, r)
-        err = rel_err(run.get(rd), ref)
+    for err, counters in _combine_launches(run, rng, spec, E, NU, M, launches=2):
         assert err <= BOUND, f"seed={seed}: off by {err:.3g}"
-        assert not run.get(counter).any(), f"seed={seed}: counters left {run.get(counter)}"
+        assert not counters.any(), f"seed={seed}: counters left {counters}"
 
 
 @pytest.mark.gpu
@@ -229,20 +241,7 @@ def test_expert_gemv_combine_real_shape_gpu(gpu_run, rng, seed, qtype):
     E, NU, M, K = 10, 8, 2048, 768
     plan = G.plan(G.GemvSpec(qtype, K, target=gpu_run.target()), m=M)
     spec = X.ExpertGemvSpec(plan, x_slot=True, combine=True)
-    w = _experts(rng, qtype, E, M, K)
-    wd = gpu_run.array(w)
-    fn = gpu_run.function(X.build, spec)
-    counter = gpu_run.array(np.zeros(X.counter_words(spec, M), np.uint32))
-    geo = X.launch_geometry(spec, M, NU)
-    for i in range(10):
-        ids = rng.choice(E, NU, replace=False).astype(np.int32)
-        x = rng.standard_normal((NU, K)).astype(np.float32)
-        wts = rng.dirichlet(np.ones(NU)).astype(np.float32)
-        r = rng.standard_normal(M).astype(np.float32)
-        rd = gpu_run.array(r)
-        gpu_run.launch(fn, geo, dict(w=wd, x=gpu_run.array(x), y=gpu_run.poisoned((NU, M)),
-                                     m=M, ids=gpu_run.array(ids), weights=gpu_run.array(wts),
-                                     r=rd, out=rd, counter=counter))
-        err = rel_err(gpu_run.get(rd), X.combine_reference(spec, w, ids, x, wts, r))
+    launches = _combine_launches(gpu_run, rng, spec, E, NU, M, launches=10)
+    for i, (err, counters) in enumerate(launches):
         assert err <= BOUND, f"seed={seed}: launch {i} off by {err:.3g}"
-    assert not gpu_run.get(counter).any()
+    assert not counters.any()

@@ -53,6 +53,27 @@ def _run(runner, jobs, overlap: bool):
     return [(s.output, s.finish_reason) for s in seqs], sched
 
 
+def _overlapped(**runner_kw):
+    """An ``OverlapFakeRunner`` (4-token blocks, 8-token chunks, and
+    ``runner_kw``) and a scheduler over it, the runner sharing the
+    scheduler's block pool."""
+    runner = OverlapFakeRunner(block_size=4, chunk=8, **runner_kw)
+    sched = Scheduler(runner)
+    runner.blocks = sched.blocks
+    return runner, sched
+
+
+def _run_to_end(sched, seqs):
+    """Add ``seqs`` and step, checking the scheduler after each step,
+    until no work is left; then drain the step in flight."""
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work:
+        sched.step()
+        sched.check()
+    sched.drain()
+
+
 @pytest.mark.parametrize("max_batch", [4, 8])
 def test_overlapped_scheduler_chooses_the_synchronous_tokens(rng, max_batch):
     """Staggered joins, stop tokens, lengths and cancels: the overlapped
@@ -86,19 +107,11 @@ def test_a_finished_row_runs_on_and_its_tokens_are_dropped(rng):
     def next_token(ctx, sampling, seed, n_vocab):
         return 7 if len(ctx) == stop_at.get(int(ctx[0]), -1) else (int(ctx[-1]) + 1) % 5
 
-    runner = OverlapFakeRunner(num_blocks=32, block_size=4, max_batch=4, chunk=8,
-                               n_vocab=10, next_token=next_token)
+    runner, sched = _overlapped(num_blocks=32, max_batch=4, n_vocab=10, next_token=next_token)
     stop_at[9] = 6                    # the request whose prompt starts with 9 stops at 6 tokens
-    sched = Scheduler(runner)
-    runner.blocks = sched.blocks
     seqs = [Sequence(f"r{i}", [9 if i == 0 else 8, 1, 2], RequestSettings(max_tokens=10),
                      0, frozenset({7})) for i in range(4)]
-    for s in seqs:
-        sched.add(s)
-    while sched.has_work:
-        sched.step()
-        sched.check()
-    sched.drain()
+    _run_to_end(sched, seqs)
     assert seqs[0].finish_reason == "stop" and seqs[0].output == [3, 4, 0, 7]
     for s in seqs[1:]:
         assert s.finish_reason == "length" and len(s.output) == 10
@@ -117,18 +130,10 @@ def test_rows_leaving_the_bucket_rerun_synchronously(rng):
     def next_token(ctx, sampling, seed, n_vocab):
         return 7 if int(ctx[0]) != 6 and len(ctx) == 5 else (int(ctx[-1]) * 3 + 1) % 7
 
-    runner = OverlapFakeRunner(num_blocks=32, block_size=4, max_batch=4, chunk=8,
-                               n_vocab=10, next_token=next_token)
-    sched = Scheduler(runner)
-    runner.blocks = sched.blocks
+    runner, sched = _overlapped(num_blocks=32, max_batch=4, n_vocab=10, next_token=next_token)
     seqs = [Sequence(f"r{i}", [first, 2, 3], RequestSettings(max_tokens=9), 0, frozenset({7}))
             for i, first in enumerate((9, 8, 6))]
-    for s in seqs:
-        sched.add(s)
-    while sched.has_work:
-        sched.step()
-        sched.check()
-    sched.drain()
+    _run_to_end(sched, seqs)
     for s in seqs:
         want = runner.reference(s.tokens[:3], 9, s.settings.sampling, 0, {7})
         assert s.output == want
@@ -147,9 +152,7 @@ def test_a_fault_at_collect_reruns_the_step_synchronously(rng, faults):
     (the step launched after it is dropped): every request still gets its
     reference tokens, or, where a row fails alone, an error; no block is
     left allocated."""
-    runner = OverlapFakeRunner(num_blocks=48, block_size=4, max_batch=4, chunk=8, n_vocab=40)
-    sched = Scheduler(runner)
-    runner.blocks = sched.blocks
+    runner, sched = _overlapped(num_blocks=48, max_batch=4, n_vocab=40)
     seqs = [Sequence(f"r{i}", [int(t) for t in rng.integers(0, 40, 3 + i)],
                      RequestSettings(max_tokens=8 + i), 0) for i in range(4)]
     for s in seqs:
@@ -172,9 +175,7 @@ def test_a_fault_at_collect_reruns_the_step_synchronously(rng, faults):
 
 def test_penalties_and_logprobs_run_synchronously(rng):
     """Rows that need the host between steps take the runner's decode()."""
-    runner = OverlapFakeRunner(num_blocks=32, block_size=4, max_batch=4, chunk=8)
-    sched = Scheduler(runner)
-    runner.blocks = sched.blocks
+    runner, sched = _overlapped(num_blocks=32, max_batch=4)
     s1 = Sequence("a", [1, 2], RequestSettings(max_tokens=4, logprobs=2), 0)
     s2 = Sequence("b", [3, 4], RequestSettings(
         max_tokens=4, sampling=SamplingSettings(repeat_penalty=1.3)), 0)
