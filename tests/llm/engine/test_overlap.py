@@ -80,6 +80,14 @@ def test_overlapped_scheduler_chooses_the_synchronous_tokens(rng, max_batch):
     loop's tokens and reasons are the synchronous loop's, both free every
     block, and the overlap ran (steps launched to follow the one before)."""
     jobs = _jobs(rng, 40, 50)
+    # each way of ending at least once, whatever the draw: request 0 stops
+    # at its first token (every id stops it), 1 is cancelled two steps
+    # after it joins, 2 runs to its length
+    every = frozenset(range(50))
+    jobs[0] = jobs[0][:3] + (every,) + jobs[0][4:5] + (None,)
+    jobs[1] = jobs[1][:1] + (RequestSettings(max_tokens=23, sampling=jobs[1][1].sampling),) + \
+        jobs[1][2:3] + (frozenset(), jobs[1][4], jobs[1][4] + 2)
+    jobs[2] = jobs[2][:3] + (frozenset(), jobs[2][4], None)
     kw = dict(num_blocks=48, block_size=4, max_batch=max_batch, chunk=8, n_vocab=50)
     sync, _ = _run(FakeRunner(**kw), jobs, overlap=False)
     runner = OverlapFakeRunner(**kw)
