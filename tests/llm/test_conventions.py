@@ -80,13 +80,15 @@ def test_llama31_rope_freqs_and_q4_k_m(tmp_path, rng, seed, tied):
     want = 10000.0 ** (-np.arange(0, d, 2) / d) / factors.astype(np.float64)
     np.testing.assert_allclose(_table(m), want, rtol=1e-12)
     # the factors matter at these positions: without them the reference's
-    # logits move by far more than the decode's bound
+    # logits move by far more than the decode's bound (check_logits: 1e-4;
+    # at position 1 only the low pairs turn much, so 10x that bound, not
+    # 100x: 9.1e-3 was seen, --seed 3212794250)
     plain = str(tmp_path / "plain.gguf")
     write_synthetic_llama(plain, seed=seed, mix="Q4_K_M", tie_embeddings=tied, **TINY)
     a, b = LlamaReference(path), LlamaReference(plain)
     for t in (3, 5):
         la, lb = a.step(t), b.step(t)
-    assert np.linalg.norm(la - lb) / np.linalg.norm(la) > 1e-2
+    assert np.linalg.norm(la - lb) / np.linalg.norm(la) > 1e-3
 
 
 def test_mistral_nemo_head_size_and_linear_rope_scaling(tmp_path, rng, seed):
