@@ -38,7 +38,7 @@ import numpy as np
 from ptxgen.cli import HelpFormatter as _HELP
 
 __all__ = ["SingleResult", "BatchedResult", "single_bench", "batched_bench", "format_single",
-           "format_batched", "bench_command"]
+           "format_batched", "read_batched", "bench_command"]
 
 
 @attrs.frozen
@@ -187,6 +187,22 @@ def format_batched(rows, header: str = "") -> str:
                                 for i, w in enumerate(widths)) + "|")
     lines += [_batched_line(r) for r in rows]
     return "\n".join(lines)
+
+
+def read_batched(text: str) -> dict:
+    """The rates of a batched table (:func:`format_batched`'s, or
+    llama-batched-bench's own) by its B column: ``{B: {"s_pp", "s_tg",
+    "s"}}`` in tokens/s; lines that are not rows of the table are skipped."""
+    out = {}
+    for line in text.splitlines():
+        c = [v.strip() for v in line.strip().strip("|").split("|")]
+        if len(c) < 10 or not c[2].isdigit():
+            continue
+        try:
+            out[int(c[2])] = {"s_pp": float(c[5]), "s_tg": float(c[7]), "s": float(c[9])}
+        except ValueError:
+            continue
+    return out
 
 
 def _batched_line(r: BatchedResult) -> str:

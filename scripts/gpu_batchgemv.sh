@@ -41,19 +41,15 @@ else
   echo "LLAMACPP_BIN not set: no llama.cpp peer"
 fi
 
-# S_TG (decode tokens/s of all sequences) per B: the 8th column of both tables
+# S_TG (decode tokens/s of all sequences) per B of both tables
 python3 - "$OUT/batchgemv_bench.log" "$OUT/batchgemv_llamacpp.txt" <<'PY'
 import sys
+from ptxgen.llm.bench import read_batched
 def s_tg(path):
-    out = {}
     try:
-        for line in open(path):
-            c = [v.strip() for v in line.strip().strip("|").split("|")]
-            if len(c) >= 8 and c[2].isdigit():
-                out[int(c[2])] = float(c[7])
-    except (OSError, ValueError):
-        pass
-    return out
+        return {b: r["s_tg"] for b, r in read_batched(open(path).read()).items()}
+    except OSError:
+        return {}
 ours, peer = s_tg(sys.argv[1]), s_tg(sys.argv[2])
 for b in sorted(ours):
     p = peer.get(b)

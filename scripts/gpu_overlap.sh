@@ -35,16 +35,13 @@ done
 # overlap; S (all tokens over the batch's wall time) of both loops
 python3 - "$OUT/overlap_bench_overlap.log" "$OUT/overlap_bench_no-overlap.log" <<'PY'
 import sys
+from ptxgen.llm.bench import read_batched
 def table(path):
-    out = {}
     try:
-        for line in open(path):
-            c = [v.strip() for v in line.strip().strip("|").split("|")]
-            if len(c) >= 10 and c[2].isdigit():
-                out[int(c[2])] = (float(c[7]), float(c[9]))
-    except (OSError, ValueError):
-        pass
-    return out
+        rows = read_batched(open(path).read())
+    except OSError:
+        return {}
+    return {b: (r["s_tg"], r["s"]) for b, r in rows.items()}
 gpu_ms = {8: 4.9, 32: 6.3, 64: 8.9}
 ov, sy = table(sys.argv[1]), table(sys.argv[2])
 for b in sorted(ov):

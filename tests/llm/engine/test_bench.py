@@ -12,7 +12,7 @@ pytest.importorskip("gguf")
 
 from engine_fakes import FakeRunner
 from ptxgen.cli import main
-from ptxgen.llm.bench import BatchedResult, batched_bench, format_batched
+from ptxgen.llm.bench import BatchedResult, batched_bench, format_batched, read_batched
 from ptxgen.llm.engine import Engine
 from ptxgen.llm.gguf.synth import write_synthetic_llama
 
@@ -76,6 +76,22 @@ def test_format_batched_has_llama_batched_benchs_columns():
     assert set(lines[3]) == {"|", "-"} and len(lines[3]) == len(HEAD)
     assert lines[4] == ("|   128 |     64 |    4 |    768 |    0.500 |  1024.00 |    2.000 |"
                         "   128.00 |    2.750 |   279.27 |")
+
+
+def test_read_batched_reads_both_tables_rates():
+    """Our table read back, and llama-batched-bench's (a row of an H200 run),
+    by B; the header, the rule and other lines are skipped."""
+    rows = [BatchedResult(pp=128, tg=64, b=b, t_pp=0.5 * b, t_tg=2.0, t=2.75 * b) for b in (1, 8)]
+    got = read_batched("log line\n" + format_batched(rows, "engine: n_kv_max = 4096"))
+    assert sorted(got) == [1, 8]
+    for r in rows:
+        # the table prints rates to two decimals
+        assert got[r.b] == {"s_pp": round(r.s_pp, 2), "s_tg": round(r.s_tg, 2), "s": round(r.s, 2)}
+    peer = ("|    PP |     TG |    B |   N_KV |   T_PP s | S_PP t/s |   T_TG s | S_TG t/s |"
+            "      T s |    S t/s |\n"
+            "|   128 |    128 |   32 |   8192 |    0.407 | 10059.14 |    1.190 |  3440.97 |"
+            "    1.598 |  5127.84 |\n")
+    assert read_batched(peer) == {32: {"s_pp": 10059.14, "s_tg": 3440.97, "s": 5127.84}}
 
 
 def test_bench_prints_the_pp_tg_table_on_the_emulator(model_path, capsys):
