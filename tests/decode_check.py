@@ -70,9 +70,10 @@ def greedy_agrees(path, prompt, want, got, *, tie=0.02):
     return d
 
 
-def route_margin(path, tokens, n_new: int = 0) -> float:
-    """The smallest gap, over ``tokens`` and the float64 reference's greedy
-    continuation of ``n_new`` tokens after them, and over every layer,
+def route_margin(ref, tokens, n_new: int = 0) -> float:
+    """The smallest gap, over ``tokens`` and the float64 reference's (``ref``,
+    a :class:`LlamaReference`, reset first) greedy continuation of ``n_new``
+    tokens after them, and over every layer,
     between a mixture of experts' router logits of its last chosen expert
     and the best one left out, in units of those logits' standard deviation
     (inf for a file without experts).
@@ -81,12 +82,11 @@ def route_margin(path, tokens, n_new: int = 0) -> float:
     f32 in a GEMV), two correct paths choose different experts, and the
     outputs differ by whole experts, not by rounding: the MoE tests draw
     inputs whose margin clears a bound rather than compare at such ties."""
-    ref = LlamaReference(path, kv_dtype=np.float16)
+    ref.reset()
     worst, lg, seq = np.inf, None, list(tokens)
     for i in range(len(seq) + n_new):
         if i >= len(seq):
             seq.append(int(np.argmax(lg)))
-        ref.last_router, ref.last_experts = [], []
         lg = ref.step(seq[i])
         for z, ids in zip(ref.last_router, ref.last_experts):
             zs = np.sort(z)[::-1]
@@ -98,8 +98,9 @@ def tie_free_prompt(rng, path, n: int, vocab: int, n_new: int, bound: float = 0.
                     tries: int = 50) -> list:
     """A prompt of ``n`` random tokens whose :func:`route_margin` (with
     ``n_new`` tokens after it) is at least ``bound``."""
+    ref = LlamaReference(path, kv_dtype=np.float16)
     for _ in range(tries):
         p = [int(t) for t in rng.integers(0, vocab, n)]
-        if route_margin(path, p, n_new) >= bound:
+        if route_margin(ref, p, n_new) >= bound:
             return p
     raise AssertionError(f"no {n}-token prompt in {tries} draws routes {bound} clear of a tie")
