@@ -6,7 +6,7 @@
 #  2. a Qwen3-30B-A3B-shaped Q4_K_M file (real shapes, random weights, ~17 GB)
 #     and a 4-layer one, written into /tmp in the background while the tests
 #     run;
-#  3. decode tokens/s of the graph path at context 128 (scripts/ab_model_step.py),
+#  3. decode tokens/s of the graph path at context 128 and pp512 (scripts/ab_model_step.py),
 #     with two floors: every weight read once (the script's, all 128 experts)
 #     and the bytes a step actually reads (the 8 chosen experts: `info`'s
 #     decode_read_bytes), both over the copy bandwidth measured beside it;
@@ -34,9 +34,9 @@ tail -6 "$OUT/moedec_tests.log"
 bash scripts/gpu_synth_files.sh wait q30moe q30l4
 echo "synthetic files written in $(( $(date +%s) - t0 )) s (with the tests beside them)"
 
-echo "== decode, graph path, context 128"
+echo "== decode, graph path, context 128; pp512"
 set +e
-timeout 150 python3 scripts/ab_model_step.py "$F" --label moedec --contexts 128 --prompts "" \
+timeout 150 python3 scripts/ab_model_step.py "$F" --label moedec --contexts 128 --prompts 512 \
   --steps 40 --rounds 3 > "$OUT/q30moe_step.json" 2> "$OUT/q30moe_step.err"
 rc_step=$?
 set -e
@@ -79,6 +79,11 @@ if peer:
         lc = float(m.group(1))
         print(f"SUMMARY llama.cpp tg128 {lc:.1f} tokens/s; ptxgen/llama.cpp = {tps / lc:.2f}x "
               f"(target 1.5x = {1.5 * lc:.1f} tokens/s)")
+    m = re.search(r"\|\s*pp512\s*\|\s*([\d.]+)", open(peer).read())
+    if m and out["prompt"]:
+        lc, pp = float(m.group(1)), out["prompt"][0]["tokens_per_s"]
+        print(f"SUMMARY pp512 {pp:.1f} tokens/s, llama.cpp {lc:.1f}; ptxgen/llama.cpp = "
+              f"{pp / lc:.2f}x (target 2x)")
     else:
         print(f"SUMMARY llama.cpp: no tg128 number (see {peer})")
 EOF
