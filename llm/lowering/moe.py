@@ -32,7 +32,13 @@ chunk's rows) picks one of two ways:
   the SwiGLU epilogue (reading the gate values there) and the down
   projection, each pair's rows where the combine reads them; the grids
   are sized for the bucket and read the device counts, so there is no
-  host sync.  Weight types the GEMM lacks run the GEMV.
+  host sync.  Weight types the GEMM lacks run the GEMV.  Where the table
+  says ``kernel`` ``"wgmma"`` and the GEMMs build for sm_90a
+  (:func:`chunk_path`), the chunk's rows are first permuted into the
+  experts' order as f16 (:mod:`ptxgen.kernels.moe.permute`) and the three
+  GEMMs are the warpgroup kernel's (:mod:`ptxgen.kernels.moe.expert_wgmma`):
+  the gate values and the f16 activations in that order, the down
+  projection into each pair's row, where the combine reads it.
 
 The experts' weights are the file's 3-D ``*_exps`` tensors as they are
 stored (expert ``e`` at ``e`` times an expert's bytes).
@@ -199,10 +205,13 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning, norm=N
 
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     """How a chunk of ``rows`` runs ``e``: the ``moe_ffn`` tuning table's
-    config (``path`` ``"gemv"`` or ``"gemm"``, the latter with the GEMM
-    configs ``gate_up`` and ``down``; on both, ``router_tokens``, the
-    router's tokens a CTA, 1 where not given); ``"gemv"`` where the
-    experts' GEMM has no kernel for the weight types or shapes."""
+    config (``path`` ``"gemv"`` or ``"gemm"``, the latter with ``kernel``
+    ``"wgmma"`` and the warpgroup configs ``wgmma_gate_up`` and
+    ``wgmma_down`` where the table says so and the warpgroup GEMM can run
+    the weights, else ``"mma"`` and the GEMM configs ``gate_up`` and
+    ``down``; on both, ``router_tokens``, the router's tokens a CTA, 1
+    where not given); ``"gemv"`` where the experts' GEMM has no kernel for
+    the weight types or shapes."""
     hp = lw.hp
     tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
     call = {"rows": rows, "qtype": tg.qtype.upper(), "down_qtype": td.qtype.upper(),
