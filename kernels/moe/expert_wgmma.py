@@ -77,9 +77,10 @@ def _plan(inst, attr, v):
                          "no t_device, y_stride or split_k (it reads its own counts)")
 
 
-@attrs.frozen
+@attrs.frozen(init=False)
 class ExpertWgmmaSpec:
-    """The grouped warpgroup GEMM of ``plan`` over ``n_expert`` experts.
+    """The grouped warpgroup GEMM of ``plan`` over ``n_expert`` experts; the
+    plan's spec fields given as keywords (``target``) replace its own.
 
     Parameters
     ----------
@@ -95,6 +96,12 @@ class ExpertWgmmaSpec:
     n_expert: int = attrs.field()
     out: str = attrs.field(default="sorted")
 
+    def __init__(self, plan, n_expert, out="sorted", **spec_changes):
+        if spec_changes:
+            _plan(self, None, plan)
+            plan = _gemm.GemmPlan(attrs.evolve(plan.spec, **spec_changes), plan.config)
+        self.__attrs_init__(plan, n_expert, out)
+
     @n_expert.validator
     def _check_experts(self, attr, v):
         if not (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024):
@@ -108,6 +115,10 @@ class ExpertWgmmaSpec:
     @property
     def target(self) -> str:
         return self.plan.target
+
+    def evolve(self, **changes) -> "ExpertWgmmaSpec":
+        """This spec with its own fields or the plan's (``target``) changed."""
+        return attrs.evolve(self, **changes)
 
     @property
     def kernel_name(self) -> str:
