@@ -39,8 +39,8 @@ from ptxgen.target import TARGETS
 #: for down: the table's first, then column tiles of 16..128 pairs (an
 #: expert holds about 4, 8 and 32 pairs at 64, 128 and 512 rows), one
 #: warpgroup (more CTAs) and four (fewer re-reads of X), deeper rings
-CANDIDATES = [(128, 16, 4), (128, 32, 4), (128, 64, 4), (128, 128, 4), (128, 32, 6),
-              (128, 64, 6), (64, 32, 6), (64, 64, 6), (256, 32, 4), (256, 64, 3)]
+CANDIDATES = [(128, 16, 4), (128, 32, 4), (128, 64, 4), (128, 128, 4), (128, 64, 6),
+              (64, 32, 6), (64, 64, 6), (256, 64, 3)]
 
 
 def main():
