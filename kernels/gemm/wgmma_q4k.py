@@ -289,12 +289,22 @@ class Q5KFormat(Q4KFormat):
     QH = True
 
 
-def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
+def build_wgmma(plan, fmt=Q4KFormat, tiles=None) -> ptxgen.Module:
     """The sm_90a GEMM kernel of ``plan`` (a :class:`.GemmPlan` with
     ``kernel="wgmma"``) for the weight format ``fmt`` (:class:`Q4KFormat`,
     :class:`.wgmma_q6k.Q6KFormat`): its copies of a stage's weight rows and
     its A fragments of a stage; the ring, X's TMA loads, the wgmma and the
-    store are this function's."""
+    store are this function's.
+
+    ``tiles`` (None: the dense GEMM) places a CTA's tile elsewhere, as the
+    experts' grouped GEMM (:mod:`ptxgen.kernels.moe.expert_wgmma`) does:
+    its ``kernel_name``; ``interface(k)``, which declares the kernel's
+    parameters but the tensor map (declared after them) and returns ``(w,
+    mrows, smem, xrow, store)``: the weights of the CTA's matrix, its rows,
+    the dynamic shared memory (1024-aligned), X's first row for the TMA
+    loads and ``store(acc, row0, tok0)``, the epilogue of the accumulators
+    (as :func:`_store` lays them out: row ``row0 + 8 ((i >> 1) & 1)``,
+    column ``tok0 + 8 (i >> 2) + (i & 1)`` of the tile).  Without split K."""
     c = plan.config
     S, D = c.stages, c.stages - 2
     nsplit = c.split_k
@@ -303,12 +313,19 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
     sbytes = plan.wgmma_stage_bytes
     xbytes = c.bn * WG_X_ROW
     m = ptxgen.Module(plan.target)
-    with m.kernel(plan.kernel_name, **kernel_directives(plan)) as k:
-        # a 128B-swizzled X tile starts on a 1024-byte boundary
-        w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan, smem_align=1024)
-        if nsplit > 1:
-            ws = k.param_ptr("ws", f32)
-            counters = k.param_ptr("counters", u32)
+    if tiles is not None and nsplit > 1:
+        raise ValueError(f"a GEMM of placed tiles does not split K (split_k={nsplit})")
+    name = plan.kernel_name if tiles is None else tiles.kernel_name
+    with m.kernel(name, **kernel_directives(plan)) as k:
+        if tiles is None:
+            # a 128B-swizzled X tile starts on a 1024-byte boundary
+            w, x, r, y, mrows, t, smem, n0 = kernel_interface(k, plan, smem_align=1024)
+            xrow = n0
+            if nsplit > 1:
+                ws = k.param_ptr("ws", f32)
+                counters = k.param_ptr("counters", u32)
+        else:
+            w, mrows, smem, xrow, store = tiles.interface(k)
         xmap = k.tensor_map_param("xmap")
         k0 = 0
         if nsplit > 1:
@@ -338,7 +355,7 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
             completing on the mbarrier ``bar``."""
             with k.if_(first if guard is None else k.pand(first, guard)):
                 k.mbarrier_arrive_expect_tx(_sh(bar, 0, u64), xbytes)
-                k.tma_load(_sh(buf, 0, u8), xmap, (kel, n0), _sh(bar, 0, u64))
+                k.tma_load(_sh(buf, 0, u8), xmap, (kel, xrow), _sh(bar, 0, u64))
 
         for i in range(D):
             if i < nk:
@@ -379,10 +396,13 @@ def build_wgmma(plan, fmt=Q4KFormat) -> ptxgen.Module:
             wf.advance()
             kel.set(kel + 256)
         k.wgmma_wait(0)
-        if nsplit > 1:
-            acc = _split_sum(k, plan, acc, ws, counters, tid, base)
-        _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows,
-               plan.epilogue == "bias")
+        if tiles is not None:
+            store(acc, m0 + rho, 2 * tq)
+        else:
+            if nsplit > 1:
+                acc = _split_sum(k, plan, acc, ws, counters, tid, base)
+            _store(k, acc, y, r, m0 + rho, n0 + 2 * tq, mrows, t, plan.spec.y_stride or mrows,
+                   plan.epilogue == "bias")
     return m
 
 

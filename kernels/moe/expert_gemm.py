@@ -62,7 +62,7 @@ from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
 from ..swiglu import silu_mul
 
-__all__ = ["ExpertGemmSpec", "build", "launch_geometry", "reference"]
+__all__ = ["ExpertGemmSpec", "build", "launch_geometry", "packed_tile", "reference"]
 
 
 def _plan(inst, attr, v):
@@ -207,7 +207,7 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
         smem = k.dynamic_shared("smem", u8)
         pdl_prologue(k, plan.spec)
         if spec.n_expert:
-            e, n0 = _packed_tile(k, spec, counts, k.mov(smem, u32))
+            e, n0 = packed_tile(k, spec, counts, k.mov(smem, u32))
             count = k.ld(counts[e])
         else:
             e = k.ctaid.z
@@ -224,7 +224,7 @@ def build(spec: ExpertGemmSpec) -> ptxgen.Module:
     return mod
 
 
-def _packed_tile(k, spec, counts, base):
+def packed_tile(k, spec, counts, base):
     """``(e, n0)`` of this CTA's nonempty tile, the ``ctaid.x``-th in
     expert order (the CTA exits past the last).  Thread ``i`` owns the
     experts ``i per ..`` (``per`` a thread), sums their tiles, and the block

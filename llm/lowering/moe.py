@@ -32,7 +32,13 @@ chunk's rows) picks one of two ways:
   the SwiGLU epilogue (reading the gate values there) and the down
   projection, each pair's rows where the combine reads them; the grids
   are sized for the bucket and read the device counts, so there is no
-  host sync.  Weight types the GEMM lacks run the GEMV.
+  host sync.  Weight types the GEMM lacks run the GEMV.  Where the table
+  says ``kernel`` ``"wgmma"`` and the GEMMs build for sm_90a
+  (:func:`chunk_path`), the chunk's rows are first permuted into the
+  experts' order as f16 (:mod:`ptxgen.kernels.moe.permute`) and the three
+  GEMMs are the warpgroup kernel's (:mod:`ptxgen.kernels.moe.expert_wgmma`):
+  the gate values and the f16 activations in that order, the down
+  projection into each pair's row, where the combine reads it.
 
 The experts' weights are the file's 3-D ``*_exps`` tensors as they are
 stored (expert ``e`` at ``e`` times an expert's bytes).
@@ -43,9 +49,11 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from ptxgen.driver.executor import TensorMapOf
 from ptxgen.kernels import gemm as _gemm
 from ptxgen.kernels import tuning as _tuning
-from ptxgen.kernels.moe import combine, expert_gemm, expert_gemv, group, router
+from ptxgen.kernels.moe import (combine, expert_gemm, expert_gemv, expert_wgmma, group, permute,
+                                router)
 from ptxgen.kernels.spec_fields import has_griddepcontrol
 from ptxgen.target import TARGETS
 
@@ -197,10 +205,13 @@ def decode_ffn(lw: Lowering, x, e: Experts, residual, *, scratch, tuning, norm=N
 
 def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     """How a chunk of ``rows`` runs ``e``: the ``moe_ffn`` tuning table's
-    config (``path`` ``"gemv"`` or ``"gemm"``, the latter with the GEMM
-    configs ``gate_up`` and ``down``; on both, ``router_tokens``, the
-    router's tokens a CTA, 1 where not given); ``"gemv"`` where the
-    experts' GEMM has no kernel for the weight types or shapes."""
+    config (``path`` ``"gemv"`` or ``"gemm"``, the latter with ``kernel``
+    ``"wgmma"`` and the warpgroup configs ``wgmma_gate_up`` and
+    ``wgmma_down`` where the table says so and the warpgroup GEMM can run
+    the weights, else ``"mma"`` and the GEMM configs ``gate_up`` and
+    ``down``; on both, ``router_tokens``, the router's tokens a CTA, 1
+    where not given); ``"gemv"`` where the experts' GEMM has no kernel for
+    the weight types or shapes."""
     hp = lw.hp
     tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
     call = {"rows": rows, "qtype": tg.qtype.upper(), "down_qtype": td.qtype.upper(),
@@ -210,10 +221,30 @@ def chunk_path(lw: Lowering, e: Experts, rows: int) -> dict:
     gemv = {"path": "gemv", "router_tokens": cfg.get("router_tokens", 1)}
     if cfg.get("path") != "gemm":
         return gemv
+    if cfg.get("kernel") == "wgmma" and not _wgmma_fits(lw, tg, td):
+        cfg = {**cfg, "kernel": "mma"}
+    if cfg.get("kernel") == "wgmma":
+        return cfg
     for t, key in ((tg, "gate_up"), (td, "down")):
         if t.qtype.upper() not in _gemm.FORMATS or t.shape[1] % cfg[key]["bk"]:
             return gemv
-    return cfg
+    return {**cfg, "kernel": "mma"}
+
+
+def _wgmma_fits(lw: Lowering, tg: TensorInfo, td: TensorInfo) -> bool:
+    """Whether the experts' warpgroup GEMM can run ``tg`` (gate/up) and
+    ``td`` (down): an sm_90a GEMM target, weight types the warpgroup
+    kernel decodes, K whole super-blocks and each expert's matrix starting
+    16-byte aligned."""
+    if matmul.gemm_target(lw.target) != "sm_90a":
+        return False
+    for t in (tg, td):
+        q, (m, k) = t.qtype.upper(), t.shape
+        if not _gemm.supported(q, k, "sm_90a") or q not in _gemm.WGMMA_FORMATS or k % 256:
+            return False
+        if (m * _gemm.GemmSpec(q, k).row_bytes) % 16:
+            return False
+    return True
 
 
 def _gemm_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
@@ -253,21 +284,17 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     specs = (attrs.evolve(specs[0], tokens=cfg.get("router_tokens", 1)),) + specs[1:]
     if cfg["path"] == "gemv":
         return _launches(lw, e, x, residual, bufs, specs, B, n_ptr)
+    if cfg["kernel"] == "wgmma":
+        return _chunk_wgmma(lw, x, e, residual, bufs, specs, cfg, B, n_ptr, pdl)
     rs, _, _, cs, _, _ = specs
-    _, _, ids, _, act, down = bufs
+    act, down = bufs[4], bufs[5]
     wg, _ = lw.weight(e.gate)
     wu, _ = lw.weight(e.up)
     wd, _ = lw.weight(e.down)
-    n_buf = _row_count(n_ptr)[1][0]
-    counts = g.buffer(p + "moe_counts", (E,), np.uint32)
-    offsets = g.buffer(p + "moe_offsets", (E,), np.uint32)
-    pairs = g.buffer(p + "moe_pairs", (B * NU,), np.uint32)
-    gs = group.MoeGroupSpec(E, NU, target=lw.target, pdl=pdl)
+    counts, offsets, pairs = _sort_buffers(lw, e, B)
     gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
     _router(lw, e, x, bufs, rs, B, n_ptr)
-    lw.add("MoeGroup", p + "ffn_moe_group", [ids, n_buf], [counts, offsets, pairs],
-           [lw.launch("moe_group", gs, group.launch_geometry(gs), ids=ids, t_ptr=n_ptr,
-                      counts=counts, offsets=offsets, pairs=pairs)])
+    _group(lw, e, bufs, counts, offsets, pairs, n_ptr, pdl)
     sort = dict(counts=counts, offsets=offsets, pairs=pairs)
     lw.add("MoeMulMatGate", p + "ffn_gate_exps", [wg, x, counts, offsets, pairs], [act],
            [lw.launch("moe_gemm", gate, expert_gemm.launch_geometry(gate, F, B, E), w=wg, x=x,
@@ -278,4 +305,85 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
     lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act, counts, offsets, pairs], [down],
            [lw.launch("moe_gemm", dn, expert_gemm.launch_geometry(dn, H, B, E), w=wd, x=act,
                       y=down, m=H, **sort)])
+    return _combine(lw, e, residual, bufs, cs, B, n_ptr)
+
+
+def _sort_buffers(lw: Lowering, e: Experts, rows: int):
+    """The grouping's ``counts``, ``offsets`` and ``pairs`` of ``rows`` tokens."""
+    g, p, hp = lw.g, e.prefix, lw.hp
+    return (g.buffer(p + "moe_counts", (hp.n_expert,), np.uint32),
+            g.buffer(p + "moe_offsets", (hp.n_expert,), np.uint32),
+            g.buffer(p + "moe_pairs", (rows * hp.n_expert_used,), np.uint32))
+
+
+def _group(lw: Lowering, e: Experts, bufs, counts, offsets, pairs, n_ptr, pdl: bool):
+    """The launch grouping the chunk's pairs by expert."""
+    ids = bufs[2]
+    gs = group.MoeGroupSpec(lw.hp.n_expert, lw.hp.n_expert_used, target=lw.target, pdl=pdl)
+    lw.add("MoeGroup", e.prefix + "ffn_moe_group", [ids] + _row_count(n_ptr)[1],
+           [counts, offsets, pairs],
+           [lw.launch("moe_group", gs, group.launch_geometry(gs), ids=ids, t_ptr=n_ptr,
+                      counts=counts, offsets=offsets, pairs=pairs)])
+
+
+def _wgmma_specs(lw: Lowering, e: Experts, cfg: dict, pdl: bool):
+    """The permutation's and the gate, up (SwiGLU) and down warpgroup
+    GEMMs' specs of ``cfg`` (its ``wgmma_gate_up`` and ``wgmma_down``
+    configs)."""
+    hp = lw.hp
+    tg, td = _expert_info(lw, e.gate), _expert_info(lw, e.down)
+    tgt = matmul.gemm_target(lw.target)
+    wpdl = pdl and has_griddepcontrol(tgt)
+
+    def plan(t, key):
+        return _gemm.GemmPlan(_gemm.GemmSpec(t.qtype.upper(), t.shape[1], x_type="f16",
+                                             target=tgt, pdl=wpdl),
+                              _gemm.GemmConfig(kernel="wgmma", **cfg[key]))
+    ps = permute.MoePermuteSpec(hp.n_expert_used, hp.hidden, target=lw.target, pdl=pdl)
+    gate = expert_wgmma.ExpertWgmmaSpec(plan(tg, "wgmma_gate_up"), hp.n_expert, "sorted")
+    up = attrs.evolve(gate, out="swiglu")
+    down = expert_wgmma.ExpertWgmmaSpec(plan(td, "wgmma_down"), hp.n_expert, "pairs")
+    return ps, gate, up, down
+
+
+def _chunk_wgmma(lw: Lowering, x, e: Experts, residual, bufs, specs, cfg, rows, n_ptr, pdl):
+    """The chunk's experts on sm_90a warpgroups: the router, the grouping,
+    X's rows permuted into the experts' order as f16 (``moe_xs``), the
+    gate GEMM (its values into ``moe_act`` in that order), the up GEMM with
+    the SwiGLU epilogue (f16 activations, ``moe_act16``, in that order) and
+    the down GEMM (each pair's row of ``moe_down``, where the combine reads
+    it), then the combine."""
+    hp = lw.hp
+    NU, F, H, B, p, g = hp.n_expert_used, hp.expert_ffn, hp.hidden, rows, e.prefix, lw.g
+    rs, _, _, cs, _, _ = specs
+    act, down = bufs[4], bufs[5]
+    wg, _ = lw.weight(e.gate)
+    wu, _ = lw.weight(e.up)
+    wd, _ = lw.weight(e.down)
+    counts, offsets, pairs = _sort_buffers(lw, e, B)
+    ps, gate, up, dn = _wgmma_specs(lw, e, cfg, pdl)
+    xs = g.buffer(p + "moe_xs", (B * NU, H), np.float16)
+    act16 = g.buffer(p + "moe_act16", (B * NU, F), np.float16)
+    _router(lw, e, x, bufs, rs, B, n_ptr)
+    _group(lw, e, bufs, counts, offsets, pairs, n_ptr, pdl)
+    rows_arg, extra = _row_count(n_ptr)
+    lw.add("MoePermute", p + "ffn_moe_permute", [x, pairs] + extra, [xs],
+           [lw.launch("moe_permute", ps, permute.launch_geometry(ps, B), x=x, pairs=pairs,
+                      xs=xs, **rows_arg)])
+    srt = dict(counts=counts, offsets=offsets)
+
+    def xmap(spec, src):
+        return TensorMapOf(src, lambda addr: _gemm.x_map(spec.plan, addr, B * NU))
+
+    def geo(spec, m):
+        return expert_wgmma.launch_geometry(spec, m, B, NU)
+    lw.add("MoeMulMatGate", p + "ffn_gate_exps", [wg, xs, counts, offsets], [act],
+           [lw.launch("moe_wgmma", gate, geo(gate, F), w=wg, y=act, m=F,
+                      xmap=xmap(gate, xs), **srt)])
+    lw.add("MoeMulMatUpSwiGLU", p + "ffn_up_exps", [wu, xs, act, counts, offsets], [act16],
+           [lw.launch("moe_wgmma", up, geo(up, F), w=wu, r=act, y=act16, m=F,
+                      xmap=xmap(up, xs), **srt)])
+    lw.add("MoeMulMat", p + "ffn_down_exps", [wd, act16, counts, offsets, pairs], [down],
+           [lw.launch("moe_wgmma", dn, geo(dn, H), w=wd, y=down, m=H, pairs=pairs,
+                      xmap=xmap(dn, act16), **srt)])
     return _combine(lw, e, residual, bufs, cs, B, n_ptr)

@@ -22,6 +22,8 @@ SIZES = {
     "moe_combine": (2048,),
     "moe_gemm": (768, 512, 128),
     "moe_gemv": (768, 8),
+    "moe_permute": (512,),
+    "moe_wgmma": (768, 512, 8),
     "moe_group": (),
     "moe_router": (1,),
     "paged_attention": (5, 8, 3),

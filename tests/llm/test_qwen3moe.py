@@ -13,6 +13,8 @@ K/V within an f16 ulp, greedy tokens the argmax) and test_prefill's
 ``same_continuation``.
 """
 
+import copy
+
 import numpy as np
 import pytest
 
@@ -81,9 +83,9 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_a
     """The chunk path of the experts' grouped GEMM (the pairs grouped by
     expert on the device, then gate, up with SwiGLU and down as GEMMs) on
     chunks of 4 (the table gives it from 64 rows: here the config the table
-    gives 64 rows, with the GEMMs' ``x_ahead`` and ``packed`` grid and the
-    router's tokens a CTA set as the case says), against the token-by-token
-    path."""
+    gives 64 rows, on the mma.sync kernel, with the GEMMs' ``x_ahead`` and
+    ``packed`` grid and the router's tokens a CTA set as the case says),
+    against the token-by-token path."""
     from test_prefill import _run, same_continuation
     from ptxgen.llm.lowering import moe
     real, real_specs, paths, specs = moe.chunk_path, moe._gemm_specs, [], []
@@ -92,7 +94,7 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_a
     def at_64_rows(lw, e, rows):
         cfg = real(lw, e, 64)
         paths.append(cfg["path"])
-        return {**cfg, "router_tokens": router_tokens,
+        return {**cfg, "router_tokens": router_tokens, "kernel": "mma",
                 **{key: {**cfg[key], "x_ahead": x_ahead, "packed": x_ahead}
                    for key in ("gate_up", "down")}}
 
@@ -114,6 +116,40 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_a
     assert specs and {s.x_ahead for s in specs} == {x_ahead}, specs
     assert {s.n_expert for s in specs} == {TINY["n_expert"] if x_ahead else 0}, specs
     assert router_tokens in routers, routers
+    assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
+
+
+def test_prefill_experts_wgmma_matches_token_by_token(tiny, rng, monkeypatch):
+    """The table's chunk path from 64 rows on the emulator's sm_90 (GEMMs
+    built for sm_90a): the chunk's rows permuted into the experts' order
+    and the experts' warpgroup GEMMs (gate, up with SwiGLU into f16, down
+    into each pair's row), on chunks of 4, against the token-by-token
+    path; and a target without sm_90a GEMMs keeps the mma.sync kernel."""
+    from test_prefill import _run, same_continuation
+    from ptxgen.llm.lowering import moe
+    real, real_specs, cfgs, specs = moe.chunk_path, moe._wgmma_specs, [], []
+
+    def at_64_rows(lw, e, rows):
+        cfgs.append(real(lw, e, 64))
+        other = copy.copy(lw)
+        other.target = "sm_80"
+        assert real(other, e, 64)["kernel"] == "mma"
+        return cfgs[-1]
+
+    def recorded(*a, **kw):
+        specs.extend(real_specs(*a, **kw))
+        return specs[-4:]
+    monkeypatch.setattr(moe, "chunk_path", at_64_rows)
+    monkeypatch.setattr(moe, "_wgmma_specs", recorded)
+    m = Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
+    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3)
+    ref, ref_logits = _run(m, prompt, 3, 0)
+    got, got_logits = _run(m, prompt, 3, 4)              # two chunks: 4 + 3 tokens
+    assert cfgs and {(c["path"], c["kernel"]) for c in cfgs} == {("gemm", "wgmma")}, cfgs
+    outs = [s.out for s in specs if hasattr(s, "out")]
+    assert outs and set(outs) == {"sorted", "swiglu", "pairs"}, specs
+    # both layers' down types (Q4_K and Q6_K) on the warpgroup kernel
+    assert {s.plan.qtype for s in specs if getattr(s, "out", "") == "pairs"} == {"Q4_K", "Q6_K"}
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
 
 
