@@ -532,9 +532,18 @@ class InstructionsMixin:
         """Store a register (or a tuple of registers with ``.v2``/``.v4``)."""
         addr = self._as_addr(addr)
         vals = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-        ty = T.type_by_name(ty) if ty is not None else addr.elem
+        given = ty is not None
+        ty = T.type_by_name(ty) if given else addr.elem
         if ty is None:
             ty = _type_of(vals[0])
+        elif not given and ty.bits == 16:
+            wide = next((v for v in vals if isinstance(v, Reg) and v.type.bits > 16), None)
+            if wide is not None:
+                raise PtxTypeError(
+                    f"st of the {wide.type.name} register {wide.name} through a pointer to "
+                    f"{ty.name} would store only its low 16 bits; pass ty= for the "
+                    f"stored type (e.g. ty='{wide.type.name}' with an address of that "
+                    f"width) or convert the value to {ty.name}")
         regs = tuple(v if isinstance(v, Reg) else self.const(ty, v) if ty.bits >= 16
                      else self.const(T.u32, v) for v in vals)
         mods = self._mem_mods(addr, cache=cache, evict=evict, sem=sem, scope=scope,

@@ -191,6 +191,22 @@ def test_mixing_u32_u64_refused():
     assert os.path.basename(ei.value.loc.filename) == HERE
 
 
+def test_wide_register_through_16_bit_pointer_refused():
+    # st.v4.b16 of b32 registers is legal PTX that keeps each register's low
+    # half: through an f16 pointer with the type left to the pointer, refuse
+    m, k = _kernel("sm_90")
+    p = k.param_ptr("p", f16, align=16)
+    w = k.pack(f16x2, k.const(f16, 1.0), k.const(f16, 2.0))
+    with pytest.raises(PtxTypeError, match=r"low 16 bits; pass ty=") as ei:
+        k.st(p[0], (w, w, w, w))  # MARK-wide-st
+    assert ei.value.loc.lineno == _line_of("MARK-wide-st")
+    k.st(p[0], (w, w, w, w), "b32")             # the type given: 16 bytes, as asked
+    k.st(p[8], k.const(f16, 3.0))               # an f16 register through it: fine
+    text = m.to_ptx()
+    assert "st.global.v4.b32 \t[%rd2], {%hh1, %hh1, %hh1, %hh1};" in text
+    assert "st.global.b16 \t[%rd2+16]" in text
+
+
 def test_float_literal_into_int_refused():
     m, k = _kernel()
     a = k.param("a", u32)
