@@ -239,12 +239,14 @@ def reference(spec: ExpertWgmmaSpec, w_deq, xs, counts, pairs=None, gate=None):
     return out
 
 
-def _canon(qtype, k, out, **config):
+def _canon(qtype, k, out, pdl=True, **config):
     return ExpertWgmmaSpec(_gemm.GemmPlan.make(qtype, k, x_type="f16", target="sm_90a",
-                                               pdl=True, kernel="wgmma", **config), 128, out)
+                                               pdl=pdl, kernel="wgmma", **config), 128, out)
 
 
 CANONICAL = {
+    # the family's name dumps the first spec: no PDL in it
+    "moe_wg_q4_k": _canon("Q4_K", 2048, "sorted", pdl=False, bm=128, bn=32, stages=4),
     "moe_wg_q4_k_sorted": _canon("Q4_K", 2048, "sorted", bm=128, bn=32, stages=4),
     "moe_wg_q4_k_swiglu": _canon("Q4_K", 2048, "swiglu", bm=128, bn=32, stages=4),
     "moe_wg_q6_k_pairs": _canon("Q6_K", 768, "pairs", bm=128, bn=32, stages=4),

@@ -107,7 +107,9 @@ def reference(x, pairs, n_used: int):
 
 
 CANONICAL = {
-    "moe_permute": MoePermuteSpec(8, 2048, target="sm_90", pdl=True),
+    # the family's name dumps the first spec for any target: no PDL in it
+    "moe_permute": MoePermuteSpec(8, 2048, target="sm_90"),
+    "moe_permute_pdl": MoePermuteSpec(8, 2048, target="sm_90", pdl=True),
 }
 
 registry.register("moe_permute", MoePermuteSpec, build, CANONICAL,
