@@ -36,11 +36,18 @@ from ptxgen.kernels.quants.qtypes import qtype_of
 from ptxgen.target import TARGETS
 
 #: the warpgroup GEMM's (bm, bn, stages) the sweep times for gate + up and
-#: for down: the table's first, then column tiles of 16..128 pairs (an
-#: expert holds about 4, 8 and 32 pairs at 64, 128 and 512 rows), one
+#: for down: the table's (or first_tile's) first, then column tiles of
+#: 16..128 pairs (an expert holds about 4, 8 and 32 pairs at 64, 128 and
+#: 512 rows), one
 #: warpgroup (more CTAs) and four (fewer re-reads of X), deeper rings
 CANDIDATES = [(128, 16, 4), (128, 32, 4), (128, 64, 4), (128, 128, 4), (128, 64, 6),
               (64, 32, 6), (64, 64, 6), (256, 64, 3)]
+
+
+def first_tile(T: int) -> dict:
+    """The warpgroup tile timed first where the table has none: 16-pair
+    column tiles up to 128 rows, 64 from 256 (an expert's pairs there)."""
+    return {"bm": 128, "bn": 16 if T <= 128 else 64, "stages": 4}
 
 
 def main():
@@ -171,8 +178,8 @@ class Bench:
                 def mma_down():
                     self.launch(expert_gemm.build, d, expert_gemm.launch_geometry(d, H, T, E),
                                 w=wd, x=act_m, y=down_m, m=H, **srt)
-                wgu = tuple(cfg["wgmma_gate_up"][f] for f in ("bm", "bn", "stages"))
-                wdn = tuple(cfg["wgmma_down"][f] for f in ("bm", "bn", "stages"))
+                wgu, wdn = (tuple(cfg.get(key, first_tile(T))[f] for f in ("bm", "bn", "stages"))
+                            for key in ("wgmma_gate_up", "wgmma_down"))
                 wg_gu = self.wg_gate_up(T, wgu, xs, gate_w, act16, srt)
                 wg_dn = self.wg_down(T, down_q, wdn, act16, down_w, srt)
                 tm_gu, tm_dn = self.time_us(mma_gate_up), self.time_us(mma_down)

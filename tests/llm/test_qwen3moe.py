@@ -120,14 +120,24 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_a
 
 
 def test_prefill_experts_wgmma_matches_token_by_token(tiny, rng, monkeypatch):
-    """The table's chunk path from 64 rows on the emulator's sm_90 (GEMMs
-    built for sm_90a): the chunk's rows permuted into the experts' order
-    and the experts' warpgroup GEMMs (gate, up with SwiGLU into f16, down
-    into each pair's row), on chunks of 4, against the token-by-token
+    """A table rule asking for the warpgroup kernel from 64 rows (none does
+    until a GPU measures it: here one is added), on the emulator's sm_90
+    (GEMMs built for sm_90a): the chunk's rows permuted into the experts'
+    order and the experts' warpgroup GEMMs (gate, up with SwiGLU into f16,
+    down into each pair's row), on chunks of 4, against the token-by-token
     path; and a target without sm_90a GEMMs keeps the mma.sync kernel."""
     from test_prefill import _run, same_continuation
     from ptxgen.llm.lowering import moe
     real, real_specs, cfgs, specs = moe.chunk_path, moe._wgmma_specs, [], []
+    cascade = moe._tuning.cascade
+    tile = {"bm": 128, "bn": 16, "stages": 4}
+
+    def with_wgmma_rule(family, call):
+        cfg = cascade(family, call)
+        if family == "moe_ffn" and call["rows"] >= 64 and call["target"] == "sm_90":
+            cfg = {**cfg, "kernel": "wgmma", "wgmma_gate_up": tile, "wgmma_down": tile}
+        return cfg
+    monkeypatch.setattr(moe._tuning, "cascade", with_wgmma_rule)
 
     def at_64_rows(lw, e, rows):
         cfgs.append(real(lw, e, 64))
