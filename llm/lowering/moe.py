@@ -120,9 +120,7 @@ def _launches(lw: Lowering, e: Experts, x, residual, bufs, specs, t_rows, n_ptr=
     NU, F, H = hp.n_expert_used, hp.expert_ffn, hp.hidden
     rs, gs, ds, cs, tg, td = specs
     _, _, ids, _, act, down = bufs
-    wg, _ = lw.weight(e.gate)
-    wu, _ = lw.weight(e.up)
-    wd, _ = lw.weight(e.down)
+    wg, wu, wd = _expert_weights(lw, e)
     rows, extra = _row_count(n_ptr)
     p = e.prefix
     _router(lw, e, x, bufs, rs, t_rows, n_ptr, norm)
@@ -288,9 +286,7 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
         return _chunk_wgmma(lw, x, e, residual, bufs, specs, cfg, B, n_ptr, pdl)
     rs, _, _, cs, _, _ = specs
     act, down = bufs[4], bufs[5]
-    wg, _ = lw.weight(e.gate)
-    wu, _ = lw.weight(e.up)
-    wd, _ = lw.weight(e.down)
+    wg, wu, wd = _expert_weights(lw, e)
     counts, offsets, pairs = _sort_buffers(lw, e, B)
     gate, up, dn = _gemm_specs(lw, e, cfg, pdl)
     _router(lw, e, x, bufs, rs, B, n_ptr)
@@ -306,6 +302,11 @@ def chunk_ffn(lw: Lowering, x, e: Experts, residual, *, rows: int, n_ptr, pdl: b
            [lw.launch("moe_gemm", dn, expert_gemm.launch_geometry(dn, H, B, E), w=wd, x=act,
                       y=down, m=H, **sort)])
     return _combine(lw, e, residual, bufs, cs, B, n_ptr)
+
+
+def _expert_weights(lw: Lowering, e: Experts):
+    """The device buffers of the experts' gate, up and down tensors."""
+    return tuple(lw.weight(n)[0] for n in (e.gate, e.up, e.down))
 
 
 def _sort_buffers(lw: Lowering, e: Experts, rows: int):
@@ -357,9 +358,7 @@ def _chunk_wgmma(lw: Lowering, x, e: Experts, residual, bufs, specs, cfg, rows, 
     NU, F, H, B, p, g = hp.n_expert_used, hp.expert_ffn, hp.hidden, rows, e.prefix, lw.g
     rs, _, _, cs, _, _ = specs
     act, down = bufs[4], bufs[5]
-    wg, _ = lw.weight(e.gate)
-    wu, _ = lw.weight(e.up)
-    wd, _ = lw.weight(e.down)
+    wg, wu, wd = _expert_weights(lw, e)
     counts, offsets, pairs = _sort_buffers(lw, e, B)
     ps, gate, up, dn = _wgmma_specs(lw, e, cfg, pdl)
     xs = g.buffer(p + "moe_xs", (B * NU, H), np.float16)
