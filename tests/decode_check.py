@@ -94,13 +94,28 @@ def route_margin(ref, tokens, n_new: int = 0) -> float:
     return worst
 
 
+def lead_margin(ref, tokens) -> float:
+    """The gap between the float64 reference's two best next-token logits
+    after ``tokens`` (``ref`` reset first), in units of the logits' root
+    mean square: the scale of ``test_prefill.same_continuation``'s near-tie
+    bound (2e-2)."""
+    ref.reset()
+    for t in tokens:
+        lg = ref.step(t)
+    top = np.sort(lg)[::-1]
+    return float((top[0] - top[1]) / np.sqrt(np.mean(lg * lg)))
+
+
 def tie_free_prompt(rng, path, n: int, vocab: int, n_new: int, bound: float = 0.01,
-                    tries: int = 50) -> list:
+                    tries: int = 50, lead: float = 0.0) -> list:
     """A prompt of ``n`` random tokens whose :func:`route_margin` (with
-    ``n_new`` tokens after it) is at least ``bound``."""
+    ``n_new`` tokens after it) is at least ``bound`` and whose first greedy
+    token leads the next by at least ``lead`` (:func:`lead_margin`), so a
+    test that asks the first token to agree is not drawn at a near tie."""
     ref = LlamaReference(path, kv_dtype=np.float16)
     for _ in range(tries):
         p = [int(t) for t in rng.integers(0, vocab, n)]
-        if route_margin(ref, p, n_new) >= bound:
+        if route_margin(ref, p, n_new) >= bound and (lead <= 0 or lead_margin(ref, p) >= lead):
             return p
-    raise AssertionError(f"no {n}-token prompt in {tries} draws routes {bound} clear of a tie")
+    raise AssertionError(f"no {n}-token prompt in {tries} draws routes {bound} clear of a tie"
+                         + (f" with its first token {lead} ahead" if lead > 0 else ""))

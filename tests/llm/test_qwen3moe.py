@@ -26,6 +26,9 @@ from ptxgen.llm.gguf.synth import PRESETS, write_synthetic_llama
 from ptxgen.testing.reference import LlamaReference
 
 TINY = {**PRESETS["tiny-moe"], "vocab": 512, "context_length": 256}
+#: the prefill tests ask at least the first greedy token to agree: their
+#: prompts' first token leads by twice same_continuation's near-tie bound
+LEAD = 4e-2
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_prefill_matches_token_by_token(model, tiny, rng):
     near tie (``decode_check.route_margin``: a chunk's router reads f16
     rows, the token-by-token one f32)."""
     from test_prefill import _run, same_continuation
-    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3)
+    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3, lead=LEAD)
     ref, ref_logits = _run(model, prompt, 3, 0)
     got, got_logits = _run(model, prompt, 3, 4)          # two chunks: 4 + 3 tokens
     assert same_continuation(got, got_logits, ref, ref_logits, len(prompt)) >= 1
@@ -109,7 +112,7 @@ def test_prefill_grouped_gemm_matches_token_by_token(tiny, rng, monkeypatch, x_a
     monkeypatch.setattr(moe, "_gemm_specs", recorded)
     monkeypatch.setattr(moe.router, "launch_geometry", router_geometry)
     m = Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
-    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3)
+    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3, lead=LEAD)
     ref, ref_logits = _run(m, prompt, 3, 0)
     got, got_logits = _run(m, prompt, 3, 4)              # two chunks: 4 + 3 tokens
     assert paths and set(paths) == {"gemm"}, paths
@@ -152,7 +155,7 @@ def test_prefill_experts_wgmma_matches_token_by_token(tiny, rng, monkeypatch):
     monkeypatch.setattr(moe, "chunk_path", at_64_rows)
     monkeypatch.setattr(moe, "_wgmma_specs", recorded)
     m = Model.from_gguf(tiny, backend="emu", capacity=16, progress=False)
-    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3)
+    prompt = tie_free_prompt(rng, tiny, 7, TINY["vocab"], 3, lead=LEAD)
     ref, ref_logits = _run(m, prompt, 3, 0)
     got, got_logits = _run(m, prompt, 3, 4)              # two chunks: 4 + 3 tokens
     assert cfgs and {(c["path"], c["kernel"]) for c in cfgs} == {("gemm", "wgmma")}, cfgs
