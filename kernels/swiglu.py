@@ -68,10 +68,14 @@ class SwiGluSpec:
         return f"{name}_f32_b{self.block}" + ("_out_f16" if self.out_type == "f16" else "")
 
 
-def silu_mul(k, g, u):
-    """``g / (1 + 2**(-g log2 e)) * u`` in f32 (``div.rn``, ``mul.rn``)."""
+def silu_mul(k, g, u, full: bool = False):
+    """``g / (1 + 2**(-g log2 e)) * u`` in f32 (``div.rn``, ``mul.rn``);
+    with ``full`` the quotient is ``div.full`` (within 2 ulp), for kernels
+    where ``div.rn``'s slow path, a subroutine call, must not appear (a
+    call makes ptxas serialize a kernel's wgmma)."""
     e = k.ex2(k.mul(g, -LOG2E, rnd="rn"))
-    s = k.div(g, k.add(e, 1.0, rnd="rn"))
+    s = k.div(g, k.add(e, 1.0, rnd="rn"), full=True) if full else \
+        k.div(g, k.add(e, 1.0, rnd="rn"))
     return k.mul(s, u, rnd="rn")
 
 

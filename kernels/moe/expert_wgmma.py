@@ -54,7 +54,7 @@ from .. import gemm as _gemm
 from ..gemm.wgmma_q4k import build_wgmma
 from ..plan import LaunchGeometry
 from ..spec_fields import pdl_prologue
-from ..swiglu import LOG2E
+from ..swiglu import silu_mul
 from .expert_gemm import packed_tile
 
 __all__ = ["ExpertWgmmaSpec", "OUTS", "build", "launch_geometry", "reference"]
@@ -157,16 +157,6 @@ class _Tiles:
         return w, mrows, smem, first, store
 
 
-def _silu_mul(k, g, u):
-    """``g / (1 + 2**(-g log2 e)) * u`` in f32, as
-    :func:`ptxgen.kernels.swiglu.silu_mul` but the quotient ``div.full``
-    (within 2 ulp): ``div.rn``'s slow path is a subroutine call, and a call
-    in the kernel makes ptxas serialize its wgmma."""
-    e = k.ex2(k.mul(g, -LOG2E, rnd="rn"))
-    s = k.div(g, k.add(e, 1.0, rnd="rn"), full=True)
-    return k.mul(s, u, rnd="rn")
-
-
 def _store(k, spec, acc, y, r, pairs, row0, tok0, mrows, left, first):
     """Accumulator ``i``: weight row ``row0 + 8 ((i >> 1) & 1)`` of column
     ``c = tok0 + 8 (i >> 2) + (i & 1)`` of the tile (X's row ``first +
@@ -190,7 +180,7 @@ def _store(k, spec, acc, y, r, pairs, row0, tok0, mrows, left, first):
         idx = qrow + row
         if spec.out == "swiglu":
             with k.if_(ok):
-                k.st(y[idx], k.cvt(f16, _silu_mul(k, k.ld(r[idx]), v), rnd="rn"))
+                k.st(y[idx], k.cvt(f16, silu_mul(k, k.ld(r[idx]), v, full=True), rnd="rn"))
         else:
             k.st(y[idx], v, guard=ok)
 
