@@ -380,8 +380,10 @@ def test_a_failing_decode_row_ends_only_its_request(rng):
     seqs = [new_seq(rng, i, n_prompt=5, max_tokens=12) for i in range(6)]
     bad = seqs[3]
     ref = expected(runner, sched, bad)
-    runner.fail_on = lambda row: getattr(row, "token", None) == ref[2] \
-        and row.position == bad.n_prompt + 2
+    # The bad row is named by its sequence's seed: a token and position
+    # alone can recur in another sequence (seed 527539614 drew one).
+    runner.fail_on = lambda row: getattr(row, "seed", None) == bad.seed \
+        and getattr(row, "token", None) == ref[2] and row.position == bad.n_prompt + 2
     for s in seqs:
         sched.add(s)
     run_all(sched)
