@@ -12,33 +12,14 @@ with the driver's copy.)
 
 from __future__ import annotations
 
-import numpy as np
-
 __all__ = ["copy_bandwidth", "graph_us", "torch_graph_us"]
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple[float, float]:
     """``(bytes read + written per second, seconds per copy)`` of a
-    device-to-device copy of ``nbytes``."""
-    from cuda.bindings import driver as cu
-
-    from ptxgen.driver import DeviceArray, Event, Stream
-    from ptxgen.driver.errors import check
-    a = DeviceArray.empty((nbytes,), np.uint8)
-    b = DeviceArray.empty((nbytes,), np.uint8)
-    s = Stream()
-    times = []
-    for _ in range(reps + 2):
-        e0, e1 = Event(), Event()
-        e0.record(s)
-        check(cu.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, s.handle), "cuMemcpyDtoDAsync")
-        e1.record(s)
-        e1.synchronize()
-        times.append(e0.elapsed_ms(e1) / 1e3)
-    t = float(np.median(times[2:]))
-    a.free()
-    b.free()
-    return 2 * nbytes / t, t
+    device-to-device copy of ``nbytes`` (:func:`ptxgen.driver.timing.copy_bandwidth`)."""
+    from ptxgen.driver.timing import copy_bandwidth as copy
+    return copy(nbytes, reps)
 
 
 def graph_us(fn, stream, reps: int, repeats: int) -> float:

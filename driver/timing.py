@@ -1,12 +1,13 @@
 """Device time of launches as a CUDA graph replays them: no host time per
 launch, as in the decode step's graph.  The tuner, the benchmarks and the
-tuning scripts all time calls this way."""
+tuning scripts all time calls this way.  And the bandwidth ceiling they
+compare with: a device-to-device copy (:func:`copy_bandwidth`)."""
 
 from __future__ import annotations
 
 import statistics
 
-__all__ = ["graph_timer", "graph_us"]
+__all__ = ["copy_bandwidth", "graph_timer", "graph_us"]
 
 
 def graph_timer(launch, stream, calls: int, warmup: int = 2):
@@ -43,3 +44,34 @@ def graph_us(launch, stream, calls: int = 20, repeats: int = 5) -> float:
     replays of a graph of ``calls`` calls (:func:`graph_timer`)."""
     replay = graph_timer(launch, stream, calls)
     return statistics.median(replay() for _ in range(repeats))
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, reps: int = 10) -> tuple:
+    """``(bytes read + written per second, seconds per copy)`` of a
+    device-to-device copy (``cuMemcpyDtoDAsync``) of ``nbytes`` between two
+    device buffers: CUDA events around each copy, the median of ``reps``
+    after two warm-ups.  Shares of "the read floor" divide by this figure,
+    measured in the same run."""
+    from cuda.bindings import driver as cu
+    import numpy as np
+
+    from .errors import check
+    from .memory import DeviceArray
+    from .stream import Event, Stream
+    a = DeviceArray.empty((nbytes,), np.uint8)
+    b = DeviceArray.empty((nbytes,), np.uint8)
+    try:
+        s = Stream()
+        times = []
+        for _ in range(reps + 2):
+            e0, e1 = Event(), Event()
+            e0.record(s)
+            check(cu.cuMemcpyDtoDAsync(b.ptr, a.ptr, nbytes, s.handle), "cuMemcpyDtoDAsync")
+            e1.record(s)
+            e1.synchronize()
+            times.append(e0.elapsed_ms(e1) / 1e3)
+    finally:
+        a.free()
+        b.free()
+    t = statistics.median(times[2:])
+    return 2 * nbytes / t, t

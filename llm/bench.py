@@ -22,6 +22,15 @@ Two tables, each with llama.cpp's flags and columns where the meanings match:
 
 ``-p 0 -n 0`` skips the first table, ``-npl 0`` the second.  Each table
 starts with a warm-up run (its graphs captured) unless ``--no-warmup``.
+
+On the GPU the batched table is followed by each row's **decode read
+floor** (:func:`read_floor`): the S_TG the decode steps would reach if each
+read only what it must (every weight once a step, the token embedding's
+rows of the batch, each sequence's K and V up to its position, a
+sliding-window layer's within its window) at the bandwidth of a 1 GiB
+device-to-device copy measured in the same run, and the share of it S_TG
+reached.  A mixture of experts has none: the experts a step reads depend on
+its routing.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ import numpy as np
 from ptxgen.cli import HelpFormatter as _HELP
 
 __all__ = ["SingleResult", "BatchedResult", "single_bench", "batched_bench", "format_single",
-           "format_batched", "read_batched", "bench_command"]
+           "format_batched", "read_batched", "step_read_bytes", "read_floor", "format_floor",
+           "bench_command"]
 
 
 @attrs.frozen
@@ -210,6 +220,65 @@ def _batched_line(r: BatchedResult) -> str:
             f"| {r.t_tg:8.3f} | {r.s_tg:8.2f} | {r.t:8.3f} | {r.s:8.2f} |")
 
 
+def step_read_bytes(file, contexts) -> int:
+    """The bytes a decode step of ``len(contexts)`` sequences must read:
+    every weight tensor once (of the token embedding, one row a sequence,
+    unless it is also the output matrix), and each sequence's f16 K and V
+    rows up to its context (``contexts[i]`` keys), a sliding-window layer's
+    up to its window.
+
+    Raises
+    ------
+    ValueError
+        ``file`` is a mixture of experts (what a step reads depends on its
+        routing), or a context is below 1.
+    """
+    hp = file.hparams
+    if hp.n_expert:
+        raise ValueError("a mixture of experts has no fixed read floor: the experts a step "
+                         "reads depend on its routing")
+    contexts = [int(c) for c in contexts]
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"contexts must be one or more positive ints, got {contexts!r}")
+    total = 0
+    for name in file.names:
+        data = file.tensor(name).data
+        if name == "token_embd.weight" and not hp.tied:
+            total += data.nbytes // data.shape[0] * len(contexts)
+        else:
+            total += data.nbytes
+    per_layer = 2 * hp.n_kv_heads * hp.head_dim * 2          # K and V of one token, f16
+    for layer in range(hp.n_layers):
+        w = hp.window(layer)
+        total += per_layer * sum(min(c, w) if w else c for c in contexts)
+    return total
+
+
+def read_floor(row: BatchedResult, file, bandwidth: float) -> tuple:
+    """``(floor S_TG, share)`` of a batched row: the decode tokens per second
+    of its ``tg`` steps had each read :func:`step_read_bytes` at
+    ``bandwidth`` bytes per second (step ``j`` of ``1..tg`` attends over
+    ``pp + j`` keys), and ``row.s_tg`` over it."""
+    seconds = sum(step_read_bytes(file, [row.pp + j] * row.b) for j in range(1, row.tg + 1)) \
+        / bandwidth
+    floor = row.b * row.tg / seconds
+    return floor, row.s_tg / floor
+
+
+def format_floor(rows, file, bandwidth: float) -> str:
+    """The read-floor lines of the batched ``rows`` (:func:`read_floor`)."""
+    lines = [f"decode read floor: each step reads every weight once and each sequence's K/V "
+             f"once, at the copy bandwidth of this run ({bandwidth / 1e12:.2f} TB/s read + "
+             f"written)", "",
+             "|    PP |     TG |    B | floor S_TG t/s | S_TG t/s | share |",
+             "|-------|--------|------|----------------|----------|-------|"]
+    for r in rows:
+        floor, share = read_floor(r, file, bandwidth)
+        lines.append(f"|{r.pp:6d} | {r.tg:6d} | {r.b:4d} | {floor:14.2f} | {r.s_tg:8.2f} "
+                     f"| {100 * share:4.1f}% |")
+    return "\n".join(lines)
+
+
 def _int_list(text: str) -> tuple:
     try:
         vals = tuple(int(t) for t in text.split(",") if t.strip())
@@ -301,6 +370,10 @@ def bench_command(argv) -> int:
             print(flush=True)
         if npl:
             from ptxgen.llm.engine import Engine
+            bandwidth = None
+            if be.name == "cuda" and not info.hparams.n_expert:
+                from ptxgen.driver.timing import copy_bandwidth
+                bandwidth = max(copy_bandwidth()[0] for _ in range(3))
             need = max(npp) + max(ntg) + 1
             engine = Engine.from_gguf(a.model, backend=be, max_seqs=a.max_seqs or max(npl),
                                       ctx_size=need, chunk=a.chunk,
@@ -316,6 +389,13 @@ def bench_command(argv) -> int:
                         f"up to {need} need {max(npl) * need}: some will be preempted")
                 rows = batched_bench(engine, npp, ntg, npl, warm, rng, log)
             print(format_batched(rows, header))
+            if bandwidth is not None:
+                from ptxgen.llm.gguf.file import LlamaFile
+                print()
+                print(format_floor(rows, LlamaFile(a.model), bandwidth))
+            elif be.name == "cuda":
+                print("\nno decode read floor: a mixture of experts reads the experts its "
+                      "routing picks")
             n_pre = sum(r.preemptions for r in rows)
             if n_pre:
                 log(f"note: {n_pre} preemptions (the KV pool ran out): their recomputed "

@@ -119,6 +119,7 @@ def test_bench_prints_both_tables_on_the_emulator(model_path, capsys):
     rows = [ln for ln in out.splitlines() if re.match(r"\|\s+3 \|\s+2 \|", ln)]
     assert [int(ln.split("|")[3]) for ln in rows] == [1, 2]
     assert [int(ln.split("|")[4]) for ln in rows] == [5, 10]
+    assert "read floor" not in out          # no copy bandwidth on the emulator
 
 
 def test_bench_no_overlap_prints_the_same_batched_counts(model_path, capsys):
@@ -151,3 +152,86 @@ def test_a_missing_file_is_one_error_line(tmp_path, capsys):
     assert main(["bench", str(tmp_path / "nope.gguf"), "-npl", "0"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "nope.gguf" in err
+
+
+# -- the decode read floor ---------------------------------------------------
+
+def _independent_bytes(path, contexts, n_layers, n_kv_heads, head_dim, windows=None):
+    """The step's bytes counted with the gguf package's own reader: every
+    tensor's bytes (the embedding's rows of the batch where an output matrix
+    exists), plus K and V (f16) per layer up to each context or window."""
+    import gguf
+    r = gguf.GGUFReader(path)
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    rows = {t.name: int(t.shape[-1]) for t in r.tensors}      # GGUF: innermost first
+    total = sum(n for name, n in sizes.items() if name != "token_embd.weight")
+    if "output.weight" in sizes:
+        total += sizes["token_embd.weight"] // rows["token_embd.weight"] * len(contexts)
+    else:
+        total += sizes["token_embd.weight"]
+    for layer in range(n_layers):
+        w = windows[layer] if windows else 0
+        total += sum(2 * n_kv_heads * head_dim * 2 * (min(c, w) if w else c) for c in contexts)
+    return total
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_step_read_bytes_counts_weights_once_and_each_sequences_kv(tmp_path, module_seed, rng,
+                                                                     family):
+    from ptxgen.llm.bench import step_read_bytes
+    from ptxgen.llm.gguf.file import LlamaFile
+    kw = dict(n_layers=3, hidden=256, ffn=512, n_heads=4, n_kv_heads=2, vocab=300,
+              context_length=256, qtype="Q4_K", seed=module_seed)
+    windows = None
+    if family == "gemma3":          # tied output; layers 0 and 1 a window of 5 keys
+        kw.update(arch="gemma3", head_dim=64, sliding_window=5, swa_pattern=3,
+                  rope_theta_swa=1e4, tie_embeddings=True)
+        windows = (5, 5, 0)
+    path = str(tmp_path / f"{family}.gguf")
+    write_synthetic_llama(path, **kw)
+    f = LlamaFile(path)
+    contexts = [int(c) for c in rng.integers(1, 40, int(rng.integers(1, 9)))]
+    want = _independent_bytes(path, contexts, 3, 2, 64, windows)
+    assert step_read_bytes(f, contexts) == want, contexts
+    # more keys, more bytes: one more key in one sequence adds its K and V rows
+    # in every layer whose window does not stop it
+    grown = [contexts[0] + 1] + contexts[1:]
+    per_layer = 2 * 2 * 64 * 2
+    n_open = sum(1 for w in (windows or (0, 0, 0)) if not w or contexts[0] < w)
+    assert step_read_bytes(f, grown) - want == per_layer * n_open
+
+
+def test_step_read_bytes_refuses_experts_and_empty_batches(tmp_path, module_seed):
+    from ptxgen.llm.bench import step_read_bytes
+    from ptxgen.llm.gguf.file import LlamaFile
+    from ptxgen.llm.gguf.synth import PRESETS
+    path = str(tmp_path / "moe.gguf")
+    write_synthetic_llama(path, seed=module_seed, **{**PRESETS["tiny-moe"], "vocab": 300})
+    with pytest.raises(ValueError, match="mixture of experts"):
+        step_read_bytes(LlamaFile(path), [4])
+    path = str(tmp_path / "dense.gguf")
+    write_synthetic_llama(path, seed=module_seed, **SMALL)
+    with pytest.raises(ValueError, match="positive"):
+        step_read_bytes(LlamaFile(path), [])
+    with pytest.raises(ValueError, match="positive"):
+        step_read_bytes(LlamaFile(path), [3, 0])
+
+
+def test_read_floor_of_a_row(model_path):
+    """Two decode steps of three sequences after 4-token prompts: the
+    steps attend over 5 and 6 keys; the floor is their tokens over the
+    bytes' time, the share S_TG over it."""
+    from ptxgen.llm.bench import format_floor, read_floor, step_read_bytes
+    from ptxgen.llm.gguf.file import LlamaFile
+    f = LlamaFile(model_path)
+    row = BatchedResult(pp=4, tg=2, b=3, t_pp=0.1, t_tg=0.25, t=0.4)
+    bw = 3.2e12
+    seconds = (step_read_bytes(f, [5, 5, 5]) + step_read_bytes(f, [6, 6, 6])) / bw
+    floor, share = read_floor(row, f, bw)
+    assert floor == pytest.approx(6 / seconds, rel=1e-12)
+    assert share == pytest.approx((6 / 0.25) / floor, rel=1e-12)
+    text = format_floor([row], f, bw)
+    assert "copy bandwidth of this run (3.20 TB/s read + written)" in text
+    line = text.splitlines()[-1]
+    assert re.fullmatch(rf"\|     4 \|      2 \|    3 \| +{floor:.2f} \| +24\.00 \| +"
+                        rf"{100 * share:.1f}% \|", line), line
