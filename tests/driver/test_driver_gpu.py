@@ -450,3 +450,16 @@ def test_without_ptxas_the_driver_jit_and_no_disk_entry(gpu_device, cache_root, 
     out = _poisoned(n)
     launch(m["vadd"], 3, 128, a, a, out, n)
     np.testing.assert_array_equal(out.to_numpy(), 2 * np.arange(n, dtype=np.float32))
+
+
+def test_copy_bandwidth_frees_its_buffers(gpu_device):
+    """The copy ceiling: a rate no device reaches past 20 TB/s nor stays
+    under 50 GB/s, the time per copy agreeing with it, and its two buffers
+    given back."""
+    from ptxgen.driver.timing import copy_bandwidth
+    free0 = gpu_device.mem_info()[0]
+    n = 64 << 20
+    bw, t = copy_bandwidth(n, reps=4)
+    assert 5e10 < bw < 2e13, bw
+    assert bw == pytest.approx(2 * n / t, rel=1e-9)
+    assert gpu_device.mem_info()[0] >= free0 - (8 << 20)      # 128 MiB allocated, returned
