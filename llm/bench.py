@@ -240,14 +240,23 @@ def step_read_bytes(file, contexts) -> int:
     contexts = [int(c) for c in contexts]
     if not contexts or min(contexts) < 1:
         raise ValueError(f"contexts must be one or more positive ints, got {contexts!r}")
+    return _weight_bytes(file, len(contexts)) + _kv_bytes(hp, contexts)
+
+
+def _weight_bytes(file, n_seqs: int) -> int:
     total = 0
     for name in file.names:
         data = file.tensor(name).data
-        if name == "token_embd.weight" and not hp.tied:
-            total += data.nbytes // data.shape[0] * len(contexts)
+        if name == "token_embd.weight" and not file.hparams.tied:
+            total += data.nbytes // data.shape[0] * n_seqs
         else:
             total += data.nbytes
+    return total
+
+
+def _kv_bytes(hp, contexts) -> int:
     per_layer = 2 * hp.n_kv_heads * hp.head_dim * 2          # K and V of one token, f16
+    total = 0
     for layer in range(hp.n_layers):
         w = hp.window(layer)
         total += per_layer * sum(min(c, w) if w else c for c in contexts)
@@ -259,8 +268,10 @@ def read_floor(row: BatchedResult, file, bandwidth: float) -> tuple:
     of its ``tg`` steps had each read :func:`step_read_bytes` at
     ``bandwidth`` bytes per second (step ``j`` of ``1..tg`` attends over
     ``pp + j`` keys), and ``row.s_tg`` over it."""
-    seconds = sum(step_read_bytes(file, [row.pp + j] * row.b) for j in range(1, row.tg + 1)) \
-        / bandwidth
+    step_read_bytes(file, [row.pp + 1] * row.b)                 # its checks
+    weights = _weight_bytes(file, row.b)
+    seconds = sum(weights + _kv_bytes(file.hparams, [row.pp + j] * row.b)
+                  for j in range(1, row.tg + 1)) / bandwidth
     floor = row.b * row.tg / seconds
     return floor, row.s_tg / floor
 
