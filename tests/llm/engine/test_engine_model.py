@@ -1,7 +1,8 @@
 """The engine on the real runner (``ptxgen.llm.engine.runner.BatchRunner``):
 each sequence of a batch gets, greedily, the tokens the single-sequence
 path (``Model.generate``) gives it alone, on the emulator (tiny model, few
-tokens: exactly) and on a GPU (a larger batch, a prefix shared, more tokens:
+tokens: the same up to a near tie, which a random prompt rarely meets) and
+on a GPU (a larger batch, a prefix shared, more tokens:
 up to a near tie, where the batch's GEMMs and the single row's GEMVs may
 round to different argmaxes; the float64 reference judges each such tie).
 
@@ -63,8 +64,11 @@ def test_each_sequence_of_a_batch_gets_the_tokens_it_gets_alone(small_path, rng)
         outs = eng.generate(prompts, RequestSettings(max_tokens=3, ignore_eos=True))
         assert eng.stats().blocks_used == 0
     for p, a, o in zip(prompts, alone, outs):
-        assert o.finish_reason == "length"
-        assert list(o.token_ids) == a, f"prompt of {len(p)} tokens"
+        assert o.finish_reason == "length" and len(o.token_ids) == len(a) == 3
+        # the same tokens, or the same up to a near tie the float64
+        # reference confirms (the batch's GEMMs and one row's GEMVs add in
+        # different orders on the emulator too: seed 1036808978 drew one)
+        greedy_agrees(small_path, p, a, list(o.token_ids))
 
 
 @pytest.mark.gpu
