@@ -77,7 +77,10 @@ def _ref(epi, deq, x, r):
         return y + r
     if epi == "swiglu":
         u = deq[1] @ x.astype(np.float64)
-        return y / (1.0 + np.exp(-y)) * u
+        # silu(y) = y * sigmoid(y), sigmoid through exp(-|y|): no overflow
+        # where random blocks' scales make y huge, no cancellation below 0
+        e = np.exp(-np.abs(y))
+        return y * np.where(y >= 0, 1.0 / (1.0 + e), e / (1.0 + e)) * u
     return y
 
 
