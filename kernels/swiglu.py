@@ -74,8 +74,7 @@ def silu_mul(k, g, u, full: bool = False):
     where ``div.rn``'s slow path, a subroutine call, must not appear (a
     call makes ptxas serialize a kernel's wgmma)."""
     e = k.ex2(k.mul(g, -LOG2E, rnd="rn"))
-    s = k.div(g, k.add(e, 1.0, rnd="rn"), full=True) if full else \
-        k.div(g, k.add(e, 1.0, rnd="rn"))
+    s = k.div(g, k.add(e, 1.0, rnd="rn"), full=full)
     return k.mul(s, u, rnd="rn")
 
 
