@@ -37,26 +37,16 @@ __all__ = ["run_all"]
 
 
 def _copy_bandwidth(rounds: int = 3) -> float:
-    """The device's copy ceiling: the best of ``rounds`` medians.  One
-    median once read 2.83 TB/s where every other measurement of the same
-    call read 2.98-2.99, which made the shares of the floor look 4 points
-    better than they were; the best of three keeps a dip from doing that."""
-    from .bench_common import copy_bandwidth
-    return max(copy_bandwidth()[0] for _ in range(rounds))
+    """The device's copy ceiling (:func:`ptxgen.driver.timing.copy_ceiling`)."""
+    from ptxgen.driver.timing import copy_ceiling
+    return copy_ceiling(rounds)
 
 
 def _step_bytes(model, ctx: int) -> int:
-    hp = model.hp
-    f = model.file
-    total = 0
-    for name in f.names:
-        t = f.tensor(name)
-        if name == "token_embd.weight":
-            total += t.data.nbytes // t.data.shape[0]
-        else:
-            total += t.data.nbytes
-    total += 2 * hp.n_layers * hp.n_kv_heads * ctx * hp.head_dim * 2
-    return total
+    """What one decode step at context ``ctx`` must read
+    (:func:`ptxgen.llm.bench.step_read_bytes`)."""
+    from ptxgen.llm.bench import step_read_bytes
+    return step_read_bytes(model.file, [ctx])
 
 
 def _set_context(model, ctx: int):

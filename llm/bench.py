@@ -233,14 +233,19 @@ def step_read_bytes(file, contexts) -> int:
         ``file`` is a mixture of experts (what a step reads depends on its
         routing), or a context is below 1.
     """
-    hp = file.hparams
-    if hp.n_expert:
+    contexts = _checked(file, contexts)
+    return _weight_bytes(file, len(contexts)) + _kv_bytes(file.hparams, contexts)
+
+
+def _checked(file, contexts) -> list:
+    """``contexts`` as ints, for a file and contexts a read floor has."""
+    if file.hparams.n_expert:
         raise ValueError("a mixture of experts has no fixed read floor: the experts a step "
                          "reads depend on its routing")
     contexts = [int(c) for c in contexts]
     if not contexts or min(contexts) < 1:
         raise ValueError(f"contexts must be one or more positive ints, got {contexts!r}")
-    return _weight_bytes(file, len(contexts)) + _kv_bytes(hp, contexts)
+    return contexts
 
 
 def _weight_bytes(file, n_seqs: int) -> int:
@@ -268,7 +273,7 @@ def read_floor(row: BatchedResult, file, bandwidth: float) -> tuple:
     of its ``tg`` steps had each read :func:`step_read_bytes` at
     ``bandwidth`` bytes per second (step ``j`` of ``1..tg`` attends over
     ``pp + j`` keys), and ``row.s_tg`` over it."""
-    step_read_bytes(file, [row.pp + 1] * row.b)                 # its checks
+    _checked(file, [row.pp + 1] * row.b)
     weights = _weight_bytes(file, row.b)
     seconds = sum(weights + _kv_bytes(file.hparams, [row.pp + j] * row.b)
                   for j in range(1, row.tg + 1)) / bandwidth
@@ -381,10 +386,10 @@ def bench_command(argv) -> int:
             print(flush=True)
         if npl:
             from ptxgen.llm.engine import Engine
-            bandwidth = None
+            bandwidth = floor = None
             if be.name == "cuda" and not info.hparams.n_expert:
-                from ptxgen.driver.timing import copy_bandwidth
-                bandwidth = max(copy_bandwidth()[0] for _ in range(3))
+                from ptxgen.driver.timing import copy_ceiling
+                bandwidth = copy_ceiling()
             need = max(npp) + max(ntg) + 1
             engine = Engine.from_gguf(a.model, backend=be, max_seqs=a.max_seqs or max(npl),
                                       ctx_size=need, chunk=a.chunk,
@@ -399,11 +404,12 @@ def bench_command(argv) -> int:
                     log(f"note: the KV pool holds {pool} tokens; B = {max(npl)} sequences of "
                         f"up to {need} need {max(npl) * need}: some will be preempted")
                 rows = batched_bench(engine, npp, ntg, npl, warm, rng, log)
+                if bandwidth is not None:
+                    floor = format_floor(rows, engine.runner.file, bandwidth)
             print(format_batched(rows, header))
-            if bandwidth is not None:
-                from ptxgen.llm.gguf.file import LlamaFile
+            if floor is not None:
                 print()
-                print(format_floor(rows, LlamaFile(a.model), bandwidth))
+                print(floor)
             elif be.name == "cuda":
                 print("\nno decode read floor: a mixture of experts reads the experts its "
                       "routing picks")

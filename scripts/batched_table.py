@@ -33,8 +33,8 @@ def main():
     f = LlamaFile(a.model)
     bandwidth = None
     if a.backend == "cuda" and not f.hparams.n_expert:     # before the KV pool takes the memory
-        from ptxgen.driver.timing import copy_bandwidth
-        bandwidth = max(copy_bandwidth()[0] for _ in range(3))
+        from ptxgen.driver.timing import copy_ceiling
+        bandwidth = copy_ceiling()
     r = BatchRunner(f, get_backend(a.backend), max_batch=max(npl), ctx_size=a.npp + a.ntg + 1,
                     pdl=None if a.pdl == "table" else a.pdl == "on")
     with Engine.from_gguf(f, runner=r) as e:
